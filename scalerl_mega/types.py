@@ -1,0 +1,160 @@
+"""Data types that flow through the RL loop (DESIGN.md "Data flow").
+
+prompts -> rollouts (Completion) -> rewards -> groups (Group) -> batch (TrainBatch) -> loss.
+
+All are keyword-only dataclasses. Token-level lists are plain Python lists so that completions can
+cross process boundaries (pickle / JSON) cheaply; TrainBatch holds tensors. Only the standard library
+is imported here (torch appears only in type annotations).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+class FinishReason(str, enum.Enum):
+    """Why a completion ended."""
+
+    STOP = "stop"
+    """The model emitted a stop token (EOS or a configured stop id)."""
+    LENGTH = "length"
+    """The generation budget ran out: a truncation (paper App. A.13)."""
+    INTERRUPTED = "interrupted"
+    """Forced interruption (paper Sec. 2): the end-of-thinking phrase was injected at the sampled
+    length, and the model then answered within the answer budget (it may still end by STOP or
+    LENGTH in the answer; this reason records that the interruption happened)."""
+    ABORT = "abort"
+    """The engine aborted the request (e.g. PPO-off-policy sync with mode=abort); partial output."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Prompt:
+    """One training or validation prompt."""
+
+    prompt_id: str
+    """Stable id: a hash of the prompt content (see data/split.py), identical across runs."""
+    text: str
+    """The formatted prompt text given to the model (after the task's prompt template)."""
+    task: str
+    """Reward family: "math", "code" or "synthetic" (scored by the math verifier)."""
+    gold: Any
+    """Reference: the gold answer string (math) or a list of test dicts (code)."""
+    token_ids: list[int] | None = None
+    """Tokenised prompt, filled by the loop before submission."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Free-form metadata carried through to metrics (source file, row, difficulty, ...)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SamplingParams:
+    """Per-request sampling parameters (map 1:1 onto SGLang's `sampling_params`)."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    """Per-sample seed (SGLang `sampling_seed`); G samples of a prompt get seed + i."""
+    interruption_at: int | None = None
+    """Forced interruption (paper Sec. 2, App. A.11): after this many generated tokens, the
+    end-of-thinking phrase is injected; None disables interruption for this request."""
+    interruption_ids: list[int] = field(default_factory=list)
+    """Token ids of the end-of-thinking phrase injected at `interruption_at`."""
+    answer_budget: int = 0
+    """Tokens the model may still generate after an interruption (the solution budget)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Completion:
+    """One sampled completion, as produced by a RolloutEngine.
+
+    `output_ids`, `gen_logprobs`, `weight_versions` and `loss_mask` have one entry per output token.
+    """
+
+    prompt_id: str
+    sample_index: int
+    """Index of this sample within its prompt's group (0..G-1)."""
+    prompt_ids: list[int]
+    output_ids: list[int]
+    gen_logprobs: list[float]
+    """Generator log-probabilities of each output token, from FP32 logits when the FP32 head is on
+    (paper Sec. 3.2 "FP32 Precision"); 0.0 for injected (non-sampled) tokens."""
+    weight_versions: list[int]
+    """Weight version that produced each output token (PipelineRL: several per completion)."""
+    finish_reason: FinishReason
+    loss_mask: list[int] | None = None
+    """1 for sampled tokens, 0 for injected ones (the interruption phrase). None means all 1."""
+    interrupted_at: int | None = None
+    """Index into `output_ids` where the interruption phrase starts, if one was injected."""
+    text: str | None = None
+    """Decoded output text (filled by the loop or engine for reward scoring)."""
+    submitted_version: int = 0
+    """Trainer step (weight version) current when the request was admitted: staleness is measured
+    from here (PipelineRL-k bound)."""
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.output_ids)
+
+    def mask(self) -> list[int]:
+        """The loss mask, defaulting to all ones."""
+        return self.loss_mask if self.loss_mask is not None else [1] * len(self.output_ids)
+
+
+@dataclass(kw_only=True, slots=True)
+class ScoredCompletion:
+    """A completion with its reward."""
+
+    completion: Completion
+    reward: float
+    passed: bool
+    reason: str = ""
+
+
+@dataclass(kw_only=True, slots=True)
+class Group:
+    """The G completions of one prompt (GRPO-style group)."""
+
+    prompt: Prompt
+    samples: list[ScoredCompletion]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.samples]
+
+    @property
+    def pass_rate(self) -> float:
+        return sum(1.0 for s in self.samples if s.passed) / max(len(self.samples), 1)
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainBatch:
+    """A packed training batch: B sequences of T tokens (prompt + output, right-padded).
+
+    The loss reads only output positions (`loss_mask` = 1). Tensors are on CPU until the trainer
+    moves them.
+    """
+
+    input_ids_BT: "torch.Tensor"
+    """[B, T] int64 token ids (prompt followed by output)."""
+    position_ids_BT: "torch.Tensor"
+    """[B, T] int64 positions."""
+    loss_mask_BT: "torch.Tensor"
+    """[B, T] float32: 1 where the token at t+1... is a trained output token; see `targets_BT`."""
+    targets_BT: "torch.Tensor"
+    """[B, T] int64: the token predicted at each position (input shifted left; 0 where masked)."""
+    gen_logp_BT: "torch.Tensor"
+    """[B, T] float32 generator log-probs of `targets_BT` (0 where masked)."""
+    advantages_B: "torch.Tensor"
+    """[B] float32 advantages (already normalized)."""
+    prompt_index_B: "torch.Tensor"
+    """[B] int64 group (prompt) index of each sequence, 0..P-1."""
+    weight_version_BT: "torch.Tensor | None" = None
+    """[B, T] int64 weight version per target token (for staleness metrics)."""
+    meta: dict[str, Any] = field(default_factory=dict)
