@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, exactly pinned: the CPU wheel on this machine's disk (a looser pin pulls a CUDA build).
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]' pytest-xdist
+	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 test: setup
