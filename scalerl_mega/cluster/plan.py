@@ -1,0 +1,438 @@
+"""Per-GPU memory planner for the trainer (Megatron-Core) and the generators (SGLang).
+
+Byte counts (all per GPU, per parameter held by that GPU):
+
+* Trainer, Megatron mixed precision with bf16 params and fp32 main grads
+  (Megatron-Core "Distributed Optimizer" guide, table "bf16 parameters, fp32 gradients":
+  18 bytes/param without, ``6 + 12/d`` with the distributed optimizer):
+  bf16 weights 2 B + fp32 grad buffer (``main_grad``) 4 B, always replicated over data parallel;
+  fp32 main params 4 B + Adam m 4 B + Adam v 4 B = 12 B, divided by the data-parallel size ``d``
+  when the distributed optimizer is on. Expert parameters are sharded over the *expert*
+  data-parallel group ``edp = tp * dp / ep`` (expert tensor parallel 1).
+* Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+  Models" (arXiv:2205.05198), Sec. 4.1 / Table 2, re-derived term by term for a Llama block
+  (RMSNorm, GQA, SwiGLU, no dropout, so the dropout masks of their ``34sbh + 5as^2b`` vanish).
+  With ``N = s*b`` tokens of the micro-batch, 2-byte activations, TP size ``t``:
+
+  - sequence-parallel region (divided by ``t`` only with SP): two norm inputs ``4Nh``,
+    QKV input ``2Nh``, MLP input ``2Nh``  ->  ``8Nh``;
+  - tensor-parallel region (divided by ``t``): Q ``2Nh``, K and V ``4N h_kv``, attention output
+    (= output-projection input) ``2Nh``; core attention: ``2 a s^2 b`` (softmax output, no dropout)
+    without recompute, or the fp32 log-sum-exp ``4aN`` with selective recompute / flash attention
+    (Korthikanti's selective recompute drops exactly the ``a s^2 b`` terms);
+    dense SwiGLU MLP ``6NF`` (gate out, up out, product); MoE: fp32 router logits ``4NE``,
+    routed copies ``N k (4h + 6F_e)`` (dispatched input, expert SwiGLU, expert output), shared
+    expert ``6NF_s + 2Nh``;
+  - full recompute: only the layer input ``2Nh/t`` (SP) per layer, plus one layer's activations as
+    the recompute working set.
+
+  Pipeline parallelism with 1F1B: the first stage holds ``min(pp, n_microbatches)`` micro-batches
+  of ``L/pp`` layers (Korthikanti Sec. 4.2.3); the last stage holds one micro-batch plus the fp32
+  logits ``4 N V_pad / t`` of the FP32 LM head (paper Sec. 3.2), or ``logits_chunk_tokens`` rows of
+  them when the fused chunked log-prob is used.
+* Generators (SGLang, TP ``g``): bf16 weights ``2 P / g`` (+ replicated norms/router); KV cache
+  ``2 (K and V) * L * (n_kv/g) * head_dim * kv_bytes`` per token; SGLang reserves
+  ``--mem-fraction-static`` of the GPU for weights + KV pool; the pool must hold ``min_seqs``
+  full-length sequences.
+
+Device capacities: H100 SXM 80 GB HBM3 (nvidia-smi reports 81559 MiB); GB200: NVIDIA's GB200 NVL72
+spec gives 13.4 TB HBM3e for 72 GPUs, i.e. 186 GB per GPU (the "192 GB" B200 figure is the raw
+stack size). A fixed ``runtime_reserve`` (CUDA context, NCCL buffers, allocator fragmentation) is
+subtracted before comparing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """Decoder-only Llama-family shape. ``num_experts == 0`` means dense."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int  # dense MLP intermediate size (unused for MoE layers)
+    vocab: int
+    tied_embeddings: bool = False
+    num_experts: int = 0
+    top_k: int = 0
+    expert_ffn: int = 0
+    shared_expert_ffn: int = 0
+    moe_every: int = 1  # every n-th layer is MoE (HF interleave_moe_layer_step)
+
+    def __post_init__(self) -> None:
+        for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "vocab"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"ModelShape {self.name!r}: {key}={getattr(self, key)} must be > 0")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"ModelShape {self.name!r}: heads={self.heads} not divisible by kv_heads={self.kv_heads}")
+        if self.num_experts and (self.top_k <= 0 or self.expert_ffn <= 0):
+            raise ValueError(f"ModelShape {self.name!r}: MoE needs top_k > 0 and expert_ffn > 0")
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers // self.moe_every if self.num_experts else 0
+
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.moe_layers
+
+    # ---- parameter counts (unsharded)
+    def attention_params(self) -> int:
+        h, d = self.hidden, self.head_dim
+        return h * self.heads * d * 2 + h * self.kv_heads * d * 2  # q, o + k, v
+
+    def norm_params_per_layer(self) -> int:
+        return 2 * self.hidden
+
+    def dense_mlp_params(self) -> int:
+        return 3 * self.hidden * self.ffn
+
+    def expert_params_per_layer(self) -> int:
+        return self.num_experts * 3 * self.hidden * self.expert_ffn
+
+    def shared_expert_params(self) -> int:
+        return 3 * self.hidden * self.shared_expert_ffn
+
+    def router_params(self) -> int:
+        return self.hidden * self.num_experts
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    def head_params(self) -> int:
+        return 0 if self.tied_embeddings else self.vocab * self.hidden
+
+    def total_params(self) -> int:
+        per_layer = self.attention_params() + self.norm_params_per_layer()
+        total = self.layers * per_layer + self.dense_layers * self.dense_mlp_params()
+        total += self.moe_layers * (self.expert_params_per_layer() + self.shared_expert_params() + self.router_params())
+        return total + self.embedding_params() + self.head_params() + self.hidden
+
+    def active_params(self) -> int:
+        """Parameters touched per token (top-k experts instead of all)."""
+        if not self.num_experts:
+            return self.total_params()
+        inactive = self.moe_layers * (self.num_experts - self.top_k) * 3 * self.hidden * self.expert_ffn
+        return self.total_params() - inactive
+
+
+# Llama-3.1-8B (meta-llama/Llama-3.1-8B config.json: hidden 4096, 32 layers, 32 heads, 8 KV heads,
+# intermediate 14336, vocab 128256, untied).
+LLAMA3_8B = ModelShape(
+    name="llama3_8b", hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256
+)
+# Llama-4 Scout 17Bx16E text model: transformers 5.23 Llama4TextConfig() defaults (its docstring
+# checkpoint is meta-llama/Llama-4-Scout-17B-16E): hidden 5120, 48 layers, 40 heads, 8 KV heads,
+# head_dim 128, intermediate_size (expert) 8192, 16 local experts, top-1, vocab 202048,
+# interleave_moe_layer_step 1 (every layer MoE), one shared expert of the same size, untied.
+SCOUT_17B16E = ModelShape(
+    name="scout_17b16e",
+    hidden=5120,
+    layers=48,
+    heads=40,
+    kv_heads=8,
+    head_dim=128,
+    ffn=16384,
+    vocab=202048,
+    num_experts=16,
+    top_k=1,
+    expert_ffn=8192,
+    shared_expert_ffn=8192,
+    moe_every=1,
+)
+MODELS = {m.name: m for m in (LLAMA3_8B, SCOUT_17B16E)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    name: str
+    capacity_bytes: int
+    runtime_reserve_bytes: int = 4 * GiB
+    source: str = ""
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.capacity_bytes - self.runtime_reserve_bytes
+
+
+H100_80GB = Device(name="h100_80gb", capacity_bytes=81559 * 1024**2, source="nvidia-smi on H100 SXM 80GB: 81559 MiB")
+GB200 = Device(name="gb200", capacity_bytes=186 * 10**9, source="NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs")
+DEVICES = {d.name: d for d in (H100_80GB, GB200)}
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainLayout:
+    """Megatron parallel layout of the trainer. World size = tp * pp * dp; ep divides tp * dp."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = True
+    distributed_optimizer: bool = True
+    recompute: str = "selective"
+    micro_batch: int = 1
+    seq_len: int = 16384
+    num_microbatches: int | None = None  # None: at least pp (typical for RL batches of hundreds)
+    logits_chunk_tokens: int | None = None
+    vocab_divisible_by: int = 128  # Megatron --make-vocab-size-divisible-by
+    moe_imbalance: float = 1.0  # routed tokens per EP rank relative to perfectly balanced
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel size (expert tensor parallel = 1)."""
+        return self.tp * self.dp // self.ep
+
+    def validate(self, model: ModelShape) -> None:
+        for key in ("tp", "pp", "dp", "ep", "micro_batch", "seq_len", "num_microbatches"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ValueError(f"TrainLayout.{key}={getattr(self, key)} must be >= 1")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"TrainLayout.recompute={self.recompute!r} not in {RECOMPUTE_MODES}")
+        if model.kv_heads % self.tp:
+            raise ValueError(f"TrainLayout.tp={self.tp} must divide kv_heads={model.kv_heads} of {model.name}")
+        if model.layers % self.pp:
+            raise ValueError(f"TrainLayout.pp={self.pp} must divide layers={model.layers} of {model.name}")
+        if not model.num_experts and self.ep != 1:
+            raise ValueError(f"TrainLayout.ep={self.ep} needs an MoE model; {model.name} is dense")
+        if model.num_experts:
+            if model.num_experts % self.ep:
+                raise ValueError(f"TrainLayout.ep={self.ep} must divide num_experts={model.num_experts}")
+            if (self.tp * self.dp) % self.ep:
+                raise ValueError(f"TrainLayout.ep={self.ep} must divide tp*dp={self.tp * self.dp}")
+            if self.tp > 1 and not self.sequence_parallel:
+                raise ValueError("TrainLayout.sequence_parallel must be true for MoE with tp > 1 (Megatron-Core)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenLayout:
+    """SGLang server layout: one server per TP group of ``tp`` GPUs."""
+
+    tp: int = 1
+    seq_len: int = 16384
+    mem_fraction_static: float = 0.85
+    kv_bytes: int = 2  # bf16 KV cache; 1 for fp8
+    min_seqs: int = 16  # one prompt's group of G=16 full-length sequences must fit
+
+    def validate(self, model: ModelShape) -> None:
+        if self.tp < 1 or model.kv_heads % self.tp:
+            raise ValueError(f"GenLayout.tp={self.tp} must be >= 1 and divide kv_heads={model.kv_heads}")
+        if not 0.0 < self.mem_fraction_static <= 1.0:
+            raise ValueError(f"GenLayout.mem_fraction_static={self.mem_fraction_static} must be in (0, 1]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryReport:
+    role: str
+    components: dict[str, int]
+    budget_bytes: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.components.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.budget_bytes
+
+
+def padded_vocab(vocab: int, *, tp: int, divisible_by: int) -> int:
+    """Megatron pads the vocabulary to a multiple of ``divisible_by * tp``."""
+    m = divisible_by * tp
+    return int(math.ceil(vocab / m) * m)
+
+
+# ------------------------------------------------------------------------- trainer: parameters
+def trainer_params_per_gpu(model: ModelShape, layout: TrainLayout) -> tuple[int, int]:
+    """(non-expert params, expert params) held by the most loaded GPU (first or last pipeline stage)."""
+    t, p = layout.tp, layout.pp
+    lps = model.layers // p
+    moe_per_stage = lps // model.moe_every if model.num_experts else 0
+    dense_per_stage = lps - moe_per_stage
+    vpad = padded_vocab(model.vocab, tp=t, divisible_by=layout.vocab_divisible_by)
+    sharded = lps * model.attention_params() + dense_per_stage * model.dense_mlp_params()
+    sharded += moe_per_stage * model.shared_expert_params()
+    replicated = lps * model.norm_params_per_layer() + moe_per_stage * model.router_params()
+    emb = vpad * model.hidden // t
+    head = 0 if model.tied_embeddings else vpad * model.hidden // t
+    if p == 1:
+        ends = emb + head + model.hidden
+    else:  # first stage: embedding; last stage: final norm + head (tied: a copy of the embedding)
+        ends = max(emb, (head if head else emb) + model.hidden)
+    non_expert = sharded // t + replicated + ends
+    expert = moe_per_stage * (model.num_experts // layout.ep) * 3 * model.hidden * model.expert_ffn
+    return non_expert, expert
+
+
+# ------------------------------------------------------------------------- trainer: activations
+def layer_activation_bytes(model: ModelShape, layout: TrainLayout, *, moe: bool) -> int:
+    """Activation bytes of one transformer layer for one micro-batch on one GPU (see module doc)."""
+    s, b, t = layout.seq_len, layout.micro_batch, layout.tp
+    n = s * b
+    h, a = model.hidden, model.heads
+    hkv = model.kv_heads * model.head_dim
+    sp_div = t if layout.sequence_parallel else 1
+    if layout.recompute == "full":
+        return 2 * n * h // sp_div
+    seq_region = 8 * n * h // sp_div
+    attn = 2 * n * h + 4 * n * hkv + 2 * n * h
+    if layout.recompute == "none":
+        attn += 2 * a * s * s * b
+    else:
+        attn += 4 * a * n
+    if moe:
+        e, k = model.num_experts, model.top_k
+        routed = int(n * k * (4 * h + 6 * model.expert_ffn) * layout.moe_imbalance)
+        mlp = 4 * n * e + routed + (6 * n * model.shared_expert_ffn + 2 * n * h if model.shared_expert_ffn else 0)
+    else:
+        mlp = 6 * n * model.ffn
+    return seq_region + (attn + mlp) // t
+
+
+def _full_layer_bytes(model: ModelShape, layout: TrainLayout, *, moe: bool) -> int:
+    return layer_activation_bytes(model, replace(layout, recompute="selective"), moe=moe)
+
+
+def trainer_activation_bytes(model: ModelShape, layout: TrainLayout) -> tuple[int, int]:
+    """(first-stage bytes, last-stage bytes) of activations under the 1F1B schedule."""
+    lps = model.layers // layout.pp
+    moe_per_stage = lps // model.moe_every if model.num_experts else 0
+    dense_per_stage = lps - moe_per_stage
+    per_mb = moe_per_stage * layer_activation_bytes(model, layout, moe=True)
+    per_mb += dense_per_stage * layer_activation_bytes(model, layout, moe=False)
+    working = 0
+    if layout.recompute == "full":
+        working = _full_layer_bytes(model, layout, moe=bool(moe_per_stage))
+    n = layout.seq_len * layout.micro_batch
+    t = layout.tp
+    vpad = padded_vocab(model.vocab, tp=t, divisible_by=layout.vocab_divisible_by)
+    logit_rows = n if layout.logits_chunk_tokens is None else min(n, layout.logits_chunk_tokens)
+    sp_div = t if layout.sequence_parallel else 1
+    head = 2 * n * model.hidden // sp_div + 2 * n * model.hidden // t + 4 * logit_rows * vpad // t
+    m = layout.pp if layout.num_microbatches is None else layout.num_microbatches
+    in_flight = min(layout.pp, m)
+    first = in_flight * per_mb + working
+    last = per_mb + working + head
+    if layout.pp == 1:
+        return first + head, first + head
+    return first, last
+
+
+def trainer_memory(model: ModelShape, layout: TrainLayout, device: Device) -> MemoryReport:
+    """Per-GPU trainer memory of the most loaded pipeline stage (module doc gives every byte count)."""
+    layout.validate(model)
+    non_expert, expert = trainer_params_per_gpu(model, layout)
+    params = non_expert + expert
+    if layout.distributed_optimizer:
+        optim = 12 * non_expert // layout.dp + 12 * expert // layout.edp
+    else:
+        optim = 12 * params
+    first, last = trainer_activation_bytes(model, layout)
+    components = {
+        "weights_bf16": 2 * params,
+        "grads_fp32": 4 * params,
+        "optimizer_fp32": optim,
+        "activations": max(first, last),
+    }
+    notes = [f"params/GPU non-expert={non_expert:,} expert={expert:,}"]
+    return MemoryReport(role="trainer", components=components, budget_bytes=device.budget_bytes, notes=notes)
+
+
+# ------------------------------------------------------------------------- generators
+def kv_bytes_per_token(model: ModelShape, layout: GenLayout) -> int:
+    return 2 * model.layers * (model.kv_heads // layout.tp) * model.head_dim * layout.kv_bytes
+
+
+def generator_weight_bytes(model: ModelShape, layout: GenLayout) -> int:
+    replicated = model.layers * model.norm_params_per_layer() + model.hidden + model.moe_layers * model.router_params()
+    sharded = model.total_params() - replicated
+    return 2 * (sharded // layout.tp + replicated)
+
+
+def generator_memory(model: ModelShape, layout: GenLayout, device: Device) -> MemoryReport:
+    """SGLang per-GPU memory: weights + the KV pool needed for ``min_seqs`` full sequences.
+
+    The budget is ``mem_fraction_static * capacity`` (what SGLang reserves for weights + KV)."""
+    layout.validate(model)
+    weights = generator_weight_bytes(model, layout)
+    per_tok = kv_bytes_per_token(model, layout)
+    need_kv = layout.min_seqs * layout.seq_len * per_tok
+    static = int(layout.mem_fraction_static * device.capacity_bytes)
+    pool = max(0, static - weights)
+    notes = [
+        f"KV bytes/token/GPU={per_tok:,}",
+        f"KV pool at mem_fraction_static={layout.mem_fraction_static}: {pool / GiB:.1f} GiB = "
+        f"{pool // per_tok:,} tokens = {pool // (per_tok * layout.seq_len)} full sequences of {layout.seq_len}",
+    ]
+    return MemoryReport(
+        role="generator", components={"weights_bf16": weights, "kv_cache_min": need_kv}, budget_bytes=static, notes=notes
+    )
+
+
+# ------------------------------------------------------------------------- search
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def smallest_trainer_layout(
+    model: ModelShape, device: Device, *, base: TrainLayout, max_gpus: int = 1024, world: int | None = None
+) -> TrainLayout | None:
+    """Fewest-GPU layout (then lowest pp, then lowest tp) that fits, keeping ``base``'s micro-batch,
+    sequence length, recompute, SP and optimizer settings. None if nothing up to ``max_gpus`` fits.
+    With ``world``, only layouts of exactly that many GPUs are considered."""
+    candidates = []
+    tps = [t for t in (1, 2, 4, 8) if model.kv_heads % t == 0]
+    pps = [p for p in _divisors(model.layers) if p <= 16]
+    eps = _divisors(model.num_experts) if model.num_experts else [1]
+    for t in tps:
+        for p in pps:
+            for d in range(1, max_gpus // (t * p) + 1):
+                for e in eps:
+                    if (t * d) % e or (world is not None and t * p * d != world):
+                        continue
+                    lay = replace(base, tp=t, pp=p, dp=d, ep=e, sequence_parallel=base.sequence_parallel or t > 1)
+                    candidates.append(lay)
+    candidates.sort(key=lambda lay: (lay.world, lay.pp, lay.tp, -lay.ep))
+    for lay in candidates:
+        try:
+            if trainer_memory(model, lay, device).fits:
+                return lay
+        except ValueError:
+            continue
+    return None
+
+
+def smallest_generator_layout(model: ModelShape, device: Device, *, base: GenLayout) -> GenLayout | None:
+    for t in (1, 2, 4, 8):
+        if model.kv_heads % t:
+            continue
+        lay = replace(base, tp=t)
+        if generator_memory(model, lay, device).fits:
+            return lay
+    return None
+
+
+def format_report(report: MemoryReport) -> str:
+    lines = [f"{report.role}:"]
+    for k, v in report.components.items():
+        lines.append(f"  {k:<16} {v / GiB:9.2f} GiB")
+    verdict = "fits" if report.fits else "DOES NOT FIT"
+    lines.append(f"  {'total':<16} {report.total_bytes / GiB:9.2f} GiB of {report.budget_bytes / GiB:.2f} GiB -> {verdict}")
+    lines += [f"  note: {n}" for n in report.notes]
+    return "\n".join(lines)

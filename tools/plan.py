@@ -1,0 +1,151 @@
+#!/usr/bin/env python
+"""Per-GPU memory plan for a model + parallel layout (trainer: Megatron-Core; generators: SGLang).
+
+Examples:
+  tools/plan.py --model llama3_8b --device h100_80gb --tp 4 --dp 4 --gen-tp 1
+  tools/plan.py --model scout_17b16e --device gb200 --tp 4 --pp 1 --dp 4 --ep 4 --gen-tp 2
+  tools/plan.py --table            # the README table: both models on both devices
+
+Exit status: 0 when the layout fits, 2 when it does not (the smallest layout that fits is printed),
+1 on invalid arguments. Byte counts and formulas: scalerl_mega/cluster/plan.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scalerl_mega.cluster.plan import (  # noqa: E402
+    DEVICES,
+    MODELS,
+    GiB,
+    GenLayout,
+    TrainLayout,
+    format_report,
+    generator_memory,
+    smallest_generator_layout,
+    smallest_trainer_layout,
+    trainer_memory,
+)
+
+
+def _layout_str(lay: TrainLayout) -> str:
+    return f"tp={lay.tp} pp={lay.pp} dp={lay.dp} ep={lay.ep} ({lay.world} GPUs)"
+
+
+def table(*, seq_len: int, micro_batch: int, trainer_gpus: int) -> str:
+    """Markdown table: smallest fitting trainer layout, layout at ``trainer_gpus`` GPUs, generator TP."""
+    from scalerl_mega.cluster.plan import generator_weight_bytes, kv_bytes_per_token
+
+    rows = [
+        "| model | device | smallest trainer layout | GiB/GPU | trainer layout at "
+        f"{trainer_gpus} GPUs | GiB/GPU | generator TP | gen GiB/GPU (weights + KV pool) | full seqs in KV |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    base = TrainLayout(seq_len=seq_len, micro_batch=micro_batch)
+    gbase = GenLayout(seq_len=seq_len)
+    for model in MODELS.values():
+        for dev in DEVICES.values():
+            small = smallest_trainer_layout(model, dev, base=base, max_gpus=256)
+            at = smallest_trainer_layout(model, dev, base=base, max_gpus=trainer_gpus, world=trainer_gpus)
+            gen = smallest_generator_layout(model, dev, base=gbase)
+            cells = [model.name, dev.name]
+            for lay in (small, at):
+                if lay is None:
+                    cells += ["none fits", "-"]
+                else:
+                    rep = trainer_memory(model, lay, dev)
+                    cells += [_layout_str(lay), f"{rep.total_bytes / GiB:.1f}"]
+            if gen is None:
+                cells += ["none fits", "-", "-"]
+            else:
+                grep_ = generator_memory(model, gen, dev)
+                pool = grep_.budget_bytes - generator_weight_bytes(model, gen)
+                seqs = pool // (kv_bytes_per_token(model, gen) * seq_len)
+                cells += [str(gen.tp), f"{grep_.budget_bytes / GiB:.1f}", str(seqs)]
+            rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=sorted(MODELS), default="llama3_8b")
+    ap.add_argument("--device", choices=sorted(DEVICES), default="h100_80gb")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--dp", type=int, default=1)
+    ap.add_argument("--ep", type=int, default=1)
+    ap.add_argument("--no-sequence-parallel", action="store_true")
+    ap.add_argument("--no-distributed-optimizer", action="store_true")
+    ap.add_argument("--recompute", choices=("none", "selective", "full"), default="selective")
+    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--seq-len", type=int, default=16384, help="paper Sec. 2: 16,384 tokens")
+    ap.add_argument("--num-microbatches", type=int, default=None)
+    ap.add_argument("--logits-chunk-tokens", type=int, default=None)
+    ap.add_argument("--gen-tp", type=int, default=1)
+    ap.add_argument("--mem-fraction-static", type=float, default=0.85)
+    ap.add_argument("--min-seqs", type=int, default=16)
+    ap.add_argument("--table", action="store_true", help="print the README table and exit")
+    ap.add_argument("--trainer-gpus", type=int, default=16, help="for --table: paper App. A.3 uses 16 trainers")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    if args.table:
+        print(table(seq_len=args.seq_len, micro_batch=args.micro_batch, trainer_gpus=args.trainer_gpus))
+        return 0
+    model, dev = MODELS[args.model], DEVICES[args.device]
+    lay = TrainLayout(
+        tp=args.tp,
+        pp=args.pp,
+        dp=args.dp,
+        ep=args.ep,
+        sequence_parallel=not args.no_sequence_parallel,
+        distributed_optimizer=not args.no_distributed_optimizer,
+        recompute=args.recompute,
+        micro_batch=args.micro_batch,
+        seq_len=args.seq_len,
+        num_microbatches=args.num_microbatches,
+        logits_chunk_tokens=args.logits_chunk_tokens,
+    )
+    glay = GenLayout(
+        tp=args.gen_tp, seq_len=args.seq_len, mem_fraction_static=args.mem_fraction_static, min_seqs=args.min_seqs
+    )
+    try:
+        trep = trainer_memory(model, lay, dev)
+        grep_ = generator_memory(model, glay, dev)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    out: dict = {"model": model.name, "device": dev.name, "trainer": None, "generator": None}
+    status = 0
+    for key, rep in (("trainer", trep), ("generator", grep_)):
+        out[key] = {"components_bytes": rep.components, "total_bytes": rep.total_bytes,
+                    "budget_bytes": rep.budget_bytes, "fits": rep.fits, "notes": rep.notes}
+        if not args.json:
+            print(format_report(rep))
+    if not trep.fits:
+        status = 2
+        sug = smallest_trainer_layout(model, dev, base=lay)
+        out["trainer_suggestion"] = None if sug is None else asdict(sug)
+        if not args.json:
+            msg = "none up to 1024 GPUs" if sug is None else _layout_str(sug)
+            print(f"REFUSED: trainer layout {_layout_str(lay)} does not fit on {dev.name}; smallest that fits: {msg}")
+    if not grep_.fits:
+        status = 2
+        gsug = smallest_generator_layout(model, dev, base=replace(glay, tp=1))
+        out["generator_suggestion"] = None if gsug is None else asdict(gsug)
+        if not args.json:
+            msg = "none up to tp=8" if gsug is None else f"gen tp={gsug.tp}"
+            print(f"REFUSED: generator tp={glay.tp} does not fit on {dev.name}; smallest that fits: {msg}")
+    if args.json:
+        print(json.dumps(out, indent=2))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
