@@ -1,0 +1,375 @@
+"""Typed configuration schemas for `scalerl-train` (DESIGN.md "Hydra groups").
+
+One dataclass per ablation axis; each Hydra group under `conf/<group>/` fills one of them, and the
+`experiment/` overlays pick one option per axis (paper Sec. 4, App. A.9 LOO, App. A.15 recipes).
+The model / parallelism / optimizer sections are the Megatron trainer's own dataclasses
+(`scalerl_mega.trainer.megatron.config`), composed here rather than duplicated.
+
+`register_configs()` puts the schema into Hydra's ConfigStore (call it before composing);
+`validate(cfg)` checks cross-field constraints and raises ValueError naming the offending key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from scalerl_mega.trainer.megatron.config import ModelConfig, OptimConfig, ParallelConfig
+
+SCHEMA_NAME = "train_schema"
+
+LOSS_NAMES = ("cispo", "dapo", "grpo", "gspo")
+AGGREGATION_NAMES = ("prompt", "sample", "token")
+ADV_NORM_NAMES = ("batch", "prompt", "none")
+OFF_POLICY_NAMES = ("pipeline_rl", "ppo_off_policy")
+LENGTH_NAMES = ("interruption", "penalty")
+CURRICULUM_NAMES = ("no_positive_resampling", "uniform")
+FILTER_NAMES = ("zero_variance", "none")
+PRECISION_NAMES = ("fp32_head", "bf16_head")
+ROLLOUT_NAMES = ("local", "sglang")
+CLUSTER_NAMES = ("local", "slurm")
+DATA_NAMES = ("synthetic", "polaris", "deepcoder", "math_code")
+RESUME_MODES = ("auto", "never")
+
+INTERRUPTION_PHRASE = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
+"""Paper Sec. 4: the end-of-thinking phrase injected at a forced interruption."""
+
+
+@dataclass
+class DataConfig:
+    """Prompt sources and the held-out validation split (paper Sec. 2 "Scaling curve on held-out")."""
+
+    name: str = "synthetic"
+    """synthetic | polaris | deepcoder | math_code."""
+    train_files: list[str] = field(default_factory=list)
+    """JSONL / Parquet files (or HF dataset names) for the non-synthetic sources."""
+    code_files: list[str] = field(default_factory=list)
+    """Extra code-task files mixed in by `math_code` (Deepcoder schema)."""
+    synthetic_num_prompts: int = 20000
+    """Number of distinct problems the synthetic task draws from (only for name=synthetic)."""
+    synthetic_max_digits: int = 3
+    val_prompts: int = 1000
+    """Held-out prompts (paper: 1,000 from Polaris-53K)."""
+    val_samples: int = 16
+    """Samples per validation prompt (paper: mean@16)."""
+    split_seed: int = 0
+    max_prompt_tokens: int = 2048
+
+
+@dataclass
+class LossConfig:
+    """Policy loss (paper Sec. 3.2 "Loss type"); conventions of `scalerl_mega.objective.losses`."""
+
+    name: str = "cispo"
+    """cispo | dapo | grpo | gspo."""
+    eps_low: Optional[float] = None
+    """dapo/grpo/gspo: ratio clipped below at 1 - eps_low. cispo: optional absolute floor of the
+    truncated weight (None = no floor, the paper's setting). None = the loss's default."""
+    eps_high: Optional[float] = None
+    """dapo/grpo/gspo: ratio clipped above at 1 + eps_high. cispo: the absolute cap eps_max of
+    sg(min(rho, eps_max)) (paper Sec. 4; App. A.16: 4, 5 and 8 are equivalent). None = default."""
+
+
+@dataclass
+class AggregationConfig:
+    """Loss aggregation (paper Sec. 3.2): prompt average, sample average or token average."""
+
+    name: str = "prompt"
+
+
+@dataclass
+class AdvNormConfig:
+    """Advantage normalization (paper Sec. 3.2): batch-level std, prompt-level std, or none."""
+
+    name: str = "batch"
+    eps: float = 1e-6
+    """The epsilon added to the std (GRPO Eq. advantage)."""
+
+
+@dataclass
+class OffPolicyConfig:
+    """Asynchronous RL setup (paper Sec. 3.1): PipelineRL-k or PPO-off-policy-k."""
+
+    name: str = "pipeline_rl"
+    k: int = 8
+    """PipelineRL: max trainer steps between a sample's admission and its use. PPO-off-policy:
+    optimizer steps per generation phase (k * B prompts generated on fixed weights)."""
+
+
+@dataclass
+class LengthConfig:
+    """Generation length control (paper App. A.10): forced interruption or DAPO overlong penalty."""
+
+    name: str = "interruption"
+    max_new_tokens: int = 14336
+    """Total generation budget (paper: 12k thinking + 2k solution)."""
+    interruption_min: int = 10240
+    """Interruption position is drawn uniformly in [interruption_min, interruption_max] (App. A.10)."""
+    interruption_max: int = 12288
+    answer_budget: int = 2048
+    """Tokens allowed after the injected phrase (paper: 2,048 for the solution)."""
+    interruption_phrase: str = INTERRUPTION_PHRASE
+    penalty_max_len: int = 14336
+    """DAPO overlong penalty L_max (paper App. A.10: 14k)."""
+    penalty_cache_len: int = 2048
+    """DAPO overlong penalty tolerance L_cache (paper App. A.10: 2k)."""
+
+
+@dataclass
+class CurriculumConfig:
+    """Prompt sampling across epochs (paper Sec. 3.2 "Adaptive Prompt Filtering")."""
+
+    name: str = "no_positive_resampling"
+    pass_rate_threshold: float = 0.9
+    """No-Positive-Resampling: prompts whose historical pass rate is >= this are dropped for good."""
+
+
+@dataclass
+class FilterConfig:
+    """Batch definition (paper Sec. 3.2 "Zero-Variance Filtering")."""
+
+    name: str = "zero_variance"
+
+
+@dataclass
+class PrecisionConfig:
+    """LM-head precision on generator and trainer (paper Sec. 3.2 "FP32 Precision")."""
+
+    name: str = "fp32_head"
+    """fp32_head | bf16_head; the group also sets `model.fp32_lm_head` (trainer) accordingly."""
+    params_dtype: str = "bfloat16"
+    """Parameter/activation dtype of the model body: bfloat16 | float32."""
+
+
+@dataclass
+class RolloutConfig:
+    """Generation backend (DESIGN.md "Seams": RolloutEngine)."""
+
+    name: str = "local"
+    """local (HF-transformers engine in its own process) | sglang."""
+    num_engines: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_batch_size: int = 256
+    """Max concurrent sequences per engine (local engine decode batch)."""
+    weight_sync_bucket_mb: int = 64
+    engine_threads: int = 1
+    """torch threads in each local engine process."""
+    sglang_host: str = "127.0.0.1"
+    sglang_port: int = 30000
+    sglang_tp_size: int = 1
+    sglang_mem_fraction: float = 0.8
+    startup_timeout_s: float = 600.0
+
+
+@dataclass
+class ClusterConfig:
+    """Where the job runs; also the device count used for compute accounting (paper Sec. 2)."""
+
+    name: str = "local"
+    device: str = "cpu"
+    """cpu | cuda."""
+    nodes: int = 1
+    devices_per_node: int = 1
+    trainer_devices: int = 1
+    generator_devices: int = 1
+    partition: str = ""
+    account: str = ""
+    time_min: int = 60
+
+
+@dataclass
+class TrainLoopConfig:
+    """RL loop sizes and cadences (paper App. A.3: 48 prompts x 16 generations per step)."""
+
+    steps: int = 1000
+    prompts_per_step: int = 48
+    """B: prompts per optimizer step (before zero-variance filtering)."""
+    generations_per_prompt: int = 16
+    """G: completions per prompt."""
+    micro_batch_tokens: int = 16384
+    """Token budget of one packed Megatron micro-batch."""
+    val_every: int = 100
+    """Validation cadence in steps (paper: 100); 0 disables validation."""
+    save_every: int = 100
+    """Checkpoint cadence in steps; 0 disables checkpoints."""
+    keep_checkpoints: int = 2
+    poll_timeout_s: float = 0.05
+
+
+@dataclass
+class SFTConfig:
+    """Optional supervised warm start before RL (used by the CPU demo; Megatron next-token loss)."""
+
+    steps: int = 0
+    """0 disables the warm start."""
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    batch_size: int = 64
+    eval_every: int = 100
+
+
+@dataclass
+class MetricsConfig:
+    """metrics.jsonl, TensorBoard and the console progress line."""
+
+    tensorboard: bool = True
+    progress_every: int = 1
+    truncation_alarm: float = 0.10
+    """Warn when the step's truncation rate exceeds this (paper App. A.13: 10-15% destabilises)."""
+
+
+@dataclass
+class ForecastConfig:
+    """Live sigmoid fit at every validation (paper Eq. sigmoid_law, App. A.5)."""
+
+    enabled: bool = True
+    budget: float = 0.0
+    """Compute budget (same unit as the fit's C) at which to report the predicted reward; 0 = 2x
+    the compute spent so far."""
+    min_points: int = 4
+    """Validation points needed before a fit is attempted."""
+    fit_from: float = 0.0
+    """Exclude validation points below this compute (paper: ~1.5k GPU-hours)."""
+
+
+@dataclass
+class TrainConfig:
+    """The whole `scalerl-train` configuration (conf/train.yaml)."""
+
+    run_name: str = "scalerl"
+    seed: int = 0
+    output_dir: str = "."
+    """Run directory (train.yaml sets it to Hydra's run dir)."""
+    resume: str = "auto"
+    """auto: continue from the newest checkpoint in output_dir if one exists; never; or a path."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+    adv_norm: AdvNormConfig = field(default_factory=AdvNormConfig)
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    length: LengthConfig = field(default_factory=LengthConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    filter: FilterConfig = field(default_factory=FilterConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    forecast: ForecastConfig = field(default_factory=ForecastConfig)
+
+
+def register_configs() -> None:
+    """Store the schema in Hydra's ConfigStore; conf/train.yaml lists it first in its defaults."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=TrainConfig)
+
+
+def _one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is not one of {list(allowed)}")
+
+
+def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok or (isinstance(value, float) and not math.isfinite(value)):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{key}={value!r} must be {bound}")
+
+
+def validate(cfg: Any) -> None:
+    """Check a composed config (a TrainConfig or an OmegaConf node with the same keys).
+
+    Raises ValueError naming the first offending key and its value.
+    """
+    _one_of("data.name", cfg.data.name, DATA_NAMES)
+    _one_of("loss.name", cfg.loss.name, LOSS_NAMES)
+    _one_of("aggregation.name", cfg.aggregation.name, AGGREGATION_NAMES)
+    _one_of("adv_norm.name", cfg.adv_norm.name, ADV_NORM_NAMES)
+    _one_of("off_policy.name", cfg.off_policy.name, OFF_POLICY_NAMES)
+    _one_of("length.name", cfg.length.name, LENGTH_NAMES)
+    _one_of("curriculum.name", cfg.curriculum.name, CURRICULUM_NAMES)
+    _one_of("filter.name", cfg.filter.name, FILTER_NAMES)
+    _one_of("precision.name", cfg.precision.name, PRECISION_NAMES)
+    _one_of("precision.params_dtype", cfg.precision.params_dtype, ("bfloat16", "float32"))
+    _one_of("rollout.name", cfg.rollout.name, ROLLOUT_NAMES)
+    _one_of("cluster.name", cfg.cluster.name, CLUSTER_NAMES)
+    _one_of("cluster.device", cfg.cluster.device, ("cpu", "cuda"))
+    if not str(cfg.resume):
+        raise ValueError("resume='' must be 'auto', 'never' or a checkpoint directory")
+
+    if bool(cfg.model.fp32_lm_head) != (cfg.precision.name == "fp32_head"):
+        raise ValueError(
+            f"model.fp32_lm_head={cfg.model.fp32_lm_head} contradicts precision.name={cfg.precision.name!r}"
+        )
+
+    _positive("off_policy.k", cfg.off_policy.k)
+    _positive("train.steps", cfg.train.steps)
+    _positive("train.prompts_per_step", cfg.train.prompts_per_step)
+    _positive("train.generations_per_prompt", cfg.train.generations_per_prompt)
+    if cfg.train.generations_per_prompt < 2:
+        raise ValueError(
+            f"train.generations_per_prompt={cfg.train.generations_per_prompt} must be >= 2 "
+            "(group-relative advantages need at least two samples)"
+        )
+    _positive("train.micro_batch_tokens", cfg.train.micro_batch_tokens)
+    _positive("train.val_every", cfg.train.val_every, allow_zero=True)
+    _positive("train.save_every", cfg.train.save_every, allow_zero=True)
+    _positive("data.val_prompts", cfg.data.val_prompts, allow_zero=True)
+    _positive("data.val_samples", cfg.data.val_samples)
+    _positive("sft.steps", cfg.sft.steps, allow_zero=True)
+    _positive("rollout.num_engines", cfg.rollout.num_engines)
+    _positive("rollout.temperature", cfg.rollout.temperature)
+    if not 0.0 < cfg.rollout.top_p <= 1.0:
+        raise ValueError(f"rollout.top_p={cfg.rollout.top_p!r} must be in (0, 1]")
+    _positive("cluster.nodes", cfg.cluster.nodes)
+    _positive("cluster.devices_per_node", cfg.cluster.devices_per_node)
+
+    eps_low, eps_high = cfg.loss.eps_low, cfg.loss.eps_high
+    if eps_high is not None and not eps_high > 0:
+        raise ValueError(f"loss.eps_high={eps_high!r} must be > 0")
+    if cfg.loss.name == "cispo":
+        if eps_low is not None and eps_high is not None and not 0 <= eps_low <= eps_high:
+            raise ValueError(f"loss.eps_low={eps_low!r} must be in [0, loss.eps_high={eps_high}] for cispo")
+    else:
+        if eps_low is not None and not 0 <= eps_low < 1:
+            raise ValueError(f"loss.eps_low={eps_low!r} must be in [0, 1) for {cfg.loss.name}")
+        if cfg.loss.name == "grpo" and eps_low is not None and eps_high is not None and eps_low != eps_high:
+            raise ValueError(f"loss.eps_low={eps_low} != loss.eps_high={eps_high}: grpo clips symmetrically")
+    if not 0.0 < cfg.curriculum.pass_rate_threshold <= 1.0:
+        raise ValueError(
+            f"curriculum.pass_rate_threshold={cfg.curriculum.pass_rate_threshold!r} must be in (0, 1]"
+        )
+    if not 0.0 < cfg.metrics.truncation_alarm <= 1.0:
+        raise ValueError(f"metrics.truncation_alarm={cfg.metrics.truncation_alarm!r} must be in (0, 1]")
+
+    length = cfg.length
+    _positive("length.max_new_tokens", length.max_new_tokens)
+    if length.name == "interruption":
+        _positive("length.interruption_min", length.interruption_min)
+        if length.interruption_min > length.interruption_max:
+            raise ValueError(
+                f"length.interruption_min={length.interruption_min} > "
+                f"length.interruption_max={length.interruption_max}"
+            )
+        if length.interruption_max + length.answer_budget > length.max_new_tokens:
+            raise ValueError(
+                f"length.interruption_max + length.answer_budget = "
+                f"{length.interruption_max + length.answer_budget} exceeds "
+                f"length.max_new_tokens={length.max_new_tokens}"
+            )
+        if not length.interruption_phrase:
+            raise ValueError("length.interruption_phrase must not be empty")
+    else:
+        _positive("length.penalty_cache_len", length.penalty_cache_len)
+        if length.penalty_cache_len > length.penalty_max_len:
+            raise ValueError(
+                f"length.penalty_cache_len={length.penalty_cache_len} > "
+                f"length.penalty_max_len={length.penalty_max_len}"
+            )

@@ -1,0 +1,162 @@
+"""Every experiment overlay composes with Hydra's compose API, validates, and maps the paper's recipe."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = REPO / "conf"
+
+# The recipe of each experiment, written from the paper (Sec. 4; App. A.9 Fig. appendix_loo caption;
+# App. A.15): (loss, eps_low, eps_high, aggregation, adv_norm, off_policy, k, length, curriculum,
+# filter, precision, prompts_per_step).
+SCALERL = ("cispo", None, 5.0, "prompt", "batch", "pipeline_rl", 8, "interruption",
+           "no_positive_resampling", "zero_variance", "fp32_head", 48)
+EXPECTED = {
+    "scalerl": SCALERL,
+    # LOO: revert one axis to the baseline counterpart.
+    "loo_plan": SCALERL[:4] + ("prompt",) + SCALERL[5:],
+    "loo_lp": SCALERL[:7] + ("penalty",) + SCALERL[8:],
+    "loo_batch": SCALERL[:9] + ("none",) + SCALERL[10:],
+    "loo_8op": SCALERL[:5] + ("ppo_off_policy", 8) + SCALERL[7:],
+    "loo_fp32": SCALERL[:10] + ("bf16_head", 48),
+    "loo_savg": SCALERL[:3] + ("sample",) + SCALERL[4:],
+    "loo_dapo": ("dapo", 0.2, 0.26) + SCALERL[3:],
+    # Prevalent recipes (App. A.15).
+    "deepseek_grpo": ("grpo", 0.2, 0.2, "sample", "prompt", "ppo_off_policy", 8, "interruption",
+                      "uniform", "none", "bf16_head", 48),
+    "qwen_dapo": ("dapo", 0.2, 0.26, "prompt", "prompt", "ppo_off_policy", 8, "interruption",
+                  "uniform", "zero_variance", "bf16_head", 80),
+    "magistral": ("dapo", 0.2, 0.26, "prompt", "prompt", "pipeline_rl", 8, "interruption",
+                  "uniform", "zero_variance", "bf16_head", 80),
+    "minimax": ("cispo", None, 5.0, "prompt", "prompt", "ppo_off_policy", 8, "interruption",
+                "uniform", "zero_variance", "fp32_head", 80),
+}
+
+
+def _compose(*overrides: str):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from scalerl_mega.config import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["output_dir=/tmp/scalerl-test", *overrides])
+    return OmegaConf.to_object(cfg)
+
+
+def _recipe(c) -> tuple:
+    return (c.loss.name, c.loss.eps_low, c.loss.eps_high, c.aggregation.name, c.adv_norm.name,
+            c.off_policy.name, c.off_policy.k, c.length.name, c.curriculum.name, c.filter.name,
+            c.precision.name, c.train.prompts_per_step)
+
+
+def test_every_experiment_file_is_covered():
+    on_disk = {p.stem for p in (CONF / "experiment").glob("*.yaml")}
+    assert on_disk == set(EXPECTED) | {"demo"}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_experiment_composes_validates_and_matches_paper(name):
+    from scalerl_mega.config import TrainConfig, validate
+
+    c = _compose(f"experiment={name}")
+    assert isinstance(c, TrainConfig)
+    validate(c)
+    assert _recipe(c) == EXPECTED[name]
+    assert c.run_name == name
+    assert c.train.generations_per_prompt == 16
+    # The precision group drives the trainer's LM head.
+    assert c.model.fp32_lm_head is (c.precision.name == "fp32_head")
+    # Paper App. A.3 / A.10 sizes.
+    assert c.length.max_new_tokens == 14336
+    if c.length.name == "interruption":
+        assert (c.length.interruption_min, c.length.interruption_max, c.length.answer_budget) == (10240, 12288, 2048)
+    else:
+        assert (c.length.penalty_max_len, c.length.penalty_cache_len) == (14336, 2048)
+
+
+def test_demo_is_a_cpu_scalerl_run():
+    from scalerl_mega.config import validate
+
+    c = _compose("experiment=demo")
+    validate(c)
+    assert (c.cluster.device, c.rollout.name, c.data.name) == ("cpu", "local", "synthetic")
+    assert c.model.num_experts > 0 and c.model.arch == "llama4"
+    assert (c.model.num_layers, c.model.hidden_size) == (4, 128)
+    assert (c.train.prompts_per_step, c.train.generations_per_prompt) == (32, 8)
+    assert c.optim.lr == pytest.approx(1e-4)
+    assert c.sft.steps > 0
+    assert (c.loss.name, c.aggregation.name, c.adv_norm.name, c.filter.name, c.curriculum.name) == (
+        "cispo", "prompt", "batch", "zero_variance", "no_positive_resampling")
+    assert c.off_policy.name == "pipeline_rl"
+
+
+def test_group_override_on_command_line():
+    c = _compose("experiment=scalerl", "loss=gspo", "off_policy.k=4")
+    assert (c.loss.name, c.loss.eps_low, c.loss.eps_high, c.off_policy.k) == ("gspo", 0.003, 0.005, 4)
+
+
+def test_schema_rejects_unknown_key():
+    from hydra.errors import ConfigCompositionException as HydraCompositionError
+
+    with pytest.raises(HydraCompositionError):
+        _compose("train.not_a_key=1")
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "key"),
+    [
+        (("loss", "name"), "ppo", "loss.name"),
+        (("aggregation", "name"), "batch", "aggregation.name"),
+        (("off_policy", "k"), 0, "off_policy.k"),
+        (("train", "generations_per_prompt"), 1, "train.generations_per_prompt"),
+        (("length", "interruption_min"), 13000, "length.interruption_min"),
+        (("rollout", "top_p"), 1.5, "rollout.top_p"),
+        (("curriculum", "pass_rate_threshold"), 0.0, "curriculum.pass_rate_threshold"),
+        (("loss", "eps_high"), -1.0, "loss.eps_high"),
+    ],
+)
+def test_validate_names_the_key(path, value, key):
+    from scalerl_mega.config import validate
+
+    c = _compose("experiment=scalerl")
+    section = getattr(c, path[0])
+    setattr(c, path[0], dataclasses.replace(section, **{path[1]: value}))
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        validate(c)
+
+
+def test_validate_rejects_head_precision_mismatch():
+    from scalerl_mega.config import validate
+
+    c = _compose("experiment=scalerl")
+    c.model.fp32_lm_head = False
+    with pytest.raises(ValueError, match=r"model\.fp32_lm_head"):
+        validate(c)
+
+
+def test_validate_rejects_grpo_asymmetric_clip():
+    from scalerl_mega.config import validate
+
+    c = _compose("experiment=deepseek_grpo", "loss.eps_high=0.28")
+    with pytest.raises(ValueError, match=r"grpo clips symmetrically"):
+        validate(c)
+
+
+def test_cli_prints_resolved_config(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-c", "from scalerl_mega.train import main; main()", "--cfg", "job",
+         "experiment=scalerl"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, check=True,
+    ).stdout
+    assert "name: cispo" in out and "name: pipeline_rl" in out and "run_name: scalerl" in out
+    assert "fp32_lm_head: true" in out
