@@ -1,0 +1,221 @@
+"""Policy-gradient surrogate losses of the paper, returned as loss = -J (to minimise).
+
+Every objective here is a weighted sum over tokens, J = sum_{i,t} w_{i,t} * term_{i,t}, where the weights
+w come from the loss aggregation (`token_weights`) and the per-token term from the loss type:
+
+- "cispo" (Sec. 3.2 Eq. (cispo), Sec. 4 J_ScaleRL): term = sg(min(rho, eps_high)) * A_i * log pi_train.
+  `eps_high` is the absolute cap on the ratio (paper: 4, 5 or 8 make no difference; default 5).
+  There is no lower truncation by default; `eps_low`, if given, is an absolute *floor* on the truncated
+  weight: sg(clamp(rho, eps_low, eps_high)). No gradient flows through the ratio.
+- "dapo" (App. A.2 Eq. (dapo_loss), Sec. 2 Eq. (is)): term = min(rho*A, clip(rho, 1-eps_low, 1+eps_high)*A),
+  gradient through rho. Defaults eps_low=0.2, eps_high=0.28 (App. A.17 "Qwen2.5 (DAPO)").
+- "grpo" (App. A.2 J_GRPO): the same term with a symmetric clip 1 +- eps (eps_low == eps_high, default 0.2).
+- "gspo" (Sec. 3.2 "Loss type", App. A.10 / "GSPO ablations"): sequence-level ratio
+  s_i = exp(mean_t(log pi_train - log pi_gen)) and term_i = min(s_i*A_i, clip(s_i, 1-eps_low, 1+eps_high)*A_i),
+  gradient through s_i. Defaults eps_low=3e-3, eps_high=5e-3 (the paper's 10^-3 scale). Its term is per
+  sample; it enters J as sum_i (sum_t w_{i,t}) * term_i, so under "sample" aggregation (its default) it counts
+  once per sample.
+
+Aggregations (Sec. 3.2 "Loss Aggregation"):
+- "sample": w = 1 / (B * |y_i|)  — mean over samples of each sample's token mean (Eq. (grpo_loss)).
+- "prompt": w = 1 / (P * T_g), T_g = sum of |y_j| over the prompt's samples — per prompt, sum of its tokens'
+  terms over its total tokens, then mean over prompts (Eq. (dapo_loss), J_ScaleRL).
+- "token":  w = 1 / sum_i |y_i| — all tokens of the batch averaged directly.
+Samples (prompts) with no trained token get weight 0 and are not counted in B (P).
+
+Micro-batches and data-parallel ranks: compute `token_weights` once on the *global* batch, slice it like
+the other [B, T] tensors, and pass the slice as `weights=`; the micro-batch losses then sum exactly to
+the unsplit loss (tests/unit/test_objective_losses.py checks this).
+"""
+
+from __future__ import annotations
+
+import torch
+
+LOSS_TYPES = ("cispo", "dapo", "grpo", "gspo")
+AGGREGATIONS = ("prompt", "sample", "token")
+DEFAULT_AGGREGATION = {"cispo": "prompt", "dapo": "prompt", "grpo": "sample", "gspo": "sample"}
+DEFAULT_EPS = {  # (eps_low, eps_high)
+    "cispo": (None, 5.0),
+    "dapo": (0.2, 0.28),
+    "grpo": (0.2, 0.2),
+    "gspo": (3e-3, 5e-3),
+}
+
+
+def _check_bt(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape} (shape mismatch)")
+
+
+def _validate_mask_index(mask_BT: torch.Tensor, prompt_index_B: torch.Tensor) -> None:
+    if not isinstance(mask_BT, torch.Tensor) or mask_BT.dim() != 2:
+        raise ValueError(f"mask must be a 2-D [B, T] tensor, got {getattr(mask_BT, 'shape', type(mask_BT))}")
+    B = mask_BT.shape[0]
+    if B == 0 or mask_BT.shape[1] == 0:
+        raise ValueError(f"empty batch: mask has shape {tuple(mask_BT.shape)}")
+    _check_bt("prompt_index", prompt_index_B, (B,))
+    if prompt_index_B.is_floating_point() or prompt_index_B.dtype == torch.bool:
+        raise ValueError(f"prompt_index must be an integer tensor, got {prompt_index_B.dtype}")
+    if not (mask_BT > 0).any():
+        raise ValueError("empty batch: mask selects no token")
+
+
+def token_weights(
+    mask: torch.Tensor, prompt_index: torch.Tensor, aggregation: str, *, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Aggregation weights w [B, T] with J = sum w * term; see the module docstring.
+
+    Weights are computed in float64, returned in `dtype`, and sum to 1 over the batch given.
+    """
+    _validate_mask_index(mask, prompt_index)
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation={aggregation!r} is unknown; expected one of {AGGREGATIONS}")
+    m = (mask > 0).double()
+    len_B = m.sum(1)
+    if aggregation == "token":
+        w = m / len_B.sum()
+    elif aggregation == "sample":
+        n_samples = (len_B > 0).sum()
+        w = m / (len_B.clamp(min=1) * n_samples)[:, None]
+    else:
+        _, inv_B = torch.unique(prompt_index, return_inverse=True)
+        n = int(inv_B.max().item()) + 1
+        tok_P = torch.zeros(n, dtype=torch.float64).index_add_(0, inv_B, len_B)
+        n_prompts = (tok_P > 0).sum()
+        w = m / (tok_P.clamp(min=1)[inv_B] * n_prompts)[:, None]
+    return w.to(dtype)
+
+
+def cispo_weight(rho: torch.Tensor, *, eps_low: float | None, eps_high: float) -> torch.Tensor:
+    """The truncated IS weight min(rho, eps_high) (floored at `eps_low` if given), detached (Eq. (cispo))."""
+    return rho.detach().clamp(min=eps_low, max=eps_high)
+
+
+def _resolve(loss_type: str, aggregation: str | None, eps_low: float | None, eps_high: float | None):
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type={loss_type!r} is unknown; expected one of {LOSS_TYPES}")
+    aggregation = DEFAULT_AGGREGATION[loss_type] if aggregation is None else aggregation
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation={aggregation!r} is unknown; expected one of {AGGREGATIONS}")
+    d_low, d_high = DEFAULT_EPS[loss_type]
+    if loss_type == "grpo":
+        if eps_low is not None and eps_high is not None and eps_low != eps_high:
+            raise ValueError(f"grpo clips symmetrically: eps_low={eps_low} != eps_high={eps_high}")
+        eps = eps_high if eps_high is not None else (eps_low if eps_low is not None else d_high)
+        eps_low = eps_high = eps
+    else:
+        eps_low = d_low if eps_low is None else eps_low
+        eps_high = d_high if eps_high is None else eps_high
+    if loss_type == "cispo":
+        if not eps_high > 0:
+            raise ValueError(f"eps_high={eps_high} must be > 0 (absolute cap of the CISPO ratio)")
+        if eps_low is not None and not 0 <= eps_low <= eps_high:
+            raise ValueError(f"eps_low={eps_low} must be in [0, eps_high={eps_high}] for cispo")
+    else:
+        if not 0 <= eps_low < 1:
+            raise ValueError(f"eps_low={eps_low} must be in [0, 1) for {loss_type}")
+        if not eps_high >= 0:
+            raise ValueError(f"eps_high={eps_high} must be >= 0 for {loss_type}")
+    return aggregation, eps_low, eps_high
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    gen_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    prompt_index: torch.Tensor,
+    *,
+    loss_type: str = "cispo",
+    aggregation: str | None = None,
+    eps_low: float | None = None,
+    eps_high: float | None = None,
+    weights: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """loss = -J for `loss_type` with `aggregation` (defaults per loss type: see module docstring).
+
+    Args: logp [B, T] trainer log-probs (carries the graph), gen_logp [B, T] generator log-probs,
+    advantages [B], mask [B, T] (1 = trained token), prompt_index [B]; `weights` [B, T] overrides the
+    weights computed from this batch (pass global-batch weights when this is a micro-batch); `entropy`
+    [B, T] is only reported.
+
+    Metrics (over trained tokens): `clip_fraction` (tokens whose ratio is clipped so that the gradient is
+    cut — for CISPO the fraction truncated at the cap/floor, for GSPO the fraction of samples clipped),
+    `rho_mean`, `rho_max` (token ratios pi_train/pi_gen), `approx_kl` (k3 estimator of KL(gen||train):
+    mean of rho - 1 - log rho over tokens sampled from pi_gen; unbiased and >= 0), `entropy` if given,
+    and for GSPO `seq_rho_mean`, `seq_rho_max`.
+    """
+    aggregation, eps_low, eps_high = _resolve(loss_type, aggregation, eps_low, eps_high)
+    _validate_mask_index(mask, prompt_index)
+    B, T = mask.shape
+    _check_bt("logp", logp, (B, T))
+    _check_bt("gen_logp", gen_logp, (B, T))
+    _check_bt("advantages", advantages, (B,))
+    m = mask > 0
+    if torch.isnan(gen_logp).any():
+        raise ValueError("gen_logp contains NaN")
+    if not torch.isfinite(gen_logp[m]).all():
+        raise ValueError("gen_logp contains inf at a trained (mask=1) position")
+    if not torch.isfinite(logp.detach()[m]).all():
+        raise ValueError("logp contains NaN or inf at a trained (mask=1) position")
+    if not torch.isfinite(advantages).all():
+        raise ValueError("advantages contains NaN or inf")
+    if weights is None:
+        w = token_weights(mask, prompt_index, aggregation, dtype=logp.dtype)
+    else:
+        _check_bt("weights", weights, (B, T))
+        w = weights
+    w = w.to(logp.dtype)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    logp_m = torch.where(m, logp, zero)
+    log_ratio = torch.where(m, logp - gen_logp.to(logp.dtype), zero)
+    A_B1 = advantages.to(logp.dtype)[:, None]
+
+    metrics: dict[str, float] = {}
+    if loss_type == "cispo":
+        rho = log_ratio.detach().exp()
+        term = cispo_weight(rho, eps_low=eps_low, eps_high=eps_high) * A_B1 * logp_m
+        clipped = (rho > eps_high) | ((rho < eps_low) if eps_low is not None else torch.zeros_like(m))
+        J = (w * term).sum()
+        clip_frac = clipped[m].float().mean()
+    elif loss_type in ("dapo", "grpo"):
+        rho = log_ratio.exp()
+        term = torch.minimum(rho * A_B1, rho.clamp(1 - eps_low, 1 + eps_high) * A_B1)
+        J = (w * term).sum()
+        with torch.no_grad():
+            clipped = ((A_B1 > 0) & (rho > 1 + eps_high)) | ((A_B1 < 0) & (rho < 1 - eps_low))
+            clip_frac = clipped[m].float().mean()
+    else:  # gspo
+        len_B = m.sum(1)
+        s_B = ((log_ratio.sum(1)) / len_B.clamp(min=1)).exp()
+        A_B = A_B1[:, 0]
+        term_B = torch.minimum(s_B * A_B, s_B.clamp(1 - eps_low, 1 + eps_high) * A_B)
+        J = (w.sum(1) * term_B).sum()
+        with torch.no_grad():
+            rho = log_ratio.exp()
+            valid = len_B > 0
+            clipped_B = ((A_B > 0) & (s_B > 1 + eps_high)) | ((A_B < 0) & (s_B < 1 - eps_low))
+            clip_frac = clipped_B[valid].float().mean()
+            metrics["seq_rho_mean"] = float(s_B[valid].mean())
+            metrics["seq_rho_max"] = float(s_B[valid].max())
+    loss = -J
+    with torch.no_grad():
+        rho_t = rho.detach()[m]
+        lr_t = log_ratio.detach()[m]
+        metrics.update(
+            loss=float(loss.detach()),
+            clip_fraction=float(clip_frac),
+            rho_mean=float(rho_t.mean()),
+            rho_max=float(rho_t.max()),
+            approx_kl=float((rho_t - 1 - lr_t).mean()),
+            num_tokens=float(m.sum()),
+            num_samples=float((m.sum(1) > 0).sum()),
+        )
+        if entropy is not None:
+            _check_bt("entropy", entropy, (B, T))
+            metrics["entropy"] = float(entropy.detach()[m].mean())
+    return loss, metrics
