@@ -1,0 +1,1 @@
+"""Metrics: metrics.jsonl + TensorBoard writer, compute accounting, rollout statistics, console line."""

@@ -1,0 +1,70 @@
+"""Compute accounting for the scaling law (paper Sec. 2, App. A.3; DESIGN.md "Asynchrony").
+
+C is GPU-hours of the whole allocation (generators + trainers): wall time x devices, whether or not
+a device is busy. On CPU the same quantity is process-hours (`compute_device_hours`: wall time x the
+trainer and engine processes) and `compute_gpu_hours` is 0. NVML utilisation is logged next to it
+when GPUs exist (pynvml from nvidia-ml-py, imported lazily).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class ComputeCounter:
+    """Accumulates wall-clock hours x devices; survives restarts through `state_dict`."""
+
+    def __init__(self, *, devices: int, on_gpu: bool, clock: Callable[[], float] = time.monotonic):
+        if devices <= 0:
+            raise ValueError(f"devices={devices} must be > 0")
+        self.devices = devices
+        self.on_gpu = on_gpu
+        self._clock = clock
+        self._start = clock()
+        self._hours_before = 0.0
+        """Wall hours accumulated by earlier incarnations of this run (resume)."""
+
+    def wall_hours(self) -> float:
+        return self._hours_before + (self._clock() - self._start) / 3600.0
+
+    def device_hours(self) -> float:
+        """Wall hours x devices of the whole allocation."""
+        return self.wall_hours() * self.devices
+
+    def fields(self) -> dict[str, float]:
+        """The compute fields every metrics line carries."""
+        hours = self.device_hours()
+        return {
+            "compute_gpu_hours": hours if self.on_gpu else 0.0,
+            "compute_device_hours": hours,
+            "wall_hours": self.wall_hours(),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"wall_hours": self.wall_hours(), "devices": self.devices, "on_gpu": self.on_gpu}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._hours_before = float(state["wall_hours"])
+        self._start = self._clock()
+
+
+def gpu_utilization() -> float | None:
+    """Mean NVML utilisation (%) over this node's GPUs, or None without GPUs/NVML."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver: a CPU machine
+        return None
+    try:
+        n = pynvml.nvmlDeviceGetCount()
+        if n == 0:
+            return None
+        util = [pynvml.nvmlDeviceGetUtilizationRates(pynvml.nvmlDeviceGetHandleByIndex(i)).gpu for i in range(n)]
+        return float(sum(util)) / n
+    finally:
+        pynvml.nvmlShutdown()
