@@ -1,0 +1,89 @@
+"""Hard timeouts for calls that may hang inside C code (sympy big integers, regex backtracking).
+
+math-verify's own timeout uses `signal.alarm`: it has whole-second resolution, raises ValueError
+outside the main thread, and cannot interrupt a long C-level computation (e.g. evaluating
+`9^{9^{9^9}}`), because Python signal handlers only run between bytecodes. `call_in_child` instead
+forks, runs the function in the child and SIGKILLs it at the deadline: this works from any thread
+and stops anything. The child also gets an address-space cap so a runaway big integer fails fast
+with MemoryError instead of eating the shared machine's RAM.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import resource
+import select
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _vm_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * _PAGE
+
+
+def call_in_child(
+    fn: Callable[..., Any], *args: Any, timeout_s: float, extra_memory_mb: int = 1024
+) -> tuple[str, Any]:
+    """Run `fn(*args)` in a forked child with a hard wall-clock deadline.
+
+    Returns ("ok", value), ("error", message) if `fn` raised, or ("timeout", None) if the child
+    was killed at `timeout_s` (or died without answering: ("crash", signal/exit code)).
+    The child's address space may grow by at most `extra_memory_mb` beyond the parent's.
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    limit = _vm_bytes() + extra_memory_mb * 2**20
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into the caller's stack
+        code = 0
+        try:
+            os.close(r)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            try:
+                out: tuple[str, Any] = ("ok", fn(*args))
+            except BaseException as e:  # noqa: BLE001 - report everything to the parent
+                out = ("error", f"{type(e).__name__}: {str(e)[:200]}")
+            data = pickle.dumps(out)
+            view = memoryview(data)
+            while view:
+                n = os.write(w, view)
+                view = view[n:]
+        except BaseException:  # noqa: BLE001
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    timed_out = False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([r], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        if timed_out:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    if timed_out:
+        return ("timeout", None)
+    try:
+        return pickle.loads(b"".join(chunks))
+    except Exception:  # noqa: BLE001 - truncated output: the child died (e.g. MemoryError in pickling)
+        return ("crash", os.waitstatus_to_exitcode(status))
