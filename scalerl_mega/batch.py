@@ -1,0 +1,155 @@
+"""Groups -> TrainBatch (DESIGN.md "Data flow": groups -> batch -> trainer).
+
+For one optimizer step:
+1. flatten the G scored completions of each prompt;
+2. zero-variance filter (paper Sec. 3.2 "effective batch"): drop prompts whose rewards are all equal;
+3. advantages on the kept samples (Sec. 2 Â_i = r_i - mean_prompt; batch / prompt / no normalization,
+   Sec. 3.2 and Sec. 4 Â^norm = Â / Â_std);
+4. right-padded [B, T] tensors: prompt + output tokens, next-token targets, loss mask (output tokens the
+   policy sampled; an injected interruption phrase has mask 0), generator log-probs, weight versions;
+5. token weights for the loss aggregation, computed once on the whole batch (`token_weights_BT` in
+   `meta`), so that micro-batch losses sum to the full-batch loss;
+6. packing: sequences are sorted by length and cut into micro-batches whose padded size
+   (rows x longest row) fits `micro_batch_tokens` (`micro_batches` in `meta`: lists of row indices).
+
+Pure tensor code: no I/O, no config objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from scalerl_mega.objective.advantages import compute_advantages, zero_variance_filter
+from scalerl_mega.objective.losses import token_weights
+from scalerl_mega.types import Group, TrainBatch
+
+
+@dataclass(kw_only=True)
+class BatchResult:
+    """The assembled batch (None when every prompt was filtered out) and its metrics."""
+
+    batch: TrainBatch | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    kept_groups: list[int] = field(default_factory=list)
+    """Indices (into the input list) of the groups that entered the batch."""
+
+
+def pack_micro_batches(lengths: Sequence[int], *, max_tokens: int) -> list[list[int]]:
+    """Split rows into micro-batches with rows x max(length) <= max_tokens (a row longer than the
+    budget gets a micro-batch of its own). Rows are taken longest first, so rows of similar length
+    share a micro-batch and padding stays small. Returns lists of row indices."""
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens={max_tokens} must be > 0")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    out: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        longest_if_added = max(longest, lengths[i])
+        if current and longest_if_added * (len(current) + 1) > max_tokens:
+            out.append(current)
+            current, longest_if_added = [], lengths[i]
+        current.append(i)
+        longest = longest_if_added
+    if current:
+        out.append(current)
+    return out
+
+
+def build_train_batch(
+    groups: Sequence[Group],
+    *,
+    adv_norm: str,
+    adv_eps: float,
+    aggregation: str,
+    filter_zero_variance: bool,
+    micro_batch_tokens: int,
+    pad_id: int = 0,
+) -> BatchResult:
+    """Assemble the TrainBatch of one step from `groups` (see module docstring)."""
+    if not groups:
+        raise ValueError("build_train_batch: no groups")
+    rows = [(gi, s) for gi, g in enumerate(groups) for s in g.samples]
+    rewards_B = torch.tensor([s.reward for _, s in rows], dtype=torch.float64)
+    passed_B = torch.tensor([s.passed for _, s in rows], dtype=torch.bool)
+    group_B = torch.tensor([gi for gi, _ in rows], dtype=torch.int64)
+
+    metrics: dict[str, float] = {}
+    if filter_zero_variance:
+        result = zero_variance_filter(rewards_B, group_B, passed=passed_B)
+        keep_B = result.keep
+        metrics.update(result.metrics())
+    else:
+        keep_B = torch.ones(len(rows), dtype=torch.bool)
+    kept_groups = sorted({int(g) for g in group_B[keep_B].tolist()})
+    metrics["batch_prompts"] = float(len(kept_groups))
+    metrics["batch_samples"] = float(int(keep_B.sum()))
+    if not kept_groups:
+        return BatchResult(batch=None, metrics=metrics, kept_groups=[])
+
+    idx = keep_B.nonzero().flatten().tolist()
+    remap = {g: p for p, g in enumerate(kept_groups)}
+    prompt_index_B = torch.tensor([remap[int(group_B[i])] for i in idx], dtype=torch.int64)
+    adv_B = compute_advantages(rewards_B[idx], prompt_index_B, normalization=adv_norm, eps=adv_eps)
+
+    comps = [rows[i][1].completion for i in idx]
+    lengths = [len(c.prompt_ids) + len(c.output_ids) for c in comps]
+    B, T = len(comps), max(lengths)
+    input_ids_BT = torch.full((B, T), pad_id, dtype=torch.int64)
+    targets_BT = torch.zeros((B, T), dtype=torch.int64)
+    loss_mask_BT = torch.zeros((B, T), dtype=torch.float32)
+    gen_logp_BT = torch.zeros((B, T), dtype=torch.float32)
+    version_BT = torch.full((B, T), -1, dtype=torch.int64)
+    position_ids_BT = torch.arange(T, dtype=torch.int64).expand(B, T).clone()
+    for b, c in enumerate(comps):
+        P, O = len(c.prompt_ids), len(c.output_ids)
+        if P == 0:
+            raise ValueError(f"completion {c.prompt_id}/{c.sample_index} has no prompt tokens")
+        if not (len(c.gen_logprobs) == len(c.weight_versions) == O):
+            raise ValueError(
+                f"completion {c.prompt_id}/{c.sample_index}: output_ids ({O}), gen_logprobs "
+                f"({len(c.gen_logprobs)}) and weight_versions ({len(c.weight_versions)}) differ in length"
+            )
+        mask = c.mask()
+        if len(mask) != O:
+            raise ValueError(f"completion {c.prompt_id}/{c.sample_index}: loss_mask has {len(mask)} entries, "
+                             f"expected {O}")
+        seq = list(c.prompt_ids) + list(c.output_ids)
+        input_ids_BT[b, : P + O] = torch.tensor(seq, dtype=torch.int64)
+        # Output token j sits at position P + j and is predicted from position P + j - 1.
+        sl = slice(P - 1, P - 1 + O)
+        targets_BT[b, sl] = torch.tensor(c.output_ids, dtype=torch.int64)
+        loss_mask_BT[b, sl] = torch.tensor(mask, dtype=torch.float32)
+        gen_logp_BT[b, sl] = torch.tensor(c.gen_logprobs, dtype=torch.float32)
+        version_BT[b, sl] = torch.tensor(c.weight_versions, dtype=torch.int64)
+    gen_logp_BT = gen_logp_BT * loss_mask_BT
+    targets_BT = targets_BT * (loss_mask_BT > 0)
+
+    weights_BT = token_weights(loss_mask_BT, prompt_index_B, aggregation)
+    micro = pack_micro_batches(lengths, max_tokens=micro_batch_tokens)
+    metrics["batch_tokens_trained"] = float(loss_mask_BT.sum())
+    metrics["micro_batches"] = float(len(micro))
+    metrics["padding_fraction"] = 1.0 - sum(lengths) / float(
+        sum(len(mb) * max(lengths[i] for i in mb) for mb in micro))
+    metrics["advantage_abs_mean"] = float(adv_B.abs().mean())
+    batch = TrainBatch(
+        input_ids_BT=input_ids_BT,
+        position_ids_BT=position_ids_BT,
+        loss_mask_BT=loss_mask_BT,
+        targets_BT=targets_BT,
+        gen_logp_BT=gen_logp_BT,
+        advantages_B=adv_B.float(),
+        prompt_index_B=prompt_index_B,
+        weight_version_BT=version_BT,
+        meta={
+            "token_weights_BT": weights_BT,
+            "micro_batches": micro,
+            "lengths_B": lengths,
+            "aggregation": aggregation,
+            "prompt_ids": [groups[g].prompt.prompt_id for g in kept_groups],
+        },
+    )
+    return BatchResult(batch=batch, metrics=metrics, kept_groups=kept_groups)
