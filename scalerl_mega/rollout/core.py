@@ -1,0 +1,372 @@
+"""The batched generation loop of the local engine (runs inside the engine process or test server).
+
+`GenerationCore` owns an HF `transformers` causal LM and a `SlotKVCache`. Each `step()`:
+
+1. decodes one token for every running request (one batched forward over the active slots),
+2. admits waiting requests into free slots (one batched, left-padded prefill) and samples their
+   first token, so finished requests are replaced at once: continuous batching.
+
+Weight updates (`load_weights`) happen between steps; running requests keep their KV cache,
+which was computed with the old weights (PipelineRL in-flight semantics, paper Sec. 3.1). Every
+output token records the weight version whose forward produced its logits.
+
+Forced interruption (paper Sec. 2 / App. A.11): once a request has sampled `interruption_at`
+tokens, the phrase `interruption_ids` is fed token by token (log-prob 0.0, loss mask 0) and the
+request may then generate `answer_budget` more tokens. Its finish reason is INTERRUPTED.
+
+Log-probs come from FP32 logits `hidden.float() @ W.float().T` when `fp32_lm_head` is on, or
+from logits computed in the model dtype (the bf16-head ablation) otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scalerl_mega.types import Completion, FinishReason, SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+@dataclass(kw_only=True)
+class CoreConfig:
+    """Scheduler and numerics of a `GenerationCore`."""
+
+    max_batch: int = 64
+    """Slots: requests decoded together."""
+    max_seq_len: int = 256
+    """Longest prompt + output a request may reach; the KV cache holds 2x this many columns."""
+    fp32_lm_head: bool = True
+    """Log-probs from FP32 logits (paper Sec. 3.2); False reproduces the bf16-head ablation."""
+    eos_token_ids: list[int] = field(default_factory=list)
+    """Always-on stop tokens (SGLang stops on EOS unless ignore_eos)."""
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1:
+            raise ValueError(f"CoreConfig.max_batch={self.max_batch} must be >= 1")
+        if self.max_seq_len < 2:
+            raise ValueError(f"CoreConfig.max_seq_len={self.max_seq_len} must be >= 2")
+
+
+@dataclass(kw_only=True)
+class GenRequest:
+    """One sample to generate (picklable: it crosses the engine-process transport)."""
+
+    rid: str
+    prompt_id: str
+    sample_index: int
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    seed: int
+    submitted_version: int = 0
+
+
+@dataclass
+class _Row:
+    req: GenRequest
+    stop_ids: frozenset[int]
+    limit: int
+    t_submit: float
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    forced: deque = field(default_factory=deque)
+    n_sampled: int = 0
+    interrupted_at: int | None = None
+    t_admit: float | None = None
+    next_input: int | None = None
+    pos: int = 0
+
+
+def max_total_tokens(sampling: SamplingParams) -> int:
+    """Upper bound on the output length of a request with these parameters."""
+    limit = sampling.max_new_tokens
+    if sampling.interruption_at is not None:
+        limit = max(limit, sampling.interruption_at + len(sampling.interruption_ids) + sampling.answer_budget)
+    return limit
+
+
+class GenerationCore:
+    """Batched sampling with a slot KV cache, continuous admission and in-flight weight loads."""
+
+    def __init__(self, model: Any, *, config: CoreConfig) -> None:
+        import torch
+
+        from scalerl_mega.rollout.kv_cache import SlotKVCache
+
+        self.model = model.eval()
+        self.config = config
+        self.version = 0
+        self.waiting: deque[_Row] = deque()
+        self.rows: list[_Row] = []
+        mcfg = model.config
+        heads = mcfg.num_attention_heads
+        head_dim = getattr(mcfg, "head_dim", None) or mcfg.hidden_size // heads
+        param = next(model.parameters())
+        self.device = param.device
+        self.kv = SlotKVCache(
+            num_layers=mcfg.num_hidden_layers,
+            num_slots=config.max_batch,
+            capacity=2 * config.max_seq_len,
+            num_kv_heads=getattr(mcfg, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            dtype=param.dtype,
+            device=param.device,
+        )
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self._w32 = None
+        self._refresh_head()
+        self._torch = torch
+
+    # ---- public API --------------------------------------------------------------------------
+    def add(self, req: GenRequest) -> None:
+        """Queue a request (ValueError if it cannot fit the cache or has bad parameters)."""
+        sp = req.sampling
+        if not req.prompt_ids:
+            raise ValueError(f"request {req.rid}: empty prompt_ids")
+        if sp.max_new_tokens < 1:
+            raise ValueError(f"request {req.rid}: sampling.max_new_tokens={sp.max_new_tokens} must be >= 1")
+        if sp.interruption_at is not None and not sp.interruption_ids:
+            raise ValueError(f"request {req.rid}: interruption_at set but interruption_ids empty")
+        total = len(req.prompt_ids) + max_total_tokens(sp)
+        if total > self.config.max_seq_len:
+            raise ValueError(
+                f"request {req.rid}: prompt ({len(req.prompt_ids)}) + output budget "
+                f"({max_total_tokens(sp)}) = {total} exceeds max_seq_len={self.config.max_seq_len}"
+            )
+        bad = [t for t in req.prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"request {req.rid}: prompt token ids {bad[:5]} outside vocab {self.vocab_size}")
+        stop = frozenset(sp.stop_token_ids) | frozenset(self.config.eos_token_ids)
+        self.waiting.append(_Row(req=req, stop_ids=stop, limit=sp.max_new_tokens, t_submit=time.monotonic()))
+
+    @property
+    def num_running(self) -> int:
+        return len(self.rows)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_work(self) -> bool:
+        return bool(self.rows or self.waiting)
+
+    def step(self) -> list[Completion]:
+        """Decode one token for all running requests, then admit waiting ones. Returns finished."""
+        done: list[Completion] = []
+        with self._torch.inference_mode():
+            if self.rows:
+                logits = self._decode()
+                done += self._consume(list(range(len(self.rows))), logits)
+            free = self.config.max_batch - len(self.rows)
+            if free > 0 and self.waiting:
+                new = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
+                first = len(self.rows)
+                logits = self._prefill(new)
+                done += self._consume(list(range(first, len(self.rows))), logits)
+        return done
+
+    def run_until_done(self) -> list[Completion]:
+        """Step until nothing is running or waiting (tests, benchmarks, health checks)."""
+        out: list[Completion] = []
+        while self.has_work():
+            out += self.step()
+        return out
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> list[str]:
+        """Copy HF-named tensors into the model in place (between steps; KV cache kept).
+
+        `lm_head.weight` is accepted for tied embeddings. Unknown names or shape mismatches raise
+        ValueError before anything is copied for that tensor. Returns the names loaded.
+        """
+        torch = self._torch
+        params = dict(self.model.named_parameters())
+        tied = self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
+        loaded = []
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                key = name
+                if key not in params and tied and key == "lm_head.weight":
+                    key = next(n for n, p in params.items() if p is self.model.get_input_embeddings().weight)
+                if key not in params:
+                    raise ValueError(f"load_weights: unknown parameter name {name!r}")
+                p = params[key]
+                if tuple(p.shape) != tuple(tensor.shape):
+                    raise ValueError(
+                        f"load_weights: {name!r} has shape {tuple(tensor.shape)}, model expects {tuple(p.shape)}"
+                    )
+                p.copy_(tensor.to(device=p.device, dtype=p.dtype))
+                loaded.append(name)
+        self._refresh_head()
+        return loaded
+
+    def set_version(self, version: int) -> None:
+        self.version = int(version)
+
+    def abort_all(self) -> list[Completion]:
+        """Abort every running and waiting request; return their partial outputs (finish ABORT)."""
+        rows = self.rows + list(self.waiting)
+        self.rows = []
+        self.waiting.clear()
+        self.kv.length = 0
+        return [self._completion(r, FinishReason.ABORT) for r in rows]
+
+    def retract_all(self) -> int:
+        """Move running requests back to the front of the queue; their KV is dropped and
+        recomputed (with the weights current at re-admission). Returns how many."""
+        rows = self.rows
+        self.rows = []
+        self.kv.length = 0
+        self.waiting.extendleft(reversed(rows))
+        return len(rows)
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _refresh_head(self) -> None:
+        w = self.model.get_output_embeddings().weight
+        self._w32 = w.detach().float() if self.config.fp32_lm_head else None
+
+    def _logits(self, hidden_NH: "torch.Tensor") -> "torch.Tensor":
+        """[N, V] float32 logits of the last position's hidden state."""
+        if self._w32 is not None:
+            return hidden_NH.float() @ self._w32.T
+        w = self.model.get_output_embeddings().weight
+        return (hidden_NH @ w.T).float()
+
+    def _forward(self, ids, mask, pos, cache):
+        out = self.model.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+        )
+        return out.last_hidden_state[:, -1]
+
+    def _decode(self) -> "torch.Tensor":
+        torch = self._torch
+        kv = self.kv
+        n = len(self.rows)
+        if kv.length + 1 > kv.capacity:
+            width = kv.length - min(kv.start_S[:n])
+            kv.relayout(n_active=n, new_length=width)
+        cache = kv.hf_cache(slice(0, n))
+        kv.mask_SC[:n, kv.length] = True
+        ids = torch.tensor([r.next_input for r in self.rows], dtype=torch.long, device=self.device).view(n, 1)
+        pos = torch.tensor([r.pos for r in self.rows], dtype=torch.long, device=self.device).view(n, 1)
+        hidden = self._forward(ids, kv.mask_SC[:n, : kv.length + 1], pos, cache)
+        kv.length += 1
+        for r in self.rows:
+            r.pos += 1
+        return self._logits(hidden)
+
+    def _prefill(self, new: list[_Row]) -> "torch.Tensor":
+        torch = self._torch
+        kv = self.kv
+        n0 = len(self.rows)
+        seqs = [r.req.prompt_ids + r.output_ids for r in new]
+        p_max = max(len(s) for s in seqs)
+        if n0 == 0:
+            kv.length = p_max
+        elif p_max > kv.length or kv.length + 1 > kv.capacity:
+            width = kv.length - min(kv.start_S[:n0])
+            kv.relayout(n_active=n0, new_length=max(width, p_max))
+        k = len(new)
+        ids = torch.zeros((k, p_max), dtype=torch.long)
+        amask = torch.zeros((k, p_max), dtype=torch.bool)
+        for i, s in enumerate(seqs):
+            ids[i, p_max - len(s) :] = torch.tensor(s, dtype=torch.long)
+            amask[i, p_max - len(s) :] = True
+        pos = (amask.long().cumsum(-1) - 1).clamp(min=0)
+        ids, amask, pos = ids.to(self.device), amask.to(self.device), pos.to(self.device)
+        col0 = kv.length - p_max
+        cache = kv.hf_cache(slice(n0, n0 + k), column_offset=col0, length=0)
+        hidden = self._forward(ids, amask, pos, cache)
+        now = time.monotonic()
+        for i, (r, s) in enumerate(zip(new, seqs)):
+            kv.clear_row_prefix(n0 + i, kv.length - len(s))
+            r.pos = len(s)
+            if r.t_admit is None:
+                r.t_admit = now
+            self.rows.append(r)
+        return self._logits(hidden)
+
+    def _consume(self, idx: list[int], logits_NV: "torch.Tensor") -> list[Completion]:
+        """Sample (or force) one token for rows `idx`; retire finished rows."""
+        from scalerl_mega.rollout.sampling import sample_tokens
+
+        torch = self._torch
+        rows = [self.rows[i] for i in idx]
+        sp = [r.req.sampling for r in rows]
+        tokens, logps = sample_tokens(
+            logits_NV,
+            temperature_N=torch.tensor([s.temperature for s in sp], dtype=torch.float32, device=self.device),
+            top_p_N=torch.tensor([s.top_p for s in sp], dtype=torch.float32, device=self.device),
+            seeds_N=torch.tensor([r.req.seed for r in rows], dtype=torch.long, device=self.device),
+            steps_N=torch.tensor([len(r.output_ids) for r in rows], dtype=torch.long, device=self.device),
+        )
+        tokens_l, logps_l = tokens.tolist(), logps.tolist()
+        finished: list[tuple[int, FinishReason]] = []
+        for j, (i, r) in enumerate(zip(idx, rows)):
+            if r.forced:
+                tok, lp, m = r.forced.popleft(), 0.0, 0
+            else:
+                tok, lp, m = tokens_l[j], logps_l[j], 1
+                r.n_sampled += 1
+            r.output_ids.append(tok)
+            r.logprobs.append(lp)
+            r.versions.append(self.version)
+            r.loss_mask.append(m)
+            r.next_input = tok
+            reason = self._finish_reason(r, tok, sampled=m == 1)
+            if reason is not None:
+                finished.append((i, reason))
+        out = []
+        for i, reason in sorted(finished, key=lambda x: -x[0]):
+            out.append(self._completion(self.rows[i], reason))
+            last = len(self.rows) - 1
+            if i != last:
+                self.kv.move_row(last, i)
+                self.rows[i] = self.rows[last]
+            self.rows.pop()
+        if not self.rows:
+            self.kv.length = 0
+        out.reverse()
+        return out
+
+    def _finish_reason(self, r: _Row, tok: int, *, sampled: bool) -> FinishReason | None:
+        sp = r.req.sampling
+        ended = None
+        if sampled and tok in r.stop_ids:
+            ended = FinishReason.STOP
+        elif (
+            sampled
+            and sp.interruption_at is not None
+            and r.interrupted_at is None
+            and r.n_sampled >= sp.interruption_at
+        ):
+            r.interrupted_at = len(r.output_ids)
+            r.forced.extend(sp.interruption_ids)
+            r.limit = len(r.output_ids) + len(sp.interruption_ids) + sp.answer_budget
+        if ended is None and not r.forced and len(r.output_ids) >= r.limit:
+            ended = FinishReason.LENGTH
+        if ended is not None and r.interrupted_at is not None:
+            return FinishReason.INTERRUPTED
+        return ended
+
+    def _completion(self, r: _Row, reason: FinishReason) -> Completion:
+        now = time.monotonic()
+        admit = r.t_admit if r.t_admit is not None else now
+        return Completion(
+            prompt_id=r.req.prompt_id,
+            sample_index=r.req.sample_index,
+            prompt_ids=list(r.req.prompt_ids),
+            output_ids=list(r.output_ids),
+            gen_logprobs=list(r.logprobs),
+            weight_versions=list(r.versions),
+            finish_reason=reason,
+            loss_mask=list(r.loss_mask),
+            interrupted_at=r.interrupted_at,
+            submitted_version=r.req.submitted_version,
+            timings={"queue_s": admit - r.t_submit, "generate_s": now - admit},
+        )

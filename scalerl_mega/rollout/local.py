@@ -1,0 +1,414 @@
+"""The local rollout engine: `GenerationCore` in its own process, served over multiprocessing queues.
+
+Trainer process                                   engine process (spawned)
+  LocalRolloutEngine.submit()  --("submit")-->      GenerationCore.add()
+  LocalRolloutEngine.poll()    <--("done")---       GenerationCore.step() (batched decode loop)
+  update_weights(): "init_group" once (rank 1 joins the SGLang-style group), then
+      "weights_begin" -> per bucket "weights_bucket" + torch.distributed broadcast -> "weights_end"
+
+The engine applies a weight update between two decode steps: it stops stepping at
+"weights_begin" (SGLang `pause_generation(in_place)` semantics), loads bucket after bucket, and
+resumes at "weights_end" with the new version; running requests keep their KV cache (PipelineRL).
+Every wait in either process has a deadline; an engine-side failure is sent back and re-raised by
+the trainer as `EngineError`.
+
+Continuous batching: a slot KV cache (see `kv_cache.py`); finished requests free their slot and
+waiting ones are prefilled into it at the next step.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest
+from scalerl_mega.rollout.weight_sync import BucketMeta, WeightSyncConfig, WeightSyncError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from scalerl_mega.types import Completion, Prompt, SamplingParams
+
+ARCHS = ("llama", "llama4")
+PAUSE_MODES = ("in_place", "retract", "abort")
+
+
+class EngineError(RuntimeError):
+    """The engine process failed or did not answer in time."""
+
+
+@dataclass(kw_only=True)
+class LocalModelSpec:
+    """A model for the local engine: an HF config (tiny random models) or a local HF directory."""
+
+    arch: str = "llama"
+    """"llama" (LlamaForCausalLM) or "llama4" (Llama4ForCausalLM, text only)."""
+    config: dict[str, Any] | None = None
+    """Keyword arguments of LlamaConfig / Llama4TextConfig (random init with `init_seed`)."""
+    path: str | None = None
+    """A local HF model directory (config.json + safetensors); overrides `config`."""
+    dtype: str = "float32"
+    init_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"LocalModelSpec.arch={self.arch!r} must be one of {ARCHS}")
+        if (self.config is None) == (self.path is None):
+            raise ValueError("LocalModelSpec: give exactly one of config= or path=")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"LocalModelSpec.dtype={self.dtype!r} must be float32, bfloat16 or float16")
+
+
+def build_model(spec: LocalModelSpec, *, device: str = "cpu") -> Any:
+    """Instantiate the HF causal LM (eval mode, SDPA attention)."""
+    import torch
+
+    dtype = getattr(torch, spec.dtype)
+    if spec.path is not None:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, attn_implementation="sdpa")
+    else:
+        if spec.arch == "llama":
+            from transformers import LlamaConfig as Cfg
+            from transformers import LlamaForCausalLM as Model
+        else:
+            from transformers import Llama4ForCausalLM as Model
+            from transformers import Llama4TextConfig as Cfg
+        cfg = Cfg(**spec.config)
+        cfg._attn_implementation = "sdpa"
+        with torch.random.fork_rng():
+            torch.manual_seed(spec.init_seed)
+            model = Model(cfg)
+        model = model.to(dtype)
+    return model.to(device).eval()
+
+
+@dataclass(kw_only=True)
+class LocalEngineConfig:
+    model: LocalModelSpec
+    core: CoreConfig = field(default_factory=CoreConfig)
+    sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    num_threads: int = 1
+    """torch threads in the engine process (1 is fastest on a contended 2-core machine)."""
+    seed: int = 0
+    """Seeds requests submitted without `SamplingParams.seed`."""
+    device: str = "cpu"
+    master_address: str = "127.0.0.1"
+    start_timeout_s: float = 180.0
+    reply_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.num_threads < 1:
+            raise ValueError(f"LocalEngineConfig.num_threads={self.num_threads} must be >= 1")
+
+
+def request_seed(base: int, prompt_id: str, index: int) -> int:
+    """A stable per-sample seed for requests submitted without one."""
+    import hashlib
+
+    h = hashlib.blake2b(f"{base}/{prompt_id}".encode(), digest_size=7).digest()
+    return int.from_bytes(h, "little") + index
+
+
+def make_requests(
+    prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int, base_seed: int
+) -> list[GenRequest]:
+    """The n samples of a prompt; sample i gets seed + i (SGLang `sampling_seed`, slime's scheme)."""
+    if prompt.token_ids is None:
+        raise ValueError(f"prompt {prompt.prompt_id}: token_ids is None (tokenise before submit)")
+    if n < 1:
+        raise ValueError(f"submit n={n} must be >= 1")
+    out = []
+    for i in range(n):
+        seed = sampling.seed + i if sampling.seed is not None else request_seed(base_seed, prompt.prompt_id, i)
+        out.append(
+            GenRequest(
+                rid=f"{prompt.prompt_id}/{i}/v{version}",
+                prompt_id=prompt.prompt_id,
+                sample_index=i,
+                prompt_ids=list(prompt.token_ids),
+                sampling=sampling,
+                seed=seed,
+                submitted_version=version,
+            )
+        )
+    return out
+
+
+# ---- engine process ---------------------------------------------------------------------------
+def _engine_main(config: LocalEngineConfig, cmd_q: Any, out_q: Any) -> None:
+    try:
+        _EngineLoop(config, cmd_q, out_q).run()
+    except BaseException as e:  # noqa: BLE001 - reported to the trainer, then the process exits
+        out_q.put(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        raise SystemExit(1) from None
+
+
+class _EngineLoop:
+    def __init__(self, config: LocalEngineConfig, cmd_q: Any, out_q: Any) -> None:
+        import torch
+
+        torch.set_num_threads(config.num_threads)
+        self.config = config
+        self.cmd_q = cmd_q
+        self.out_q = out_q
+        self.core = GenerationCore(build_model(config.model, device=config.device), config=config.core)
+        self.paused = False
+        self.group = None
+        self.receiver = None
+        self.closing = False
+
+    def run(self) -> None:
+        self.out_q.put(("ready", {"vocab_size": self.core.vocab_size}))
+        while not self.closing:
+            idle = self.paused or not self.core.has_work()
+            try:
+                msg = self.cmd_q.get(timeout=0.2) if idle else self.cmd_q.get_nowait()
+            except queue.Empty:
+                msg = None
+            while msg is not None and not self.closing:
+                self._handle(msg)
+                try:
+                    msg = self.cmd_q.get_nowait()
+                except queue.Empty:
+                    msg = None
+            if not self.closing and not self.paused and self.core.has_work():
+                done = self.core.step()
+                if done:
+                    self.out_q.put(("done", done))
+        if self.group is not None:
+            from scalerl_mega.rollout.weight_sync import destroy_group
+
+            destroy_group(self.group)
+
+    def _handle(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "submit":
+            for req in msg[1]:
+                self.core.add(req)
+        elif kind == "pause":
+            mode = msg[1]
+            if mode == "abort":
+                aborted = self.core.abort_all()
+                if aborted:
+                    self.out_q.put(("done", aborted))
+            elif mode == "retract":
+                self.core.retract_all()
+            self.paused = True
+            self.out_q.put(("ack", "pause"))
+        elif kind == "resume":
+            self.paused = False
+            self.out_q.put(("ack", "resume"))
+        elif kind == "init_group":
+            from scalerl_mega.rollout.weight_sync import DistWeightReceiver, init_custom_process_group
+
+            args = msg[1]
+            self.group = init_custom_process_group(**args)
+            self.receiver = DistWeightReceiver(
+                self.group, timeout_s=self.config.sync.timeout_s, device=self.config.device
+            )
+            self.out_q.put(("ack", "init_group"))
+        elif kind == "weights_begin":
+            self._weight_session(msg[1])
+        elif kind == "close":
+            self.closing = True
+        else:
+            raise ValueError(f"engine: unknown command {kind!r}")
+
+    def _weight_session(self, version: int) -> None:
+        """Block decoding; load announced buckets until "weights_end" (deadline per message)."""
+        if self.receiver is None:
+            raise WeightSyncError("weights_begin before init_group: no weight-sync group")
+        timeout = self.config.sync.timeout_s
+        while True:
+            try:
+                msg = self.cmd_q.get(timeout=timeout)
+            except queue.Empty:
+                raise WeightSyncError(
+                    f"engine: weight update v{version} stalled: no bucket or end message within {timeout}s; "
+                    "the weights are partially updated, discard this engine"
+                ) from None
+            if msg[0] == "weights_bucket":
+                meta: BucketMeta = msg[1]
+                self.core.load_weights(self.receiver.receive_bucket(meta))
+                self.out_q.put(("ack", ("bucket", meta.index)))
+            elif msg[0] == "weights_end":
+                self.core.set_version(msg[1])
+                self.out_q.put(("ack", ("weights_end", msg[1])))
+                return
+            else:
+                raise WeightSyncError(f"engine: unexpected {msg[0]!r} inside weight update v{version}")
+
+
+# ---- trainer-side handle -------------------------------------------------------------------------
+class _PipeAnnouncer:
+    def __init__(self, engine: "LocalRolloutEngine") -> None:
+        self.engine = engine
+
+    def begin(self, version: int) -> None:
+        self.engine._send(("weights_begin", version))
+
+    def announce(self, meta: BucketMeta):
+        self.engine._send(("weights_bucket", meta))
+
+        def wait(timeout_s: float) -> None:
+            self.engine._wait_ack(("bucket", meta.index), timeout_s=timeout_s)
+
+        return wait
+
+    def end(self, version: int) -> None:
+        self.engine._send(("weights_end", version))
+        self.engine._wait_ack(("weights_end", version), timeout_s=self.engine.config.sync.timeout_s)
+
+
+class LocalRolloutEngine:
+    """`RolloutEngine` backed by a `GenerationCore` in a spawned process (see module doc)."""
+
+    def __init__(self, config: LocalEngineConfig) -> None:
+        import multiprocessing as mp
+
+        self.config = config
+        ctx = mp.get_context("spawn")
+        self._cmd_q = ctx.Queue()
+        self._out_q = ctx.Queue()
+        self._proc = ctx.Process(
+            target=_engine_main, args=(config, self._cmd_q, self._out_q), name="scalerl-local-engine", daemon=True
+        )
+        self._proc.start()
+        self._done: list[Completion] = []
+        self._acks: list[Any] = []
+        self._group = None
+        self._sender = None
+        self.version = 0
+        self.last_sync_stats = None
+        self._wait_for(lambda m: m[0] == "ready", what="engine start", timeout_s=config.start_timeout_s)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    # ---- RolloutEngine ---------------------------------------------------------------------------
+    def submit(self, prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int) -> None:
+        self._send(("submit", make_requests(prompt, sampling, n=n, version=version, base_seed=self.config.seed)))
+
+    def poll(self, timeout_s: float = 0.0) -> list["Completion"]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._pump(timeout_s=0.0)
+            if self._done or time.monotonic() >= deadline:
+                break
+            self._pump(timeout_s=min(0.05, max(deadline - time.monotonic(), 0.0)))
+            if self._done:
+                break
+        out, self._done = self._done, []
+        return out
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]], *, version: int) -> None:
+        """Broadcast HF-named weights to the engine process (bucketed, over gloo/NCCL)."""
+        from scalerl_mega.rollout.weight_sync import DistWeightSender
+
+        if self._sender is None:
+            self._init_group()
+            self._sender = DistWeightSender(self._group, announcer=_PipeAnnouncer(self), config=self.config.sync)
+        self.last_sync_stats = self._sender.send(named_tensors, version=version)
+        self.version = version
+
+    def pause(self, mode: str = "in_place") -> None:
+        """Stop decoding. in_place keeps running requests and their KV; retract re-queues them
+        (KV recomputed after resume); abort returns them now with finish reason ABORT."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode={mode!r} must be one of {PAUSE_MODES}")
+        self._send(("pause", mode))
+        self._wait_ack("pause", timeout_s=self.config.reply_timeout_s)
+
+    def resume(self) -> None:
+        self._send(("resume",))
+        self._wait_ack("resume", timeout_s=self.config.reply_timeout_s)
+
+    def close(self) -> None:
+        from scalerl_mega.rollout.weight_sync import destroy_group
+
+        if self._proc.is_alive():
+            try:
+                self._cmd_q.put(("close",))
+            except Exception:  # noqa: BLE001
+                pass
+            self._proc.join(timeout=10)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(timeout=5)
+        if self._group is not None:
+            destroy_group(self._group)
+            self._group = None
+        self._cmd_q.cancel_join_thread()
+        self._out_q.cancel_join_thread()
+
+    def __enter__(self) -> "LocalRolloutEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- internals -------------------------------------------------------------------------------
+    def _init_group(self) -> None:
+        """SGLang order: tell the engine to join (no wait), join as rank 0, then wait for its ack."""
+        from scalerl_mega.rollout.weight_sync import free_port, init_custom_process_group
+
+        sync = self.config.sync
+        port = free_port()
+        init_method = f"tcp://{self.config.master_address}:{port}"
+        common = dict(backend=sync.backend, init_method=init_method, world_size=2, group_name=sync.group_name)
+        self._send(("init_group", dict(common, rank=1, timeout_s=sync.timeout_s)))
+        self._group = init_custom_process_group(**common, rank=0, timeout_s=sync.timeout_s)
+        self._wait_ack("init_group", timeout_s=sync.timeout_s)
+
+    def _send(self, msg: tuple) -> None:
+        if not self._proc.is_alive():
+            self._pump(timeout_s=0.0)
+            raise EngineError(f"engine process {self._proc.pid} is dead (exit code {self._proc.exitcode})")
+        self._cmd_q.put(msg)
+
+    def _pump(self, *, timeout_s: float) -> bool:
+        """Read one message from the engine; False if none arrived."""
+        try:
+            msg = self._out_q.get(timeout=timeout_s) if timeout_s > 0 else self._out_q.get_nowait()
+        except queue.Empty:
+            return False
+        if msg[0] == "done":
+            self._done.extend(msg[1])
+        elif msg[0] == "ack":
+            self._acks.append(msg[1])
+        elif msg[0] == "error":
+            raise EngineError(f"engine process failed: {msg[1]}")
+        elif msg[0] == "ready":
+            self._acks.append("ready")
+        return True
+
+    def _wait_for(self, pred, *, what: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                msg = self._out_q.get(timeout=0.1)
+            except queue.Empty:
+                if not self._proc.is_alive():
+                    raise EngineError(f"{what}: engine process exited with code {self._proc.exitcode}") from None
+                continue
+            if msg[0] == "error":
+                raise EngineError(f"{what}: engine process failed: {msg[1]}")
+            if pred(msg):
+                return
+        raise EngineError(f"{what}: no answer within {timeout_s}s")
+
+    def _wait_ack(self, ack: Any, *, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while ack not in self._acks:
+            if time.monotonic() >= deadline:
+                raise WeightSyncError(f"engine did not acknowledge {ack!r} within {timeout_s}s")
+            if not self._pump(timeout_s=0.1) and not self._proc.is_alive():
+                raise EngineError(f"engine process died (exit code {self._proc.exitcode}) while waiting for {ack!r}")
+        self._acks.remove(ack)

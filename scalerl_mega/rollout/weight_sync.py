@@ -1,0 +1,327 @@
+"""Bucketed broadcast of HF-named weights from the trainer (rank 0) to rollout engines.
+
+Group setup mirrors SGLang's `init_custom_process_group` (reference/SGLANG.md, "Trainer-side NCCL
+group"): `rendezvous(tcp://addr:port)` -> `PrefixStore(group_name, store)` -> torch's internal
+`_new_process_group_helper` -> identity entry in `_world.pg_group_ranks`. A plain
+`init_process_group` uses a different store prefix and would hang against SGLang; it would also
+clobber the trainer's own WORLD group. Trainer = rank 0; engine i joins at
+`rank_offset = 1 + sum(GPUs of engines before i)` (+ its TP rank).
+
+Per bucket (SGLang's `update_weights_from_distributed` contract): the receiver is told the names,
+dtypes and shapes first (HTTP body, or a pipe message for the local engine), then rank 0
+broadcasts each tensor in exactly that order (async), and both sides wait. With
+`flattened=True` a bucket travels as one uint8 tensor (`load_format="flattened_bucket"`).
+
+Every wait has a deadline; failures raise `WeightSyncError` naming the bucket, tensor and peer
+(the anchors' most common bug is a silent hang).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+DEFAULT_BUCKET_BYTES = 512 << 20
+FLATTENED_BUCKET = "flattened_bucket"
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync step failed or timed out; the engine's weights may be partially updated."""
+
+
+@dataclass(kw_only=True)
+class WeightSyncConfig:
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    """Bytes per bucket; <= 0 sends one tensor per bucket (the per-tensor baseline)."""
+    timeout_s: float = 120.0
+    """Deadline of every step: group init, each broadcast, each acknowledgement."""
+    flattened: bool = False
+    """Send each bucket as one uint8 tensor (SGLang load_format="flattened_bucket")."""
+    group_name: str = "weight_update_group"
+    backend: str = "gloo"
+    """"gloo" on CPU, "nccl" on GPU."""
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise ValueError(f"WeightSyncConfig.timeout_s={self.timeout_s} must be > 0")
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"WeightSyncConfig.backend={self.backend!r} must be 'gloo' or 'nccl'")
+
+
+@dataclass(kw_only=True)
+class BucketMeta:
+    """What the receiver needs before a bucket's broadcast (SGLang request fields)."""
+
+    names: list[str]
+    dtypes: list[str]
+    """torch dtype names without the "torch." prefix ("float32", "bfloat16"), as SGLang expects."""
+    shapes: list[list[int]]
+    version: int
+    index: int = 0
+    load_format: str | None = None
+    """None (one broadcast per tensor) or "flattened_bucket" (one uint8 broadcast)."""
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(_numel(s) * _itemsize(d) for s, d in zip(self.shapes, self.dtypes))
+
+
+@dataclass
+class SendStats:
+    version: int
+    buckets: int = 0
+    tensors: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    per_bucket_s: list[float] = field(default_factory=list)
+
+
+def dtype_name(dtype: "torch.dtype") -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def dtype_from_name(name: str) -> "torch.dtype":
+    import torch
+
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype name {name!r} in weight-sync metadata")
+    return dt
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _itemsize(dtype: str) -> int:
+    return dtype_from_name(dtype).itemsize
+
+
+# ---- group setup --------------------------------------------------------------------------------
+def init_custom_process_group(
+    *,
+    backend: str,
+    init_method: str,
+    world_size: int,
+    rank: int,
+    group_name: str,
+    timeout_s: float,
+) -> Any:
+    """Create a process group the way SGLang's engine does (module doc); returns the group.
+
+    Blocks until all `world_size` ranks join (rank 0 hosts the TCP store); raises
+    WeightSyncError after `timeout_s`.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    timeout = timedelta(seconds=timeout_s)
+    try:
+        store, rank, world_size = next(c10d.rendezvous(init_method, rank, world_size, timeout=timeout))
+        store.set_timeout(timeout)
+        store = c10d.PrefixStore(group_name, store)
+        pg, _ = c10d._new_process_group_helper(
+            world_size,
+            rank,
+            [],
+            c10d.Backend(backend),
+            store,
+            group_name=group_name,
+            backend_options=None,
+            timeout=timeout,
+        )
+    except Exception as e:  # noqa: BLE001 - re-raised with context
+        raise WeightSyncError(
+            f"weight-sync group {group_name!r} ({backend}, {init_method}, rank {rank}/{world_size}) "
+            f"failed to form within {timeout_s}s: {e}"
+        ) from e
+    c10d._world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+def destroy_group(group: Any) -> None:
+    import torch.distributed as dist
+
+    try:
+        dist.destroy_process_group(group)
+    except Exception:  # noqa: BLE001 - best effort on shutdown
+        pass
+
+
+def engine_rank_offsets(gpus_per_engine: list[int]) -> tuple[int, list[int]]:
+    """(world_size, rank_offset per engine): trainer is rank 0, engine i starts after the GPUs
+    of engines before it (slime's connect_rollout_engines_from_distributed)."""
+    if any(g < 1 for g in gpus_per_engine):
+        raise ValueError(f"gpus_per_engine={gpus_per_engine}: every engine needs >= 1 rank")
+    offsets, acc = [], 1
+    for g in gpus_per_engine:
+        offsets.append(acc)
+        acc += g
+    return acc, offsets
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- buckets ------------------------------------------------------------------------------------
+def iter_buckets(
+    named_tensors: Iterable[tuple[str, "torch.Tensor"]], *, bucket_bytes: int
+) -> Iterator[list[tuple[str, "torch.Tensor"]]]:
+    """Group tensors in order into buckets of at most `bucket_bytes` (a larger tensor travels
+    alone); `bucket_bytes <= 0` gives one tensor per bucket. Lazy: holds one bucket at a time."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, t in named_tensors:
+        nbytes = t.numel() * t.element_size()
+        if bucket and (bucket_bytes <= 0 or size + nbytes > bucket_bytes):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, t))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def flatten_bucket(tensors: list["torch.Tensor"]) -> "torch.Tensor":
+    """Concatenate the raw bytes of `tensors` (in order) into one uint8 tensor."""
+    import torch
+
+    parts = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+
+
+def unflatten_bucket(flat: "torch.Tensor", meta: BucketMeta) -> list[tuple[str, "torch.Tensor"]]:
+    """Inverse of `flatten_bucket` given the bucket's names, dtypes and shapes."""
+    out, off = [], 0
+    for name, dt, shape in zip(meta.names, meta.dtypes, meta.shapes):
+        dtype = dtype_from_name(dt)
+        n = _numel(shape) * dtype.itemsize
+        out.append((name, flat[off : off + n].view(dtype).reshape(shape)))
+        off += n
+    if off != flat.numel():
+        raise WeightSyncError(f"bucket {meta.index}: flattened size {flat.numel()} != metadata total {off}")
+    return out
+
+
+def bucket_meta(bucket: list[tuple[str, "torch.Tensor"]], *, version: int, index: int, flattened: bool) -> BucketMeta:
+    return BucketMeta(
+        names=[n for n, _ in bucket],
+        dtypes=[dtype_name(t.dtype) for _, t in bucket],
+        shapes=[list(t.shape) for _, t in bucket],
+        version=version,
+        index=index,
+        load_format=FLATTENED_BUCKET if flattened else None,
+    )
+
+
+# ---- broadcast with deadlines -----------------------------------------------------------------
+def _wait_all(works: list[Any], *, what: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for i, w in enumerate(works):
+        left = max(deadline - time.monotonic(), 0.001)
+        try:
+            ok = w.wait(timeout=timedelta(seconds=left))
+        except Exception as e:  # noqa: BLE001 - re-raised with context
+            raise WeightSyncError(f"{what}: broadcast {i + 1}/{len(works)} failed: {e}") from e
+        if ok is False:
+            raise WeightSyncError(f"{what}: broadcast {i + 1}/{len(works)} did not finish within {timeout_s}s")
+
+
+Waiter = Callable[[float], None]
+"""Waits (up to the given seconds) for a receiver's acknowledgement; raises on failure."""
+
+
+class BucketAnnouncer(Protocol):
+    """Control channel to the receivers (HTTP for SGLang, a pipe for the local engine)."""
+
+    def begin(self, version: int) -> None: ...
+
+    def announce(self, meta: BucketMeta) -> Waiter:
+        """Tell every receiver about the next bucket (without waiting); return a waiter."""
+
+    def end(self, version: int) -> None: ...
+
+
+class DistWeightSender:
+    """Rank-0 side: `send(named_tensors, version)` streams buckets to all engines in `group`."""
+
+    def __init__(self, group: Any, *, announcer: BucketAnnouncer, config: WeightSyncConfig) -> None:
+        self.group = group
+        self.announcer = announcer
+        self.config = config
+
+    def send(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]], *, version: int) -> SendStats:
+        import torch.distributed as dist
+
+        cfg = self.config
+        stats = SendStats(version=version)
+        t0 = time.perf_counter()
+        self.announcer.begin(version)
+        for index, bucket in enumerate(iter_buckets(named_tensors, bucket_bytes=cfg.bucket_bytes)):
+            tb = time.perf_counter()
+            meta = bucket_meta(bucket, version=version, index=index, flattened=cfg.flattened)
+            waiter = self.announcer.announce(meta)
+            tensors = [t.detach().contiguous() for _, t in bucket]
+            if cfg.flattened:
+                tensors = [flatten_bucket(tensors)]
+            what = f"weight sync v{version} bucket {index} ({len(bucket)} tensors, first {meta.names[0]!r})"
+            try:
+                works = [dist.broadcast(t, src=0, group=self.group, async_op=True) for t in tensors]
+            except Exception as e:  # noqa: BLE001
+                raise WeightSyncError(f"{what}: broadcast could not start: {e}") from e
+            _wait_all(works, what=what, timeout_s=cfg.timeout_s)
+            waiter(cfg.timeout_s)
+            stats.buckets += 1
+            stats.tensors += len(bucket)
+            stats.bytes += meta.num_bytes
+            stats.per_bucket_s.append(time.perf_counter() - tb)
+        self.announcer.end(version)
+        stats.seconds = time.perf_counter() - t0
+        return stats
+
+
+class DistWeightReceiver:
+    """Engine side: receives one announced bucket (allocates per metadata, broadcast from rank 0)."""
+
+    def __init__(self, group: Any, *, timeout_s: float, device: "str | torch.device" = "cpu") -> None:
+        self.group = group
+        self.timeout_s = timeout_s
+        self.device = device
+
+    def receive_bucket(self, meta: BucketMeta) -> list[tuple[str, "torch.Tensor"]]:
+        import torch
+        import torch.distributed as dist
+
+        if not (len(meta.names) == len(meta.dtypes) == len(meta.shapes)):
+            raise WeightSyncError(
+                f"bucket {meta.index}: names/dtypes/shapes lengths differ "
+                f"({len(meta.names)}/{len(meta.dtypes)}/{len(meta.shapes)})"
+            )
+        what = f"weight receive v{meta.version} bucket {meta.index}"
+        if meta.load_format == FLATTENED_BUCKET:
+            flat = torch.empty(meta.num_bytes, dtype=torch.uint8, device=self.device)
+            works = [dist.broadcast(flat, src=0, group=self.group, async_op=True)]
+            _wait_all(works, what=what, timeout_s=self.timeout_s)
+            return unflatten_bucket(flat, meta)
+        if meta.load_format is not None:
+            raise WeightSyncError(f"{what}: unsupported load_format {meta.load_format!r}")
+        out = [
+            (n, torch.empty(s, dtype=dtype_from_name(d), device=self.device))
+            for n, d, s in zip(meta.names, meta.dtypes, meta.shapes)
+        ]
+        works = [dist.broadcast(t, src=0, group=self.group, async_op=True) for _, t in out]
+        _wait_all(works, what=what, timeout_s=self.timeout_s)
+        return out
