@@ -1,0 +1,165 @@
+"""Architecture dimensions read from a Hugging Face ``config.json`` dict, validated early.
+
+``ArchDims`` is the only input the name/layout tables need: it is plain data (no torch, no
+transformers), built from the HF config dict so that the converter never has to import
+``transformers``. Padded vocabulary follows Megatron's rule: a multiple of
+``vocab_multiple * tp`` (``make_vocab_size_divisible_by`` times tensor parallelism).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+# Megatron-Core 0.16.1 ``RotaryEmbedding._apply_scaling`` hard-codes these three Llama-3 RoPE
+# scaling constants and only exposes ``rope_scaling_factor``; a checkpoint with other values would
+# be converted silently wrong, so it is refused.
+MCORE_LLAMA3_ROPE_FIXED = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+ARCH_BY_MODEL_TYPE = {"llama": "llama", "llama4_text": "llama4"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ArchDims:
+    """Shapes and per-layer features of one decoder-only architecture.
+
+    ``no_rope_layers`` uses Megatron's convention (1 = this layer skips RoPE); ``moe_layers`` lists
+    the 0-based layers whose MLP is a mixture of experts.
+    """
+
+    arch: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int  # dense MLP layers
+    vocab_size: int
+    tie_word_embeddings: bool
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling_factor: float | None  # None = plain RoPE
+    max_position_embeddings: int
+    num_experts: int = 0
+    moe_ffn_hidden_size: int = 0  # routed experts and the shared expert
+    moe_top_k: int = 0
+    moe_layers: tuple[int, ...] = ()
+    no_rope_layers: tuple[int, ...] = ()  # Megatron convention: 1 = NoPE
+    qk_l2_norm: bool = False
+    attention_chunk_size: int | None = None
+    attn_temperature_tuning: bool = False
+    floor_scale: float = 8192.0
+    attn_scale: float = 0.1
+    rope_interleaved_in_hf: bool = False  # HF Llama-4 rotates complex pairs (2i, 2i+1)
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    def padded_vocab_size(self, *, vocab_multiple: int, tp: int) -> int:
+        """Megatron's padded vocabulary: smallest multiple of ``vocab_multiple * tp`` >= vocab."""
+        step = vocab_multiple * tp
+        return int(math.ceil(self.vocab_size / step) * step)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer in self.moe_layers
+
+
+def _require(cfg: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in cfg or cfg[key] is None:
+        raise ValueError(f"{where}: config key {key!r} is missing")
+    return cfg[key]
+
+
+def _rope(cfg: Mapping[str, Any], where: str) -> tuple[float, float | None]:
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type in (None, "default"):
+        return theta, None
+    if rope_type != "llama3":
+        raise ValueError(f"{where}: rope_type={rope_type!r} is not supported (only 'default' and 'llama3')")
+    for key, want in MCORE_LLAMA3_ROPE_FIXED.items():
+        got = rope.get(key)
+        if got is None or float(got) != float(want):
+            raise ValueError(
+                f"{where}: rope_parameters.{key}={got!r}; Megatron-Core 0.16.1 fixes it to {want}"
+            )
+    return theta, float(_require(rope, "factor", f"{where} rope_parameters"))
+
+
+def dims_from_hf_config(cfg: Mapping[str, Any], *, where: str = "config.json", expect_arch: str | None = None) -> ArchDims:
+    """Validate an HF config dict and return its ``ArchDims`` (raises ValueError naming the key)."""
+    model_type = cfg.get("model_type")
+    if model_type not in ARCH_BY_MODEL_TYPE:
+        raise ValueError(
+            f"{where}: model_type={model_type!r} is not supported; expected one of {sorted(ARCH_BY_MODEL_TYPE)}"
+        )
+    arch = ARCH_BY_MODEL_TYPE[model_type]
+    if expect_arch is not None and arch != expect_arch:
+        raise ValueError(f"{where}: model_type={model_type!r} is architecture {arch!r}, but {expect_arch!r} was requested")
+    if cfg.get("attention_bias"):
+        raise ValueError(f"{where}: attention_bias=True is not supported")
+    if cfg.get("mlp_bias"):
+        raise ValueError(f"{where}: mlp_bias=True is not supported")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{where}: hidden_act={cfg.get('hidden_act')!r} is not supported (only 'silu')")
+    hidden = int(_require(cfg, "hidden_size", where))
+    heads = int(_require(cfg, "num_attention_heads", where))
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    layers = int(_require(cfg, "num_hidden_layers", where))
+    if heads % kv:
+        raise ValueError(f"{where}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
+    theta, factor = _rope(cfg, where)
+    common = dict(
+        arch=arch,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=head_dim,
+        vocab_size=int(_require(cfg, "vocab_size", where)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling_factor=factor,
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+    )
+    if arch == "llama":
+        return ArchDims(ffn_hidden_size=int(_require(cfg, "intermediate_size", where)), **common)
+    # llama4_text
+    hf_rope_layers = list(_require(cfg, "no_rope_layers", where))
+    if len(hf_rope_layers) < layers:
+        raise ValueError(f"{where}: no_rope_layers has {len(hf_rope_layers)} entries for {layers} layers")
+    moe_layers = tuple(int(i) for i in _require(cfg, "moe_layers", where))
+    top_k = int(_require(cfg, "num_experts_per_tok", where))
+    if moe_layers and top_k != 1:
+        raise ValueError(f"{where}: num_experts_per_tok={top_k}; Llama-4 applies router probabilities to the expert input, which needs top-1")
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        for i in range(layers):
+            want = "chunked_attention" if hf_rope_layers[i] else "full_attention"
+            if layer_types[i] != want:
+                raise ValueError(f"{where}: layer_types[{i}]={layer_types[i]!r} but no_rope_layers[{i}]={hf_rope_layers[i]} implies {want!r}")
+    chunk = cfg.get("attention_chunk_size")
+    return ArchDims(
+        ffn_hidden_size=int(_require(cfg, "intermediate_size_mlp", where)),
+        num_experts=int(_require(cfg, "num_local_experts", where)),
+        moe_ffn_hidden_size=int(_require(cfg, "intermediate_size", where)),
+        moe_top_k=top_k,
+        moe_layers=moe_layers,
+        no_rope_layers=tuple(0 if hf_rope_layers[i] else 1 for i in range(layers)),
+        qk_l2_norm=bool(cfg.get("use_qk_norm", True)),
+        attention_chunk_size=int(chunk) if chunk else None,
+        attn_temperature_tuning=bool(cfg.get("attn_temperature_tuning", True)),
+        floor_scale=float(cfg.get("floor_scale", 8192)),
+        attn_scale=float(cfg.get("attn_scale", 0.1)),
+        rope_interleaved_in_hf=True,
+        **common,
+    )

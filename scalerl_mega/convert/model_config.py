@@ -1,0 +1,77 @@
+"""Bridge between HF ``config.json`` dicts, the trainer's ``ModelConfig`` and ``ArchDims``."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from scalerl_mega.convert.dims import ArchDims, dims_from_hf_config
+
+
+def _every_nth(flags: list[int], *, key: str, where: str) -> int:
+    """Period N such that flags[i] == ((i + 1) % N == 0); 0 if no flag is set."""
+    on = [i for i, f in enumerate(flags) if f]
+    if not on:
+        return 0
+    n = on[0] + 1
+    if [int((i + 1) % n == 0) for i in range(len(flags))] != [int(bool(f)) for f in flags]:
+        raise ValueError(f"{where}: {key}={flags} is not 'every N-th layer', which ModelConfig expresses")
+    return n
+
+
+def model_config_from_hf(cfg: Mapping[str, Any], *, name: str = "hf", where: str = "config.json"):
+    """``ModelConfig`` (trainer) equivalent to an HF Llama / Llama-4 text config."""
+    from scalerl_mega.trainer.megatron.config import ModelConfig
+
+    d = dims_from_hf_config(cfg, where=where)
+    common = dict(
+        name=name, arch=d.arch, vocab_size=d.vocab_size, hidden_size=d.hidden_size, ffn_hidden_size=d.ffn_hidden_size,
+        num_layers=d.num_layers, num_attention_heads=d.num_heads, num_query_groups=d.num_kv_heads, head_dim=d.head_dim,
+        max_position_embeddings=d.max_position_embeddings, rope_theta=d.rope_theta,
+        rope_scaling=d.rope_scaling_factor is not None, rope_scaling_factor=d.rope_scaling_factor or 8.0,
+        norm_eps=d.rms_norm_eps, tie_embeddings=d.tie_word_embeddings,
+    )
+    if d.arch == "llama":
+        return ModelConfig(**common).validate()
+    moe_freq = _every_nth([int(d.is_moe_layer(i)) for i in range(d.num_layers)], key="moe_layers", where=where)
+    return ModelConfig(
+        **common,
+        num_experts=d.num_experts if moe_freq else 0,
+        moe_topk=1,
+        moe_ffn_hidden_size=d.moe_ffn_hidden_size,
+        shared_expert_ffn=d.moe_ffn_hidden_size,
+        moe_layer_freq=moe_freq or 1,
+        moe_router_score_function="sigmoid",
+        moe_router_pre_softmax=False,
+        moe_router_load_balancing_type="none",
+        moe_apply_probs_on_input=True,
+        no_rope_freq=_every_nth(list(d.no_rope_layers), key="no_rope_layers", where=where),
+        attention_chunk_size=d.attention_chunk_size or 0,
+        attn_temperature_tuning=d.attn_temperature_tuning,
+        floor_scale=d.floor_scale,
+        attn_scale=d.attn_scale,
+        qk_l2_norm=d.qk_l2_norm,
+    ).validate()
+
+
+def dims_from_model_config(m) -> ArchDims:
+    """``ArchDims`` of a trainer ``ModelConfig`` (an ``ArchDims`` is returned unchanged)."""
+    if isinstance(m, ArchDims):
+        return m
+    n = int(m.no_rope_freq or 0)
+    llama4 = m.arch == "llama4"
+    if m.is_moe and m.shared_expert_ffn and m.shared_expert_ffn != m.expert_ffn:
+        raise ValueError(f"model '{m.name}': shared_expert_ffn={m.shared_expert_ffn} != expert width {m.expert_ffn}; "
+                         "HF Llama-4 uses one width for both")
+    return ArchDims(
+        arch=m.arch, hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_attention_heads,
+        num_kv_heads=m.num_query_groups, head_dim=m.kv_channels, ffn_hidden_size=m.ffn_hidden_size,
+        vocab_size=m.vocab_size, tie_word_embeddings=m.tie_embeddings, rms_norm_eps=m.norm_eps,
+        rope_theta=m.rope_theta, rope_scaling_factor=m.rope_scaling_factor if m.rope_scaling else None,
+        max_position_embeddings=m.max_position_embeddings,
+        num_experts=m.num_experts, moe_ffn_hidden_size=m.expert_ffn if m.is_moe else 0, moe_top_k=m.moe_topk if m.is_moe else 0,
+        moe_layers=tuple(i for i in range(m.num_layers) if m.is_moe_layer(i)),
+        no_rope_layers=tuple(int(bool(n) and (i + 1) % n == 0) for i in range(m.num_layers)),
+        qk_l2_norm=m.qk_l2_norm, attention_chunk_size=m.attention_chunk_size or None,
+        attn_temperature_tuning=m.attn_temperature_tuning, floor_scale=m.floor_scale, attn_scale=m.attn_scale,
+        rope_interleaved_in_hf=llama4,
+    )

@@ -1,0 +1,243 @@
+"""HF <-> Megatron checkpoint conversion, streaming one tensor group at a time.
+
+Both directions validate everything (config, every name, every shape) before the first byte is
+written, write into ``<out>.partial`` and rename it to ``<out>`` only on success, so a failed
+conversion leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from typing import Callable, Iterable
+
+import torch
+
+from scalerl_mega.convert import sharding, tables
+from scalerl_mega.convert.dims import ArchDims, dims_from_hf_config
+from scalerl_mega.convert.megatron_ckpt import FORMAT, META, MegatronShards, rank_dir
+from scalerl_mega.convert.st_io import SafetensorsDir, ShardedWriter
+
+_HF_SIDE_FILES = (".json", ".model", ".txt", ".jinja", ".tiktoken")
+
+
+@dataclasses.dataclass(kw_only=True)
+class Summary:
+    """What a conversion wrote: tensor count, bytes and a digest over every tensor's SHA-256."""
+
+    tensors: int
+    bytes: int
+    digest: str
+    checksums: dict[str, str]
+
+    def lines(self) -> list[str]:
+        return [f"tensors: {self.tensors}", f"bytes: {self.bytes}", f"sha256(all tensors): {self.digest}"]
+
+
+def _summary(checksums: dict[str, str], nbytes: int) -> Summary:
+    h = hashlib.sha256()
+    for name in sorted(checksums):
+        h.update(f"{name}:{checksums[name]}\n".encode())
+    return Summary(tensors=len(checksums), bytes=nbytes, digest=h.hexdigest(), checksums=checksums)
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="tensor")
+
+
+def _prepare_out(out: str) -> str:
+    if os.path.exists(out):
+        raise ValueError(f"output {out!r} already exists")
+    tmp = out.rstrip("/") + ".partial"
+    if os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    os.makedirs(tmp)
+    return tmp
+
+
+def _copy_side_files(src: str, dst: str, *, skip: Iterable[str] = ()) -> None:
+    os.makedirs(dst, exist_ok=True)
+    for f in sorted(os.listdir(src)):
+        p = os.path.join(src, f)
+        if os.path.isfile(p) and f.endswith(_HF_SIDE_FILES) and f not in skip and not f.endswith(".safetensors.index.json"):
+            shutil.copy2(p, os.path.join(dst, f))
+
+
+def load_hf_config(hf_dir: str) -> dict:
+    path = os.path.join(hf_dir, "config.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"{hf_dir}: config.json is missing")
+    with open(path) as f:
+        cfg = json.load(f)
+    if "text_config" in cfg and cfg.get("model_type") == "llama4":
+        raise ValueError(f"{path}: model_type='llama4' (multimodal); convert the text model (Llama4ForCausalLM, model_type 'llama4_text')")
+    return cfg
+
+
+def validate_hf(src: SafetensorsDir, dims: ArchDims) -> None:
+    """Raise ValueError naming the first missing/extra tensor or shape mismatch (with both shapes)."""
+    expected = tables.hf_names(dims)
+    present = set(src.names())
+    missing = [n for n in expected if n not in present]
+    if missing:
+        raise ValueError(f"{src.directory}: tensor {missing[0]!r} is missing ({len(missing)} missing in total)")
+    extra = sorted(present - set(expected))
+    if extra:
+        raise ValueError(f"{src.directory}: unexpected tensor {extra[0]!r} ({len(extra)} extra in total) for architecture {dims.arch!r}")
+    for n in expected:
+        want, got = tables.expected_hf_shape(n, dims), src.shape(n)
+        if tuple(got) != tuple(want):
+            raise ValueError(f"{src.directory}: tensor {n!r} has shape {tuple(got)}, expected {tuple(want)}")
+
+
+def validate_layout(dims: ArchDims, *, tp: int, pp: int, ep: int, etp: int) -> None:
+    checks = [
+        ("num_attention_heads", dims.num_heads, tp, "tp"),
+        ("num_key_value_heads", dims.num_kv_heads, tp, "tp"),
+        ("intermediate_size (dense)", dims.ffn_hidden_size, tp, "tp"),
+        ("num_hidden_layers", dims.num_layers, pp, "pp"),
+    ]
+    if dims.moe_layers:
+        checks += [("num_local_experts", dims.num_experts, ep, "ep"), ("intermediate_size (experts)", dims.moe_ffn_hidden_size, etp, "etp"), ("intermediate_size (shared expert)", dims.moe_ffn_hidden_size, tp, "tp")]
+    elif ep != 1:
+        raise ValueError(f"ep={ep} but the model has no MoE layers")
+    for key, value, size, flag in checks:
+        if size < 1 or value % size:
+            raise ValueError(f"{key}={value} is not divisible by {flag}={size}")
+
+
+def _stage_of(group: tables.Group, dims: ArchDims, pp: int) -> int:
+    if group.layer is not None:
+        return group.layer // (dims.num_layers // pp)
+    return 0 if group.rule.scope == "model" else pp - 1
+
+
+def convert_hf_to_megatron(
+    *, hf_dir: str, out: str, tp: int = 1, pp: int = 1, ep: int = 1, etp: int | None = None,
+    vocab_multiple: int = 128, expect_arch: str | None = None, progress: bool = False,
+    max_shard_bytes: int = 2 << 30,
+) -> Summary:
+    """HF checkpoint directory -> converter Megatron checkpoint sharded for (tp, pp, ep)."""
+    cfg = load_hf_config(hf_dir)
+    dims = dims_from_hf_config(cfg, where=os.path.join(hf_dir, "config.json"), expect_arch=expect_arch)
+    etp = tp if etp is None else etp
+    validate_layout(dims, tp=tp, pp=pp, ep=ep, etp=etp)
+    src = SafetensorsDir(hf_dir)
+    validate_hf(src, dims)
+    padded = dims.padded_vocab_size(vocab_multiple=vocab_multiple, tp=tp)
+    groups = list(tables.iter_groups(dims))
+    tmp = _prepare_out(out)
+    writers: dict[tuple[int, int, int], ShardedWriter] = {}
+    shapes: dict[str, list[int]] = {}
+    bar = _progress(sum(len(g.mcore) for g in groups), "hf->megatron", progress)
+    try:
+        for group in groups:
+            stage = _stage_of(group, dims, pp)
+            for name, full in tables.hf_to_mcore(group, [src.get(n) for n in group.hf], dims=dims, padded_vocab=padded):
+                shapes[name] = list(full.shape)
+                e = sharding.expert_index(name)
+                ep_rank = 0 if e is None else sharding.expert_owner(e, num_experts=dims.num_experts, ep=ep)
+                size = tp if e is None else etp
+                for t in range(size):
+                    key = (t, stage, ep_rank)
+                    if key not in writers:
+                        d = os.path.join(tmp, rank_dir(*key))
+                        os.makedirs(d)
+                        writers[key] = ShardedWriter(d, max_shard_bytes=max_shard_bytes)
+                    writers[key].add(name, sharding.tp_shard(name, full, rank=t, size=size))
+                del full
+                if bar:
+                    bar.update(1)
+        checksums, nbytes = {}, 0
+        for key, w in sorted(writers.items()):
+            w.finish()
+            checksums.update({f"{rank_dir(*key)}/{n}": c for n, c in w.checksums.items()})
+            nbytes += w.total_bytes
+        meta = {
+            "format": FORMAT, "arch": dims.arch, "tp": tp, "pp": pp, "ep": ep, "etp": etp,
+            "vocab_multiple": vocab_multiple, "padded_vocab_size": padded, "hf_config": cfg, "shapes": shapes,
+        }
+        with open(os.path.join(tmp, META), "w") as f:
+            json.dump(meta, f, indent=1)
+        _copy_side_files(hf_dir, os.path.join(tmp, "hf"))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if bar:
+            bar.close()
+    os.replace(tmp, out)
+    return _summary(checksums, nbytes)
+
+
+def validate_megatron(ck: MegatronShards) -> None:
+    dims = ck.dims
+    expected = tables.mcore_names(dims)
+    present = set(ck.names())
+    missing = [n for n in expected if n not in present]
+    if missing:
+        raise ValueError(f"{ck.path}: tensor {missing[0]!r} is missing ({len(missing)} missing in total)")
+    extra = sorted(present - set(expected))
+    if extra:
+        raise ValueError(f"{ck.path}: unexpected tensor {extra[0]!r} ({len(extra)} extra in total)")
+    for group in tables.iter_groups(dims):
+        for name, want in zip(group.mcore, tables.expected_mcore_shapes(group, dims=dims, padded_vocab=ck.padded_vocab)):
+            got = ck.full_shape(name)
+            if tuple(got) != tuple(want):
+                raise ValueError(f"{ck.path}: tensor {name!r} has shape {tuple(got)}, expected {tuple(want)}")
+
+
+def write_hf(
+    *, out: str, dims: ArchDims, hf_config: dict, named_tensors: Iterable[tuple[str, torch.Tensor]],
+    side_files_from: str | None = None, max_shard_bytes: int = 2 << 30,
+    on_tensor: Callable[[str], None] | None = None,
+) -> Summary:
+    """Stream HF ``(name, tensor)`` pairs into ``out`` (safetensors shards + index + config.json)."""
+    tmp = _prepare_out(out)
+    try:
+        if side_files_from:
+            _copy_side_files(side_files_from, tmp, skip=("config.json",))
+        writer = ShardedWriter(tmp, max_shard_bytes=max_shard_bytes)
+        for name, t in named_tensors:
+            writer.add(name, t)
+            if on_tensor:
+                on_tensor(name)
+        writer.finish()
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(hf_config, f, indent=2)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    os.replace(tmp, out)
+    return _summary(writer.checksums, writer.total_bytes)
+
+
+def convert_megatron_to_hf(*, ckpt: str, out: str, expect_arch: str | None = None, progress: bool = False, max_shard_bytes: int = 2 << 30) -> Summary:
+    """Converter Megatron checkpoint (any tp/pp/ep) -> HF checkpoint directory."""
+    ck = MegatronShards(ckpt, expect_arch=expect_arch)
+    validate_megatron(ck)
+    dims = ck.dims
+    groups = list(tables.iter_groups(dims))
+    bar = _progress(sum(len(g.hf) for g in groups), "megatron->hf", progress)
+
+    def named():
+        for group in groups:
+            yield from tables.mcore_to_hf(group, [ck.full_tensor(n) for n in group.mcore], dims=dims, padded_vocab=ck.padded_vocab)
+
+    side = os.path.join(ckpt, "hf")
+    try:
+        return write_hf(
+            out=out, dims=dims, hf_config=ck.meta["hf_config"], named_tensors=named(),
+            side_files_from=side if os.path.isdir(side) else None, max_shard_bytes=max_shard_bytes,
+            on_tensor=(lambda _n: bar.update(1)) if bar else None,
+        )
+    finally:
+        if bar:
+            bar.close()

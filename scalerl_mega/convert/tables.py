@@ -1,0 +1,261 @@
+"""Per-architecture name/layout tables between Megatron-Core and Hugging Face weights.
+
+A table is a tuple of ``Rule``s. A rule links a group of Megatron tensors to a group of HF tensors
+(``{i}`` = global layer, ``{e}`` = global expert, expanded over all experts) and carries the two pure
+layout functions. ``scope`` says where the rule applies: once per model ("model"), per layer
+("layer"), only dense-MLP layers ("dense"), only MoE layers ("moe"); ``untied`` rules are skipped
+when the embeddings are tied. Megatron names are the unsharded, global-index names of a local-spec
+``GPTModel`` (``mlp.experts.linear_fc1.weight{e}`` for experts, as in the grouped-GEMM layout).
+
+Everything here is pure: ``(names, tensors) -> (names, tensors)``; no files, no process groups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from scalerl_mega.convert import layout
+from scalerl_mega.convert.dims import ArchDims
+
+Fn = Callable[[Sequence[torch.Tensor], ArchDims, int], list[torch.Tensor]]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Rule:
+    scope: str  # "model" | "final" | "layer" | "dense" | "moe"
+    mcore: tuple[str, ...]
+    hf: tuple[str, ...]
+    to_mcore: Fn  # (hf tensors, dims, padded_vocab) -> mcore tensors
+    to_hf: Fn  # (mcore tensors, dims, padded_vocab) -> hf tensors
+    untied: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """One instantiated rule: concrete Megatron and HF names (global indices)."""
+
+    rule: Rule
+    layer: int | None
+    mcore: tuple[str, ...]
+    hf: tuple[str, ...]
+
+    def to_mcore(self, hf_tensors: Sequence[torch.Tensor], dims: ArchDims, padded_vocab: int) -> list[torch.Tensor]:
+        return self.rule.to_mcore(hf_tensors, dims, padded_vocab)
+
+    def to_hf(self, mcore_tensors: Sequence[torch.Tensor], dims: ArchDims, padded_vocab: int) -> list[torch.Tensor]:
+        return self.rule.to_hf(mcore_tensors, dims, padded_vocab)
+
+
+def _same(ts, dims, pv):
+    return [t.contiguous() for t in ts]
+
+
+def _pad(ts, dims, pv):
+    return [layout.pad_vocab(ts[0], padded_vocab=pv)]
+
+
+def _unpad(ts, dims, pv):
+    return [layout.unpad_vocab(ts[0], vocab=dims.vocab_size)]
+
+
+def _qkv_to_mcore(ts, dims, pv):
+    q, k, v = ts
+    if dims.rope_interleaved_in_hf:
+        q = layout.rope_pairs_to_halves(q, head_dim=dims.head_dim)
+        k = layout.rope_pairs_to_halves(k, head_dim=dims.head_dim)
+    return [layout.fuse_qkv(q, k, v, num_groups=dims.num_kv_heads, head_dim=dims.head_dim)]
+
+
+def _qkv_to_hf(ts, dims, pv):
+    q, k, v = layout.split_qkv(ts[0], num_groups=dims.num_kv_heads, head_dim=dims.head_dim, heads_per_group=dims.heads_per_group)
+    if dims.rope_interleaved_in_hf:
+        q = layout.rope_halves_to_pairs(q, head_dim=dims.head_dim)
+        k = layout.rope_halves_to_pairs(k, head_dim=dims.head_dim)
+    return [q, k, v]
+
+
+def _gate_up_to_mcore(ts, dims, pv):
+    return [layout.fuse_gate_up(ts[0], ts[1])]
+
+
+def _gate_up_to_hf(ts, dims, pv):
+    return list(layout.split_gate_up(ts[0]))
+
+
+def _experts_fc1_to_mcore(ts, dims, pv):
+    return layout.experts_gate_up_to_fc1(ts[0])
+
+
+def _experts_fc1_to_hf(ts, dims, pv):
+    return [layout.fc1_to_experts_gate_up(list(ts))]
+
+
+def _experts_fc2_to_mcore(ts, dims, pv):
+    return layout.experts_down_to_fc2(ts[0])
+
+
+def _experts_fc2_to_hf(ts, dims, pv):
+    return [layout.fc2_to_experts_down(list(ts))]
+
+
+_L = "decoder.layers.{i}."
+
+LLAMA_TABLE: tuple[Rule, ...] = (
+    Rule(scope="model", mcore=("embedding.word_embeddings.weight",), hf=("model.embed_tokens.weight",), to_mcore=_pad, to_hf=_unpad),
+    Rule(scope="layer", mcore=(_L + "input_layernorm.weight",), hf=("model.layers.{i}.input_layernorm.weight",), to_mcore=_same, to_hf=_same),
+    Rule(
+        scope="layer",
+        mcore=(_L + "self_attention.linear_qkv.weight",),
+        hf=tuple(f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkv"),
+        to_mcore=_qkv_to_mcore,
+        to_hf=_qkv_to_hf,
+    ),
+    Rule(scope="layer", mcore=(_L + "self_attention.linear_proj.weight",), hf=("model.layers.{i}.self_attn.o_proj.weight",), to_mcore=_same, to_hf=_same),
+    Rule(scope="layer", mcore=(_L + "pre_mlp_layernorm.weight",), hf=("model.layers.{i}.post_attention_layernorm.weight",), to_mcore=_same, to_hf=_same),
+    Rule(
+        scope="layer",
+        mcore=(_L + "mlp.linear_fc1.weight",),
+        hf=("model.layers.{i}.mlp.gate_proj.weight", "model.layers.{i}.mlp.up_proj.weight"),
+        to_mcore=_gate_up_to_mcore,
+        to_hf=_gate_up_to_hf,
+    ),
+    Rule(scope="layer", mcore=(_L + "mlp.linear_fc2.weight",), hf=("model.layers.{i}.mlp.down_proj.weight",), to_mcore=_same, to_hf=_same),
+    Rule(scope="final", mcore=("decoder.final_layernorm.weight",), hf=("model.norm.weight",), to_mcore=_same, to_hf=_same),
+    Rule(scope="final", mcore=("output_layer.weight",), hf=("lm_head.weight",), to_mcore=_pad, to_hf=_unpad, untied=True),
+)
+
+_FF = "model.layers.{i}.feed_forward."
+
+LLAMA4_TABLE: tuple[Rule, ...] = (
+    Rule(scope="model", mcore=("embedding.word_embeddings.weight",), hf=("model.embed_tokens.weight",), to_mcore=_pad, to_hf=_unpad),
+    Rule(scope="layer", mcore=(_L + "input_layernorm.weight",), hf=("model.layers.{i}.input_layernorm.weight",), to_mcore=_same, to_hf=_same),
+    Rule(
+        scope="layer",
+        mcore=(_L + "self_attention.linear_qkv.weight",),
+        hf=tuple(f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkv"),
+        to_mcore=_qkv_to_mcore,
+        to_hf=_qkv_to_hf,
+    ),
+    Rule(scope="layer", mcore=(_L + "self_attention.linear_proj.weight",), hf=("model.layers.{i}.self_attn.o_proj.weight",), to_mcore=_same, to_hf=_same),
+    Rule(scope="layer", mcore=(_L + "pre_mlp_layernorm.weight",), hf=("model.layers.{i}.post_attention_layernorm.weight",), to_mcore=_same, to_hf=_same),
+    # dense (non-MoE) layers
+    Rule(scope="dense", mcore=(_L + "mlp.linear_fc1.weight",), hf=(_FF + "gate_proj.weight", _FF + "up_proj.weight"), to_mcore=_gate_up_to_mcore, to_hf=_gate_up_to_hf),
+    Rule(scope="dense", mcore=(_L + "mlp.linear_fc2.weight",), hf=(_FF + "down_proj.weight",), to_mcore=_same, to_hf=_same),
+    # MoE layers: router, routed experts (HF fused [E, H, 2F] / [E, F, H]), shared expert
+    Rule(scope="moe", mcore=(_L + "mlp.router.weight",), hf=(_FF + "router.weight",), to_mcore=_same, to_hf=_same),
+    Rule(scope="moe", mcore=(_L + "mlp.experts.linear_fc1.weight{e}",), hf=(_FF + "experts.gate_up_proj",), to_mcore=_experts_fc1_to_mcore, to_hf=_experts_fc1_to_hf),
+    Rule(scope="moe", mcore=(_L + "mlp.experts.linear_fc2.weight{e}",), hf=(_FF + "experts.down_proj",), to_mcore=_experts_fc2_to_mcore, to_hf=_experts_fc2_to_hf),
+    Rule(
+        scope="moe",
+        mcore=(_L + "mlp.shared_experts.linear_fc1.weight",),
+        hf=(_FF + "shared_expert.gate_proj.weight", _FF + "shared_expert.up_proj.weight"),
+        to_mcore=_gate_up_to_mcore,
+        to_hf=_gate_up_to_hf,
+    ),
+    Rule(scope="moe", mcore=(_L + "mlp.shared_experts.linear_fc2.weight",), hf=(_FF + "shared_expert.down_proj.weight",), to_mcore=_same, to_hf=_same),
+    Rule(scope="final", mcore=("decoder.final_layernorm.weight",), hf=("model.norm.weight",), to_mcore=_same, to_hf=_same),
+    Rule(scope="final", mcore=("output_layer.weight",), hf=("lm_head.weight",), to_mcore=_pad, to_hf=_unpad, untied=True),
+)
+
+TABLES: dict[str, tuple[Rule, ...]] = {"llama": LLAMA_TABLE, "llama4": LLAMA4_TABLE}
+
+
+def _expand(templates: tuple[str, ...], layer: int | None, num_experts: int) -> tuple[str, ...]:
+    out: list[str] = []
+    for t in templates:
+        if "{e}" in t:
+            out.extend(t.format(i=layer, e=e) for e in range(num_experts))
+        else:
+            out.append(t.format(i=layer) if layer is not None else t)
+    return tuple(out)
+
+
+def _applies(rule: Rule, dims: ArchDims, layer: int | None) -> bool:
+    if rule.untied and dims.tie_word_embeddings:
+        return False
+    if rule.scope == "dense":
+        return not dims.is_moe_layer(layer)
+    if rule.scope == "moe":
+        return dims.is_moe_layer(layer)
+    return True
+
+
+def iter_groups(dims: ArchDims, *, layers: Sequence[int] | None = None, first_stage: bool = True, last_stage: bool = True) -> Iterator[Group]:
+    """All groups of the model in a fixed order: embedding, layers ascending (table order inside a
+    layer), final norm, output layer. ``layers``/``first_stage``/``last_stage`` restrict it to one
+    pipeline stage."""
+    table = TABLES[dims.arch]
+    layer_ids = range(dims.num_layers) if layers is None else layers
+    if first_stage:
+        for rule in table:
+            if rule.scope == "model" and _applies(rule, dims, None):
+                yield Group(rule, None, _expand(rule.mcore, None, 0), _expand(rule.hf, None, 0))
+    for i in layer_ids:
+        for rule in table:
+            if rule.scope in ("layer", "dense", "moe") and _applies(rule, dims, i):
+                yield Group(rule, i, _expand(rule.mcore, i, dims.num_experts), _expand(rule.hf, i, dims.num_experts))
+    if last_stage:
+        for rule in table:
+            if rule.scope == "final" and _applies(rule, dims, None):
+                yield Group(rule, None, _expand(rule.mcore, None, 0), _expand(rule.hf, None, 0))
+
+
+def hf_names(dims: ArchDims) -> list[str]:
+    return [n for g in iter_groups(dims) for n in g.hf]
+
+
+def mcore_names(dims: ArchDims) -> list[str]:
+    return [n for g in iter_groups(dims) for n in g.mcore]
+
+
+def mcore_to_hf(group: Group, tensors: Sequence[torch.Tensor], *, dims: ArchDims, padded_vocab: int) -> list[tuple[str, torch.Tensor]]:
+    """Full (unsharded) Megatron tensors of ``group`` -> HF ``(name, tensor)`` pairs."""
+    out = group.to_hf(tensors, dims, padded_vocab)
+    return list(zip(group.hf, out, strict=True))
+
+
+def hf_to_mcore(group: Group, tensors: Sequence[torch.Tensor], *, dims: ArchDims, padded_vocab: int) -> list[tuple[str, torch.Tensor]]:
+    """HF tensors of ``group`` -> full Megatron ``(name, tensor)`` pairs."""
+    out = group.to_mcore(tensors, dims, padded_vocab)
+    return list(zip(group.mcore, out, strict=True))
+
+
+def _hf_shape_by_suffix(dims: ArchDims) -> list[tuple[str, tuple[int, ...]]]:
+    H, V, hd = dims.hidden_size, dims.vocab_size, dims.head_dim
+    nq, nkv, F, Fm, E = dims.num_heads * hd, dims.num_kv_heads * hd, dims.ffn_hidden_size, dims.moe_ffn_hidden_size, dims.num_experts
+    return [
+        ("embed_tokens.weight", (V, H)),
+        ("lm_head.weight", (V, H)),
+        ("layernorm.weight", (H,)),
+        ("norm.weight", (H,)),
+        ("q_proj.weight", (nq, H)),
+        ("k_proj.weight", (nkv, H)),
+        ("v_proj.weight", (nkv, H)),
+        ("o_proj.weight", (H, nq)),
+        ("shared_expert.gate_proj.weight", (Fm, H)),
+        ("shared_expert.up_proj.weight", (Fm, H)),
+        ("shared_expert.down_proj.weight", (H, Fm)),
+        ("gate_proj.weight", (F, H)),
+        ("up_proj.weight", (F, H)),
+        ("down_proj.weight", (H, F)),
+        ("router.weight", (E, H)),
+        ("experts.gate_up_proj", (E, H, 2 * Fm)),
+        ("experts.down_proj", (E, Fm, H)),
+    ]
+
+
+def expected_hf_shape(name: str, dims: ArchDims) -> tuple[int, ...]:
+    """Shape an HF tensor of this architecture must have (first matching suffix wins)."""
+    for suffix, shape in _hf_shape_by_suffix(dims):
+        if name.endswith(suffix):
+            return shape
+    raise ValueError(f"no expected shape for HF tensor {name!r}")
+
+
+def expected_mcore_shapes(group: Group, *, dims: ArchDims, padded_vocab: int) -> list[tuple[int, ...]]:
+    """Full Megatron shapes of a group, derived by running the HF->Megatron layout on meta tensors."""
+    metas = [torch.empty(expected_hf_shape(n, dims), device="meta") for n in group.hf]
+    return [tuple(t.shape) for t in group.to_mcore(metas, dims, padded_vocab)]

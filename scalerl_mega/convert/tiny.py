@@ -1,0 +1,36 @@
+"""Tiny random HF checkpoints built from config objects (tests, benchmarks; no downloads)."""
+
+from __future__ import annotations
+
+
+def tiny_hf_config(arch: str, *, tie: bool = False, init_std: float = 0.3):
+    """Tiny Llama-3 (dense) or Llama-4 text (4 experts top-1 + shared expert, NoPE every 2nd
+    layer, chunk size 4, temperature tuning and QK L2 norm on) config with Llama-3 RoPE scaling.
+    ``init_std`` is large so that every feature visibly changes the logits."""
+    from transformers import Llama4TextConfig, LlamaConfig
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}
+    if arch == "llama":
+        return LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, rope_parameters={**rope, "factor": 8.0},
+                           tie_word_embeddings=tie, initializer_range=init_std, rms_norm_eps=1e-5)
+    if arch == "llama4":
+        return Llama4TextConfig(vocab_size=100, hidden_size=64, intermediate_size=48, intermediate_size_mlp=96,
+                                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                num_local_experts=4, num_experts_per_tok=1, no_rope_layer_interval=2,
+                                attention_chunk_size=4, attn_temperature_tuning=True, floor_scale=2, attn_scale=0.5,
+                                use_qk_norm=True, rope_parameters={**rope, "factor": 16.0}, tie_word_embeddings=tie,
+                                initializer_range=init_std)
+    raise ValueError(f"arch={arch!r}: expected 'llama' or 'llama4'")
+
+
+def save_tiny_hf(arch: str, path: str, *, seed: int = 0, tie: bool = False, max_shard_size: str | None = None) -> None:
+    """Random tiny model of ``arch`` saved with ``save_pretrained`` (safetensors) to ``path``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_hf_config(arch, tie=tie), dtype=torch.float32)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, **kwargs)
