@@ -1,0 +1,70 @@
+"""Reward pool: per-item deadlines, crashing/hanging items, worker replacement, RewardFn dispatch."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from scalerl_mega.interfaces import RewardFn
+from scalerl_mega.rewards.pool import RewardConfig, RewardPool, TaskRewardFn
+from scalerl_mega.rewards.result import RewardResult
+from scalerl_mega.types import Prompt
+
+
+def chaos(item):
+    """Test scoring function: item is (kind, value)."""
+    kind, value = item
+    if kind == "ok":
+        return RewardResult(passed=value, reward=1.0 if value else -1.0, reason="ok")
+    if kind == "hang":
+        time.sleep(3600)
+    if kind == "crash":
+        os._exit(3)
+    if kind == "raise":
+        raise RuntimeError("boom")
+    raise AssertionError(kind)
+
+
+def short_deadline(item):
+    return 1.0
+
+
+def test_pool_survives_hangs_crashes_and_errors():
+    items = [("ok", True), ("hang", None), ("ok", False), ("crash", None), ("raise", None), ("ok", True)]
+    with RewardPool(num_workers=2, score_fn=chaos, deadline_fn=short_deadline, init_fn=None) as pool:
+        res = pool.map(items)
+        assert [r.passed for r in res] == [True, False, False, False, False, True]
+        assert res[1].reason == "pool_timeout"
+        assert res[3].reason.startswith("worker_died") and "3" in res[3].reason
+        assert "RuntimeError: boom" in res[4].reason
+        assert pool.replaced == 2
+        # still usable afterwards
+        assert [r.passed for r in pool.map([("ok", True)] * 5)] == [True] * 5
+
+
+def test_task_reward_fn_dispatch():
+    fn = TaskRewardFn(RewardConfig(num_workers=2, code_time_limit_s=5.0))
+    try:
+        assert isinstance(fn, RewardFn)
+        prompts = [
+            Prompt(prompt_id="a", text="Q:1+2=", task="synthetic", gold="3"),
+            Prompt(prompt_id="b", text="...", task="math", gold=r"\frac{1}{2}"),
+            Prompt(prompt_id="c", text="...", task="code", gold=[{"input": "2\n", "output": "4\n"}]),
+            Prompt(prompt_id="d", text="...", task="poetry", gold=""),
+        ]
+        texts = [
+            "<think>1+2+0=3</think>\\boxed{3}",
+            "<think>half</think>\\boxed{0.5}",
+            "<think>ok</think>```python\nprint(int(input()) * 2)\n```",
+            "roses",
+        ]
+        out = fn(prompts, texts)
+        assert [o[1] for o in out] == [True, True, True, False]
+        assert [o[0] for o in out] == [1.0, 1.0, 1.0, -1.0]
+        assert "unknown_task" in out[3][2]
+        with pytest.raises(ValueError, match="2 prompts but 1 texts"):
+            fn(prompts[:2], texts[:1])
+    finally:
+        fn.close()
