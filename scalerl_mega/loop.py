@@ -1,0 +1,470 @@
+"""The RL loop, top to bottom: PipelineRL-k and PPO-off-policy-k (paper Sec. 3.1, DESIGN.md "Asynchrony").
+
+One trainer step s (the policy has weight version s):
+
+1. admit prompts.
+   PipelineRL-k: keep at most (k + 1) * B prompts admitted but not yet trained on; the engines stream
+   them continuously. PPO-off-policy-k: when nothing is outstanding, admit k * B prompts at once.
+2. wait for the B oldest admitted groups to finish (G completions each); the time spent here is the
+   trainer's idle time. Groups are consumed in admission order, so with the (k + 1) * B admission
+   bound a prompt admitted at version a is trained on at step <= a + k: the staleness bound holds by
+   construction and is asserted every step. When the trainer is k steps ahead it therefore waits.
+3. score (reward pool), update the curriculum's pass-rate history, apply the length penalty if chosen.
+4. batch: zero-variance filter, advantages, aggregation weights, packing (batch.py).
+5. optimizer step (Megatron trainer; CISPO/DAPO/GRPO/GSPO via objective.losses).
+6. weight sync. PipelineRL: after every step the new weights go to the engines, which apply them
+   between decode steps (in-flight, stale KV kept). PPO-off-policy: after every k-th step.
+7. metrics line, progress line, truncation alarm; every `val_every` steps validation on held-out
+   prompts (same engines) and the live scaling forecast; every `save_every` steps a checkpoint.
+
+Resume (`resume=auto`): the checkpoint holds model + optimizer (trainer), curriculum state (data order,
+pass-rate history), the prompts admitted but not yet trained on (in admission order), RNG states,
+step, compute counter and weight version. On restart those prompts are re-admitted first, so the
+sequence of prompts trained on is the same as in an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from scalerl_mega.batch import build_train_batch
+from scalerl_mega.metrics.alarms import TruncationAlarm
+from scalerl_mega.metrics.compute import ComputeCounter, gpu_utilization
+from scalerl_mega.metrics.progress import progress_line
+from scalerl_mega.metrics.rollout_stats import rollout_metrics, staleness_histogram, tokens_per_version
+from scalerl_mega.metrics.writer import MetricsWriter
+from scalerl_mega.types import Completion, FinishReason, Group, Prompt, SamplingParams, ScoredCompletion
+
+log = logging.getLogger("scalerl_mega.loop")
+
+
+class PromptSampler(Protocol):
+    """The curriculum seam the loop needs (data/curriculum.py implements it)."""
+
+    def next_prompts(self, n: int) -> list[Prompt]: ...
+
+    def record(self, prompt_id: str, pass_rate: float) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(kw_only=True)
+class LoopComponents:
+    """Everything the loop drives; built by train.py from the config."""
+
+    engine: Any
+    """RolloutEngine (interfaces.py)."""
+    trainer: Any
+    """PolicyTrainer (interfaces.py)."""
+    reward_fn: Callable[[list[Prompt], list[str]], list[tuple[float, bool, str]]]
+    sampler: PromptSampler
+    val_prompts: list[Prompt]
+    decode: Callable[[list[int]], str]
+    """Token ids -> text for scoring (used when the engine does not fill Completion.text)."""
+    encode: Callable[[str], list[int]]
+    stop_token_ids: list[int]
+    interruption_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class _Pending:
+    """One admitted prompt: its G completions arrive over time."""
+
+    seq: int
+    """Admission order (global counter)."""
+    prompt: Prompt
+    version: int
+    completions: list[Completion] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class LoopState:
+    """What a checkpoint stores besides the trainer's model and optimizer."""
+
+    step: int = 0
+    weight_version: int = 0
+    admitted: int = 0
+    trained_prompt_ids: list[str] = field(default_factory=list)
+    val_points: list[tuple[int, float, float]] = field(default_factory=list)
+    """(step, compute, val_pass_rate) of each validation."""
+
+
+# ----------------------------------------------------------------------------- engine I/O
+class _Router:
+    """Routes engine completions to the pending training groups or to a validation collection."""
+
+    def __init__(self, engine: Any, *, group_size: int, poll_timeout_s: float):
+        self.engine = engine
+        self.G = group_size
+        self.poll_timeout_s = poll_timeout_s
+        self.queue: deque[_Pending] = deque()
+        self.val: dict[str, list[Completion]] = {}
+        self.in_flight = 0
+        """Samples submitted and not yet returned."""
+
+    def submit(self, pending: _Pending, sampling: SamplingParams) -> None:
+        self.queue.append(pending)
+        self.engine.submit(pending.prompt, sampling, n=self.G, version=pending.version)
+        self.in_flight += self.G
+
+    def submit_val(self, prompt: Prompt, sampling: SamplingParams, *, n: int, version: int) -> None:
+        self.val[prompt.prompt_id] = []
+        self.engine.submit(prompt, sampling, n=n, version=version)
+        self.in_flight += n
+
+    def pump(self, timeout_s: float | None = None) -> int:
+        """Poll the engine once; route what arrived. Returns the number of completions."""
+        got = self.engine.poll(self.poll_timeout_s if timeout_s is None else timeout_s)
+        for c in got:
+            self.in_flight -= 1
+            if c.prompt_id in self.val:
+                self.val[c.prompt_id].append(c)
+                continue
+            for p in self.queue:  # oldest first: the same prompt may be admitted twice
+                if (p.prompt.prompt_id == c.prompt_id and p.version == c.submitted_version
+                        and len(p.completions) < self.G):
+                    p.completions.append(c)
+                    break
+            else:
+                log.warning("dropping a completion for unknown prompt %s", c.prompt_id)
+        return len(got)
+
+    def oldest_complete(self, n: int) -> bool:
+        if len(self.queue) < n:
+            return False
+        return all(len(self.queue[i].completions) == self.G for i in range(n))
+
+    def pop(self, n: int) -> list[_Pending]:
+        return [self.queue.popleft() for _ in range(n)]
+
+
+def sampling_params(cfg: Any, comps: LoopComponents, rng: random.Random, *, seed: int) -> SamplingParams:
+    """SamplingParams of one prompt: temperature, budget, interruption point (App. A.10: uniform in
+    [interruption_min, interruption_max], drawn per prompt)."""
+    length = cfg.length
+    params = SamplingParams(max_new_tokens=length.max_new_tokens, temperature=cfg.rollout.temperature,
+                            top_p=cfg.rollout.top_p, stop_token_ids=list(comps.stop_token_ids), seed=seed)
+    if length.name == "interruption":
+        params.interruption_at = rng.randint(length.interruption_min, length.interruption_max)
+        params.interruption_ids = list(comps.interruption_ids)
+        params.answer_budget = length.answer_budget
+    return params
+
+
+# ----------------------------------------------------------------------------- scoring
+def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, cfg: Any) -> list[Group]:
+    """Rewards for every completion (batched through the reward pool); length penalty if configured."""
+    prompts, texts, flat = [], [], []
+    for p in pendings:
+        for c in sorted(p.completions, key=lambda c: c.sample_index):
+            if c.text is None:
+                c.text = comps.decode(c.output_ids)
+            prompts.append(p.prompt)
+            texts.append(c.text)
+            flat.append(c)
+    results = comps.reward_fn(prompts, texts)
+    rewards = [float(r[0]) for r in results]
+    if cfg.length.name == "penalty":
+        import torch
+
+        from scalerl_mega.objective.length import apply_overlong_penalty
+
+        rewards = apply_overlong_penalty(
+            torch.tensor(rewards, dtype=torch.float64), torch.tensor([c.num_tokens for c in flat]),
+            torch.tensor([bool(r[1]) for r in results]), l_max=cfg.length.penalty_max_len,
+            l_cache=cfg.length.penalty_cache_len).tolist()
+    groups, i = [], 0
+    for p in pendings:
+        samples = []
+        for _ in p.completions:
+            samples.append(ScoredCompletion(completion=flat[i], reward=rewards[i], passed=bool(results[i][1]),
+                                            reason=str(results[i][2])))
+            i += 1
+        groups.append(Group(prompt=p.prompt, samples=samples))
+    return groups
+
+
+# ----------------------------------------------------------------------------- validation
+def validate(router: _Router, comps: LoopComponents, cfg: Any, *, version: int, rng: random.Random) -> dict[str, float]:
+    """Mean pass rate over the held-out prompts, `data.val_samples` samples each, on the same engines."""
+    n = cfg.data.val_samples
+    for i, prompt in enumerate(comps.val_prompts):
+        if prompt.token_ids is None:
+            prompt.token_ids = comps.encode(prompt.text)
+        sp = sampling_params(cfg, comps, rng, seed=10_000_019 * (version + 1) + i)
+        router.submit_val(prompt, sp, n=n, version=version)
+    t0 = time.monotonic()
+    while any(len(router.val[p.prompt_id]) < n for p in comps.val_prompts):
+        router.pump()
+    pendings = [_Pending(seq=-1, prompt=p, version=version, completions=router.val.pop(p.prompt_id))
+                for p in comps.val_prompts]
+    groups = score_groups(pendings, comps, cfg)
+    samples = [s for g in groups for s in g.samples]
+    return {
+        "val_pass_rate": sum(s.passed for s in samples) / len(samples),
+        "val_reward_mean": sum(s.reward for s in samples) / len(samples),
+        "val_truncation_rate": sum(s.completion.finish_reason == FinishReason.LENGTH for s in samples) / len(samples),
+        "val_prompts": float(len(groups)),
+        "val_samples_per_prompt": float(n),
+        "val_seconds": time.monotonic() - t0,
+    }
+
+
+# ----------------------------------------------------------------------------- weights
+def push_weights(comps: LoopComponents, *, version: int) -> float:
+    """Trainer -> engines (HF-named tensors); returns seconds spent."""
+    t0 = time.monotonic()
+    comps.engine.update_weights(comps.trainer.export_hf_weights(), version=version)
+    return time.monotonic() - t0
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def _ckpt_root(cfg: Any) -> Path:
+    return Path(cfg.output_dir) / "checkpoints"
+
+
+def latest_checkpoint(cfg: Any) -> Path | None:
+    """resume=auto: <output_dir>/checkpoints if a checkpoint was written there, else None;
+    resume=never: None; otherwise the given path (which must exist). The trainer's `load` picks the
+    newest complete checkpoint under the directory."""
+    if cfg.resume == "never":
+        return None
+    if cfg.resume != "auto":
+        path = Path(cfg.resume)
+        if not path.exists():
+            raise ValueError(f"resume={cfg.resume!r}: no such checkpoint directory")
+        return path
+    root = _ckpt_root(cfg)
+    return root if root.is_dir() and any(root.iterdir()) else None
+
+
+def save_state(comps: LoopComponents, cfg: Any, *, state: LoopState, outstanding: Sequence[_Pending],
+               compute: ComputeCounter, rng: random.Random) -> None:
+    import numpy as np
+
+    extra = {
+        "loop": asdict(state),
+        "sampler": comps.sampler.state_dict(),
+        "outstanding": [_prompt_dict(p.prompt) for p in outstanding],
+        "compute": compute.state_dict(),
+        "python_rng": rng.getstate(),
+        "numpy_rng": np.random.get_state(),
+    }
+    comps.trainer.save(str(_ckpt_root(cfg)), extra_state=extra)
+
+
+def _prompt_dict(p: Prompt) -> dict[str, Any]:
+    return {"prompt_id": p.prompt_id, "text": p.text, "task": p.task, "gold": p.gold,
+            "token_ids": p.token_ids, "meta": dict(p.meta)}
+
+
+# ----------------------------------------------------------------------------- the loop
+def run_rl(cfg: Any, comps: LoopComponents, *, compute: ComputeCounter, forecaster: Any | None = None,
+           on_step: Callable[[int, dict], None] | None = None) -> LoopState:
+    """Run RL to `cfg.train.steps` (resuming if a checkpoint exists); metrics go to
+    <output_dir>/metrics.jsonl. Returns the final LoopState."""
+    G = cfg.train.generations_per_prompt
+    rng = random.Random(cfg.seed)
+    state = LoopState()
+    router = _Router(comps.engine, group_size=G, poll_timeout_s=cfg.train.poll_timeout_s)
+    alarm = TruncationAlarm(cfg.metrics.truncation_alarm)
+    readmit: list[Prompt] = []
+
+    # --- resume
+    ckpt = latest_checkpoint(cfg)
+    if ckpt is not None:
+        extra = comps.trainer.load(str(ckpt))
+        state = LoopState(**extra["loop"])
+        comps.sampler.load_state_dict(extra["sampler"])
+        compute.load_state_dict(extra["compute"])
+        rng.setstate(_as_rng_state(extra["python_rng"]))
+        readmit = [Prompt(**d) for d in extra["outstanding"]]
+        if forecaster is not None:
+            for _, c, r in state.val_points:
+                forecaster.add(c, r)
+        log.info("resumed from %s at step %d (%d prompts re-admitted)", ckpt, state.step, len(readmit))
+    writer = MetricsWriter(cfg.output_dir, tensorboard=cfg.metrics.tensorboard,
+                           resume_step=state.step if ckpt is not None else None)
+    try:
+        return _loop(cfg, comps, state=state, router=router, readmit=readmit, rng=rng, writer=writer,
+                     compute=compute, forecaster=forecaster, alarm=alarm, on_step=on_step)
+    finally:
+        writer.close()
+
+
+def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaster, alarm, on_step) -> LoopState:
+    k, B = cfg.off_policy.k, cfg.train.prompts_per_step
+    pipeline = cfg.off_policy.name == "pipeline_rl"
+    max_staleness = k if pipeline else k - 1
+    state.weight_version = state.step
+    push_weights(comps, version=state.step)
+
+    def admit(n: int) -> None:
+        for _ in range(n):
+            prompt = readmit.pop(0) if readmit else comps.sampler.next_prompts(1)[0]
+            if prompt.token_ids is None:
+                prompt.token_ids = comps.encode(prompt.text)
+            pend = _Pending(seq=state.admitted, prompt=prompt, version=state.weight_version)
+            sp = sampling_params(cfg, comps, rng, seed=cfg.seed * 1_000_003 + state.admitted * 101)
+            router.submit(pend, sp)
+            state.admitted += 1
+
+    if state.step == 0 and cfg.train.val_every:
+        _validation(cfg, comps, router, state, writer, compute, forecaster, rng)
+
+    gen_idle = 0.0
+    while state.step < cfg.train.steps:
+        s = state.step
+        t_step = time.monotonic()
+        # 1. admission
+        if pipeline:
+            admit(max(0, (k + 1) * B - len(router.queue)))
+        elif not router.queue:
+            admit(min(k, cfg.train.steps - s) * B)
+        # 2. wait for the B oldest groups
+        t_wait = time.monotonic()
+        while not router.oldest_complete(B):
+            router.pump()
+        trainer_idle = time.monotonic() - t_wait
+        pendings = router.pop(B)
+        # 3. score + curriculum
+        groups = score_groups(pendings, comps, cfg)
+        for g in groups:
+            comps.sampler.record(g.prompt.prompt_id, g.pass_rate)
+        hist = staleness_histogram(groups, step=s)
+        if max(hist) > max_staleness:
+            raise AssertionError(f"step {s}: staleness {max(hist)} > bound {max_staleness} ({cfg.off_policy.name}-{k})")
+        metrics = rollout_metrics(groups, step=s)
+        # 4. batch
+        res = build_train_batch(groups, adv_norm=cfg.adv_norm.name, adv_eps=cfg.adv_norm.eps,
+                                aggregation=cfg.aggregation.name, filter_zero_variance=cfg.filter.name == "zero_variance",
+                                micro_batch_tokens=cfg.train.micro_batch_tokens)
+        metrics.update(res.metrics)
+        # 5. optimizer step (the engines keep generating meanwhile)
+        engine_busy = router.in_flight > 0
+        t_train = time.monotonic()
+        if res.batch is not None:
+            metrics.update({f"train/{key}": v for key, v in comps.trainer.train_step(_batch_dict(res.batch)).items()})
+        else:
+            metrics["skipped_no_signal"] = 1.0
+        train_s = time.monotonic() - t_train
+        if not engine_busy:
+            gen_idle += train_s
+        state.step = s + 1
+        state.trained_prompt_ids.extend(p.prompt.prompt_id for p in pendings)
+        # 6. weight sync
+        sync_s = 0.0
+        if pipeline or state.step % k == 0 or state.step == cfg.train.steps:
+            sync_s = push_weights(comps, version=state.step)
+            state.weight_version = state.step
+        # 7. metrics
+        step_s = time.monotonic() - t_step
+        metrics.update({
+            "staleness_hist": {str(a): b for a, b in hist.items()},
+            "tokens_per_version": {str(a): b for a, b in tokens_per_version(groups).items()},
+            "trainer_idle_s": trainer_idle, "generator_idle_s": gen_idle, "train_s": train_s,
+            "weight_sync_s": sync_s, "step_s": step_s,
+            "tokens_per_s": metrics["generated_tokens"] / max(step_s, 1e-9),
+            "weight_version": float(state.weight_version), "outstanding_prompts": float(len(router.queue)),
+        })
+        util = gpu_utilization() if cfg.cluster.device == "cuda" else None
+        if util is not None:
+            metrics["gpu_utilization"] = util
+        alarm.check(step=s, truncation_rate=metrics["truncation_rate"])
+        rec = writer.write("train", state.step, {**metrics, **compute.fields()})
+        if cfg.metrics.progress_every and state.step % cfg.metrics.progress_every == 0:
+            print(progress_line(step=state.step, total_steps=cfg.train.steps, metrics=rec), flush=True)
+        if on_step is not None:
+            on_step(state.step, rec)
+        if cfg.train.val_every and state.step % cfg.train.val_every == 0:
+            _validation(cfg, comps, router, state, writer, compute, forecaster, rng)
+        if cfg.train.save_every and state.step % cfg.train.save_every == 0:
+            save_state(comps, cfg, state=state, outstanding=list(router.queue), compute=compute, rng=rng)
+    return state
+
+
+def run_job(cfg: Any) -> dict[str, Any]:
+    """Build every component from the config and run SFT warm start + RL + report (`scalerl-train`)."""
+    raise NotImplementedError(
+        "scalerl-train's component wiring (Megatron trainer + local engine + synthetic task + curriculum "
+        "sampler) is not written yet; run_rl() is usable with components built by the caller"
+    )
+
+
+def _batch_dict(batch: Any) -> dict[str, Any]:
+    """TrainBatch -> the trainer's dict (batch_to_dict) plus the global-batch aggregation weights."""
+    from scalerl_mega.trainer.megatron.trainer import batch_to_dict
+
+    data = batch_to_dict(batch)
+    data["token_weights"] = batch.meta["token_weights_BT"]
+    return data
+
+
+def _validation(cfg, comps, router, state, writer, compute, forecaster, rng) -> None:
+    vm = validate(router, comps, cfg, version=state.weight_version, rng=rng)
+    fields = compute.fields()
+    x = fields["compute_gpu_hours"] if cfg.cluster.device == "cuda" else fields["compute_device_hours"]
+    state.val_points.append((state.step, x, vm["val_pass_rate"]))
+    writer.write("validation", state.step, {**vm, **fields})
+    print(f"validation step {state.step}: pass rate {vm['val_pass_rate']:.3f}", flush=True)
+    if forecaster is not None:
+        fc = forecaster.add(x, vm["val_pass_rate"])
+        if fc is not None:
+            writer.write("forecast", state.step, {
+                "ok": fc.ok, "A": fc.A, "B": fc.B, "C_mid": fc.C_mid, "R0": fc.R0, "budget": fc.budget,
+                "predicted_reward_at_budget": fc.predicted_reward_at_budget, "identified": fc.identified,
+                "reason": fc.reason, "n_points": fc.n_points, **fields})
+
+
+def _as_rng_state(state: Any) -> tuple:
+    """random.Random state restored from a (possibly list-converted) checkpoint value."""
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
+
+
+def make_policy_loss_fn(*, loss_type: str, eps_low: float | None, eps_high: float | None,
+                        aggregation: str) -> Callable[[Any, dict], tuple[Any, dict]]:
+    """The trainer's loss_fn (step.py contract): RL micro-batches carry `advantages` and the
+    global-batch `token_weights`, so micro-batch losses sum to the full-batch -J; batches without
+    `advantages` (the SFT warm start) use the next-token cross-entropy.
+
+    Metrics are returned as shares that sum over micro-batches: token-weighted IS ratio and the
+    policy loss; `is_ratio_mean` = sum_t w_t * rho_t.
+    """
+
+    def loss_fn(logp_BT, mb: dict):
+        import torch
+
+        if "advantages" not in mb:
+            from scalerl_mega.trainer.megatron.step import next_token_ce_loss
+
+            return next_token_ce_loss(logp_BT, mb)
+        from scalerl_mega.objective.losses import policy_loss
+
+        w = mb["token_weights"]
+        loss, _ = policy_loss(logp_BT, mb["gen_logp"], mb["advantages"], mb["loss_mask"], mb["prompt_index"],
+                              loss_type=loss_type, aggregation=aggregation, eps_low=eps_low, eps_high=eps_high,
+                              weights=w)
+        with torch.no_grad():
+            m = mb["loss_mask"] > 0
+            log_ratio = torch.where(m, logp_BT.detach() - mb["gen_logp"].to(logp_BT.dtype), torch.zeros_like(logp_BT))
+            wd = w.to(logp_BT.dtype)
+            metrics = {"loss": loss.detach(), "is_ratio_mean": (wd * log_ratio.exp() * m).sum(),
+                       "abs_log_ratio_mean": (wd * log_ratio.abs()).sum()}
+        return loss, metrics
+
+    return loss_fn
+
+
+def prompts_from_state(state: dict[str, Any]) -> Iterator[Prompt]:  # pragma: no cover - convenience
+    for d in state.get("outstanding", []):
+        yield Prompt(**d)
