@@ -1,0 +1,248 @@
+"""Load prompts from JSONL, Parquet or Hugging Face `datasets` (local paths) (paper App. A.3:
+Polaris-53K for math, Deepcoder for code).
+
+A `SourceSchema` names the columns: Polaris-53K has `problem` / `answer`; Deepcoder has `problem` /
+`tests`, where `tests` is a JSON string in the released dataset (LiveCodeBench, PrimeIntellect and
+TACO variants; see `rewards.code.normalize_tests`). Other datasets map their own column names.
+Each row becomes a `Prompt` whose text is formatted for the model: through the tokenizer's chat
+template when it has one, else through the task's plain template.
+
+Malformed rows (bad JSON, missing field, wrong type, empty value, over-long line) raise ValueError
+naming `file:line` and the reason; with `on_error="skip"` they are counted and reported in
+`LoadResult.errors` instead. An empty file is an error either way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scalerl_mega.data.split import prompt_id_for
+from scalerl_mega.types import Prompt
+
+MATH_TEMPLATE = "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+CODE_TEMPLATE = (
+    "{problem}\n\nWrite a Python 3 solution. Read from standard input and write to standard output unless the "
+    "problem names a function to implement. Put the final program in a single ```python code block."
+)
+DEFAULT_TEMPLATES = {"math": MATH_TEMPLATE, "code": CODE_TEMPLATE, "synthetic": "{problem}"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SourceSchema:
+    """Which columns hold the problem and the reference, and which reward family scores them."""
+
+    task: str
+    prompt_key: str
+    gold_key: str
+    template: str | None = None
+    """Plain prompt template with `{problem}`; None = the task's default (used without chat template)."""
+
+    def __post_init__(self) -> None:
+        if self.task not in DEFAULT_TEMPLATES:
+            raise ValueError(f"schema.task={self.task!r} must be one of {sorted(DEFAULT_TEMPLATES)}")
+        if self.template is not None and "{problem}" not in self.template:
+            raise ValueError(f"schema.template must contain '{{problem}}', got {self.template!r}")
+
+
+POLARIS = SourceSchema(task="math", prompt_key="problem", gold_key="answer")
+DEEPCODER = SourceSchema(task="code", prompt_key="problem", gold_key="tests")
+SCHEMAS = {"polaris": POLARIS, "deepcoder": DEEPCODER}
+
+
+@dataclass(kw_only=True)
+class LoadResult:
+    prompts: list[Prompt]
+    errors: list[str] = field(default_factory=list)
+    """One message per skipped row (`file:line: reason`), only with on_error="skip"."""
+
+    @property
+    def num_skipped(self) -> int:
+        return len(self.errors)
+
+
+class RowError(ValueError):
+    """A malformed row; the message starts with `file:line:`."""
+
+
+def format_prompt(problem: str, *, task: str, tokenizer: Any = None, template: str | None = None) -> str:
+    """The model's prompt text: chat template (one user turn + generation prompt) when the tokenizer
+    has one, else the plain template of the task."""
+    body = (template or DEFAULT_TEMPLATES[task]).format(problem=problem)
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": body}], tokenize=False, add_generation_prompt=True
+        )
+    return body
+
+
+# ------------------------------------------------------------------------------------ readers
+
+
+def iter_jsonl(path: str | os.PathLike, *, max_line_bytes: int = 64 << 20) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) per non-blank line; raises RowError (file:line) on bad lines.
+    A UTF-8 BOM at the start is accepted. Lines longer than `max_line_bytes` are errors and are not
+    held in memory whole."""
+    with open(path, "rb") as f:
+        lineno = 0
+        while True:
+            raw = f.readline(max_line_bytes + 1)
+            if not raw:
+                return
+            lineno += 1
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                while raw and not raw.endswith(b"\n"):  # skip the rest of the line
+                    raw = f.readline(1 << 20)
+                yield lineno, RowError(f"{path}:{lineno}: line longer than {max_line_bytes} bytes")
+                continue
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            if not raw.strip():
+                continue
+            try:
+                yield lineno, json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                yield lineno, RowError(f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start})")
+            except json.JSONDecodeError as e:
+                yield lineno, RowError(f"{path}:{lineno}: bad JSON ({e.msg} at column {e.colno})")
+
+
+def iter_parquet(path: str | os.PathLike, *, columns: list[str] | None = None) -> Iterator[tuple[int, Any]]:
+    """(row number starting at 1, row dict) of a Parquet file, read in record batches."""
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    missing = [c for c in columns or [] if c not in pf.schema_arrow.names]
+    if missing:
+        raise RowError(f"{path}: missing column(s) {missing}; columns are {pf.schema_arrow.names}")
+    row = 0
+    for batch in pf.iter_batches(batch_size=1024, columns=columns):
+        for rec in batch.to_pylist():
+            row += 1
+            yield row, rec
+
+
+def iter_hf(path: str | os.PathLike, *, split: str = "train") -> Iterator[tuple[int, Any]]:
+    """Rows of a Hugging Face dataset on local disk: a `save_to_disk` directory
+    (`datasets.load_from_disk`), or JSON/JSONL/Parquet files through `datasets.load_dataset`."""
+    import datasets
+
+    p = Path(path)
+    if p.is_dir():
+        ds = datasets.load_from_disk(str(p))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise RowError(f"{path}: no split {split!r}; splits are {list(ds)}")
+            ds = ds[split]
+    else:
+        builder = "parquet" if p.suffix == ".parquet" else "json"
+        ds = datasets.load_dataset(builder, data_files={split: str(p)}, split=split)
+    for i, rec in enumerate(ds, start=1):
+        yield i, rec
+
+
+def _detect_format(path: Path) -> str:
+    if path.is_dir():
+        return "hf"
+    if path.suffix == ".parquet":
+        return "parquet"
+    if path.suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    raise ValueError(f"{path}: cannot tell the format from the name; pass fmt='jsonl'|'parquet'|'hf'")
+
+
+# ------------------------------------------------------------------------------------ rows
+
+
+def _gold_from_row(value: Any, *, task: str, where: str, key: str) -> Any:
+    if task == "code":
+        from scalerl_mega.rewards.code import normalize_tests
+
+        try:
+            tests = normalize_tests(value)
+        except (ValueError, TypeError, KeyError) as e:
+            raise RowError(f"{where}: field {key!r}: {e}") from None
+        if not tests:
+            raise RowError(f"{where}: field {key!r}: no tests")
+        return tests
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise RowError(f"{where}: field {key!r} must be a string or number, got {type(value).__name__}")
+    gold = str(value).strip()
+    if not gold:
+        raise RowError(f"{where}: field {key!r} is empty")
+    return gold
+
+
+def row_to_prompt(row: Any, *, schema: SourceSchema, where: str, tokenizer: Any = None) -> Prompt:
+    """One dataset row -> Prompt; RowError naming `where` (file:line) and the field on bad rows."""
+    if not isinstance(row, dict):
+        raise RowError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    for key in (schema.prompt_key, schema.gold_key):
+        if key not in row or row[key] is None:
+            raise RowError(f"{where}: missing field {key!r} (row has {sorted(row)[:10]})")
+    problem = row[schema.prompt_key]
+    if not isinstance(problem, str):
+        raise RowError(f"{where}: field {schema.prompt_key!r} must be a string, got {type(problem).__name__}")
+    if not problem.strip():
+        raise RowError(f"{where}: field {schema.prompt_key!r} is empty")
+    gold = _gold_from_row(row[schema.gold_key], task=schema.task, where=where, key=schema.gold_key)
+    return Prompt(
+        prompt_id=prompt_id_for(schema.task, problem),
+        text=format_prompt(problem, task=schema.task, tokenizer=tokenizer, template=schema.template),
+        task=schema.task,
+        gold=gold,
+        meta={"source": where.rsplit(":", 1)[0], "row": where.rsplit(":", 1)[-1]},
+    )
+
+
+def load_prompts(
+    path: str | os.PathLike,
+    *,
+    schema: SourceSchema | str,
+    fmt: str = "auto",
+    on_error: str = "raise",
+    tokenizer: Any = None,
+    split: str = "train",
+    max_line_bytes: int = 64 << 20,
+) -> LoadResult:
+    """Load every row of `path` as a Prompt (see module docstring for errors)."""
+    if isinstance(schema, str):
+        if schema not in SCHEMAS:
+            raise ValueError(f"data schema {schema!r} unknown; choose one of {sorted(SCHEMAS)} or pass a SourceSchema")
+        schema = SCHEMAS[schema]
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error={on_error!r} must be 'raise' or 'skip'")
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{p}: no such file or directory")
+    fmt = _detect_format(p) if fmt == "auto" else fmt
+    if fmt == "jsonl":
+        rows = iter_jsonl(p, max_line_bytes=max_line_bytes)
+    elif fmt == "parquet":
+        rows = iter_parquet(p)
+    elif fmt == "hf":
+        rows = iter_hf(p, split=split)
+    else:
+        raise ValueError(f"fmt={fmt!r} must be 'auto', 'jsonl', 'parquet' or 'hf'")
+    unit = "line" if fmt == "jsonl" else "row"
+    prompts, errors = [], []
+    n_rows = 0
+    for lineno, row in rows:
+        n_rows += 1
+        try:
+            if isinstance(row, RowError):
+                raise row
+            prompts.append(row_to_prompt(row, schema=schema, where=f"{p}:{lineno}", tokenizer=tokenizer))
+        except RowError as e:
+            if on_error == "raise":
+                raise
+            errors.append(str(e))
+    if n_rows == 0:
+        raise ValueError(f"{p}: empty (no {unit}s with data)")
+    if not prompts:
+        raise ValueError(f"{p}: all {n_rows} {unit}s are malformed; first: {errors[0]}")
+    return LoadResult(prompts=prompts, errors=errors)

@@ -1,0 +1,1 @@
+"""Synthetic verifiable tasks for the CPU embedded default (reference/DEMO_CALIBRATION.md)."""
