@@ -1,0 +1,42 @@
+"""report.py: markdown + PNG from a metrics.jsonl whose validation points follow a known sigmoid."""
+
+from __future__ import annotations
+
+import pytest
+
+from scalerl_mega.metrics.writer import MetricsWriter
+from scalerl_mega.report import compute_key, write_report
+
+
+def _sigmoid(c, *, A, B, C_mid, R0):
+    return R0 + (A - R0) / (1 + (C_mid / c) ** B)
+
+
+def test_report_fits_known_curve(tmp_path):
+    A, B, C_mid, R0 = 0.7, 1.5, 0.02, 0.2
+    with MetricsWriter(tmp_path) as w:
+        w.write("validation", 0, {"val_pass_rate": R0, "compute_gpu_hours": 0.0, "compute_device_hours": 0.0})
+        for i in range(1, 13):
+            c = 0.005 * i
+            w.write("train", i, {"truncation_rate": 0.01, "compute_gpu_hours": 0.0, "compute_device_hours": c})
+            w.write("validation", i, {"val_pass_rate": _sigmoid(c, A=A, B=B, C_mid=C_mid, R0=R0),
+                                      "compute_gpu_hours": 0.0, "compute_device_hours": c})
+    md = write_report(tmp_path, title="t").read_text()
+    assert (tmp_path / "scaling.png").stat().st_size > 1000
+    assert "first validation (step 0): pass rate 0.200" in md
+    row = [line for line in md.splitlines() if line.startswith("| 0.")][0].split("|")
+    assert float(row[1]) == pytest.approx(A, abs=0.02)
+    assert float(row[2]) == pytest.approx(B, rel=0.15)
+    assert "device-hours" in md
+
+
+def test_report_without_enough_points(tmp_path):
+    with MetricsWriter(tmp_path) as w:
+        w.write("validation", 0, {"val_pass_rate": 0.1, "compute_gpu_hours": 0.0, "compute_device_hours": 0.0})
+    md = write_report(tmp_path).read_text()
+    assert "No fit" in md and not (tmp_path / "scaling.png").exists()
+
+
+def test_compute_key_prefers_gpu_hours():
+    assert compute_key([{"compute_gpu_hours": 1.0}]) == "compute_gpu_hours"
+    assert compute_key([{"compute_gpu_hours": 0.0}]) == "compute_device_hours"
