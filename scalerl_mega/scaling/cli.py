@@ -1,0 +1,256 @@
+"""`scalerl-fit`: fit Eq. 1 to one or more runs, print a table, write plots (paper Sec. 2.1, App. A.5).
+
+    scalerl-fit RUN_DIR_OR_FILE [...] [--x compute_gpu_hours] [--y val_pass_rate] [--grid auto|paper|relative]
+                [--fit-from auto|none|X] [--fit-to X] [--r0 X] [--method fast|grid] [--refine]
+                [--holdout 0.5] [--plot-dir DIR] [--json] [--label NAME ...]
+
+Grids: `paper` = App. A.5 (A 0.450..0.800 step 0.005, C_mid linspace(100, 40000, 100)) with fit_from 1500;
+`relative` = `fit.relative_grids` over the fitted compute range with no lower cut (small CPU runs);
+`auto` = paper when the largest compute of every run is >= 1500, else relative. The choice is printed.
+With several runs, each later run is compared with the first by the +-0.02 seed-margin rule.
+Bad input exits with status 2 and one line naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from scalerl_mega.scaling.fit import PAPER_FIT_FROM, FitOptions, relative_grids
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scalerl-fit", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="+", help="run directories, metrics.jsonl files or CSV files")
+    p.add_argument("--x", default="compute_gpu_hours", help="compute key/column (default compute_gpu_hours)")
+    p.add_argument("--y", default="val_pass_rate", help="reward key/column (default val_pass_rate)")
+    p.add_argument("--label", nargs="*", default=None, help="names for the runs (default: directory/file names)")
+    p.add_argument("--grid", choices=("auto", "paper", "relative"), default="auto")
+    p.add_argument("--fit-from", default="auto", help="lower compute bound of the fit: auto, none or a number")
+    p.add_argument("--fit-to", type=float, default=None, help="upper compute bound of the fit (cut a collapse)")
+    p.add_argument("--r0", type=float, default=None, help="R0 (default: reward at the smallest compute)")
+    p.add_argument("--method", choices=("fast", "grid"), default="fast",
+                   help="fast (default, same cell) or grid (the paper's 7,100 curve_fit calls)")
+    p.add_argument("--refine", action="store_true", help="also report the continuous refit from the grid optimum")
+    p.add_argument("--holdout", type=float, default=0.5,
+                   help="extrapolation check: fit on compute <= this fraction of the max, predict the rest "
+                        "(0 disables)")
+    p.add_argument("--plot-dir", default=None, help="write scaling.png/.svg, per-run extrapolation plots, loo")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON instead of the table")
+    return p
+
+
+def _options(args, series) -> tuple[FitOptions, str, str]:
+    """Fit options, the grid kind ("paper"/"relative") and a one-line description of both."""
+    if args.fit_from == "auto":
+        fit_from = "auto"
+    elif args.fit_from.lower() == "none":
+        fit_from = None
+    else:
+        try:
+            fit_from = float(args.fit_from)
+        except ValueError:
+            raise ValueError(f"--fit-from must be auto, none or a number, got {args.fit_from!r}") from None
+    grid = args.grid
+    if grid == "auto":
+        grid = "paper" if all(float(s.compute.max()) >= PAPER_FIT_FROM for s in series) else "relative"
+    if fit_from == "auto":
+        fit_from = PAPER_FIT_FROM if grid == "paper" else None
+    opts = FitOptions(r0=args.r0, fit_from=fit_from, fit_to=args.fit_to, method=args.method, refine=args.refine)
+    if grid == "paper":
+        desc = "paper (A 0.450..0.800 step 0.005 x C_mid linspace(100, 40000, 100))"
+    else:
+        desc = "relative (A 0.005..1.000 step 0.005 x C_mid geometric 0.1x..100x of the fitted compute, 200)"
+    desc += f", fit from {'-' if fit_from is None else f'{fit_from:g}'}"
+    desc += f" to {'-' if args.fit_to is None else f'{args.fit_to:g}'}, method {args.method}"
+    return opts, grid, desc
+
+
+def _opts_for(series, opts: FitOptions, grid: str) -> FitOptions:
+    if grid != "relative":
+        return opts
+    c = series.compute
+    m = c > 0
+    if opts.fit_from is not None:
+        m &= c >= opts.fit_from
+    if opts.fit_to is not None:
+        m &= c <= opts.fit_to
+    if not m.any():
+        return opts  # the fit itself reports the empty window
+    a, cm = relative_grids(float(c[m].min()), float(c[m].max()))
+    return replace(opts, a_grid=tuple(a), cmid_grid=tuple(cm))
+
+
+def _compact(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+
+
+def _num(v: float, fmt: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+
+def _run(args) -> int:
+    from scalerl_mega.scaling.compare import compare_runs, extrapolation_error
+    from scalerl_mega.scaling.io import read_series
+
+    labels = args.label or []
+    if labels and len(labels) != len(args.paths):
+        raise ValueError(f"--label got {len(labels)} names for {len(args.paths)} paths")
+    series = [read_series(p, x=args.x, y=args.y, name=labels[k] if labels else None)
+              for k, p in enumerate(args.paths)]
+    base, grid, desc = _options(args, series)
+    rows, fits, extraps = [], [], []
+    for s in series:
+        opts = _opts_for(s, base, grid)
+        try:
+            f = opts.fit(s.compute, s.reward)
+        except ValueError as e:
+            raise ValueError(f"{s.source}: {e}") from None
+        ex, ex_note = None, ""
+        if args.holdout > 0:
+            try:
+                ex = extrapolation_error(s.compute, s.reward, fraction=args.holdout, options=opts)
+            except ValueError as e:
+                ex_note = f"extrapolation check skipped: {e}"
+        fits.append(f)
+        extraps.append(ex)
+        rows.append(_row(s, f, ex, ex_note))
+    comps = []
+    for k in range(1, len(series)):
+        oa = _opts_for(series[0], base, grid)
+        try:
+            cmp_ = compare_runs((series[0].compute, series[0].reward), (series[k].compute, series[k].reward),
+                                labels=(series[0].name, series[k].name), options=oa)
+            comps.append({"a": cmp_.label_a, "b": cmp_.label_b, "delta_A": cmp_.delta_A,
+                          "within_margin": cmp_.within_margin, "A_mean": cmp_.A_mean, "B_a_fixed": cmp_.B_a_fixed,
+                          "B_b_fixed": cmp_.B_b_fixed, "better": cmp_.better, "verdict": cmp_.verdict})
+        except ValueError as e:
+            comps.append({"a": series[0].name, "b": series[k].name, "verdict": f"not compared: {e}"})
+    plots = []
+    if args.plot_dir:
+        plots = _plots(args, series, fits, extraps)
+    if args.json:
+        print(json.dumps({"grid": desc, "x": args.x, "y": args.y, "runs": rows, "comparisons": comps,
+                          "plots": [str(p) for p in plots]}, indent=2, default=_json_default))
+    else:
+        _print_table(desc, rows, comps, plots)
+    return 0
+
+
+def _json_default(o):
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o).__name__)
+
+
+def _row(s, f, ex, ex_note) -> dict:
+    row = {
+        "run": s.name, "source": s.source, "n_points": f.n_points, "identified": f.identified,
+        "reason": f.reason, "A": f.A if f.identified else None,
+        "A_unidentified_grid_optimum": None if f.identified else f.A,
+        "B": f.B, "C_mid": f.C_mid, "R0": f.R0, "r0_source": f.r0_source, "sse": f.sse,
+        "A_profile_interval": list(f.A_profile_interval), "widened": list(f.widened),
+        "compute_range": list(f.compute_range),
+    }
+    if f.refined is not None:
+        row["refined"] = {"A": f.refined.A, "B": f.refined.B, "C_mid": f.refined.C_mid, "sse": f.refined.sse,
+                          "differs": f.refined.differs}
+    if ex is not None:
+        row["extrapolation"] = {"fraction": ex.fraction, "split_compute": ex.split_compute, "n_fit": ex.n_fit,
+                                "n_heldout": ex.n_heldout, "mae": ex.mae, "final_error": ex.final_error,
+                                "delta_A": ex.delta_A, "identified_partial": ex.identified_partial,
+                                "noise_floor": ex.noise_floor, "noise_std": ex.noise_std}
+    elif ex_note:
+        row["extrapolation_note"] = ex_note
+    return row
+
+
+def _print_table(desc, rows, comps, plots) -> None:
+    print(f"grid: {desc}")
+    head = ("run", "n", "A", "B", "C_mid", "identified", "extrap MAE", "noise floor", "dA(half)")
+    table = [head]
+    notes = []
+    for r in rows:
+        ex = r.get("extrapolation")
+        a = _num(r["A"], ".3f") if r["identified"] else "not identified"
+        table.append((
+            r["run"], str(r["n_points"]), a,
+            _num(r["B"], ".3f") if r["identified"] else "-",
+            _num(r["C_mid"], ".4g") if r["identified"] else "-",
+            "yes" if r["identified"] else "NO",
+            _num(ex["mae"], ".4f") if ex else "-",
+            _num(ex["noise_floor"], ".4f") if ex else "-",
+            _num(ex["delta_A"], "+.3f") if ex else "-",
+        ))
+        if not r["identified"]:
+            notes.append(f"{r['run']}: A not identified: {r['reason']}")
+        if r.get("widened"):
+            notes.append(f"{r['run']}: grid widened at {', '.join(r['widened'])}")
+        if "refined" in r:
+            q = r["refined"]
+            notes.append(f"{r['run']}: continuous refit A={q['A']:.4f} B={q['B']:.3f} C_mid={q['C_mid']:.4g}"
+                         + (" (differs from the grid optimum)" if q["differs"] else ""))
+        if ex and not ex["identified_partial"]:
+            notes.append(f"{r['run']}: the fit on the first {ex['fraction']:g} of compute does not identify A")
+        if "extrapolation_note" in r:
+            notes.append(f"{r['run']}: {r['extrapolation_note']}")
+        notes.append(f"{r['run']}: R0={r['R0']:.4f} ({r['r0_source']}); "
+                     f"A 95% profile range {r['A_profile_interval'][0]:.3f}..{r['A_profile_interval'][1]:.3f}")
+    widths = [max(len(str(row[k])) for row in table) for k in range(len(head))]
+    for k, row in enumerate(table):
+        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
+        if k == 0:
+            print("  ".join("-" * w for w in widths))
+    for n in notes:
+        print("  " + n)
+    for c in comps:
+        print(f"compare {c['a']} vs {c['b']}: {c['verdict']}")
+    for p in plots:
+        print(f"wrote {p}")
+
+
+def _plots(args, series, fits, extraps) -> list[Path]:
+    from scalerl_mega.scaling.plot import CurvePlot, plot_loo, plot_scaling
+
+    out_dir = Path(args.plot_dir)
+    xlabel = {"compute_gpu_hours": "Compute (GPU-hours)",
+              "compute_device_hours": "Compute (device-hours)"}.get(args.x, args.x)
+    ylabel = {"val_pass_rate": "Validation pass rate"}.get(args.y, args.y)
+    written = []
+    curves = [CurvePlot(label=s.name, compute=s.compute, reward=s.reward, fit=f) for s, f in zip(series, fits)]
+    written += plot_scaling(curves, path=out_dir / "scaling.png", xlabel=xlabel, ylabel=ylabel)
+    for s, ex in zip(series, extraps):
+        if ex is None:
+            continue
+        cv = CurvePlot(label=s.name, compute=s.compute, reward=s.reward, fit=ex.fit_partial,
+                       heldout_from=ex.split_compute)
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in s.name)
+        written += plot_scaling([cv], path=out_dir / f"extrapolation_{safe}.png", xlabel=xlabel, ylabel=ylabel,
+                                title=f"{s.name}: fit on compute <= {_compact(ex.split_compute)}, "
+                                f"held-out MAE {ex.mae:.4f} (noise floor {ex.noise_floor:.4f})")
+    ident = [cv for cv in curves if cv.fit.identified]
+    if ident:
+        written += plot_loo(ident, path=out_dir / "loo.png")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except ValueError as e:
+        print(f"scalerl-fit: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

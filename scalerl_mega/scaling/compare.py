@@ -1,0 +1,227 @@
+"""Comparing scaling fits (paper App. A.5) and measuring their extrapolation error (Sec. 5, Fig. 1).
+
+- Seed margin: three independent ScaleRL runs varied A by at most +-0.015, so A's within
+  `SEED_MARGIN_A` = 0.02 are indistinguishable. When two runs' A are within the margin, both are refit
+  with A fixed at their mean and the higher B "is at least as good in terms of efficient scalability".
+- Bootstrap intervals: by points (pairs resampled with replacement) or by seeds (whole runs of one
+  config resampled). Point-level intervals are much narrower than the seed margin and understate the
+  uncertainty that matters for comparing recipes (reference/SCALING_FIT.md); they are reported next to
+  the margin, never instead of it.
+- Extrapolation error: fit on the points with compute <= fraction x the largest compute, predict the
+  rest; MAE, error at the final point and the change in A against the full fit, next to the noise floor
+  sqrt(2/pi) x s (the MAE of the true curve under i.i.d. Gaussian noise of std s).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from scalerl_mega.scaling.fit import FitOptions, SigmoidFit, _as_series
+
+SEED_MARGIN_A = 0.02
+"""App. A.5: error margin on A (three seeds varied A by at most +-0.015)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bootstrap:
+    """Percentile intervals of the grid-fit parameters over bootstrap resamples."""
+
+    kind: str
+    """"points" or "seeds"."""
+    n_boot: int
+    n_ok: int
+    """Resamples whose fit succeeded (a resample can leave the fit window with too few points)."""
+    level: float
+    A: tuple[float, float]
+    B: tuple[float, float]
+    C_mid: tuple[float, float]
+    frac_identified: float
+    per_seed_A: tuple[float, ...] = ()
+    seed_half_range: float = math.nan
+    """(max - min) / 2 of the per-seed A: the paper's seed-margin estimate (App. A.5), seeds only."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison:
+    """Outcome of `compare_runs` (App. A.5 rule)."""
+
+    label_a: str
+    label_b: str
+    fit_a: SigmoidFit
+    fit_b: SigmoidFit
+    margin: float
+    delta_A: float
+    """A_b - A_a (grid optima)."""
+    within_margin: bool
+    A_mean: float
+    fixed_a: SigmoidFit | None
+    fixed_b: SigmoidFit | None
+    B_a_fixed: float
+    """B of run a refit at A_mean (continuous refit; nan when not refit)."""
+    B_b_fixed: float
+    better: str | None
+    """Label of the better run, or None (tie or not comparable)."""
+    verdict: str
+    bootstrap_a: Bootstrap | None = None
+    bootstrap_b: Bootstrap | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtrapolationError:
+    """Fit on compute <= split, predict the held-out rest."""
+
+    fraction: float
+    split_compute: float
+    n_fit: int
+    n_heldout: int
+    mae: float
+    final_error: float
+    """Prediction minus observation at the largest compute."""
+    max_abs_error: float
+    A_partial: float
+    A_full: float
+    delta_A: float
+    """A_partial - A_full."""
+    identified_partial: bool
+    noise_std: float
+    noise_source: str
+    noise_floor: float
+    """sqrt(2/pi) * noise_std: the MAE a perfect curve would have on i.i.d. Gaussian noise."""
+    fit_partial: SigmoidFit
+    fit_full: SigmoidFit
+
+
+def _interval(v: np.ndarray, level: float) -> tuple[float, float]:
+    if v.size == 0:
+        return (math.nan, math.nan)
+    q = (1.0 - level) / 2.0
+    return (float(np.quantile(v, q)), float(np.quantile(v, 1.0 - q)))
+
+
+def _summarise(kind: str, fits: list[SigmoidFit], *, n_boot: int, level: float, **extra) -> Bootstrap:
+    A = np.array([f.A for f in fits])
+    B = np.array([f.B for f in fits])
+    cm = np.array([f.C_mid for f in fits])
+    ident = float(np.mean([f.identified for f in fits])) if fits else math.nan
+    return Bootstrap(kind=kind, n_boot=n_boot, n_ok=len(fits), level=level, A=_interval(A, level),
+                     B=_interval(B, level), C_mid=_interval(cm, level), frac_identified=ident, **extra)
+
+
+def bootstrap_points(compute, reward, *, options: FitOptions = FitOptions(), n_boot: int = 200, seed: int = 0,
+                     level: float = 0.95) -> Bootstrap:
+    """Pairs bootstrap over the points of one run. R0 is held at the original fit's R0 so that resampling
+    the step-0 point does not move it. Uses `options` (use method="fast": each resample is one fit)."""
+    c, r = _as_series(compute, reward)
+    base = options.fit(c, r)
+    opts = replace(options, r0=base.R0, refine=False)
+    rng = np.random.default_rng(seed)
+    fits = []
+    for _ in range(n_boot):
+        idx = np.sort(rng.integers(0, c.size, c.size))
+        try:
+            fits.append(opts.fit(c[idx], r[idx]))
+        except ValueError:
+            continue
+    return _summarise("points", fits, n_boot=n_boot, level=level)
+
+
+def bootstrap_seeds(runs: Sequence[tuple[Sequence[float], Sequence[float]]], *, options: FitOptions = FitOptions(),
+                    n_boot: int = 200, seed: int = 0, level: float = 0.95) -> Bootstrap:
+    """Seed bootstrap over several runs of the same config: resample whole runs with replacement, pool their
+    points (sorted by compute), fit. Also reports every run's own A and their half-range (App. A.5's
+    margin estimate). R0 is the mean of the runs' R0 unless `options.r0` is given."""
+    if len(runs) < 2:
+        raise ValueError(f"bootstrap_seeds needs at least 2 runs of the same config, got {len(runs)}")
+    series = [_as_series(c, r) for c, r in runs]
+    per = [options.fit(c, r) for c, r in series]
+    r0 = options.r0 if options.r0 is not None else float(np.mean([f.R0 for f in per]))
+    opts = replace(options, r0=r0, refine=False)
+    rng = np.random.default_rng(seed)
+    fits = []
+    for _ in range(n_boot):
+        pick = rng.integers(0, len(series), len(series))
+        c = np.concatenate([series[k][0] for k in pick])
+        r = np.concatenate([series[k][1] for k in pick])
+        order = np.argsort(c, kind="stable")
+        try:
+            fits.append(opts.fit(c[order], r[order]))
+        except ValueError:
+            continue
+    a_seeds = tuple(f.A for f in per)
+    return _summarise("seeds", fits, n_boot=n_boot, level=level, per_seed_A=a_seeds,
+                      seed_half_range=(max(a_seeds) - min(a_seeds)) / 2.0)
+
+
+def compare_runs(a: tuple[Sequence[float], Sequence[float]], b: tuple[Sequence[float], Sequence[float]], *,
+                 labels: tuple[str, str] = ("a", "b"), options: FitOptions = FitOptions(),
+                 margin: float = SEED_MARGIN_A, n_boot: int = 0, seed: int = 0) -> Comparison:
+    """App. A.5: compare A with the seed margin; within the margin refit both at the mean A and compare B.
+
+    `a`, `b` are (compute, reward) series. `n_boot > 0` adds point-bootstrap intervals for both runs
+    (reported next to the margin; the margin decides)."""
+    la, lb = labels
+    fa, fb = options.fit(*a), options.fit(*b)
+    boot_a = bootstrap_points(*a, options=options, n_boot=n_boot, seed=seed) if n_boot > 0 else None
+    boot_b = bootstrap_points(*b, options=options, n_boot=n_boot, seed=seed + 1) if n_boot > 0 else None
+    dA = fb.A - fa.A
+    A_mean = round((fa.A + fb.A) / 2.0, 6)
+    within = abs(dA) <= margin + 1e-12
+    common = dict(label_a=la, label_b=lb, fit_a=fa, fit_b=fb, margin=margin, delta_A=dA, within_margin=within,
+                  A_mean=A_mean, bootstrap_a=boot_a, bootstrap_b=boot_b)
+    missing = [f"{lab} ({f.reason})" for lab, f in ((la, fa), (lb, fb)) if not f.identified]
+    if missing:
+        return Comparison(**common, fixed_a=None, fixed_b=None, B_a_fixed=math.nan, B_b_fixed=math.nan,
+                          better=None, verdict="not comparable: A not identified for " + "; ".join(missing))
+    if not within:
+        better = lb if dA > 0 else la
+        hi, lo = (fb, fa) if dA > 0 else (fa, fb)
+        verdict = (f"A differs beyond the +-{margin:g} seed margin: {better} has the higher asymptote "
+                   f"(A={hi.A:.3f} vs {lo.A:.3f})")
+        return Comparison(**common, fixed_a=None, fixed_b=None, B_a_fixed=math.nan, B_b_fixed=math.nan,
+                          better=better, verdict=verdict)
+    xa = options.refit_fixed_A(*a, A=A_mean)
+    xb = options.refit_fixed_A(*b, A=A_mean)
+    Ba = xa.refined.B if xa.refined is not None else xa.B
+    Bb = xb.refined.B if xb.refined is not None else xb.B
+    if abs(Ba - Bb) <= 1e-3 * max(abs(Ba), abs(Bb)):
+        better, how = None, "equal B"
+    else:
+        better = la if Ba > Bb else lb
+        how = f"{better} has the higher B, so it is at least as efficient"
+    verdict = (f"A within the +-{margin:g} seed margin (delta {dA:+.3f}); refit at A={A_mean:.4f}: "
+               f"B {la}={Ba:.3f}, {lb}={Bb:.3f}: {how}")
+    return Comparison(**common, fixed_a=xa, fixed_b=xb, B_a_fixed=Ba, B_b_fixed=Bb, better=better, verdict=verdict)
+
+
+def extrapolation_error(compute, reward, *, fraction: float = 0.5, options: FitOptions = FitOptions(),
+                        noise_std: float | None = None) -> ExtrapolationError:
+    """Fit on compute <= fraction x max compute (within the options' window), predict every later point.
+
+    The full fit uses the same options; R0 is taken from the full series for both fits. `noise_std`
+    defaults to the full fit's residual std sqrt(SSE / (n - 3))."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"fraction must be in (0, 1), got {fraction}")
+    c, r = _as_series(compute, reward)
+    full = options.fit(c, r)
+    split = fraction * float(c.max())
+    fit_to = split if options.fit_to is None else min(split, options.fit_to)
+    part = options.fit(c, r, r0=full.R0, fit_to=fit_to)
+    held = c > split
+    if not held.any():
+        raise ValueError(f"no held-out points above {split:g} (fraction {fraction})")
+    err = part.predict(c[held]) - r[held]
+    if noise_std is None:
+        s = math.sqrt(full.sse / max(full.n_points - 3, 1))
+        src = "residual std of the full fit"
+    else:
+        s, src = float(noise_std), "given"
+    return ExtrapolationError(
+        fraction=fraction, split_compute=split, n_fit=part.n_points, n_heldout=int(held.sum()),
+        mae=float(np.mean(np.abs(err))), final_error=float(err[-1]), max_abs_error=float(np.max(np.abs(err))),
+        A_partial=part.A, A_full=full.A, delta_A=part.A - full.A, identified_partial=part.identified,
+        noise_std=s, noise_source=src, noise_floor=math.sqrt(2.0 / math.pi) * s, fit_partial=part, fit_full=full,
+    )

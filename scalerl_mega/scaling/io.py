@@ -1,0 +1,136 @@
+"""Reading scaling series from run directories, metrics.jsonl files and CSV files.
+
+metrics.jsonl: one JSON object per line. Rows are selected tolerantly: every object that carries the
+y key (e.g. "val_pass_rate", written by validation lines such as
+`{"kind": "validation", "step": 100, "compute_gpu_hours": 1.2, "compute_device_hours": 0.4,
+"val_pass_rate": 0.31}`) with a non-null value is a point; its x key must then be present.
+CSV: a header row naming the columns; rows with an empty y cell are skipped.
+A run directory is read through its `metrics.jsonl`, else its single `*.csv`, else its single `*.jsonl`.
+
+Every problem is a ValueError whose message starts with `<file>:<line>:` (or `<file>:`), e.g. NaN values,
+non-numeric values, compute that decreases, no matching rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True, kw_only=True)
+class Series:
+    """One run's (compute, reward) points in file order, with the line numbers they came from."""
+
+    name: str
+    source: str
+    x_key: str
+    y_key: str
+    compute: np.ndarray
+    reward: np.ndarray
+    lines: np.ndarray
+
+
+def _number(v, *, where: str, key: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError(f"{where}: {key} = {v!r} is not a number")
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValueError(f"{where}: {key} = {v!r} is not a number") from None
+    if not math.isfinite(x):
+        raise ValueError(f"{where}: {key} is {x} (NaN/inf values cannot be fitted)")
+    return x
+
+
+def _resolve(path: Path) -> Path:
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or directory")
+    if path.is_file():
+        return path
+    m = path / "metrics.jsonl"
+    if m.is_file():
+        return m
+    for pattern in ("*.csv", "*.jsonl"):
+        found = sorted(path.glob(pattern))
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            names = ", ".join(p.name for p in found)
+            raise ValueError(f"{path}: no metrics.jsonl and several {pattern} files ({names}); name one")
+    raise ValueError(f"{path}: directory has no metrics.jsonl, *.csv or *.jsonl file")
+
+
+def _read_jsonl(path: Path, *, x: str, y: str) -> tuple[list[float], list[float], list[int], set[str]]:
+    xs, ys, lines, keys = [], [], [], set()
+    with path.open(encoding="utf-8") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            raw = raw.strip()
+            if not raw:
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+            keys.update(obj)
+            if obj.get(y) is None:
+                continue
+            if obj.get(x) is None:
+                raise ValueError(f"{where}: row has {y!r} but no {x!r}")
+            xs.append(_number(obj[x], where=where, key=x))
+            ys.append(_number(obj[y], where=where, key=y))
+            lines.append(lineno)
+    return xs, ys, lines, keys
+
+
+def _read_csv(path: Path, *, x: str, y: str) -> tuple[list[float], list[float], list[int], set[str]]:
+    xs, ys, lines = [], [], []
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        cols = set(reader.fieldnames or ())
+        missing = [k for k in (x, y) if k not in cols]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {missing}; columns are {sorted(cols)}")
+        for row in reader:
+            lineno = reader.line_num
+            where = f"{path}:{lineno}"
+            yv = (row.get(y) or "").strip()
+            if yv == "":
+                continue
+            xv = (row.get(x) or "").strip()
+            if xv == "":
+                raise ValueError(f"{where}: row has {y!r} but an empty {x!r}")
+            xs.append(_number(xv, where=where, key=x))
+            ys.append(_number(yv, where=where, key=y))
+            lines.append(lineno)
+    return xs, ys, lines, cols
+
+
+def read_series(path: str | Path, *, x: str = "compute_gpu_hours", y: str = "val_pass_rate",
+                name: str | None = None) -> Series:
+    """Read one run (directory, .jsonl or .csv). Checks: at least one row, compute non-decreasing."""
+    p = _resolve(Path(path))
+    if p.suffix.lower() == ".csv":
+        xs, ys, lines, keys = _read_csv(p, x=x, y=y)
+    else:
+        xs, ys, lines, keys = _read_jsonl(p, x=x, y=y)
+    if not xs:
+        raise ValueError(f"{p}: no rows with {y!r} (keys seen: {sorted(keys)[:20]})")
+    for k in range(1, len(xs)):
+        if xs[k] < xs[k - 1]:
+            raise ValueError(
+                f"{p}:{lines[k]}: {x} decreases ({xs[k]:g} after {xs[k - 1]:g} at line {lines[k - 1]}); "
+                "the scaling fit needs points in compute order"
+            )
+    if xs[0] < 0:
+        raise ValueError(f"{p}:{lines[0]}: {x} = {xs[0]:g} is negative")
+    label = name or (Path(path).name if Path(path).is_dir() else p.stem if p.name != "metrics.jsonl" else p.parent.name)
+    return Series(name=label, source=str(p), x_key=x, y_key=y, compute=np.asarray(xs, dtype=np.float64),
+                  reward=np.asarray(ys, dtype=np.float64), lines=np.asarray(lines, dtype=np.int64))

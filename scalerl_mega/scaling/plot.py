@@ -1,0 +1,154 @@
+"""The paper's scaling figures (Fig. 1, 2, 7): PNG and SVG with matplotlib's Agg canvas.
+
+Conventions (Fig. 2 caption): evaluation points are stars, the fitted curve is solid over the range used
+for fitting and dashed where it extrapolates (dotted, thin, below the fit window), points held out of the
+fit are crosses; several runs share one axis with A annotated (in the legend, and a dotted line at each
+identified A). `plot_loo` draws Fig. 7's log F vs log C.
+
+No pyplot: figures are built with `matplotlib.figure.Figure` and an explicit Agg canvas inside the
+functions, so importing this module or plotting never touches global backend state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from scalerl_mega.scaling.fit import SigmoidFit, loo_transform
+
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CurvePlot:
+    """One run on a scaling plot."""
+
+    label: str
+    compute: Sequence[float]
+    reward: Sequence[float]
+    fit: SigmoidFit
+    heldout_from: float | None = None
+    """Points with compute above this were held out of the fit: drawn as crosses."""
+
+
+def _new_figure(figsize: tuple[float, float], dpi: int):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, dpi=dpi)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path: str | Path, formats: Sequence[str], dpi: int) -> list[Path]:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    out = []
+    for fmt in formats:
+        if fmt not in ("png", "svg"):
+            raise ValueError(f"plot format must be 'png' or 'svg', got {fmt!r}")
+        target = p.with_suffix("." + fmt)
+        fig.savefig(target, format=fmt, dpi=dpi)
+        out.append(target)
+    return out
+
+
+def plot_scaling(curves: Sequence[CurvePlot], *, path: str | Path, formats: Sequence[str] = ("png", "svg"),
+                 title: str | None = None, xlabel: str = "Compute (GPU-hours)", ylabel: str = "Validation pass rate",
+                 log_x: bool = True, extend_to: float | None = None, figsize: tuple[float, float] = (8.0, 5.0),
+                 dpi: int = 100) -> list[Path]:
+    """Reward vs compute for one or more runs; writes `path` with each suffix in `formats`, returns the files.
+
+    The image is figsize x dpi pixels (default 800 x 500). The curve extends to `extend_to` (default: the
+    largest compute shown)."""
+    if not curves:
+        raise ValueError("plot_scaling needs at least one curve")
+    fig = _new_figure(figsize, dpi)
+    ax = fig.add_subplot(1, 1, 1)
+    c_all = np.concatenate([np.asarray(cv.compute, dtype=np.float64) for cv in curves])
+    pos = c_all[c_all > 0]
+    c_min = float(pos.min()) if pos.size else 1.0
+    c_max = max(float(c_all.max()), extend_to or 0.0)
+    y_top = -math.inf
+    for k, cv in enumerate(curves):
+        color = _COLORS[k % len(_COLORS)]
+        c = np.asarray(cv.compute, dtype=np.float64)
+        r = np.asarray(cv.reward, dtype=np.float64)
+        f = cv.fit
+        held = c > cv.heldout_from if cv.heldout_from is not None else np.zeros(c.shape, dtype=bool)
+        shown = c > 0 if log_x else np.ones(c.shape, dtype=bool)
+        lo, hi = f.compute_range
+        grid_lo = c_min if log_x else 0.0
+        xs_in = np.geomspace(lo, hi, 200) if lo > 0 else np.linspace(lo, hi, 200)
+        if f.identified:
+            label = f"{cv.label}: A={f.A:.3f}, B={f.B:.2f}, C_mid={f.C_mid:.4g}"
+        else:
+            label = f"{cv.label}: A not identified"
+        ax.plot(xs_in, f.predict(xs_in), "-", color=color, lw=2.0, label=label, zorder=3)
+        if c_max > hi:
+            xs_out = np.geomspace(hi, c_max, 120) if log_x else np.linspace(hi, c_max, 120)
+            ax.plot(xs_out, f.predict(xs_out), "--", color=color, lw=1.8, zorder=3,
+                    label=f"{cv.label}: extrapolated" if len(curves) == 1 else None)
+        if lo > grid_lo:
+            xs_pre = np.geomspace(grid_lo, lo, 60) if log_x else np.linspace(grid_lo, lo, 60)
+            ax.plot(xs_pre, f.predict(xs_pre), ":", color=color, lw=1.0, alpha=0.6)
+        m = shown & ~held
+        ax.plot(c[m], r[m], "*", color=color, ms=7, alpha=0.85, linestyle="none")
+        if held.any():
+            ax.plot(c[held & shown], r[held & shown], "x", color=color, ms=6, mew=1.3, alpha=0.6, linestyle="none",
+                    label=f"{cv.label}: held out")
+        if f.identified:
+            ax.axhline(f.A, color=color, lw=0.9, ls=(0, (1, 3)), alpha=0.9)
+            y_top = max(y_top, f.A)
+        y_top = max(y_top, float(r.max()))
+    lo_y, hi_y = ax.get_ylim()
+    ax.set_ylim(lo_y, max(hi_y, y_top + 0.04 * (y_top - lo_y)))
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8, frameon=False)
+    fig.tight_layout()
+    return _save(fig, path, formats, dpi)
+
+
+def plot_loo(curves: Sequence[CurvePlot], *, path: str | Path, formats: Sequence[str] = ("png", "svg"),
+             A: float | None = None, title: str | None = None, figsize: tuple[float, float] = (8.0, 5.0),
+             dpi: int = 100) -> list[Path]:
+    """Fig. 7: log F(R) vs log C per run with the line of slope B. Each run uses its own fit's (A, B, C_mid,
+    R0); the paper refits all runs at a common A first (`compare.compare_runs` / `fit.refit_fixed_A`)."""
+    if not curves:
+        raise ValueError("plot_loo needs at least one curve")
+    fig = _new_figure(figsize, dpi)
+    ax = fig.add_subplot(1, 1, 1)
+    for k, cv in enumerate(curves):
+        color = _COLORS[k % len(_COLORS)]
+        f = cv.fit
+        a = f.A if A is None else A
+        t = loo_transform(cv.compute, cv.reward, A=a, B=f.B, C_mid=f.C_mid, R0=f.R0)
+        lo, hi = f.compute_range
+        v = t.valid & (np.exp(np.nan_to_num(t.log_C, nan=-np.inf)) >= lo)
+        ax.plot(t.log_C[v], t.log_F[v], "*", color=color, ms=6, alpha=0.8, linestyle="none")
+        if v.any():
+            xs = np.linspace(float(t.log_C[v].min()), float(t.log_C[v].max()), 50)
+            ax.plot(xs, f.B * xs, "-", color=color, lw=1.8, label=f"{cv.label}: B={f.B:.2f}")
+    ax.set_xlabel("log C")
+    ax.set_ylabel("log F(R)")
+    if title:
+        ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8, frameon=False)
+    fig.tight_layout()
+    return _save(fig, path, formats, dpi)
+
+
+def figure_size_px(figsize: tuple[float, float], dpi: int) -> tuple[int, int]:
+    """Pixel size of a PNG written with `figsize` inches at `dpi` (no bbox cropping is used)."""
+    return (int(math.floor(figsize[0] * dpi + 0.5)), int(math.floor(figsize[1] * dpi + 0.5)))
