@@ -344,6 +344,8 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
         if max(hist) > max_staleness:
             raise AssertionError(f"step {s}: staleness {max(hist)} > bound {max_staleness} ({cfg.off_policy.name}-{k})")
         metrics = rollout_metrics(groups, step=s)
+        if hasattr(comps.sampler, "metrics"):  # data/curriculum.py: removed prompts, epoch, ...
+            metrics.update({f"curriculum/{key}": v for key, v in comps.sampler.metrics().items()})
         # 4. batch
         res = build_train_batch(groups, adv_norm=cfg.adv_norm.name, adv_eps=cfg.adv_norm.eps,
                                 aggregation=cfg.aggregation.name, filter_zero_variance=cfg.filter.name == "zero_variance",
