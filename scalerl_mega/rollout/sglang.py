@@ -1,0 +1,604 @@
+"""SGLang 0.5.23 backend: server launch/attach, HTTP client, and the weight-update sequence.
+
+Plain HTTP (`requests`) + torch.distributed; sglang itself is never imported (it cannot even be
+installed on CPU machines; reference/SGLANG.md section 3).
+
+Weight update (reference/SGLANG.md sections 1 and 4), for every server:
+  /pause_generation {mode}      in_place (PipelineRL: keep running requests and their KV) or
+                                retract / abort (PPO-off-policy)
+  /begin_weight_update          0.5.23: updates outside a session fail
+  /init_weights_update_group    first time only: fired to all servers without waiting, then the
+                                trainer joins as rank 0, then the replies are awaited
+  /update_weights_from_distributed  per bucket: HTTP first (async), then the broadcasts in
+                                `names` order, then wait for both; flush_cache only when not in_place
+                                (a flush is refused while requests sit in the running batch)
+  /end_weight_update            always, also after a failure
+  /continue_generation          only after a successful update (a failed one leaves partially
+                                updated weights: the servers stay paused and the error is raised)
+
+Forced interruption is done client-side in two requests: generate up to `interruption_at`
+tokens; if the budget ran out, resend prompt + output + phrase for `answer_budget` more tokens.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scalerl_mega.rollout.core import GenRequest
+from scalerl_mega.rollout.weight_sync import BucketMeta, WeightSyncConfig, WeightSyncError
+from scalerl_mega.types import Completion, FinishReason
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from scalerl_mega.types import Prompt, SamplingParams
+
+PAUSE_MODES = ("in_place", "retract", "abort")
+BodyHook = Callable[[str, str, Any], None]
+"""Called as hook(endpoint, "request" | "response", body) for every JSON body (tests validate)."""
+
+
+class SGLangError(RuntimeError):
+    """An SGLang endpoint answered with an error."""
+
+
+class ServerDown(SGLangError):
+    """The server did not answer (connection refused/reset, timeout)."""
+
+
+# ---- launch ---------------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class SGLangServerConfig:
+    model_path: str
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tp_size: int = 1
+    dtype: str = "bfloat16"
+    mem_fraction_static: float = 0.7
+    random_seed: int = 0
+    fp32_lm_head: bool = True
+    """Pass --enable-fp32-lm-head (pair it with FP32 logits in the trainer; paper Sec. 3.2)."""
+    skip_tokenizer_init: bool = True
+    weight_version: str = "0"
+    base_gpu_id: int = 0
+    extra_args: list[str] = field(default_factory=list)
+    python: str = sys.executable
+    env: dict[str, str] = field(default_factory=dict)
+    startup_timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        if self.tp_size < 1:
+            raise ValueError(f"SGLangServerConfig.tp_size={self.tp_size} must be >= 1")
+        if not 0.0 < self.mem_fraction_static < 1.0:
+            raise ValueError(f"SGLangServerConfig.mem_fraction_static={self.mem_fraction_static} must be in (0, 1)")
+        if self.dtype not in ("auto", "half", "float16", "bfloat16", "float", "float32"):
+            raise ValueError(f"SGLangServerConfig.dtype={self.dtype!r} is not an SGLang --dtype choice")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def launch_command(cfg: SGLangServerConfig) -> list[str]:
+    """`python -m sglang.launch_server ...` with the flags of reference/SGLANG.md."""
+    cmd = [
+        cfg.python, "-m", "sglang.launch_server",
+        "--model-path", cfg.model_path,
+        "--host", cfg.host,
+        "--port", str(cfg.port),
+        "--tp-size", str(cfg.tp_size),
+        "--dtype", cfg.dtype,
+        "--mem-fraction-static", str(cfg.mem_fraction_static),
+        "--random-seed", str(cfg.random_seed),
+        "--base-gpu-id", str(cfg.base_gpu_id),
+        "--weight-version", cfg.weight_version,
+        "--skip-server-warmup",
+    ]  # fmt: skip
+    if cfg.skip_tokenizer_init:
+        cmd.append("--skip-tokenizer-init")
+    if cfg.fp32_lm_head:
+        cmd.append("--enable-fp32-lm-head")
+    return cmd + list(cfg.extra_args)
+
+
+class SGLangServer:
+    """A server we launched (restartable) or attached to (url only)."""
+
+    def __init__(self, *, url: str, config: SGLangServerConfig | None = None, tp_size: int = 1) -> None:
+        self.url = url.rstrip("/")
+        self.config = config
+        self.tp_size = config.tp_size if config is not None else tp_size
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    @classmethod
+    def launch(cls, config: SGLangServerConfig, *, wait: bool = True) -> "SGLangServer":
+        server = cls(url=config.url, config=config)
+        server.start(wait=wait)
+        return server
+
+    @classmethod
+    def attach(cls, url: str, *, tp_size: int = 1) -> "SGLangServer":
+        return cls(url=url, tp_size=tp_size)
+
+    @property
+    def restartable(self) -> bool:
+        return self.config is not None
+
+    def start(self, *, wait: bool = True) -> None:
+        import os
+
+        if self.config is None:
+            raise SGLangError(f"server {self.url} was attached, not launched: cannot start it")
+        env = dict(os.environ, **self.config.env)
+        self.proc = subprocess.Popen(launch_command(self.config), env=env)
+        if wait:
+            self.wait_healthy(timeout_s=self.config.startup_timeout_s)
+
+    def alive(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            return False
+        return SGLangClient(self.url, timeout_s=10.0).health_generate()
+
+    def wait_healthy(self, *, timeout_s: float) -> None:
+        """Poll GET /health_generate until 200 (slime's readiness check)."""
+        deadline = time.monotonic() + timeout_s
+        client = SGLangClient(self.url, timeout_s=10.0)
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ServerDown(f"SGLang server {self.url} exited with code {self.proc.returncode} during startup")
+            if client.health_generate():
+                return
+            time.sleep(1.0)
+        raise ServerDown(f"SGLang server {self.url} not healthy within {timeout_s}s")
+
+    def restart(self) -> None:
+        self.stop()
+        self.restarts += 1
+        self.start(wait=True)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+# ---- HTTP client ----------------------------------------------------------------------------------
+def sglang_sampling_params(sp: "SamplingParams", *, seed: int, max_new_tokens: int | None = None) -> dict[str, Any]:
+    """Our SamplingParams -> SGLang `sampling_params` (only keys SGLang accepts; unknown are rejected)."""
+    return {
+        "max_new_tokens": int(max_new_tokens if max_new_tokens is not None else sp.max_new_tokens),
+        "temperature": float(sp.temperature),
+        "top_p": float(sp.top_p),
+        "stop_token_ids": [int(t) for t in sp.stop_token_ids],
+        "sampling_seed": int(seed) % (1 << 63),
+        "no_stop_trim": True,
+    }
+
+
+def parse_version(v: Any, *, initial: int = 0) -> int:
+    """SGLang weight versions are strings; ours are ints ("default" = the launch weights)."""
+    if v is None or v == "default":
+        return initial
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise SGLangError(f"weight version {v!r} is not an integer string") from None
+
+
+def versions_per_token(meta: dict[str, Any], n: int, *, initial: int = 0) -> list[int]:
+    """Expand meta_info.weight_versions spans ([start, end) over output tokens) to one per token."""
+    spans = meta.get("weight_versions")
+    if spans is None:
+        return [parse_version(meta.get("weight_version"), initial=initial)] * n
+    out: list[int | None] = [None] * n
+    for s in spans:
+        if not 0 <= s["start"] <= s["end"] <= n:
+            raise SGLangError(f"weight_versions span {s} outside the {n} output tokens")
+        for i in range(s["start"], s["end"]):
+            out[i] = parse_version(s["version"], initial=initial)
+    if any(v is None for v in out):
+        raise SGLangError(f"weight_versions spans {spans} do not cover all {n} output tokens")
+    return out  # type: ignore[return-value]
+
+
+@dataclass
+class GenerateResult:
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish: dict[str, Any]
+
+    @property
+    def finish_type(self) -> str:
+        return self.finish.get("type", "") if self.finish else ""
+
+
+def parse_generate_response(body: dict[str, Any], *, initial_version: int = 0) -> GenerateResult:
+    """Pull output ids, output_token_logprobs ([logprob, token_id, text]), finish_reason and the
+    per-token weight versions out of one /generate response object."""
+    meta = body.get("meta_info") or {}
+    ids = body.get("output_ids")
+    lps = meta.get("output_token_logprobs")
+    if ids is None or lps is None:
+        raise SGLangError("generate response lacks output_ids or meta_info.output_token_logprobs")
+    if [int(e[1]) for e in lps] != list(ids):
+        raise SGLangError("output_token_logprobs token ids disagree with output_ids")
+    return GenerateResult(
+        output_ids=list(ids),
+        logprobs=[float(e[0]) for e in lps],
+        versions=versions_per_token(meta, len(ids), initial=initial_version),
+        finish=meta.get("finish_reason") or {},
+    )
+
+
+class SGLangClient:
+    """One server's HTTP endpoints. Every call has a timeout; errors raise SGLangError/ServerDown."""
+
+    def __init__(self, url: str, *, timeout_s: float = 3600.0, body_hook: BodyHook | None = None) -> None:
+        import requests
+
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.body_hook = body_hook
+        self._session = requests.Session()
+
+    def _call(self, method: str, endpoint: str, body: Any = None, *, timeout_s: float | None = None, params=None):
+        import requests
+
+        if body is not None and self.body_hook is not None:
+            self.body_hook(endpoint, "request", body)
+        try:
+            r = self._session.request(
+                method, self.url + endpoint, json=body, params=params, timeout=timeout_s or self.timeout_s
+            )
+        except (requests.ConnectionError, requests.Timeout) as e:
+            raise ServerDown(f"{method} {self.url}{endpoint}: {e}") from e
+        try:
+            data = r.json() if r.content else None
+        except ValueError:
+            data = r.text
+        if self.body_hook is not None and r.status_code == 200:
+            self.body_hook(endpoint, "response", data)
+        if r.status_code != 200:
+            raise SGLangError(f"{method} {self.url}{endpoint} -> HTTP {r.status_code}: {data}")
+        if isinstance(data, dict) and data.get("success") is False:
+            raise SGLangError(f"{method} {self.url}{endpoint} failed: {data.get('message')}")
+        return data
+
+    def health_generate(self, *, timeout_s: float = 30.0) -> bool:
+        try:
+            self._call("GET", "/health_generate", timeout_s=timeout_s)
+            return True
+        except SGLangError:
+            return False
+
+    def model_info(self) -> dict[str, Any]:
+        return self._call("GET", "/model_info")
+
+    def generate(self, *, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None) -> dict:
+        body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": True}
+        if rid is not None:
+            body["rid"] = rid
+        return self._call("POST", "/generate", body)
+
+    def pause_generation(self, mode: str) -> Any:
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode={mode!r} must be one of {PAUSE_MODES}")
+        return self._call("POST", "/pause_generation", {"mode": mode})
+
+    def continue_generation(self) -> Any:
+        return self._call("POST", "/continue_generation", {"torch_empty_cache": False})
+
+    def abort_all(self) -> Any:
+        return self._call("POST", "/abort_request", {"abort_all": True})
+
+    def flush_cache(self) -> Any:
+        return self._call("POST", "/flush_cache")
+
+    def begin_weight_update(self) -> Any:
+        return self._call("POST", "/begin_weight_update", {"selector": "all"})
+
+    def end_weight_update(self) -> Any:
+        return self._call("POST", "/end_weight_update", {})
+
+    def init_weights_update_group(
+        self, *, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> Any:
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        return self._call("POST", "/init_weights_update_group", body)
+
+    def destroy_weights_update_group(self, group_name: str) -> Any:
+        return self._call("POST", "/destroy_weights_update_group", {"group_name": group_name})
+
+    def update_weights_from_distributed(self, meta: BucketMeta, *, group_name: str, flush_cache: bool) -> Any:
+        body = {
+            "names": meta.names,
+            "dtypes": meta.dtypes,
+            "shapes": meta.shapes,
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+            "abort_all_requests": False,
+            "weight_version": str(meta.version),
+            "load_format": meta.load_format,
+        }
+        return self._call("POST", "/update_weights_from_distributed", body)
+
+
+# ---- the RolloutEngine ----------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class SGLangEngineConfig:
+    pause_mode: str = "in_place"
+    """in_place for PipelineRL; retract or abort for PPO-off-policy."""
+    sync: WeightSyncConfig = field(default_factory=lambda: WeightSyncConfig(backend="nccl"))
+    master_address: str = "127.0.0.1"
+    max_concurrency: int = 256
+    """Concurrent /generate requests over all servers."""
+    request_timeout_s: float = 3600.0
+    control_timeout_s: float = 300.0
+    seed: int = 0
+    initial_version: int = 0
+    max_restarts: int = 3
+
+    def __post_init__(self) -> None:
+        if self.pause_mode not in PAUSE_MODES:
+            raise ValueError(f"SGLangEngineConfig.pause_mode={self.pause_mode!r} must be one of {PAUSE_MODES}")
+
+
+class _HttpAnnouncer:
+    def __init__(self, engine: "SGLangRolloutEngine", *, flush_cache: bool) -> None:
+        self.engine = engine
+        self.flush_cache = flush_cache
+
+    def begin(self, version: int) -> None:
+        return None
+
+    def announce(self, meta: BucketMeta):
+        eng = self.engine
+        futs = [
+            eng._ctl_pool.submit(
+                c.update_weights_from_distributed, meta, group_name=eng.config.sync.group_name, flush_cache=self.flush_cache
+            )
+            for c in eng._ctl_clients
+        ]
+
+        def wait(timeout_s: float) -> None:
+            _wait_futures(futs, what=f"update_weights_from_distributed bucket {meta.index}", timeout_s=timeout_s)
+
+        return wait
+
+    def end(self, version: int) -> None:
+        return None
+
+
+def _wait_futures(futs: list[Future], *, what: str, timeout_s: float) -> list[Any]:
+    deadline = time.monotonic() + timeout_s
+    out = []
+    for f in futs:
+        try:
+            out.append(f.result(timeout=max(deadline - time.monotonic(), 0.001)))
+        except TimeoutError:
+            raise WeightSyncError(f"{what}: no reply within {timeout_s}s") from None
+        except SGLangError as e:
+            raise WeightSyncError(f"{what}: {e}") from e
+    return out
+
+
+class SGLangRolloutEngine:
+    """`RolloutEngine` over one or more SGLang servers (HTTP /generate, distributed weight sync)."""
+
+    def __init__(
+        self, servers: list[SGLangServer], *, config: SGLangEngineConfig, body_hook: BodyHook | None = None
+    ) -> None:
+        if not servers:
+            raise ValueError("SGLangRolloutEngine needs at least one server")
+        self.servers = servers
+        self.config = config
+        self.body_hook = body_hook
+        self._clients = [SGLangClient(s.url, timeout_s=config.request_timeout_s, body_hook=body_hook) for s in servers]
+        self._ctl_clients = [
+            SGLangClient(s.url, timeout_s=config.control_timeout_s, body_hook=body_hook) for s in servers
+        ]
+        self._pool = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="sglang-gen")
+        self._ctl_pool = ThreadPoolExecutor(max_workers=max(4, 2 * len(servers)), thread_name_prefix="sglang-ctl")
+        self._lock = threading.Lock()
+        self._inflight: dict[Future, tuple[int, GenRequest]] = {}
+        self._load = [0] * len(servers)
+        self._done: list[Completion] = []
+        self._group = None
+        self.version = config.initial_version
+        self.last_sync_stats = None
+
+    # ---- RolloutEngine ---------------------------------------------------------------------------
+    def submit(self, prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int) -> None:
+        from scalerl_mega.rollout.local import make_requests
+
+        for req in make_requests(prompt, sampling, n=n, version=version, base_seed=self.config.seed):
+            self._dispatch(req)
+
+    def poll(self, timeout_s: float = 0.0) -> list[Completion]:
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        with self._lock:
+            pending = list(self._inflight)
+        if pending and not self._done:
+            wait(pending, timeout=timeout_s, return_when=FIRST_COMPLETED)
+        with self._lock:
+            finished = [f for f in self._inflight if f.done()]
+            items = [(f, self._inflight.pop(f)) for f in finished]
+            for _, (si, _) in items:
+                self._load[si] -= 1
+        for f, (si, req) in items:
+            try:
+                self._done.append(f.result())
+            except ServerDown:
+                self._recover(si)
+                self._dispatch(req)
+        out, self._done = self._done, []
+        return out
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]], *, version: int) -> None:
+        from scalerl_mega.rollout.weight_sync import DistWeightSender
+
+        mode = self.config.pause_mode
+        t = self.config.control_timeout_s
+        self._fan_out(lambda c: c.pause_generation(mode), what=f"pause_generation({mode})", timeout_s=t)
+        self._fan_out(lambda c: c.begin_weight_update(), what="begin_weight_update", timeout_s=t)
+        try:
+            if self._group is None:
+                self._init_group()
+            sender = DistWeightSender(
+                self._group, announcer=_HttpAnnouncer(self, flush_cache=mode != "in_place"), config=self.config.sync
+            )
+            self.last_sync_stats = sender.send(named_tensors, version=version)
+        finally:
+            self._fan_out(lambda c: c.end_weight_update(), what="end_weight_update", timeout_s=t)
+        self._fan_out(lambda c: c.continue_generation(), what="continue_generation", timeout_s=t)
+        self.version = version
+
+    def pause(self, mode: str | None = None) -> None:
+        m = mode or self.config.pause_mode
+        self._fan_out(lambda c: c.pause_generation(m), what="pause_generation", timeout_s=self.config.control_timeout_s)
+
+    def resume(self) -> None:
+        self._fan_out(lambda c: c.continue_generation(), what="continue_generation", timeout_s=self.config.control_timeout_s)
+
+    def close(self) -> None:
+        from scalerl_mega.rollout.weight_sync import destroy_group
+
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._ctl_pool.shutdown(wait=False, cancel_futures=True)
+        if self._group is not None:
+            destroy_group(self._group)
+            self._group = None
+
+    # ---- internals -------------------------------------------------------------------------------
+    def _fan_out(self, fn, *, what: str, timeout_s: float) -> list[Any]:
+        futs = [self._ctl_pool.submit(fn, c) for c in self._ctl_clients]
+        return _wait_futures(futs, what=what, timeout_s=timeout_s)
+
+    def _init_group(self) -> None:
+        """Fire /init_weights_update_group to all servers (no wait), join as rank 0, then wait."""
+        from scalerl_mega.rollout.weight_sync import engine_rank_offsets, free_port, init_custom_process_group
+
+        sync = self.config.sync
+        world_size, offsets = engine_rank_offsets([s.tp_size for s in self.servers])
+        port = free_port()
+        futs = [
+            self._ctl_pool.submit(
+                c.init_weights_update_group,
+                master_address=self.config.master_address,
+                master_port=port,
+                rank_offset=off,
+                world_size=world_size,
+                group_name=sync.group_name,
+                backend=sync.backend,
+            )
+            for c, off in zip(self._ctl_clients, offsets)
+        ]
+        self._group = init_custom_process_group(
+            backend=sync.backend,
+            init_method=f"tcp://{self.config.master_address}:{port}",
+            world_size=world_size,
+            rank=0,
+            group_name=sync.group_name,
+            timeout_s=sync.timeout_s,
+        )
+        _wait_futures(futs, what="init_weights_update_group", timeout_s=sync.timeout_s)
+
+    def _dispatch(self, req: GenRequest) -> None:
+        with self._lock:
+            si = min(range(len(self.servers)), key=lambda i: self._load[i])
+            self._load[si] += 1
+            fut = self._pool.submit(self._generate, self._clients[si], req)
+            self._inflight[fut] = (si, req)
+
+    def _recover(self, si: int) -> None:
+        """A request failed with a dead connection: restart the server if we launched it (its
+        in-flight requests fail the same way and are re-queued one by one by `poll`)."""
+        server = self.servers[si]
+        with self._lock:
+            if server.alive():
+                return
+            if not server.restartable or server.restarts >= self.config.max_restarts:
+                raise ServerDown(f"SGLang server {server.url} is down and cannot be restarted")
+            server.restart()
+            # its weight-sync rank left the group: rebuild the group at the next update
+            self._group = None
+
+    def _generate(self, client: SGLangClient, req: GenRequest) -> Completion:
+        sp = req.sampling
+        t0 = time.monotonic()
+        init = self.config.initial_version
+        think_budget = sp.max_new_tokens
+        interrupt = sp.interruption_at is not None and sp.interruption_at <= sp.max_new_tokens
+        if interrupt:
+            think_budget = sp.interruption_at
+        first = parse_generate_response(
+            client.generate(
+                input_ids=req.prompt_ids,
+                sampling_params=sglang_sampling_params(sp, seed=req.seed, max_new_tokens=think_budget),
+                rid=req.rid,
+            ),
+            initial_version=init,
+        )
+        ids, lps, vers = first.output_ids, first.logprobs, first.versions
+        mask = [1] * len(ids)
+        reason = _finish(first.finish_type)
+        interrupted_at = None
+        if interrupt and reason == FinishReason.LENGTH and len(ids) >= think_budget:
+            interrupted_at = len(ids)
+            phrase = list(sp.interruption_ids)
+            v = vers[-1] if vers else init
+            ids, lps, vers, mask = ids + phrase, lps + [0.0] * len(phrase), vers + [v] * len(phrase), mask + [0] * len(phrase)
+            reason = FinishReason.INTERRUPTED
+            if sp.answer_budget > 0:
+                second = parse_generate_response(
+                    client.generate(
+                        input_ids=req.prompt_ids + ids,
+                        sampling_params=sglang_sampling_params(sp, seed=req.seed, max_new_tokens=sp.answer_budget),
+                        rid=req.rid + "/answer",
+                    ),
+                    initial_version=init,
+                )
+                ids, lps = ids + second.output_ids, lps + second.logprobs
+                vers, mask = vers + second.versions, mask + [1] * len(second.output_ids)
+                if _finish(second.finish_type) == FinishReason.ABORT:
+                    reason = FinishReason.ABORT
+        return Completion(
+            prompt_id=req.prompt_id,
+            sample_index=req.sample_index,
+            prompt_ids=list(req.prompt_ids),
+            output_ids=ids,
+            gen_logprobs=lps,
+            weight_versions=vers,
+            finish_reason=reason,
+            loss_mask=mask,
+            interrupted_at=interrupted_at,
+            submitted_version=req.submitted_version,
+            timings={"generate_s": time.monotonic() - t0},
+        )
+
+
+def _finish(kind: str) -> FinishReason:
+    return {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}.get(
+        kind, FinishReason.ABORT
+    )

@@ -1,0 +1,551 @@
+"""An in-process SGLang test double backed by the local `GenerationCore` (CPU, no sglang import).
+
+It speaks the subset of SGLang 0.5.23's HTTP API that `sglang.py` uses and enforces the rules the
+real server enforces (reference/SGLANG.md), so the production client code drives real generation:
+
+* request bodies are validated (by an injected validator, e.g. the OpenAPI one) -> 422;
+  unknown `sampling_params` keys -> 400;
+* `/update_weights_from_distributed` outside a `/begin_weight_update` .. `/end_weight_update`
+  session fails with SGLang's message; names/dtypes/shapes must have equal lengths, known names,
+  and the model's shapes and dtypes, in the order the tensors are broadcast (the server allocates
+  and receives them in `names` order before checking, as SGLang does, so a bad request fails
+  fast instead of hanging the trainer);
+* `/flush_cache` is refused while requests are running (or queued, unless paused); a refused
+  flush after `update_weights_from_distributed(flush_cache=true)` fails the call;
+* `/init_weights_update_group` blocks until the trainer joins the group (with a deadline);
+* `/pause_generation` modes: abort (running requests return with finish_reason abort), retract
+  (KV dropped, recomputed on continue), in_place (requests keep their stale KV);
+* `meta_info.weight_versions` spans report the weight version of every output token.
+
+Every handled call is appended to `events` (endpoint names, in order) for sequence checks.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlparse
+
+from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest
+from scalerl_mega.types import Completion, FinishReason, SamplingParams
+
+RequestValidator = Callable[[str, Any, str], None]
+"""validator(endpoint, body, method) raises on an invalid body."""
+
+NO_SESSION = "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
+
+
+class _Killed(Exception):
+    pass
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(str(body))
+        self.status = status
+        self.body = body
+
+
+class SGLangTestServer:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        core_config: CoreConfig,
+        request_validator: RequestValidator | None = None,
+        model_path: str = "scalerl-test-model",
+        weight_version: str = "0",
+        sync_timeout_s: float = 60.0,
+        request_timeout_s: float = 300.0,
+        port: int = 0,
+        step_delay_s: float = 0.0,
+    ) -> None:
+        self.core = GenerationCore(model, config=core_config)
+        self.validator = request_validator
+        self.model_path = model_path
+        self.sync_timeout_s = sync_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.version_names = [weight_version]
+        self.events: list[str] = []
+        self.paused = False
+        self.session_open = False
+        self.group = None
+        self.group_name: str | None = None
+        self.receiver = None
+        self._cv = threading.Condition()
+        self._pending: dict[str, tuple[threading.Event, list[Completion]]] = {}
+        self._stop = False
+        self._httpd: ThreadingHTTPServer | None = None
+        self._threads: list[threading.Thread] = []
+        self.port = port
+        self.step_delay_s = step_delay_s
+        """Sleep between decode steps (tests use it to catch requests in flight)."""
+        self.killed = False
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> str:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # quiet
+                return None
+
+            def _do(self, method: str) -> None:
+                parsed = urlparse(self.path)
+                n = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(n) if n else b""
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    return self._send(400, {"error": "body is not JSON"})
+                try:
+                    status, out = server._route(method, parsed.path, body)
+                except _Killed:
+                    # a crashed server: drop the connection without an answer
+                    self.close_connection = True
+                    try:
+                        self.connection.shutdown(2)
+                    except OSError:
+                        pass
+                    return None
+                except _HTTPError as e:
+                    status, out = e.status, e.body
+                except Exception as e:  # noqa: BLE001 - a server error, reported as 500
+                    status, out = 500, {"error": f"{type(e).__name__}: {e}"}
+                self._send(status, out)
+
+            def _send(self, status: int, obj: Any) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._do("get")
+
+            def do_POST(self) -> None:
+                self._do("post")
+
+            def do_PUT(self) -> None:
+                self._do("put")
+
+        ThreadingHTTPServer.allow_reuse_address = True
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._httpd.daemon_threads = True
+        t_http = threading.Thread(target=self._httpd.serve_forever, name="sglang-test-http", daemon=True)
+        t_loop = threading.Thread(target=self._loop, name="sglang-test-scheduler", daemon=True)
+        self._threads = [t_http, t_loop]
+        for t in self._threads:
+            t.start()
+        return self.url
+
+    @property
+    def url(self) -> str:
+        assert self._httpd is not None
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        for t in self._threads:
+            t.join(timeout=10)
+        if self.group is not None:
+            from scalerl_mega.rollout.weight_sync import destroy_group
+
+            destroy_group(self.group)
+            self.group = None
+
+    def kill(self) -> None:
+        """Simulate a crash: in-flight HTTP requests lose their connection, the port closes."""
+        with self._cv:
+            self.killed = True
+            for ev, _ in self._pending.values():
+                ev.set()
+            self._pending.clear()
+        self.stop()
+
+    def __enter__(self) -> "SGLangTestServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ---- scheduler ---------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and (self.paused or not self.core.has_work()):
+                    self._cv.wait(0.1)
+                if self._stop:
+                    return
+                done = self.core.step()
+                self._resolve(done)
+            if self.step_delay_s:
+                import time
+
+                time.sleep(self.step_delay_s)
+
+    def _resolve(self, done: list[Completion]) -> None:
+        for c in done:
+            entry = self._pending.pop(c.prompt_id, None)
+            if entry is not None:
+                entry[1].append(c)
+                entry[0].set()
+
+    # ---- routing -----------------------------------------------------------------------------------
+    def _route(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        routes = {
+            ("get", "/health"): self._health,
+            ("get", "/health_generate"): self._health_generate,
+            ("get", "/model_info"): self._model_info,
+            ("post", "/generate"): self._generate,
+            ("put", "/generate"): self._generate,
+            ("post", "/pause_generation"): self._pause,
+            ("post", "/continue_generation"): self._continue,
+            ("post", "/flush_cache"): self._flush,
+            ("get", "/flush_cache"): self._flush,
+            ("post", "/abort_request"): self._abort,
+            ("post", "/begin_weight_update"): self._begin,
+            ("post", "/end_weight_update"): self._end,
+            ("post", "/init_weights_update_group"): self._init_group,
+            ("post", "/destroy_weights_update_group"): self._destroy_group,
+            ("post", "/update_weights_from_distributed"): self._update_weights,
+            ("get", "/_test/state"): self._test_state,
+            ("post", "/_test/clear_events"): self._test_clear_events,
+        }
+        fn = routes.get((method, path))
+        if fn is None:
+            raise _HTTPError(404, {"detail": f"{method.upper()} {path} not served by the test server"})
+        if self.validator is not None and not path.startswith("/_test/"):
+            try:
+                self.validator(path, body, method)
+            except Exception as e:  # noqa: BLE001 - FastAPI answers schema violations with 422
+                raise _HTTPError(422, {"detail": str(e).splitlines()[0]}) from None
+        if not path.startswith("/_test/"):
+            with self._cv:
+                self.events.append(path)
+        return fn(body or {})
+
+    # ---- endpoints ---------------------------------------------------------------------------------
+    def _test_state(self, body: dict) -> tuple[int, Any]:
+        """Introspection for tests driving a server in another process (not an SGLang endpoint)."""
+        with self._cv:
+            return 200, {
+                "events": list(self.events),
+                "num_running": self.core.num_running,
+                "num_waiting": self.core.num_waiting,
+                "output_lens": [len(r.output_ids) for r in self.core.rows],
+                "version": self.version_names[self.core.version],
+                "paused": self.paused,
+            }
+
+    def _test_clear_events(self, body: dict) -> tuple[int, Any]:
+        with self._cv:
+            self.events.clear()
+        return 200, {}
+
+    def _health(self, body: dict) -> tuple[int, Any]:
+        return 200, {}
+
+    def _health_generate(self, body: dict) -> tuple[int, Any]:
+        with self._cv:
+            if self.paused:
+                raise _HTTPError(503, {"error": "server is paused"})
+            busy = self.core.num_running > 0
+        if not busy:
+            self._run([1], SamplingParams(max_new_tokens=1), seed=0, rid=f"health-{uuid.uuid4().hex}")
+        return 200, {}
+
+    def _model_info(self, body: dict) -> tuple[int, Any]:
+        return 200, {
+            "model_path": self.model_path,
+            "tokenizer_path": None,
+            "is_generation": True,
+            "weight_version": self.version_names[self.core.version],
+            "load_format": "auto",
+            "architectures": [type(self.core.model).__name__],
+        }
+
+    def _generate(self, body: dict) -> tuple[int, Any]:
+        from scalerl_mega.rollout.openapi_check import SAMPLING_PARAMS_FIELDS
+
+        ids = body.get("input_ids")
+        if not ids:
+            raise _HTTPError(400, {"error": "input_ids is required (server runs with --skip-tokenizer-init)"})
+        batch = isinstance(ids[0], list)
+        ids_list = ids if batch else [ids]
+        sps = body.get("sampling_params") or {}
+        sps_list = sps if isinstance(sps, list) else [sps] * len(ids_list)
+        rids = body.get("rid")
+        rid_list = rids if isinstance(rids, list) else [rids] * len(ids_list)
+        if len(sps_list) != len(ids_list) or len(rid_list) != len(ids_list):
+            raise _HTTPError(400, {"error": "batch sizes of input_ids, sampling_params and rid differ"})
+        jobs = []
+        for i, (p, sp, rid) in enumerate(zip(ids_list, sps_list, rid_list)):
+            unknown = sorted(set(sp) - set(SAMPLING_PARAMS_FIELDS))
+            if unknown:
+                raise _HTTPError(400, {"error": f"unknown field `{unknown[0]}`"})
+            params = SamplingParams(
+                max_new_tokens=int(sp.get("max_new_tokens", 128)),
+                temperature=float(sp.get("temperature", 1.0)),
+                top_p=float(sp.get("top_p", 1.0)),
+                stop_token_ids=list(sp.get("stop_token_ids") or []),
+            )
+            seed = sp.get("sampling_seed")
+            seed = int(seed) if seed is not None else uuid.uuid4().int % (1 << 62)
+            rid = rid if rid is not None else uuid.uuid4().hex
+            if batch and isinstance(rids, str):
+                rid = f"{rid}-{i}"
+            jobs.append(self._submit(p, params, seed=seed, rid=rid))
+        out = [self._response(job) for job in jobs]
+        return 200, out if batch else out[0]
+
+    def _submit(self, prompt: list[int], sp: SamplingParams, *, seed: int, rid: str):
+        key = f"{rid}#{uuid.uuid4().hex}"
+        # prompt_id carries the key back on the Completion (see _resolve)
+        req = GenRequest(rid=key, prompt_id=key, sample_index=0, prompt_ids=list(prompt), sampling=sp, seed=seed)
+        ev, box = threading.Event(), []
+        with self._cv:
+            try:
+                self.core.add(req)
+            except ValueError as e:
+                raise _HTTPError(400, {"error": str(e)}) from None
+            self._pending[key] = (ev, box)
+            self._cv.notify_all()
+        return key, ev, box, len(prompt)
+
+    def _run(self, prompt: list[int], sp: SamplingParams, *, seed: int, rid: str) -> Completion:
+        key, ev, box, _ = self._submit(prompt, sp, seed=seed, rid=rid)
+        if not ev.wait(self.request_timeout_s):
+            raise _HTTPError(500, {"error": f"request {rid} timed out"})
+        return box[0]
+
+    def _response(self, job) -> dict[str, Any]:
+        key, ev, box, n_prompt = job
+        if not ev.wait(self.request_timeout_s):
+            raise _HTTPError(500, {"error": f"request {key} timed out"})
+        if self.killed or not box:
+            raise _Killed()
+        c: Completion = box[0]
+        if c.finish_reason == FinishReason.STOP:
+            finish = {"type": "stop", "matched": c.output_ids[-1]}
+        elif c.finish_reason == FinishReason.LENGTH:
+            finish = {"type": "length", "length": len(c.output_ids)}
+        else:
+            finish = {"type": "abort", "message": "Abort in progress", "status_code": 200, "err_type": None}
+        spans: list[dict[str, Any]] = []
+        for i, v in enumerate(c.weight_versions):
+            name = self.version_names[v]
+            if spans and spans[-1]["version"] == name:
+                spans[-1]["end"] = i + 1
+            else:
+                spans.append({"version": name, "start": i, "end": i + 1})
+        if not spans:
+            spans = [{"version": self.version_names[self.core.version], "start": 0, "end": 0}]
+        return {
+            "output_ids": c.output_ids,
+            "meta_info": {
+                "id": key.split("#")[0],
+                "finish_reason": finish,
+                "prompt_tokens": n_prompt,
+                "completion_tokens": len(c.output_ids),
+                "cached_tokens": 0,
+                "reasoning_tokens": 0,
+                "num_retractions": 0,
+                "weight_version": spans[-1]["version"],
+                "weight_versions": spans,
+                "output_token_logprobs": [[lp, t, None] for lp, t in zip(c.gen_logprobs, c.output_ids)],
+                "input_token_logprobs": None,
+                "output_token_logprobs_length": len(c.output_ids),
+            },
+        }
+
+    def _pause(self, body: dict) -> tuple[int, Any]:
+        mode = body.get("mode", "abort")
+        with self._cv:
+            if mode == "abort":
+                self._resolve(self.core.abort_all())
+            elif mode == "retract":
+                self.core.retract_all()
+            self.paused = True
+        return 200, {"success": True, "message": f"paused ({mode})"}
+
+    def _continue(self, body: dict) -> tuple[int, Any]:
+        with self._cv:
+            self.paused = False
+            self._cv.notify_all()
+        return 200, {"success": True, "message": "continued"}
+
+    def _flush_refused(self) -> bool:
+        return self.core.num_running > 0 or (not self.paused and self.core.num_waiting > 0)
+
+    def _flush(self, body: dict) -> tuple[int, Any]:
+        with self._cv:
+            if self._flush_refused():
+                raise _HTTPError(400, "Cache not flushed because there are pending requests.")
+        return 200, "Cache flushed."
+
+    def _abort(self, body: dict) -> tuple[int, Any]:
+        if body.get("abort_all"):
+            with self._cv:
+                self._resolve(self.core.abort_all())
+        return 200, None
+
+    def _begin(self, body: dict) -> tuple[int, Any]:
+        with self._cv:
+            if self.session_open:
+                raise _HTTPError(400, {"success": False, "message": "a weight update session is already open"})
+            self.session_open = True
+        return 200, {"success": True, "message": "weight update session opened"}
+
+    def _end(self, body: dict) -> tuple[int, Any]:
+        with self._cv:
+            if not self.session_open:
+                raise _HTTPError(400, {"success": False, "message": "no weight update session is open"})
+            self.session_open = False
+        return 200, {"success": True, "message": "weight update session closed"}
+
+    def _init_group(self, body: dict) -> tuple[int, Any]:
+        from scalerl_mega.rollout.weight_sync import DistWeightReceiver, WeightSyncError, init_custom_process_group
+
+        if self.group is not None:
+            raise _HTTPError(400, {"success": False, "message": "weight update group already initialized"})
+        try:
+            group = init_custom_process_group(
+                backend=body.get("backend", "nccl"),
+                init_method=f"tcp://{body['master_address']}:{body['master_port']}",
+                world_size=int(body["world_size"]),
+                rank=int(body["rank_offset"]),  # + tp_rank (the test server is TP 1)
+                group_name=body.get("group_name", "weight_update_group"),
+                timeout_s=self.sync_timeout_s,
+            )
+        except WeightSyncError as e:
+            raise _HTTPError(400, {"success": False, "message": str(e)}) from None
+        self.group = group
+        self.group_name = body.get("group_name", "weight_update_group")
+        self.receiver = DistWeightReceiver(group, timeout_s=self.sync_timeout_s)
+        return 200, {"success": True, "message": "Succeeded to initialize custom process group."}
+
+    def _destroy_group(self, body: dict) -> tuple[int, Any]:
+        from scalerl_mega.rollout.weight_sync import destroy_group
+
+        if self.group is not None and body.get("group_name", "weight_update_group") == self.group_name:
+            destroy_group(self.group)
+            self.group = self.receiver = None
+        return 200, {"success": True, "message": "destroyed"}
+
+    def _update_weights(self, body: dict) -> tuple[int, Any]:
+        from scalerl_mega.rollout.weight_sync import BucketMeta, WeightSyncError, dtype_from_name, dtype_name
+
+        def fail(msg: str):
+            return _HTTPError(400, {"success": False, "message": msg})
+
+        if not self.session_open:
+            raise fail(NO_SESSION)
+        if self.receiver is None or body.get("group_name", "weight_update_group") != self.group_name:
+            raise fail(f"no weight update group named {body.get('group_name')!r}")
+        names, dtypes, shapes = body["names"], body["dtypes"], body["shapes"]
+        if not (len(names) == len(dtypes) == len(shapes)):
+            raise fail(f"names/dtypes/shapes lengths differ: {len(names)}/{len(dtypes)}/{len(shapes)}")
+        try:
+            for d in dtypes:
+                dtype_from_name(d)
+        except ValueError as e:
+            raise fail(str(e)) from None
+        version = body.get("weight_version")
+        meta = BucketMeta(names=names, dtypes=dtypes, shapes=shapes, version=-1, load_format=body.get("load_format"))
+        try:
+            tensors = self.receiver.receive_bucket(meta)
+        except WeightSyncError as e:
+            raise fail(f"broadcast failed: {e}") from None
+        params = dict(self.core.model.named_parameters())
+        if "lm_head.weight" not in params:
+            params["lm_head.weight"] = self.core.model.get_output_embeddings().weight
+        for i, (n, t) in enumerate(tensors):
+            p = params.get(n)
+            if p is None:
+                raise fail(f"names[{i}]={n!r} is not a parameter of the model")
+            if list(p.shape) != list(t.shape) or dtype_name(p.dtype) != dtypes[i]:
+                raise fail(
+                    f"names[{i}]={n!r}: got {dtypes[i]}{list(t.shape)}, model has {dtype_name(p.dtype)}{list(p.shape)}"
+                )
+        with self._cv:
+            self.core.load_weights(tensors)
+            if version is not None:
+                if version not in self.version_names:
+                    self.version_names.append(version)
+                self.core.set_version(self.version_names.index(version))
+            if body.get("flush_cache", True) and self._flush_refused():
+                raise fail("weights loaded but flush_cache was refused: requests are running")
+        return 200, {"success": True, "message": "Succeeded to update parameter online."}
+
+
+# ---- the same server in its own process ---------------------------------------------------------
+def _serve_main(spec: Any, core_config: CoreConfig, schema_path: str | None, kwargs: dict, url_q: Any, stop_ev: Any) -> None:
+    import torch
+
+    from scalerl_mega.rollout.local import build_model
+
+    torch.set_num_threads(1)
+    validator = None
+    if schema_path is not None:
+        from scalerl_mega.rollout.openapi_check import OpenAPIValidator
+
+        v = OpenAPIValidator.from_file(schema_path)
+        validator = lambda ep, body, method: v.validate_request(ep, body, method)  # noqa: E731
+    server = SGLangTestServer(build_model(spec), core_config=core_config, request_validator=validator, **kwargs)
+    url_q.put(server.start())
+    stop_ev.wait()
+    server.stop()
+
+
+class SpawnedTestServer:
+    """`SGLangTestServer` in a spawned process, like a real SGLang server: the trainer and the
+    server then own separate torch.distributed registries (one process cannot hold both ends of
+    a group with the same name). `state()` reads the `/_test/state` introspection endpoint."""
+
+    def __init__(
+        self, spec: Any, *, core_config: CoreConfig, schema_path: str | None = None, start_timeout_s: float = 180.0, **kwargs: Any
+    ) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        q, self._stop = ctx.Queue(), ctx.Event()
+        self.proc = ctx.Process(
+            target=_serve_main, args=(spec, core_config, schema_path, kwargs, q, self._stop), daemon=True
+        )
+        self.proc.start()
+        try:
+            self.url: str = q.get(timeout=start_timeout_s)
+        except Exception:
+            self.proc.kill()
+            raise RuntimeError(f"test server process did not start within {start_timeout_s}s") from None
+
+    def state(self) -> dict[str, Any]:
+        import requests
+
+        return requests.get(self.url + "/_test/state", timeout=30).json()
+
+    def clear_events(self) -> None:
+        import requests
+
+        requests.post(self.url + "/_test/clear_events", timeout=30)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.proc.join(timeout=20)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=5)
