@@ -209,7 +209,10 @@ def unflatten_bucket(flat: "torch.Tensor", meta: BucketMeta) -> list[tuple[str, 
     for name, dt, shape in zip(meta.names, meta.dtypes, meta.shapes):
         dtype = dtype_from_name(dt)
         n = _numel(shape) * dtype.itemsize
-        out.append((name, flat[off : off + n].view(dtype).reshape(shape)))
+        raw = flat[off : off + n]
+        if off % dtype.itemsize:  # a view needs an aligned offset: copy the misaligned slice
+            raw = raw.clone()
+        out.append((name, raw.view(dtype).reshape(shape)))
         off += n
     if off != flat.numel():
         raise WeightSyncError(f"bucket {meta.index}: flattened size {flat.numel()} != metadata total {off}")
