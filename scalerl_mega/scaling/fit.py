@@ -54,8 +54,8 @@ A_BOUNDS = (0.0, 1.0)
 """Eq. 1: 0 <= A <= 1 (pass rates); the limit of grid widening and of continuous refinement."""
 
 # Fast method: the coarse log-spaced B grid that brackets each cell's minimum over B.
-_FAST_B_LO, _FAST_B_HI, _FAST_N_B = 1e-2, 1e2, 121
-_GOLDEN_ITERS = 48
+_FAST_B_LO, _FAST_B_HI, _FAST_N_B = 1e-2, 1e2, 81
+_GOLDEN_ITERS = 52
 _CHI2_1_95 = 3.841458820694124
 
 
@@ -317,21 +317,52 @@ def _cells_grid(C, R, R0, a_grid, cm_grid, cache: dict) -> tuple[np.ndarray, np.
 
 
 def _sse_cells(x, R, R0, a_k, lcm_k, logb_k) -> np.ndarray:
-    """Exact SSE of K cells at their B: model = R0 + a * expit(B (log C - log C_mid)) (= Eq. 1)."""
-    from scipy.special import expit
-
-    s = expit(np.exp(logb_k)[:, None] * (x[None, :] - lcm_k[:, None]))
+    """Exact float64 SSE of K cells at their B: model = R0 + a / (1 + exp(-B (log C - log C_mid))) (= Eq. 1)."""
+    with np.errstate(over="ignore"):
+        s = 1.0 / (1.0 + np.exp(-np.exp(logb_k)[:, None] * (x[None, :] - lcm_k[:, None])))
     r = R[None, :] - R0 - a_k[:, None] * s
     return np.einsum("kn,kn->k", r, r)
 
 
+def _golden(x, R, R0, a_k, lcm_k, lo, hi, f_stop, iters: int, keep=None):
+    """Vectorised golden-section search on log B in [lo, hi] per cell (float64, exact SSE).
+
+    After `f_stop` iterations only the cells within a hair of the best value so far continue (the rest are
+    left at their current value, an upper bound of their minimum). Returns (t_best, f_best)."""
+    phi = (math.sqrt(5.0) - 1.0) / 2.0
+    t1 = hi - phi * (hi - lo)
+    t2 = lo + phi * (hi - lo)
+    f1 = _sse_cells(x, R, R0, a_k, lcm_k, t1)
+    f2 = _sse_cells(x, R, R0, a_k, lcm_k, t2)
+    act = np.arange(a_k.size)
+    for it in range(iters):
+        if it == f_stop:
+            fb = np.minimum(f1, f2)
+            act = act[fb[act] <= fb.min() * (1.0 + 1e-6) + 1e-300]
+        l1, l2, lo_a, hi_a = t1[act], t2[act], lo[act], hi[act]
+        g1, g2 = f1[act], f2[act]
+        left = g1 < g2  # the minimum is in [lo, t2]
+        hi_a = np.where(left, l2, hi_a)
+        lo_a = np.where(left, lo_a, l1)
+        n1 = hi_a - phi * (hi_a - lo_a)
+        n2 = lo_a + phi * (hi_a - lo_a)
+        te = np.where(left, n1, n2)
+        fe = _sse_cells(x, R, R0, a_k[act], lcm_k[act], te)
+        f1[act], f2[act] = np.where(left, fe, g2), np.where(left, g1, fe)
+        t1[act], t2[act] = np.where(left, n1, l2), np.where(left, l1, n2)
+        lo[act], hi[act] = lo_a, hi_a
+    better1 = f1 < f2
+    return np.where(better1, t1, t2), np.where(better1, f1, f2)
+
+
 def _cells_fast(C, R, R0, a_grid, cm_grid) -> tuple[np.ndarray, np.ndarray]:
-    """Global minimum over B > 0 in every (A, C_mid) cell, vectorised (see module docstring).
+    """Global minimum over B > 0 in every (A, C_mid) cell that can win, vectorised (see module docstring).
 
-    Returns (sse, B) on the cell layout of `_cells_grid`. Cells that cannot beat the best are left at
-    their coarse-grid value (an upper bound of their minimum); the winning cell and its rivals are exact."""
-    from scipy.special import expit
-
+    Stage 1 (float32, through the linearity in a = A - R0): SSE of every (A, C_mid) cell at every B of a
+    log grid over [0.01, 100]; stage 2 (float64, exact SSE): golden-section on log B for the cells whose
+    pessimistic minimum estimate (parabolic estimate, minus twice its gain, minus the float32 error bound)
+    does not exceed the best value known to be achievable. Returns (sse, B) in the layout of `_cells_grid`;
+    cells that cannot win keep their stage-1 value (an estimate of an upper bound of their minimum)."""
     x = np.log(C)
     y = R - R0
     a = a_grid - R0  # (nA,)
@@ -341,15 +372,19 @@ def _cells_fast(C, R, R0, a_grid, cm_grid) -> tuple[np.ndarray, np.ndarray]:
     nM, nB, n = lcm.size, tb.size, x.size
     Sys = np.empty((nM, nB))
     Sss = np.empty((nM, nB))
-    chunk = max(1, int(4_000_000 // (nB * n)))
+    x32, y32, hb32 = x.astype(np.float32), y.astype(np.float32), (0.5 * bs).astype(np.float32)
+    chunk = max(1, int(2_000_000 // (nB * n)))
     for j0 in range(0, nM, chunk):
-        d = x[None, :] - lcm[j0 : j0 + chunk, None]  # (m, n)
-        s = expit(bs[None, :, None] * d[:, None, :])  # (m, nB, n)
-        Sys[j0 : j0 + chunk] = s @ y
+        d = x32[None, :] - lcm[j0 : j0 + chunk, None].astype(np.float32)  # (m, n)
+        s = np.tanh(hb32[None, :, None] * d[:, None, :])  # expit(z) = (1 + tanh(z / 2)) / 2
+        s += np.float32(1.0)
+        s *= np.float32(0.5)  # (m, nB, n)
+        Sys[j0 : j0 + chunk] = s @ y32
         Sss[j0 : j0 + chunk] = np.einsum("mbn,mbn->mb", s, s)
     syy = float(y @ y)
-    # SSE for every (A, C_mid, B-grid) triple through the linearity in a = A - R0.
+    # SSE for every (A, C_mid, B-grid) triple through the linearity in a.
     g = syy - 2.0 * a[:, None, None] * Sys[None] + (a * a)[:, None, None] * Sss[None]  # (nA, nM, nB)
+    err = 64.0 * float(np.finfo(np.float32).eps) * (2.0 * np.abs(a) * float(np.abs(y).sum()) + a * a * n + syy)
     k = np.argmin(g, axis=2)
     kc = np.clip(k, 1, nB - 2)
     gm = np.take_along_axis(g, (kc - 1)[..., None], 2)[..., 0]
@@ -360,45 +395,24 @@ def _cells_fast(C, R, R0, a_grid, cm_grid) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(divide="ignore", invalid="ignore"):
         est = np.where(curv > 0, g0 - (gp - gm) ** 2 / (8.0 * curv), gk)
     est = np.minimum(est, gk)
-    # Pessimistic lower estimate of each cell's minimum; keep every cell that might still beat the best
-    # achieved value, plus a few of the best estimates.
-    lower = est - 2.0 * (gk - est) - 1e-9 * max(syy, 1e-12)
-    best_ub = float(gk.min())
-    cand = lower <= best_ub
+    lower = est - 2.0 * (gk - est) - err[:, None]
+    cand = lower <= float((gk + err[:, None]).min())
     flat_est = est.ravel()
-    top = np.argsort(flat_est)[: min(32, flat_est.size)]
-    cand.ravel()[top] = True
+    cand.ravel()[np.argsort(flat_est)[: min(8, flat_est.size)]] = True
     ii, jj = np.nonzero(cand)
-    # Golden-section on log B inside [t_{k-1}, t_{k+1}] for the candidates.
     kk = k[ii, jj]
-    lo = tb[np.clip(kk - 1, 0, nB - 1)]
-    hi = tb[np.clip(kk + 1, 0, nB - 1)]
+    lo = tb[np.clip(kk - 2, 0, nB - 1)]
+    hi = tb[np.clip(kk + 2, 0, nB - 1)]
     a_k, lcm_k = a[ii], lcm[jj]
-    phi = (math.sqrt(5.0) - 1.0) / 2.0
-    t1 = hi - phi * (hi - lo)
-    t2 = lo + phi * (hi - lo)
-    f1 = _sse_cells(x, R, R0, a_k, lcm_k, t1)
-    f2 = _sse_cells(x, R, R0, a_k, lcm_k, t2)
-    for _ in range(_GOLDEN_ITERS):
-        left = f1 < f2  # minimum in [lo, t2]
-        hi = np.where(left, t2, hi)
-        lo = np.where(left, lo, t1)
-        new_t1 = hi - phi * (hi - lo)
-        new_t2 = lo + phi * (hi - lo)
-        t_eval = np.where(left, new_t1, new_t2)
-        f_eval = _sse_cells(x, R, R0, a_k, lcm_k, t_eval)
-        f1, f2 = np.where(left, f_eval, f2), np.where(left, f1, f_eval)
-        t1, t2 = np.where(left, new_t1, t2), np.where(left, t1, new_t2)
-    t_best = np.where(f1 < f2, t1, t2)
-    f_best = np.minimum(f1, f2)
-    # Also keep the coarse grid point when it is better (minimum at the B-grid's end).
-    t_coarse = tb[kk]
-    use_coarse = gk[ii, jj] < f_best
-    t_best = np.where(use_coarse, t_coarse, t_best)
+    t_best, f_best = _golden(x, R, R0, a_k, lcm_k, lo.copy(), hi.copy(), f_stop=20, iters=_GOLDEN_ITERS)
+    # Keep the B-grid end point when the minimum sits there (B -> 0.01 or 100).
+    t_end = tb[kk]
+    f_end = _sse_cells(x, R, R0, a_k, lcm_k, t_end)
+    use_end = f_end < f_best
     sse = gk.copy()
     b = bs[k].copy()
-    sse[ii, jj] = _sse_cells(x, R, R0, a_k, lcm_k, t_best)
-    b[ii, jj] = np.exp(t_best)
+    sse[ii, jj] = np.where(use_end, f_end, f_best)
+    b[ii, jj] = np.exp(np.where(use_end, t_end, t_best))
     return sse, b
 
 

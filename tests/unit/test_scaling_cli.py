@@ -1,0 +1,128 @@
+"""`scalerl-fit` and its readers: tables, JSON, 'not identified', and one-line errors naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scalerl_mega.scaling.cli import main
+from scalerl_mega.scaling.io import read_series
+
+
+def eq1(C, A, B, C_mid, r0=0.3):
+    C = np.asarray(C, dtype=np.float64)
+    return np.where(C > 0, r0 + (A - r0) / (1.0 + (C_mid / np.where(C > 0, C, 1.0)) ** B), r0)
+
+
+def write_run(d: Path, C, R, *, extra_lines=True):
+    d.mkdir(parents=True, exist_ok=True)
+    with (d / "metrics.jsonl").open("w") as fh:
+        for i, (c, r) in enumerate(zip(C, R)):
+            if extra_lines:
+                fh.write(json.dumps({"kind": "train", "step": i * 100, "loss": 0.5, "compute_gpu_hours": c}) + "\n")
+            fh.write(json.dumps({"kind": "validation", "step": i * 100, "compute_gpu_hours": float(c),
+                                 "compute_device_hours": float(c) * 4, "val_pass_rate": float(r)}) + "\n")
+    return d
+
+
+def scalerl_run(tmp_path, name="scalerl", seed=0, A=0.61, B=1.92, cm=2542.0):
+    C = np.linspace(0.0, 5 * cm, 81)
+    R = eq1(C, A, B, cm) + np.random.default_rng(seed).normal(0, 0.005, C.size)
+    return write_run(tmp_path / name, C, R)
+
+
+def test_reader_selects_validation_rows(tmp_path):
+    d = scalerl_run(tmp_path)
+    s = read_series(d)
+    assert s.compute.size == 81 and s.name == "scalerl"
+    assert list(s.lines[:2]) == [2, 4]  # validation lines interleave with train lines
+    t = read_series(d / "metrics.jsonl", x="compute_device_hours")
+    assert np.allclose(t.compute, 4 * s.compute)
+
+
+def test_reader_csv_and_errors(tmp_path):
+    p = tmp_path / "run.csv"
+    p.write_text("compute_gpu_hours,val_pass_rate\n0,0.3\n100,\n200,0.35\n")
+    s = read_series(p)
+    assert list(s.compute) == [0.0, 200.0] and list(s.lines) == [2, 4]
+    q = tmp_path / "bad.csv"
+    q.write_text("compute,val_pass_rate\n0,0.3\n")
+    with pytest.raises(ValueError, match=r"bad.csv: missing column\(s\) \['compute_gpu_hours'\]"):
+        read_series(q)
+
+
+def test_cli_table_and_json(tmp_path, capsys):
+    a = scalerl_run(tmp_path, "scalerl")
+    b = scalerl_run(tmp_path, "scout", seed=1, A=0.71, B=1.65, cm=4242.0)
+    assert main([str(a), str(b), "--refine"]) == 0
+    out = capsys.readouterr().out
+    assert "grid: paper" in out and "compare scalerl vs scout" in out and "scout has the higher asymptote" in out
+    assert main([str(a), str(b), "--json", "--plot-dir", str(tmp_path / "plots")]) == 0
+    data = json.loads(capsys.readouterr().out)
+    runs = {r["run"]: r for r in data["runs"]}
+    assert abs(runs["scalerl"]["A"] - 0.61) <= 0.02 and abs(runs["scout"]["A"] - 0.71) <= 0.02
+    assert runs["scalerl"]["identified"] and runs["scalerl"]["extrapolation"]["n_heldout"] > 0
+    assert (tmp_path / "plots" / "scaling.png").exists() and (tmp_path / "plots" / "loo.svg").exists()
+
+
+def test_cli_truncated_run_says_not_identified(tmp_path, capsys):
+    C = np.linspace(0.0, 0.8 * 2542.0, 60)
+    R = eq1(C, 0.61, 1.92, 2542.0) + np.random.default_rng(0).normal(0, 0.0075, C.size)
+    d = write_run(tmp_path / "trunc", C, R)
+    assert main([str(d), "--fit-from", "none", "--grid", "relative"]) == 0
+    out = capsys.readouterr().out
+    row = [ln for ln in out.splitlines() if ln.startswith("trunc ")][0]
+    assert "not identified" in row and "NO" in row
+    assert main([str(d), "--fit-from", "none", "--grid", "relative", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["runs"][0]
+    assert r["identified"] is False and r["A"] is None and r["reason"]
+
+
+@pytest.mark.parametrize(
+    "lines,msg",
+    [
+        (['{"compute_gpu_hours": 0, "val_pass_rate": 0.3}', '{"compute_gpu_hours": 10, "val_pass_rate": NaN}'],
+         r"metrics.jsonl:2: val_pass_rate is nan"),
+        (['{"compute_gpu_hours": 5, "val_pass_rate": 0.3}', '{"compute_gpu_hours": 1, "val_pass_rate": 0.4}'],
+         r"metrics.jsonl:2: compute_gpu_hours decreases"),
+        (['{"compute_gpu_hours": 0, "val_pass_rate": 0.3}', "{oops"], r"metrics.jsonl:2: invalid JSON"),
+        (['{"kind": "train", "loss": 1.0}'], r"metrics.jsonl: no rows with 'val_pass_rate'"),
+        ([json.dumps({"compute_gpu_hours": c, "val_pass_rate": 0.3 + c / 1e5}) for c in (0, 2000, 3000, 4000)],
+         r"metrics.jsonl: fit window \[1500, inf\] holds 3 point\(s\)"),
+        (['{"compute_gpu_hours": 0, "val_pass_rate": true}'], r"metrics.jsonl:1: val_pass_rate = True is not a number"),
+    ],
+)
+def test_cli_bad_input_errors(tmp_path, capsys, lines, msg):
+    d = tmp_path / "bad"
+    d.mkdir()
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert main([str(d)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("scalerl-fit: error: ") and str(d) in err
+    assert len(err.strip().splitlines()) == 1
+    import re
+
+    assert re.search(msg, err), err
+
+
+def test_cli_empty_window_named(tmp_path, capsys):
+    C = np.linspace(0.0, 1000.0, 20)
+    d = write_run(tmp_path / "small", C, eq1(C, 0.6, 1.5, 300.0))
+    assert main([str(d), "--grid", "paper"]) == 2
+    err = capsys.readouterr().err
+    assert "small" in err and "empty fit window" in err
+
+
+def test_console_script_runs_without_traceback(tmp_path):
+    exe = Path(sys.executable).parent / "scalerl-fit"
+    if not exe.exists():
+        pytest.skip("console script not installed in this environment")
+    r = subprocess.run([str(exe), str(tmp_path / "missing")], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "no such file" in r.stderr

@@ -1,0 +1,119 @@
+"""Comparison rule (App. A.5), bootstrap intervals and extrapolation error, with independent references."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from scalerl_mega.scaling.compare import (
+    SEED_MARGIN_A,
+    bootstrap_points,
+    bootstrap_seeds,
+    compare_runs,
+    extrapolation_error,
+)
+from scalerl_mega.scaling.fit import PAPER_CMID_GRID, FitOptions
+
+R0 = 0.3
+
+
+def eq1(C, A, B, C_mid, r0=R0):
+    C = np.asarray(C, dtype=np.float64)
+    out = np.full(C.shape, r0)
+    pos = C > 0
+    out[pos] = r0 + (A - r0) / (1.0 + (C_mid / C[pos]) ** B)
+    return out
+
+
+def run(A, B, cm, *, noise=0.0, seed=0, n=81, c_max=15000.0):
+    C = np.linspace(0.0, c_max, n)
+    return C, eq1(C, A, B, cm) + np.random.default_rng(seed).normal(0.0, noise, n)
+
+
+OPTS = FitOptions(r0=R0)
+
+
+def test_margin_is_the_papers():
+    assert SEED_MARGIN_A == 0.02
+
+
+def test_a_beyond_margin_decides():
+    a = run(0.61, 1.9, 2542.0, noise=0.004, seed=1)
+    b = run(0.66, 1.6, 3000.0, noise=0.004, seed=2)
+    c = compare_runs(a, b, labels=("scalerl", "other"), options=OPTS)
+    assert not c.within_margin and c.better == "other"
+    assert c.delta_A == pytest.approx(c.fit_b.A - c.fit_a.A)
+    assert abs(c.delta_A - 0.05) <= 0.02
+    assert c.fixed_a is None and math.isnan(c.B_a_fixed)
+
+
+def test_within_margin_refits_at_mean_a_and_compares_b():
+    # Same asymptote region, different efficiency: run b has the larger B at a similar C_mid.
+    a = run(0.610, 1.4, 3000.0, seed=3)
+    b = run(0.620, 2.4, 3000.0, seed=4)
+    c = compare_runs(a, b, labels=("slow", "fast"), options=OPTS)
+    assert c.within_margin
+    assert c.A_mean == pytest.approx((c.fit_a.A + c.fit_b.A) / 2)
+    assert c.fixed_a.A == c.A_mean and c.fixed_b.A == c.A_mean
+    assert c.B_b_fixed > c.B_a_fixed and c.better == "fast"
+    assert "seed margin" in c.verdict
+    # Independent check of the fixed-A refit: SSE of the reported (B, C_mid) at A_mean on noiseless data b
+    # is no worse than at the true (B, C_mid) (it is a least-squares optimum).
+    C, R = b
+    m = C >= 1500.0
+    q = c.fixed_b.refined
+    sse_fit = np.sum((R[m] - eq1(C[m], c.A_mean, q.B, q.C_mid)) ** 2)
+    sse_true_bc = np.sum((R[m] - eq1(C[m], c.A_mean, 2.4, 3000.0)) ** 2)
+    assert sse_fit <= sse_true_bc + 1e-15
+
+
+def test_unidentified_run_is_not_compared():
+    a = run(0.61, 1.9, 2542.0, noise=0.004, seed=1)
+    C = np.linspace(0.0, 0.8 * 9000.0, 60)
+    b = (C, eq1(C, 0.66, 1.9, 9000.0) + np.random.default_rng(0).normal(0, 0.005, C.size))
+    c = compare_runs(a, b, options=FitOptions(r0=R0, fit_from=None))
+    assert c.better is None and "not identified" in c.verdict
+
+
+def test_extrapolation_error_exact_on_grid_cell_data():
+    cm = float(PAPER_CMID_GRID[6])
+    C, R = run(0.61, 1.9, cm, c_max=12000.0)
+    e = extrapolation_error(C, R, fraction=0.5, options=OPTS, noise_std=0.01)
+    assert e.split_compute == 6000.0
+    assert e.n_heldout == int(np.sum(C > 6000.0)) and e.n_fit == int(np.sum((C >= 1500) & (C <= 6000)))
+    assert e.mae < 1e-6 and abs(e.final_error) < 1e-6 and e.delta_A == 0.0
+    assert e.noise_floor == pytest.approx(math.sqrt(2 / math.pi) * 0.01)
+
+
+def test_extrapolation_error_matches_manual_computation_on_noisy_data():
+    C, R = run(0.61, 1.92, 2542.0, noise=0.0075, seed=5, n=101, c_max=12710.0)
+    e = extrapolation_error(C, R, fraction=0.5, options=OPTS)
+    part = OPTS.fit(C, R, fit_to=0.5 * C.max())
+    held = C > 0.5 * C.max()
+    err = eq1(C[held], part.A, part.B, part.C_mid, part.R0) - R[held]
+    assert e.mae == pytest.approx(np.mean(np.abs(err)), rel=1e-12)
+    assert e.final_error == pytest.approx(err[-1], rel=1e-12)
+    full = OPTS.fit(C, R)
+    s = math.sqrt(full.sse / (full.n_points - 3))
+    assert e.noise_std == pytest.approx(s) and e.noise_floor == pytest.approx(0.7978845608 * s)
+    # The residual-std estimate is close to the true 0.0075, and the half fit extrapolates within ~3 floors.
+    assert 0.006 < e.noise_std < 0.009
+    assert e.mae < 3 * e.noise_floor
+
+
+def test_bootstrap_points_and_seeds():
+    C, R = run(0.61, 1.92, 2542.0, noise=0.0075, seed=6, n=81, c_max=12710.0)
+    bp = bootstrap_points(C, R, options=OPTS, n_boot=25, seed=0)
+    assert bp.kind == "points" and bp.n_ok == 25
+    assert bp.A[0] <= bp.A[1] and bp.B[0] <= bp.B[1]
+    assert 0.55 <= bp.A[0] and bp.A[1] <= 0.67
+    runs = [run(0.61, 1.92, 2542.0, noise=0.0075, seed=s, n=61, c_max=12710.0) for s in (10, 11, 12)]
+    bs = bootstrap_seeds(runs, options=OPTS, n_boot=12, seed=0)
+    per = [OPTS.fit(c, r).A for c, r in runs]
+    assert bs.per_seed_A == pytest.approx(per)
+    assert bs.seed_half_range == pytest.approx((max(per) - min(per)) / 2)
+    assert bs.kind == "seeds" and bs.n_ok == 12
+    with pytest.raises(ValueError, match="at least 2 runs"):
+        bootstrap_seeds(runs[:1], options=OPTS)

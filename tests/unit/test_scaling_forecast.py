@@ -1,0 +1,58 @@
+"""Live forecast: pure, cheap, honest about identification."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scalerl_mega.scaling.forecast import LiveForecaster, forecast
+
+
+def eq1(C, A, B, C_mid, r0):
+    C = np.asarray(C, dtype=np.float64)
+    return np.where(C > 0, r0 + (A - r0) / (1.0 + (C_mid / np.where(C > 0, C, 1.0)) ** B), r0)
+
+
+# A tiny CPU run in device-hours: nothing near the paper's GPU-hour scale.
+A, B, CM, R0, BUDGET = 0.72, 1.6, 0.25, 0.1, 2.0
+
+
+def tiny(n, c_max, seed=0, noise=0.005):
+    C = np.linspace(0.0, c_max, n)
+    return C, eq1(C, A, B, CM, R0) + np.random.default_rng(seed).normal(0.0, noise, n)
+
+
+def test_forecast_after_cmid_identifies_and_predicts_budget():
+    C, R = tiny(60, 1.25)  # 5 x C_mid
+    f = forecast(C, R, budget=BUDGET)
+    assert f.ok and f.identified, f.reason
+    assert abs(f.A - A) <= 0.02
+    assert abs(f.C_mid - CM) <= 0.1 * CM
+    expect = eq1([BUDGET], A, B, CM, R0)[0]
+    assert abs(f.predicted_reward_at_budget - expect) <= 0.02
+    # The forecast's prediction is Eq. 1 at the budget with its own parameters.
+    assert f.predicted_reward_at_budget == pytest.approx(eq1([BUDGET], f.A, f.B, f.C_mid, f.R0)[0])
+
+
+def test_forecast_before_cmid_is_not_identified():
+    C, R = tiny(20, 0.8 * CM)
+    f = forecast(C, R, budget=BUDGET)
+    assert f.ok and not f.identified and f.reason
+
+
+def test_forecast_with_too_few_points_does_not_raise():
+    f = forecast([0.0, 0.1, 0.2], [0.1, 0.2, 0.25], budget=BUDGET)
+    assert not f.ok and "need at least 4" in f.reason
+    g = forecast([0.0, 0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.25, 0.3, 0.3], budget=-1.0)
+    assert not g.ok and "budget" in g.reason
+
+
+def test_live_forecaster_refits_every_n_points():
+    C, R = tiny(30, 1.25)
+    lf = LiveForecaster(budget=BUDGET, every=10)
+    outs = [lf.add(c, r) for c, r in zip(C, R)]
+    made = [k for k, o in enumerate(outs) if o is not None]
+    assert made == [9, 19, 29]
+    assert lf.latest is outs[29] and lf.latest.n_points == 30
+    with pytest.raises(ValueError, match="backwards"):
+        lf.add(0.5, 0.3)
