@@ -1,0 +1,267 @@
+#!/usr/bin/env bash
+# Shared launch helper for slurm/train_*.sh (sourced, not executed).
+#
+# Layout: the allocation's nodes are split into generator nodes (inference servers, one per TP group
+# of GEN_TP devices) and the last TRAINER_NODES nodes (one `srun` step running `torchrun` with the
+# Megatron TP/PP/EP layout). Each server and the trainer are separate job steps (`srun --exact`, so
+# they run concurrently). Servers are health-checked before the trainer starts; their URLs reach the
+# trainer as `rollout.engine_urls=[...]`. If any step exits, the job stops all steps and exits with
+# that step's code (the job ends FAILED, the reason and the step log's tail in the job log). When the
+# trainer exits 0 the servers are stopped and the job ends COMPLETED. The run directory is fixed
+# (RUN_DIR) and `resume=auto` is always passed, so a requeued job continues from its last checkpoint;
+# USR1 (sbatch --signal=B:USR1@N) requeues the job before its time limit.
+#
+# Interface (environment; the train_*.sh scripts set defaults):
+#   DRY_RUN=1           print the exact command of every step, per node, and exit 0
+#   GPUS_PER_NODE       devices per node (0: CPU run, no --gres)
+#   TRAINER_NODES       nodes given to the trainer (the last ones of the allocation)
+#   GEN_TP              devices per inference server (SGLang --tp-size)
+#   TP PP EP            Megatron tensor / pipeline / expert parallel sizes (DP is derived)
+#   EXPERIMENT MODEL    Hydra `experiment=` and `model=` choices
+#   MODEL_PATH          HF checkpoint the servers load
+#   ROLLOUT             Hydra rollout group (sglang | local)
+#   CLUSTER             Hydra cluster group (slurm; local for the CPU run)
+#   RUN_DIR             run directory (Hydra run dir; checkpoints; step logs in $RUN_DIR/slurm)
+#   PORT_BASE           first server port (default 30000); server i on a node uses PORT_BASE+i
+#   MASTER_PORT         torchrun rendezvous port (default 29500)
+#   HEALTH_TIMEOUT      seconds to wait for every server (default 900)
+#   MEM_FRACTION        SGLang --mem-fraction-static (default 0.85)
+#   EXTRA_OVERRIDES     extra Hydra overrides (whitespace separated)
+#   SCALERL_PYTHON      python with scalerl_mega installed (default: REPO/.venv/bin/python)
+# Hooks a script may redefine after sourcing: scalerl_generator_cmd, scalerl_trainer_cmd,
+# scalerl_health_url.
+
+set -euo pipefail
+
+SCALERL_REPO=${SCALERL_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+if [[ -z ${SCALERL_PYTHON:-} ]]; then
+  if [[ -x $SCALERL_REPO/.venv/bin/python ]]; then SCALERL_PYTHON=$SCALERL_REPO/.venv/bin/python; else SCALERL_PYTHON=python3; fi
+fi
+DRY_RUN=${DRY_RUN:-0}
+GPUS_PER_NODE=${GPUS_PER_NODE:-0}
+TRAINER_NODES=${TRAINER_NODES:-1}
+GEN_TP=${GEN_TP:-1}
+TP=${TP:-1}
+PP=${PP:-1}
+EP=${EP:-1}
+EXPERIMENT=${EXPERIMENT:-scalerl}
+MODEL=${MODEL:-llama3_8b}
+MODEL_PATH=${MODEL_PATH:-}
+ROLLOUT=${ROLLOUT:-sglang}
+CLUSTER=${CLUSTER:-slurm}
+PORT_BASE=${PORT_BASE:-30000}
+MASTER_PORT=${MASTER_PORT:-29500}
+HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-900}
+MEM_FRACTION=${MEM_FRACTION:-0.85}
+EXTRA_OVERRIDES=${EXTRA_OVERRIDES:-}
+RUN_DIR=${RUN_DIR:-$SCALERL_REPO/outputs/slurm/${SLURM_JOB_NAME:-scalerl}-${SLURM_JOB_ID:-0}}
+
+GEN_NODES=()
+TRAIN_NODES=()
+SHARED_NODE=0
+ENGINE_URLS=()
+STEP_PIDS=()
+STEP_NAMES=()
+STEP_LOGS=()
+STEP_NODES=()
+CMD=()
+
+scalerl_log() { printf '[scalerl %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+scalerl_die() { printf '[scalerl] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# Print one hostname per line for a Slurm nodelist (scontrol when it works, else the Python parser).
+scalerl_hostnames() {
+  local nodelist=$1
+  if [[ $DRY_RUN != 1 ]] && command -v scontrol >/dev/null 2>&1 && scontrol show hostnames "$nodelist" 2>/dev/null; then
+    return 0
+  fi
+  PYTHONPATH="$SCALERL_REPO${PYTHONPATH:+:$PYTHONPATH}" "$SCALERL_PYTHON" -m scalerl_mega.cluster.allocation hostnames "$nodelist"
+}
+
+# Fill GEN_NODES / TRAIN_NODES from SLURM_JOB_NODELIST: the last TRAINER_NODES nodes train.
+scalerl_split_nodes() {
+  [[ -n ${SLURM_JOB_NODELIST:-} ]] || scalerl_die "SLURM_JOB_NODELIST is not set (run under sbatch, or export it with DRY_RUN=1)"
+  local nodes=()
+  mapfile -t nodes < <(scalerl_hostnames "$SLURM_JOB_NODELIST")
+  local n=${#nodes[@]}
+  ((n > 0)) || scalerl_die "no nodes in SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST"
+  if ((n == 1)); then
+    GEN_NODES=("${nodes[0]}"); TRAIN_NODES=("${nodes[0]}"); SHARED_NODE=1
+  else
+    ((TRAINER_NODES >= 1 && TRAINER_NODES < n)) || scalerl_die "TRAINER_NODES=$TRAINER_NODES must be in [1, $((n - 1))] for $n nodes"
+    GEN_NODES=("${nodes[@]:0:n-TRAINER_NODES}")
+    TRAIN_NODES=("${nodes[@]:n-TRAINER_NODES}")
+  fi
+  if ((GPUS_PER_NODE > 0)) && ((GPUS_PER_NODE % GEN_TP != 0)); then
+    scalerl_die "GEN_TP=$GEN_TP must divide GPUS_PER_NODE=$GPUS_PER_NODE"
+  fi
+}
+
+# Servers per generator node: one per TP group (one in CPU runs).
+scalerl_servers_per_node() {
+  if ((GPUS_PER_NODE > 0)); then echo $((GPUS_PER_NODE / GEN_TP)); else echo 1; fi
+}
+
+# Hook: command of an inference server on `node` at `port` -> CMD. `gpu_base` is the server's first
+# device on the node; Slurm's per-step GPU binding already renumbers them from 0, so it is unused.
+scalerl_generator_cmd() {
+  local node=$1 port=$2 gpu_base=$3
+  local path=$MODEL_PATH
+  if [[ -z $path ]]; then
+    [[ $DRY_RUN == 1 ]] || scalerl_die "MODEL_PATH is not set (HF checkpoint for the SGLang servers)"
+    path='<MODEL_PATH>'
+  fi
+  CMD=("$SCALERL_PYTHON" -m sglang.launch_server --model-path "$path" --tp-size "$GEN_TP"
+       --host 0.0.0.0 --port "$port" --mem-fraction-static "$MEM_FRACTION"
+       --dtype bfloat16)
+  : "$node" "$gpu_base"
+}
+
+# Hook: URL polled until it answers 200 (SGLang: a real 1-token generation).
+scalerl_health_url() { echo "$1/health_generate"; }
+
+scalerl_engine_list() { local IFS=,; echo "[${ENGINE_URLS[*]}]"; }
+
+# Hook: the trainer command (run once per trainer node by one srun step) -> CMD.
+scalerl_trainer_cmd() {
+  local nnodes=${#TRAIN_NODES[@]} nproc=$GPUS_PER_NODE
+  ((nproc > 0)) || nproc=1
+  local overrides=("experiment=$EXPERIMENT" "model=$MODEL" "rollout=$ROLLOUT" "cluster=$CLUSTER"
+    "rollout.engine_urls=$(scalerl_engine_list)" "parallel.tp=$TP" "parallel.pp=$PP" "parallel.ep=$EP")
+  if ((GPUS_PER_NODE > 0)); then
+    overrides+=("cluster.nodes=$((${#GEN_NODES[@]} + ${#TRAIN_NODES[@]} - SHARED_NODE))"
+      "cluster.devices_per_node=$GPUS_PER_NODE" "cluster.trainer_devices=$((nnodes * nproc))"
+      "cluster.generator_devices=$((${#ENGINE_URLS[@]} * GEN_TP))")
+  fi
+  overrides+=("resume=auto" "hydra.run.dir=$RUN_DIR")
+  local extra=()
+  read -r -a extra <<<"$EXTRA_OVERRIDES"
+  CMD=("$SCALERL_PYTHON" -m torch.distributed.run --nnodes "$nnodes" --nproc-per-node "$nproc"
+       --rdzv-backend c10d --rdzv-endpoint "${TRAIN_NODES[0]}:$MASTER_PORT" --rdzv-id "${SLURM_JOB_ID:-0}"
+       -m scalerl_mega.train "${overrides[@]}" "${extra[@]}")
+}
+
+scalerl_quote() { printf '%q ' "$@"; }
+
+# Start one job step in the background: scalerl_step NAME NODES NTASKS GPUS_PER_TASK -- command...
+# (Slurm binds the step's GPUs: CUDA_VISIBLE_DEVICES inside the step lists only those.)
+scalerl_step() {
+  local name=$1 step_nodes=$2 ntasks=$3 gpus=$4
+  shift 5
+  local nnodes gres=()
+  nnodes=$(awk -F, '{print NF}' <<<"$step_nodes")
+  if ((gpus > 0)); then gres=(--gres="gpu:$gpus"); fi
+  local log="$RUN_DIR/slurm/${SLURM_JOB_ID:-0}.$name.log"
+  local srun=(srun --exact --kill-on-bad-exit=1 --job-name="$name" --nodes="$nnodes" --ntasks="$ntasks"
+              --ntasks-per-node=1 --nodelist="$step_nodes" --output="$log" "${gres[@]}")
+  if [[ $DRY_RUN == 1 ]]; then
+    printf 'step %s on %s: %s\n' "$name" "$step_nodes" "$(scalerl_quote "${srun[@]}" "$@")"
+    return 0
+  fi
+  "${srun[@]}" "$@" &
+  STEP_PIDS+=("$!"); STEP_NAMES+=("$name"); STEP_LOGS+=("$log"); STEP_NODES+=("$step_nodes")
+  scalerl_log "started step $name on $step_nodes (pid $!, log $log)"
+}
+
+scalerl_stop_steps() {
+  local pid
+  for pid in "${STEP_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${STEP_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+
+scalerl_fail() {
+  local i=$1 rc=$2
+  printf '[scalerl] FAILED: step %s on %s exited with code %s; stopping the job. Last lines of %s:\n' \
+    "${STEP_NAMES[i]}" "${STEP_NODES[i]}" "$rc" "${STEP_LOGS[i]}" >&2
+  tail -n 20 "${STEP_LOGS[i]}" >&2 2>/dev/null || true
+  scalerl_stop_steps
+  exit "$rc"
+}
+
+scalerl_index_of_pid() {
+  local pid=$1 i
+  for i in "${!STEP_PIDS[@]}"; do [[ ${STEP_PIDS[i]} == "$pid" ]] && { echo "$i"; return 0; }; done
+  echo -1
+}
+
+# Poll every server until healthy; fail fast if a server step dies meanwhile.
+scalerl_wait_healthy() {
+  local deadline=$((SECONDS + HEALTH_TIMEOUT)) url i
+  for url in "${ENGINE_URLS[@]}"; do
+    until "$SCALERL_PYTHON" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' \
+        "$(scalerl_health_url "$url")" >/dev/null 2>&1; do
+      for i in "${!STEP_PIDS[@]}"; do
+        if ! kill -0 "${STEP_PIDS[i]}" 2>/dev/null; then
+          local rc=0
+          wait "${STEP_PIDS[i]}" || rc=$?
+          ((rc != 0)) || rc=1
+          scalerl_fail "$i" "$rc"
+        fi
+      done
+      ((SECONDS < deadline)) || { scalerl_log "server $url not healthy after ${HEALTH_TIMEOUT}s"; scalerl_stop_steps; exit 1; }
+      sleep 2
+    done
+    scalerl_log "server $url healthy"
+  done
+}
+
+scalerl_on_signal() {
+  local sig=$1
+  scalerl_log "received $sig"
+  if [[ $sig == USR1 && -n ${SLURM_JOB_ID:-} ]]; then
+    scalerl_log "requeueing job $SLURM_JOB_ID (it resumes from $RUN_DIR with resume=auto)"
+    scontrol requeue "$SLURM_JOB_ID" || true
+  fi
+  scalerl_stop_steps
+  exit 143
+}
+
+# Supervise: the trainer's exit ends the job; any other step exiting first is a failure.
+scalerl_supervise() {
+  local trainer_idx=$1 done_pid rc i
+  while true; do
+    rc=0
+    wait -n -p done_pid "${STEP_PIDS[@]}" || rc=$?
+    [[ -n ${done_pid:-} ]] || continue
+    i=$(scalerl_index_of_pid "$done_pid")
+    if ((i == trainer_idx)) && ((rc == 0)); then
+      scalerl_log "trainer finished; stopping servers"
+      unset 'STEP_PIDS[i]'
+      scalerl_stop_steps
+      return 0
+    fi
+    ((rc != 0)) || rc=1  # a server exiting, even cleanly, leaves the trainer without engines
+    scalerl_fail "$i" "$rc"
+  done
+}
+
+scalerl_main() {
+  scalerl_split_nodes
+  mkdir -p "$RUN_DIR/slurm"
+  scalerl_log "job ${SLURM_JOB_ID:-?} restart ${SLURM_RESTART_COUNT:-0}: generators [${GEN_NODES[*]}], trainer [${TRAIN_NODES[*]}], run dir $RUN_DIR"
+  trap 'scalerl_on_signal USR1' USR1
+  trap 'scalerl_on_signal TERM' TERM
+  local per_node node s port
+  per_node=$(scalerl_servers_per_node)
+  ENGINE_URLS=()
+  local idx=0
+  for node in "${GEN_NODES[@]}"; do
+    for ((s = 0; s < per_node; s++)); do
+      port=$((PORT_BASE + s))
+      ENGINE_URLS+=("http://$node:$port")
+      scalerl_generator_cmd "$node" "$port" "$((s * GEN_TP))"
+      scalerl_step "gen$idx" "$node" 1 "$((GPUS_PER_NODE > 0 ? GEN_TP : 0))" -- "${CMD[@]}"
+      idx=$((idx + 1))
+    done
+  done
+  [[ $DRY_RUN == 1 ]] || scalerl_wait_healthy
+  scalerl_trainer_cmd
+  local trainer_nodes
+  trainer_nodes=$(IFS=,; echo "${TRAIN_NODES[*]}")
+  scalerl_step trainer "$trainer_nodes" "${#TRAIN_NODES[@]}" "$GPUS_PER_NODE" -- "${CMD[@]}"
+  if [[ $DRY_RUN == 1 ]]; then
+    printf 'engine urls: %s\n' "$(scalerl_engine_list)"
+    return 0
+  fi
+  scalerl_supervise "$((${#STEP_PIDS[@]} - 1))"
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Llama-3.1-8B with ScaleRL on 80 GB200 GPUs (paper App. A.3): 16 generator nodes (4 SGLang servers
+# of TP 1 each = 64 GPUs) + 4 trainer nodes (16 GPUs: Megatron DP 16;
+# `tools/plan.py --model llama3_8b --device gb200 --dp 16` fits).
+# Submit from the repository root:   MODEL_PATH=/ckpt/Llama-3.1-8B sbatch slurm/train_dense.sh
+# Print the per-node commands only:  DRY_RUN=1 SLURM_JOB_NODELIST='gb[001-020]' bash slurm/train_dense.sh
+#SBATCH --job-name=scalerl-8b
+#SBATCH --nodes=20
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=4
+#SBATCH --exclusive
+#SBATCH --time=24:00:00
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@300
+#SBATCH --output=slurm-%x-%j.out
+set -euo pipefail
+export GPUS_PER_NODE=${GPUS_PER_NODE:-4}
+export TRAINER_NODES=${TRAINER_NODES:-4}
+export GEN_TP=${GEN_TP:-1}
+export TP=${TP:-1} PP=${PP:-1} EP=${EP:-1}
+export EXPERIMENT=${EXPERIMENT:-scalerl} MODEL=${MODEL:-llama3_8b} ROLLOUT=${ROLLOUT:-sglang}
+if [[ -z ${SCALERL_REPO:-} ]]; then
+  if [[ -f ${SLURM_SUBMIT_DIR:-}/slurm/common.sh ]]; then SCALERL_REPO=$SLURM_SUBMIT_DIR; else SCALERL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd); fi
+fi
+export SCALERL_REPO
+# shellcheck source=slurm/common.sh
+source "$SCALERL_REPO/slurm/common.sh"
+scalerl_main

