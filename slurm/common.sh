@@ -237,7 +237,7 @@ scalerl_supervise() {
 
 scalerl_main() {
   scalerl_split_nodes
-  mkdir -p "$RUN_DIR/slurm"
+  [[ $DRY_RUN == 1 ]] || mkdir -p "$RUN_DIR/slurm"
   scalerl_log "job ${SLURM_JOB_ID:-?} restart ${SLURM_RESTART_COUNT:-0}: generators [${GEN_NODES[*]}], trainer [${TRAIN_NODES[*]}], run dir $RUN_DIR"
   trap 'scalerl_on_signal USR1' USR1
   trap 'scalerl_on_signal TERM' TERM
