@@ -110,6 +110,46 @@ def _warm_up() -> None:
     _math_verify("\\frac{1}{2}+x^2", "0.5", True)
 
 
+def _prepare(completion: str, gold: str, *, rewards: RewardValues, require_think: bool, require_boxed: bool,
+             use_fast_path: bool) -> tuple[RewardResult | None, str, bool]:
+    """Steps 1-3: (decided result or None, answer candidate, whether it came from a box)."""
+    if require_think:
+        answer_text = strip_thinking(completion)
+        if answer_text is None:
+            return rewards.result(False, "unclosed_think"), "", False
+    else:
+        stripped = strip_thinking(completion)
+        answer_text = completion if stripped is None else stripped
+    boxed = last_boxed(answer_text)
+    if boxed is None and require_boxed:
+        return rewards.result(False, "no_boxed"), "", False
+    candidate = boxed if boxed is not None else answer_text
+    if len(candidate) > _MAX_ANSWER_CHARS:
+        return rewards.result(False, "answer_too_long"), "", False
+    if not candidate.strip():
+        return rewards.result(False, "empty_answer"), "", False
+    if use_fast_path and boxed is not None:
+        decided = fast_path(candidate, str(gold))
+        if decided is not None:
+            return rewards.result(decided, "fast_path"), candidate, True
+    return None, candidate, boxed is not None
+
+
+def decide_without_verifier(
+    completion: str,
+    gold: str,
+    *,
+    rewards: RewardValues = RewardValues(),
+    require_think: bool = True,
+    require_boxed: bool = False,
+) -> RewardResult | None:
+    """The result of `score_math` when it is decided without math-verify (string work only, safe to
+    run in the caller's process), else None."""
+    decided, _, _ = _prepare(completion, gold, rewards=rewards, require_think=require_think,
+                             require_boxed=require_boxed, use_fast_path=True)
+    return decided
+
+
 def score_math(
     completion: str,
     gold: str,
@@ -125,27 +165,12 @@ def score_math(
     `require_think=False` scores completions with no `</think>` on their full text (for models that
     do not think); `require_boxed=True` makes an answer without `\\boxed{}` incorrect.
     """
-    if require_think:
-        answer_text = strip_thinking(completion)
-        if answer_text is None:
-            return rewards.result(False, "unclosed_think")
-    else:
-        stripped = strip_thinking(completion)
-        answer_text = completion if stripped is None else stripped
-    boxed = last_boxed(answer_text)
-    if boxed is None and require_boxed:
-        return rewards.result(False, "no_boxed")
-    candidate = boxed if boxed is not None else answer_text
-    if len(candidate) > _MAX_ANSWER_CHARS:
-        return rewards.result(False, "answer_too_long")
-    if not candidate.strip():
-        return rewards.result(False, "empty_answer")
-    if use_fast_path and boxed is not None:
-        decided = fast_path(candidate, str(gold))
-        if decided is not None:
-            return rewards.result(decided, "fast_path")
+    decided, candidate, boxed = _prepare(completion, gold, rewards=rewards, require_think=require_think,
+                                         require_boxed=require_boxed, use_fast_path=use_fast_path)
+    if decided is not None:
+        return decided
     _warm_up()
-    status, value = call_in_child(_math_verify, candidate, str(gold), boxed is not None, timeout_s=timeout_s)
+    status, value = call_in_child(_math_verify, candidate, str(gold), boxed, timeout_s=timeout_s)
     if status == "ok":
         return rewards.result(bool(value), "math_verify")
     if status == "timeout":

@@ -5,7 +5,9 @@ trainer's threads and CUDA state never leak into them). Every item has a hard de
 exceeds it is SIGKILLed and replaced, and the item scores incorrect with reason "pool_timeout"; a
 worker that dies (segfault, os._exit, OOM kill) is replaced and its item scores "worker_died". The
 pool never raises because of an item. `TaskRewardFn` is the `RewardFn` seam (interfaces.py): it
-dispatches on `Prompt.task` ("math" and "synthetic" -> math verifier, "code" -> sandboxed tests).
+dispatches on `Prompt.task` ("math" and "synthetic" -> math verifier, "code" -> sandboxed tests);
+math items that the string fast path decides (think/box checks, equal strings, plain integers) are
+scored in the caller's process, and only the rest go to the pool.
 """
 
 from __future__ import annotations
@@ -249,10 +251,25 @@ class TaskRewardFn:
     def __call__(self, prompts: list, texts: list[str]) -> list[tuple[float, bool, str]]:
         if len(prompts) != len(texts):
             raise ValueError(f"TaskRewardFn: {len(prompts)} prompts but {len(texts)} texts")
-        items = [RewardItem(task=p.task, text=t, gold=p.gold, config=self.config) for p, t in zip(prompts, texts)]
+        from scalerl_mega.rewards.math import decide_without_verifier
+
+        cfg = self.config
+        values = RewardValues(correct=cfg.correct, incorrect=cfg.incorrect)
+        results: list[RewardResult | None] = []
+        for p, t in zip(prompts, texts):  # string-only decisions (fast path) stay in this process
+            quick = None
+            if p.task in ("math", "synthetic"):
+                quick = decide_without_verifier(t, str(p.gold), rewards=values, require_think=cfg.require_think,
+                                                require_boxed=cfg.require_boxed)
+            results.append(quick)
+        todo = [i for i, r in enumerate(results) if r is None]
+        items = [RewardItem(task=prompts[i].task, text=texts[i], gold=prompts[i].gold, config=cfg) for i in todo]
+        for i, r in zip(todo, self._pool.map(items) if items else []):
+            results[i] = r
         out = []
-        for r in self._pool.map(items):
-            reward = self.config.incorrect if r.reward != r.reward else r.reward  # NaN (error) -> incorrect
+        for r in results:
+            assert r is not None
+            reward = cfg.incorrect if r.reward != r.reward else r.reward  # NaN (error) -> incorrect
             out.append((reward, r.passed, r.reason))
         return out
 
