@@ -1,20 +1,26 @@
 """FP32 LM-head log-probabilities without materialising [N, V] logits, and the fused CISPO loss.
 
 Paper Sec. 3.2 "FP32 Precision for LLM logits": the trainer computes the LM head (and the softmax) in FP32.
-Here logits are computed chunk by chunk over tokens (fp32 GEMM, fp32 log-sum-exp); a chunk's buffer is
-reused for its gradient, and grad_hidden / grad_weight are accumulated in fp32.
+Here logits are computed chunk by chunk over tokens (fp32 GEMM), so [N, V] logits never exist; the only
+large buffers are one fp32 [V, chunk] logits buffer (64 MiB by default) and the fp32 grad_weight accumulator.
+
+Per chunk: logits^T = W h^T into the buffer ([V, n] is the faster MKL layout on CPU), the row max, an in-place
+softmax, and the sum of exponentials read back as 1 / max(softmax) (the softmax at the argmax is exp(0) / sum),
+so lse = max + log(sum). The gradient c * (softmax - onehot) is never materialised: row scalings commute
+with the GEMMs, so grad_h = c . (P^T W) - c . W[target] and grad_W += P (c . h) - onehot^T (c . h).
 
 - `naive_logprob`: the reference (full [N, V] fp32 logits + log_softmax). Kept for tests and the bench.
 - `chunked_logprob`: per-token log-probs with a custom backward (recomputes each chunk's logits: 4 GEMMs
   in total). Use it for any loss (DAPO, GRPO, GSPO) via `losses.policy_loss`.
 - `cispo_from_hidden`: the CISPO loss of Sec. 3.2 Eq. (cispo) / J_ScaleRL straight from hidden states.
   Because the CISPO coefficient sg(min(rho, eps_high)) * A * w is detached, dL/dlogp_t is a constant -c_t
-  known as soon as the token's logp is, so each chunk's gradient c_t * (softmax - onehot) is formed in
-  place right after its forward and pushed through the two gradient GEMMs: 3 GEMMs in total, one pass.
+  known as soon as the token's logp is, so each chunk's gradient is pushed through the two gradient GEMMs
+  right after its forward: 3 GEMMs in total, one pass; backward only returns the stored gradients.
 
 Vocab parallel (TP): pass `group` (a torch.distributed process group) and the shard's `vocab_start`;
 `weight` is then this rank's [V_local, H] rows. The log-sum-exp is combined across the group with an
-all-reduce of the row max and of the sum of exponentials; the target logit comes from the owning shard
+all-reduce of the row max and of the rescaled sums of exponentials (the shard-local softmax is then
+corrected by a per-token factor r, again folded into the GEMMs); the target logit comes from the owning shard
 (all-reduce sum). grad_weight is the local shard's; grad_hidden is all-reduced over the group when
 `reduce_grad_hidden=True` (set False if the caller's region op, e.g. Megatron's
 copy_to_tensor_model_parallel_region, already reduces it in its backward).
@@ -79,41 +85,67 @@ def _sum_op():
 
 
 class _ShardTargets:
-    """Local column of each target in this vocab shard, and whether the shard owns it."""
+    """Local row of each target in this vocab shard, and whether the shard owns it."""
 
     def __init__(self, targets: torch.Tensor, vocab_start: int, v_local: int):
         local = targets.long() - vocab_start
         self.owned = (local >= 0) & (local < v_local)
-        self.index = torch.where(self.owned, local, torch.zeros_like(local))[:, None]
+        self.index = torch.where(self.owned, local, torch.zeros_like(local))
 
 
-def _chunk_softmax_stats(logits: torch.Tensor, tgt: _ShardTargets, sl: slice, group):
-    """Turns `logits` [C, Vl] in place into exp(logits - max) and returns (target logit, max, sum-exp)."""
-    owned = tgt.owned[sl]
-    t_logit = torch.where(owned, logits.gather(1, tgt.index[sl])[:, 0], torch.zeros((), dtype=logits.dtype,
-                                                                                        device=logits.device))
-    row_max = logits.amax(dim=1)
-    if group is not None:
-        _all_reduce(row_max, group, _max_op())
+def _softmax_(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Softmax written over its input (the CPU/GPU kernels are element-wise safe when aliased)."""
+    return torch.ops.aten._softmax.out(x, dim, False, out=x)
+
+
+def _chunk_forward(w32, h, tgt_index, owned, group, buf_flat, lse=None):
+    """Logits of one token chunk, transposed ([V, n]: the faster GEMM layout on CPU), turned in place into
+    the shard-local softmax P. Returns (P, target logit [n], lse [n], r [n] or None) with the true softmax
+    exp(logits - lse) = P * r (r is None, i.e. 1, without a group). Given `lse` (backward), no collective.
+    """
+    V, n = w32.shape[0], h.shape[0]
+    P = buf_flat[: V * n].view(V, n)
+    torch.mm(w32, h.t(), out=P)
+    zero = torch.zeros((), dtype=P.dtype, device=P.device)
+    t_logit = torch.where(owned, P.gather(0, tgt_index[None, :])[0], zero)
+    row_max = P.amax(dim=0)
+    _softmax_(P, 0)
+    sum_exp = P.amax(dim=0).reciprocal_()  # the softmax at the argmax is exp(0) / sum_exp
+    if group is None:
+        return P, t_logit, row_max + sum_exp.log(), None
+    if lse is None:
+        g_max = row_max.clone()
+        _all_reduce(g_max, group, _max_op())
+        g_sum = sum_exp * torch.exp(row_max - g_max)
+        _all_reduce(g_sum, group, _sum_op())
         _all_reduce(t_logit, group, _sum_op())
-    logits.sub_(row_max[:, None]).exp_()
-    sum_exp = logits.sum(dim=1)
-    _all_reduce(sum_exp, group, _sum_op())
-    return t_logit, row_max, sum_exp
+        lse = g_max + g_sum.log()
+    return P, t_logit, lse, sum_exp * torch.exp(row_max - lse)
 
 
-def _to_grad(logits_exp: torch.Tensor, sum_exp: torch.Tensor, coef: torch.Tensor, tgt: _ShardTargets,
-             sl: slice) -> torch.Tensor:
-    """In place: exp(logits - max) -> coef * (softmax - onehot), the gradient of -coef * logp wrt logits."""
-    logits_exp.mul_((coef / sum_exp)[:, None])
-    sub = torch.where(tgt.owned[sl], -coef, torch.zeros_like(coef))
-    logits_exp.scatter_add_(1, tgt.index[sl], sub[:, None])
-    return logits_exp
+def _chunk_backward(P, r, coef, h, w32, tgt_index, owned, grad_h_rows, grad_w) -> None:
+    """Gradient of -sum_t coef_t * logp_t for one chunk: dlogits = coef * (softmax - onehot).
+
+    Row scalings commute with the GEMMs, so the [V, n] buffer is never rescaled:
+    grad_h = (coef*r) . (P^T W) - coef . W[target];  grad_W += P ((coef*r) . h) - onehot^T (coef . h).
+    """
+    cr = coef if r is None else coef * r
+    c_own = torch.where(owned, coef, torch.zeros_like(coef))
+    if grad_h_rows is not None:
+        torch.mm(P.t(), w32, out=grad_h_rows)
+        grad_h_rows.mul_(cr[:, None]).sub_(c_own[:, None] * w32[tgt_index])
+    if grad_w is not None:
+        grad_w.addmm_(P, cr[:, None] * h)
+        grad_w.index_add_(0, tgt_index, c_own[:, None] * h, alpha=-1.0)
 
 
 def _prep(hidden: torch.Tensor, weight: torch.Tensor):
     w32 = weight if weight.dtype == torch.float32 else weight.float()
     return w32, hidden.dtype != torch.float32
+
+
+def _buffer(chunk_size: int, N: int, w32: torch.Tensor) -> torch.Tensor:
+    return torch.empty(min(chunk_size, N) * w32.shape[0], dtype=torch.float32, device=w32.device)
 
 
 class _ChunkedLogProb(torch.autograd.Function):
@@ -124,13 +156,11 @@ class _ChunkedLogProb(torch.autograd.Function):
         tgt = _ShardTargets(targets, vocab_start, weight.shape[0])
         logp = torch.empty(N, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(N, dtype=torch.float32, device=hidden.device)
-        buf = torch.empty(min(chunk_size, N), weight.shape[0], dtype=torch.float32, device=hidden.device)
+        buf = _buffer(chunk_size, N, w32)
         for s in range(0, N, chunk_size):
             sl = slice(s, min(s + chunk_size, N))
             h = hidden[sl].float() if upcast else hidden[sl]
-            logits = torch.mm(h, w32.t(), out=buf[: sl.stop - s])
-            t_logit, row_max, sum_exp = _chunk_softmax_stats(logits, tgt, sl, group)
-            lse[sl] = row_max + sum_exp.log()
+            _, t_logit, lse[sl], _ = _chunk_forward(w32, h, tgt.index[sl], tgt.owned[sl], group, buf)
             logp[sl] = t_logit - lse[sl]
         ctx.save_for_backward(hidden, weight, lse)
         ctx.tgt, ctx.chunk_size, ctx.group, ctx.reduce = tgt, chunk_size, group, reduce_grad_hidden
@@ -142,23 +172,21 @@ class _ChunkedLogProb(torch.autograd.Function):
         tgt, chunk_size, group = ctx.tgt, ctx.chunk_size, ctx.group
         N = hidden.shape[0]
         w32, upcast = _prep(hidden, weight)
-        grad_h = torch.empty(N, hidden.shape[1], dtype=torch.float32, device=hidden.device)
-        grad_w = torch.zeros_like(w32, dtype=torch.float32)
-        buf = torch.empty(min(chunk_size, N), weight.shape[0], dtype=torch.float32, device=hidden.device)
-        g = grad_logp.float()
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty(N, hidden.shape[1], dtype=torch.float32, device=hidden.device) if need_h else None
+        grad_w = torch.zeros(w32.shape, dtype=torch.float32, device=hidden.device) if need_w else None
+        buf = _buffer(chunk_size, N, w32)
+        coef = -grad_logp.float()  # d(-coef * logp)/dlogp = grad_logp
         for s in range(0, N, chunk_size):
             sl = slice(s, min(s + chunk_size, N))
             h = hidden[sl].float() if upcast else hidden[sl]
-            logits = torch.mm(h, w32.t(), out=buf[: sl.stop - s])
-            logits.sub_(lse[sl][:, None]).exp_()  # softmax
-            ones = torch.ones_like(g[sl])
-            # d logp / d logits = onehot - softmax; times g: -(g * (softmax - onehot))
-            dl = _to_grad(logits, ones, -g[sl], tgt, sl)
-            torch.mm(dl, w32, out=grad_h[sl])
-            grad_w.addmm_(dl.t(), h)
-        if ctx.reduce:
+            P, _, _, r = _chunk_forward(w32, h, tgt.index[sl], tgt.owned[sl], group, buf, lse=lse[sl])
+            _chunk_backward(P, r, coef[sl], h, w32, tgt.index[sl], tgt.owned[sl],
+                            grad_h[sl] if need_h else None, grad_w)
+        if need_h and ctx.reduce:
             _all_reduce(grad_h, group, _sum_op())
-        return grad_h.to(hidden.dtype), grad_w.to(weight.dtype), None, None, None, None, None
+        return (grad_h.to(hidden.dtype) if need_h else None, grad_w.to(weight.dtype) if need_w else None,
+                None, None, None, None, None)
 
 
 def chunked_logprob(
@@ -188,42 +216,65 @@ class _FusedCispo(torch.autograd.Function):
         tgt = _ShardTargets(targets, vocab_start, weight.shape[0])
         logp = torch.empty(N, dtype=torch.float32, device=hidden.device)
         coef = torch.empty(N, dtype=torch.float32, device=hidden.device)
-        grad_h = torch.empty(N, H, dtype=torch.float32, device=hidden.device) if need_grad else None
-        grad_w = torch.zeros(w32.shape, dtype=torch.float32, device=hidden.device) if need_grad else None
-        buf = torch.empty(min(chunk_size, N), weight.shape[0], dtype=torch.float32, device=hidden.device)
+        need_h = need_grad and hidden.requires_grad
+        need_w = need_grad and weight.requires_grad
+        grad_h = torch.empty(N, H, dtype=torch.float32, device=hidden.device) if need_h else None
+        grad_w = torch.zeros(w32.shape, dtype=torch.float32, device=hidden.device) if need_w else None
+        buf = _buffer(chunk_size, N, w32)
         gen = gen_logp.float()
         for s in range(0, N, chunk_size):
             sl = slice(s, min(s + chunk_size, N))
             h = hidden[sl].float() if upcast else hidden[sl]
-            logits = torch.mm(h, w32.t(), out=buf[: sl.stop - s])
-            t_logit, row_max, sum_exp = _chunk_softmax_stats(logits, tgt, sl, group)
-            lp = t_logit - row_max - sum_exp.log()
+            P, t_logit, lse, r = _chunk_forward(w32, h, tgt.index[sl], tgt.owned[sl], group, buf)
+            lp = t_logit - lse
             logp[sl] = lp
-            # dJ/dlogp_t = w_t * A_t * sg(clamp(rho_t)); loss = -J (Eq. (cispo)).
+            # dJ/dlogp_t = w_t * A_t * sg(clamp(rho_t)) =: c_t; loss = -J (Eq. (cispo)).
             c = coef_scale[sl] * torch.exp(lp - gen[sl]).clamp(min=eps_low, max=eps_high)
             coef[sl] = c
-            if need_grad:
-                dl = _to_grad(logits, sum_exp, c, tgt, sl)  # dLoss/dlogits = c * (softmax - onehot)
-                torch.mm(dl, w32, out=grad_h[sl])
-                grad_w.addmm_(dl.t(), h)
-        if need_grad and reduce_grad_hidden:
+            if need_h or need_w:
+                _chunk_backward(P, r, c, h, w32, tgt.index[sl], tgt.owned[sl],
+                                grad_h[sl] if need_h else None, grad_w)
+        if need_h and reduce_grad_hidden:
             _all_reduce(grad_h, group, _sum_op())
         stats["logp"] = logp
         ctx.grads = (grad_h, grad_w)
+        ctx.need_grad = need_grad
         ctx.dtypes = (hidden.dtype, weight.dtype)
         return -(coef.double() * logp.double()).sum().float()
 
     @staticmethod
     def backward(ctx, grad_loss):
-        grad_h, grad_w = ctx.grads
-        if grad_h is None:
+        if not ctx.need_grad:
             raise RuntimeError("cispo_from_hidden ran without grad enabled; cannot backpropagate")
         hd, wd = ctx.dtypes
-        if grad_loss.device.type == "cpu" and float(grad_loss) == 1.0:
-            gh, gw = grad_h, grad_w
-        else:
-            gh, gw = grad_h * grad_loss, grad_w * grad_loss
-        return gh.to(hd), gw.to(wd), None, None, None, None, None, None, None, None, None, None, None
+        out = []
+        for g, dt in zip(ctx.grads, (hd, wd)):
+            if g is None:
+                out.append(None)
+            elif grad_loss.device.type == "cpu" and float(grad_loss) == 1.0:
+                out.append(g.to(dt))
+            else:
+                out.append((g * grad_loss).to(dt))
+        return (*out, None, None, None, None, None, None, None, None, None, None, None)
+
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+def _resolve_backend(backend: str, hidden: torch.Tensor, group) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is unknown; expected one of {BACKENDS}")
+    if backend == "triton" and group is not None:
+        raise ValueError("backend='triton' has no vocab-parallel variant: pass group=None or backend='torch'")
+    if backend != "auto":
+        return backend
+    if hidden.is_cuda and group is None:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "torch"
+        return "triton"
+    return "torch"
 
 
 def cispo_from_hidden(
@@ -240,6 +291,7 @@ def cispo_from_hidden(
     group=None,
     vocab_start: int = 0,
     reduce_grad_hidden: bool = True,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO loss -J (Sec. 3.2 Eq. (cispo), J_ScaleRL) from hidden states, never forming [N, V] logits.
 
@@ -248,6 +300,9 @@ def cispo_from_hidden(
     batch, flattened; 0 for untrained tokens). `eps_high` is the absolute cap on rho, `eps_low` an optional
     absolute floor (as in `losses.policy_loss`). Equals `policy_loss(..., loss_type="cispo")` on the same
     tokens and weights. Metrics as in `policy_loss` (over tokens with weight > 0).
+
+    `backend`: "torch" (chunked, this module), "triton" (`objective.triton`, no vocab parallelism), or
+    "auto": Triton when the tensors are on a CUDA device, triton imports and `group` is None, else torch.
     """
     _validate(hidden, weight, targets, vocab_start)
     N = hidden.shape[0]
@@ -260,12 +315,21 @@ def cispo_from_hidden(
         raise ValueError("advantages contains NaN or inf")
     if not eps_high > 0:
         raise ValueError(f"eps_high={eps_high} must be > 0 (absolute cap of the CISPO ratio)")
+    backend = _resolve_backend(backend, hidden, group)
     chunk_size = chunk_size or default_chunk_size(weight.shape[0])
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     coef_scale = (weights.float() * advantages.float()).detach()
     stats: dict[str, torch.Tensor] = {}
-    loss = _FusedCispo.apply(hidden, weight, targets, gen_logp.detach(), coef_scale, eps_low, eps_high,
-                             chunk_size, group, vocab_start, reduce_grad_hidden, need_grad, stats)
+    if backend == "triton":
+        from scalerl_mega.objective.triton.fused_logprob import triton_logprob
+
+        logp = triton_logprob(hidden, weight, targets)
+        coef = coef_scale * torch.exp(logp.detach() - gen_logp.float()).clamp(min=eps_low, max=eps_high)
+        loss = -(coef * logp).sum()
+        stats["logp"] = logp.detach()
+    else:
+        loss = _FusedCispo.apply(hidden, weight, targets, gen_logp.detach(), coef_scale, eps_low, eps_high,
+                                 chunk_size, group, vocab_start, reduce_grad_hidden, need_grad, stats)
     with torch.no_grad():
         m = weights > 0
         lr = (stats["logp"] - gen_logp.float())[m]

@@ -79,8 +79,9 @@ def test_fused_equals_policy_loss_on_batch_layout_with_prompt_aggregation():
     gen = naive_logprob(h, W, y).detach().view(B, T) + 0.3 * torch.randn(B, T, generator=g)
     adv = torch.randn(B, generator=g)
     wts = token_weights(mask, pidx, "prompt")
-    hA, WA = h.clone().requires_grad_(True), W.clone().requires_grad_(True)
-    ref, ref_met = policy_loss(naive_logprob(hA, WA, y).view(B, T), gen, adv, mask, pidx, loss_type="cispo",
+    hA, WA = h.double().requires_grad_(True), W.double().requires_grad_(True)  # float64 reference
+    lpA = torch.log_softmax(hA @ WA.t(), -1).gather(1, y[:, None])[:, 0]
+    ref, ref_met = policy_loss(lpA.view(B, T), gen.double(), adv.double(), mask, pidx, loss_type="cispo",
                                aggregation="prompt", eps_high=1.25)
     ref.backward()
     hB, WB = h.clone().requires_grad_(True), W.clone().requires_grad_(True)

@@ -51,6 +51,12 @@ SCRIPT = textwrap.dedent(r"""
     h2, W2 = h.clone().requires_grad_(True), W.clone().requires_grad_(True)
     loss = triton_cispo_from_hidden(h2, W2, y, gen, A, w, eps_high=1.2, block_n=16, block_v=64, block_h=16)
     loss.backward()
+    from scalerl_mega.objective.fused_logprob import cispo_from_hidden
+    h3, W3 = h.clone().requires_grad_(True), W.clone().requires_grad_(True)
+    loss3, met = cispo_from_hidden(h3, W3, y, gen, A, w, eps_high=1.2, backend="triton")
+    loss3.backward()
+    out["backend"] = dict(loss=abs(float(loss3.detach()) - float(ref.detach())) / abs(float(ref.detach())),
+                          gh=rel(h3.grad, h1.grad), gw=rel(W3.grad, W1.grad), clip=met["clip_fraction"])
     out["cispo"] = dict(loss=abs(float(loss.detach()) - float(ref.detach())) / abs(float(ref.detach())), gh=rel(h2.grad, h1.grad),
                         gw=rel(W2.grad, W1.grad))
     print(json.dumps(out))
@@ -71,3 +77,5 @@ def test_triton_kernel_under_interpreter_matches_torch():
     assert res["torch.bfloat16"]["gdtype"] == "torch.bfloat16"
     for k in ("loss", "gh", "gw"):
         assert res["cispo"][k] < 1e-5, (k, res)
+        assert res["backend"][k] < 1e-5, (k, res)  # cispo_from_hidden(backend="triton")
+    assert 0 < res["backend"]["clip"] < 1
