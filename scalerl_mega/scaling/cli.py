@@ -42,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--holdout", type=float, default=0.5,
                    help="extrapolation check: fit on compute <= this fraction of the max, predict the rest "
                         "(0 disables)")
+    p.add_argument("--bootstrap", type=int, default=0, metavar="N",
+                   help="N point-bootstrap resamples per run: A/B intervals printed next to the +-0.02 seed margin")
+    p.add_argument("--same-config", action="store_true",
+                   help="the runs are seeds of one config: also report per-seed A, their half-range and a "
+                        "seed bootstrap (N from --bootstrap, default 100)")
     p.add_argument("--plot-dir", default=None, help="write scaling.png/.svg, per-run extrapolation plots, loo")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON instead of the table")
     return p
@@ -97,7 +102,8 @@ def _num(v: float, fmt: str) -> str:
 
 
 def _run(args) -> int:
-    from scalerl_mega.scaling.compare import compare_runs, extrapolation_error
+    from scalerl_mega.scaling.compare import SEED_MARGIN_A, bootstrap_points, bootstrap_seeds, compare_runs, \
+        extrapolation_error
     from scalerl_mega.scaling.io import read_series
 
     labels = args.label or []
@@ -122,6 +128,18 @@ def _run(args) -> int:
         fits.append(f)
         extraps.append(ex)
         rows.append(_row(s, f, ex, ex_note))
+        if args.bootstrap > 0:
+            bp = bootstrap_points(s.compute, s.reward, options=opts, n_boot=args.bootstrap)
+            rows[-1]["bootstrap_points"] = {"n_ok": bp.n_ok, "level": bp.level, "A": list(bp.A), "B": list(bp.B),
+                                            "C_mid": list(bp.C_mid), "seed_margin_A": SEED_MARGIN_A}
+    seeds = None
+    if args.same_config:
+        if len(series) < 2:
+            raise ValueError("--same-config needs at least 2 runs")
+        bs = bootstrap_seeds([(s.compute, s.reward) for s in series], options=_opts_for(series[0], base, grid),
+                             n_boot=args.bootstrap or 100)
+        seeds = {"per_seed_A": list(bs.per_seed_A), "half_range_A": bs.seed_half_range, "n_ok": bs.n_ok,
+                 "A": list(bs.A), "B": list(bs.B), "C_mid": list(bs.C_mid), "seed_margin_A": SEED_MARGIN_A}
     comps = []
     for k in range(1, len(series)):
         oa = _opts_for(series[0], base, grid)
@@ -138,9 +156,9 @@ def _run(args) -> int:
         plots = _plots(args, series, fits, extraps)
     if args.json:
         print(json.dumps({"grid": desc, "x": args.x, "y": args.y, "runs": rows, "comparisons": comps,
-                          "plots": [str(p) for p in plots]}, indent=2, default=_json_default))
+                          "seeds": seeds, "plots": [str(p) for p in plots]}, indent=2, default=_json_default))
     else:
-        _print_table(desc, rows, comps, plots)
+        _print_table(desc, rows, comps, plots, seeds)
     return 0
 
 
@@ -174,7 +192,7 @@ def _row(s, f, ex, ex_note) -> dict:
     return row
 
 
-def _print_table(desc, rows, comps, plots) -> None:
+def _print_table(desc, rows, comps, plots, seeds=None) -> None:
     print(f"grid: {desc}")
     head = ("run", "n", "A", "B", "C_mid", "identified", "extrap MAE", "noise floor", "dA(half)")
     table = [head]
@@ -194,7 +212,13 @@ def _print_table(desc, rows, comps, plots) -> None:
         if not r["identified"]:
             notes.append(f"{r['run']}: A not identified: {r['reason']}")
         if r.get("widened"):
-            notes.append(f"{r['run']}: grid widened at {', '.join(r['widened'])}")
+            edges = sorted(set(r["widened"]), key=r["widened"].index)
+            notes.append(f"{r['run']}: grid widened at {', '.join(edges)} ({len(r['widened'])} step(s))")
+        if "bootstrap_points" in r:
+            q = r["bootstrap_points"]
+            notes.append(f"{r['run']}: A {100 * q['level']:.0f}% point-bootstrap {q['A'][0]:.3f}..{q['A'][1]:.3f} "
+                         f"(n={q['n_ok']}); compare runs with the +-{q['seed_margin_A']:g} seed margin: point "
+                         "intervals understate seed variance")
         if "refined" in r:
             q = r["refined"]
             notes.append(f"{r['run']}: continuous refit A={q['A']:.4f} B={q['B']:.3f} C_mid={q['C_mid']:.4g}"
@@ -212,6 +236,11 @@ def _print_table(desc, rows, comps, plots) -> None:
             print("  ".join("-" * w for w in widths))
     for n in notes:
         print("  " + n)
+    if seeds is not None:
+        per = ", ".join(f"{a:.3f}" for a in seeds["per_seed_A"])
+        print(f"seeds of one config: A per seed {per}; half-range {seeds['half_range_A']:.4f} "
+              f"(paper: <= 0.015, margin {seeds['seed_margin_A']:g}); seed-bootstrap A "
+              f"{seeds['A'][0]:.3f}..{seeds['A'][1]:.3f} (n={seeds['n_ok']})")
     for c in comps:
         print(f"compare {c['a']} vs {c['b']}: {c['verdict']}")
     for p in plots:

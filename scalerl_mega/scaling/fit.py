@@ -361,8 +361,9 @@ def _cells_fast(C, R, R0, a_grid, cm_grid) -> tuple[np.ndarray, np.ndarray]:
     Stage 1 (float32, through the linearity in a = A - R0): SSE of every (A, C_mid) cell at every B of a
     log grid over [0.01, 100]; stage 2 (float64, exact SSE): golden-section on log B for the cells whose
     pessimistic minimum estimate (parabolic estimate, minus twice its gain, minus the float32 error bound)
-    does not exceed the best value known to be achievable. Returns (sse, B) in the layout of `_cells_grid`;
-    cells that cannot win keep their stage-1 value (an estimate of an upper bound of their minimum)."""
+    does not exceed the best value known to be achievable (times the A-profile threshold factor, so that
+    `A_profile_interval` sees exact values too). Returns (sse, B) in the layout of `_cells_grid`; other
+    cells keep their stage-1 value (an estimate of an upper bound of their minimum)."""
     x = np.log(C)
     y = R - R0
     a = a_grid - R0  # (nA,)
@@ -396,7 +397,9 @@ def _cells_fast(C, R, R0, a_grid, cm_grid) -> tuple[np.ndarray, np.ndarray]:
         est = np.where(curv > 0, g0 - (gp - gm) ** 2 / (8.0 * curv), gk)
     est = np.minimum(est, gk)
     lower = est - 2.0 * (gk - est) - err[:, None]
-    cand = lower <= float((gk + err[:, None]).min())
+    # Cells that might beat the best, or lie inside the A-profile threshold (`_profile_interval`), get exact values.
+    prof = 1.0 + _CHI2_1_95 / max(n - len(SIGMOID_PARAMS), 1)
+    cand = lower <= float((gk + err[:, None]).min()) * prof
     flat_est = est.ravel()
     cand.ravel()[np.argsort(flat_est)[: min(8, flat_est.size)]] = True
     ii, jj = np.nonzero(cand)

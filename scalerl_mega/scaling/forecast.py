@@ -6,7 +6,8 @@ points (the training loop should not crash on a forecast), it reports `ok=False`
 
 Scale: by default the fit has no lower compute cut (`fit_from=None`) and uses `relative_grids` over
 [smallest fitted compute, max(largest compute, budget)] (A in 0.005..1.000 step 0.005, C_mid geometric
-from 0.1x to 100x of that range, 200 values), with `method="fast"`: a refit takes tens of milliseconds.
+from 0.1x to 100x of that range, 200 values), with `method="fast"` and no grid widening (an optimum on the edge is reported as not identified; the
+relative C_mid grid already reaches 100x the budget): a refit takes tens of milliseconds.
 For paper-scale GPU-hour runs pass `fit_from=1500.0` and the paper's grids (`fit.paper_grids()`).
 """
 
@@ -67,7 +68,8 @@ def forecast(compute: Sequence[float], reward: Sequence[float], *, budget: float
         a_grid = ra if a_grid is None else a_grid
         cmid_grid = rc if cmid_grid is None else cmid_grid
     try:
-        f = fit_sigmoid(c, r, r0=r0, fit_from=fit_from, method="fast", a_grid=a_grid, cmid_grid=cmid_grid)
+        f = fit_sigmoid(c, r, r0=r0, fit_from=fit_from, method="fast", a_grid=a_grid, cmid_grid=cmid_grid,
+                        widen=False)
     except ValueError as e:
         return fail(str(e))
     return Forecast(ok=True, n_points=n, compute_so_far=so_far, budget=float(budget), A=f.A, B=f.B, C_mid=f.C_mid,

@@ -126,3 +126,14 @@ def test_console_script_runs_without_traceback(tmp_path):
     r = subprocess.run([str(exe), str(tmp_path / "missing")], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert r.returncode == 2 and "Traceback" not in r.stderr and "no such file" in r.stderr
+
+
+def test_cli_seeds_and_bootstrap(tmp_path, capsys):
+    runs = [str(scalerl_run(tmp_path, f"seed{k}", seed=10 + k)) for k in range(3)]
+    assert main(runs + ["--same-config", "--bootstrap", "8", "--holdout", "0", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    per = [r["A"] for r in data["runs"]]
+    assert data["seeds"]["per_seed_A"] == pytest.approx(per)
+    assert data["seeds"]["half_range_A"] == pytest.approx((max(per) - min(per)) / 2)
+    bp = data["runs"][0]["bootstrap_points"]
+    assert bp["seed_margin_A"] == 0.02 and bp["A"][0] <= bp["A"][1]
