@@ -1,0 +1,1 @@
+"""Policy trainers (the PolicyTrainer seam). Megatron-Core lives in `trainer.megatron`."""

@@ -1,0 +1,160 @@
+"""Atomic Megatron dist-checkpointing of model + optimizer + extra (RL) state.
+
+Layout under a checkpoint root:
+    step_00000012/      complete checkpoints (Megatron torch_dist files + COMPLETE marker)
+    latest              text file naming the newest complete checkpoint directory
+    .tmp-step_00000013/ an in-progress (or crashed) save; never loaded
+
+A save writes into `.tmp-*`, then rank 0 writes the COMPLETE marker, renames the directory into
+place and replaces `latest` with os.replace. A crash at any point leaves `latest` naming the
+previous complete checkpoint. Model tensors are ShardedTensors, so a checkpoint loads under any
+TP/PP/EP layout; the distributed optimizer uses the `dp_reshardable` sharding type (and is
+loaded under torch.no_grad(), because its FP32 main params are views of leaf tensors).
+
+Note: Megatron's save starts a spawn-based multiprocessing Manager, so entry scripts need an
+`if __name__ == "__main__":` guard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+COMPLETE = "COMPLETE"
+LATEST = "latest"
+OPTIM_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def step_dirname(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def _unwrap(chunk):
+    return getattr(chunk, "module", chunk)
+
+
+def _model_sharded_state_dict(chunks: list) -> dict:
+    if len(chunks) == 1:
+        return _unwrap(chunks[0]).sharded_state_dict()
+    raise NotImplementedError("virtual pipeline (several model chunks) checkpointing is not supported yet")
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimizer=None,
+                    extra_state: Optional[dict[str, Any]] = None) -> Path:
+    """Collectively save model (+ optimizer) + `extra_state` (picklable, from rank 0) as step `step`.
+
+    Returns the final directory. On any error the partial `.tmp-*` directory is removed (best
+    effort) and the error re-raised; `latest` is untouched.
+    """
+    from megatron.core import dist_checkpointing
+
+    root = Path(root)
+    final = root / step_dirname(step)
+    tmp = root / f".tmp-{step_dirname(step)}"
+    if _rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    _barrier()
+    model_sd = _model_sharded_state_dict(chunks)
+    state: dict[str, Any] = {"model": model_sd, "extra_state": dict(extra_state or {}),
+                             "has_optimizer": optimizer is not None}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=False, metadata=OPTIM_METADATA)
+    try:
+        dist_checkpointing.save(state, str(tmp), validate_access_integrity=True)
+    except BaseException:
+        if _rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _barrier()
+    if _rank() == 0:
+        _write_atomic(tmp / COMPLETE, json.dumps({"step": step}))
+        if final.exists():  # re-saving the same step: move the old one aside first
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        _write_atomic(root / LATEST, final.name)
+    _barrier()
+    return final
+
+
+def resolve(path: str | os.PathLike) -> Path:
+    """A checkpoint directory from either itself or a root holding `latest`. Only complete ones."""
+    path = Path(path)
+    if (path / LATEST).is_file():
+        name = (path / LATEST).read_text().strip()
+        path = path / name
+    if not (path / COMPLETE).is_file():
+        raise ValueError(f"checkpoint {path}: not a complete checkpoint (no {COMPLETE} marker)")
+    return path
+
+
+def latest_step(root: str | os.PathLike) -> Optional[int]:
+    """Step of the checkpoint `latest` points to, or None when there is none."""
+    try:
+        path = resolve(root)
+    except ValueError:
+        return None
+    return int(json.loads((path / COMPLETE).read_text())["step"])
+
+
+def load_checkpoint(path: str | os.PathLike, *, chunks: list, optimizer=None,
+                    load_optimizer: bool = True) -> dict[str, Any]:
+    """Collectively load into `chunks` (any TP/PP/EP layout) and, if given, `optimizer`.
+
+    Returns the extra state saved with the checkpoint.
+    """
+    import torch
+    from megatron.core import dist_checkpointing
+
+    ckpt = resolve(path)
+    common = dist_checkpointing.load_common_state_dict(str(ckpt))
+    model_sd = _model_sharded_state_dict(chunks)
+    state: dict[str, Any] = {"model": model_sd}
+    with_opt = optimizer is not None and load_optimizer
+    if with_opt:
+        if not common.get("has_optimizer", False):
+            raise ValueError(f"checkpoint {ckpt}: has no optimizer state (saved with optimizer=None)")
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=OPTIM_METADATA)
+    loaded = dist_checkpointing.load(state, str(ckpt))
+    _unwrap(chunks[0]).load_state_dict(loaded["model"])
+    if with_opt:
+        with torch.no_grad():
+            optimizer.load_state_dict(loaded["optimizer"])
+    return dict(common.get("extra_state", {}))

@@ -1,0 +1,323 @@
+"""Typed configuration for the Megatron-Core trainer: model shape, parallel layout, optimizer.
+
+Pure dataclasses: no torch or megatron import, so configs can be validated (and Hydra can compose
+them) before any process group starts. Every check raises ValueError naming the key and value.
+Presets live in `conf/model/<name>.yaml` (plain YAML, read with omegaconf).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+ARCHS = ("llama", "llama4")
+DISPATCHERS = ("alltoall", "allgather")
+SCORE_FUNCTIONS = ("softmax", "sigmoid")
+LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
+PRESETS = ("tiny_dense", "tiny_moe", "llama3_8b", "scout_17b16e")
+
+
+def _conf_dir() -> Path:
+    """`conf/model/` at the repository root (this file is scalerl_mega/trainer/megatron/config.py)."""
+    return Path(__file__).resolve().parents[3] / "conf" / "model"
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Decoder-only transformer shape (Llama-3 dense or Llama-4 Scout-style MoE)."""
+
+    name: str = "custom"
+    arch: str = "llama"
+    """"llama" (Llama-3 family) or "llama4" (Llama-4: MoE + NoPE/chunked attention features)."""
+    vocab_size: int = 256
+    """Used unpadded: must be divisible by the tensor-parallel size (so exported logits are exact)."""
+    hidden_size: int = 64
+    ffn_hidden_size: int = 128
+    """Dense MLP width (SwiGLU: gate and up each have this width)."""
+    num_layers: int = 2
+    num_attention_heads: int = 4
+    num_query_groups: int = 2
+    """GQA key/value heads."""
+    head_dim: Optional[int] = None
+    """Per-head width; None means hidden_size // num_attention_heads."""
+    max_position_embeddings: int = 2048
+    rope_theta: float = 500000.0
+    rope_scaling: bool = False
+    """Llama-3.1 style frequency scaling (long context)."""
+    rope_scaling_factor: float = 8.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    qk_layernorm: bool = False
+    init_method_std: float = 0.02
+    fp32_lm_head: bool = True
+    """Compute the output layer and logits in FP32 (paper Sec. 3.2, "FP32 Precision for LLM logits")."""
+    # --- MoE (num_experts == 0: dense) ---
+    num_experts: int = 0
+    moe_topk: int = 1
+    moe_ffn_hidden_size: Optional[int] = None
+    """Routed expert width; None means ffn_hidden_size."""
+    shared_expert_ffn: int = 0
+    """Shared expert width (0: none). Scout has one shared expert next to the routed ones."""
+    moe_layer_freq: int = 1
+    """Every Nth layer is MoE (1: all layers, 2: alternate dense/MoE starting with dense)."""
+    moe_router_pre_softmax: bool = False
+    """Normalise scores before top-k; required by Megatron for top-1 routing."""
+    moe_router_score_function: str = "softmax"
+    moe_router_load_balancing_type: str = "aux_loss"
+    moe_aux_loss_coeff: float = 1e-2
+    moe_apply_probs_on_input: bool = False
+    """Multiply the expert input (not output) by the router probability (Llama-4; top-1 only)."""
+    # --- Llama-4 only (all off by default) ---
+    no_rope_freq: int = 0
+    """Every Nth layer uses no positional encoding (NoPE); 0 disables (Llama-4 uses 4)."""
+    attention_chunk_size: int = 0
+    """Chunked local attention window on RoPE layers; 0 disables (Llama-4 uses 8192)."""
+    attn_temperature_tuning: bool = False
+    """Scale NoPE-layer queries by log(floor((pos+1)/floor_scale)+1)*attn_scale+1 (Llama-4)."""
+    floor_scale: float = 8192.0
+    attn_scale: float = 0.1
+    qk_l2_norm: bool = False
+    """L2-normalise q and k on RoPE layers (Llama-4 Scout)."""
+
+    @property
+    def kv_channels(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden_size if self.moe_ffn_hidden_size is not None else self.ffn_hidden_size
+
+    def llama4_features(self) -> list[str]:
+        """Names of the Llama-4-only features that are switched on."""
+        on = []
+        if self.no_rope_freq:
+            on.append(f"no_rope_freq={self.no_rope_freq}")
+        if self.attention_chunk_size:
+            on.append(f"attention_chunk_size={self.attention_chunk_size}")
+        if self.attn_temperature_tuning:
+            on.append("attn_temperature_tuning=True")
+        if self.qk_l2_norm:
+            on.append("qk_l2_norm=True")
+        return on
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Layer `layer` (0-based) is MoE: every `moe_layer_freq`-th layer, the last of each period."""
+        return self.is_moe and (layer + 1) % self.moe_layer_freq == 0
+
+    def validate(self) -> "ModelConfig":
+        where = f"model '{self.name}'"
+        _choice(where, "arch", self.arch, ARCHS)
+        for key in ("vocab_size", "hidden_size", "ffn_hidden_size", "num_layers", "num_attention_heads",
+                    "num_query_groups", "max_position_embeddings", "moe_layer_freq"):
+            _positive(where, key, getattr(self, key))
+        if self.head_dim is not None:
+            _positive(where, "head_dim", self.head_dim)
+        elif self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"{where}: hidden_size={self.hidden_size} is not divisible by "
+                             f"num_attention_heads={self.num_attention_heads} (set head_dim)")
+        if self.num_attention_heads % self.num_query_groups:
+            raise ValueError(f"{where}: num_attention_heads={self.num_attention_heads} is not divisible by "
+                             f"num_query_groups={self.num_query_groups}")
+        if self.rope_theta <= 0:
+            raise ValueError(f"{where}: rope_theta={self.rope_theta} must be > 0")
+        if self.norm_eps <= 0:
+            raise ValueError(f"{where}: norm_eps={self.norm_eps} must be > 0")
+        if self.num_experts < 0:
+            raise ValueError(f"{where}: num_experts={self.num_experts} must be >= 0")
+        if self.is_moe:
+            if not 1 <= self.moe_topk <= self.num_experts:
+                raise ValueError(f"{where}: moe_topk={self.moe_topk} must be in [1, num_experts={self.num_experts}]")
+            _choice(where, "moe_router_score_function", self.moe_router_score_function, SCORE_FUNCTIONS)
+            _choice(where, "moe_router_load_balancing_type", self.moe_router_load_balancing_type, LOAD_BALANCING)
+            if self.moe_topk == 1 and not self.moe_router_pre_softmax and self.moe_router_score_function == "softmax":
+                raise ValueError(f"{where}: moe_topk=1 with moe_router_pre_softmax=False: top-1 softmax routing "
+                                 "needs moe_router_pre_softmax=True (Megatron refuses it otherwise)")
+            if self.moe_apply_probs_on_input and self.moe_topk != 1:
+                raise ValueError(f"{where}: moe_apply_probs_on_input=True needs moe_topk=1 (got {self.moe_topk})")
+            if self.shared_expert_ffn < 0:
+                raise ValueError(f"{where}: shared_expert_ffn={self.shared_expert_ffn} must be >= 0")
+        features = self.llama4_features()
+        if features and self.arch != "llama4":
+            raise ValueError(f"{where}: {features[0]} is a Llama-4 feature but arch={self.arch!r} "
+                             "(set arch: llama4)")
+        if self.no_rope_freq < 0 or self.attention_chunk_size < 0:
+            raise ValueError(f"{where}: no_rope_freq={self.no_rope_freq} / attention_chunk_size="
+                             f"{self.attention_chunk_size} must be >= 0")
+        return self
+
+    # --- analytic sizes (no torch) ---
+    def num_params(self) -> dict[str, int]:
+        """Parameter counts: `total` and `active` (per token: shared + top-k routed experts).
+
+        Counted from the shapes: embedding V*h (+ output layer unless tied), per layer the attention
+        (q: h*H*d, k/v: h*G*d each, o: H*d*h, two RMSNorm weights h) and either a SwiGLU MLP
+        (3*h*f) or a MoE block (router h*E, E routed SwiGLU experts 3*h*f_e, shared 3*h*f_s), final norm h.
+        """
+        h, d = self.hidden_size, self.kv_channels
+        heads, groups = self.num_attention_heads, self.num_query_groups
+        attn = h * heads * d + 2 * h * groups * d + heads * d * h + 2 * h
+        if self.qk_layernorm:
+            attn += 2 * d
+        dense_mlp = 3 * h * self.ffn_hidden_size
+        expert = 3 * h * self.expert_ffn
+        shared = 3 * h * self.shared_expert_ffn
+        total = active = 0
+        for layer in range(self.num_layers):
+            total += attn
+            active += attn
+            if self.is_moe_layer(layer):
+                total += h * self.num_experts + self.num_experts * expert + shared
+                active += h * self.num_experts + self.moe_topk * expert + shared
+            else:
+                total += dense_mlp
+                active += dense_mlp
+        embed = self.vocab_size * h * (1 if self.tie_embeddings else 2) + h
+        return {"total": total + embed, "active": active + embed}
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    """Parallel layout. DP is derived: world_size / (tp * pp) (experts: world / (etp * ep * pp))."""
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    moe_token_dispatcher: str = "alltoall"
+    micro_batch_size: int = 1
+    backend: str = "auto"
+    """"auto" (nccl with CUDA, gloo without), "gloo" or "nccl"."""
+
+    def dp(self, world_size: int) -> int:
+        if world_size % (self.tp * self.pp):
+            raise ValueError(f"parallel: world_size={world_size} is not divisible by tp*pp={self.tp * self.pp}")
+        return world_size // (self.tp * self.pp)
+
+    def validate(self, model: Optional[ModelConfig] = None, *, world_size: Optional[int] = None) -> "ParallelConfig":
+        where = "parallel"
+        for key in ("tp", "pp", "ep", "micro_batch_size"):
+            _positive(where, key, getattr(self, key))
+        _choice(where, "moe_token_dispatcher", self.moe_token_dispatcher, DISPATCHERS)
+        _choice(where, "backend", self.backend, ("auto", "gloo", "nccl"))
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError(f"{where}: sequence_parallel=True needs tp > 1 (tp={self.tp})")
+        if world_size is not None:
+            dp = self.dp(world_size)
+            if (dp * self.tp) % self.ep:
+                raise ValueError(f"{where}: ep={self.ep} does not divide dp*tp={dp * self.tp} "
+                                 f"(world_size={world_size}, pp={self.pp})")
+        if model is None:
+            return self
+        m = model
+        if m.num_attention_heads % self.tp:
+            raise ValueError(f"{where}: tp={self.tp} does not divide model.num_attention_heads={m.num_attention_heads}")
+        if m.num_query_groups % self.tp:
+            raise ValueError(f"{where}: tp={self.tp} does not divide model.num_query_groups={m.num_query_groups}")
+        if m.vocab_size % self.tp:
+            raise ValueError(f"{where}: tp={self.tp} does not divide model.vocab_size={m.vocab_size}")
+        if m.num_layers % self.pp:
+            raise ValueError(f"{where}: pp={self.pp} does not divide model.num_layers={m.num_layers}")
+        if self.ep > 1 and not m.is_moe:
+            raise ValueError(f"{where}: ep={self.ep} > 1 but model '{m.name}' is dense (num_experts=0)")
+        if m.is_moe and m.num_experts % self.ep:
+            raise ValueError(f"{where}: ep={self.ep} does not divide model.num_experts={m.num_experts}")
+        if m.is_moe and self.tp > 1 and not self.sequence_parallel:
+            raise ValueError(f"{where}: MoE with tp={self.tp} needs sequence_parallel=True "
+                             "(Megatron refuses MoE + TP without SP in training)")
+        return self
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """AdamW with linear warmup then constant LR (paper App. A.3: lr 5e-7, eps 1e-15, wd 0.01, 100 warmup)."""
+
+    lr: float = 5e-7
+    warmup_steps: int = 100
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-15
+    weight_decay: float = 0.01
+    clip_grad: float = 1.0
+    """Global grad-norm clip; 0 disables."""
+    use_distributed_optimizer: bool = False
+    seed: int = 1234
+
+    def lr_at(self, step: int) -> float:
+        """LR for optimizer step `step` (0-based): lr*(step+1)/warmup_steps during warmup, then lr."""
+        if self.warmup_steps <= 0 or step >= self.warmup_steps:
+            return self.lr
+        return self.lr * (step + 1) / self.warmup_steps
+
+    def validate(self) -> "OptimConfig":
+        where = "optim"
+        if not self.lr > 0:
+            raise ValueError(f"{where}: lr={self.lr} must be > 0")
+        if self.warmup_steps < 0:
+            raise ValueError(f"{where}: warmup_steps={self.warmup_steps} must be >= 0")
+        for key in ("adam_beta1", "adam_beta2"):
+            v = getattr(self, key)
+            if not 0 <= v < 1:
+                raise ValueError(f"{where}: {key}={v} must be in [0, 1)")
+        if not self.adam_eps > 0:
+            raise ValueError(f"{where}: adam_eps={self.adam_eps} must be > 0")
+        if self.weight_decay < 0 or self.clip_grad < 0:
+            raise ValueError(f"{where}: weight_decay={self.weight_decay} and clip_grad={self.clip_grad} must be >= 0")
+        return self
+
+
+@dataclass(kw_only=True)
+class MegatronConfig:
+    """Everything the Megatron trainer needs, validated together."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def validate(self, *, world_size: Optional[int] = None) -> "MegatronConfig":
+        self.model.validate()
+        self.parallel.validate(self.model, world_size=world_size)
+        self.optim.validate()
+        return self
+
+
+def _positive(where: str, key: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{where}: {key}={value!r} must be a positive integer")
+
+
+def _choice(where: str, key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{where}: {key}={value!r} is not one of {list(allowed)}")
+
+
+def model_from_dict(data: dict[str, Any], *, source: str = "<dict>") -> ModelConfig:
+    """Build a ModelConfig from a mapping; unknown keys raise ValueError naming the key and source."""
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    for key in data:
+        if key not in known:
+            raise ValueError(f"{source}: unknown model key {key!r}")
+    return ModelConfig(**data)
+
+
+def load_model_preset(name: str, *, overrides: Optional[dict[str, Any]] = None,
+                      conf_dir: Optional[Path] = None) -> ModelConfig:
+    """Read `conf/model/<name>.yaml` (plain YAML via omegaconf), apply overrides, validate."""
+    from omegaconf import OmegaConf
+
+    directory = Path(conf_dir) if conf_dir is not None else _conf_dir()
+    path = directory / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in directory.glob("*.yaml")) if directory.is_dir() else []
+        raise ValueError(f"model preset {name!r} not found: no file {path} (known: {known})")
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping, got {type(data).__name__}")
+    data.setdefault("name", name)
+    data.update(overrides or {})
+    return model_from_dict(data, source=str(path)).validate()

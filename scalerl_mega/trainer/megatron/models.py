@@ -1,0 +1,180 @@
+"""Build Megatron-Core `GPTModel`s (Llama-style dense, Scout-style MoE) from a ModelConfig.
+
+Local (non-TE) layer spec when TransformerEngine is absent (CPU), TE spec when it is importable.
+Llama: RMSNorm, SwiGLU, RoPE, GQA, no biases. MoE: routed experts (top-k, SequentialMLP) plus an
+optional shared expert. Llama-4-only attention features (NoPE layers, chunked attention,
+temperature tuning, QK L2 norm) come from `llama4.llama4_layer_spec`, imported lazily.
+The output layer computes logits in FP32 (paper Sec. 3.2, "FP32 Precision for LLM logits").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from scalerl_mega.trainer.megatron.config import ModelConfig, ParallelConfig
+
+
+def te_available() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def transformer_config(model: ModelConfig, parallel: ParallelConfig):
+    """The Megatron `TransformerConfig` for this model and layout (fp32 params)."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
+
+    on_cpu = not torch.cuda.is_available()
+    moe: dict[str, Any] = {}
+    if model.is_moe:
+        freq: Any = 1 if model.moe_layer_freq == 1 else [int(model.is_moe_layer(i)) for i in range(model.num_layers)]
+        moe = dict(
+            num_moe_experts=model.num_experts,
+            moe_router_topk=model.moe_topk,
+            moe_ffn_hidden_size=model.expert_ffn,
+            moe_shared_expert_intermediate_size=model.shared_expert_ffn or None,
+            moe_layer_freq=freq,
+            moe_router_pre_softmax=model.moe_router_pre_softmax,
+            moe_router_score_function=model.moe_router_score_function,
+            moe_router_load_balancing_type=model.moe_router_load_balancing_type,
+            moe_aux_loss_coeff=model.moe_aux_loss_coeff if model.moe_router_load_balancing_type != "none" else 0.0,
+            moe_apply_probs_on_input=model.moe_apply_probs_on_input,
+            moe_token_dispatcher_type=parallel.moe_token_dispatcher,
+            moe_grouped_gemm=False,
+            moe_router_dtype="fp32",
+        )
+    return TransformerConfig(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        kv_channels=model.kv_channels,
+        normalization="RMSNorm",
+        layernorm_epsilon=model.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=model.init_method_std,
+        qk_layernorm=model.qk_layernorm,
+        tensor_model_parallel_size=parallel.tp,
+        pipeline_model_parallel_size=parallel.pp,
+        expert_model_parallel_size=parallel.ep,
+        sequence_parallel=parallel.sequence_parallel,
+        params_dtype=torch.float32,
+        pipeline_dtype=torch.float32,
+        use_cpu_initialization=on_cpu,
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        batch_p2p_sync=not on_cpu,  # the sync is torch.cuda.synchronize(); gloo p2p is synchronous
+        **moe,
+    )
+
+
+def layer_spec(model: ModelConfig, tcfg, *, use_te: bool):
+    """Transformer block/layer spec. Llama-4 features -> `llama4.llama4_layer_spec` (lazy import)."""
+    if model.arch == "llama4" and model.llama4_features():
+        try:
+            from scalerl_mega.trainer.megatron import llama4
+        except ImportError as exc:
+            raise NotImplementedError(
+                f"model '{model.name}': Llama-4 feature {model.llama4_features()[0]} needs "
+                "scalerl_mega.trainer.megatron.llama4.llama4_layer_spec, which is not available "
+                f"({exc})") from exc
+        spec = llama4.llama4_layer_spec(model, use_te)
+    else:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+        spec = get_gpt_decoder_block_spec(tcfg, use_transformer_engine=use_te, normalization="RMSNorm")
+    if not use_te:
+        from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+        from scalerl_mega.trainer.megatron.cpu_compat import SequenceParallelTorchNorm
+
+        spec = replace_in_spec(spec, WrappedTorchNorm, SequenceParallelTorchNorm)
+    return spec
+
+
+def replace_in_spec(spec: Any, old: type, new: type) -> Any:
+    """Return a copy of a (nested) ModuleSpec / submodules dataclass with class `old` -> `new`."""
+    if spec is old:
+        return new
+    if isinstance(spec, (list, tuple)):
+        return type(spec)(replace_in_spec(s, old, new) for s in spec)
+    if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
+        changes = {f.name: replace_in_spec(getattr(spec, f.name), old, new)
+                   for f in dataclasses.fields(spec) if f.init}
+        return dataclasses.replace(spec, **changes)
+    return spec
+
+
+def build_model(model: ModelConfig, parallel: ParallelConfig, *, use_te: bool | None = None):
+    """One `GPTModel` chunk for this pipeline stage (Megatron parallel state must be initialised).
+
+    Returns (model, transformer_config).
+    """
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    model.validate()
+    if use_te is None:
+        use_te = te_available()
+    if not torch.cuda.is_available() and model.num_params()["total"] > 5e9:
+        raise ValueError(f"model '{model.name}': {model.num_params()['total'] / 1e9:.1f}B parameters is "
+                         "built only on GPU (no CUDA here)")
+    tcfg = transformer_config(model, parallel)
+    spec = layer_spec(model, tcfg, use_te=use_te)
+    gpt = GPTModel(
+        config=tcfg,
+        transformer_layer_spec=spec,
+        vocab_size=model.vocab_size,
+        max_sequence_length=model.max_position_embeddings,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        parallel_output=True,
+        share_embeddings_and_output_weights=model.tie_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(model.rope_theta),
+        rope_scaling=model.rope_scaling,
+        rope_scaling_factor=model.rope_scaling_factor,
+    )
+    if torch.cuda.is_available():
+        gpt.cuda(torch.cuda.current_device())
+    if model.fp32_lm_head:
+        ensure_fp32_lm_head(gpt)
+    return gpt, tcfg
+
+
+def ensure_fp32_lm_head(gpt) -> None:
+    """Keep the output layer in FP32 and feed it FP32 hidden states, so logits are FP32 even when
+    the rest of the model runs in 16 bit (paper Sec. 3.2). A no-op for an all-FP32 model."""
+    import torch
+
+    layer = getattr(gpt, "output_layer", None)
+    if layer is None or getattr(layer, "_scalerl_fp32", False):
+        return
+    layer.float()
+
+    def upcast(module, args, kwargs):
+        if args and torch.is_tensor(args[0]) and args[0].dtype != torch.float32:
+            args = (args[0].float(), *args[1:])
+        weight = kwargs.get("weight")
+        if torch.is_tensor(weight) and weight.dtype != torch.float32:
+            kwargs["weight"] = weight.float()
+        return args, kwargs
+
+    layer.register_forward_pre_hook(upcast, with_kwargs=True)
+    layer._scalerl_fp32 = True

@@ -1,0 +1,176 @@
+"""CPU compatibility layer: each patch's target failure is reproduced with the patch reverted and
+avoided with it applied (values checked against hand computations). No process group needed.
+Patch 5's dispatcher methods and patch 8 inside a real all-to-all are exercised by the
+multi-process tests (MoE EP2 alltoall); their building blocks are checked here.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if torch.cuda.is_available():  # pragma: no cover
+    pytest.skip("the CPU compatibility layer is only applied without CUDA", allow_module_level=True)
+
+from scalerl_mega.trainer.megatron import cpu_compat  # noqa: E402
+
+CUDA_MSG = "Torch not compiled with CUDA enabled"
+
+
+@pytest.fixture(autouse=True)
+def _applied():
+    cpu_compat.apply()
+    yield
+    cpu_compat.apply()  # leave the process patched whatever a test reverted
+
+
+def test_apply_is_idempotent_and_revert_restores():
+    assert cpu_compat.installed() == [1, 2, 3, 4, 5, 6, 8]
+    assert cpu_compat.apply() == []
+    assert sorted(cpu_compat.revert()) == [1, 2, 3, 4, 5, 6, 8]
+    assert cpu_compat.installed() == []
+    from megatron.core.transformer.moe import moe_utils
+
+    assert not hasattr(moe_utils, "te_general_gemm")
+    assert cpu_compat.apply() == [1, 2, 3, 4, 5, 6, 8]
+
+
+def test_not_applied_when_cuda_present(monkeypatch):
+    cpu_compat.revert()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cpu_compat.apply() == []
+    assert cpu_compat.installed() == []
+
+
+def test_1_current_device_and_rotary_embedding():
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    cpu_compat.revert(only=(1,))
+    with pytest.raises(AssertionError, match=CUDA_MSG):
+        RotaryEmbedding(kv_channels=8, rotary_percent=1.0, rotary_base=10000)(4)
+    cpu_compat.apply(only=(1,))
+    emb = RotaryEmbedding(kv_channels=8, rotary_percent=1.0, rotary_base=10000)(4)
+    inv = [10000 ** (-i / 8) for i in (0, 2, 4, 6)]
+    expect = torch.tensor([[p * f for f in inv] * 2 for p in range(4)], dtype=torch.float64)
+    assert emb.shape == (4, 1, 1, 8)
+    assert torch.allclose(emb.reshape(4, 8).double(), expect, atol=1e-6)
+
+
+def test_2_rng_tracker_named_cpu_streams():
+    from megatron.core.tensor_parallel import random as mrandom
+
+    cpu_compat.revert(only=(2,))
+    mrandom.initialize_rng_tracker(force_reset=True)
+    with pytest.raises(AssertionError, match=CUDA_MSG):
+        mrandom.get_cuda_rng_tracker().add("model-parallel-rng", 7)
+    cpu_compat.apply(only=(2,))
+    mrandom.initialize_rng_tracker(force_reset=True)
+    tracker = mrandom.get_cuda_rng_tracker()
+    tracker.add("model-parallel-rng", 7)
+    torch.manual_seed(0)
+    outside_expected = torch.rand(3)
+    torch.manual_seed(0)
+    with tracker.fork():
+        inside = torch.rand(3)
+    with tracker.fork():
+        inside2 = torch.rand(3)
+    g = torch.Generator().manual_seed(7)
+    assert torch.equal(inside, torch.rand(3, generator=g))
+    assert torch.equal(inside2, torch.rand(3, generator=g))  # the named stream advances
+    assert torch.equal(torch.rand(3), outside_expected)  # the default stream is untouched
+    mrandom.initialize_rng_tracker(force_reset=True)
+
+
+def test_3_causal_mask_on_cpu():
+    from megatron.core.fusions import fused_softmax
+
+    cpu_compat.revert(only=(3,))
+    with pytest.raises((AssertionError, RuntimeError)):
+        fused_softmax.get_default_causal_mask(3)
+    cpu_compat.apply(only=(3,))
+    mask = fused_softmax.get_default_causal_mask(3)
+    assert mask.device.type == "cpu"
+    assert mask.tolist() == [[False, True, True], [False, False, True], [False, False, False]]
+
+
+def test_3_mode_is_scoped_to_wrapped_calls():
+    from megatron.core.fusions import fused_softmax
+
+    fused_softmax.get_default_causal_mask(2)
+    assert torch.ones(1).type() == "torch.FloatTensor"  # type names are not rewritten outside
+    with pytest.raises((AssertionError, RuntimeError)):
+        torch.zeros(1, device="cuda")
+
+
+def test_4_router_gating_without_te():
+    from megatron.core.transformer.moe import moe_utils
+
+    inp = torch.tensor([[1.0, 2.0], [3.0, -1.0]])
+    weight = torch.tensor([[0.5, -1.0], [2.0, 0.25]])
+    cpu_compat.revert(only=(4,))
+    with pytest.raises(NameError, match="te_general_gemm"):
+        moe_utils.router_gating_linear(inp, weight, None, torch.float32)
+    cpu_compat.apply(only=(4,))
+    out = moe_utils.router_gating_linear(inp, weight, None, torch.float32)
+    assert out.tolist() == [[-1.5, 2.5], [2.5, 5.75]]  # inp @ weight.T by hand
+
+
+def test_5_checkpoint_preload_synchronize():
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync as W
+
+    bucket = ("f", "k", ([], [("item", torch.arange(3.0))]))
+    cpu_compat.revert(only=(5,))
+    with pytest.raises(AssertionError, match=CUDA_MSG):
+        W.preload_tensors([bucket], non_blocking=True)
+    cpu_compat.apply(only=(5,))
+    (out,) = W.preload_tensors([bucket], non_blocking=True)
+    assert out[2][1][0][1].tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(RuntimeError, match="requires CUDA"):  # stand-ins are not left behind
+        torch.cuda.Stream()
+
+
+def test_6_clip_grads_type_check():
+    from megatron.core.optimizer import optimizer as mopt
+
+    p = torch.nn.Parameter(torch.zeros(2))
+    p.grad = torch.tensor([3.0, 4.0])
+    cpu_compat.revert(only=(6,))
+    with pytest.raises(AssertionError):
+        mopt.clip_grad_by_total_norm_fp32([p], max_norm=1.0, total_norm=5.0)
+    cpu_compat.apply(only=(6,))
+    mopt.clip_grad_by_total_norm_fp32([p], max_norm=1.0, total_norm=5.0)
+    coeff = 1.0 / (5.0 + 1e-6)
+    assert p.grad.tolist() == pytest.approx([3.0 * coeff, 4.0 * coeff], rel=1e-6)
+
+
+def test_7_sequence_parallel_norm():
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    cfg = types.SimpleNamespace(layernorm_zero_centered_gamma=False, persist_layer_norm=False,
+                                sequence_parallel=True, memory_efficient_layer_norm=False,
+                                normalization="RMSNorm")
+    with pytest.raises(AssertionError, match="sequence parallel not supported"):
+        WrappedTorchNorm(cfg, 2, eps=1e-5)
+    norm = cpu_compat.SequenceParallelTorchNorm(cfg, 2, eps=1e-5)
+    assert cfg.sequence_parallel is True  # the caller's config is not modified
+    assert all(getattr(p, "sequence_parallel", False) for p in norm.parameters())
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([2.0, 0.5]))
+    y = norm(torch.tensor([[3.0, 4.0]]))
+    rms = ((9 + 16) / 2 + 1e-5) ** 0.5
+    assert y.tolist()[0] == pytest.approx([2.0 * 3 / rms, 0.5 * 4 / rms], rel=1e-6)
+
+
+def test_8_split_sizes_become_numpy():
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    sizes = torch.tensor([3, 1])
+    cpu_compat.revert(only=(8,))
+    assert torch.is_tensor(token_dispatcher.maybe_move_tensor_to_cpu(sizes, as_numpy=True))
+    cpu_compat.apply(only=(8,))
+    for mod in (moe_utils, token_dispatcher):
+        out = mod.maybe_move_tensor_to_cpu(sizes, as_numpy=True)
+        assert not torch.is_tensor(out) and out.tolist() == [3, 1]
+        assert mod.maybe_move_tensor_to_cpu(sizes) is sizes  # as_numpy=False unchanged

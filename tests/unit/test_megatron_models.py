@@ -1,0 +1,80 @@
+"""models.py pieces that need no process group: spec rewriting, the Llama-4 hook, the FP32 head."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from scalerl_mega.trainer.megatron import models  # noqa: E402
+from scalerl_mega.trainer.megatron.config import ModelConfig  # noqa: E402
+
+
+def _classes(spec, out):
+    if isinstance(spec, type):
+        out.append(spec)
+    elif isinstance(spec, (list, tuple)):
+        for s in spec:
+            _classes(s, out)
+    elif dataclasses.is_dataclass(spec):
+        for f in dataclasses.fields(spec):
+            _classes(getattr(spec, f.name), out)
+    return out
+
+
+def test_local_spec_norms_replaced_by_sequence_parallel_norm():
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    from scalerl_mega.trainer.megatron.cpu_compat import SequenceParallelTorchNorm
+
+    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    before = _classes(spec, [])
+    assert before.count(WrappedTorchNorm) >= 3  # input, pre-MLP, q and k norms
+    new = models.replace_in_spec(spec, WrappedTorchNorm, SequenceParallelTorchNorm)
+    after = _classes(new, [])
+    assert WrappedTorchNorm not in after
+    assert after.count(SequenceParallelTorchNorm) == before.count(WrappedTorchNorm)
+    assert _classes(spec, []) == before  # the original spec is not modified
+
+
+LLAMA4 = "scalerl_mega.trainer.megatron.llama4"
+
+
+def test_llama4_features_without_llama4_module_raise_not_implemented(monkeypatch):
+    monkeypatch.setitem(sys.modules, LLAMA4, None)  # makes the import fail
+    cfg = ModelConfig(arch="llama4", no_rope_freq=4).validate()
+    with pytest.raises(NotImplementedError, match="no_rope_freq=4"):
+        models.layer_spec(cfg, None, use_te=False)
+
+
+def test_llama4_features_use_llama4_layer_spec(monkeypatch):
+    calls = []
+    fake = types.ModuleType(LLAMA4)
+    fake.llama4_layer_spec = lambda cfg, use_te: calls.append((cfg, use_te)) or "SPEC"
+    monkeypatch.setitem(sys.modules, LLAMA4, fake)
+    monkeypatch.setattr(sys.modules["scalerl_mega.trainer.megatron"], "llama4", fake, raising=False)
+    cfg = ModelConfig(arch="llama4", attention_chunk_size=8192, qk_l2_norm=True).validate()
+    assert models.layer_spec(cfg, None, use_te=False) == "SPEC"
+    assert calls == [(cfg, False)]
+
+
+def test_fp32_lm_head_computes_logits_in_fp32():
+    torch.manual_seed(0)
+    model = types.SimpleNamespace(output_layer=torch.nn.Linear(16, 8, bias=False).to(torch.bfloat16))
+    w64 = model.output_layer.weight.double()
+    x = torch.randn(4, 16).to(torch.bfloat16)
+    bf16_logits = model.output_layer(x)
+    models.ensure_fp32_lm_head(model)
+    models.ensure_fp32_lm_head(model)  # idempotent: one hook
+    logits = model.output_layer(x)
+    assert model.output_layer.weight.dtype == torch.float32 and logits.dtype == torch.float32
+    ref = x.double() @ w64.T
+    err32 = (logits.double() - ref).abs().max().item()
+    err16 = (bf16_logits.double() - ref).abs().max().item()
+    assert err32 < 1e-5 < err16
+    assert len(model.output_layer._forward_pre_hooks) == 1
