@@ -32,7 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--x", default="compute_gpu_hours", help="compute key/column (default compute_gpu_hours)")
     p.add_argument("--y", default="val_pass_rate", help="reward key/column (default val_pass_rate)")
     p.add_argument("--label", nargs="*", default=None, help="names for the runs (default: directory/file names)")
-    p.add_argument("--grid", choices=("auto", "paper", "relative"), default="auto")
+    p.add_argument("--grid", choices=("auto", "paper", "relative"), default="auto",
+                   help="paper: App. A.5 grids + fit from 1500; relative: scale-free grids, no lower cut; "
+                        "auto: paper when every run reaches 1500 compute units")
     p.add_argument("--fit-from", default="auto", help="lower compute bound of the fit: auto, none or a number")
     p.add_argument("--fit-to", type=float, default=None, help="upper compute bound of the fit (cut a collapse)")
     p.add_argument("--r0", type=float, default=None, help="R0 (default: reward at the smallest compute)")
