@@ -1,9 +1,10 @@
 """Worker for the Megatron CPU integration tests (run with python or torchrun; not a test module).
 
 Modes (all write JSON results into --out):
-  ref      world of 1: for dense and MoE, save the initial weights, then train 3 steps.
-  layouts  world of 2: for each case in --cases, load the initial weights into that layout and
-           train 3 steps on the same global batch (process group reused between cases).
+  ref      world of 1: for dense and MoE, build from the seed and train 3 steps.
+  layouts  world of 2: build the same initial weights (TP1, dp=2) and save them; then for each
+           case in --cases load them into that layout and train 3 steps on the same global batch
+           (process group reused between cases). Runs concurrently with `ref`.
   ckpt     world of 2: TP2 checkpoint round trip, crash mid-save, then reshard-load at TP1
            (also run after the layouts with `layouts --ckpt`, saving one interpreter start).
 """
@@ -112,22 +113,42 @@ def write(out: Path, name: str, payload: dict) -> None:
         os.replace(tmp, out / f"{name}.json")
 
 
+def weight_checksum(run: Run) -> float:
+    """Sum of squares of all (full, TP1) parameters in float64: identifies the initial weights."""
+    return float(sum(p.detach().double().pow(2).sum() for p in run.chunks[0].module.parameters()))
+
+
 def mode_ref(out: Path) -> None:
-    from scalerl_mega.trainer.megatron import checkpoint, parallel as par
+    """Single process: build each model from the seed, record its weight checksum, train 3 steps."""
+    from scalerl_mega.trainer.megatron import parallel as par
 
     for kind in ("tiny_dense", "tiny_moe"):
         t0 = time.time()
         run = Run(kind, ParallelConfig(), False, None)
-        checkpoint.save_checkpoint(out / f"init_{kind}", step=0, chunks=[run.chunks[0].module])
+        checksum = weight_checksum(run)
         res = run.train(STEPS)
+        res["init_checksum"] = checksum
         res["seconds"] = time.time() - t0
         write(out, f"ref_{kind}", res)
+        par.teardown_parallel(destroy_process_group=False)
+
+
+def save_initial_weights(out: Path) -> None:
+    """World of 2 at TP1/PP1 (dp=2): build each model from the same seed as `ref` (so the ref can
+    run concurrently) and save it; each layout then loads (reshards) these weights."""
+    from scalerl_mega.trainer.megatron import checkpoint, parallel as par
+
+    for kind in ("tiny_dense", "tiny_moe"):
+        run = Run(kind, ParallelConfig(), False, None)
+        write(out, f"init_{kind}", {"init_checksum": weight_checksum(run)})
+        checkpoint.save_checkpoint(out / f"init_{kind}", step=0, chunks=[run.chunks[0].module])
         par.teardown_parallel(destroy_process_group=False)
 
 
 def mode_layouts(out: Path, cases: list[str]) -> None:
     from scalerl_mega.trainer.megatron import parallel as par
 
+    save_initial_weights(out)
     for name in cases:
         preset, pkw, distopt = CASES[name]
         t0 = time.time()

@@ -1,9 +1,10 @@
 """Megatron-Core on CPU, multi-process (gloo): every parallel layout reproduces the single-process
 training trajectory; checkpoints round-trip, reshard TP2 -> TP1 and survive a crash mid-save.
 
-One reference run (1 process) saves the initial weights and trains 3 steps; one 2-process launch
-then loads those weights into each layout in turn (process group reused), trains the same 3 steps
-on the same global batch, and finally runs the checkpoint scenario. Interpreter start and imports
+One reference run (1 process) builds the models from a seed and trains 3 steps. Concurrently, one
+2-process launch rebuilds the same initial weights (checked by checksum), saves them, loads them
+into each layout in turn (process group reused), trains the same 3 steps on the same global batch,
+and finally runs the checkpoint scenario. Interpreter start and imports
 dominate the cost (~10 s each), so the launches are shared by all tests in this module.
 """
 
@@ -30,7 +31,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(nproc: int, args: list[str], *, logdir: Path, timeout: float = 600) -> None:
+def start(nproc: int, args: list[str], *, logdir: Path) -> list:
     """Start `nproc` ranks of the worker with an env:// rendezvous on a random free port."""
     port = _free_port()
     procs = []
@@ -40,6 +41,11 @@ def launch(nproc: int, args: list[str], *, logdir: Path, timeout: float = 600) -
         log = open(logdir / f"{args[0]}_rank{rank}.log", "w")
         procs.append((subprocess.Popen([sys.executable, str(WORKER), *args], env=env, stdout=log,
                                        stderr=subprocess.STDOUT), log))
+    return procs
+
+
+def wait(procs: list, args: list[str], *, logdir: Path, timeout: float = 600) -> None:
+    """Wait for all ranks; kill the stragglers on failure or timeout (by pid)."""
     failed = []
     try:
         for rank, (proc, _) in enumerate(procs):
@@ -61,11 +67,18 @@ def launch(nproc: int, args: list[str], *, logdir: Path, timeout: float = 600) -
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("megatron")
-    launch(1, ["ref", "--out", str(out)], logdir=out)
-    try:
-        launch(2, ["layouts", "--out", str(out), "--cases", ",".join(LAYOUTS), "--ckpt"], logdir=out)
-    except AssertionError as exc:  # per-layout results written so far stay readable
-        (out / "launch_error.txt").write_text(str(exc))
+    ref_args = ["ref", "--out", str(out)]
+    par_args = ["layouts", "--out", str(out), "--cases", ",".join(LAYOUTS), "--ckpt"]
+    ref = start(1, ref_args, logdir=out)  # the two launches are independent: run them together
+    par = start(2, par_args, logdir=out)
+    errors = []
+    for procs, args in ((ref, ref_args), (par, par_args)):
+        try:
+            wait(procs, args, logdir=out)
+        except AssertionError as exc:  # results written so far stay readable
+            errors.append(str(exc))
+    if errors:
+        (out / "launch_error.txt").write_text("\n".join(errors))
     return out
 
 
@@ -81,7 +94,10 @@ def _result(out: Path, name: str) -> dict:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_layout_matches_single_process(runs, layout):
-    ref = _result(runs, "ref_tiny_moe" if layout.startswith("moe") else "ref_tiny_dense")
+    kind = "tiny_moe" if layout.startswith("moe") else "tiny_dense"
+    ref = _result(runs, f"ref_{kind}")
+    # same starting weights: the 2-process launch rebuilt them from the seed and saved them
+    assert _result(runs, f"init_{kind}")["init_checksum"] == pytest.approx(ref["init_checksum"], rel=1e-12)
     res = _result(runs, layout)
     assert len(res["loss"]) == len(ref["loss"]) == 3
     assert res["loss"] == pytest.approx(ref["loss"], rel=REL)
