@@ -424,6 +424,8 @@ class SGLangRolloutEngine:
         self._load = [0] * len(servers)
         self._done: list[Completion] = []
         self._group = None
+        self._regroup = False
+        self._stale: set[int] = set()
         self.version = config.initial_version
         self.last_sync_stats = None
 
@@ -463,6 +465,8 @@ class SGLangRolloutEngine:
         self._fan_out(lambda c: c.pause_generation(mode), what=f"pause_generation({mode})", timeout_s=t)
         self._fan_out(lambda c: c.begin_weight_update(), what="begin_weight_update", timeout_s=t)
         try:
+            if self._regroup:
+                self._destroy_groups()
             if self._group is None:
                 self._init_group()
             sender = DistWeightSender(
@@ -473,6 +477,7 @@ class SGLangRolloutEngine:
             self._fan_out(lambda c: c.end_weight_update(), what="end_weight_update", timeout_s=t)
         self._fan_out(lambda c: c.continue_generation(), what="continue_generation", timeout_s=t)
         self.version = version
+        self._stale.clear()
 
     def pause(self, mode: str | None = None) -> None:
         m = mode or self.config.pause_mode
@@ -494,6 +499,22 @@ class SGLangRolloutEngine:
     def _fan_out(self, fn, *, what: str, timeout_s: float) -> list[Any]:
         futs = [self._ctl_pool.submit(fn, c) for c in self._ctl_clients]
         return _wait_futures(futs, what=what, timeout_s=timeout_s)
+
+    def _destroy_groups(self) -> None:
+        """Tear the weight-sync group down everywhere (after a server restart)."""
+        from scalerl_mega.rollout.weight_sync import destroy_group
+
+        name = self.config.sync.group_name
+        futs = [self._ctl_pool.submit(c.destroy_weights_update_group, name) for c in self._ctl_clients]
+        for f in futs:
+            try:
+                f.result(timeout=self.config.control_timeout_s)
+            except SGLangError:
+                pass  # the restarted server has no group
+        if self._group is not None:
+            destroy_group(self._group)
+        self._group = None
+        self._regroup = False
 
     def _init_group(self) -> None:
         """Fire /init_weights_update_group to all servers (no wait), join as rank 0, then wait."""
@@ -526,7 +547,9 @@ class SGLangRolloutEngine:
 
     def _dispatch(self, req: GenRequest) -> None:
         with self._lock:
-            si = min(range(len(self.servers)), key=lambda i: self._load[i])
+            # prefer servers holding the synced weights over ones relaunched since the last sync
+            live = [i for i in range(len(self.servers)) if i not in self._stale] or list(range(len(self.servers)))
+            si = min(live, key=lambda i: self._load[i])
             self._load[si] += 1
             fut = self._pool.submit(self._generate, self._clients[si], req)
             self._inflight[fut] = (si, req)
@@ -541,8 +564,12 @@ class SGLangRolloutEngine:
             if not server.restartable or server.restarts >= self.config.max_restarts:
                 raise ServerDown(f"SGLang server {server.url} is down and cannot be restarted")
             server.restart()
-            # its weight-sync rank left the group: rebuild the group at the next update
-            self._group = None
+            # its weight-sync rank left the group: rebuild the group (on every server) at the next
+            # update. Until then new requests prefer servers holding the synced weights; if the
+            # restarted server is the only one, it generates with its launch weights and its tokens
+            # carry that version (weight_versions), so staleness accounting stays exact.
+            self._regroup = True
+            self._stale.add(si)
 
     def _generate(self, client: SGLangClient, req: GenRequest) -> Completion:
         sp = req.sampling

@@ -242,6 +242,7 @@ def test_generate_update_and_in_flight_versions(schema, model_dir):
         server.stop()
 
 
+@pytest.mark.slow
 def test_init_blocks_until_trainer_joins(model_dir):
     server = _spawned(model_dir)
     client = SGLangClient(server.url)
@@ -395,6 +396,59 @@ def test_dead_server_is_restarted_and_requests_requeued(schema):
         assert srv.restarts == 1
         assert sorted(c.sample_index for c in done) == [0, 1, 2]
         assert all(len(c.output_ids) == 40 and c.finish_reason == FinishReason.LENGTH for c in done)
+    finally:
+        engine.close()
+        srv.stop()
+
+
+class _SpawnedRestartable(SGLangServer):
+    """An SGLangServer whose process is a spawned test server on a fixed port (SIGKILL = crash)."""
+
+    def __init__(self, model_dir) -> None:
+        self.model_dir = model_dir
+        self.port = free_port()
+        super().__init__(url=f"http://127.0.0.1:{self.port}")
+        self.impl = None
+        self.start()
+
+    @property
+    def restartable(self) -> bool:
+        return True
+
+    def start(self, *, wait: bool = True) -> None:
+        self.impl = _spawned(self.model_dir, port=self.port, step_delay_s=0.02)
+
+    def stop(self) -> None:
+        if self.impl is not None and self.impl.proc.is_alive():
+            self.impl.stop()
+
+
+@pytest.mark.slow
+def test_crashed_server_restart_requeue_and_resync(schema, model_dir):
+    """SIGKILL the server process mid-generation: it is relaunched, in-flight requests re-queued,
+    and the next update rebuilds the weight-sync group and syncs the restarted server."""
+    srv = _SpawnedRestartable(model_dir)
+    engine = SGLangRolloutEngine(
+        [srv], config=SGLangEngineConfig(sync=WeightSyncConfig(backend="gloo", timeout_s=30)), body_hook=Recorder(schema)
+    )
+    try:
+        model1 = _model(1)
+        engine.update_weights(list(model1.state_dict().items()), version=1)
+        engine.submit(_prompt("r", [4, 5]), SamplingParams(max_new_tokens=40, seed=9), n=2, version=1)
+        deadline = time.monotonic() + 30
+        while srv.impl.state()["num_running"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        srv.impl.proc.kill()
+        done = _collect(engine, 2)
+        assert srv.restarts == 1 and all(len(c.output_ids) == 40 for c in done)
+        # the relaunched server runs its launch weights (version "0") until the next sync
+        assert all(set(c.weight_versions) == {0} for c in done)
+        engine.update_weights(list(model1.state_dict().items()), version=2)
+        engine.submit(_prompt("s", [6, 7]), SamplingParams(max_new_tokens=5, seed=1), n=1, version=2)
+        (c,) = _collect(engine, 1)
+        assert c.weight_versions == [2] * 5
+        assert max(abs(a - b) for a, b in zip(_oracle(model1, [6, 7], c.output_ids), c.gen_logprobs)) < 1e-5
     finally:
         engine.close()
         srv.stop()
