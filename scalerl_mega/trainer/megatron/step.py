@@ -176,7 +176,7 @@ def _reduce_metrics(store: list, *, collect_logprobs: bool) -> dict:
                                    group=ps.get_pipeline_model_parallel_group())
     keys = holder[0]
     values = torch.zeros(len(keys), dtype=torch.float64)
-    if last:
+    if last and keys:
         for m in store:
             values += torch.stack([m[k].double().sum().cpu() for k in keys])
         if ps.get_data_parallel_world_size() > 1:
