@@ -14,6 +14,10 @@ Forced interruption (paper Sec. 2 / App. A.11): once a request has sampled `inte
 tokens, the phrase `interruption_ids` is fed token by token (log-prob 0.0, loss mask 0) and the
 request may then generate `answer_budget` more tokens. Its finish reason is INTERRUPTED.
 
+Known limit: HF Llama-4's attention temperature tuning (NoPE layers) scales queries by the cache
+column index rather than the position id; with left-padded slots these differ, which changes the
+scale only past `floor_scale` (8192 by default) columns. Tiny and demo models never get there.
+
 Log-probs come from FP32 logits `hidden.float() @ W.float().T` when `fp32_lm_head` is on, or
 from logits computed in the model dtype (the bf16-head ablation) otherwise.
 """
@@ -131,6 +135,11 @@ class GenerationCore:
             raise ValueError(f"request {req.rid}: empty prompt_ids")
         if sp.max_new_tokens < 1:
             raise ValueError(f"request {req.rid}: sampling.max_new_tokens={sp.max_new_tokens} must be >= 1")
+        if sp.temperature < 0 or not 0.0 < sp.top_p <= 1.0:
+            raise ValueError(
+                f"request {req.rid}: sampling.temperature={sp.temperature} must be >= 0 and "
+                f"sampling.top_p={sp.top_p} in (0, 1]"
+            )
         if sp.interruption_at is not None and not sp.interruption_ids:
             raise ValueError(f"request {req.rid}: interruption_at set but interruption_ids empty")
         total = len(req.prompt_ids) + max_total_tokens(sp)

@@ -272,3 +272,26 @@ def test_retract_recomputes_kv_with_new_weights_and_abort_returns_partial():
     aborted = core.abort_all()
     assert {a.finish_reason for a in aborted} == {FinishReason.ABORT}
     assert sorted(len(a.output_ids) for a in aborted) == [1, 1]
+
+
+def test_bad_sampling_parameters_are_refused():
+    core = GenerationCore(_model(), config=CoreConfig(max_batch=1, max_seq_len=16))
+    with pytest.raises(ValueError, match="top_p=0.0"):
+        core.add(_req(1, [1], max_new_tokens=2, top_p=0.0))
+    with pytest.raises(ValueError, match="interruption_ids empty"):
+        core.add(_req(1, [1], max_new_tokens=4, interruption_at=2))
+
+
+def test_bf16_head_ablation_differs_from_fp32_head():
+    """bf16 model: the FP32 head's log-probs follow the float64 product of the same bf16 weights
+    and hidden states; the bf16 head (logits rounded to bf16) deviates more."""
+    model = _model().to(torch.bfloat16)
+    fp32 = GenerationCore(model, config=CoreConfig(max_batch=1, max_seq_len=16, fp32_lm_head=True))
+    bf16 = GenerationCore(model, config=CoreConfig(max_batch=1, max_seq_len=16, fp32_lm_head=False))
+    torch.manual_seed(0)
+    hidden = torch.randn(64, 32).to(torch.bfloat16)
+    w = model.get_output_embeddings().weight
+    ref = torch.log_softmax(hidden.double() @ w.double().T, -1)
+    err32 = (torch.log_softmax(fp32._logits(hidden), -1).double() - ref).abs().max().item()
+    err16 = (torch.log_softmax(bf16._logits(hidden), -1).double() - ref).abs().max().item()
+    assert err32 < 1e-4 and err16 > 10 * err32
