@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def tiny_hf_config(arch: str, *, tie: bool = False, init_std: float = 0.3):
+def tiny_hf_config(arch: str, *, tie: bool = False, init_std: float = 0.15):
     """Tiny Llama-3 (dense) or Llama-4 text (4 experts top-1 + shared expert, NoPE every 2nd
     layer, chunk size 4, temperature tuning and QK L2 norm on) config with Llama-3 RoPE scaling.
     ``init_std`` is large so that every feature visibly changes the logits."""

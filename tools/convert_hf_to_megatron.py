@@ -1,0 +1,42 @@
+#!/usr/bin/env python
+"""Convert a Hugging Face Llama-3 / Llama-4 text checkpoint to the converter's Megatron layout.
+
+    python tools/convert_hf_to_megatron.py --hf-dir HF --out OUT --tp 2 --pp 1 --ep 2
+
+Writes OUT/mp_rank_TT_PPP_EEE/model.safetensors (TP-sharded, Megatron names) + megatron_convert.json,
+streaming one tensor at a time; validates every name and shape first and writes nothing on error.
+Load into a live model with ``scalerl_mega.convert.load.load_megatron_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hf-dir", required=True, help="HF checkpoint directory (config.json + safetensors)")
+    p.add_argument("--out", required=True, help="output directory (must not exist)")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (default: --tp)")
+    p.add_argument("--arch", choices=("llama", "llama4"), default=None, help="fail unless the checkpoint is this architecture")
+    p.add_argument("--vocab-multiple", type=int, default=128, help="pad vocab to a multiple of this times --tp")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    from scalerl_mega.convert.pipeline import convert_hf_to_megatron
+
+    try:
+        summary = convert_hf_to_megatron(hf_dir=args.hf_dir, out=args.out, tp=args.tp, pp=args.pp, ep=args.ep, etp=args.etp,
+                                         vocab_multiple=args.vocab_multiple, expect_arch=args.arch, progress=not args.no_progress)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(summary.lines()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+#!/usr/bin/env python
+"""Convert a converter Megatron checkpoint (any TP/PP/EP) back to a Hugging Face checkpoint.
+
+    python tools/convert_megatron_to_hf.py --ckpt CKPT --out HF_OUT
+
+Writes safetensors shards + model.safetensors.index.json + config.json, loadable offline with
+``transformers.AutoModelForCausalLM.from_pretrained(HF_OUT)``. Nothing is written on error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", required=True, help="directory written by tools/convert_hf_to_megatron.py")
+    p.add_argument("--out", required=True, help="output HF directory (must not exist)")
+    p.add_argument("--arch", choices=("llama", "llama4"), default=None, help="fail unless the checkpoint is this architecture")
+    p.add_argument("--max-shard-gb", type=float, default=2.0)
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    from scalerl_mega.convert.pipeline import convert_megatron_to_hf
+
+    try:
+        summary = convert_megatron_to_hf(ckpt=args.ckpt, out=args.out, expect_arch=args.arch, progress=not args.no_progress,
+                                         max_shard_bytes=int(args.max_shard_gb * (1 << 30)))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(summary.lines()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
