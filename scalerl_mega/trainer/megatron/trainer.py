@@ -65,7 +65,7 @@ class MegatronPolicyTrainer:
     def export_hf_weights(self) -> Iterator[tuple[str, Any]]:
         from scalerl_mega.trainer.megatron import export  # written separately; imported lazily
 
-        return export.export_hf_weights(self)
+        return export.export_hf_weights(self.chunks, self.cfg.model)
 
     def save(self, path: str, *, extra_state: Optional[dict[str, Any]] = None) -> None:
         import torch
