@@ -47,6 +47,7 @@ LLAMA4 = "scalerl_mega.trainer.megatron.llama4"
 
 def test_llama4_features_without_llama4_module_raise_not_implemented(monkeypatch):
     monkeypatch.setitem(sys.modules, LLAMA4, None)  # makes the import fail
+    monkeypatch.delattr(sys.modules["scalerl_mega.trainer.megatron"], "llama4", raising=False)
     cfg = ModelConfig(arch="llama4", no_rope_freq=4).validate()
     with pytest.raises(NotImplementedError, match="no_rope_freq=4"):
         models.layer_spec(cfg, None, use_te=False)
