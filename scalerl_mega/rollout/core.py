@@ -48,6 +48,9 @@ class CoreConfig:
     """Log-probs from FP32 logits (paper Sec. 3.2); False reproduces the bf16-head ablation."""
     eos_token_ids: list[int] = field(default_factory=list)
     """Always-on stop tokens (SGLang stops on EOS unless ignore_eos)."""
+    admit_min_free: int | None = None
+    """Admit waiting requests only once this many slots are free (or nothing is running), so one
+    prefill forward serves several newcomers; None = max(1, max_batch // 8)."""
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -123,6 +126,7 @@ class GenerationCore:
             device=param.device,
         )
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self._admit_min = config.admit_min_free or max(1, config.max_batch // 8)
         self._w32 = None
         self._refresh_head()
         self._torch = torch
@@ -173,7 +177,7 @@ class GenerationCore:
                 logits = self._decode()
                 done += self._consume(list(range(len(self.rows))), logits)
             free = self.config.max_batch - len(self.rows)
-            if free > 0 and self.waiting:
+            if self.waiting and free > 0 and (free >= self._admit_min or not self.rows or free >= len(self.waiting)):
                 new = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
                 first = len(self.rows)
                 logits = self._prefill(new)
