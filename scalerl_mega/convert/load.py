@@ -96,13 +96,16 @@ def load_hf_checkpoint(model, hf_dir: str, *, dims: ArchDims | None = None) -> l
     src = SafetensorsDir(hf_dir)
     validate_hf(src, hf_dims)
     by_name = {n: g for g in tables.iter_groups(hf_dims) for n in g.mcore}
-    cache: dict[str, torch.Tensor] = {}
+    recent: list[tuple[tables.Group, dict[str, torch.Tensor]]] = []  # the last two groups only
 
     def full_tensor(name: str) -> torch.Tensor:
-        if name not in cache:
-            cache.clear()  # one group at a time: bounded memory
-            group = by_name[name]
-            cache.update(tables.hf_to_mcore(group, [src.get(n) for n in group.hf], dims=hf_dims, padded_vocab=hf_dims.vocab_size))
-        return cache[name]
+        group = by_name[name]
+        for g, tensors in recent:
+            if g is group:
+                return tensors[name]
+        converted = dict(tables.hf_to_mcore(group, [src.get(n) for n in group.hf], dims=hf_dims, padded_vocab=hf_dims.vocab_size))
+        recent.append((group, converted))
+        del recent[:-2]  # experts interleave fc1/fc2 groups; bounded memory
+        return converted[name]
 
     return load_full_tensors(model, dims=hf_dims, full_tensor=full_tensor)

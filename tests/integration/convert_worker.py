@@ -51,7 +51,7 @@ def run_layout(spec: str, args, tokens, ref_logits, hf_tensors) -> dict:
     import torch
     import torch.distributed as dist
 
-    from scalerl_mega.convert.load import load_megatron_checkpoint
+    from scalerl_mega.convert.load import load_hf_checkpoint, load_megatron_checkpoint
     from scalerl_mega.convert.model_config import dims_from_model_config, model_config_from_hf
     from scalerl_mega.trainer.megatron import models, parallel
     from scalerl_mega.trainer.megatron.config import ParallelConfig
@@ -60,13 +60,18 @@ def run_layout(spec: str, args, tokens, ref_logits, hf_tensors) -> dict:
     with open(os.path.join(args.hf_dir, "config.json")) as f:
         model_cfg = model_config_from_hf(json.load(f), name="tiny")
     sizes = {k: 1 for k in ("tp", "pp", "ep")}
-    for part in spec.split("_"):
-        sizes[part[:2]] = int(part[2:])
+    parts = spec.split("_")
+    for part in parts:
+        if part != "hf":  # "<layout>_hf": load the HF checkpoint directly instead of the converted one
+            sizes[part[:2]] = int(part[2:])
     pcfg = ParallelConfig(**sizes, sequence_parallel=sizes["tp"] > 1 and model_cfg.is_moe, moe_token_dispatcher=args.dispatcher)
     parallel.init_parallel(pcfg, model=model_cfg)
     gpt, _ = models.build_model(model_cfg, pcfg)
     gpt.eval()
-    load_megatron_checkpoint(gpt, args.ckpt, dims=None)
+    if "hf" in parts:
+        load_hf_checkpoint(gpt, args.hf_dir, dims=dims_from_model_config(model_cfg))
+    else:
+        load_megatron_checkpoint(gpt, args.ckpt, dims=dims_from_model_config(model_cfg))
     logits = megatron_logits(gpt, tokens)
     result: dict = {"layout": spec}
     from megatron.core import parallel_state as ps

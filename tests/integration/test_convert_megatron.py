@@ -53,7 +53,7 @@ def test_llama4_logits_and_export_tp1_tp2_ep2_pp2(tmp_path):
     hf, ckpt = str(tmp_path / "hf"), str(tmp_path / "mc")
     save_tiny_hf("llama4", hf)
     convert_hf_to_megatron(hf_dir=hf, out=ckpt, tp=2, ep=2)  # load layouts differ from the checkpoint's
-    layouts = ["tp1", "tp2", "ep2", "pp2"]
+    layouts = ["tp1", "tp2", "ep2", "pp2_hf"]  # pp2_hf: load_hf_checkpoint directly
     _check(_launch(tmp_path, hf, ckpt, layouts), hf, layouts, full_export_layouts=("tp2", "ep2"))
 
 
