@@ -1,14 +1,15 @@
 """Benchmark: fused chunked FP32 CISPO vs naive torch (and Triton / Liger-Kernel when available).
 
-Each variant runs in its own subprocess so that its peak RSS is its own. Per variant and shape we report
-the forward+backward wall time (best of --repeats) and the peak RSS increase over the process's RSS after
-the inputs were built (ΔRSS = ru_maxrss - RSS before the loss), plus ratios against naive measured in
-the same run. Loss: CISPO with token aggregation (w = 1/N), eps_high = 1.2, fp32 inputs, so that all
+Each measurement runs in a fresh subprocess so that its peak RSS is its own; --rounds rounds alternate the
+variants (naive, chunked, ..., naive, chunked, ...) so that load drift on a shared machine hits all of
+them alike. Per variant and shape we report the forward+backward wall time and process CPU time (best
+over rounds) and the peak RSS increase over the process's RSS after the inputs were built
+(ΔRSS = ru_maxrss - RSS before the loss), plus ratios against naive measured in the same run. Loss: CISPO with token aggregation (w = 1/N), eps_high = 1.2, fp32 inputs, so that all
 variants (including Liger's chunked GRPO loss with loss_type="cispo", which normalises by the token count)
 compute the same quantity; the loss values are printed for a cross-check.
 
     .venv/bin/python bench/fused_cispo.py                 # both shapes, all variants
-    .venv/bin/python bench/fused_cispo.py --shapes 2048,512,32768 --repeats 1
+    .venv/bin/python bench/fused_cispo.py --shapes 2048,512,32768 --rounds 1
 
 Variants: naive (full [N, V] fp32 logits, autograd), chunked (scalerl_mega cispo_from_hidden),
 triton (scalerl_mega Triton kernel; needs CUDA — skipped on CPU: the interpreter is ~1000x slower and is
@@ -48,7 +49,7 @@ def _inputs(N: int, H: int, V: int):
     return h, W, y, gen, adv_B
 
 
-def _worker(variant: str, N: int, H: int, V: int, repeats: int) -> dict:
+def _worker(variant: str, N: int, H: int, V: int) -> dict:
     import torch
 
     h, W, y, gen, adv_B = _inputs(N, H, V)
@@ -87,20 +88,13 @@ def _worker(variant: str, N: int, H: int, V: int, repeats: int) -> dict:
     else:
         raise ValueError(f"unknown variant {variant!r}")
     before = _rss_mb()
-    times = []
-    loss_val = None
-    for _ in range(repeats):
-        h.grad = None
-        W.grad = None
-        t0 = time.perf_counter()
-        loss = run()
-        loss.backward()
-        times.append(time.perf_counter() - t0)
-        loss_val = float(loss.detach())
-        del loss
+    t0, c0 = time.perf_counter(), time.process_time()
+    loss = run()
+    loss.backward()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"time_s": min(times), "times": times, "delta_rss_mb": peak - before, "max_rss_mb": peak,
-            "loss": loss_val, "grad_h_norm": float(h.grad.norm()), "grad_w_norm": float(W.grad.norm())}
+    return {"time_s": wall, "cpu_s": cpu, "delta_rss_mb": peak - before, "max_rss_mb": peak,
+            "loss": float(loss.detach()), "grad_h_norm": float(h.grad.norm()), "grad_w_norm": float(W.grad.norm())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,40 +102,55 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", nargs="*", default=[",".join(map(str, s)) for s in SHAPES],
                     help="N,H,V triples")
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         variant, shape = args.worker.split(":")
         N, H, V = map(int, shape.split(","))
-        print(json.dumps(_worker(variant, N, H, V, args.repeats)))
+        print(json.dumps(_worker(variant, N, H, V)))
         return 0
     for shape in args.shapes:
         N, H, V = map(int, shape.split(","))
         if N % SEQ:
             raise ValueError(f"--shapes {shape}: N must be a multiple of {SEQ}")
+        results: dict[str, list[dict]] = {v: [] for v in args.variants}
+        notes: dict[str, str] = {}
+        for _ in range(args.rounds):
+            for variant in args.variants:
+                if variant in notes:
+                    continue
+                cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"{variant}:{shape}"]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    notes[variant] = "FAILED: " + " ".join(proc.stderr.strip().splitlines()[-1:])
+                    continue
+                res = json.loads(proc.stdout.strip().splitlines()[-1])
+                if "skipped" in res:
+                    notes[variant] = "skipped: " + res["skipped"]
+                    continue
+                results[variant].append(res)
         print(f"\nN={N} H={H} V={V}  (CISPO, token aggregation, fp32, {os.cpu_count()} cores, best of "
-              f"{args.repeats})")
-        print(f"{'variant':<9} {'fwd+bwd s':>9} {'ΔRSS MB':>9} {'maxRSS MB':>9} {'time/naive':>10} "
-              f"{'ΔRSS/naive':>10}  loss")
-        base = None
+              f"{args.rounds} alternating rounds)")
+        print(f"{'variant':<8} {'wall s':>7} {'cpu s':>7} {'ΔRSS MB':>8} {'maxRSS':>7} {'wall/naive':>10} "
+              f"{'cpu/naive':>9} {'ΔRSS/naive':>10}  loss  (wall per round)")
+        best = {v: {k: min(r[k] for r in rs) for k in ("time_s", "cpu_s", "delta_rss_mb", "max_rss_mb")}
+                for v, rs in results.items() if rs}
+        base = best.get("naive")
         for variant in args.variants:
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"{variant}:{shape}",
-                   "--repeats", str(args.repeats)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                print(f"{variant:<9} FAILED: {proc.stderr.strip().splitlines()[-1:]}")
+            if variant in notes:
+                print(f"{variant:<8} {notes[variant]}")
                 continue
-            res = json.loads(proc.stdout.strip().splitlines()[-1])
-            if "skipped" in res:
-                print(f"{variant:<9} skipped: {res['skipped']}")
-                continue
-            if variant == "naive":
-                base = res
-            tr = f"{res['time_s'] / base['time_s']:.2f}" if base else "-"
-            mr = f"{res['delta_rss_mb'] / base['delta_rss_mb']:.3f}" if base else "-"
-            print(f"{variant:<9} {res['time_s']:9.2f} {res['delta_rss_mb']:9.0f} {res['max_rss_mb']:9.0f} "
-                  f"{tr:>10} {mr:>10}  {res['loss']:.6g}  (runs: {', '.join(f'{t:.2f}' for t in res['times'])})")
+            b = best[variant]
+
+            def ratio(k: str, fmt: str = ".2f") -> str:
+                return format(b[k] / base[k], fmt) if base else "-"
+
+            walls = ", ".join(format(r["time_s"], ".2f") for r in results[variant])
+            print(f"{variant:<8} {b['time_s']:7.2f} {b['cpu_s']:7.2f} {b['delta_rss_mb']:8.0f} "
+                  f"{b['max_rss_mb']:7.0f} {ratio('time_s'):>10} {ratio('cpu_s'):>9} "
+                  f"{ratio('delta_rss_mb', '.3f'):>10}  {results[variant][0]['loss']:.6g}  "
+                  f"({walls})")
     return 0
 
 

@@ -4,10 +4,10 @@ Paper Sec. 3.2 "FP32 Precision for LLM logits": the trainer computes the LM head
 Here logits are computed chunk by chunk over tokens (fp32 GEMM), so [N, V] logits never exist; the only
 large buffers are one fp32 [V, chunk] logits buffer (64 MiB by default) and the fp32 grad_weight accumulator.
 
-Per chunk: logits^T = W h^T into the buffer ([V, n] is the faster MKL layout on CPU), the row max, an in-place
-softmax, and the sum of exponentials read back as 1 / max(softmax) (the softmax at the argmax is exp(0) / sum),
-so lse = max + log(sum). The gradient c * (softmax - onehot) is never materialised: row scalings commute
-with the GEMMs, so grad_h = c . (P^T W) - c . W[target] and grad_W += P (c . h) - onehot^T (c . h).
+Per chunk: logits^T = W h^T into the buffer ([V, n] is the faster MKL layout on CPU), the per-token max m,
+P = exp(logits - m) in place, s = sum P, lse = m + log s. Neither the normalised softmax nor the gradient
+c * (softmax - onehot) is materialised: per-token scalings commute with the GEMMs, so with r = 1/s,
+grad_h = (c r) . (P^T W) - c . W[target] and grad_W += P ((c r) . h) - onehot^T (c . h).
 
 - `naive_logprob`: the reference (full [N, V] fp32 logits + log_softmax). Kept for tests and the bench.
 - `chunked_logprob`: per-token log-probs with a custom backward (recomputes each chunk's logits: 4 GEMMs
@@ -93,15 +93,10 @@ class _ShardTargets:
         self.index = torch.where(self.owned, local, torch.zeros_like(local))
 
 
-def _softmax_(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Softmax written over its input (the CPU/GPU kernels are element-wise safe when aliased)."""
-    return torch.ops.aten._softmax.out(x, dim, False, out=x)
-
-
 def _chunk_forward(w32, h, tgt_index, owned, group, buf_flat, lse=None):
     """Logits of one token chunk, transposed ([V, n]: the faster GEMM layout on CPU), turned in place into
-    the shard-local softmax P. Returns (P, target logit [n], lse [n], r [n] or None) with the true softmax
-    exp(logits - lse) = P * r (r is None, i.e. 1, without a group). Given `lse` (backward), no collective.
+    P = exp(logits - max) (shard-local max). Returns (P, target logit [n], lse [n], r [n]) with the true
+    softmax exp(logits - lse) = P * r. Given `lse` (backward), no collective is issued.
     """
     V, n = w32.shape[0], h.shape[0]
     P = buf_flat[: V * n].view(V, n)
@@ -109,33 +104,38 @@ def _chunk_forward(w32, h, tgt_index, owned, group, buf_flat, lse=None):
     zero = torch.zeros((), dtype=P.dtype, device=P.device)
     t_logit = torch.where(owned, P.gather(0, tgt_index[None, :])[0], zero)
     row_max = P.amax(dim=0)
-    _softmax_(P, 0)
-    sum_exp = P.amax(dim=0).reciprocal_()  # the softmax at the argmax is exp(0) / sum_exp
+    P.sub_(row_max).exp_()
+    if lse is not None:
+        return P, t_logit, lse, torch.exp(row_max - lse)
+    sum_exp = P.sum(dim=0)
     if group is None:
-        return P, t_logit, row_max + sum_exp.log(), None
-    if lse is None:
-        g_max = row_max.clone()
-        _all_reduce(g_max, group, _max_op())
-        g_sum = sum_exp * torch.exp(row_max - g_max)
-        _all_reduce(g_sum, group, _sum_op())
-        _all_reduce(t_logit, group, _sum_op())
-        lse = g_max + g_sum.log()
-    return P, t_logit, lse, sum_exp * torch.exp(row_max - lse)
+        return P, t_logit, row_max + sum_exp.log(), sum_exp.reciprocal()
+    g_max = row_max.clone()
+    _all_reduce(g_max, group, _max_op())
+    g_sum = sum_exp * torch.exp(row_max - g_max)
+    _all_reduce(g_sum, group, _sum_op())
+    _all_reduce(t_logit, group, _sum_op())
+    lse = g_max + g_sum.log()
+    return P, t_logit, lse, torch.exp(row_max - lse)
 
 
-def _chunk_backward(P, r, coef, h, w32, tgt_index, owned, grad_h_rows, grad_w) -> None:
+def _chunk_backward(P, r, coef, h, w32, tgt_index, owned, grad_h_rows, grad_w, *, first: bool) -> None:
     """Gradient of -sum_t coef_t * logp_t for one chunk: dlogits = coef * (softmax - onehot).
 
     Row scalings commute with the GEMMs, so the [V, n] buffer is never rescaled:
     grad_h = (coef*r) . (P^T W) - coef . W[target];  grad_W += P ((coef*r) . h) - onehot^T (coef . h).
+    `first`: grad_w is uninitialised and is written (not accumulated) by this chunk.
     """
-    cr = coef if r is None else coef * r
+    cr = coef * r
     c_own = torch.where(owned, coef, torch.zeros_like(coef))
     if grad_h_rows is not None:
         torch.mm(P.t(), w32, out=grad_h_rows)
         grad_h_rows.mul_(cr[:, None]).sub_(c_own[:, None] * w32[tgt_index])
     if grad_w is not None:
-        grad_w.addmm_(P, cr[:, None] * h)
+        if first:
+            torch.mm(P, cr[:, None] * h, out=grad_w)
+        else:
+            grad_w.addmm_(P, cr[:, None] * h)
         grad_w.index_add_(0, tgt_index, c_own[:, None] * h, alpha=-1.0)
 
 
@@ -174,7 +174,7 @@ class _ChunkedLogProb(torch.autograd.Function):
         w32, upcast = _prep(hidden, weight)
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty(N, hidden.shape[1], dtype=torch.float32, device=hidden.device) if need_h else None
-        grad_w = torch.zeros(w32.shape, dtype=torch.float32, device=hidden.device) if need_w else None
+        grad_w = torch.empty(w32.shape, dtype=torch.float32, device=hidden.device) if need_w else None
         buf = _buffer(chunk_size, N, w32)
         coef = -grad_logp.float()  # d(-coef * logp)/dlogp = grad_logp
         for s in range(0, N, chunk_size):
@@ -182,7 +182,7 @@ class _ChunkedLogProb(torch.autograd.Function):
             h = hidden[sl].float() if upcast else hidden[sl]
             P, _, _, r = _chunk_forward(w32, h, tgt.index[sl], tgt.owned[sl], group, buf, lse=lse[sl])
             _chunk_backward(P, r, coef[sl], h, w32, tgt.index[sl], tgt.owned[sl],
-                            grad_h[sl] if need_h else None, grad_w)
+                            grad_h[sl] if need_h else None, grad_w, first=s == 0)
         if need_h and ctx.reduce:
             _all_reduce(grad_h, group, _sum_op())
         return (grad_h.to(hidden.dtype) if need_h else None, grad_w.to(weight.dtype) if need_w else None,
@@ -219,7 +219,7 @@ class _FusedCispo(torch.autograd.Function):
         need_h = need_grad and hidden.requires_grad
         need_w = need_grad and weight.requires_grad
         grad_h = torch.empty(N, H, dtype=torch.float32, device=hidden.device) if need_h else None
-        grad_w = torch.zeros(w32.shape, dtype=torch.float32, device=hidden.device) if need_w else None
+        grad_w = torch.empty(w32.shape, dtype=torch.float32, device=hidden.device) if need_w else None
         buf = _buffer(chunk_size, N, w32)
         gen = gen_logp.float()
         for s in range(0, N, chunk_size):
@@ -233,7 +233,7 @@ class _FusedCispo(torch.autograd.Function):
             coef[sl] = c
             if need_h or need_w:
                 _chunk_backward(P, r, c, h, w32, tgt.index[sl], tgt.owned[sl],
-                                grad_h[sl] if need_h else None, grad_w)
+                                grad_h[sl] if need_h else None, grad_w, first=s == 0)
         if need_h and reduce_grad_hidden:
             _all_reduce(grad_h, group, _sum_op())
         stats["logp"] = logp
@@ -246,15 +246,21 @@ class _FusedCispo(torch.autograd.Function):
     def backward(ctx, grad_loss):
         if not ctx.need_grad:
             raise RuntimeError("cispo_from_hidden ran without grad enabled; cannot backpropagate")
+        if ctx.grads is None:
+            raise RuntimeError("cispo_from_hidden supports a single backward (its gradients are handed over)")
+        # Hand the stored gradients over (drop our reference) so that AccumulateGrad can steal them
+        # instead of copying a [V, H] fp32 tensor.
+        grads, ctx.grads = ctx.grads, None
         hd, wd = ctx.dtypes
         out = []
-        for g, dt in zip(ctx.grads, (hd, wd)):
+        for g, dt in zip(grads, (hd, wd)):
             if g is None:
                 out.append(None)
             elif grad_loss.device.type == "cpu" and float(grad_loss) == 1.0:
                 out.append(g.to(dt))
             else:
                 out.append((g * grad_loss).to(dt))
+        del grads, g
         return (*out, None, None, None, None, None, None, None, None, None, None, None)
 
 
