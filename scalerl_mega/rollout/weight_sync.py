@@ -195,12 +195,16 @@ def iter_buckets(
         yield bucket
 
 
-def flatten_bucket(tensors: list["torch.Tensor"]) -> "torch.Tensor":
-    """Concatenate the raw bytes of `tensors` (in order) into one uint8 tensor."""
+def flatten_bucket(tensors: list["torch.Tensor"], *, out: "torch.Tensor | None" = None) -> "torch.Tensor":
+    """Concatenate the raw bytes of `tensors` (in order) into one uint8 tensor (into the front of
+    `out` when it is large enough: a reused buffer avoids page-faulting a fresh one per bucket)."""
     import torch
 
     parts = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
-    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+    n = sum(p.numel() for p in parts)
+    if out is None or out.numel() < n or out.device != (parts[0].device if parts else out.device):
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+    return torch.cat(parts, out=out[:n])
 
 
 def unflatten_bucket(flat: "torch.Tensor", meta: BucketMeta) -> list[tuple[str, "torch.Tensor"]]:
@@ -265,6 +269,7 @@ class DistWeightSender:
         self.group = group
         self.announcer = announcer
         self.config = config
+        self._flat: torch.Tensor | None = None
 
     def send(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]], *, version: int) -> SendStats:
         import torch.distributed as dist
@@ -279,7 +284,10 @@ class DistWeightSender:
             waiter = self.announcer.announce(meta)
             tensors = [t.detach().contiguous() for _, t in bucket]
             if cfg.flattened:
-                tensors = [flatten_bucket(tensors)]
+                flat = flatten_bucket(tensors, out=self._flat)
+                if self._flat is None or flat.data_ptr() != self._flat.data_ptr():
+                    self._flat = flat  # keep the largest buffer for the next buckets
+                tensors = [flat]
             what = f"weight sync v{version} bucket {index} ({len(bucket)} tensors, first {meta.names[0]!r})"
             try:
                 works = [dist.broadcast(t, src=0, group=self.group, async_op=True) for t in tensors]
@@ -297,12 +305,17 @@ class DistWeightSender:
 
 
 class DistWeightReceiver:
-    """Engine side: receives one announced bucket (allocates per metadata, broadcast from rank 0)."""
+    """Engine side: receives one announced bucket (allocates per metadata, broadcast from rank 0).
+
+    Flattened buckets land in a reused buffer: the returned tensors are views into it and are valid
+    only until the next `receive_bucket` (load them into the model right away, as the engines do).
+    """
 
     def __init__(self, group: Any, *, timeout_s: float, device: "str | torch.device" = "cpu") -> None:
         self.group = group
         self.timeout_s = timeout_s
         self.device = device
+        self._flat: torch.Tensor | None = None
 
     def receive_bucket(self, meta: BucketMeta) -> list[tuple[str, "torch.Tensor"]]:
         import torch
@@ -315,7 +328,10 @@ class DistWeightReceiver:
             )
         what = f"weight receive v{meta.version} bucket {meta.index}"
         if meta.load_format == FLATTENED_BUCKET:
-            flat = torch.empty(meta.num_bytes, dtype=torch.uint8, device=self.device)
+            n = meta.num_bytes
+            if self._flat is None or self._flat.numel() < n:
+                self._flat = torch.empty(n, dtype=torch.uint8, device=self.device)
+            flat = self._flat[:n]  # reused: the caller copies the unflattened views into the model
             works = [dist.broadcast(flat, src=0, group=self.group, async_op=True)]
             _wait_all(works, what=what, timeout_s=self.timeout_s)
             return unflatten_bucket(flat, meta)
