@@ -147,3 +147,17 @@ def test_bad_inputs():
     bad[3] = float("nan")
     with pytest.raises(ValueError, match="gen_logp contains NaN"):
         cispo_from_hidden(h, W, y, bad, z, z)
+
+
+def test_weight_only_gradient_and_single_backward():
+    h, W, y, g = problem(seed=5)
+    gen = naive_logprob(h, W, y).detach() + 0.1
+    A, w = torch.randn(h.shape[0], generator=g), torch.full((h.shape[0],), 0.02)
+    W64 = W.double().requires_grad_(True)
+    reference_cispo(h.double(), W64, y, gen, A, w, 5.0).backward()
+    W1 = W.clone().requires_grad_(True)
+    loss, _ = cispo_from_hidden(h, W1, y, gen, A, w, chunk_size=16)  # hidden needs no gradient
+    loss.backward(retain_graph=True)
+    assert rel_err(W1.grad, W64.grad) < 1e-5
+    with pytest.raises(RuntimeError, match="single backward"):
+        loss.backward()
