@@ -208,11 +208,16 @@ def test_generate_update_and_in_flight_versions(schema, model_dir):
         (c,) = _collect(engine, 1)
         assert c.weight_versions == [1] * 5
         assert max(abs(a - b) for a, b in zip(_oracle(model1, [9, 1, 2], c.output_ids), c.gen_logprobs)) < 1e-5
-        # a second update re-uses the group (no second init)
+        # a second update (flattened buckets) re-uses the group (no second init)
         server.clear_events()
+        engine.config.sync.flattened = True
         engine.update_weights(list(model0.state_dict().items()), version=2)
         assert "/init_weights_update_group" not in server.state()["events"]
         assert server.state()["version"] == "2"
+        engine.submit(_prompt("c", [9, 1, 2]), SamplingParams(max_new_tokens=5, seed=3), n=1, version=2)
+        (c,) = _collect(engine, 1)
+        assert c.weight_versions == [2] * 5
+        assert max(abs(a - b) for a, b in zip(_oracle(model0, [9, 1, 2], c.output_ids), c.gen_logprobs)) < 1e-5
         assert {e for e, _ in rec.seen} >= {
             "/generate", "/pause_generation", "/begin_weight_update", "/init_weights_update_group",
             "/update_weights_from_distributed", "/end_weight_update", "/continue_generation", "/health_generate",
