@@ -174,6 +174,9 @@ class ClusterConfig:
     devices_per_node: int = 1
     trainer_devices: int = 1
     generator_devices: int = 1
+    trainer_threads: int = 0
+    """torch intra-op threads in the trainer process; 0 keeps torch's default. On a shared CPU
+    machine use 1: OpenMP spin-waiting under contention made 2-thread steps 10-40x slower."""
     partition: str = ""
     account: str = ""
     time_min: int = 60
@@ -330,6 +333,7 @@ def validate(cfg: Any) -> None:
         raise ValueError(f"rollout.top_p={cfg.rollout.top_p!r} must be in (0, 1]")
     _positive("cluster.nodes", cfg.cluster.nodes)
     _positive("cluster.devices_per_node", cfg.cluster.devices_per_node)
+    _positive("cluster.trainer_threads", cfg.cluster.trainer_threads, allow_zero=True)
 
     eps_low, eps_high = cfg.loss.eps_low, cfg.loss.eps_high
     if eps_high is not None and not eps_high > 0:

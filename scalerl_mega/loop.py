@@ -111,21 +111,27 @@ class _Router:
         self.in_flight = 0
         """Samples submitted and not yet returned."""
 
-    def submit(self, pending: _Pending, sampling: SamplingParams) -> None:
+    def submit(self, pending: _Pending, sampling: Sequence[SamplingParams]) -> None:
+        """Submit the G samples of an admitted prompt, one request each (each has its own seed and
+        interruption point)."""
         self.queue.append(pending)
-        self.engine.submit(pending.prompt, sampling, n=self.G, version=pending.version)
-        self.in_flight += self.G
+        self._submit_samples(pending.prompt, sampling, version=pending.version)
 
-    def submit_val(self, prompt: Prompt, sampling: SamplingParams, *, n: int, version: int) -> None:
+    def submit_val(self, prompt: Prompt, sampling: Sequence[SamplingParams], *, version: int) -> None:
         self.val[prompt.prompt_id] = []
-        self.engine.submit(prompt, sampling, n=n, version=version)
-        self.in_flight += n
+        self._submit_samples(prompt, sampling, version=version)
+
+    def _submit_samples(self, prompt: Prompt, sampling: Sequence[SamplingParams], *, version: int) -> None:
+        for i, sp in enumerate(sampling):
+            self.engine.submit(_sample_prompt(prompt, i), sp, n=1, version=version)
+        self.in_flight += len(sampling)
 
     def pump(self, timeout_s: float | None = None) -> int:
         """Poll the engine once; route what arrived. Returns the number of completions."""
         got = self.engine.poll(self.poll_timeout_s if timeout_s is None else timeout_s)
         for c in got:
             self.in_flight -= 1
+            c.prompt_id, c.sample_index = _split_sample_id(c.prompt_id)
             if c.prompt_id in self.val:
                 self.val[c.prompt_id].append(c)
                 continue
@@ -147,17 +153,38 @@ class _Router:
         return [self.queue.popleft() for _ in range(n)]
 
 
-def sampling_params(cfg: Any, comps: LoopComponents, rng: random.Random, *, seed: int) -> SamplingParams:
-    """SamplingParams of one prompt: temperature, budget, interruption point (App. A.10: uniform in
-    [interruption_min, interruption_max], drawn per prompt)."""
+SAMPLE_SEP = "#s"
+"""Request prompt ids are `<prompt_id>#s<i>` so that every sample is its own request (unique
+request ids for SGLang) and comes back with its index."""
+
+
+def _sample_prompt(prompt: Prompt, index: int) -> Prompt:
+    return Prompt(prompt_id=f"{prompt.prompt_id}{SAMPLE_SEP}{index}", text=prompt.text, task=prompt.task,
+                  gold=prompt.gold, token_ids=prompt.token_ids, meta=prompt.meta)
+
+
+def _split_sample_id(request_prompt_id: str) -> tuple[str, int]:
+    base, sep, idx = request_prompt_id.rpartition(SAMPLE_SEP)
+    if not sep or not idx.isdigit():
+        raise ValueError(f"completion prompt_id {request_prompt_id!r} lacks the '{SAMPLE_SEP}<i>' sample suffix")
+    return base, int(idx)
+
+
+def sampling_params(cfg: Any, comps: LoopComponents, rng: random.Random, *, seed: int, n: int) -> list[SamplingParams]:
+    """SamplingParams of the n samples of one prompt: temperature, budget, seed + i, and with
+    length=interruption an interruption point drawn per sample uniformly in
+    [interruption_min, interruption_max] (paper App. A.10)."""
     length = cfg.length
-    params = SamplingParams(max_new_tokens=length.max_new_tokens, temperature=cfg.rollout.temperature,
-                            top_p=cfg.rollout.top_p, stop_token_ids=list(comps.stop_token_ids), seed=seed)
-    if length.name == "interruption":
-        params.interruption_at = rng.randint(length.interruption_min, length.interruption_max)
-        params.interruption_ids = list(comps.interruption_ids)
-        params.answer_budget = length.answer_budget
-    return params
+    out = []
+    for i in range(n):
+        params = SamplingParams(max_new_tokens=length.max_new_tokens, temperature=cfg.rollout.temperature,
+                                top_p=cfg.rollout.top_p, stop_token_ids=list(comps.stop_token_ids), seed=seed + i)
+        if length.name == "interruption":
+            params.interruption_at = rng.randint(length.interruption_min, length.interruption_max)
+            params.interruption_ids = list(comps.interruption_ids)
+            params.answer_budget = length.answer_budget
+        out.append(params)
+    return out
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -200,8 +227,8 @@ def validate(router: _Router, comps: LoopComponents, cfg: Any, *, version: int, 
     for i, prompt in enumerate(comps.val_prompts):
         if prompt.token_ids is None:
             prompt.token_ids = comps.encode(prompt.text)
-        sp = sampling_params(cfg, comps, rng, seed=10_000_019 * (version + 1) + i)
-        router.submit_val(prompt, sp, n=n, version=version)
+        sp = sampling_params(cfg, comps, rng, seed=10_000_019 * (version + 1) + 1000 * i, n=n)
+        router.submit_val(prompt, sp, version=version)
     t0 = time.monotonic()
     while any(len(router.val[p.prompt_id]) < n for p in comps.val_prompts):
         router.pump()
@@ -314,7 +341,8 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
             if prompt.token_ids is None:
                 prompt.token_ids = comps.encode(prompt.text)
             pend = _Pending(seq=state.admitted, prompt=prompt, version=state.weight_version)
-            sp = sampling_params(cfg, comps, rng, seed=cfg.seed * 1_000_003 + state.admitted * 101)
+            sp = sampling_params(cfg, comps, rng, seed=cfg.seed * 1_000_003 + state.admitted * 101,
+                                 n=router.G)
             router.submit(pend, sp)
             state.admitted += 1
 
@@ -337,7 +365,9 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
         trainer_idle = time.monotonic() - t_wait
         pendings = router.pop(B)
         # 3. score + curriculum
+        t_score = time.monotonic()
         groups = score_groups(pendings, comps, cfg)
+        score_s = time.monotonic() - t_score
         for g in groups:
             comps.sampler.record(g.prompt.prompt_id, g.pass_rate)
         hist = staleness_histogram(groups, step=s)
@@ -355,7 +385,10 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
         engine_busy = router.in_flight > 0
         t_train = time.monotonic()
         if res.batch is not None:
-            metrics.update({f"train/{key}": v for key, v in comps.trainer.train_step(_batch_dict(res.batch)).items()})
+            tm = comps.trainer.train_step(_batch_dict(res.batch, trainer_version=s))
+            metrics.update({f"train/{key}": v for key, v in tm.items()})
+            if tm.get("onpolicy_tokens", 0.0) > 0:
+                metrics["train/onpolicy_abs_log_ratio_mean"] = tm["onpolicy_abs_log_ratio_sum"] / tm["onpolicy_tokens"]
         else:
             metrics["skipped_no_signal"] = 1.0
         train_s = time.monotonic() - t_train
@@ -374,9 +407,10 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
             "staleness_hist": {str(a): b for a, b in hist.items()},
             "tokens_per_version": {str(a): b for a, b in tokens_per_version(groups).items()},
             "trainer_idle_s": trainer_idle, "generator_idle_s": gen_idle, "train_s": train_s,
-            "weight_sync_s": sync_s, "step_s": step_s,
+            "weight_sync_s": sync_s, "score_s": score_s, "step_s": step_s,
             "tokens_per_s": metrics["generated_tokens"] / max(step_s, 1e-9),
             "weight_version": float(state.weight_version), "outstanding_prompts": float(len(router.queue)),
+            "prompt_ids": [p.prompt.prompt_id for p in pendings],
         })
         util = gpu_utilization() if cfg.cluster.device == "cuda" else None
         if util is not None:
@@ -394,20 +428,16 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
     return state
 
 
-def run_job(cfg: Any) -> dict[str, Any]:
-    """Build every component from the config and run SFT warm start + RL + report (`scalerl-train`)."""
-    raise NotImplementedError(
-        "scalerl-train's component wiring (Megatron trainer + local engine + synthetic task + curriculum "
-        "sampler) is not written yet; run_rl() is usable with components built by the caller"
-    )
+def _batch_dict(batch: Any, *, trainer_version: int) -> dict[str, Any]:
+    """TrainBatch -> the trainer's dict (batch_to_dict) plus the global-batch aggregation weights
+    and the version of the weights the trainer holds (for the on-policy IS check)."""
+    import torch
 
-
-def _batch_dict(batch: Any) -> dict[str, Any]:
-    """TrainBatch -> the trainer's dict (batch_to_dict) plus the global-batch aggregation weights."""
     from scalerl_mega.trainer.megatron.trainer import batch_to_dict
 
     data = batch_to_dict(batch)
     data["token_weights"] = batch.meta["token_weights_BT"]
+    data["trainer_version"] = torch.tensor(int(trainer_version))
     return data
 
 
@@ -440,7 +470,10 @@ def make_policy_loss_fn(*, loss_type: str, eps_low: float | None, eps_high: floa
     `advantages` (the SFT warm start) use the next-token cross-entropy.
 
     Metrics are returned as shares that sum over micro-batches: token-weighted IS ratio and the
-    policy loss; `is_ratio_mean` = sum_t w_t * rho_t.
+    policy loss; `is_ratio_mean` = sum_t w_t * rho_t. On-policy check: over completions generated
+    entirely by the weights the trainer holds (`trainer_version`; PipelineRL tokens of a newer
+    version on a stale KV cache are excluded), `onpolicy_abs_log_ratio_sum` / `onpolicy_tokens`
+    is the mean |log pi_train - log pi_gen|, ~0 when engine and trainer agree.
     """
 
     def loss_fn(logp_BT, mb: dict):
@@ -462,6 +495,11 @@ def make_policy_loss_fn(*, loss_type: str, eps_low: float | None, eps_high: floa
             wd = w.to(logp_BT.dtype)
             metrics = {"loss": loss.detach(), "is_ratio_mean": (wd * log_ratio.exp() * m).sum(),
                        "abs_log_ratio_mean": (wd * log_ratio.abs()).sum()}
+            if "trainer_version" in mb and "weight_version" in mb:
+                whole_B = ((mb["weight_version"] == mb["trainer_version"]) | ~m).all(1)
+                sel = whole_B[:, None] & m
+                metrics["onpolicy_tokens"] = sel.sum().to(logp_BT.dtype)
+                metrics["onpolicy_abs_log_ratio_sum"] = (log_ratio.abs() * sel).sum()
         return loss, metrics
 
     return loss_fn

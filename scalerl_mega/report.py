@@ -21,8 +21,10 @@ def compute_key(records: list[dict[str, Any]]) -> str:
     return "compute_device_hours"
 
 
-def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget: float | None = None) -> Path:
-    """Write <run_dir>/report.md (and scaling.png when a fit is possible); returns the markdown path."""
+def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget: float | None = None,
+                 extra: dict[str, str] | None = None) -> Path:
+    """Write <run_dir>/report.md (and scaling.png when a fit is possible); returns the markdown path.
+    `extra`: more "- key: value" summary lines (wall times, ...)."""
     from scalerl_mega.scaling.fit import fit_sigmoid, relative_grids
     from scalerl_mega.scaling.plot import CurvePlot, plot_scaling
 
@@ -42,6 +44,8 @@ def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget
             f"(change {last[1] - first[1]:+.3f})",
             f"- compute at the end: {last[0]:.4g} {unit}",
         ]
+    for k, v in (extra or {}).items():
+        lines.append(f"- {k}: {v}")
     if train:
         tail = train[-1]
         lines.append(f"- trainer steps: {tail['step']}; last truncation rate {tail.get('truncation_rate', math.nan):.1%}")

@@ -17,6 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
+# The default suite runs the loop with the real Megatron trainer (test_loop_megatron.py); this
+# plain-torch variant stays as a slow, faster-to-debug cross-check.
+pytestmark = pytest.mark.slow
+
 from scalerl_mega.loop import LoopComponents, make_policy_loss_fn, run_rl
 from scalerl_mega.metrics.compute import ComputeCounter
 from scalerl_mega.types import Prompt

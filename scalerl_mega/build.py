@@ -1,0 +1,279 @@
+"""Component factory: a validated TrainConfig -> the objects the loop drives (DESIGN.md "Seams").
+
+    task     synthetic arithmetic prompts (train / held-out validation) and the task's HF tokenizer
+    sampler  curriculum (No-Positive-Resampling or uniform, paper Sec. 3.2)
+    rewards  TaskRewardFn: math verifier with string fast path, in a worker pool
+    trainer  Megatron-Core (CPU: gloo world of one) with the loop's policy loss
+    engines  local HF engine process(es) with bucketed weight sync over torch.distributed, or SGLang
+
+Each builder is small and separately callable (tests build only what they need). Heavy imports
+happen inside the builders.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("scalerl_mega.build")
+
+
+# ----------------------------------------------------------------------------- task
+@dataclass(kw_only=True)
+class Task:
+    """Prompts and tokenizer of the run."""
+
+    tokenizer: Any
+    train_prompts: list
+    val_prompts: list
+    stop_token_ids: list[int]
+    interruption_ids: list[int]
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def build_task(cfg: Any) -> Task:
+    """Synthetic task (data.name=synthetic): addition traces with the task's character tokenizer."""
+    if cfg.data.name != "synthetic":
+        raise ValueError(
+            f"data.name={cfg.data.name!r}: scalerl-train builds only the synthetic task so far; the "
+            "Polaris/Deepcoder sources need a tokenizer path, which the config does not have yet")
+    from scalerl_mega.data.tasks.arith import arith_prompts
+    from scalerl_mega.data.tasks.tokenizer import build_arith_tokenizer
+
+    tok = build_arith_tokenizer()
+    if len(tok) > cfg.model.vocab_size:
+        raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the synthetic task's "
+                         f"vocabulary ({len(tok)} tokens)")
+    num_val = int(cfg.data.val_prompts)
+    train, val = arith_prompts(num_train=int(cfg.data.synthetic_num_prompts) - num_val, num_val=num_val,
+                               seed=int(cfg.data.split_seed), max_digits=int(cfg.data.synthetic_max_digits))
+    phrase = cfg.length.interruption_phrase
+    interruption_ids = list(tok(phrase, add_special_tokens=False)["input_ids"])
+    if tok.unk_token_id in interruption_ids:
+        raise ValueError(f"length.interruption_phrase={phrase!r} has characters outside the task vocabulary")
+    return Task(tokenizer=tok, train_prompts=train, val_prompts=val, stop_token_ids=[tok.eos_token_id],
+                interruption_ids=interruption_ids)
+
+
+def build_sampler(cfg: Any, task: Task):
+    from scalerl_mega.data.curriculum import Curriculum
+
+    return Curriculum(task.train_prompts, name=cfg.curriculum.name,
+                      pass_rate_threshold=cfg.curriculum.pass_rate_threshold, seed=int(cfg.seed))
+
+
+def build_reward_fn(cfg: Any, *, num_workers: int = 1):
+    """Math verifier for math/synthetic tasks (+1/-1, paper App. A.3); decided by the string fast
+    path in this process when possible, math-verify in `num_workers` pool workers otherwise."""
+    from scalerl_mega.rewards.pool import RewardConfig, TaskRewardFn
+
+    return TaskRewardFn(RewardConfig(num_workers=num_workers))
+
+
+# ----------------------------------------------------------------------------- trainer
+def megatron_config(cfg: Any):
+    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig
+
+    optim = OptimConfig(**{**vars(cfg.optim), "seed": int(cfg.optim.seed) + int(cfg.seed)})
+    return MegatronConfig(model=cfg.model, parallel=cfg.parallel, optim=optim)
+
+
+def micro_batch_rows(rows: int, seq_len: int, *, max_tokens: int) -> int:
+    """The largest divisor of `rows` whose micro-batch (rows x seq_len padded tokens) fits
+    `max_tokens` (at least 1): the step splits the global batch into equal micro-batches."""
+    best = 1
+    for d in range(1, rows + 1):
+        if rows % d == 0 and d * seq_len <= max_tokens:
+            best = d
+    return best
+
+
+def build_trainer(cfg: Any):
+    """The Megatron trainer with the loop's policy loss (next-token CE for SFT batches)."""
+    from scalerl_mega.loop import make_policy_loss_fn
+    from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
+
+    loss_fn = make_policy_loss_fn(loss_type=cfg.loss.name, eps_low=cfg.loss.eps_low, eps_high=cfg.loss.eps_high,
+                                  aggregation=cfg.aggregation.name)
+
+    class RLTrainer(MegatronPolicyTrainer):
+        """MegatronPolicyTrainer with two adaptations done here rather than in trainer/:
+        - micro-batch rows chosen per step from `train.micro_batch_tokens` (RL batches have a
+          variable number of rows after the zero-variance filter; see `micro_batch_rows`);
+        - export through `export.export_hf_weights(chunks, model_cfg)` (its current signature)."""
+
+        def train_step(self, batch):  # noqa: D401
+            ids = batch["input_ids"] if isinstance(batch, dict) else batch.input_ids_BT
+            par = self.cfg.parallel
+            saved = par.micro_batch_size
+            par.micro_batch_size = micro_batch_rows(int(ids.shape[0]), int(ids.shape[1]),
+                                                    max_tokens=int(cfg.train.micro_batch_tokens))
+            try:
+                return super().train_step(batch)
+            finally:
+                par.micro_batch_size = saved
+
+        def export_hf_weights(self):
+            from scalerl_mega.trainer.megatron import export
+
+            return export.export_hf_weights(self.chunks, self.cfg.model)
+
+        def reset_optimizer(self) -> None:
+            """Fresh optimizer state and step counter (after the SFT warm start, before RL)."""
+            from scalerl_mega.trainer.megatron import step
+
+            self.optimizer = step.build_optimizer(self.chunks, self.cfg.optim)
+            self.step = 0
+
+    return RLTrainer(megatron_config(cfg), loss_fn=loss_fn)
+
+
+# ----------------------------------------------------------------------------- engines
+def engine_max_seq_len(cfg: Any, task: Task) -> int:
+    """Longest prompt + the largest output budget of any request."""
+    from scalerl_mega.rollout.core import max_total_tokens
+    from scalerl_mega.types import SamplingParams
+
+    longest = max(len(task.encode(p.text)) for p in [*task.train_prompts, *task.val_prompts])
+    sp = SamplingParams(max_new_tokens=cfg.length.max_new_tokens)
+    if cfg.length.name == "interruption":
+        sp.interruption_at = cfg.length.interruption_max
+        sp.interruption_ids = list(task.interruption_ids)
+        sp.answer_budget = cfg.length.answer_budget
+    return longest + max_total_tokens(sp)
+
+
+def build_local_engine(cfg: Any, task: Task, *, index: int = 0):
+    """One LocalRolloutEngine process holding the HF twin of the trainer's model (random init; the
+    loop pushes the trainer's weights before the first request)."""
+    from scalerl_mega.hf_config import hf_config_from_model
+    from scalerl_mega.rollout.core import CoreConfig
+    from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine
+    from scalerl_mega.rollout.weight_sync import WeightSyncConfig
+
+    arch, hf_kwargs = hf_config_from_model(cfg.model)
+    max_seq = engine_max_seq_len(cfg, task)
+    if max_seq > cfg.model.max_position_embeddings:
+        raise ValueError(f"model.max_position_embeddings={cfg.model.max_position_embeddings} < longest request "
+                         f"{max_seq} (prompt + length.max_new_tokens / interruption budget)")
+    backend = "nccl" if cfg.cluster.device == "cuda" else "gloo"
+    return LocalRolloutEngine(LocalEngineConfig(
+        model=LocalModelSpec(arch=arch, config=hf_kwargs, init_seed=int(cfg.seed)),
+        core=CoreConfig(max_batch=cfg.rollout.max_batch_size, max_seq_len=max_seq,
+                        fp32_lm_head=cfg.precision.name == "fp32_head", eos_token_ids=list(task.stop_token_ids)),
+        sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend=backend,
+                              group_name=f"weight_update_group_{index}"),
+        num_threads=cfg.rollout.engine_threads, seed=int(cfg.seed) + index,
+        device="cuda" if cfg.cluster.device == "cuda" else "cpu"))
+
+
+class EngineSet:
+    """Several engines behind the RolloutEngine seam: prompts round-robin, weights to all."""
+
+    def __init__(self, engines: list) -> None:
+        self.engines = engines
+        self._next = 0
+
+    def submit(self, prompt, sampling, *, n: int, version: int) -> None:
+        self.engines[self._next].submit(prompt, sampling, n=n, version=version)
+        self._next = (self._next + 1) % len(self.engines)
+
+    def poll(self, timeout_s: float = 0.0) -> list:
+        out: list = []
+        share = timeout_s / len(self.engines)
+        for e in self.engines:
+            out += e.poll(0.0 if out else share)
+        return out
+
+    def update_weights(self, named_tensors, *, version: int) -> None:
+        tensors = list(named_tensors)  # tiny models only: several receivers need the same stream
+        for e in self.engines:
+            e.update_weights(iter(tensors), version=version)
+
+    def pause(self) -> None:
+        for e in self.engines:
+            e.pause()
+
+    def resume(self) -> None:
+        for e in self.engines:
+            e.resume()
+
+    def close(self) -> None:
+        for e in self.engines:
+            e.close()
+
+    @property
+    def pids(self) -> list[int]:
+        return [getattr(e, "pid", None) for e in self.engines]
+
+
+def write_hf_checkpoint(cfg: Any, task: Task, trainer: Any, path: Path) -> Path:
+    """The trainer's current weights as an HF model directory (config + safetensors + tokenizer):
+    what an SGLang server loads at launch."""
+    import torch
+
+    from scalerl_mega.hf_config import hf_config_from_model
+    from scalerl_mega.rollout.local import LocalModelSpec
+    from scalerl_mega.rollout.local import build_model as build_hf
+
+    arch, hf_kwargs = hf_config_from_model(cfg.model)
+    model = build_hf(LocalModelSpec(arch=arch, config=hf_kwargs))
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, t in trainer.export_hf_weights():
+            params[name].copy_(t)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    task.tokenizer.save_pretrained(path)
+    return path
+
+
+def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
+    """SGLang servers (one per engine, consecutive ports) and the client engine over them."""
+    from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
+    from scalerl_mega.rollout.weight_sync import WeightSyncConfig
+
+    path = write_hf_checkpoint(cfg, task, trainer, Path(cfg.output_dir) / "hf_init")
+    servers = []
+    for i in range(cfg.rollout.num_engines):
+        scfg = SGLangServerConfig(
+            model_path=str(path), host=cfg.rollout.sglang_host, port=cfg.rollout.sglang_port + i,
+            tp_size=cfg.rollout.sglang_tp_size, mem_fraction_static=cfg.rollout.sglang_mem_fraction,
+            random_seed=int(cfg.seed), fp32_lm_head=cfg.precision.name == "fp32_head",
+            base_gpu_id=cfg.cluster.trainer_devices + i * cfg.rollout.sglang_tp_size,
+            startup_timeout_s=cfg.rollout.startup_timeout_s,
+            dtype="float32" if cfg.precision.params_dtype == "float32" else "bfloat16")
+        servers.append(SGLangServer.launch(scfg))
+    pause = "in_place" if cfg.off_policy.name == "pipeline_rl" else "retract"
+    return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
+        pause_mode=pause, seed=int(cfg.seed),
+        sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend="nccl")))
+
+
+def build_engine(cfg: Any, task: Task, trainer: Any):
+    if cfg.rollout.name == "sglang":
+        return build_sglang_engine(cfg, task, trainer)
+    engines = [build_local_engine(cfg, task, index=i) for i in range(cfg.rollout.num_engines)]
+    return engines[0] if len(engines) == 1 else EngineSet(engines)
+
+
+# ----------------------------------------------------------------------------- all together
+def build_components(cfg: Any, *, task: Task | None = None, trainer: Any = None, engine: Any = None,
+                     reward_fn: Any = None):
+    """LoopComponents for `loop.run_rl` (pieces passed in are used as given)."""
+    from scalerl_mega.loop import LoopComponents
+
+    task = task or build_task(cfg)
+    trainer = trainer or build_trainer(cfg)
+    engine = engine or build_engine(cfg, task, trainer)
+    return LoopComponents(
+        engine=engine, trainer=trainer, reward_fn=reward_fn or build_reward_fn(cfg),
+        sampler=build_sampler(cfg, task), val_prompts=list(task.val_prompts), decode=task.decode,
+        encode=task.encode, stop_token_ids=list(task.stop_token_ids), interruption_ids=list(task.interruption_ids))

@@ -1,0 +1,75 @@
+"""Supervised warm start before RL (the CPU demo): next-token loss on the task's reference traces,
+through the same Megatron trainer that then runs RL.
+
+Batches hold `[B, T]` right-padded prompt + target tensors; the loss mask covers the target tokens
+(including EOS), so the trainer's loss_fn falls back to masked next-token cross-entropy (no
+`advantages` key). The warm start has its own learning rate and linear warmup (`sft.*`); afterwards
+the optimizer state and step counter are reset, so RL starts from fresh AdamW moments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def sft_batch(pairs: Sequence[tuple[list[int], list[int]]], *, pad_id: int = 0) -> dict[str, Any]:
+    """(prompt ids, target ids) pairs -> the trainer's batch dict. Target token j sits at position
+    P + j and is predicted from position P + j - 1 (same layout as batch.build_train_batch)."""
+    import torch
+
+    if not pairs:
+        raise ValueError("sft_batch: no examples")
+    T = max(len(p) + len(t) for p, t in pairs)
+    B = len(pairs)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.int64)
+    targets = torch.zeros((B, T), dtype=torch.int64)
+    mask = torch.zeros((B, T), dtype=torch.float32)
+    for b, (p, t) in enumerate(pairs):
+        if not p or not t:
+            raise ValueError(f"sft_batch: example {b} has an empty prompt or target")
+        P, O = len(p), len(t)
+        input_ids[b, : P + O] = torch.tensor([*p, *t], dtype=torch.int64)
+        targets[b, P - 1 : P - 1 + O] = torch.tensor(t, dtype=torch.int64)
+        mask[b, P - 1 : P - 1 + O] = 1.0
+    return {"input_ids": input_ids, "position_ids": torch.arange(T).expand(B, T).contiguous(),
+            "targets": targets, "loss_mask": mask}
+
+
+def warm_start(trainer: Any, examples: Sequence[tuple[list[int], list[int]]], *, steps: int, batch_size: int,
+               lr: float, warmup_steps: int, seed: int,
+               on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+    """`steps` optimizer steps of next-token loss on shuffled `examples` (epochs reshuffled with
+    Random(seed)); the trainer's optimizer config is swapped for (lr, warmup) meanwhile and restored
+    after, with a fresh optimizer (`trainer.reset_optimizer()`). Returns per-step metrics."""
+    if steps <= 0:
+        return []
+    if batch_size < 1 or batch_size > len(examples):
+        raise ValueError(f"sft.batch_size={batch_size} must be in [1, {len(examples)}] (number of SFT examples)")
+    rl_optim = trainer.cfg.optim
+    trainer.cfg.optim = dataclasses.replace(rl_optim, lr=lr, warmup_steps=warmup_steps)
+    trainer.reset_optimizer()
+    rng = random.Random(seed)
+    order: list[int] = []
+    history = []
+    try:
+        for s in range(steps):
+            if len(order) < batch_size:
+                fresh = list(range(len(examples)))
+                rng.shuffle(fresh)
+                order += fresh
+            idx, order = order[:batch_size], order[batch_size:]
+            t0 = time.monotonic()
+            m = trainer.train_step(sft_batch([examples[i] for i in idx]))
+            m = {k: float(v) for k, v in m.items()}
+            m["step_s"] = time.monotonic() - t0
+            history.append(m)
+            if on_step is not None:
+                on_step(s + 1, m)
+    finally:
+        trainer.cfg.optim = rl_optim
+        trainer.reset_optimizer()
+    return history
