@@ -52,16 +52,21 @@ def generate(path: str, *, layers: int, hidden: int, ffn: int, vocab: int, heads
     return n
 
 
+_HWM = (";import re;print('VmHWM', re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1))")
+
+
 def run_child(code: str) -> tuple[float, int, str]:
-    """Run python code in a child; return (seconds, peak RSS bytes, stdout)."""
+    """Run python code in a fresh child; return (seconds, peak RSS bytes, stdout). The peak is the
+    child's own VmHWM (ru_maxrss would include the parent's RSS inherited through fork+exec)."""
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=ROOT))
-    out = p.stdout.read().decode()
-    _, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode:
-        raise SystemExit(f"child failed ({p.returncode}): {code}")
-    return time.perf_counter() - t0, usage.ru_maxrss * 1024, out
+    proc = subprocess.run([sys.executable, "-c", code + _HWM], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    if proc.returncode:
+        raise SystemExit(f"child failed ({proc.returncode}): {code}\n{proc.stderr[-2000:]}")
+    lines = proc.stdout.split("\n")
+    hwm = int([ln for ln in lines if ln.startswith("VmHWM")][-1].split()[1]) * 1024
+    out = "\n".join(ln for ln in lines if not ln.startswith("VmHWM"))
+    return time.perf_counter() - t0, hwm, out
 
 
 def main() -> None:
