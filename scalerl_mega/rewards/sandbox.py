@@ -257,6 +257,7 @@ def run_python(
         with open(stdin_path, "rb") as fin:
             res = _communicate(cmd, env=env, cwd=cwd, stdin=fin, limits=limits, preexec=_preexec(limits, nproc))
         if iso is Isolation.ROOT:
+            _reap_uid(uid)
             res = dataclasses.replace(res, uid=uid)
         return res
     finally:
@@ -316,3 +317,45 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def _uid_pids(uid: int) -> list[int]:
+    """Pids of live (non-zombie) processes whose real uid is `uid`, read from /proc."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if fields.get("State", "").strip().startswith("Z"):
+            continue
+        uids = fields.get("Uid", "").split()
+        if uids and int(uids[0]) == uid:
+            pids.append(int(d))
+    return pids
+
+
+def _reap_uid(uid: int, *, timeout_s: float = 5.0) -> None:
+    """Kill whatever still runs as the sandbox's private uid (`root` isolation) and wait until none does.
+
+    The pid namespace dies with its init, but the kernel tears the namespace down asynchronously; under
+    load a forked child can still be scheduled for a moment after the launcher has exited. The uid is
+    private to this run, so every process carrying it belongs to the sandbox.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pids = _uid_pids(uid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if time.monotonic() > deadline:
+            logger.warning("sandbox: %d process(es) of uid %d still alive after %.1fs", len(pids), uid, timeout_s)
+            return
+        time.sleep(0.02)

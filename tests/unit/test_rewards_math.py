@@ -75,7 +75,10 @@ def test_table_has_at_least_40_cases():
 
 @pytest.mark.parametrize("completion,gold,expected", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_math_table(completion, gold, expected):
-    res = score_math(completion, gold, timeout_s=2.0)
+    # Legit cases get a generous deadline (CI runs this on 2 loaded cores); the adversarial power tower
+    # keeps a short one and must still come back incorrect within it.
+    adversarial = "9^{9^{9^{9}}}" in completion
+    res = score_math(completion, gold, timeout_s=2.0 if adversarial else 20.0)
     assert res.passed is expected, res
     assert res.reward == (1.0 if expected else -1.0)
 
