@@ -64,3 +64,20 @@ def test_pipeline_rl_2_megatron_trainer_and_engine_process(tmp_path):
     onpol = [r["train/onpolicy_abs_log_ratio_mean"] for r in train if "train/onpolicy_abs_log_ratio_mean" in r]
     assert onpol and max(onpol) < 1e-3
     assert (out / "report.md").exists() and "validation pass rate" in proc.stdout
+
+
+def test_ppo_off_policy_2_megatron(tmp_path):
+    """PPO-off-policy-2: 2 x B prompts generated on fixed weights, two optimizer steps, then a sync."""
+    out = tmp_path / "ppo"
+    run_train(out, "off_policy=ppo_off_policy", "off_policy.k=2", "train.val_every=0")
+    train = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in train if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4]
+    # the first step of each phase trains on fresh samples, the second on samples one step old
+    assert [sorted(int(a) for a in r["staleness_hist"]) for r in train] == [[0], [1], [0], [1]]
+    # weights go to the engine only after every k-th step, and never in flight
+    assert [r["weight_version"] for r in train] == [0.0, 2.0, 2.0, 4.0]
+    assert sum(r["samples_multi_version"] for r in train) == 0
+    assert all(sum(r["tokens_per_version"].values()) == r["generated_tokens"] for r in train)
+    onpol = [r["train/onpolicy_abs_log_ratio_mean"] for r in train if "train/onpolicy_abs_log_ratio_mean" in r]
+    assert len(onpol) >= 2 and max(onpol) < 1e-3  # steps 1 and 3 train on the weights that generated
