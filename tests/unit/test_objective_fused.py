@@ -15,7 +15,8 @@ from scalerl_mega.objective.losses import policy_loss, token_weights
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp(min=1e-30))
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
 
 
 def problem(seed=0, N=70, H=24, V=333, dtype=torch.float32):
