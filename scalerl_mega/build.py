@@ -85,54 +85,24 @@ def megatron_config(cfg: Any):
     return MegatronConfig(model=cfg.model, parallel=cfg.parallel, optim=optim)
 
 
-def micro_batch_rows(rows: int, seq_len: int, *, max_tokens: int) -> int:
-    """The largest divisor of `rows` whose micro-batch (rows x seq_len padded tokens) fits
-    `max_tokens` (at least 1): the step splits the global batch into equal micro-batches."""
-    best = 1
-    for d in range(1, rows + 1):
-        if rows % d == 0 and d * seq_len <= max_tokens:
-            best = d
-    return best
+def use_fused_cispo(cfg: Any) -> bool:
+    """The fused FP32 CISPO head (`train.fused_cispo`, on by default) applies to loss=cispo with the
+    FP32 head (paper Sec. 3.2); every other combination keeps the logits path."""
+    return bool(cfg.train.fused_cispo) and cfg.loss.name == "cispo" and cfg.precision.name == "fp32_head"
 
 
 def build_trainer(cfg: Any):
-    """The Megatron trainer with the loop's policy loss (next-token CE for SFT batches)."""
-    from scalerl_mega.loop import make_policy_loss_fn
+    """The Megatron trainer with the loop's policy loss (next-token CE for SFT batches), the fused FP32
+    CISPO head when `use_fused_cispo`, and micro-batches by the `train.micro_batch_tokens` budget."""
+    from scalerl_mega.loop import make_cispo_head_loss_fn, make_policy_loss_fn
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
     loss_fn = make_policy_loss_fn(loss_type=cfg.loss.name, eps_low=cfg.loss.eps_low, eps_high=cfg.loss.eps_high,
                                   aggregation=cfg.aggregation.name)
-
-    class RLTrainer(MegatronPolicyTrainer):
-        """MegatronPolicyTrainer with two adaptations done here rather than in trainer/:
-        - micro-batch rows chosen per step from `train.micro_batch_tokens` (RL batches have a
-          variable number of rows after the zero-variance filter; see `micro_batch_rows`);
-        - export through `export.export_hf_weights(chunks, model_cfg)` (its current signature)."""
-
-        def train_step(self, batch):  # noqa: D401
-            ids = batch["input_ids"] if isinstance(batch, dict) else batch.input_ids_BT
-            par = self.cfg.parallel
-            saved = par.micro_batch_size
-            par.micro_batch_size = micro_batch_rows(int(ids.shape[0]), int(ids.shape[1]),
-                                                    max_tokens=int(cfg.train.micro_batch_tokens))
-            try:
-                return super().train_step(batch)
-            finally:
-                par.micro_batch_size = saved
-
-        def export_hf_weights(self):
-            from scalerl_mega.trainer.megatron import export
-
-            return export.export_hf_weights(self.chunks, self.cfg.model)
-
-        def reset_optimizer(self) -> None:
-            """Fresh optimizer state and step counter (after the SFT warm start, before RL)."""
-            from scalerl_mega.trainer.megatron import step
-
-            self.optimizer = step.build_optimizer(self.chunks, self.cfg.optim)
-            self.step = 0
-
-    return RLTrainer(megatron_config(cfg), loss_fn=loss_fn)
+    head_loss_fn = (make_cispo_head_loss_fn(eps_low=cfg.loss.eps_low, eps_high=cfg.loss.eps_high)
+                    if use_fused_cispo(cfg) else None)
+    return MegatronPolicyTrainer(megatron_config(cfg), loss_fn=loss_fn, head_loss_fn=head_loss_fn,
+                                 micro_batch_tokens=int(cfg.train.micro_batch_tokens))
 
 
 # ----------------------------------------------------------------------------- engines
@@ -235,11 +205,36 @@ def write_hf_checkpoint(cfg: Any, task: Task, trainer: Any, path: Path) -> Path:
     return path
 
 
+def sync_master_address(cfg: Any) -> str:
+    """The address attached servers connect to for weight sync: `rollout.sync_master_address`, else
+    127.0.0.1 when every engine URL names this host, else this host's name."""
+    import socket
+    from urllib.parse import urlparse
+
+    if cfg.rollout.sync_master_address:
+        return cfg.rollout.sync_master_address
+    local = {"127.0.0.1", "localhost", socket.gethostname(), socket.gethostname().split(".")[0]}
+    hosts = {urlparse(u).hostname for u in cfg.rollout.engine_urls}
+    return "127.0.0.1" if hosts <= local else socket.getfqdn()
+
+
 def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
-    """SGLang servers (one per engine, consecutive ports) and the client engine over them."""
+    """SGLang servers (one per engine, consecutive ports) and the client engine over them; with
+    `rollout.engine_urls` set, attach to those running servers instead (e.g. the generator job steps
+    of slurm/common.sh) -- the loop pushes the trainer's weights before the first request."""
     from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
     from scalerl_mega.rollout.weight_sync import WeightSyncConfig
 
+    pause = "in_place" if cfg.off_policy.name == "pipeline_rl" else "retract"
+    if cfg.rollout.engine_urls:
+        backend = "nccl" if cfg.cluster.device == "cuda" else "gloo"
+        servers = [SGLangServer.attach(u, tp_size=cfg.rollout.sglang_tp_size) for u in cfg.rollout.engine_urls]
+        for s in servers:
+            s.wait_healthy(timeout_s=cfg.rollout.startup_timeout_s)
+        log.info("attached to %d SGLang server(s): %s", len(servers), ", ".join(s.url for s in servers))
+        return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
+            pause_mode=pause, seed=int(cfg.seed), master_address=sync_master_address(cfg),
+            sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend=backend)))
     path = write_hf_checkpoint(cfg, task, trainer, Path(cfg.output_dir) / "hf_init")
     servers = []
     for i in range(cfg.rollout.num_engines):
@@ -251,7 +246,6 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
             startup_timeout_s=cfg.rollout.startup_timeout_s,
             dtype="float32" if cfg.precision.params_dtype == "float32" else "bfloat16")
         servers.append(SGLangServer.launch(scfg))
-    pause = "in_place" if cfg.off_policy.name == "pipeline_rl" else "retract"
     return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
         pause_mode=pause, seed=int(cfg.seed),
         sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend="nccl")))

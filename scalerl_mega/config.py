@@ -161,6 +161,12 @@ class RolloutConfig:
     sglang_tp_size: int = 1
     sglang_mem_fraction: float = 0.8
     startup_timeout_s: float = 600.0
+    engine_urls: list[str] = field(default_factory=list)
+    """rollout=sglang: attach to these running servers (http://host:port, e.g. the generator job
+    steps of slurm/common.sh) instead of launching `num_engines` servers."""
+    sync_master_address: str = ""
+    """Address the servers use to reach the trainer for weight sync when attached; empty:
+    127.0.0.1 if every engine URL is on this host, else this host's name."""
 
 
 @dataclass
@@ -180,6 +186,11 @@ class ClusterConfig:
     partition: str = ""
     account: str = ""
     time_min: int = 60
+    cpus_per_task: int = 1
+    """Slurm launcher (Hydra multirun via submitit): CPUs per job (conf/hydra/launcher reads these)."""
+    mem_gb: int = 4
+    gpus_per_node: int = 0
+    """GPUs requested per job by the sweep launcher (0: CPU jobs, no --gpus-per-node)."""
 
 
 @dataclass
