@@ -204,6 +204,9 @@ class TrainLoopConfig:
     """G: completions per prompt."""
     micro_batch_tokens: int = 16384
     """Token budget of one packed Megatron micro-batch."""
+    fused_cispo: bool = True
+    """loss=cispo with the FP32 head: compute the head and CISPO from the last hidden states chunk by
+    chunk (objective.fused_logprob.cispo_from_hidden), never materialising [N, V] logits."""
     val_every: int = 100
     """Validation cadence in steps (paper: 100); 0 disables validation."""
     save_every: int = 100

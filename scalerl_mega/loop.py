@@ -477,32 +477,78 @@ def make_policy_loss_fn(*, loss_type: str, eps_low: float | None, eps_high: floa
     """
 
     def loss_fn(logp_BT, mb: dict):
-        import torch
-
         if "advantages" not in mb:
             from scalerl_mega.trainer.megatron.step import next_token_ce_loss
 
             return next_token_ce_loss(logp_BT, mb)
         from scalerl_mega.objective.losses import policy_loss
 
-        w = mb["token_weights"]
         loss, _ = policy_loss(logp_BT, mb["gen_logp"], mb["advantages"], mb["loss_mask"], mb["prompt_index"],
                               loss_type=loss_type, aggregation=aggregation, eps_low=eps_low, eps_high=eps_high,
-                              weights=w)
-        with torch.no_grad():
-            m = mb["loss_mask"] > 0
-            log_ratio = torch.where(m, logp_BT.detach() - mb["gen_logp"].to(logp_BT.dtype), torch.zeros_like(logp_BT))
-            wd = w.to(logp_BT.dtype)
-            metrics = {"loss": loss.detach(), "is_ratio_mean": (wd * log_ratio.exp() * m).sum(),
-                       "abs_log_ratio_mean": (wd * log_ratio.abs()).sum()}
-            if "trainer_version" in mb and "weight_version" in mb:
-                whole_B = ((mb["weight_version"] == mb["trainer_version"]) | ~m).all(1)
-                sel = whole_B[:, None] & m
-                metrics["onpolicy_tokens"] = sel.sum().to(logp_BT.dtype)
-                metrics["onpolicy_abs_log_ratio_sum"] = (log_ratio.abs() * sel).sum()
-        return loss, metrics
+                              weights=mb["token_weights"])
+        return loss, _policy_metrics(logp_BT, mb, loss)
 
     return loss_fn
+
+
+def _policy_metrics(logp_BT: Any, mb: dict, loss: Any) -> dict:
+    """Micro-batch shares of the loop's IS metrics (see `make_policy_loss_fn`)."""
+    import torch
+
+    with torch.no_grad():
+        m = mb["loss_mask"] > 0
+        log_ratio = torch.where(m, logp_BT.detach() - mb["gen_logp"].to(logp_BT.dtype), torch.zeros_like(logp_BT))
+        wd = mb["token_weights"].to(logp_BT.dtype)
+        metrics = {"loss": loss.detach(), "is_ratio_mean": (wd * log_ratio.exp() * m).sum(),
+                   "abs_log_ratio_mean": (wd * log_ratio.abs()).sum()}
+        if "trainer_version" in mb and "weight_version" in mb:
+            whole_B = ((mb["weight_version"] == mb["trainer_version"]) | ~m).all(1)
+            sel = whole_B[:, None] & m
+            metrics["onpolicy_tokens"] = sel.sum().to(logp_BT.dtype)
+            metrics["onpolicy_abs_log_ratio_sum"] = (log_ratio.abs() * sel).sum()
+    return metrics
+
+
+def make_cispo_head_loss_fn(*, eps_low: float | None, eps_high: float | None) -> Callable[[Any, dict], tuple[Any, dict]]:
+    """The trainer's fused `head_loss_fn` (step.py `LMHead` contract) for CISPO with the FP32 head:
+    RL micro-batches go through `objective.fused_logprob.cispo_from_hidden` (paper Sec. 3.2 Eq. (cispo)
+    and "FP32 Precision for LLM logits") on their trained tokens only, with the global-batch
+    `token_weights`, vocab-parallel over the TP group, never forming [N, V] logits; SFT batches (no
+    `advantages`) use next-token cross-entropy on `LMHead.logprobs`. Same loss and metrics as
+    `make_policy_loss_fn(loss_type="cispo", ...)`. The metrics' per-token log-probs are a no-grad
+    `chunked_logprob` pass (cispo_from_hidden does not return them).
+    """
+    from scalerl_mega.objective.losses import DEFAULT_EPS
+
+    d_low, d_high = DEFAULT_EPS["cispo"]
+    eps_low = d_low if eps_low is None else eps_low
+    eps_high = d_high if eps_high is None else eps_high
+
+    def head_loss_fn(head: Any, mb: dict):
+        import torch
+
+        from scalerl_mega.objective.fused_logprob import cispo_from_hidden
+        from scalerl_mega.trainer.megatron.step import next_token_ce_loss
+
+        mask_BT = mb["loss_mask"] > 0
+        if "advantages" not in mb:
+            return next_token_ce_loss(head.logprobs(mb["targets"], mask_BT=mask_BT), mb)
+        if not bool(mask_BT.any()):
+            loss = head.zero_loss()
+            return loss, _policy_metrics(torch.zeros(mask_BT.shape, device=loss.device), mb, loss)
+        B, T, H = head.hidden_BTH.shape
+        sel = mask_BT.reshape(-1)
+        adv_BT = mb["advantages"].float()[:, None].expand(B, T)
+        loss, _ = cispo_from_hidden(
+            head.hidden_BTH.reshape(B * T, H)[sel], head.weight_VH, mb["targets"].reshape(-1)[sel],
+            mb["gen_logp"].reshape(-1)[sel], adv_BT.reshape(-1)[sel], mb["token_weights"].reshape(-1)[sel],
+            eps_high=eps_high, eps_low=eps_low, group=head.group, vocab_start=head.vocab_start,
+            reduce_grad_hidden=False)
+        with torch.no_grad():
+            logp_BT = head.logprobs(mb["targets"], mask_BT=mask_BT)
+        return loss, _policy_metrics(logp_BT, mb, loss)
+
+    return head_loss_fn
 
 
 def prompts_from_state(state: dict[str, Any]) -> Iterator[Prompt]:  # pragma: no cover - convenience

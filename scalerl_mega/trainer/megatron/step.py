@@ -10,16 +10,72 @@ divided by the token count of the whole global batch, available as `mb["global_t
 the returned losses over micro-batches and DP ranks gives the objective; this module undoes
 Megatron's 1/num_microbatches and DDP's 1/dp averaging so gradients are those of that sum.
 Metrics are summed the same way (so make them shares too).
+
+Fused head (paper Sec. 3.2 "FP32 Precision for LLM logits"): with `head_loss_fn`, the model runs
+without its output layer and `head_loss_fn(head, mb) -> (loss, metrics)` gets an `LMHead`: the last
+hidden states and this rank's (vocab-parallel) output-layer weight shard, so a loss such as
+`objective.fused_logprob.cispo_from_hidden` computes the FP32 head chunk by chunk and no [N, V]
+logits exist. Same loss contract as above.
+
+Micro-batches: `micro_batch_size` rows each, or, given `micro_batch_tokens`, as many rows as fit that
+token budget (rows x padded length); see `plan_microbatches`.
 """
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Iterator
 
 from scalerl_mega.trainer.megatron.config import OptimConfig, ParallelConfig
 
 LossFn = Callable[[Any, dict], tuple[Any, dict]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LMHead:
+    """What a fused head loss needs instead of logits.
+
+    `hidden_BTH`: final (post-norm) hidden states [B, T, H] of the micro-batch, full sequence, already
+    passed through the TP region op, so the gradient a rank returns for them may be its vocab shard's
+    partial sum (the region op's backward reduces it over the TP group). `weight_VH`: this rank's output
+    layer rows [V/tp, H] (the shared embedding when tied), starting at vocab id `vocab_start`. `group`:
+    the TP group (None at tp=1); pass it with `vocab_start` and `reduce_grad_hidden=False` to the
+    `objective.fused_logprob` functions.
+    """
+
+    hidden_BTH: Any
+    weight_VH: Any
+    vocab_start: int
+    group: Any
+
+    def logprobs(self, targets_BT, *, mask_BT=None):
+        """FP32 log p(target) [B, T] through `fused_logprob.chunked_logprob` (differentiable); with
+        `mask_BT`, only masked-in tokens are computed (0 elsewhere)."""
+        import torch
+
+        from scalerl_mega.objective.fused_logprob import chunked_logprob
+
+        B, T, H = self.hidden_BTH.shape
+        if mask_BT is None:
+            mask_BT = torch.ones(B, T, dtype=torch.bool, device=self.hidden_BTH.device)
+        sel = (mask_BT > 0).reshape(-1)
+        out = torch.zeros(B * T, dtype=torch.float32, device=self.hidden_BTH.device)
+        if bool(sel.any()):
+            logp = chunked_logprob(self.hidden_BTH.reshape(B * T, H)[sel], self.weight_VH,
+                                   targets_BT.reshape(-1)[sel], group=self.group, vocab_start=self.vocab_start,
+                                   reduce_grad_hidden=False)
+            out = out.masked_scatter(sel, logp)
+        return out.view(B, T)
+
+    def zero_loss(self):
+        """A zero that still reaches the hidden states and weight (for micro-batches without trained
+        tokens: every rank must run the same backward)."""
+        return (self.hidden_BTH.sum() + self.weight_VH.sum()) * 0.0
+
+
+HeadLossFn = Callable[[LMHead, dict], tuple[Any, dict]]
 
 
 # ----------------------------------------------------------------------------- log-probs
@@ -82,22 +138,51 @@ def configure_schedule(tcfg, chunks: list) -> None:
 
 
 # ----------------------------------------------------------------------------- batches
-def local_microbatches(batch: dict, *, micro_batch_size: int) -> list[dict]:
-    """This DP rank's rows of the global batch, split into micro-batches (dicts of tensors)."""
+def plan_microbatches(rows: int, seq_len: int, *, micro_batch_tokens: int, equal: bool) -> list[int]:
+    """Row counts of the micro-batches of one rank's `rows` rows (each `seq_len` padded tokens) under a
+    token budget: the fewest micro-batches whose rows x seq_len fit `micro_batch_tokens` (one row at
+    least, even if a single row exceeds the budget), sizes differing by at most one row. `equal`: all
+    micro-batches the same size (pipeline parallelism needs one tensor shape), i.e. the largest divisor
+    of `rows` that fits.
+    """
+    if rows < 1 or seq_len < 1:
+        raise ValueError(f"plan_microbatches: rows={rows} and seq_len={seq_len} must be >= 1")
+    if micro_batch_tokens < 1:
+        raise ValueError(f"micro_batch_tokens={micro_batch_tokens} must be >= 1")
+    fit = max(1, micro_batch_tokens // seq_len)
+    if equal:
+        size = max(d for d in range(1, rows + 1) if rows % d == 0 and d <= fit)
+        return [size] * (rows // size)
+    n = -(-rows // fit)
+    base, extra = divmod(rows, n)
+    return [base + 1] * extra + [base] * (n - extra)
+
+
+def local_microbatches(batch: dict, *, micro_batch_size: int, micro_batch_tokens: int | None = None,
+                       equal: bool = True) -> list[dict]:
+    """This DP rank's rows of the global batch, split into micro-batches (dicts of tensors): of
+    `micro_batch_size` rows, or planned from `micro_batch_tokens` when given (`plan_microbatches`)."""
     from megatron.core import parallel_state as ps
 
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
-    rows = batch["input_ids"].shape[0]
-    if rows % (dp * micro_batch_size):
-        raise ValueError(f"batch: {rows} rows are not divisible by dp*micro_batch_size="
-                         f"{dp}*{micro_batch_size}")
-    per_rank = rows // dp
+    rows, seq_len = batch["input_ids"].shape[:2]
+    if micro_batch_tokens is None:
+        if rows % (dp * micro_batch_size):
+            raise ValueError(f"batch: {rows} rows are not divisible by dp*micro_batch_size="
+                             f"{dp}*{micro_batch_size}")
+        sizes = [micro_batch_size] * (rows // (dp * micro_batch_size))
+    else:
+        if rows % dp:
+            raise ValueError(f"batch: {rows} rows are not divisible by the data-parallel size dp={dp}")
+        sizes = plan_microbatches(rows // dp, int(seq_len), micro_batch_tokens=micro_batch_tokens, equal=equal)
     global_tokens = batch["loss_mask"].float().sum().clamp_min(1.0)
     out = []
-    for start in range(dp_rank * per_rank, (dp_rank + 1) * per_rank, micro_batch_size):
-        mb = {k: (v[start:start + micro_batch_size] if _is_rowwise(v, rows) else v) for k, v in batch.items()}
+    start = dp_rank * (rows // dp)
+    for size in sizes:
+        mb = {k: (v[start:start + size] if _is_rowwise(v, rows) else v) for k, v in batch.items()}
         mb["global_tokens"] = global_tokens
         out.append(mb)
+        start += size
     return out
 
 
@@ -113,11 +198,60 @@ def _to_device(mb: dict, device) -> dict:
     return {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in mb.items()}
 
 
+# ----------------------------------------------------------------------------- fused head
+def unwrap_gpt(model):
+    """The GPTModel inside DDP / Float16Module wrappers."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+@contextlib.contextmanager
+def hidden_states_only(gpt):
+    """Run `gpt.forward` without the output layer: Megatron-Core 0.16 `GPTModel._postprocess` returns
+    the (final-norm) decoder output [S(/tp under SP), B, H] when `post_process` is False, before any
+    MTP-free output-layer work. The flag is only read there at forward time; it is restored after."""
+    if getattr(gpt, "mtp_process", False):
+        raise ValueError("fused head loss: models with multi-token prediction are not supported")
+    saved = gpt.post_process
+    gpt.post_process = False
+    try:
+        yield
+    finally:
+        gpt.post_process = saved
+
+
+def lm_head(gpt, hidden_SBH) -> LMHead:
+    """`LMHead` from the decoder output [S, B, H]: the same TP region op as Megatron's output layer
+    (ColumnParallelLinear: all-gather of the sequence under SP, else identity with an all-reduce of the
+    gradient), transposed to [B, T, H]."""
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights \
+        else gpt.output_layer.weight
+    tp = ps.get_tensor_model_parallel_world_size()
+    group = ps.get_tensor_model_parallel_group() if tp > 1 else None
+    if tp > 1 and gpt.config.sequence_parallel:
+        hidden_SBH = tensor_parallel.gather_from_sequence_parallel_region(
+            hidden_SBH, tensor_parallel_output_grad=True, group=group)
+    hidden_BTH = hidden_SBH.transpose(0, 1).contiguous()
+    if tp > 1 and not gpt.config.sequence_parallel:
+        # on a contiguous tensor: Megatron's backward all-reduce (mappings._reduce) reduces a
+        # `.contiguous()` copy and returns its input, so a non-contiguous gradient would stay unreduced
+        hidden_BTH = tensor_parallel.copy_to_tensor_model_parallel_region(hidden_BTH, group=group)
+    vocab_start = ps.get_tensor_model_parallel_rank() * weight.shape[0]
+    return LMHead(hidden_BTH=hidden_BTH, weight_VH=weight, vocab_start=vocab_start, group=group)
+
+
 # ----------------------------------------------------------------------------- step
 def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: ParallelConfig,
-                     forward_only: bool = False, collect_logprobs: bool = False) -> dict:
+                     forward_only: bool = False, collect_logprobs: bool = False,
+                     head_loss_fn: HeadLossFn | None = None, micro_batch_tokens: int | None = None) -> dict:
     """Run the pipeline schedule over this rank's micro-batches.
 
+    With `head_loss_fn` (and not `collect_logprobs`) the last stage skips the output layer and the
+    loss comes from `head_loss_fn(LMHead, mb)`; otherwise from `loss_fn(logp_BT, mb)` on full logits.
     Returns summed metrics (all-reduced over DP, broadcast from the last pipeline stage) and, if
     `collect_logprobs`, this DP rank's log-probs `logp_BT` (last stage only, else None).
     """
@@ -125,22 +259,37 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    mbs = local_microbatches(batch, micro_batch_size=parallel.micro_batch_size)
+    pp = ps.get_pipeline_model_parallel_world_size()
+    mbs = local_microbatches(batch, micro_batch_size=parallel.micro_batch_size,
+                             micro_batch_tokens=micro_batch_tokens, equal=pp > 1)
     n_mb = len(mbs)
     dp = ps.get_data_parallel_world_size()
     device = next(chunks[0].parameters()).device
     scale = float(n_mb * dp)
+    fused = head_loss_fn is not None and not collect_logprobs
+
+    def _metrics(metrics: dict) -> dict:
+        return {k: (v.detach().float() if torch.is_tensor(v) else torch.tensor(float(v))) for k, v in metrics.items()}
 
     def loss_func(mb, output):
         logp = token_logprobs(output, mb["targets"])
         loss, metrics = loss_fn(logp, mb)
-        metrics = {k: (v.detach().float() if torch.is_tensor(v) else torch.tensor(float(v))) for k, v in metrics.items()}
+        metrics = _metrics(metrics)
         if collect_logprobs:
             metrics["__logp"] = logp.detach()
         return loss * scale, metrics
 
+    def head_loss_func(mb, gpt, output):
+        loss, metrics = head_loss_fn(lm_head(gpt, output), mb)
+        return loss * scale, _metrics(metrics)
+
     def forward_step(data_iterator: Iterator, model):
         mb = _to_device(next(data_iterator), device)
+        gpt = unwrap_gpt(model)
+        if fused and gpt.post_process:
+            with hidden_states_only(gpt):
+                output = model(mb["input_ids"], mb["position_ids"], None)
+            return output, partial(head_loss_func, mb, gpt)
         output = model(mb["input_ids"], mb["position_ids"], None)
         return output, partial(loss_func, mb)
 
@@ -151,7 +300,7 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
         model=chunks if len(chunks) > 1 else chunks[0],
         num_microbatches=n_mb,
         seq_length=seq_len,
-        micro_batch_size=parallel.micro_batch_size,
+        micro_batch_size=int(mbs[0]["input_ids"].shape[0]),
         forward_only=forward_only,
     )
     return _reduce_metrics(store, collect_logprobs=collect_logprobs)
@@ -191,12 +340,15 @@ def _reduce_metrics(store: list, *, collect_logprobs: bool) -> dict:
 
 
 def train_step(chunks: list, optimizer, batch: dict, *, step: int, optim: OptimConfig,
-               parallel: ParallelConfig, loss_fn: LossFn = next_token_ce_loss) -> dict[str, float]:
-    """Zero grads, forward/backward over all micro-batches, clip + AdamW step. Returns metrics."""
+               parallel: ParallelConfig, loss_fn: LossFn = next_token_ce_loss,
+               head_loss_fn: HeadLossFn | None = None, micro_batch_tokens: int | None = None) -> dict[str, float]:
+    """Zero grads, forward/backward over all micro-batches, clip + AdamW step. Returns metrics.
+    `head_loss_fn` selects the fused head (no logits); `micro_batch_tokens` the token-budget split."""
     for chunk in chunks:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    metrics = forward_backward(chunks, batch, loss_fn=loss_fn, parallel=parallel)
+    metrics = forward_backward(chunks, batch, loss_fn=loss_fn, parallel=parallel, head_loss_fn=head_loss_fn,
+                               micro_batch_tokens=micro_batch_tokens)
     lr = set_lr(optimizer, optim, step)
     ok, grad_norm, _ = optimizer.step()
     metrics.update(lr=lr, grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
@@ -204,7 +356,7 @@ def train_step(chunks: list, optimizer, batch: dict, *, step: int, optim: OptimC
     return metrics
 
 
-def compute_logprobs(chunks: list, batch: dict, *, parallel: ParallelConfig):
+def compute_logprobs(chunks: list, batch: dict, *, parallel: ParallelConfig, micro_batch_tokens: int | None = None):
     """Forward-only FP32 log-probs of `batch["targets"]`: this DP rank's rows [B/dp, T] on the last
     pipeline stage (None on other stages)."""
     import torch
@@ -214,5 +366,5 @@ def compute_logprobs(chunks: list, batch: dict, *, parallel: ParallelConfig):
 
     with torch.no_grad():
         out = forward_backward(chunks, batch, loss_fn=no_loss, parallel=parallel, forward_only=True,
-                               collect_logprobs=True)
+                               collect_logprobs=True, micro_batch_tokens=micro_batch_tokens)
     return out["logp_BT"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Optional
 
 from scalerl_mega.trainer.megatron.config import MegatronConfig
-from scalerl_mega.trainer.megatron.step import LossFn, next_token_ce_loss
+from scalerl_mega.trainer.megatron.step import HeadLossFn, LossFn, next_token_ce_loss
 
 
 def batch_to_dict(batch) -> dict:
@@ -22,16 +22,25 @@ class MegatronPolicyTrainer:
     """Builds process groups, model, DDP and optimizer from a validated `MegatronConfig`.
 
     `loss_fn(logp_BT, mb) -> (loss, metrics)` (see step.py for the normalisation contract);
-    the default is next-token cross-entropy. Construct inside `if __name__ == "__main__":`
-    (checkpoint saves spawn a multiprocessing Manager).
+    the default is next-token cross-entropy. `head_loss_fn(LMHead, mb) -> (loss, metrics)`, if given,
+    replaces it in training steps: the output layer is skipped and the loss computes the FP32 head
+    itself without [N, V] logits (e.g. fused CISPO); `logprobs` keeps the logits path.
+    `micro_batch_tokens`: split each step's rows into micro-batches by this token budget instead of
+    `cfg.parallel.micro_batch_size` rows (RL batches have a variable number of rows).
+    Construct inside `if __name__ == "__main__":` (checkpoint saves spawn a multiprocessing Manager).
     """
 
-    def __init__(self, cfg: MegatronConfig, *, loss_fn: LossFn = next_token_ce_loss) -> None:
+    def __init__(self, cfg: MegatronConfig, *, loss_fn: LossFn = next_token_ce_loss,
+                 head_loss_fn: HeadLossFn | None = None, micro_batch_tokens: int | None = None) -> None:
         from scalerl_mega.trainer.megatron import models, parallel, step
 
         cfg.validate(world_size=parallel.world_size_from_env())  # before any process group starts
         self.cfg = cfg
+        if micro_batch_tokens is not None and micro_batch_tokens < 1:
+            raise ValueError(f"micro_batch_tokens={micro_batch_tokens} must be >= 1")
         self.loss_fn = loss_fn
+        self.head_loss_fn = head_loss_fn
+        self.micro_batch_tokens = micro_batch_tokens
         self.info = parallel.init_parallel(cfg.parallel, model=cfg.model, seed=cfg.optim.seed)
         model, self.tcfg = models.build_model(cfg.model, cfg.parallel)
         self.chunks = [step.wrap_ddp(model, self.tcfg, use_distributed_optimizer=cfg.optim.use_distributed_optimizer)]
@@ -44,7 +53,8 @@ class MegatronPolicyTrainer:
 
         data = batch if isinstance(batch, dict) else batch_to_dict(batch)
         metrics = step.train_step(self.chunks, self.optimizer, data, step=self.step, optim=self.cfg.optim,
-                                  parallel=self.cfg.parallel, loss_fn=self.loss_fn)
+                                  parallel=self.cfg.parallel, loss_fn=self.loss_fn,
+                                  head_loss_fn=self.head_loss_fn, micro_batch_tokens=self.micro_batch_tokens)
         self.step += 1
         metrics["step"] = float(self.step)
         return metrics
@@ -57,7 +67,8 @@ class MegatronPolicyTrainer:
         for chunk in self.chunks:
             chunk.eval()
         try:
-            return step.compute_logprobs(self.chunks, data, parallel=self.cfg.parallel)
+            return step.compute_logprobs(self.chunks, data, parallel=self.cfg.parallel,
+                                         micro_batch_tokens=self.micro_batch_tokens)
         finally:
             for chunk in self.chunks:
                 chunk.train()
@@ -66,6 +77,13 @@ class MegatronPolicyTrainer:
         from scalerl_mega.trainer.megatron import export  # written separately; imported lazily
 
         return export.export_hf_weights(self.chunks, self.cfg.model)
+
+    def reset_optimizer(self) -> None:
+        """Fresh optimizer state and step counter (e.g. after an SFT warm start, before RL)."""
+        from scalerl_mega.trainer.megatron import step
+
+        self.optimizer = step.build_optimizer(self.chunks, self.cfg.optim)
+        self.step = 0
 
     def save(self, path: str, *, extra_state: Optional[dict[str, Any]] = None) -> None:
         import torch
