@@ -10,7 +10,9 @@ The engine applies a weight update between two decode steps: it stops stepping a
 "weights_begin" (SGLang `pause_generation(in_place)` semantics), loads bucket after bucket, and
 resumes at "weights_end" with the new version; running requests keep their KV cache (PipelineRL).
 Every wait in either process has a deadline; an engine-side failure is sent back and re-raised by
-the trainer as `EngineError`.
+the trainer as `EngineError`. The engine exits by itself (code `ORPHAN_EXIT_CODE`) within about
+`LocalEngineConfig.parent_check_s` once the process that started it is gone (e.g. the trainer was
+`kill -9`ed): it polls its parent pid in its loop, also while decoding and inside weight updates.
 
 Continuous batching: a slot KV cache (see `kv_cache.py`); finished requests free their slot and
 waiting ones are prefilled into it at the next step.
@@ -18,7 +20,9 @@ waiting ones are prefilled into it at the next step.
 
 from __future__ import annotations
 
+import os
 import queue
+import sys
 import time
 import traceback
 from collections.abc import Iterable
@@ -35,6 +39,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 ARCHS = ("llama", "llama4")
 PAUSE_MODES = ("in_place", "retract", "abort")
+ORPHAN_EXIT_CODE = 3
+"""Exit code of an engine process whose parent (the trainer) died."""
 
 
 class EngineError(RuntimeError):
@@ -101,10 +107,14 @@ class LocalEngineConfig:
     master_address: str = "127.0.0.1"
     start_timeout_s: float = 180.0
     reply_timeout_s: float = 120.0
+    parent_check_s: float = 1.0
+    """How often the engine process checks that its parent is still alive (it exits if not)."""
 
     def __post_init__(self) -> None:
         if self.num_threads < 1:
             raise ValueError(f"LocalEngineConfig.num_threads={self.num_threads} must be >= 1")
+        if not self.parent_check_s > 0:
+            raise ValueError(f"LocalEngineConfig.parent_check_s={self.parent_check_s} must be > 0")
 
 
 def request_seed(base: int, prompt_id: str, index: int) -> int:
@@ -141,18 +151,43 @@ def make_requests(
 
 
 # ---- engine process ---------------------------------------------------------------------------
-def _engine_main(config: LocalEngineConfig, cmd_q: Any, out_q: Any) -> None:
+def _engine_main(config: LocalEngineConfig, cmd_q: Any, out_q: Any, parent_pid: int) -> None:
     try:
-        _EngineLoop(config, cmd_q, out_q).run()
+        _EngineLoop(config, cmd_q, out_q, parent_pid=parent_pid).run()
     except BaseException as e:  # noqa: BLE001 - reported to the trainer, then the process exits
         out_q.put(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         raise SystemExit(1) from None
 
 
+class _ParentWatch:
+    """Notices that the parent process is gone: re-parenting changes `os.getppid()` (the pid the
+    parent had at spawn time is never our parent again, even if reused). Checks at most every `every_s`."""
+
+    def __init__(self, parent_pid: int, *, every_s: float) -> None:
+        self.parent_pid = parent_pid
+        self.every_s = every_s
+        self._next = 0.0
+
+    def check(self) -> None:
+        """Exit the process (ORPHAN_EXIT_CODE) if the parent died; cheap when called often."""
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.every_s
+        if os.getppid() != self.parent_pid:
+            print(f"scalerl local engine {os.getpid()}: parent {self.parent_pid} is gone, exiting",
+                  file=sys.stderr, flush=True)
+            # no cleanup: nobody reads our queues any more (a queue's feeder thread could block the
+            # normal exit on a full pipe) and the weight-sync peer is dead
+            os._exit(ORPHAN_EXIT_CODE)
+
+
 class _EngineLoop:
-    def __init__(self, config: LocalEngineConfig, cmd_q: Any, out_q: Any) -> None:
+    def __init__(self, config: LocalEngineConfig, cmd_q: Any, out_q: Any, *, parent_pid: int) -> None:
         import torch
 
+        self.watch = _ParentWatch(parent_pid, every_s=config.parent_check_s)
+        self.watch.check()
         torch.set_num_threads(config.num_threads)
         self.config = config
         self.cmd_q = cmd_q
@@ -166,6 +201,7 @@ class _EngineLoop:
     def run(self) -> None:
         self.out_q.put(("ready", {"vocab_size": self.core.vocab_size}))
         while not self.closing:
+            self.watch.check()
             idle = self.paused or not self.core.has_work()
             try:
                 msg = self.cmd_q.get(timeout=0.2) if idle else self.cmd_q.get_nowait()
@@ -226,9 +262,15 @@ class _EngineLoop:
             raise WeightSyncError("weights_begin before init_group: no weight-sync group")
         timeout = self.config.sync.timeout_s
         while True:
-            try:
-                msg = self.cmd_q.get(timeout=timeout)
-            except queue.Empty:
+            deadline = time.monotonic() + timeout
+            msg = None
+            while msg is None and time.monotonic() < deadline:
+                self.watch.check()
+                try:
+                    msg = self.cmd_q.get(timeout=max(0.0, min(self.config.parent_check_s, deadline - time.monotonic())))
+                except queue.Empty:
+                    msg = None
+            if msg is None:
                 raise WeightSyncError(
                     f"engine: weight update v{version} stalled: no bucket or end message within {timeout}s; "
                     "the weights are partially updated, discard this engine"
@@ -277,7 +319,8 @@ class LocalRolloutEngine:
         self._cmd_q = ctx.Queue()
         self._out_q = ctx.Queue()
         self._proc = ctx.Process(
-            target=_engine_main, args=(config, self._cmd_q, self._out_q), name="scalerl-local-engine", daemon=True
+            target=_engine_main, args=(config, self._cmd_q, self._out_q, os.getpid()), name="scalerl-local-engine",
+            daemon=True
         )
         self._proc.start()
         self._done: list[Completion] = []
