@@ -30,20 +30,25 @@ class Task:
     val_prompts: list
     stop_token_ids: list[int]
     interruption_ids: list[int]
+    add_special_tokens: bool = True
+    """False when prompt texts are already chat-formatted (the template writes BOS itself)."""
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text)["input_ids"])
+        return list(self.tokenizer(text, add_special_tokens=self.add_special_tokens)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
+DATASET_SCHEMAS = {"polaris": ("polaris",), "deepcoder": ("deepcoder",), "math_code": ("polaris", "deepcoder")}
+"""data.name -> the `data.sources` schema of `data.train_files` (and, for math_code, of `data.code_files`)."""
+
+
 def build_task(cfg: Any) -> Task:
-    """Synthetic task (data.name=synthetic): addition traces with the task's character tokenizer."""
+    """data.name=synthetic: addition traces with the task's character tokenizer. polaris / deepcoder /
+    math_code: `build_dataset_task`."""
     if cfg.data.name != "synthetic":
-        raise ValueError(
-            f"data.name={cfg.data.name!r}: scalerl-train builds only the synthetic task so far; the "
-            "Polaris/Deepcoder sources need a tokenizer path, which the config does not have yet")
+        return build_dataset_task(cfg)
     from scalerl_mega.data.tasks.arith import arith_prompts
     from scalerl_mega.data.tasks.tokenizer import build_arith_tokenizer
 
@@ -60,6 +65,84 @@ def build_task(cfg: Any) -> Task:
         raise ValueError(f"length.interruption_phrase={phrase!r} has characters outside the task vocabulary")
     return Task(tokenizer=tok, train_prompts=train, val_prompts=val, stop_token_ids=[tok.eos_token_id],
                 interruption_ids=interruption_ids)
+
+
+def load_tokenizer(path: str, *, key: str = "data.tokenizer_path") -> Any:
+    """The HF tokenizer saved in local directory `path` (no downloads); ValueError naming `key`."""
+    if not path:
+        raise ValueError(f"{key} is empty: the dataset tasks need a local HF tokenizer directory")
+    p = Path(path)
+    if not p.is_dir():
+        raise ValueError(f"{key}={path!r}: no such directory")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{key}={path!r}: not a loadable HF tokenizer directory ({exc})") from exc
+
+
+def build_dataset_task(cfg: Any) -> Task:
+    """Polaris (math), Deepcoder (code) or both (math_code) from local files (paper App. A.3, Sec. 5).
+
+    Rows are read with `data.sources.load_prompts` (JSONL / Parquet / local HF datasets) from
+    `data.train_files` (Polaris schema for polaris/math_code, Deepcoder for deepcoder) and
+    `data.code_files` (Deepcoder, math_code only); prompt text through the tokenizer's chat template
+    when it has one and `data.use_chat_template`, else the task's plain template (`data.prompt_template`
+    overrides it). Prompts longer than `data.max_prompt_tokens` are dropped (logged). The held-out
+    validation set is `data.split.held_out_split` over all prompts (`data.val_prompts`, `data.split_seed`;
+    paper Sec. 2: 1,000 held out).
+    """
+    import dataclasses
+
+    from scalerl_mega.data.sources import SCHEMAS, load_prompts
+    from scalerl_mega.data.split import held_out_split
+
+    data = cfg.data
+    if data.name not in DATASET_SCHEMAS:
+        raise ValueError(f"data.name={data.name!r} is unknown; expected synthetic or one of {sorted(DATASET_SCHEMAS)}")
+    tok = load_tokenizer(str(data.tokenizer_path))
+    if len(tok) > cfg.model.vocab_size:
+        raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's vocabulary "
+                         f"({len(tok)} tokens, data.tokenizer_path={str(data.tokenizer_path)!r})")
+    if tok.eos_token_id is None:
+        raise ValueError(f"data.tokenizer_path={str(data.tokenizer_path)!r}: the tokenizer has no EOS token")
+    chat = bool(data.use_chat_template) and bool(getattr(tok, "chat_template", None))
+    template = str(data.prompt_template) or None
+    sources = [("data.train_files", list(data.train_files), DATASET_SCHEMAS[data.name][0])]
+    if data.name == "math_code":
+        sources.append(("data.code_files", list(data.code_files), "deepcoder"))
+    prompts = []
+    for key, files, schema_name in sources:
+        if not files:
+            raise ValueError(f"{key} is empty: data.name={data.name!r} needs at least one file")
+        schema = SCHEMAS[schema_name]
+        if template is not None:
+            schema = dataclasses.replace(schema, template=template)
+        for f in files:
+            if not Path(f).exists():
+                raise ValueError(f"{key}: {f!r}: no such file or directory")
+            prompts += load_prompts(f, schema=schema, tokenizer=tok if chat else None).prompts
+    task = Task(tokenizer=tok, train_prompts=[], val_prompts=[], stop_token_ids=[int(tok.eos_token_id)],
+                interruption_ids=[], add_special_tokens=not chat)
+    kept = []
+    for p in prompts:
+        p.token_ids = task.encode(p.text)
+        if len(p.token_ids) <= int(data.max_prompt_tokens):
+            kept.append(p)
+    if len(kept) < len(prompts):
+        log.warning("dropped %d of %d prompts longer than data.max_prompt_tokens=%d", len(prompts) - len(kept),
+                    len(prompts), int(data.max_prompt_tokens))
+    if not kept:
+        raise ValueError(f"no prompt fits data.max_prompt_tokens={int(data.max_prompt_tokens)} "
+                         f"(files: {[f for _, fs, _ in sources for f in fs]})")
+    task.train_prompts, task.val_prompts = held_out_split(kept, num_val=int(data.val_prompts),
+                                                          seed=int(data.split_seed))
+    task.interruption_ids = list(tok(cfg.length.interruption_phrase, add_special_tokens=False)["input_ids"])
+    if tok.unk_token_id is not None and tok.unk_token_id in task.interruption_ids:
+        raise ValueError(f"length.interruption_phrase={cfg.length.interruption_phrase!r} has characters the "
+                         f"tokenizer maps to unknown (data.tokenizer_path={str(data.tokenizer_path)!r})")
+    return task
 
 
 def build_sampler(cfg: Any, task: Task):

@@ -55,6 +55,12 @@ class DataConfig:
     """Samples per validation prompt (paper: mean@16)."""
     split_seed: int = 0
     max_prompt_tokens: int = 2048
+    tokenizer_path: str = ""
+    """Local HF tokenizer directory (e.g. the model's HF checkpoint) for polaris/deepcoder/math_code."""
+    prompt_template: str = ""
+    """Plain prompt template with `{problem}`; empty: the task's default (data/sources.py)."""
+    use_chat_template: bool = True
+    """Format prompts through the tokenizer's chat template when it has one."""
 
 
 @dataclass

@@ -173,8 +173,8 @@ def test_build_task_checks_vocab_and_phrase():
         build_task(cfg(model=SimpleNamespace(vocab_size=16)))
     with pytest.raises(ValueError, match="interruption_phrase"):
         build_task(cfg(length=SimpleNamespace(interruption_phrase="</think> ~")))
-    with pytest.raises(ValueError, match="data.name='polaris'"):
-        build_task(cfg(data=SimpleNamespace(name="polaris")))
+    with pytest.raises(ValueError, match="data.tokenizer_path is empty"):
+        build_task(cfg(data=SimpleNamespace(name="polaris", tokenizer_path="")))
 
 
 def test_dataclass_replace_keeps_optim_fields():
