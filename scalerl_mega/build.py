@@ -309,6 +309,13 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
     from scalerl_mega.rollout.weight_sync import WeightSyncConfig
 
     pause = "in_place" if cfg.off_policy.name == "pipeline_rl" else "retract"
+    # Under torchrun every TCP rendezvous defaults to the elastic agent's store
+    # (TORCHELASTIC_USE_AGENT_STORE=True), so the trainer -- rank 0 and TCPStore master of the
+    # weight-sync group -- would wait as a client on a port nobody serves (timeout, measured on the
+    # local Slurm). The trainer's own process groups exist already; later groups are ours.
+    import os
+
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     if cfg.rollout.engine_urls:
         backend = "nccl" if cfg.cluster.device == "cuda" else "gloo"
         servers = [SGLangServer.attach(u, tp_size=cfg.rollout.sglang_tp_size) for u in cfg.rollout.engine_urls]

@@ -189,8 +189,10 @@ class ClusterConfig:
     trainer_threads: int = 0
     """torch intra-op threads in the trainer process; 0 keeps torch's default. On a shared CPU
     machine use 1: OpenMP spin-waiting under contention made 2-thread steps 10-40x slower."""
-    partition: str = ""
-    account: str = ""
+    partition: Optional[str] = None
+    """Slurm partition (None: the cluster's default); with `account`, `time_min`, `cpus_per_task`,
+    `mem_gb` and `gpus_per_node` it feeds conf/hydra/launcher/scalerl_slurm.yaml."""
+    account: Optional[str] = None
     time_min: int = 60
     cpus_per_task: int = 1
     """Slurm launcher (Hydra multirun via submitit): CPUs per job (conf/hydra/launcher reads these)."""

@@ -1,0 +1,70 @@
+"""Sweep tooling: skip-if-done predicate (cluster/sweep.py) and tools/sweep_report.py on synthetic runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scalerl_mega.cluster.sweep import point_done
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("sweep_report", ROOT / "tools/sweep_report.py")
+sweep_report = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = sweep_report
+_spec.loader.exec_module(sweep_report)
+
+
+def test_point_done(tmp_path):
+    assert not point_done(tmp_path, steps=4)  # no summary
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 3}))
+    assert not point_done(tmp_path, steps=4)  # interrupted before the last step
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 4}))
+    assert point_done(tmp_path, steps=4)
+    (tmp_path / "summary.json").write_text('{"steps": 4')  # torn write
+    assert not point_done(tmp_path, steps=4)
+
+
+def _sigmoid(C, *, A, B, C_mid, R0):  # paper Eq. 1, written out here independently of scaling/fit.py
+    return R0 + (A - R0) / (1.0 + (C_mid / C) ** B)
+
+
+def _write_run(d: Path, *, A: float, B: float, C_mid: float, R0: float, finished: bool, override: str) -> None:
+    d.mkdir(parents=True)
+    (d / ".hydra").mkdir()
+    (d / ".hydra" / "overrides.yaml").write_text(f"- {override}\n")
+    C = np.concatenate([[0.0], np.geomspace(0.05, 20.0, 16)])
+    R = np.where(C > 0, _sigmoid(np.maximum(C, 1e-12), A=A, B=B, C_mid=C_mid, R0=R0), R0)
+    with open(d / "metrics.jsonl", "w") as f:
+        for i, (c, r) in enumerate(zip(C, R)):
+            f.write(json.dumps({"kind": "train", "step": i, "compute_device_hours": float(c)}) + "\n")
+            f.write(json.dumps({"kind": "validation", "step": i, "val_pass_rate": float(r),
+                                "compute_device_hours": float(c)}) + "\n")
+    if finished:
+        (d / "summary.json").write_text(json.dumps({"steps": 16}))
+
+
+def test_sweep_report_fits_each_point(tmp_path):
+    sweep = tmp_path / "sweep"
+    _write_run(sweep / "a", A=0.8, B=1.5, C_mid=2.0, R0=0.1, finished=True, override="experiment=scalerl")
+    _write_run(sweep / "b", A=0.6, B=1.0, C_mid=1.0, R0=0.1, finished=False, override="experiment=loo_dapo")
+    (sweep / "empty").mkdir()  # not a point
+    md, plots, points = sweep_report.write_report(sweep, out_dir=sweep, x="compute_device_hours")
+    assert [p.name for p in points] == ["experiment=scalerl", "experiment=loo_dapo"]
+    assert [p.finished for p in points] == [True, False]
+    a, b = points
+    assert a.fit.A == pytest.approx(0.8, abs=0.011) and b.fit.A == pytest.approx(0.6, abs=0.011)
+    assert a.fit.C_mid == pytest.approx(2.0, rel=0.1) and b.fit.C_mid == pytest.approx(1.0, rel=0.1)
+    assert [p.name for p in plots] == ["sweep_curves.png"] and plots[0].stat().st_size > 1000
+    text = md.read_text()
+    assert text.count("| experiment=") == 2 and f"| {a.fit.A:.3f} |" in text
+
+
+def test_sweep_report_cli_errors(tmp_path, capsys):
+    assert sweep_report.main([str(tmp_path / "missing")]) == 2
+    assert sweep_report.main([str(tmp_path)]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err

@@ -1,0 +1,132 @@
+"""Collect a Hydra sweep directory into one table and one plot of fitted scaling curves.
+
+    python tools/sweep_report.py multirun/ablations [--x compute_device_hours] [--out DIR]
+
+Every sub-directory holding a `metrics.jsonl` is one point (labelled by its `.hydra/overrides.yaml`
+when present, else its directory name). Its validation records (reward vs compute) are fitted with
+the paper's sigmoid (Eq. 1, `scalerl_mega.scaling.fit`) on scale-free grids (`relative_grids`, no
+1500 GPU-hour fit window: sweep points are small); the table lists A, B, C_mid, R0, the last
+validation pass rate and whether the run finished (summary.json); the plot overlays all fitted
+curves (`scalerl_mega.scaling.plot.plot_scaling`). Writes `sweep_report.md` and `sweep_curves.png`
+into the sweep directory (or --out) and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(kw_only=True)
+class PointResult:
+    name: str
+    path: Path
+    finished: bool
+    steps: int | None
+    n_val: int
+    last_val: float | None
+    fit: Any = None  # SigmoidFit or None
+    error: str = ""
+    compute: Any = None  # np.ndarray of the validation points
+    reward: Any = None
+
+
+def point_dirs(sweep_dir: Path) -> list[Path]:
+    """Directories under `sweep_dir` (any depth) with a metrics.jsonl, sorted."""
+    return sorted(p.parent for p in sweep_dir.rglob("metrics.jsonl") if ".submitit" not in p.parts)
+
+
+def point_name(path: Path, sweep_dir: Path) -> str:
+    ov = path / ".hydra" / "overrides.yaml"
+    if ov.is_file():
+        items = [line[2:].strip() for line in ov.read_text().splitlines() if line.startswith("- ")]
+        if items:
+            return " ".join(items)
+    return str(path.relative_to(sweep_dir))
+
+
+def collect(sweep_dir: Path, *, x: str, y: str = "val_pass_rate") -> list[PointResult]:
+    from scalerl_mega.scaling.fit import fit_sigmoid, relative_grids
+    from scalerl_mega.scaling.io import read_series
+
+    out = []
+    for d in point_dirs(sweep_dir):
+        summary = d / "summary.json"
+        steps = json.loads(summary.read_text()).get("steps") if summary.is_file() else None
+        res = PointResult(name=point_name(d, sweep_dir), path=d, finished=summary.is_file(), steps=steps,
+                          n_val=0, last_val=None)
+        try:
+            s = read_series(d, x=x, y=y, name=res.name)
+        except ValueError as e:
+            res.error = str(e)
+            out.append(res)
+            continue
+        res.n_val, res.last_val = len(s.reward), float(s.reward[-1])
+        pos = s.compute[s.compute > 0]
+        if len(pos) < 2:
+            res.error = f"{len(pos)} validation point(s) with compute > 0: too few to fit"
+        else:
+            a_grid, cm_grid = relative_grids(float(pos.min()), float(pos.max()))
+            res.fit = fit_sigmoid(s.compute, s.reward, fit_from=None, method="fast", a_grid=a_grid, cmid_grid=cm_grid)
+            res.compute, res.reward = s.compute, s.reward
+        out.append(res)
+    return out
+
+
+def table(points: list[PointResult]) -> str:
+    head = "| point | finished | steps | val points | last val | A | B | C_mid | R0 | identified |\n"
+    head += "|---|---|---|---|---|---|---|---|---|---|\n"
+    rows = []
+    for p in points:
+        f = p.fit
+        fitcols = (f"{f.A:.3f} | {f.B:.3g} | {f.C_mid:.3g} | {f.R0:.3f} | {'yes' if f.identified else 'no: ' + f.reason}"
+                   if f is not None else f"- | - | - | - | {p.error or 'no fit'}")
+        last = f"{p.last_val:.3f}" if p.last_val is not None else "-"
+        rows.append(f"| {p.name} | {'yes' if p.finished else 'no'} | {p.steps if p.steps is not None else '-'} | "
+                    f"{p.n_val} | {last} | {fitcols} |")
+    return head + "\n".join(rows) + "\n"
+
+
+def write_report(sweep_dir: Path, *, out_dir: Path, x: str) -> tuple[Path, list[Path], list[PointResult]]:
+    from scalerl_mega.scaling.plot import CurvePlot, plot_scaling
+
+    points = collect(sweep_dir, x=x)
+    if not points:
+        raise ValueError(f"{sweep_dir}: no metrics.jsonl below this directory (not a sweep output?)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    curves = [CurvePlot(label=p.name, compute=p.compute, reward=p.reward, fit=p.fit) for p in points if p.fit is not None]
+    plots = plot_scaling(curves, path=out_dir / "sweep_curves", formats=("png",), xlabel=x,
+                         title=f"sweep {sweep_dir.name}: {len(curves)} fitted curve(s)") if curves else []
+    md = out_dir / "sweep_report.md"
+    md.write_text(f"# Sweep report: {sweep_dir}\n\nx = `{x}`, y = `val_pass_rate`, fit: paper Eq. 1 (sigmoid), "
+                  f"relative grids, no fit window.\n\n{table(points)}\n"
+                  + "".join(f"![curves]({p.name})\n" for p in plots))
+    return md, plots, points
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("sweep_dir", type=Path)
+    ap.add_argument("--x", default="compute_device_hours",
+                    help="compute key (compute_gpu_hours on GPUs; compute_device_hours counts CPU runs too)")
+    ap.add_argument("--out", type=Path, default=None, help="output directory (default: the sweep directory)")
+    a = ap.parse_args(argv)
+    if not a.sweep_dir.is_dir():
+        print(f"error: {a.sweep_dir} is not a directory", file=sys.stderr)
+        return 2
+    try:
+        md, plots, points = write_report(a.sweep_dir, out_dir=a.out or a.sweep_dir, x=a.x)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(table(points))
+    print(f"report: {md}" + "".join(f"\nplot: {p}" for p in plots))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
