@@ -412,6 +412,7 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
             "weight_version": float(state.weight_version), "outstanding_prompts": float(len(router.queue)),
             "prompt_ids": [p.prompt.prompt_id for p in pendings],
         })
+        metrics.update(calibration_fields(cfg, groups, train_s=train_s, sync_s=sync_s, step_s=step_s))
         util = gpu_utilization() if cfg.cluster.device == "cuda" else None
         if util is not None:
             metrics["gpu_utilization"] = util
@@ -426,6 +427,25 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
         if cfg.train.save_every and state.step % cfg.train.save_every == 0:
             save_state(comps, cfg, state=state, outstanding=list(router.queue), compute=compute, rng=rng)
     return state
+
+
+def calibration_fields(cfg: Any, groups: Sequence[Group], *, train_s: float, sync_s: float,
+                       step_s: float) -> dict[str, Any]:
+    """The per-step fields `cluster/simulate.py::calibration_from_records` reads (timing, batch
+    shape, layout). Engine-side decode counters (gen/busy_s, gen/decode_steps, gen/decode_tokens)
+    need the engines to report them and are not written here."""
+    comps = [s.completion for g in groups for s in g.samples]
+    gen_lengths = [len(c.output_ids) for c in comps]
+    prompt_tokens = [len(c.prompt_ids) for c in comps]
+    return {
+        "timing/train_step_s": train_s, "timing/sync_s": sync_s, "timing/step_wall_s": step_s,
+        "batch/tokens": float(sum(gen_lengths) + sum(prompt_tokens)), "batch/gen_lengths": gen_lengths,
+        "batch/prompt_tokens_mean": sum(prompt_tokens) / max(len(prompt_tokens), 1),
+        "sim/batch_samples": cfg.train.prompts_per_step * cfg.train.generations_per_prompt,
+        "sim/num_generators": cfg.rollout.num_engines, "sim/gpus_per_generator": cfg.rollout.sglang_tp_size if cfg.rollout.name == "sglang" else 1,
+        "sim/trainer_gpus": cfg.cluster.trainer_devices, "sim/max_concurrency": cfg.rollout.max_batch_size,
+        "sim/mode": cfg.off_policy.name, "sim/k": cfg.off_policy.k,
+    }
 
 
 def _batch_dict(batch: Any, *, trainer_version: int) -> dict[str, Any]:
