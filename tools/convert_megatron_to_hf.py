@@ -1,7 +1,12 @@
 #!/usr/bin/env python
-"""Convert a converter Megatron checkpoint (any TP/PP/EP) back to a Hugging Face checkpoint.
+"""Convert a Megatron checkpoint (any TP/PP/EP) back to a Hugging Face checkpoint.
 
     python tools/convert_megatron_to_hf.py --ckpt CKPT --out HF_OUT
+
+CKPT is either a directory written by tools/convert_hf_to_megatron.py, or a training checkpoint of
+the scalerl-mega trainer: a `step_N` directory or the checkpoint root (its `latest` file is followed).
+A training checkpoint is loaded on CPU in this one process (resharded from its saved layout) and
+needs the `model_config.json` the trainer writes next to `COMPLETE`.
 
 Writes safetensors shards + model.safetensors.index.json + config.json, loadable offline with
 ``transformers.AutoModelForCausalLM.from_pretrained(HF_OUT)``. Nothing is written on error.
@@ -15,7 +20,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="directory written by tools/convert_hf_to_megatron.py")
+    p.add_argument("--ckpt", required=True, help="converter checkpoint dir, trainer step_N dir, or trainer checkpoint root (follows 'latest')")
     p.add_argument("--out", required=True, help="output HF directory (must not exist)")
     p.add_argument("--arch", choices=("llama", "llama4"), default=None, help="fail unless the checkpoint is this architecture")
     p.add_argument("--max-shard-gb", type=float, default=2.0)

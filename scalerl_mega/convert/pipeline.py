@@ -219,8 +219,31 @@ def write_hf(
     return _summary(writer.checksums, writer.total_bytes)
 
 
+def checkpoint_format(path: str) -> str:
+    """``"converter"`` (``megatron_convert.json`` + per-rank safetensors) or ``"dist"`` (a trainer
+    dist-checkpoint directory with ``COMPLETE``, or a root with ``latest``); ValueError otherwise."""
+    from scalerl_mega.convert.distckpt import is_dist_checkpoint
+
+    if not os.path.isdir(path):
+        raise ValueError(f"checkpoint {path!r}: no such directory")
+    if os.path.isfile(os.path.join(path, META)):
+        return "converter"
+    if is_dist_checkpoint(path):
+        return "dist"
+    steps = sorted(f for f in os.listdir(path) if f.startswith("step_"))
+    hint = f" (it holds {steps[-1]!r} but no 'latest'; pass that directory)" if steps else ""
+    raise ValueError(f"checkpoint {path!r}: neither a converter checkpoint ({META}) nor a trainer checkpoint "
+                     f"(COMPLETE marker, or a root with a 'latest' file){hint}")
+
+
 def convert_megatron_to_hf(*, ckpt: str, out: str, expect_arch: str | None = None, progress: bool = False, max_shard_bytes: int = 2 << 30) -> Summary:
-    """Converter Megatron checkpoint (any tp/pp/ep) -> HF checkpoint directory."""
+    """Megatron checkpoint -> HF checkpoint directory. Either a converter checkpoint (any tp/pp/ep)
+    or a trainer dist-checkpoint (``convert.distckpt``); the format is detected."""
+    if checkpoint_format(ckpt) == "dist":
+        from scalerl_mega.convert.distckpt import convert_dist_checkpoint_to_hf
+
+        return convert_dist_checkpoint_to_hf(ckpt=ckpt, out=out, expect_arch=expect_arch, progress=progress,
+                                             max_shard_bytes=max_shard_bytes)
     ck = MegatronShards(ckpt, expect_arch=expect_arch)
     validate_megatron(ck)
     dims = ck.dims

@@ -1,7 +1,8 @@
 """Atomic Megatron dist-checkpointing of model + optimizer + extra (RL) state.
 
 Layout under a checkpoint root:
-    step_00000012/      complete checkpoints (Megatron torch_dist files + COMPLETE marker)
+    step_00000012/      complete checkpoints (Megatron torch_dist files + model_config.json
+                        + COMPLETE marker)
     latest              text file naming the newest complete checkpoint directory
     .tmp-step_00000013/ an in-progress (or crashed) save; never loaded
 
@@ -10,6 +11,13 @@ place and replaces `latest` with os.replace. A crash at any point leaves `latest
 previous complete checkpoint. Model tensors are ShardedTensors, so a checkpoint loads under any
 TP/PP/EP layout; the distributed optimizer uses the `dp_reshardable` sharding type (and is
 loaded under torch.no_grad(), because its FP32 main params are views of leaf tensors).
+
+Sidecar `model_config.json` (format `scalerl-mega/model-config/1`): the trainer `ModelConfig` of
+the saved model, so a checkpoint can be rebuilt without the training config (e.g. by
+`tools/convert_megatron_to_hf.py`). Written by rank 0 into `.tmp-*` before the COMPLETE marker,
+i.e. inside the atomic rename. It is the `model_config` given to `save_checkpoint`, or else read
+back from the built model (`convert.describe.describe_model`, collective). Read it with
+`read_model_config`.
 
 Note: Megatron's save starts a spawn-based multiprocessing Manager, so entry scripts need an
 `if __name__ == "__main__":` guard.
@@ -24,6 +32,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 COMPLETE = "COMPLETE"
+MODEL_CONFIG = "model_config.json"
+MODEL_CONFIG_FORMAT = "scalerl-mega/model-config/1"
 LATEST = "latest"
 OPTIM_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 
@@ -74,8 +84,11 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimizer=None,
-                    extra_state: Optional[dict[str, Any]] = None) -> Path:
+                    extra_state: Optional[dict[str, Any]] = None, model_config=None) -> Path:
     """Collectively save model (+ optimizer) + `extra_state` (picklable, from rank 0) as step `step`.
+
+    `model_config`: the trainer `ModelConfig` recorded in the `model_config.json` sidecar; None
+    reads it back from the model (see module doc).
 
     Returns the final directory. On any error the partial `.tmp-*` directory is removed (best
     effort) and the error re-raised; `latest` is untouched.
@@ -91,6 +104,7 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
             shutil.rmtree(tmp)
         tmp.mkdir()
     _barrier()
+    sidecar = _model_config_json(chunks, model_config)
     model_sd = _model_sharded_state_dict(chunks)
     state: dict[str, Any] = {"model": model_sd, "extra_state": dict(extra_state or {}),
                              "has_optimizer": optimizer is not None}
@@ -104,6 +118,8 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
         raise
     _barrier()
     if _rank() == 0:
+        if sidecar is not None:
+            _write_atomic(tmp / MODEL_CONFIG, sidecar)
         _write_atomic(tmp / COMPLETE, json.dumps({"step": step}))
         if final.exists():  # re-saving the same step: move the old one aside first
             shutil.rmtree(final)
@@ -112,6 +128,44 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
         _write_atomic(root / LATEST, final.name)
     _barrier()
     return final
+
+
+def _model_config_json(chunks: list, model_config) -> Optional[str]:
+    """Sidecar text for `model_config` (or the config read back from `chunks`; collective)."""
+    import dataclasses
+
+    source = "given"
+    if model_config is None:
+        from scalerl_mega.convert.describe import describe_model
+
+        try:  # describe_model raises the same error on every rank, so skipping stays collective
+            model_config, source = describe_model(chunks), "read from the model"
+        except ValueError as exc:
+            import warnings
+
+            warnings.warn(f"checkpoint: {MODEL_CONFIG} not written ({exc}); pass model_config to save_checkpoint")
+            return None
+    return json.dumps({"format": MODEL_CONFIG_FORMAT, "source": source,
+                       "model": dataclasses.asdict(model_config)}, indent=1)
+
+
+def read_model_config(path: str | os.PathLike):
+    """The `ModelConfig` recorded with a checkpoint (directory or root with `latest`)."""
+    from scalerl_mega.trainer.megatron.config import model_from_dict
+
+    ckpt = resolve(path)
+    side = ckpt / MODEL_CONFIG
+    if not side.is_file():
+        raise ValueError(f"checkpoint {ckpt}: {MODEL_CONFIG} is missing (saved before the model config was "
+                         "recorded with checkpoints); the model shape is unknown")
+    try:
+        data = json.loads(side.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{side}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict) or data.get("format") != MODEL_CONFIG_FORMAT or not isinstance(data.get("model"), dict):
+        raise ValueError(f"{side}: format={data.get('format') if isinstance(data, dict) else None!r}, "
+                         f"expected {MODEL_CONFIG_FORMAT!r} with a 'model' mapping")
+    return model_from_dict(data["model"], source=str(side)).validate()
 
 
 def resolve(path: str | os.PathLike) -> Path:
