@@ -70,7 +70,8 @@ def build_task(cfg: Any) -> Task:
 def load_tokenizer(path: str, *, key: str = "data.tokenizer_path") -> Any:
     """The HF tokenizer saved in local directory `path` (no downloads); ValueError naming `key`."""
     if not path:
-        raise ValueError(f"{key} is empty: the dataset tasks need a local HF tokenizer directory")
+        raise ValueError(f"{key} is empty: the dataset tasks need a local HF tokenizer directory "
+                         "(set data.tokenizer_path, or init_from_hf to use the policy checkpoint's tokenizer)")
     p = Path(path)
     if not p.is_dir():
         raise ValueError(f"{key}={path!r}: no such directory")
@@ -101,7 +102,10 @@ def build_dataset_task(cfg: Any) -> Task:
     data = cfg.data
     if data.name not in DATASET_SCHEMAS:
         raise ValueError(f"data.name={data.name!r} is unknown; expected synthetic or one of {sorted(DATASET_SCHEMAS)}")
-    tok = load_tokenizer(str(data.tokenizer_path))
+    tok_path, tok_key = str(data.tokenizer_path), "data.tokenizer_path"
+    if not tok_path and str(getattr(cfg, "init_from_hf", "")):
+        tok_path, tok_key = str(cfg.init_from_hf), "init_from_hf"  # the policy checkpoint's own tokenizer
+    tok = load_tokenizer(tok_path, key=tok_key)
     if len(tok) > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's vocabulary "
                          f"({len(tok)} tokens, data.tokenizer_path={str(data.tokenizer_path)!r})")
@@ -186,6 +190,40 @@ def build_trainer(cfg: Any):
                     if use_fused_cispo(cfg) else None)
     return MegatronPolicyTrainer(megatron_config(cfg), loss_fn=loss_fn, head_loss_fn=head_loss_fn,
                                  micro_batch_tokens=int(cfg.train.micro_batch_tokens))
+
+
+def init_trainer_from_hf(trainer: Any, cfg: Any) -> list[str]:
+    """Load `init_from_hf` (an HF checkpoint dir) into the trainer's sharded Megatron model.
+
+    Each rank converts only the tensor groups it holds (convert/load.py); a config whose shapes differ
+    from `model` fails naming the first differing field, before any weight is touched.
+    """
+    import dataclasses
+
+    from scalerl_mega.convert.dims import dims_from_hf_config
+    from scalerl_mega.convert.load import load_hf_checkpoint
+    from scalerl_mega.convert.model_config import dims_from_model_config
+    from scalerl_mega.convert.pipeline import load_hf_config
+
+    path = str(cfg.init_from_hf)
+    if not Path(path, "config.json").is_file():
+        raise ValueError(f"init_from_hf={path!r}: no config.json there (expected a Hugging Face checkpoint dir)")
+    theirs = dims_from_hf_config(load_hf_config(path), where=f"{path}/config.json")
+    ours = dims_from_model_config(cfg.model)
+
+    def no_op_chunking(d):  # a chunk as long as the context is plain causal attention
+        chunk = d.attention_chunk_size
+        return dataclasses.replace(d, attention_chunk_size=None if chunk and chunk >= d.max_position_embeddings else chunk)
+
+    theirs_n, ours_n = no_op_chunking(theirs), no_op_chunking(ours)
+    for f in dataclasses.fields(ours_n):
+        if getattr(theirs_n, f.name) != getattr(ours_n, f.name):
+            raise ValueError(f"init_from_hf={path!r}: its config.json has {f.name}={getattr(theirs, f.name)!r} but "
+                             f"the trainer's model config gives {getattr(ours, f.name)!r} (check `model=` / model.*)")
+    loaded = load_hf_checkpoint(trainer.chunks, path)
+    trainer.optimizer.reload_model_params()  # mixed precision keeps fp32 main copies of the params
+    log.info("initialised the policy from %s (%d tensors)", path, len(loaded))
+    return loaded
 
 
 # ----------------------------------------------------------------------------- engines

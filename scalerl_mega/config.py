@@ -269,6 +269,11 @@ class TrainConfig:
     """Run directory (train.yaml sets it to Hydra's run dir)."""
     resume: str = "auto"
     """auto: continue from the newest checkpoint in output_dir if one exists; never; or a path."""
+    init_from_hf: str = ""
+    """Hugging Face checkpoint dir (config.json + safetensors) whose weights initialise the policy on a
+    fresh run, e.g. Llama-3.1-8B or Llama-4-Scout (the paper starts RL from an SFT checkpoint). Its
+    shapes must match `model`; converted on the fly to the trainer's TP/PP/EP layout. Empty: random
+    init (the CPU demo, which warm-starts with `sft`)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

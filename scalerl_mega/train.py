@@ -81,6 +81,8 @@ def run_job(config: Any) -> dict[str, Any]:
     summary: dict[str, Any] = {"output_dir": str(out)}
     try:
         resumed = latest_checkpoint(config) is not None
+        if config.init_from_hf and not resumed:
+            build.init_trainer_from_hf(trainer, config)
         t0 = time.monotonic()
         if config.sft.steps and not resumed:
             examples = [sft_token_ids(task.tokenizer, p) for p in task.train_prompts]
