@@ -174,6 +174,9 @@ scalerl_fail() {
   printf '[scalerl] FAILED: step %s on %s exited with code %s; stopping the job. Last lines of %s:\n' \
     "${STEP_NAMES[i]}" "${STEP_NODES[i]}" "$rc" "${STEP_LOGS[i]}" >&2
   tail -n 20 "${STEP_LOGS[i]}" >&2 2>/dev/null || true
+  # under torchrun the tail is the launcher's summary; the worker's exception is further up
+  printf '[scalerl] error lines of %s:\n' "${STEP_LOGS[i]}" >&2
+  grep -E '^[A-Za-z_.]*(Error|Exception)\b|^Traceback' "${STEP_LOGS[i]}" 2>/dev/null | tail -n 5 >&2 || true
   scalerl_stop_steps
   exit "$rc"
 }

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The CPU embedded default (`experiment=demo`) laid out like the cluster runs: one job step runs the
-# project's local engine (the "generator"), another the Megatron trainer under torchrun (1 process).
-# On one node both steps share it (srun --exact, one CPU each).
-#   sbatch slurm/train_tiny.sh                      (from the repository root)
+# project's local engine behind SGLang's HTTP API (`python -m scalerl_mega.rollout.server`, the
+# "generator"), another the Megatron trainer under torchrun (1 process), attached to it with
+# `rollout=sglang rollout.engine_urls=[...]`: the same HTTP client and weight-sync protocol
+# (torch.distributed broadcast, gloo on CPU) as the SGLang servers of train_scout.sh / train_dense.sh.
+# Single node: both steps share it (srun --exact, one CPU each); the server binds 127.0.0.1.
+#   sbatch slurm/train_tiny.sh                      (from the repository root; the full demo)
+#   EXTRA_OVERRIDES="train.steps=3 sft.steps=5" sbatch slurm/train_tiny.sh
 #   DRY_RUN=1 SLURM_JOB_NODELIST=node1 bash slurm/train_tiny.sh
 #SBATCH --job-name=scalerl-tiny
 #SBATCH --nodes=1
@@ -14,7 +18,7 @@
 #SBATCH --output=slurm-%x-%j.out
 set -euo pipefail
 export GPUS_PER_NODE=0 TRAINER_NODES=1 GEN_TP=1 TP=1 PP=1 EP=1
-export EXPERIMENT=${EXPERIMENT:-demo} MODEL=${MODEL:-tiny_moe} ROLLOUT=${ROLLOUT:-local} CLUSTER=${CLUSTER:-local}
+export EXPERIMENT=${EXPERIMENT:-demo} MODEL=${MODEL:-tiny_moe} ROLLOUT=${ROLLOUT:-sglang} CLUSTER=${CLUSTER:-local}
 export HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-300}
 if [[ -z ${SCALERL_REPO:-} ]]; then
   if [[ -f ${SLURM_SUBMIT_DIR:-}/slurm/common.sh ]]; then SCALERL_REPO=$SLURM_SUBMIT_DIR; else SCALERL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd); fi
@@ -23,12 +27,15 @@ export SCALERL_REPO
 # shellcheck source=slurm/common.sh
 source "$SCALERL_REPO/slurm/common.sh"
 
-# The local engine served over HTTP on this node (module provided with the RL loop's rollout code).
+# The local engine served over SGLang's HTTP API on this node (same config overrides as the trainer).
 scalerl_generator_cmd() {
-  CMD=("$SCALERL_PYTHON" -m scalerl_mega.rollout.server --host 0.0.0.0 --port "$2"
-       "experiment=$EXPERIMENT" "model=$MODEL")
+  local extra=()
+  read -r -a extra <<<"$EXTRA_OVERRIDES"
+  CMD=("$SCALERL_PYTHON" -m scalerl_mega.rollout.server --host 127.0.0.1 --port "$2"
+       "experiment=$EXPERIMENT" "model=$MODEL" "${extra[@]}")
   : "$1" "$3"
 }
-scalerl_health_url() { echo "$1/health"; }
+# one server per node here (engine count = URLs given to the trainer)
+EXTRA_OVERRIDES="rollout.num_engines=1 ${EXTRA_OVERRIDES:-}"
 
 scalerl_main

@@ -1,13 +1,18 @@
-"""Hydra multirun sweeps that skip finished points (`hydra/sweeper=skip_done`, conf/hydra/sweeper/).
+"""Skip-if-done for Hydra multirun sweeps.
 
 A point is *done* when its output directory holds the `summary.json` that `scalerl-train` writes
-at the end of a run and the summary's `steps` reached the point's `train.steps`. The sweeper is
-Hydra's basic sweeper with one change: before a batch of points is handed to the launcher (e.g.
-`hydra/launcher=submitit_slurm`), the done ones are dropped (logged as skipped), so re-running a
-sweep command submits only unfinished points -- unfinished ones resume from their checkpoints
-(`resume=auto`). Point directories must be stable across invocations: give the sweep a fixed
-`hydra.sweep.dir` (the default has a timestamp) and, preferably,
-`hydra.sweep.subdir=${hydra.job.override_dirname}`.
+at the end of a run and the summary's `steps` reached the point's `train.steps` (`point_done`).
+
+`SkipDoneSweeper` is Hydra's basic sweeper with one change: before a batch of points is handed to
+the launcher (e.g. `hydra/launcher=scalerl_slurm`), the done ones are dropped (logged as skipped),
+so re-running a sweep submits only unfinished points (which resume from their checkpoints with
+`resume=auto`). Point directories must be stable across invocations: a fixed `hydra.sweep.dir` (the
+default has a timestamp) and e.g. `hydra.sweep.subdir=${run_name}`.
+
+Limitation: Hydra instantiates sweepers only from the `hydra_plugins` namespace package
+("Invalid plugin ...: not the hydra_plugins package"), so the sweeper becomes selectable
+(`hydra/sweeper=skip_done`) once the project ships `hydra_plugins/scalerl_skip_done/__init__.py`
+re-exporting this class and a `conf/hydra/sweeper/skip_done.yaml` naming it (a packaging change).
 """
 
 from __future__ import annotations

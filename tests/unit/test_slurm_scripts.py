@@ -94,8 +94,10 @@ def test_tiny_dry_run_single_node_shares_it():
     assert not any(a.startswith("--gres") for a in gargv)
     assert gargv[gargv.index("-m") + 1] == "scalerl_mega.rollout.server"
     targv = steps["trainer"][1]
-    assert "experiment=demo" in targv and "rollout=local" in targv and "cluster=local" in targv
-    assert "rollout.engine_urls=[http://node7:30000]" in targv
+    assert "experiment=demo" in targv and "rollout=sglang" in targv and "cluster=local" in targv
+    assert "rollout.engine_urls=[http://node7:30000]" in targv and "rollout.num_engines=1" in targv
+    assert gargv[gargv.index("--host") + 1] == "127.0.0.1" and gargv[gargv.index("--port") + 1] == "30000"
+    assert "experiment=demo" in gargv
     assert targv[targv.index("--nproc-per-node") + 1] == "1"
 
 

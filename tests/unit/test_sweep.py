@@ -68,3 +68,35 @@ def test_sweep_report_cli_errors(tmp_path, capsys):
     assert sweep_report.main([str(tmp_path / "missing")]) == 2
     assert sweep_report.main([str(tmp_path)]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_skip_done_launcher_launches_only_unfinished(tmp_path):
+    from omegaconf import OmegaConf
+
+    from scalerl_mega.cluster.sweep import _SkipDoneLauncher
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "summary.json").write_text(json.dumps({"steps": 4}))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "summary.json").write_text(json.dumps({"steps": 2}))  # interrupted
+
+    class Loader:  # composes a point as Hydra's loader would: subdir from the override value
+        def load_sweep_config(self, master, overrides):
+            name = overrides[0].split("=")[1]
+            return OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path), "subdir": name}, "job": {}},
+                                     "train": {"steps": 4}})
+
+    class Inner:
+        def __init__(self):
+            self.calls = []
+
+        def launch(self, job_overrides, initial_job_idx):
+            self.calls.append(([list(o) for o in job_overrides], initial_job_idx))
+            return ["ret"] * len(job_overrides)
+
+    inner = Inner()
+    lau = _SkipDoneLauncher(inner, config_loader=Loader(), config=None)
+    assert lau.launch([["p=a"], ["p=b"], ["p=c"]], initial_job_idx=0) == ["ret", "ret"]
+    assert inner.calls == [([["p=b"], ["p=c"]], 0)]
+    assert [ov for ov, _ in lau.skipped] == [["p=a"]]
+    assert lau.launch([["p=a"]], initial_job_idx=3) == [] and len(inner.calls) == 1  # nothing to launch
