@@ -2,7 +2,8 @@
 
 For each case: build ``MegatronPolicyTrainer`` in the case's layout, train one step, save a
 training checkpoint (Megatron dist-checkpointing under ``<out>/<case>/ckpt``), then write the
-trained model's full logits on a fixed input (gathered over TP) and the trainer's ``ModelConfig``
+trained model's full logits on a fixed input (gathered over TP; at PP>1 the target log-probs,
+``logprobs.pt``) and the trainer's ``ModelConfig``
 to ``<out>/<case>/trainer.pt`` (rank 0). The process group is reused between cases.
 """
 
@@ -24,6 +25,8 @@ CASES = {
     "moe_ep2": ("tiny_moe", dict(num_layers=4, **LLAMA4_FEATURES), dict(ep=2)),
     # Llama-3 dense, tied embeddings, TP2
     "dense_tp2": ("tiny_dense", dict(tie_embeddings=True, init_method_std=0.1), dict(tp=2)),
+    # the MoE at PP2: target log-probs instead of logits (a plain forward does not run the pipeline)
+    "moe_pp2": ("tiny_moe", dict(num_layers=4, **LLAMA4_FEATURES), dict(pp=2)),
 }
 
 
@@ -54,13 +57,20 @@ def run_case(name: str, out: Path) -> None:
     metrics = trainer.train_step(batch(cfg.model.vocab_size, seed=1))
     trainer.save(str(out / name / "ckpt"))
     probe = batch(cfg.model.vocab_size, seed=2)
-    model = trainer.chunks[0].module
-    model.eval()
-    with torch.no_grad():
-        logits = tensor_parallel.gather_from_tensor_model_parallel_region(
-            model(probe["input_ids"], probe["position_ids"], None))
+    logits = None
+    if cfg.parallel.pp == 1:
+        model = trainer.chunks[0].module
+        model.eval()
+        with torch.no_grad():
+            logits = tensor_parallel.gather_from_tensor_model_parallel_region(
+                model(probe["input_ids"], probe["position_ids"], None)).float()
+    else:
+        logp_BT = trainer.logprobs(probe)  # collective; the last stage (dp=1 here) holds all rows
+        if trainer.info.is_last_stage and trainer.info.tp_rank == 0:
+            torch.save({"input_ids": probe["input_ids"], "targets": probe["targets"], "logp": logp_BT.float()},
+                       out / name / "logprobs.pt")
     if dist.get_rank() == 0:
-        torch.save({"input_ids": probe["input_ids"], "logits": logits.float(), "loss": metrics["loss"],
+        torch.save({"input_ids": probe["input_ids"], "logits": logits, "loss": metrics["loss"],
                     "model": dataclasses.asdict(cfg.model)}, out / name / "trainer.pt")
     parallel.teardown_parallel(destroy_process_group=False)
 

@@ -5,7 +5,8 @@ Per case, a 2-process gloo launch (convert_distckpt_worker.py) trains one step w
 on a probe input; the tool converts the checkpoint in a fresh single process and ``transformers``
 loads the result, which must reproduce the trainer's logits. Cases: a tiny Llama-4 MoE (every
 Llama-4 attention feature on) at EP2, converted through the root's ``latest``; a tiny tied-embedding
-Llama-3 dense model at TP2 (slow), converted from its ``step_N`` directory.
+Llama-3 dense model at TP2 (slow), converted from its ``step_N`` directory; the MoE at PP2 (slow),
+checked on the trainer's target log-probs (its last stage).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import pytest
 
 WORKER = Path(__file__).with_name("convert_distckpt_worker.py")
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "convert_megatron_to_hf.py"
-CASES = {"moe_ep2": ("ckpt", "Llama4ForCausalLM"), "dense_tp2": ("ckpt/step_00000001", "LlamaForCausalLM")}
+CASES = {"moe_ep2": ("ckpt", "Llama4ForCausalLM"), "dense_tp2": ("ckpt/step_00000001", "LlamaForCausalLM"),
+         "moe_pp2": ("ckpt", "Llama4ForCausalLM")}
 
 
 def _free_port() -> int:
@@ -58,7 +60,8 @@ def _run_worker(nproc: int, args: list[str], *, logdir: Path, timeout: float = 6
         raise AssertionError(f"worker failed on {failed}:\n{(logdir / 'worker_rank0.log').read_text()[-4000:]}")
 
 
-@pytest.fixture(scope="module", params=["moe_ep2", pytest.param("dense_tp2", marks=pytest.mark.slow)])
+@pytest.fixture(scope="module", params=["moe_ep2", pytest.param("dense_tp2", marks=pytest.mark.slow),
+                                        pytest.param("moe_pp2", marks=pytest.mark.slow)])
 def converted(request, tmp_path_factory):
     """(case, output dir, tool stdout) after training, saving and converting one case."""
     case = request.param
@@ -83,6 +86,12 @@ def test_hf_logits_equal_trainer_logits(converted):
     assert type(model).__name__ == CASES[case][1]
     with torch.no_grad():
         logits = model(ref["input_ids"]).logits.float()
+    if ref["logits"] is None:  # PP2: the trainer recorded target log-probs from its last stage
+        lp = torch.load(out / case / "logprobs.pt")
+        hf_logp = torch.log_softmax(logits.double(), -1).gather(-1, lp["targets"][..., None])[..., 0]
+        assert lp["logp"].shape == hf_logp.shape and lp["logp"].abs().max() > 0.5
+        assert (hf_logp - lp["logp"].double()).abs().max().item() <= 1e-5
+        return
     assert logits.shape == ref["logits"].shape
     assert ref["logits"].abs().max() > 0.5  # not a degenerate all-zero model
     assert (logits - ref["logits"]).abs().max().item() <= 1e-5
