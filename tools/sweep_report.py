@@ -40,13 +40,19 @@ def point_dirs(sweep_dir: Path) -> list[Path]:
     return sorted(p.parent for p in sweep_dir.rglob("metrics.jsonl") if ".submitit" not in p.parts)
 
 
-def point_name(path: Path, sweep_dir: Path) -> str:
+def point_overrides(path: Path) -> list[str]:
     ov = path / ".hydra" / "overrides.yaml"
-    if ov.is_file():
-        items = [line[2:].strip() for line in ov.read_text().splitlines() if line.startswith("- ")]
-        if items:
-            return " ".join(items)
-    return str(path.relative_to(sweep_dir))
+    if not ov.is_file():
+        return []
+    return [line[2:].strip() for line in ov.read_text().splitlines() if line.startswith("- ")]
+
+
+def point_names(dirs: list[Path], sweep_dir: Path) -> list[str]:
+    """Each point's overrides minus those every point shares (the swept values), else its path."""
+    ovs = [point_overrides(d) for d in dirs]
+    common = set.intersection(*(set(o) for o in ovs)) if len(ovs) > 1 else set()
+    names = [" ".join(x for x in o if x not in common) for o in ovs]
+    return [n or str(d.relative_to(sweep_dir)) for n, d in zip(names, dirs)]
 
 
 def collect(sweep_dir: Path, *, x: str, y: str = "val_pass_rate") -> list[PointResult]:
@@ -54,10 +60,11 @@ def collect(sweep_dir: Path, *, x: str, y: str = "val_pass_rate") -> list[PointR
     from scalerl_mega.scaling.io import read_series
 
     out = []
-    for d in point_dirs(sweep_dir):
+    dirs = point_dirs(sweep_dir)
+    for d, name in zip(dirs, point_names(dirs, sweep_dir)):
         summary = d / "summary.json"
         steps = json.loads(summary.read_text()).get("steps") if summary.is_file() else None
-        res = PointResult(name=point_name(d, sweep_dir), path=d, finished=summary.is_file(), steps=steps,
+        res = PointResult(name=name, path=d, finished=summary.is_file(), steps=steps,
                           n_val=0, last_val=None)
         try:
             s = read_series(d, x=x, y=y, name=res.name)
