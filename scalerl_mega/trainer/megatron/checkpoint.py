@@ -15,8 +15,7 @@ loaded under torch.no_grad(), because its FP32 main params are views of leaf ten
 Sidecar `model_config.json` (format `scalerl-mega/model-config/1`): the trainer `ModelConfig` of
 the saved model, so a checkpoint can be rebuilt without the training config (e.g. by
 `tools/convert_megatron_to_hf.py`). Written by rank 0 into `.tmp-*` before the COMPLETE marker,
-i.e. inside the atomic rename. It is the `model_config` given to `save_checkpoint`, or else read
-back from the built model (`convert.describe.describe_model`, collective). Read it with
+i.e. inside the atomic rename; `MegatronPolicyTrainer.save` always passes its config. Read it with
 `read_model_config`.
 
 Note: Megatron's save starts a spawn-based multiprocessing Manager, so entry scripts need an
@@ -87,8 +86,8 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
                     extra_state: Optional[dict[str, Any]] = None, model_config=None) -> Path:
     """Collectively save model (+ optimizer) + `extra_state` (picklable, from rank 0) as step `step`.
 
-    `model_config`: the trainer `ModelConfig` recorded in the `model_config.json` sidecar; None
-    reads it back from the model (see module doc).
+    `model_config`: the trainer `ModelConfig` recorded in the `model_config.json` sidecar (None: no
+    sidecar; such a checkpoint cannot be converted to HF without its config).
 
     Returns the final directory. On any error the partial `.tmp-*` directory is removed (best
     effort) and the error re-raised; `latest` is untouched.
@@ -104,7 +103,7 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
             shutil.rmtree(tmp)
         tmp.mkdir()
     _barrier()
-    sidecar = _model_config_json(chunks, model_config)
+    sidecar = _model_config_json(model_config)
     model_sd = _model_sharded_state_dict(chunks)
     state: dict[str, Any] = {"model": model_sd, "extra_state": dict(extra_state or {}),
                              "has_optimizer": optimizer is not None}
@@ -130,22 +129,13 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
     return final
 
 
-def _model_config_json(chunks: list, model_config) -> Optional[str]:
-    """Sidecar text for `model_config` (or the config read back from `chunks`; collective)."""
+def _model_config_json(model_config) -> Optional[str]:
+    """Sidecar text for `model_config` (None: no sidecar)."""
     import dataclasses
 
-    source = "given"
     if model_config is None:
-        from scalerl_mega.convert.describe import describe_model
-
-        try:  # describe_model raises the same error on every rank, so skipping stays collective
-            model_config, source = describe_model(chunks), "read from the model"
-        except ValueError as exc:
-            import warnings
-
-            warnings.warn(f"checkpoint: {MODEL_CONFIG} not written ({exc}); pass model_config to save_checkpoint")
-            return None
-    return json.dumps({"format": MODEL_CONFIG_FORMAT, "source": source,
+        return None
+    return json.dumps({"format": MODEL_CONFIG_FORMAT, "source": "given",
                        "model": dataclasses.asdict(model_config)}, indent=1)
 
 

@@ -92,7 +92,7 @@ class MegatronPolicyTrainer:
 
         state = {"step": self.step, "torch_rng_state": torch.get_rng_state(), **(extra_state or {})}
         checkpoint.save_checkpoint(path, step=self.step, chunks=self.chunks, optimizer=self.optimizer,
-                                   extra_state=state)
+                                   extra_state=state, model_config=self.cfg.model)
 
     def load(self, path: str) -> dict[str, Any]:
         import torch
