@@ -201,7 +201,7 @@ def test_hydra_sweep_two_points_and_report(local_slurm, tmp_path):
     cfg = (sweep / "loo_dapo" / ".hydra" / "config.yaml").read_text()
     assert "name: dapo" in cfg and "partition: debug" in cfg  # per-point config; cluster group present
     jobs = sorted(p.name for p in (sweep / ".submitit").iterdir())
-    assert len([j for j in jobs if j.replace("_", "").isdigit()]) == 2  # one Slurm array task per point
+    assert len([j for j in jobs if "_" in j and j.replace("_", "").isdigit()]) == 2  # one Slurm array task per point
 
     from scalerl_mega.cluster.sweep import point_done
 
