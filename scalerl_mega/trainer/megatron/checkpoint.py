@@ -105,9 +105,12 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
     _barrier()
     sidecar = _model_config_json(model_config)
     model_sd = _model_sharded_state_dict(chunks)
+    # An optimizer that has not stepped yet has no moments: Megatron would save none and then fail to
+    # load ("optimizer.state.exp_avg... not in state dict"). Record it as fresh instead.
+    fresh = optimizer is not None and _optimizer_is_fresh(optimizer)
     state: dict[str, Any] = {"model": model_sd, "extra_state": dict(extra_state or {}),
-                             "has_optimizer": optimizer is not None}
-    if optimizer is not None:
+                             "has_optimizer": optimizer is not None and not fresh, "optimizer_fresh": fresh}
+    if state["has_optimizer"]:
         state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=False, metadata=OPTIM_METADATA)
     try:
         dist_checkpointing.save(state, str(tmp), validate_access_integrity=True)
@@ -127,6 +130,12 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
         _write_atomic(root / LATEST, final.name)
     _barrier()
     return final
+
+
+def _optimizer_is_fresh(optimizer) -> bool:
+    """True when no (chained) torch optimizer under the Megatron wrapper holds any state yet."""
+    subs = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    return all(len(getattr(getattr(o, "optimizer", o), "state", {})) == 0 for o in subs)
 
 
 def _model_config_json(model_config) -> Optional[str]:
@@ -191,7 +200,7 @@ def load_checkpoint(path: str | os.PathLike, *, chunks: list, optimizer=None,
     common = dist_checkpointing.load_common_state_dict(str(ckpt))
     model_sd = _model_sharded_state_dict(chunks)
     state: dict[str, Any] = {"model": model_sd}
-    with_opt = optimizer is not None and load_optimizer
+    with_opt = optimizer is not None and load_optimizer and not common.get("optimizer_fresh", False)
     if with_opt:
         if not common.get("has_optimizer", False):
             raise ValueError(f"checkpoint {ckpt}: has no optimizer state (saved with optimizer=None)")
