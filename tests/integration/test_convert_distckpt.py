@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mp_launch
 import pytest
 
 WORKER = Path(__file__).with_name("convert_distckpt_worker.py")
@@ -25,39 +26,10 @@ CASES = {"moe_ep2": ("ckpt", "Llama4ForCausalLM"), "dense_tp2": ("ckpt/step_0000
          "moe_pp2": ("ckpt", "Llama4ForCausalLM")}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_worker(nproc: int, args: list[str], *, logdir: Path, timeout: float = 600) -> None:
     """Run `nproc` worker ranks (env:// rendezvous); kill stragglers by pid on failure/timeout."""
-    port = _free_port()
-    procs = []
-    for rank in range(nproc):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nproc),
-                   RANK=str(rank), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-        log = open(logdir / f"worker_rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, str(WORKER), *args], env=env, stdout=log,
-                                       stderr=subprocess.STDOUT), log))
-    failed = []
-    try:
-        for rank, (proc, _) in enumerate(procs):
-            if proc.wait(timeout=timeout) != 0:
-                failed.append(rank)
-    except subprocess.TimeoutExpired:
-        failed.append("timeout")
-    finally:
-        for proc, log in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.close()
-    if failed:
-        raise AssertionError(f"worker failed on {failed}:\n{(logdir / 'worker_rank0.log').read_text()[-4000:]}")
+    procs = mp_launch.start(WORKER, nproc, args, logdir=logdir, log_name="worker")
+    mp_launch.wait(procs, logdir=logdir, log_name="worker", what=str(args), timeout=timeout)
 
 
 @pytest.fixture(scope="module", params=["moe_ep2", pytest.param("dense_tp2", marks=pytest.mark.slow),

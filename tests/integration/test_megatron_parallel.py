@@ -11,12 +11,9 @@ dominate the cost (~10 s each), so the launches are shared by all tests in this 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
+import mp_launch
 import pytest
 
 WORKER = Path(__file__).with_name("megatron_worker.py")
@@ -25,43 +22,12 @@ LAYOUTS = ["dense_tp2", "dense_tp2_sp_distopt", "dense_pp2", "dense_dp2_distopt"
 REL = 1e-5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(nproc: int, args: list[str], *, logdir: Path) -> list:
-    """Start `nproc` ranks of the worker with an env:// rendezvous on a random free port."""
-    port = _free_port()
-    procs = []
-    for rank in range(nproc):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nproc),
-                   RANK=str(rank), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-        log = open(logdir / f"{args[0]}_rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, str(WORKER), *args], env=env, stdout=log,
-                                       stderr=subprocess.STDOUT), log))
-    return procs
+    return mp_launch.start(WORKER, nproc, args, logdir=logdir, log_name=args[0])
 
 
 def wait(procs: list, args: list[str], *, logdir: Path, timeout: float = 600) -> None:
-    """Wait for all ranks; kill the stragglers on failure or timeout (by pid)."""
-    failed = []
-    try:
-        for rank, (proc, _) in enumerate(procs):
-            if proc.wait(timeout=timeout) != 0:
-                failed.append(rank)
-    except subprocess.TimeoutExpired:
-        failed.append("timeout")
-    finally:
-        for proc, log in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.close()
-    if failed:
-        tail = (logdir / f"{args[0]}_rank0.log").read_text()[-4000:]
-        raise AssertionError(f"worker {args} failed on {failed}:\n{tail}")
+    mp_launch.wait(procs, logdir=logdir, log_name=args[0], what=str(args), timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,49 @@
+"""Launch a worker script as N ranks with an env:// rendezvous (gloo, CPU); shared by the
+multi-process integration tests. Not a test module."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(worker: Path, nproc: int, args: list[str], *, logdir: Path, log_name: str) -> list:
+    """Start `nproc` ranks of `worker` on a random free port; rank r logs to `{log_name}_rank{r}.log`."""
+    port = free_port()
+    procs = []
+    for rank in range(nproc):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nproc),
+                   RANK=str(rank), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        log = open(logdir / f"{log_name}_rank{rank}.log", "w")
+        procs.append((subprocess.Popen([sys.executable, str(worker), *args], env=env, stdout=log,
+                                       stderr=subprocess.STDOUT), log))
+    return procs
+
+
+def wait(procs: list, *, logdir: Path, log_name: str, what: str, timeout: float = 600) -> None:
+    """Wait for all ranks; kill the stragglers (by pid) on failure or timeout; raise with rank 0's log tail."""
+    failed = []
+    try:
+        for rank, (proc, _) in enumerate(procs):
+            if proc.wait(timeout=timeout) != 0:
+                failed.append(rank)
+    except subprocess.TimeoutExpired:
+        failed.append("timeout")
+    finally:
+        for proc, log in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+    if failed:
+        tail = (logdir / f"{log_name}_rank0.log").read_text()[-4000:]
+        raise AssertionError(f"worker {what} failed on {failed}:\n{tail}")
