@@ -20,7 +20,6 @@ model itself uses Megatron's standard rotate-half RoPE.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Sequence
 
 
