@@ -8,7 +8,6 @@ import random
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from scalerl_mega.hf_config import hf_config_from_model
 from scalerl_mega.loop import _sample_prompt, _split_sample_id, sampling_params

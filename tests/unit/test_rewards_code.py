@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
