@@ -350,9 +350,13 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
         _validation(cfg, comps, router, state, writer, compute, forecaster, rng)
 
     gen_idle = 0.0
+    gen_prev = None  # engine work counters at the start of this step (None: take them now)
+    t_step = time.monotonic()
     while state.step < cfg.train.steps:
         s = state.step
-        t_step = time.monotonic()
+        if gen_prev is None:  # else the step's wall time starts where the previous one's snapshot was taken
+            gen_prev = engine_decode_stats(comps.engine)
+            t_step = time.monotonic()
         # 1. admission
         if pipeline:
             admit(max(0, (k + 1) * B - len(router.queue)))
@@ -401,8 +405,13 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
         if pipeline or state.step % k == 0 or state.step == cfg.train.steps:
             sync_s = push_weights(comps, version=state.step)
             state.weight_version = state.step
-        # 7. metrics
-        step_s = time.monotonic() - t_step
+        # 7. metrics (wall time and engine counters are snapshotted together: consecutive steps tile time)
+        gen_now = engine_decode_stats(comps.engine)
+        t_end = time.monotonic()
+        step_s = t_end - t_step
+        if gen_now is not None and gen_prev is not None:
+            metrics.update({f"gen/{key}": gen_now[key] - gen_prev[key] for key in GEN_STAT_KEYS})
+        gen_prev, t_step = gen_now, t_end
         metrics.update({
             "staleness_hist": {str(a): b for a, b in hist.items()},
             "tokens_per_version": {str(a): b for a, b in tokens_per_version(groups).items()},
@@ -424,16 +433,39 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
             on_step(state.step, rec)
         if cfg.train.val_every and state.step % cfg.train.val_every == 0:
             _validation(cfg, comps, router, state, writer, compute, forecaster, rng)
+            gen_prev = None  # validation's decoding is outside every step's wall time
         if cfg.train.save_every and state.step % cfg.train.save_every == 0:
             save_state(comps, cfg, state=state, outstanding=list(router.queue), compute=compute, rng=rng)
+            gen_prev = None
     return state
+
+
+GEN_STAT_KEYS = ("busy_s", "decode_steps", "decode_tokens")
+"""Engine work counters written per step as `gen/<key>` (differences over the step's wall time,
+summed over engines): what `cluster/simulate.py::calibration_from_records` fits decode speed on."""
+
+
+def engine_decode_stats(engine: Any) -> dict[str, float] | None:
+    """Cumulative `GEN_STAT_KEYS` counters of an engine (`decode_stats()`, rollout/local.py), summed
+    over the members of an engine set (`.engines`); None when an engine does not report them
+    (SGLang servers)."""
+    members = getattr(engine, "engines", None)
+    members = list(members) if members is not None and not hasattr(engine, "decode_stats") else [engine]
+    total = dict.fromkeys(GEN_STAT_KEYS, 0.0)
+    for e in members:
+        if not hasattr(e, "decode_stats"):
+            return None
+        st = e.decode_stats()
+        for key in GEN_STAT_KEYS:
+            total[key] += float(st[key])
+    return total
 
 
 def calibration_fields(cfg: Any, groups: Sequence[Group], *, train_s: float, sync_s: float,
                        step_s: float) -> dict[str, Any]:
     """The per-step fields `cluster/simulate.py::calibration_from_records` reads (timing, batch
-    shape, layout). Engine-side decode counters (gen/busy_s, gen/decode_steps, gen/decode_tokens)
-    need the engines to report them and are not written here."""
+    shape, layout). The engine-side decode counters (gen/busy_s, gen/decode_steps, gen/decode_tokens)
+    are differences of `engine_decode_stats` over the step, written by the loop."""
     comps = [s.completion for g in groups for s in g.samples]
     gen_lengths = [len(c.output_ids) for c in comps]
     prompt_tokens = [len(c.prompt_ids) for c in comps]

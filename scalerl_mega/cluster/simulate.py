@@ -496,9 +496,9 @@ def calibration_from_records(records: Iterable[dict[str, Any]], *, skip_steps: i
     """Build a calibration dict from ``metrics.jsonl`` step records (format in tools/simulate.py doc).
 
     Decode: ``gen/busy_s = decode_base_s * gen/decode_steps + decode_per_seq_s * gen/decode_tokens``
-    fitted over records; training: ``timing/train_step_s = train_fixed_s + train_per_token_s *
-    batch/tokens``; sync: mean of ``timing/sync_s``."""
-    recs = [r for r in records if "timing/train_step_s" in r]
+    fitted over records; training: ``trainer_busy_s = train_fixed_s + train_per_token_s *
+    batch/tokens`` (see :func:`trainer_busy_s`); sync: mean of ``timing/sync_s``."""
+    recs = [r for r in records if "timing/train_step_s" in r and r.get("kind", "train") == "train"]
     recs = recs[skip_steps:] if len(recs) > skip_steps else recs
     if not recs:
         raise ValueError("calibration: no records with 'timing/train_step_s'")
@@ -511,7 +511,7 @@ def calibration_from_records(records: Iterable[dict[str, Any]], *, skip_steps: i
         raise ValueError("calibration: no record with gen/decode_steps > 0")
     base, per_seq = fit_linear([[r["gen/decode_steps"], r["gen/decode_tokens"]] for r in dec],
                                [r["gen/busy_s"] for r in dec])
-    fixed, per_tok = fit_linear([[1.0, r["batch/tokens"]] for r in recs], [r["timing/train_step_s"] for r in recs])
+    fixed, per_tok = fit_linear([[1.0, r["batch/tokens"]] for r in recs], [trainer_busy_s(r) for r in recs])
     lengths: list[int] = []
     for r in recs:
         lengths.extend(int(x) for x in r.get("batch/gen_lengths", []))
@@ -537,12 +537,23 @@ def calibration_from_records(records: Iterable[dict[str, Any]], *, skip_steps: i
     }
 
 
+def trainer_busy_s(rec: dict[str, Any]) -> float:
+    """Seconds of one step record the trainer worked: with the loop's ``trainer_idle_s`` (time
+    blocked waiting for completions), the step's wall time minus that wait and the weight sync --
+    scoring, batching and the optimizer step, the simulator's "trainer step" (on the CPU run the
+    reward computation is a large share of it); without it, ``timing/train_step_s``."""
+    if "trainer_idle_s" in rec and "timing/step_wall_s" in rec:
+        return max(0.0, rec["timing/step_wall_s"] - rec["trainer_idle_s"] - rec.get("timing/sync_s", 0.0))
+    return float(rec["timing/train_step_s"])
+
+
 def measured_from_records(recs: list[dict[str, Any]]) -> dict[str, float]:
-    """Idle fractions of the measured run over the given records (same definitions as SimResult)."""
+    """Idle fractions of the measured run over the given records (same definitions as SimResult:
+    sync counts as idle; trainer work per :func:`trainer_busy_s`)."""
     wall = sum(r.get("timing/step_wall_s", 0.0) for r in recs)
     if wall <= 0:
         return {}
-    out = {"trainer_idle_fraction": 1.0 - sum(r["timing/train_step_s"] for r in recs) / wall}
+    out = {"trainer_idle_fraction": 1.0 - sum(trainer_busy_s(r) for r in recs) / wall}
     n_gen = int(recs[0].get("sim/num_generators", 1))
     if all("gen/busy_s" in r for r in recs):
         out["generator_idle_fraction"] = 1.0 - sum(r["gen/busy_s"] for r in recs) / (wall * n_gen)

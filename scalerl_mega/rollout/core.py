@@ -18,6 +18,12 @@ Known limit: HF Llama-4's attention temperature tuning (NoPE layers) scales quer
 column index rather than the position id; with left-padded slots these differ, which changes the
 scale only past `floor_scale` (8192 by default) columns. Tiny and demo models never get there.
 
+Counters (`stats()`, cumulative since construction): `busy_s` (wall seconds inside `step()`,
+decode + prefill + sampling), `decode_steps` (batched decode forwards), `decode_tokens` (sum over
+decode forwards of the batch size), `prefill_steps`/`prefill_tokens` (admission forwards and their
+prompt tokens). The cluster simulator is calibrated on their per-step differences
+(`cluster/simulate.py::calibration_from_records`).
+
 Log-probs come from FP32 logits `hidden.float() @ W.float().T` when `fp32_lm_head` is on, or
 from logits computed in the model dtype (the bf16-head ablation) otherwise.
 """
@@ -130,6 +136,8 @@ class GenerationCore:
         self._w32 = None
         self._refresh_head()
         self._torch = torch
+        self._stats = {"busy_s": 0.0, "decode_steps": 0, "decode_tokens": 0, "prefill_steps": 0,
+                       "prefill_tokens": 0}
 
     # ---- public API --------------------------------------------------------------------------
     def add(self, req: GenRequest) -> None:
@@ -172,17 +180,30 @@ class GenerationCore:
     def step(self) -> list[Completion]:
         """Decode one token for all running requests, then admit waiting ones. Returns finished."""
         done: list[Completion] = []
+        if not self.has_work():
+            return done
+        st = self._stats
+        t0 = time.perf_counter()
         with self._torch.inference_mode():
             if self.rows:
+                st["decode_steps"] += 1
+                st["decode_tokens"] += len(self.rows)
                 logits = self._decode()
                 done += self._consume(list(range(len(self.rows))), logits)
             free = self.config.max_batch - len(self.rows)
             if self.waiting and free > 0 and (free >= self._admit_min or not self.rows or free >= len(self.waiting)):
                 new = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
                 first = len(self.rows)
+                st["prefill_steps"] += 1
+                st["prefill_tokens"] += sum(len(r.req.prompt_ids) + len(r.output_ids) for r in new)
                 logits = self._prefill(new)
                 done += self._consume(list(range(first, len(self.rows))), logits)
+        st["busy_s"] += time.perf_counter() - t0
         return done
+
+    def stats(self) -> dict[str, float]:
+        """Cumulative work counters (see module doc); callers difference two snapshots."""
+        return dict(self._stats)
 
     def run_until_done(self) -> list[Completion]:
         """Step until nothing is running or waiting (tests, benchmarks, health checks)."""

@@ -6,6 +6,9 @@ Trainer process                                   engine process (spawned)
   update_weights(): "init_group" once (rank 1 joins the SGLang-style group), then
       "weights_begin" -> per bucket "weights_bucket" + torch.distributed broadcast -> "weights_end"
 
+`decode_stats()` asks the engine process for `GenerationCore.stats()` (cumulative work counters:
+busy seconds, decode steps, decode tokens); it answers between two decode steps.
+
 The engine applies a weight update between two decode steps: it stops stepping at
 "weights_begin" (SGLang `pause_generation(in_place)` semantics), loads bucket after bucket, and
 resumes at "weights_end" with the new version; running requests keep their KV cache (PipelineRL).
@@ -251,6 +254,8 @@ class _EngineLoop:
             self.out_q.put(("ack", "init_group"))
         elif kind == "weights_begin":
             self._weight_session(msg[1])
+        elif kind == "stats":
+            self.out_q.put(("stats", (msg[1], self.core.stats())))
         elif kind == "close":
             self.closing = True
         else:
@@ -329,6 +334,8 @@ class LocalRolloutEngine:
         self._sender = None
         self.version = 0
         self.last_sync_stats = None
+        self._stats: dict[int, dict[str, float]] = {}
+        self._stats_seq = 0
         self._wait_for(lambda m: m[0] == "ready", what="engine start", timeout_s=config.start_timeout_s)
 
     @property
@@ -360,6 +367,20 @@ class LocalRolloutEngine:
             self._sender = DistWeightSender(self._group, announcer=_PipeAnnouncer(self), config=self.config.sync)
         self.last_sync_stats = self._sender.send(named_tensors, version=version)
         self.version = version
+
+    def decode_stats(self) -> dict[str, float]:
+        """The engine's cumulative work counters (`GenerationCore.stats()`): busy_s, decode_steps,
+        decode_tokens, prefill_steps, prefill_tokens. Completions that arrive meanwhile are kept."""
+        self._stats_seq += 1
+        token = self._stats_seq
+        self._send(("stats", token))
+        deadline = time.monotonic() + self.config.reply_timeout_s
+        while token not in self._stats:
+            if time.monotonic() >= deadline:
+                raise EngineError(f"engine did not answer a stats request within {self.config.reply_timeout_s}s")
+            if not self._pump(timeout_s=0.1) and not self._proc.is_alive():
+                raise EngineError(f"engine process died (exit code {self._proc.exitcode}) during a stats request")
+        return self._stats.pop(token)
 
     def pause(self, mode: str = "in_place") -> None:
         """Stop decoding. in_place keeps running requests and their KV; retract re-queues them
@@ -426,6 +447,8 @@ class LocalRolloutEngine:
             self._done.extend(msg[1])
         elif msg[0] == "ack":
             self._acks.append(msg[1])
+        elif msg[0] == "stats":
+            self._stats[msg[1][0]] = msg[1][1]
         elif msg[0] == "error":
             raise EngineError(f"engine process failed: {msg[1]}")
         elif msg[0] == "ready":
