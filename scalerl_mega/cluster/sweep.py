@@ -9,10 +9,14 @@ so re-running a sweep submits only unfinished points (which resume from their ch
 `resume=auto`). Point directories must be stable across invocations: a fixed `hydra.sweep.dir` (the
 default has a timestamp) and e.g. `hydra.sweep.subdir=${run_name}`.
 
-Limitation: Hydra instantiates sweepers only from the `hydra_plugins` namespace package
-("Invalid plugin ...: not the hydra_plugins package"), so the sweeper becomes selectable
-(`hydra/sweeper=skip_done`) once the project ships `hydra_plugins/scalerl_skip_done/__init__.py`
-re-exporting this class and a `conf/hydra/sweeper/skip_done.yaml` naming it (a packaging change).
+Selected with `hydra/sweeper=skip_done` (conf/hydra/sweeper/skip_done.yaml). Hydra instantiates
+sweepers only from classes defined in the `hydra_plugins` namespace package, so the config names
+`hydra_plugins.scalerl_skip_done.SkipDoneSweeper`, a subclass of this one (the plugin package ships
+next to `scalerl_mega`; it is also found when Python runs from the repository root).
+
+Skipped points keep their job numbers (`hydra.job.num`): the unfinished points are launched in
+runs of consecutive indices, so a subdir such as `${hydra.job.num}` names the same point in every
+invocation.
 """
 
 from __future__ import annotations
@@ -63,17 +67,24 @@ class _SkipDoneLauncher:
         return out if point_done(out, steps=int(cfg.train.steps)) else None
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[Any]:
-        todo = []
+        """Launch the unfinished points; each run of consecutive ones is one inner launch starting
+        at its own job index, so every point keeps the `hydra.job.num` (and directory) it has
+        when nothing is skipped."""
+        runs: list[tuple[int, list[list[str]]]] = []  # (first job index, points)
         for i, ov in enumerate(job_overrides):
-            done_dir = self._is_done(ov, initial_job_idx + i)
-            if done_dir is None:
-                todo.append(list(ov))
-            else:
+            idx = initial_job_idx + i
+            done_dir = self._is_done(ov, idx)
+            if done_dir is not None:
                 self.skipped.append((list(ov), done_dir))
                 log.info("skip %s: finished (%s/summary.json)", " ".join(ov), done_dir)
-        if not todo:
-            return []
-        return self.inner.launch(todo, initial_job_idx=initial_job_idx)
+            elif runs and runs[-1][0] + len(runs[-1][1]) == idx:
+                runs[-1][1].append(list(ov))
+            else:
+                runs.append((idx, [list(ov)]))
+        results: list[Any] = []
+        for first, points in runs:
+            results.extend(self.inner.launch(points, initial_job_idx=first))
+        return results
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

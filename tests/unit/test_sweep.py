@@ -97,6 +97,10 @@ def test_skip_done_launcher_launches_only_unfinished(tmp_path):
     inner = Inner()
     lau = _SkipDoneLauncher(inner, config_loader=Loader(), config=None)
     assert lau.launch([["p=a"], ["p=b"], ["p=c"]], initial_job_idx=0) == ["ret", "ret"]
-    assert inner.calls == [([["p=b"], ["p=c"]], 0)]
+    assert inner.calls == [([["p=b"], ["p=c"]], 1)]  # b and c keep job numbers 1 and 2
     assert [ov for ov, _ in lau.skipped] == [["p=a"]]
     assert lau.launch([["p=a"]], initial_job_idx=3) == [] and len(inner.calls) == 1  # nothing to launch
+    # a finished point in the middle splits the launch in two, each at its own job index
+    inner.calls.clear()
+    assert lau.launch([["p=b"], ["p=a"], ["p=c"], ["p=d"]], initial_job_idx=5) == ["ret"] * 3
+    assert inner.calls == [([["p=b"]], 5), ([["p=c"], ["p=d"]], 7)]
