@@ -363,11 +363,12 @@ def test_abort_mode_returns_partial_outputs(schema):
         server.stop()
 
 
-class _RestartableTestServer(SGLangServer):
-    """An SGLangServer whose 'process' is an in-process test server on a fixed port."""
+class _Restartable(SGLangServer):
+    """An SGLangServer whose 'process' is a test server on a fixed port, (re)made by `make(port)`;
+    `running(impl)` tells whether the current one still runs."""
 
-    def __init__(self, schema) -> None:
-        self.schema = schema
+    def __init__(self, make, running) -> None:
+        self._make, self._running = make, running
         self.port = free_port()
         super().__init__(url=f"http://127.0.0.1:{self.port}")
         self.impl = None
@@ -378,15 +379,15 @@ class _RestartableTestServer(SGLangServer):
         return True
 
     def start(self, *, wait: bool = True) -> None:
-        self.impl = _server(self.schema, port=self.port, step_delay_s=0.02)
+        self.impl = self._make(self.port)
 
     def stop(self) -> None:
-        if self.impl is not None and not self.impl.killed:
+        if self.impl is not None and self._running(self.impl):
             self.impl.stop()
 
 
 def test_dead_server_is_restarted_and_requests_requeued(schema):
-    srv = _RestartableTestServer(schema)
+    srv = _Restartable(lambda port: _server(schema, port=port, step_delay_s=0.02), lambda impl: not impl.killed)
     engine = SGLangRolloutEngine(
         [srv], config=SGLangEngineConfig(sync=WeightSyncConfig(backend="gloo")), body_hook=Recorder(schema)
     )
@@ -406,33 +407,12 @@ def test_dead_server_is_restarted_and_requests_requeued(schema):
         srv.stop()
 
 
-class _SpawnedRestartable(SGLangServer):
-    """An SGLangServer whose process is a spawned test server on a fixed port (SIGKILL = crash)."""
-
-    def __init__(self, model_dir) -> None:
-        self.model_dir = model_dir
-        self.port = free_port()
-        super().__init__(url=f"http://127.0.0.1:{self.port}")
-        self.impl = None
-        self.start()
-
-    @property
-    def restartable(self) -> bool:
-        return True
-
-    def start(self, *, wait: bool = True) -> None:
-        self.impl = _spawned(self.model_dir, port=self.port, step_delay_s=0.02)
-
-    def stop(self) -> None:
-        if self.impl is not None and self.impl.proc.is_alive():
-            self.impl.stop()
-
-
 @pytest.mark.slow
 def test_crashed_server_restart_requeue_and_resync(schema, model_dir):
     """SIGKILL the server process mid-generation: it is relaunched, in-flight requests re-queued,
     and the next update rebuilds the weight-sync group and syncs the restarted server."""
-    srv = _SpawnedRestartable(model_dir)
+    srv = _Restartable(lambda port: _spawned(model_dir, port=port, step_delay_s=0.02),  # SIGKILL = crash
+                       lambda impl: impl.proc.is_alive())
     engine = SGLangRolloutEngine(
         [srv], config=SGLangEngineConfig(sync=WeightSyncConfig(backend="gloo", timeout_s=30)), body_hook=Recorder(schema)
     )
