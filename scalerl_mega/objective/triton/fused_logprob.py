@@ -62,6 +62,8 @@ def _kernels():
         tl.store(lse_ptr + offs_n, lse, mask=row_ok)
         tl.store(logp_ptr + offs_n, t_i - lse, mask=row_ok)
 
+    # The logits-tile loop is repeated in _bwd on purpose: the kernels live in this closure so that triton is
+    # imported lazily, and @triton.jit resolves callees from module globals, not closures.
     @triton.jit
     def _bwd(h_ptr, w_ptr, y_ptr, lse_ptr, g_ptr, gh_ptr, gw_ptr, N, V, H, stride_h, stride_w,
              BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr):
