@@ -7,10 +7,10 @@ For one optimizer step:
    Sec. 3.2 and Sec. 4 Â^norm = Â / Â_std);
 4. right-padded [B, T] tensors: prompt + output tokens, next-token targets, loss mask (output tokens the
    policy sampled; an injected interruption phrase has mask 0), generator log-probs, weight versions;
-5. token weights for the loss aggregation, computed once on the whole batch (`token_weights_BT` in
-   `meta`), so that micro-batch losses sum to the full-batch loss;
+5. token weights for the loss aggregation, computed once on the whole batch
+   (`TrainBatch.token_weights_BT`), so that micro-batch losses sum to the full-batch loss;
 6. packing: sequences are sorted by length and cut into micro-batches whose padded size
-   (rows x longest row) fits `micro_batch_tokens` (`micro_batches` in `meta`: lists of row indices).
+   (rows x longest row) fits `micro_batch_tokens` (`TrainBatch.micro_batches`: lists of row indices).
 
 Pure tensor code: no I/O, no config objects.
 """
@@ -68,6 +68,7 @@ def build_train_batch(
     filter_zero_variance: bool,
     micro_batch_tokens: int,
     pad_id: int = 0,
+    policy_version: int | None = None,
 ) -> BatchResult:
     """Assemble the TrainBatch of one step from `groups` (see module docstring)."""
     if not groups:
@@ -143,13 +144,11 @@ def build_train_batch(
         gen_logp_BT=gen_logp_BT,
         advantages_B=adv_B.float(),
         prompt_index_B=prompt_index_B,
+        token_weights_BT=weights_BT,
         weight_version_BT=version_BT,
-        meta={
-            "token_weights_BT": weights_BT,
-            "micro_batches": micro,
-            "lengths_B": lengths,
-            "aggregation": aggregation,
-            "prompt_ids": [groups[g].prompt.prompt_id for g in kept_groups],
-        },
+        policy_version=policy_version,
+        micro_batches=micro,
+        lengths_B=lengths,
+        prompt_ids=[groups[g].prompt.prompt_id for g in kept_groups],
     )
     return BatchResult(batch=batch, metrics=metrics, kept_groups=kept_groups)

@@ -181,8 +181,8 @@ def use_fused_cispo(cfg: Any) -> bool:
 def build_trainer(cfg: Any):
     """The Megatron trainer with the loop's policy loss (next-token CE for SFT batches), the fused FP32
     CISPO head when `use_fused_cispo`, and micro-batches by the `train.micro_batch_tokens` budget."""
-    from scalerl_mega.loop import make_cispo_head_loss_fn, make_policy_loss_fn
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
+    from scalerl_mega.trainer.policy_loss import make_cispo_head_loss_fn, make_policy_loss_fn
 
     loss_fn = make_policy_loss_fn(loss_type=cfg.loss.name, eps_low=cfg.loss.eps_low, eps_high=cfg.loss.eps_high,
                                   aggregation=cfg.aggregation.name)
@@ -347,13 +347,6 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
     from scalerl_mega.rollout.weight_sync import WeightSyncConfig
 
     pause = "in_place" if cfg.off_policy.name == "pipeline_rl" else "retract"
-    # Under torchrun every TCP rendezvous defaults to the elastic agent's store
-    # (TORCHELASTIC_USE_AGENT_STORE=True), so the trainer -- rank 0 and TCPStore master of the
-    # weight-sync group -- would wait as a client on a port nobody serves (timeout, measured on the
-    # local Slurm). The trainer's own process groups exist already; later groups are ours.
-    import os
-
-    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     if cfg.rollout.engine_urls:
         backend = "nccl" if cfg.cluster.device == "cuda" else "gloo"
         servers = [SGLangServer.attach(u, tp_size=cfg.rollout.sglang_tp_size) for u in cfg.rollout.engine_urls]
@@ -370,7 +363,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
             model_path=str(path), host=cfg.rollout.sglang_host, port=cfg.rollout.sglang_port + i,
             tp_size=cfg.rollout.sglang_tp_size, mem_fraction_static=cfg.rollout.sglang_mem_fraction,
             random_seed=int(cfg.seed), fp32_lm_head=cfg.precision.name == "fp32_head",
-            base_gpu_id=cfg.cluster.trainer_devices + i * cfg.rollout.sglang_tp_size,
+            base_gpu_id=(cfg.cluster.trainer_devices or trainer_world_size()) + i * cfg.rollout.sglang_tp_size,
             startup_timeout_s=cfg.rollout.startup_timeout_s,
             dtype="float32" if cfg.precision.params_dtype == "float32" else "bfloat16")
         servers.append(SGLangServer.launch(scfg))
@@ -380,17 +373,55 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
 
 
 def build_engine(cfg: Any, task: Task, trainer: Any):
+    """The generators (controller rank only): SGLang servers or local engine process(es)."""
+    import os
+
+    # Under torchrun every TCP rendezvous defaults to the elastic agent's store
+    # (TORCHELASTIC_USE_AGENT_STORE=True), so the trainer -- rank 0 and TCPStore master of the
+    # weight-sync group -- would wait as a client on a port nobody serves (TCPStore connect
+    # time-outs, measured under torchrun and on the local Slurm). The trainer's own process groups
+    # exist already; the weight-sync groups created from here on are ours.
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     if cfg.rollout.name == "sglang":
         return build_sglang_engine(cfg, task, trainer)
     engines = [build_local_engine(cfg, task, index=i) for i in range(cfg.rollout.num_engines)]
     return engines[0] if len(engines) == 1 else EngineSet(engines)
 
 
+def trainer_world_size() -> int:
+    """Ranks of this trainer job (the launcher's WORLD_SIZE; 1 without a launcher)."""
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def engine_weight_dtype(cfg: Any) -> str:
+    """The dtype the generators hold their weights in, which every weight push is cast to on the
+    training device: SGLang serves `precision.params_dtype` (its `--dtype`); the local engine builds
+    its HF model in FP32."""
+    return str(cfg.precision.params_dtype) if cfg.rollout.name == "sglang" else "float32"
+
+
+def allocation_devices(cfg: Any, *, world_size: int) -> int:
+    """Devices the scaling law's compute counts (`metrics.compute.allocation_devices`): the trainer
+    job's (`cluster.trainer_devices`, 0 = its world size) plus the generators' total
+    (`cluster.generator_devices`, 0 = engines x devices per engine)."""
+    from scalerl_mega.metrics.compute import allocation_devices as count
+
+    per_engine = int(cfg.rollout.sglang_tp_size) if cfg.rollout.name == "sglang" else 1
+    gen = int(cfg.cluster.generator_devices)
+    if gen and cfg.rollout.name == "sglang" and gen != cfg.rollout.num_engines * per_engine:
+        log.warning("cluster.generator_devices=%d (counted) differs from rollout.num_engines x rollout.sglang_tp_size"
+                    " = %d x %d", gen, cfg.rollout.num_engines, per_engine)
+    return count(trainer_devices=int(cfg.cluster.trainer_devices) or world_size, generator_devices=gen,
+                 num_engines=int(cfg.rollout.num_engines), devices_per_engine=per_engine)
+
+
 # ----------------------------------------------------------------------------- all together
 def build_components(cfg: Any, *, task: Task | None = None, trainer: Any = None, engine: Any = None,
                      reward_fn: Any = None):
     """LoopComponents for `loop.run_rl` (pieces passed in are used as given)."""
-    from scalerl_mega.loop import LoopComponents
+    from scalerl_mega.interfaces import LoopComponents
 
     task = task or build_task(cfg)
     trainer = trainer or build_trainer(cfg)
@@ -398,4 +429,5 @@ def build_components(cfg: Any, *, task: Task | None = None, trainer: Any = None,
     return LoopComponents(
         engine=engine, trainer=trainer, reward_fn=reward_fn or build_reward_fn(cfg),
         sampler=build_sampler(cfg, task), val_prompts=list(task.val_prompts), decode=task.decode,
+        weight_dtype=engine_weight_dtype(cfg),
         encode=task.encode, stop_token_ids=list(task.stop_token_ids), interruption_ids=list(task.interruption_ids))

@@ -173,6 +173,11 @@ class RolloutConfig:
     sync_master_address: str = ""
     """Address the servers use to reach the trainer for weight sync when attached; empty:
     127.0.0.1 if every engine URL is on this host, else this host's name."""
+    inflight_hold_tokens: int = 0
+    """Rehearsal/test knob (local engine, PipelineRL only): a request that cannot be trained before
+    the next weight update pauses after this many tokens until that update arrives, so in-flight
+    updates on a stale KV cache happen deterministically instead of depending on relative speeds
+    (`SamplingParams.hold_at`). 0: off (production)."""
 
 
 @dataclass
@@ -184,8 +189,12 @@ class ClusterConfig:
     """cpu | cuda."""
     nodes: int = 1
     devices_per_node: int = 1
-    trainer_devices: int = 1
-    generator_devices: int = 1
+    trainer_devices: int = 0
+    """Devices (ranks) of the trainer job; 0: the launcher's WORLD_SIZE. A value that differs from
+    the launched world size is refused at start-up."""
+    generator_devices: int = 0
+    """All generator devices of the allocation (paper: 64), counted once in the compute C; 0:
+    rollout.num_engines x devices per engine (rollout.sglang_tp_size, or 1 for local engines)."""
     trainer_threads: int = 0
     """torch intra-op threads in the trainer process; 0 keeps torch's default. On a shared CPU
     machine use 1: OpenMP spin-waiting under contention made 2-thread steps 10-40x slower."""
@@ -221,6 +230,10 @@ class TrainLoopConfig:
     """Checkpoint cadence in steps; 0 disables checkpoints."""
     keep_checkpoints: int = 2
     poll_timeout_s: float = 0.05
+    follower_timeout_s: float = 10800.0
+    """Multi-rank trainer jobs: how long the non-controller ranks wait for the controller's next
+    command (it generates, scores and validates in between; a slow validation pass can take an hour
+    at the paper's sizes). A controller that dies is noticed at once, not after this."""
 
 
 @dataclass
@@ -361,6 +374,13 @@ def validate(cfg: Any) -> None:
     _positive("cluster.nodes", cfg.cluster.nodes)
     _positive("cluster.devices_per_node", cfg.cluster.devices_per_node)
     _positive("cluster.trainer_threads", cfg.cluster.trainer_threads, allow_zero=True)
+    _positive("cluster.trainer_devices", cfg.cluster.trainer_devices, allow_zero=True)
+    _positive("cluster.generator_devices", cfg.cluster.generator_devices, allow_zero=True)
+    _positive("train.follower_timeout_s", cfg.train.follower_timeout_s)
+    _positive("rollout.inflight_hold_tokens", cfg.rollout.inflight_hold_tokens, allow_zero=True)
+    if cfg.rollout.inflight_hold_tokens and (cfg.rollout.name != "local" or cfg.off_policy.name != "pipeline_rl"):
+        raise ValueError(f"rollout.inflight_hold_tokens={cfg.rollout.inflight_hold_tokens} needs rollout.name=local "
+                         f"and off_policy.name=pipeline_rl (got {cfg.rollout.name!r}, {cfg.off_policy.name!r})")
 
     eps_low, eps_high = cfg.loss.eps_low, cfg.loss.eps_high
     if eps_high is not None and not eps_high > 0:

@@ -5,7 +5,8 @@ Protocols only: no implementation and no heavy imports here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,10 +40,12 @@ class PolicyTrainer(Protocol):
     """Trains the policy (Megatron-Core on CPU and GPU)."""
 
     def train_step(self, batch: "TrainBatch") -> dict[str, float]:
-        """One optimizer step on `batch`; returns metrics (loss, grad_norm, ...)."""
+        """One optimizer step on `batch` (the global batch; a multi-rank trainer trains each
+        data-parallel shard on its rank); returns the global metrics (loss, grad_norm, ...)."""
 
-    def export_hf_weights(self) -> Iterator[tuple[str, "torch.Tensor"]]:
-        """HF-named full tensors, deterministic order, bounded memory."""
+    def export_hf_weights(self, *, dtype: str | None = None) -> Iterator[tuple[str, "torch.Tensor"]]:
+        """HF-named full tensors on the training device, cast to `dtype` (the generator's, e.g.
+        "bfloat16"; None keeps the training dtype), deterministic order, bounded memory."""
 
     def save(self, path: str, *, extra_state: dict[str, Any] | None = None) -> None: ...
 
@@ -66,3 +69,36 @@ class WeightSender(Protocol):
 @runtime_checkable
 class WeightReceiver(Protocol):
     def receive(self) -> tuple[int, list[tuple[str, "torch.Tensor"]]]: ...
+
+
+@runtime_checkable
+class PromptSampler(Protocol):
+    """The curriculum seam the loop needs (data/curriculum.py implements it)."""
+
+    def next_prompts(self, n: int) -> list["Prompt"]: ...
+
+    def record(self, prompt_id: str, pass_rate: float) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(kw_only=True)
+class LoopComponents:
+    """Everything the RL loop (loop.py) drives; built by build.py from the config on the controller
+    rank (DESIGN.md "Ranks and devices")."""
+
+    engine: RolloutEngine
+    trainer: PolicyTrainer
+    reward_fn: RewardFn | Callable[[list["Prompt"], list[str]], list[tuple[float, bool, str]]]
+    sampler: PromptSampler
+    val_prompts: list["Prompt"]
+    decode: Callable[[list[int]], str]
+    """Token ids -> text for scoring (used when the engine does not fill Completion.text)."""
+    encode: Callable[[str], list[int]]
+    stop_token_ids: list[int]
+    interruption_ids: list[int] = field(default_factory=list)
+    weight_dtype: str | None = None
+    """dtype the generators hold their weights in ("bfloat16", "float32"): exports are cast to it
+    on the training device before they are sent. None keeps the trainer's dtype."""

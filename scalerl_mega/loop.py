@@ -26,15 +26,17 @@ sequence of prompts trained on is the same as in an uninterrupted run.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from scalerl_mega.batch import build_train_batch
+from scalerl_mega.interfaces import LoopComponents
 from scalerl_mega.metrics.alarms import TruncationAlarm
 from scalerl_mega.metrics.compute import ComputeCounter, gpu_utilization
 from scalerl_mega.metrics.progress import progress_line
@@ -43,36 +45,6 @@ from scalerl_mega.metrics.writer import MetricsWriter
 from scalerl_mega.types import Completion, FinishReason, Group, Prompt, SamplingParams, ScoredCompletion
 
 log = logging.getLogger("scalerl_mega.loop")
-
-
-class PromptSampler(Protocol):
-    """The curriculum seam the loop needs (data/curriculum.py implements it)."""
-
-    def next_prompts(self, n: int) -> list[Prompt]: ...
-
-    def record(self, prompt_id: str, pass_rate: float) -> None: ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-@dataclass(kw_only=True)
-class LoopComponents:
-    """Everything the loop drives; built by train.py from the config."""
-
-    engine: Any
-    """RolloutEngine (interfaces.py)."""
-    trainer: Any
-    """PolicyTrainer (interfaces.py)."""
-    reward_fn: Callable[[list[Prompt], list[str]], list[tuple[float, bool, str]]]
-    sampler: PromptSampler
-    val_prompts: list[Prompt]
-    decode: Callable[[list[int]], str]
-    """Token ids -> text for scoring (used when the engine does not fill Completion.text)."""
-    encode: Callable[[str], list[int]]
-    stop_token_ids: list[int]
-    interruption_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -250,7 +222,7 @@ def validate(router: _Router, comps: LoopComponents, cfg: Any, *, version: int, 
 def push_weights(comps: LoopComponents, *, version: int) -> float:
     """Trainer -> engines (HF-named tensors); returns seconds spent."""
     t0 = time.monotonic()
-    comps.engine.update_weights(comps.trainer.export_hf_weights(), version=version)
+    comps.engine.update_weights(comps.trainer.export_hf_weights(dtype=comps.weight_dtype), version=version)
     return time.monotonic() - t0
 
 
@@ -335,6 +307,8 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
     state.weight_version = state.step
     push_weights(comps, version=state.step)
 
+    hold_tokens = int(cfg.rollout.inflight_hold_tokens) if pipeline else 0
+
     def admit(n: int) -> None:
         for _ in range(n):
             prompt = readmit.pop(0) if readmit else comps.sampler.next_prompts(1)[0]
@@ -343,6 +317,11 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
             pend = _Pending(seq=state.admitted, prompt=prompt, version=state.weight_version)
             sp = sampling_params(cfg, comps, rng, seed=cfg.seed * 1_000_003 + state.admitted * 101,
                                  n=router.G)
+            if hold_tokens and len(router.queue) >= B:
+                # trained at step state.step + position // B > the current weight version: it may
+                # wait for the next update mid-generation (rollout.inflight_hold_tokens)
+                for p in sp:
+                    p.hold_at = hold_tokens
             router.submit(pend, sp)
             state.admitted += 1
 
@@ -383,13 +362,13 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
         # 4. batch
         res = build_train_batch(groups, adv_norm=cfg.adv_norm.name, adv_eps=cfg.adv_norm.eps,
                                 aggregation=cfg.aggregation.name, filter_zero_variance=cfg.filter.name == "zero_variance",
-                                micro_batch_tokens=cfg.train.micro_batch_tokens)
+                                micro_batch_tokens=cfg.train.micro_batch_tokens, policy_version=s)
         metrics.update(res.metrics)
         # 5. optimizer step (the engines keep generating meanwhile)
         engine_busy = router.in_flight > 0
         t_train = time.monotonic()
         if res.batch is not None:
-            tm = comps.trainer.train_step(_batch_dict(res.batch, trainer_version=s))
+            tm = comps.trainer.train_step(res.batch)
             metrics.update({f"train/{key}": v for key, v in tm.items()})
             if tm.get("onpolicy_tokens", 0.0) > 0:
                 metrics["train/onpolicy_abs_log_ratio_mean"] = tm["onpolicy_abs_log_ratio_sum"] / tm["onpolicy_tokens"]
@@ -475,22 +454,9 @@ def calibration_fields(cfg: Any, groups: Sequence[Group], *, train_s: float, syn
         "batch/prompt_tokens_mean": sum(prompt_tokens) / max(len(prompt_tokens), 1),
         "sim/batch_samples": cfg.train.prompts_per_step * cfg.train.generations_per_prompt,
         "sim/num_generators": cfg.rollout.num_engines, "sim/gpus_per_generator": cfg.rollout.sglang_tp_size if cfg.rollout.name == "sglang" else 1,
-        "sim/trainer_gpus": cfg.cluster.trainer_devices, "sim/max_concurrency": cfg.rollout.max_batch_size,
+        "sim/trainer_gpus": cfg.cluster.trainer_devices or int(os.environ.get("WORLD_SIZE", "1")), "sim/max_concurrency": cfg.rollout.max_batch_size,
         "sim/mode": cfg.off_policy.name, "sim/k": cfg.off_policy.k,
     }
-
-
-def _batch_dict(batch: Any, *, trainer_version: int) -> dict[str, Any]:
-    """TrainBatch -> the trainer's dict (batch_to_dict) plus the global-batch aggregation weights
-    and the version of the weights the trainer holds (for the on-policy IS check)."""
-    import torch
-
-    from scalerl_mega.trainer.megatron.trainer import batch_to_dict
-
-    data = batch_to_dict(batch)
-    data["token_weights"] = batch.meta["token_weights_BT"]
-    data["trainer_version"] = torch.tensor(int(trainer_version))
-    return data
 
 
 def _validation(cfg, comps, router, state, writer, compute, forecaster, rng) -> None:
@@ -513,94 +479,6 @@ def _as_rng_state(state: Any) -> tuple:
     """random.Random state restored from a (possibly list-converted) checkpoint value."""
     version, internal, gauss = state
     return (version, tuple(internal), gauss)
-
-
-def make_policy_loss_fn(*, loss_type: str, eps_low: float | None, eps_high: float | None,
-                        aggregation: str) -> Callable[[Any, dict], tuple[Any, dict]]:
-    """The trainer's loss_fn (step.py contract): RL micro-batches carry `advantages` and the
-    global-batch `token_weights`, so micro-batch losses sum to the full-batch -J; batches without
-    `advantages` (the SFT warm start) use the next-token cross-entropy.
-
-    Metrics are returned as shares that sum over micro-batches: token-weighted IS ratio and the
-    policy loss; `is_ratio_mean` = sum_t w_t * rho_t. On-policy check: over completions generated
-    entirely by the weights the trainer holds (`trainer_version`; PipelineRL tokens of a newer
-    version on a stale KV cache are excluded), `onpolicy_abs_log_ratio_sum` / `onpolicy_tokens`
-    is the mean |log pi_train - log pi_gen|, ~0 when engine and trainer agree.
-    """
-
-    def loss_fn(logp_BT, mb: dict):
-        if "advantages" not in mb:
-            from scalerl_mega.trainer.megatron.step import next_token_ce_loss
-
-            return next_token_ce_loss(logp_BT, mb)
-        from scalerl_mega.objective.losses import policy_loss
-
-        loss, _ = policy_loss(logp_BT, mb["gen_logp"], mb["advantages"], mb["loss_mask"], mb["prompt_index"],
-                              loss_type=loss_type, aggregation=aggregation, eps_low=eps_low, eps_high=eps_high,
-                              weights=mb["token_weights"])
-        return loss, _policy_metrics(logp_BT, mb, loss)
-
-    return loss_fn
-
-
-def _policy_metrics(logp_BT: Any, mb: dict, loss: Any) -> dict:
-    """Micro-batch shares of the loop's IS metrics (see `make_policy_loss_fn`)."""
-    import torch
-
-    with torch.no_grad():
-        m = mb["loss_mask"] > 0
-        log_ratio = torch.where(m, logp_BT.detach() - mb["gen_logp"].to(logp_BT.dtype), torch.zeros_like(logp_BT))
-        wd = mb["token_weights"].to(logp_BT.dtype)
-        metrics = {"loss": loss.detach(), "is_ratio_mean": (wd * log_ratio.exp() * m).sum(),
-                   "abs_log_ratio_mean": (wd * log_ratio.abs()).sum()}
-        if "trainer_version" in mb and "weight_version" in mb:
-            whole_B = ((mb["weight_version"] == mb["trainer_version"]) | ~m).all(1)
-            sel = whole_B[:, None] & m
-            metrics["onpolicy_tokens"] = sel.sum().to(logp_BT.dtype)
-            metrics["onpolicy_abs_log_ratio_sum"] = (log_ratio.abs() * sel).sum()
-    return metrics
-
-
-def make_cispo_head_loss_fn(*, eps_low: float | None, eps_high: float | None) -> Callable[[Any, dict], tuple[Any, dict]]:
-    """The trainer's fused `head_loss_fn` (step.py `LMHead` contract) for CISPO with the FP32 head:
-    RL micro-batches go through `objective.fused_logprob.cispo_from_hidden` (paper Sec. 3.2 Eq. (cispo)
-    and "FP32 Precision for LLM logits") on their trained tokens only, with the global-batch
-    `token_weights`, vocab-parallel over the TP group, never forming [N, V] logits; SFT batches (no
-    `advantages`) use next-token cross-entropy on `LMHead.logprobs`. Same loss and metrics as
-    `make_policy_loss_fn(loss_type="cispo", ...)`. The metrics' per-token log-probs are a no-grad
-    `chunked_logprob` pass (cispo_from_hidden does not return them).
-    """
-    from scalerl_mega.objective.losses import DEFAULT_EPS
-
-    d_low, d_high = DEFAULT_EPS["cispo"]
-    eps_low = d_low if eps_low is None else eps_low
-    eps_high = d_high if eps_high is None else eps_high
-
-    def head_loss_fn(head: Any, mb: dict):
-        import torch
-
-        from scalerl_mega.objective.fused_logprob import cispo_from_hidden
-        from scalerl_mega.trainer.megatron.step import next_token_ce_loss
-
-        mask_BT = mb["loss_mask"] > 0
-        if "advantages" not in mb:
-            return next_token_ce_loss(head.logprobs(mb["targets"], mask_BT=mask_BT), mb)
-        if not bool(mask_BT.any()):
-            loss = head.zero_loss()
-            return loss, _policy_metrics(torch.zeros(mask_BT.shape, device=loss.device), mb, loss)
-        B, T, H = head.hidden_BTH.shape
-        sel = mask_BT.reshape(-1)
-        adv_BT = mb["advantages"].float()[:, None].expand(B, T)
-        loss, _ = cispo_from_hidden(
-            head.hidden_BTH.reshape(B * T, H)[sel], head.weight_VH, mb["targets"].reshape(-1)[sel],
-            mb["gen_logp"].reshape(-1)[sel], adv_BT.reshape(-1)[sel], mb["token_weights"].reshape(-1)[sel],
-            eps_high=eps_high, eps_low=eps_low, group=head.group, vocab_start=head.vocab_start,
-            reduce_grad_hidden=False)
-        with torch.no_grad():
-            logp_BT = head.logprobs(mb["targets"], mask_BT=mask_BT)
-        return loss, _policy_metrics(logp_BT, mb, loss)
-
-    return head_loss_fn
 
 
 def prompts_from_state(state: dict[str, Any]) -> Iterator[Prompt]:  # pragma: no cover - convenience

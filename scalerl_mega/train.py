@@ -55,15 +55,23 @@ class AutoBudgetForecaster:
 
 def run_job(config: Any) -> dict[str, Any]:
     """Build the components, SFT warm start (fresh runs only), RL (resuming if a checkpoint exists),
-    then report.md + scaling.png in `output_dir`. Returns a summary dict."""
+    then report.md + scaling.png in `output_dir`. Returns a summary dict.
+
+    Under a multi-rank launch (torchrun / srun: WORLD_SIZE > 1) every rank builds its shard of the
+    trainer and takes the warm start in lock step; then global rank 0 (the controller) alone builds
+    the engines, rewards, curriculum and metrics and runs the loop, while the other ranks serve its
+    trainer calls (`trainer.ranks`, DESIGN.md "Ranks and devices"). Followers return a short summary
+    and write nothing.
+    """
     import json
     import time
 
-    from scalerl_mega import build, sft
-    from scalerl_mega.data.tasks.arith import sft_token_ids
+    from scalerl_mega import build
     from scalerl_mega.loop import latest_checkpoint, run_rl
     from scalerl_mega.metrics.compute import ComputeCounter
     from scalerl_mega.report import write_report
+    from scalerl_mega.trainer.megatron.parallel import world_size_from_env
+    from scalerl_mega.trainer.ranks import ControlChannel, ControllerTrainer, serve
 
     import logging
 
@@ -72,43 +80,50 @@ def run_job(config: Any) -> dict[str, Any]:
         import torch
 
         torch.set_num_threads(config.cluster.trainer_threads)
+    world = world_size_from_env()
+    if config.cluster.trainer_devices and config.cluster.trainer_devices != world:
+        raise ValueError(f"cluster.trainer_devices={config.cluster.trainer_devices} but this trainer job has "
+                         f"WORLD_SIZE={world} ranks (set cluster.trainer_devices={world}, or 0 to take it "
+                         "from the launcher)")
     t_start = time.monotonic()
     out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     task = build.build_task(config)
     trainer = build.build_trainer(config)
+    channel = ControlChannel(timeout_s=config.train.follower_timeout_s) if world > 1 else None
+    controller = channel is None or channel.is_controller
+    if controller:
+        out.mkdir(parents=True, exist_ok=True)
     engine = reward_fn = None
     summary: dict[str, Any] = {"output_dir": str(out)}
     try:
         resumed = latest_checkpoint(config) is not None
+        if channel is not None:  # the controller's view of the run directory decides for every rank
+            resumed = channel.share(resumed)
         if config.init_from_hf and not resumed:
             build.init_trainer_from_hf(trainer, config)
         t0 = time.monotonic()
         if config.sft.steps and not resumed:
-            examples = [sft_token_ids(task.tokenizer, p) for p in task.train_prompts]
-            with open(out / "sft.jsonl", "w", buffering=1) as f:
-                def log_sft(step: int, m: dict) -> None:
-                    f.write(json.dumps({"step": step, **m}) + "\n")
-                    if step % max(config.sft.eval_every, 1) == 0 or step == config.sft.steps:
-                        print(f"sft step {step}/{config.sft.steps}: loss {m['loss']:.4f}", flush=True)
-
-                sft.warm_start(trainer, examples, steps=config.sft.steps, batch_size=config.sft.batch_size,
-                               lr=config.sft.lr, warmup_steps=config.sft.warmup_steps, seed=int(config.seed),
-                               on_step=log_sft)
+            _warm_start(config, task, trainer, out=out if controller else None)
         summary["sft_s"] = time.monotonic() - t0
+        if not controller:
+            steps = serve(trainer, channel)
+            return {"rank": channel.rank, "steps": steps, "sft_s": summary["sft_s"]}
+        handle = ControllerTrainer(trainer, channel) if channel is not None else trainer
         t0 = time.monotonic()
-        engine = build.build_engine(config, task, trainer)
+        engine = build.build_engine(config, task, handle)
         reward_fn = build.build_reward_fn(config)
-        comps = build.build_components(config, task=task, trainer=trainer, engine=engine, reward_fn=reward_fn)
+        comps = build.build_components(config, task=task, trainer=handle, engine=engine, reward_fn=reward_fn)
         summary["engine_start_s"] = time.monotonic() - t0
-        devices = config.cluster.trainer_devices + config.cluster.generator_devices * config.rollout.num_engines
-        compute = ComputeCounter(devices=devices, on_gpu=config.cluster.device == "cuda")
+        compute = ComputeCounter(devices=build.allocation_devices(config, world_size=world),
+                                 on_gpu=config.cluster.device == "cuda")
         forecaster = AutoBudgetForecaster(config.forecast) if config.forecast.enabled else None
         t0 = time.monotonic()
         state = run_rl(config, comps, compute=compute, forecaster=forecaster)
         summary["rl_s"] = time.monotonic() - t0
         summary["steps"] = state.step
         summary["val_points"] = [list(p) for p in state.val_points]
+        if channel is not None:
+            handle.stop_followers()
     finally:
         for thing in (engine, reward_fn):
             if thing is not None:
@@ -122,14 +137,39 @@ def run_job(config: Any) -> dict[str, Any]:
         "wall time (this launch, setup excluded)": f"{summary['wall_s']:.0f} s",
         "SFT warm start": f"{summary['sft_s']:.0f} s ({config.sft.steps if not resumed else 0} steps)",
         "RL": f"{summary['rl_s']:.0f} s ({state.step} steps)",
+        "trainer ranks": str(world),
     })
     summary["report"] = str(report)
+    summary["trainer_ranks"] = world
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"report: {report}", flush=True)
     if "first_val_pass_rate" in summary:
         print(f"validation pass rate: first {summary['first_val_pass_rate']:.3f} -> last "
               f"{summary['last_val_pass_rate']:.3f}; wall {summary['wall_s']:.0f} s", flush=True)
     return summary
+
+
+def _warm_start(config: Any, task: Any, trainer: Any, *, out: Path | None) -> None:
+    """SFT warm start on every rank in lock step (identical batches: same examples, same seed); only
+    the controller (`out` given) logs to sft.jsonl and the console."""
+    import json
+
+    from scalerl_mega import sft
+    from scalerl_mega.data.tasks.arith import sft_token_ids
+
+    examples = [sft_token_ids(task.tokenizer, p) for p in task.train_prompts]
+    kwargs = dict(steps=config.sft.steps, batch_size=config.sft.batch_size, lr=config.sft.lr,
+                  warmup_steps=config.sft.warmup_steps, seed=int(config.seed))
+    if out is None:
+        sft.warm_start(trainer, examples, **kwargs)
+        return
+    with open(out / "sft.jsonl", "w", buffering=1) as f:
+        def log_sft(step: int, m: dict) -> None:
+            f.write(json.dumps({"step": step, **m}) + "\n")
+            if step % max(config.sft.eval_every, 1) == 0 or step == config.sft.steps:
+                print(f"sft step {step}/{config.sft.steps}: loss {m['loss']:.4f}", flush=True)
+
+        sft.warm_start(trainer, examples, on_step=log_sft, **kwargs)
 
 
 def main() -> None:

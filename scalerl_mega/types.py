@@ -67,6 +67,12 @@ class SamplingParams:
     """Token ids of the end-of-thinking phrase injected at `interruption_at`."""
     answer_budget: int = 0
     """Tokens the model may still generate after an interruption (the solution budget)."""
+    hold_at: int | None = None
+    """Rehearsal knob (`rollout.inflight_hold_tokens`, local engine only): once this request has
+    generated `hold_at` tokens, the engine stops decoding while nothing else needs progress and the
+    engine's weights are still those the request was submitted under, i.e. until the next weight
+    update arrives. The loop sets it only on requests that cannot be trained before that update
+    (PipelineRL), so a completion deterministically spans two weight versions. None: never held."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -135,10 +141,11 @@ class Group:
 
 @dataclass(kw_only=True, slots=True)
 class TrainBatch:
-    """A packed training batch: B sequences of T tokens (prompt + output, right-padded).
+    """A packed training batch: B sequences of T tokens (prompt + output, right-padded), the trainer
+    seam's input (`interfaces.PolicyTrainer.train_step`).
 
-    The loss reads only output positions (`loss_mask` = 1). Tensors are on CPU until the trainer
-    moves them.
+    The loss reads only output positions (`loss_mask` = 1). Tensors are on CPU when the batch is
+    built (controller rank); the trainer moves each micro-batch to its device.
     """
 
     input_ids_BT: "torch.Tensor"
@@ -155,6 +162,23 @@ class TrainBatch:
     """[B] float32 advantages (already normalized)."""
     prompt_index_B: "torch.Tensor"
     """[B] int64 group (prompt) index of each sequence, 0..P-1."""
+    token_weights_BT: "torch.Tensor"
+    """[B, T] float32 loss-aggregation weights computed on the whole batch
+    (`objective.losses.token_weights`: prompt / sample / token average), so that the losses of any
+    split into micro-batches and data-parallel shards sum to the full-batch loss."""
     weight_version_BT: "torch.Tensor | None" = None
-    """[B, T] int64 weight version per target token (for staleness metrics)."""
-    meta: dict[str, Any] = field(default_factory=dict)
+    """[B, T] int64 weight version per target token (for staleness metrics and the on-policy check)."""
+    policy_version: int | None = None
+    """Weight version of the policy being trained (the loop's step): completions generated entirely
+    by it are on-policy, where trainer and generator log-probs must agree."""
+    micro_batches: list[list[int]] = field(default_factory=list)
+    """Row indices of each packed micro-batch (`batch.pack_micro_batches`: length-sorted, padded
+    size within the token budget)."""
+    lengths_B: list[int] = field(default_factory=list)
+    """Unpadded length (prompt + output) of each row."""
+    prompt_ids: list[str] = field(default_factory=list)
+    """Prompt id of each group index 0..P-1."""
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids_BT.shape[0])

@@ -13,6 +13,21 @@ from collections.abc import Callable
 from typing import Any
 
 
+def allocation_devices(*, trainer_devices: int, generator_devices: int, num_engines: int,
+                       devices_per_engine: int) -> int:
+    """Devices of the whole allocation, each counted once (paper App. A.3: 16 trainer + 64 generator
+    GPUs = 80): the trainer job's devices plus the generators' total, which is `generator_devices`
+    when given (> 0: the allocation's generator devices, however they are split into engines), else
+    `num_engines` x `devices_per_engine` (an SGLang server's TP size; 1 for a local engine)."""
+    for key, value in (("trainer_devices", trainer_devices), ("num_engines", num_engines),
+                       ("devices_per_engine", devices_per_engine)):
+        if value < 1:
+            raise ValueError(f"allocation_devices: {key}={value} must be >= 1")
+    if generator_devices < 0:
+        raise ValueError(f"allocation_devices: generator_devices={generator_devices} must be >= 0")
+    return trainer_devices + (generator_devices or num_engines * devices_per_engine)
+
+
 class ComputeCounter:
     """Accumulates wall-clock hours x devices; survives restarts through `state_dict`."""
 

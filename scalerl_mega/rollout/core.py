@@ -177,10 +177,26 @@ class GenerationCore:
     def has_work(self) -> bool:
         return bool(self.rows or self.waiting)
 
-    def step(self) -> list[Completion]:
-        """Decode one token for all running requests, then admit waiting ones. Returns finished."""
-        done: list[Completion] = []
+    def _holdable(self, r: _Row) -> bool:
+        """The request may wait for a newer weight version (`SamplingParams.hold_at`)."""
+        return r.req.sampling.hold_at is not None and self.version <= r.req.submitted_version
+
+    def can_progress(self) -> bool:
+        """There is work, and it is not all waiting for a weight update: decoding stops when every
+        running and waiting request is holdable and some running one reached its `hold_at` (so the
+        next update lands mid-generation, deterministically); a request without `hold_at`, or one
+        whose weights were already updated, always keeps the engine decoding."""
         if not self.has_work():
+            return False
+        if not all(self._holdable(r) for r in self.rows) or not all(self._holdable(r) for r in self.waiting):
+            return True
+        return not any(len(r.output_ids) >= r.req.sampling.hold_at for r in self.rows)
+
+    def step(self) -> list[Completion]:
+        """Decode one token for all running requests, then admit waiting ones. Returns finished.
+        Does nothing while `can_progress()` is False (held for a weight update)."""
+        done: list[Completion] = []
+        if not self.can_progress():
             return done
         st = self._stats
         t0 = time.perf_counter()
@@ -208,7 +224,7 @@ class GenerationCore:
     def run_until_done(self) -> list[Completion]:
         """Step until nothing is running or waiting (tests, benchmarks, health checks)."""
         out: list[Completion] = []
-        while self.has_work():
+        while self.can_progress():
             out += self.step()
         return out
 

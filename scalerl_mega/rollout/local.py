@@ -205,7 +205,7 @@ class _EngineLoop:
         self.out_q.put(("ready", {"vocab_size": self.core.vocab_size}))
         while not self.closing:
             self.watch.check()
-            idle = self.paused or not self.core.has_work()
+            idle = self.paused or not self.core.can_progress()
             try:
                 msg = self.cmd_q.get(timeout=0.2) if idle else self.cmd_q.get_nowait()
             except queue.Empty:
@@ -216,7 +216,7 @@ class _EngineLoop:
                     msg = self.cmd_q.get_nowait()
                 except queue.Empty:
                     msg = None
-            if not self.closing and not self.paused and self.core.has_work():
+            if not self.closing and not self.paused and self.core.can_progress():
                 done = self.core.step()
                 if done:
                     self.out_q.put(("done", done))

@@ -21,7 +21,9 @@ import torch
 # plain-torch variant stays as a slow, faster-to-debug cross-check.
 pytestmark = pytest.mark.slow
 
-from scalerl_mega.loop import LoopComponents, make_policy_loss_fn, run_rl
+from scalerl_mega.interfaces import LoopComponents
+from scalerl_mega.loop import run_rl
+from scalerl_mega.trainer.policy_loss import batch_tensors, make_policy_loss_fn
 from scalerl_mega.metrics.compute import ComputeCounter
 from scalerl_mega.types import Prompt
 
@@ -50,7 +52,9 @@ class TorchPolicy:
         logits = self.model(input_ids=mb["input_ids"], position_ids=mb["position_ids"]).logits.float()
         return torch.log_softmax(logits, -1).gather(-1, mb["targets"][..., None])[..., 0]
 
-    def train_step(self, batch: dict) -> dict[str, float]:
+    def train_step(self, train_batch) -> dict[str, float]:
+        batch = batch_tensors(train_batch)
+        batch["global_tokens"] = batch["loss_mask"].sum().clamp_min(1.0)
         logp = self._logp(batch)
         with torch.no_grad():
             # Completions generated entirely by the weights held now (KV cache included): the IS ratio
@@ -68,7 +72,7 @@ class TorchPolicy:
         self.version += 1
         return {k: float(v) for k, v in metrics.items()}
 
-    def export_hf_weights(self):
+    def export_hf_weights(self, *, dtype=None):
         for name, p in self.model.named_parameters():
             yield name, p.detach().clone()
 

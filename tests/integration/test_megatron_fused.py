@@ -2,9 +2,9 @@
 
 One 2-process launch (this file doubles as the worker) runs, for each layout (TP1 with dp=2, TP2,
 TP2 + sequence parallel), from the same initial weights and the same global RL batch:
-  A. logits path: full logits -> `loop.make_policy_loss_fn(loss_type="cispo")` (objective.losses),
+  A. logits path: full logits -> `trainer.policy_loss.make_policy_loss_fn(loss_type="cispo")` (objective.losses),
      one micro-batch per rank;
-  B. fused path: `loop.make_cispo_head_loss_fn` on the hidden states (cispo_from_hidden), same split;
+  B. fused path: `trainer.policy_loss.make_cispo_head_loss_fn` on the hidden states (cispo_from_hidden), same split;
   C. fused path with micro-batches by token budget (one row per micro-batch);
   D/E. an SFT batch (no advantages) through the logits and the fused head.
 and records loss, grad norm, the parameter update of one AdamW step and the IS metrics. The test
@@ -110,7 +110,7 @@ def _worker(out: Path) -> None:
     import torch.distributed as dist
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from scalerl_mega.loop import make_cispo_head_loss_fn, make_policy_loss_fn
+    from scalerl_mega.trainer.policy_loss import make_cispo_head_loss_fn, make_policy_loss_fn
     from scalerl_mega.trainer.megatron import models, parallel as par, step
     from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
 

@@ -47,7 +47,7 @@ def test_layout_filter_and_weights_hand_worked():
     b = res.batch
     assert res.kept_groups == [0, 2]
     assert res.metrics["filter/dropped_all_passed"] == 1
-    assert b.meta["prompt_ids"] == ["a", "c"]
+    assert b.prompt_ids == ["a", "c"]
     assert b.prompt_index_B.tolist() == [0, 0, 1, 1, 1]
     assert b.input_ids_BT.tolist() == [
         [5, 6, 7, 8, 9], [5, 6, 10, 0, 0], [3, 4, 11, 12, 0], [3, 13, 14, 0, 0], [3, 15, 0, 0, 0]]
@@ -62,7 +62,7 @@ def test_layout_filter_and_weights_hand_worked():
         [-1, 0, 0, 1, -1], [-1, 1, -1, -1, -1], [1, 1, 2, -1, -1], [2, 2, -1, -1, -1], [2, -1, -1, -1, -1]]
     assert b.position_ids_BT.tolist() == [list(range(5))] * 5
     # Prompt aggregation: prompt a has 4 trained tokens, prompt c has 5; 2 prompts.
-    w = b.meta["token_weights_BT"]
+    w = b.token_weights_BT
     expect_w = b.loss_mask_BT * torch.tensor([1 / 8, 1 / 8, 1 / 10, 1 / 10, 1 / 10])[:, None]
     assert torch.allclose(w, expect_w)
     assert float(w.sum()) == pytest.approx(1.0)
@@ -89,9 +89,9 @@ def test_no_filter_keeps_zero_variance_prompt_in_denominators():
     assert b.advantages_B[2:4].tolist() == [0.0, 0.0]  # prompt b: all rewards equal
     # Sample aggregation: 7 samples, w = 1 / (7 * |y_i|).
     lens = [3, 1, 1, 1, 2, 2, 1]
-    row_w = b.meta["token_weights_BT"].sum(1)
+    row_w = b.token_weights_BT.sum(1)
     assert torch.allclose(row_w, torch.full((7,), 1 / 7))
-    first = b.meta["token_weights_BT"][0]
+    first = b.token_weights_BT[0]
     assert torch.allclose(first[first > 0], torch.full((lens[0],), 1 / (7 * 3)))
 
 
@@ -105,7 +105,7 @@ def test_pack_micro_batches_hand_worked():
     assert pack_micro_batches([5, 3, 4, 3, 2], max_tokens=8) == [[0], [2, 1], [3, 4]]
     assert pack_micro_batches([9, 1], max_tokens=8) == [[0], [1]]  # an oversize row stands alone
     res = _build(_groups())
-    assert res.batch.meta["micro_batches"] == [[0], [2, 1], [3, 4]]
+    assert res.batch.micro_batches == [[0], [2, 1], [3, 4]]
     assert res.metrics["padding_fraction"] == pytest.approx(1 - 17 / 19)
     with pytest.raises(ValueError, match="max_tokens"):
         pack_micro_batches([1], max_tokens=0)

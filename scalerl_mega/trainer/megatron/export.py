@@ -7,6 +7,13 @@ experts over the expert-parallel group); the group is then converted to HF names
 yielded by one rank per stage only (tensor-parallel rank 0, data-parallel rank 0), and dropped
 before the next group, so at most one group (e.g. one layer's fused expert tensor) is resident.
 Ranks that do not emit must still exhaust the iterator (the gathers are collective).
+
+Tensors stay on the training device (no host copy: NCCL sends device tensors) and are cast to the
+generator's dtype (``dtype``, e.g. bf16) once gathered. ``export_to_rank0`` is the weight push of a
+multi-rank job: global rank 0 (the controller, the only rank in the weight-sync group) yields its own
+stage's tensors, then receives every later pipeline stage's from that stage's emitting rank by
+point-to-point send/recv over the default group, one tensor at a time (a header object, then the
+tensor), so the push is one stream from one sender: one weight-update session per push.
 """
 
 from __future__ import annotations
@@ -34,11 +41,17 @@ def is_emitting_rank() -> bool:
     return ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0
 
 
-def export_hf_weights(model, model_cfg) -> Iterator[tuple[str, torch.Tensor]]:
+def _owned(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """A private copy of a gathered tensor on its device, in ``dtype`` if given."""
+    return t.detach().to(dtype=dtype or t.dtype, copy=True)
+
+
+def export_hf_weights(model, model_cfg, *, dtype: torch.dtype | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, full_tensor)`` for this pipeline stage on its emitting rank (see module doc).
 
     ``model``: a GPTModel, DDP-wrapped model or list of chunks; ``model_cfg``: the trainer
-    ``ModelConfig`` (or a ``convert.dims.ArchDims``).
+    ``ModelConfig`` (or a ``convert.dims.ArchDims``); ``dtype``: cast of the yielded tensors (None
+    keeps the parameters' dtype).
     """
     from megatron.core import parallel_state as ps
 
@@ -47,6 +60,7 @@ def export_hf_weights(model, model_cfg) -> Iterator[tuple[str, torch.Tensor]]:
     from scalerl_mega.convert.model_config import dims_from_model_config
 
     dims = dims_from_model_config(model_cfg)
+    dtype = _as_dtype(dtype)
     emit = is_emitting_rank()
     tp_group = ps.get_tensor_model_parallel_group()
     etp_group = ps.get_expert_tensor_parallel_group() if dims.num_experts else None
@@ -67,7 +81,7 @@ def export_hf_weights(model, model_cfg) -> Iterator[tuple[str, torch.Tensor]]:
                 if name in experts:
                     continue
                 shards = _all_gather(params[name].data, tp_group) if sharding.tp_kind(name) != sharding.REPLICATED else [params[name].data]
-                full[name] = sharding.tp_merge(name, shards).detach().cpu().clone()
+                full[name] = _owned(sharding.tp_merge(name, shards), dtype)
             if experts:
                 # every EP rank holds E/ep consecutive experts; gather local expert j from all of them
                 local = {sharding.expert_index(n): n for n in experts if n in params}
@@ -78,7 +92,61 @@ def export_hf_weights(model, model_cfg) -> Iterator[tuple[str, torch.Tensor]]:
                     merged = sharding.tp_merge(mine, _all_gather(params[mine].data, etp_group))
                     for r, t in enumerate(_all_gather(merged, ep_group)):
                         e = r * n_local + j
-                        full[mine.rsplit("weight", 1)[0] + f"weight{e}"] = t.detach().cpu().clone()
+                        full[mine.rsplit("weight", 1)[0] + f"weight{e}"] = _owned(t, dtype)
             if emit:
                 yield from tables.mcore_to_hf(group, [full[n] for n in group.mcore], dims=dims, padded_vocab=dims.vocab_size)
             del full
+
+
+def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    from scalerl_mega.rollout.weight_sync import dtype_from_name
+
+    return dtype_from_name(str(dtype))
+
+
+def export_to_rank0(model, model_cfg, *, dtype: torch.dtype | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """The whole model's HF tensors on global rank 0 (see module doc); every rank must exhaust it.
+
+    Rank 0 yields its stage's groups, then stage 1's, 2's, ... as relayed by their emitting ranks
+    (tensor-, data- and context-parallel rank 0 of the stage: the members of rank 0's pipeline group).
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    local = export_hf_weights(model, model_cfg, dtype=dtype)
+    pp = ps.get_pipeline_model_parallel_world_size()
+    if pp == 1 or not dist.is_initialized():
+        yield from local
+        return
+    rank = dist.get_rank()
+    if rank == 0:
+        yield from local
+        stage_ranks = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group())
+        device = _p2p_device()
+        for src in stage_ranks[1:]:
+            while True:
+                header = [None]
+                dist.recv_object_list(header, src=src, device=device)
+                if header[0] is None:
+                    break
+                name, shape, dtype_name = header[0]
+                t = torch.empty(shape, dtype=_as_dtype(dtype_name), device=device)
+                dist.recv(t, src=src)
+                yield name, t
+        return
+    if not is_emitting_rank():
+        for _ in local:  # collective gathers inside this stage
+            pass
+        return
+    device = _p2p_device()
+    for name, t in local:  # a later stage's emitting rank: relay to rank 0
+        dist.send_object_list([(name, tuple(t.shape), str(t.dtype).replace("torch.", ""))], dst=0, device=device)
+        dist.send(t.contiguous(), dst=0)
+    dist.send_object_list([None], dst=0, device=device)
+
+
+def _p2p_device() -> torch.device:
+    """Where the default group's point-to-point objects live: the current CUDA device under NCCL."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

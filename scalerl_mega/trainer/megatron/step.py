@@ -29,6 +29,7 @@ from functools import partial
 from typing import Any, Callable, Iterator
 
 from scalerl_mega.trainer.megatron.config import OptimConfig, ParallelConfig
+from scalerl_mega.trainer.policy_loss import next_token_ce_loss
 
 LossFn = Callable[[Any, dict], tuple[Any, dict]]
 
@@ -90,13 +91,6 @@ def token_logprobs(logits_BTV, targets_BT):
 
     logits = logits_BTV.to(torch.float32, copy=True)
     return -tensor_parallel.vocab_parallel_cross_entropy(logits, targets_BT)
-
-
-def next_token_ce_loss(logp_BT, mb: dict) -> tuple[Any, dict]:
-    """Masked next-token cross-entropy, normalised by the global number of trained tokens."""
-    mask = mb["loss_mask"].float()
-    loss = -(logp_BT * mask).sum() / mb["global_tokens"]
-    return loss, {"loss": loss.detach()}
 
 
 # ----------------------------------------------------------------------------- setup
@@ -269,7 +263,8 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
     fused = head_loss_fn is not None and not collect_logprobs
 
     def _metrics(metrics: dict) -> dict:
-        return {k: (v.detach().float() if torch.is_tensor(v) else torch.tensor(float(v))) for k, v in metrics.items()}
+        return {k: (v.detach().float() if torch.is_tensor(v) else torch.tensor(float(v), device=device))
+                for k, v in metrics.items()}
 
     def loss_func(mb, output):
         logp = token_logprobs(output, mb["targets"])
@@ -303,10 +298,13 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
         micro_batch_size=int(mbs[0]["input_ids"].shape[0]),
         forward_only=forward_only,
     )
-    return _reduce_metrics(store, collect_logprobs=collect_logprobs)
+    return _reduce_metrics(store, collect_logprobs=collect_logprobs, device=device)
 
 
-def _reduce_metrics(store: list, *, collect_logprobs: bool) -> dict:
+def _reduce_metrics(store: list, *, collect_logprobs: bool, device) -> dict:
+    """Sum the micro-batch metric shares on the last stage, all-reduce them over DP and broadcast
+    them over the pipeline group, so every rank returns the same global values. The reduced tensor
+    lives on the model's device (NCCL groups take only CUDA tensors; gloo takes CPU ones)."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
@@ -324,10 +322,10 @@ def _reduce_metrics(store: list, *, collect_logprobs: bool) -> dict:
         dist.broadcast_object_list(holder, src=ps.get_pipeline_model_parallel_last_rank(),
                                    group=ps.get_pipeline_model_parallel_group())
     keys = holder[0]
-    values = torch.zeros(len(keys), dtype=torch.float64)
+    values = torch.zeros(len(keys), dtype=torch.float64, device=device)
     if last and keys:
         for m in store:
-            values += torch.stack([m[k].double().sum().cpu() for k in keys])
+            values += torch.stack([m[k].to(device=device, dtype=torch.float64).sum() for k in keys])
         if ps.get_data_parallel_world_size() > 1:
             dist.all_reduce(values, group=ps.get_data_parallel_group())
     if ps.get_pipeline_model_parallel_world_size() > 1:

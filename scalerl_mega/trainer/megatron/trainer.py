@@ -6,16 +6,7 @@ from typing import Any, Iterator, Optional
 
 from scalerl_mega.trainer.megatron.config import MegatronConfig
 from scalerl_mega.trainer.megatron.step import HeadLossFn, LossFn, next_token_ce_loss
-
-
-def batch_to_dict(batch) -> dict:
-    """TrainBatch -> the dict of tensors the step consumes (targets/loss_mask/... keep their names)."""
-    out = {"input_ids": batch.input_ids_BT, "position_ids": batch.position_ids_BT,
-           "targets": batch.targets_BT, "loss_mask": batch.loss_mask_BT, "gen_logp": batch.gen_logp_BT,
-           "advantages": batch.advantages_B, "prompt_index": batch.prompt_index_B}
-    if batch.weight_version_BT is not None:
-        out["weight_version"] = batch.weight_version_BT
-    return out
+from scalerl_mega.trainer.policy_loss import batch_tensors, pad_rows
 
 
 class MegatronPolicyTrainer:
@@ -48,10 +39,21 @@ class MegatronPolicyTrainer:
         self.optimizer = step.build_optimizer(self.chunks, cfg.optim)
         self.step = 0
 
+    def _data(self, batch) -> dict:
+        """A TrainBatch (or an SFT batch dict) as the step's dict, padded with rows that train nothing
+        so every data-parallel rank takes an equal contiguous share (the deterministic DP split)."""
+        from megatron.core import parallel_state as ps
+
+        data = batch if isinstance(batch, dict) else batch_tensors(batch)
+        per_rank = 1 if self.micro_batch_tokens is not None else self.cfg.parallel.micro_batch_size
+        return pad_rows(data, multiple=ps.get_data_parallel_world_size() * per_rank)
+
     def train_step(self, batch) -> dict[str, float]:
+        """One optimizer step on the global batch (identical on every rank; each trains its DP rows).
+        Returns the global metrics (summed over micro-batches and DP ranks), the same on every rank."""
         from scalerl_mega.trainer.megatron import step
 
-        data = batch if isinstance(batch, dict) else batch_to_dict(batch)
+        data = self._data(batch)
         metrics = step.train_step(self.chunks, self.optimizer, data, step=self.step, optim=self.cfg.optim,
                                   parallel=self.cfg.parallel, loss_fn=self.loss_fn,
                                   head_loss_fn=self.head_loss_fn, micro_batch_tokens=self.micro_batch_tokens)
@@ -63,7 +65,7 @@ class MegatronPolicyTrainer:
         """FP32 log-probs of the batch targets (this DP rank's rows, last pipeline stage)."""
         from scalerl_mega.trainer.megatron import step
 
-        data = batch if isinstance(batch, dict) else batch_to_dict(batch)
+        data = self._data(batch)
         for chunk in self.chunks:
             chunk.eval()
         try:
@@ -73,10 +75,14 @@ class MegatronPolicyTrainer:
             for chunk in self.chunks:
                 chunk.train()
 
-    def export_hf_weights(self) -> Iterator[tuple[str, Any]]:
-        from scalerl_mega.trainer.megatron import export  # written separately; imported lazily
+    def export_hf_weights(self, *, dtype: str | None = None) -> Iterator[tuple[str, Any]]:
+        """HF-named full tensors of the whole model, on the training device, cast to `dtype` (a torch
+        dtype name such as "bfloat16": the generator's), yielded on global rank 0; every rank must
+        exhaust the iterator (TP/EP gathers inside each pipeline stage, later stages relayed to rank 0;
+        `export.export_to_rank0`)."""
+        from scalerl_mega.trainer.megatron import export
 
-        return export.export_hf_weights(self.chunks, self.cfg.model)
+        return export.export_to_rank0(self.chunks, self.cfg.model, dtype=dtype)
 
     def reset_optimizer(self) -> None:
         """Fresh optimizer state and step counter (e.g. after an SFT warm start, before RL)."""

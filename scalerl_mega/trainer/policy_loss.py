@@ -1,0 +1,160 @@
+"""Trainer-side RL losses: a `TrainBatch` becomes the trainer's per-micro-batch loss functions.
+
+The loop hands the trainer a typed `TrainBatch` (interfaces.PolicyTrainer); trainers slice it with
+`batch_tensors` into row-wise tensors and call one of the loss functions built here on each
+micro-batch:
+
+- `make_policy_loss_fn`: `loss_fn(logp_BT, mb) -> (loss, metrics)` on FP32 log-probs from full
+  logits (objective.losses: CISPO / DAPO / GRPO / GSPO, paper Sec. 3.2), or next-token
+  cross-entropy for SFT batches (no `advantages`);
+- `make_cispo_head_loss_fn`: the fused FP32-head CISPO (`objective.fused_logprob.cispo_from_hidden`,
+  paper Sec. 3.2 Eq. (cispo) and "FP32 Precision for LLM logits") on the last hidden states, without
+  [N, V] logits.
+
+Losses and metrics of a micro-batch are its *shares* of the global-batch quantities (the batch's
+`token_weights_BT` are computed on the whole batch), so sums over micro-batches and data-parallel
+ranks are exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+LossFn = Callable[[Any, dict], tuple[Any, dict]]
+
+
+def batch_tensors(batch: Any) -> dict[str, Any]:
+    """TrainBatch -> the dict of row-wise tensors (and the policy version) a trainer slices into
+    micro-batches; keys are the loss functions' names."""
+    import torch
+
+    out = {"input_ids": batch.input_ids_BT, "position_ids": batch.position_ids_BT,
+           "targets": batch.targets_BT, "loss_mask": batch.loss_mask_BT, "gen_logp": batch.gen_logp_BT,
+           "advantages": batch.advantages_B, "prompt_index": batch.prompt_index_B,
+           "token_weights": batch.token_weights_BT}
+    if batch.weight_version_BT is not None:
+        out["weight_version"] = batch.weight_version_BT
+    if batch.policy_version is not None:
+        out["trainer_version"] = torch.tensor(int(batch.policy_version))
+    return out
+
+
+def pad_rows(data: dict[str, Any], *, multiple: int) -> dict[str, Any]:
+    """Append rows that train nothing (loss mask, token weights, advantages and log-probs zero, the
+    first row's tokens) so the row count divides `multiple` (the data-parallel size: every DP rank
+    takes an equal contiguous share). Their loss and gradient contributions are exactly zero."""
+    import torch
+
+    rows = int(data["input_ids"].shape[0])
+    extra = (-rows) % multiple
+    if extra == 0:
+        return data
+    out = {}
+    for key, value in data.items():
+        if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == rows:
+            if key in ("input_ids", "position_ids", "targets", "prompt_index"):
+                fill = value[:1].expand(extra, *value.shape[1:])
+            elif key == "weight_version":
+                fill = torch.full((extra, *value.shape[1:]), -1, dtype=value.dtype)
+            else:
+                fill = torch.zeros((extra, *value.shape[1:]), dtype=value.dtype)
+            if key == "targets":
+                fill = torch.zeros_like(fill)
+            out[key] = torch.cat([value, fill.to(value.device)], dim=0)
+        else:
+            out[key] = value
+    return out
+
+
+def make_policy_loss_fn(*, loss_type: str, eps_low: float | None, eps_high: float | None,
+                        aggregation: str) -> LossFn:
+    """The trainer's loss_fn (trainer/megatron/step.py contract): RL micro-batches carry `advantages`
+    and the global-batch `token_weights`, so micro-batch losses sum to the full-batch -J; batches
+    without `advantages` (the SFT warm start) use the next-token cross-entropy.
+
+    Metrics are returned as shares that sum over micro-batches: token-weighted IS ratio and the
+    policy loss; `is_ratio_mean` = sum_t w_t * rho_t. On-policy check: over completions generated
+    entirely by the weights the trainer holds (`trainer_version`; PipelineRL tokens of a newer
+    version on a stale KV cache are excluded), `onpolicy_abs_log_ratio_sum` / `onpolicy_tokens`
+    is the mean |log pi_train - log pi_gen|, ~0 when engine and trainer agree.
+    """
+
+    def loss_fn(logp_BT, mb: dict):
+        if "advantages" not in mb:
+            return next_token_ce_loss(logp_BT, mb)
+        from scalerl_mega.objective.losses import policy_loss
+
+        loss, _ = policy_loss(logp_BT, mb["gen_logp"], mb["advantages"], mb["loss_mask"], mb["prompt_index"],
+                              loss_type=loss_type, aggregation=aggregation, eps_low=eps_low, eps_high=eps_high,
+                              weights=mb["token_weights"])
+        return loss, policy_metrics(logp_BT, mb, loss)
+
+    return loss_fn
+
+
+def next_token_ce_loss(logp_BT: Any, mb: dict) -> tuple[Any, dict]:
+    """Masked next-token cross-entropy, normalised by the global number of trained tokens
+    (`mb["global_tokens"]`, set by the trainer when it splits the batch)."""
+    mask = mb["loss_mask"].float()
+    loss = -(logp_BT * mask).sum() / mb["global_tokens"]
+    return loss, {"loss": loss.detach()}
+
+
+def policy_metrics(logp_BT: Any, mb: dict, loss: Any) -> dict:
+    """Micro-batch shares of the IS metrics (see `make_policy_loss_fn`)."""
+    import torch
+
+    with torch.no_grad():
+        m = mb["loss_mask"] > 0
+        log_ratio = torch.where(m, logp_BT.detach() - mb["gen_logp"].to(logp_BT.dtype), torch.zeros_like(logp_BT))
+        wd = mb["token_weights"].to(logp_BT.dtype)
+        metrics = {"loss": loss.detach(), "is_ratio_mean": (wd * log_ratio.exp() * m).sum(),
+                   "abs_log_ratio_mean": (wd * log_ratio.abs()).sum()}
+        if "trainer_version" in mb and "weight_version" in mb:
+            whole_B = ((mb["weight_version"] == mb["trainer_version"]) | ~m).all(1)
+            sel = whole_B[:, None] & m
+            metrics["onpolicy_tokens"] = sel.sum().to(logp_BT.dtype)
+            metrics["onpolicy_abs_log_ratio_sum"] = (log_ratio.abs() * sel).sum()
+    return metrics
+
+
+def make_cispo_head_loss_fn(*, eps_low: float | None, eps_high: float | None) -> Callable[[Any, dict], tuple[Any, dict]]:
+    """The trainer's fused `head_loss_fn` (step.py `LMHead` contract) for CISPO with the FP32 head:
+    RL micro-batches go through `objective.fused_logprob.cispo_from_hidden` (paper Sec. 3.2 Eq. (cispo)
+    and "FP32 Precision for LLM logits") on their trained tokens only, with the global-batch
+    `token_weights`, vocab-parallel over the TP group, never forming [N, V] logits; SFT batches (no
+    `advantages`) use next-token cross-entropy on `LMHead.logprobs`. Same loss and metrics as
+    `make_policy_loss_fn(loss_type="cispo", ...)`. The metrics' per-token log-probs are a no-grad
+    `chunked_logprob` pass (cispo_from_hidden does not return them).
+    """
+    from scalerl_mega.objective.losses import DEFAULT_EPS
+
+    d_low, d_high = DEFAULT_EPS["cispo"]
+    eps_low = d_low if eps_low is None else eps_low
+    eps_high = d_high if eps_high is None else eps_high
+
+    def head_loss_fn(head: Any, mb: dict):
+        import torch
+
+        from scalerl_mega.objective.fused_logprob import cispo_from_hidden
+
+        mask_BT = mb["loss_mask"] > 0
+        if "advantages" not in mb:
+            return next_token_ce_loss(head.logprobs(mb["targets"], mask_BT=mask_BT), mb)
+        if not bool(mask_BT.any()):
+            loss = head.zero_loss()
+            return loss, policy_metrics(torch.zeros(mask_BT.shape, device=loss.device), mb, loss)
+        B, T, H = head.hidden_BTH.shape
+        sel = mask_BT.reshape(-1)
+        adv_BT = mb["advantages"].float()[:, None].expand(B, T)
+        loss, _ = cispo_from_hidden(
+            head.hidden_BTH.reshape(B * T, H)[sel], head.weight_VH, mb["targets"].reshape(-1)[sel],
+            mb["gen_logp"].reshape(-1)[sel], adv_BT.reshape(-1)[sel], mb["token_weights"].reshape(-1)[sel],
+            eps_high=eps_high, eps_low=eps_low, group=head.group, vocab_start=head.vocab_start,
+            reduce_grad_hidden=False)
+        with torch.no_grad():
+            logp_BT = head.logprobs(mb["targets"], mask_BT=mask_BT)
+        return loss, policy_metrics(logp_BT, mb, loss)
+
+    return head_loss_fn

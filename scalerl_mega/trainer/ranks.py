@@ -1,0 +1,230 @@
+"""Roles of a multi-rank trainer job (DESIGN.md "Ranks and devices").
+
+A ScaleRL trainer is one job of N ranks (torchrun / srun; paper App. A.3: 16 trainer GPUs). Global
+rank 0 is the *controller*: it alone talks to the generators, scores rewards, samples prompts,
+builds each step's batch, writes metrics and owns the loop's checkpoint extras. Every rank holds its
+shard of the Megatron model. The other ranks are *followers*: they run `serve`, which executes the
+controller's trainer calls on their shard in lock step:
+
+    controller (ControllerTrainer)                 followers (serve)
+    train_step(batch)   --"train_step" + batch-->  trainer.train_step(batch)   (each trains its DP shard)
+    export_hf_weights() --"export" + dtype------>  exhaust trainer.export_hf_weights(dtype)  (TP/EP/PP gathers)
+    save(path, extra)   --"save" + path--------->  trainer.save(path)          (collective dist-checkpoint)
+    load(path)          --"load" + path--------->  trainer.load(path)
+    close()             --"stop"---------------->  return
+
+Commands travel over a dedicated gloo group (CPU tensors are the right device for it on every
+machine; NCCL would need CUDA tensors and has no usable per-call deadline), created with
+`train.follower_timeout_s` as its timeout: followers wait that long for the next command while the
+controller generates and scores. A batch is sent as a pickled skeleton plus one `broadcast` per
+tensor (no pickling of large tensors). Metrics come back through the trainer itself: its step
+all-reduces them over DP and broadcasts them from the last pipeline stage, so the controller's own
+call returns the global values.
+
+Failure: if the controller dies, followers see their gloo connection close and exit non-zero naming
+rank 0; if a follower dies, the controller's next collective fails (gloo) and, under torchrun, the
+elastic agent stops every rank and names the failed one. Nothing waits without a deadline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from datetime import timedelta
+from typing import Any, Iterator
+
+log = logging.getLogger("scalerl_mega.ranks")
+
+CONTROLLER = 0
+COMMANDS = ("train_step", "export", "save", "load", "stop")
+
+
+class RankFailure(RuntimeError):
+    """A peer rank of the trainer job is gone or did not answer in time."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _TensorSlot:
+    index: int
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def _split(obj: Any, tensors: list) -> Any:
+    """obj with every tensor replaced by a `_TensorSlot` (tensors appended to `tensors`)."""
+    import torch
+
+    if torch.is_tensor(obj):
+        tensors.append(obj.detach().contiguous())
+        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), str(obj.dtype).replace("torch.", ""))
+    if isinstance(obj, dict):
+        return {k: _split(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_split(v, tensors) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _split(getattr(obj, f.name), tensors)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
+
+
+def _join(obj: Any, tensors: list) -> Any:
+    if isinstance(obj, _TensorSlot):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        return {k: _join(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_join(v, tensors) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _join(getattr(obj, f.name), tensors)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
+
+
+def _slots(obj: Any) -> list[_TensorSlot]:
+    out: list[_TensorSlot] = []
+
+    def walk(o: Any) -> None:
+        if isinstance(o, _TensorSlot):
+            out.append(o)
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+        elif dataclasses.is_dataclass(o) and not isinstance(o, type):
+            for f in dataclasses.fields(o):
+                walk(getattr(o, f.name))
+
+    walk(obj)
+    return sorted(out, key=lambda s: s.index)
+
+
+class ControlChannel:
+    """Controller -> followers command broadcast over a private gloo group (see module doc).
+    Collective to construct: every rank of the default group must create it at the same point."""
+
+    def __init__(self, *, timeout_s: float) -> None:
+        import torch.distributed as dist
+
+        if timeout_s <= 0:
+            raise ValueError(f"train.follower_timeout_s={timeout_s} must be > 0")
+        self.timeout_s = float(timeout_s)
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s))
+
+    @property
+    def is_controller(self) -> bool:
+        return self.rank == CONTROLLER
+
+    def share(self, value: Any) -> Any:
+        """Every rank returns the controller's `value` (a small picklable object), e.g. whether the
+        run resumes, so that all ranks take the same branch."""
+        import torch.distributed as dist
+
+        holder = [value if self.is_controller else None]
+        dist.broadcast_object_list(holder, src=CONTROLLER, group=self.group)
+        return holder[0]
+
+    def send(self, command: str, payload: Any = None) -> None:
+        """Controller: broadcast `command` and its payload (tensors sent one broadcast each)."""
+        import torch.distributed as dist
+
+        if command not in COMMANDS:
+            raise ValueError(f"unknown trainer command {command!r}; expected one of {COMMANDS}")
+        tensors: list = []
+        skeleton = _split(payload, tensors)
+        try:
+            dist.broadcast_object_list([(command, skeleton)], src=CONTROLLER, group=self.group)
+            for t in tensors:
+                dist.broadcast(t.cpu() if t.device.type != "cpu" else t, src=CONTROLLER, group=self.group)
+        except RuntimeError as exc:
+            raise RankFailure(f"controller (rank {self.rank}): could not send {command!r} to the follower ranks "
+                              f"1..{self.world_size - 1} (a trainer rank died or hung): {exc}") from exc
+
+    def recv(self) -> tuple[str, Any]:
+        """Follower: the next command and payload (waits up to `timeout_s`)."""
+        import torch
+        import torch.distributed as dist
+
+        from scalerl_mega.rollout.weight_sync import dtype_from_name
+
+        holder: list[Any] = [None]
+        try:
+            dist.broadcast_object_list(holder, src=CONTROLLER, group=self.group)
+            command, skeleton = holder[0]
+            tensors = []
+            for slot in _slots(skeleton):
+                t = torch.empty(slot.shape, dtype=dtype_from_name(slot.dtype))
+                dist.broadcast(t, src=CONTROLLER, group=self.group)
+                tensors.append(t)
+        except RuntimeError as exc:
+            raise RankFailure(f"trainer rank {self.rank}: lost the controller (rank {CONTROLLER}) or got no "
+                              f"command within train.follower_timeout_s={self.timeout_s:g}s: {exc}") from exc
+        return command, _join(skeleton, tensors)
+
+
+class ControllerTrainer:
+    """The PolicyTrainer the controller's loop drives: every call is first broadcast to the followers
+    (which run it on their shards, `serve`), then run on the controller's own shard."""
+
+    def __init__(self, trainer: Any, channel: ControlChannel) -> None:
+        if not channel.is_controller:
+            raise ValueError(f"ControllerTrainer on rank {channel.rank}: only rank {CONTROLLER} is the controller")
+        self.trainer = trainer
+        self.channel = channel
+        self._closed = False
+
+    def __getattr__(self, name: str) -> Any:  # cfg, chunks, optimizer, step, logprobs, ...
+        return getattr(self.trainer, name)
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        self.channel.send("train_step", batch)
+        return self.trainer.train_step(batch)
+
+    def export_hf_weights(self, *, dtype: str | None = None) -> Iterator[tuple[str, Any]]:
+        self.channel.send("export", dtype)
+        return self.trainer.export_hf_weights(dtype=dtype)
+
+    def save(self, path: str, *, extra_state: dict[str, Any] | None = None) -> None:
+        self.channel.send("save", str(path))
+        self.trainer.save(path, extra_state=extra_state)
+
+    def load(self, path: str) -> dict[str, Any]:
+        self.channel.send("load", str(path))
+        return self.trainer.load(path)
+
+    def stop_followers(self) -> None:
+        """Release the followers from `serve` (normal end of the run)."""
+        if not self._closed:
+            self._closed = True
+            self.channel.send("stop")
+
+    def close(self) -> None:
+        self.stop_followers()
+        self.trainer.close()
+
+
+def serve(trainer: Any, channel: ControlChannel) -> int:
+    """Follower main loop: execute the controller's commands until "stop"; returns the number of
+    train steps taken. Raises RankFailure when the controller is gone (the caller exits non-zero)."""
+    if channel.is_controller:
+        raise ValueError("serve() runs on follower ranks; rank 0 is the controller")
+    steps = 0
+    while True:
+        command, payload = channel.recv()
+        if command == "stop":
+            return steps
+        if command == "train_step":
+            trainer.train_step(payload)
+            steps += 1
+        elif command == "export":
+            for _ in trainer.export_hf_weights(dtype=payload):
+                pass
+        elif command == "save":
+            trainer.save(payload, extra_state=None)
+        elif command == "load":
+            trainer.load(payload)
+        else:  # pragma: no cover - send() refuses unknown commands
+            raise RankFailure(f"trainer rank {channel.rank}: unknown command {command!r} from the controller")
