@@ -211,9 +211,10 @@ def init_trainer_from_hf(trainer: Any, cfg: Any) -> list[str]:
     theirs = dims_from_hf_config(load_hf_config(path), where=f"{path}/config.json")
     ours = dims_from_model_config(cfg.model)
 
-    def no_op_chunking(d):  # a chunk as long as the context is plain causal attention
-        chunk = d.attention_chunk_size
-        return dataclasses.replace(d, attention_chunk_size=None if chunk and chunk >= d.max_position_embeddings else chunk)
+    def no_op_chunking(d):  # a chunk as long as the context is plain causal attention; no NoPE layer
+        chunk = d.attention_chunk_size  # is the same as no NoPE list (dense HF configs have none)
+        return dataclasses.replace(d, attention_chunk_size=None if chunk and chunk >= d.max_position_embeddings else chunk,
+                                   no_rope_layers=tuple(d.no_rope_layers) if any(d.no_rope_layers) else ())
 
     theirs_n, ours_n = no_op_chunking(theirs), no_op_chunking(ours)
     for f in dataclasses.fields(ours_n):

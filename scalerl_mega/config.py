@@ -254,6 +254,10 @@ class MetricsConfig:
 
     tensorboard: bool = True
     progress_every: int = 1
+    weights_digest: bool = False
+    """After every weight push, log the SHA-256 of the weights the (local) engine holds as
+    `gen/weights_sha256` (checks a multi-rank export against a single-process one; costs a pass
+    over the generator's weights)."""
     truncation_alarm: float = 0.10
     """Warn when the step's truncation rate exceeds this (paper App. A.13: 10-15% destabilises)."""
 

@@ -401,6 +401,10 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
             "prompt_ids": [p.prompt.prompt_id for p in pendings],
         })
         metrics.update(calibration_fields(cfg, groups, train_s=train_s, sync_s=sync_s, step_s=step_s))
+        if cfg.metrics.weights_digest and hasattr(comps.engine, "weights_digest"):
+            digest = comps.engine.weights_digest()
+            metrics["gen/weights_sha256"] = digest["weights_sha256"]
+            metrics["gen/weights_version"] = float(digest["version"])
         util = gpu_utilization() if cfg.cluster.device == "cuda" else None
         if util is not None:
             metrics["gpu_utilization"] = util

@@ -256,6 +256,11 @@ class _EngineLoop:
             self._weight_session(msg[1])
         elif kind == "stats":
             self.out_q.put(("stats", (msg[1], self.core.stats())))
+        elif kind == "digest":
+            from scalerl_mega.rollout.weight_sync import weights_sha256
+
+            digest = weights_sha256(self.core.model.named_parameters())
+            self.out_q.put(("stats", (msg[1], {"weights_sha256": digest, "version": self.core.version})))
         elif kind == "close":
             self.closing = True
         else:
@@ -371,15 +376,23 @@ class LocalRolloutEngine:
     def decode_stats(self) -> dict[str, float]:
         """The engine's cumulative work counters (`GenerationCore.stats()`): busy_s, decode_steps,
         decode_tokens, prefill_steps, prefill_tokens. Completions that arrive meanwhile are kept."""
+        return self._request("stats")
+
+    def weights_digest(self) -> dict[str, Any]:
+        """`weight_sync.weights_sha256` of the weights the engine holds now, with their version (what
+        a push delivered, checked against a reference export)."""
+        return self._request("digest")
+
+    def _request(self, kind: str) -> dict[str, Any]:
         self._stats_seq += 1
         token = self._stats_seq
-        self._send(("stats", token))
+        self._send((kind, token))
         deadline = time.monotonic() + self.config.reply_timeout_s
         while token not in self._stats:
             if time.monotonic() >= deadline:
-                raise EngineError(f"engine did not answer a stats request within {self.config.reply_timeout_s}s")
+                raise EngineError(f"engine did not answer a {kind} request within {self.config.reply_timeout_s}s")
             if not self._pump(timeout_s=0.1) and not self._proc.is_alive():
-                raise EngineError(f"engine process died (exit code {self._proc.exitcode}) during a stats request")
+                raise EngineError(f"engine process died (exit code {self._proc.exitcode}) during a {kind} request")
         return self._stats.pop(token)
 
     def pause(self, mode: str = "in_place") -> None:

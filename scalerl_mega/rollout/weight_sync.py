@@ -106,6 +106,22 @@ def _itemsize(dtype: str) -> int:
     return dtype_from_name(dtype).itemsize
 
 
+def weights_sha256(named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> str:
+    """SHA-256 over (name, dtype, shape, raw bytes) of every tensor, in name order: a fingerprint
+    that two holders of the same weights (an engine after a sync, a converted checkpoint) share
+    bit for bit."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in sorted(named_tensors, key=lambda nt: nt[0]):
+        t = t.detach().contiguous()
+        h.update(f"{name}|{dtype_name(t.dtype)}|{list(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
 # ---- group setup --------------------------------------------------------------------------------
 def init_custom_process_group(
     *,

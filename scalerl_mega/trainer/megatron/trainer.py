@@ -6,7 +6,7 @@ from typing import Any, Iterator, Optional
 
 from scalerl_mega.trainer.megatron.config import MegatronConfig
 from scalerl_mega.trainer.megatron.step import HeadLossFn, LossFn, next_token_ce_loss
-from scalerl_mega.trainer.policy_loss import batch_tensors, pad_rows
+from scalerl_mega.trainer.policy_loss import batch_tensors, pad_batch
 
 
 class MegatronPolicyTrainer:
@@ -41,12 +41,15 @@ class MegatronPolicyTrainer:
 
     def _data(self, batch) -> dict:
         """A TrainBatch (or an SFT batch dict) as the step's dict, padded with rows that train nothing
-        so every data-parallel rank takes an equal contiguous share (the deterministic DP split)."""
+        so every data-parallel rank takes an equal contiguous share (the deterministic DP split), and,
+        under sequence parallelism, with positions that train nothing up to a multiple of the TP size."""
         from megatron.core import parallel_state as ps
 
         data = batch if isinstance(batch, dict) else batch_tensors(batch)
         per_rank = 1 if self.micro_batch_tokens is not None else self.cfg.parallel.micro_batch_size
-        return pad_rows(data, multiple=ps.get_data_parallel_world_size() * per_rank)
+        tp = ps.get_tensor_model_parallel_world_size()
+        return pad_batch(data, rows_multiple=ps.get_data_parallel_world_size() * per_rank,
+                         cols_multiple=tp if self.cfg.parallel.sequence_parallel and tp > 1 else 1)
 
     def train_step(self, batch) -> dict[str, float]:
         """One optimizer step on the global batch (identical on every rank; each trains its DP rows).
@@ -62,15 +65,18 @@ class MegatronPolicyTrainer:
         return metrics
 
     def logprobs(self, batch):
-        """FP32 log-probs of the batch targets (this DP rank's rows, last pipeline stage)."""
+        """FP32 log-probs of the batch targets (this DP rank's rows, including padding rows, of the
+        batch's T positions; last pipeline stage, None elsewhere)."""
         from scalerl_mega.trainer.megatron import step
 
         data = self._data(batch)
+        seq_len = int((batch if isinstance(batch, dict) else batch_tensors(batch))["input_ids"].shape[1])
         for chunk in self.chunks:
             chunk.eval()
         try:
-            return step.compute_logprobs(self.chunks, data, parallel=self.cfg.parallel,
+            logp = step.compute_logprobs(self.chunks, data, parallel=self.cfg.parallel,
                                          micro_batch_tokens=self.micro_batch_tokens)
+            return None if logp is None else logp[:, :seq_len]
         finally:
             for chunk in self.chunks:
                 chunk.train()
