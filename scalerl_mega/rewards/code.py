@@ -9,11 +9,12 @@ the reward interpolates by the fraction of tests passed (`passed` still means al
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from scalerl_mega.rewards.math import strip_thinking
@@ -160,12 +161,11 @@ def _failure_reason(r: RunResult) -> str:
     return "wrong_answer"
 
 
-def _run_stdin_tests(code: str, tests: Sequence[dict], *, limits: SandboxLimits, isolation, stop_early: bool
+def _run_stdin_tests(code: str, tests: Sequence[dict], *, run: Callable[..., RunResult], stop_early: bool
                      ) -> tuple[int, str]:
     passed, reason = 0, ""
     for i, t in enumerate(tests):
-        r = run_python({"solution.py": code}, ["solution.py"], stdin=t["input"].encode(), limits=limits,
-                       isolation=isolation)
+        r = run({"solution.py": code}, ["solution.py"], stdin=t["input"].encode())
         if r.returncode == 0 and not r.timed_out and not r.output_overflow and stdout_matches(
             r.stdout.decode(errors="replace"), t["output"]
         ):
@@ -177,11 +177,10 @@ def _run_stdin_tests(code: str, tests: Sequence[dict], *, limits: SandboxLimits,
     return passed, reason
 
 
-def _run_fn_tests(code: str, tests: Sequence[dict], *, limits: SandboxLimits, isolation) -> tuple[int, str]:
+def _run_fn_tests(code: str, tests: Sequence[dict], *, run: Callable[..., RunResult]) -> tuple[int, str]:
     mark = "@@" + secrets.token_hex(8) + "@@"
     cfg = {"mark": mark, "calls": [{"fn_name": t["fn_name"], "args": t["args"]} for t in tests]}
-    r = run_python({"solution.py": code, "harness.py": _FN_HARNESS}, ["harness.py"], stdin=json.dumps(cfg).encode(),
-                   limits=limits, isolation=isolation)
+    r = run({"solution.py": code, "harness.py": _FN_HARNESS}, ["harness.py"], stdin=json.dumps(cfg).encode())
     results = []
     for line in r.stdout.decode(errors="replace").splitlines():
         if line.startswith(mark):
@@ -214,8 +213,12 @@ def score_code(
     max_processes: int = 16,
     max_output_bytes: int = 1 << 20,
     isolation: Isolation | str | None = None,
+    scratch_mb: int = 64,
+    hide_paths: Sequence[str] = (),
 ) -> RewardResult:
-    """Score the last fenced code block of `completion` on `tests` (limits apply per run)."""
+    """Score the last fenced code block of `completion` on `tests` (limits apply per run).
+
+    `hide_paths` are masked inside the sandbox on top of its deny-by-default view (see `sandbox`)."""
     code = extract_code(completion, require_think=require_think)
     if code is None:
         return rewards.result(False, "unclosed_think" if strip_thinking(completion) is None and require_think
@@ -227,17 +230,18 @@ def score_code(
     if not norm:
         return rewards.result(False, "no_tests")
     limits = SandboxLimits(time_limit_s=time_limit_s, memory_mb=memory_mb, max_processes=max_processes,
-                           max_output_bytes=max_output_bytes)
+                           max_output_bytes=max_output_bytes, scratch_mb=scratch_mb)
     iso = None if isolation is None else Isolation(isolation)
+    run = functools.partial(run_python, limits=limits, isolation=iso, hide_paths=tuple(hide_paths))
     stdin_tests = [t for t in norm if "input" in t]
     fn_tests = [t for t in norm if "fn_name" in t]
     n_pass, reasons = 0, []
     if stdin_tests:
-        p, why = _run_stdin_tests(code, stdin_tests, limits=limits, isolation=iso, stop_early=not partial_credit)
+        p, why = _run_stdin_tests(code, stdin_tests, run=run, stop_early=not partial_credit)
         n_pass += p
         reasons.append(why)
     if fn_tests and (partial_credit or n_pass == len(stdin_tests)):
-        p, why = _run_fn_tests(code, fn_tests, limits=limits, isolation=iso)
+        p, why = _run_fn_tests(code, fn_tests, run=run)
         n_pass += p
         reasons.append(why)
     frac = n_pass / len(norm)
