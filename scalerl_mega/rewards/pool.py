@@ -64,7 +64,7 @@ def score_item(item: RewardItem) -> RewardResult:
     cfg = item.config
     values = RewardValues(correct=cfg.correct, incorrect=cfg.incorrect)
     if item.task in ("math", "synthetic"):
-        return score_math(item.text, str(item.gold), timeout_s=cfg.math_timeout_s, rewards=values,
+        return score_math(item.text, item.gold, timeout_s=cfg.math_timeout_s, rewards=values,
                           require_think=cfg.require_think, require_boxed=cfg.require_boxed)
     if item.task == "code":
         return score_code(item.text, item.gold, time_limit_s=cfg.code_time_limit_s, memory_mb=cfg.code_memory_mb,
@@ -259,7 +259,7 @@ class TaskRewardFn:
         for p, t in zip(prompts, texts):  # string-only decisions (fast path) stay in this process
             quick = None
             if p.task in ("math", "synthetic"):
-                quick = decide_without_verifier(t, str(p.gold), rewards=values, require_think=cfg.require_think,
+                quick = decide_without_verifier(t, p.gold, rewards=values, require_think=cfg.require_think,
                                                 require_boxed=cfg.require_boxed)
             results.append(quick)
         todo = [i for i, r in enumerate(results) if r is None]
