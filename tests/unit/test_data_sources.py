@@ -262,7 +262,7 @@ def test_file_level_problems_name_the_path(tmp_path):
     write(tmp_path / "notds" / "x.txt", "hi")
     cases[tmp_path / "notds"] = "cannot read as hf"
     (tmp_path / "dir.jsonl").mkdir()
-    cases[tmp_path / "dir.jsonl"] = "is a directory"
+    cases[tmp_path / "dir.jsonl"] = "cannot read as hf"  # a directory is taken for a local HF dataset
     pq.write_table(pa.table({"question": ["a"]}), tmp_path / "cols.parquet")
     cases[tmp_path / "cols.parquet"] = "missing column"
     for path, reason in cases.items():
@@ -270,3 +270,5 @@ def test_file_level_problems_name_the_path(tmp_path):
             with pytest.raises(ValueError) as e:
                 load_prompts(path, schema=POLARIS, on_error=mode)
             assert str(e.value).startswith(f"{path}") and re.search(reason, str(e.value)), (path, mode, str(e.value))
+    with pytest.raises(ValueError, match=f"{tmp_path / 'notds'}: is a directory, not a jsonl file"):
+        load_prompts(tmp_path / "notds", schema=POLARIS, fmt="jsonl")
