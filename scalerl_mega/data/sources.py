@@ -272,7 +272,7 @@ def load_prompts(
     if fmt == "jsonl":
         rows = iter_jsonl(p, max_line_bytes=max_line_bytes)
     elif fmt == "parquet":
-        rows = iter_parquet(p)
+        rows = iter_parquet(p, columns=[schema.prompt_key, schema.gold_key])
     elif fmt == "hf":
         rows = iter_hf(p, split=split)
     else:
