@@ -416,8 +416,6 @@ def _validate_sft(cfg: Any) -> None:
     _positive("sft.batch_size", cfg.sft.batch_size)
     _positive("sft.warmup_steps", cfg.sft.warmup_steps, allow_zero=True)
     _positive("sft.eval_every", cfg.sft.eval_every, allow_zero=True)
-    if cfg.sft.warmup_steps > cfg.sft.steps:
-        raise ValueError(f"sft.warmup_steps={cfg.sft.warmup_steps} > sft.steps={cfg.sft.steps}")
     if cfg.data.name == "synthetic":
         n_train = cfg.data.synthetic_num_prompts - cfg.data.val_prompts
         if cfg.sft.batch_size > n_train:
