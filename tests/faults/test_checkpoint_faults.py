@@ -15,6 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
+pytestmark = pytest.mark.timeout(600)  # bounded: a hang fails instead of stalling the suite
+
 HERE = Path(__file__).resolve().parent
 
 

@@ -15,6 +15,8 @@ from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalR
 from scalerl_mega.rollout.weight_sync import WeightSyncConfig, WeightSyncError
 from scalerl_mega.types import Prompt, SamplingParams
 
+pytestmark = pytest.mark.timeout(600)  # bounded: a hang fails instead of stalling the suite
+
 CFG = dict(vocab_size=53, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
 P = Prompt(prompt_id="p", text="", task="synthetic", gold="0", token_ids=[3, 4, 5])
@@ -45,14 +47,6 @@ def _bad_updates(model) -> dict[str, tuple[list, str]]:
     wrong_shape = sd[:-1] + [(last_name, torch.zeros(last.shape[0] + 1, *last.shape[1:]))]
     wrong_name = [((n + ".bogus") if n == mid_name else n, t) for n, t in sd]
     return {"shape": (wrong_shape, repr(last_name)), "name": (wrong_name, repr(mid_name + ".bogus"))}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.mark.parametrize("flattened", [False, True], ids=["per_tensor", "flattened"])

@@ -355,3 +355,34 @@ def test_comparators():
     assert values_match([1, 2.0000000001], [1, 2])
     assert not values_match(True, 1)
     assert not values_match([1, 2], [1, 2, 3])
+
+
+def _userns_works() -> bool:
+    from scalerl_mega.rewards.sandbox import _probe_sandbox
+
+    return _probe_sandbox(Isolation.USERNS) is None
+
+
+@pytest.mark.skipif(not _userns_works(), reason="user namespaces unavailable here")
+def test_userns_mode_has_the_same_filesystem_and_ipc_view(tmp_path):
+    (tmp_path / "data.jsonl").write_text("SECRET\n")
+    code = ("import os, ctypes\nprint(os.path.exists(os.environ.get('X', '/run')), os.path.exists('/var'), "
+            "os.path.exists(%r), os.listdir('/tmp'))\n"
+            "libc = ctypes.CDLL(None)\nprint(libc.shmget(0, 4096, 0o1000 | 0o666) >= 0)\n"
+            "open('/tmp/x', 'w').write('y')\nprint(open('/tmp/x').read())\n") % str(tmp_path / "data.jsonl")
+    before = _sysv_ids()
+    r = run_python({"main.py": code}, ["main.py"], limits=SandboxLimits(time_limit_s=5.0), isolation=Isolation.USERNS)
+    assert r.stdout.decode().split("\n")[:3] == ["False False False []", "True", "y"], r
+    assert _sysv_ids() == before
+
+
+def test_degraded_mode_warns_loudly(monkeypatch):
+    import scalerl_mega.rewards.sandbox as sb
+
+    monkeypatch.setattr(sb.shutil, "which", lambda name: None)
+    sb.detect_isolation.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="NO network isolation, NO filesystem hiding, NO IPC isolation"):
+            assert sb.detect_isolation() is Isolation.NONE
+    finally:
+        sb.detect_isolation.cache_clear()
