@@ -110,7 +110,7 @@ def _probe_sandbox(iso: Isolation) -> str | None:
     """Assemble the full sandbox once and run `python -c pass` in it; None if it works, else why not."""
     base = tempfile.mkdtemp(prefix="scalerl_sbx_probe_")
     try:
-        cmd = _namespace_command(staging=base, argv=["-c", "pass"], isolation=iso, uid=_UID_BASE, limits=SandboxLimits(),
+        cmd = _namespace_command(base=base, argv=["-c", "pass"], isolation=iso, uid=_UID_BASE, limits=SandboxLimits(),
                                  hide=[])
         p = subprocess.run(cmd, capture_output=True, timeout=20, cwd="/", env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
         return None if p.returncode == 0 else p.stderr.decode(errors="replace").strip()[-300:] or f"rc {p.returncode}"
@@ -152,7 +152,7 @@ def _project_root() -> Path:
 
 
 def _hidden_paths(extra: Sequence[str]) -> list[str]:
-    """Paths to mask inside the sandbox, as seen from the assembled root (`_NEW_ROOT`-relative, absolute).
+    """Paths to mask inside the sandbox, as absolute paths of the sandbox's own root.
 
     Only paths the deny-by-default view would otherwise show need masking: those under a visible system
     directory (`_SYSTEM_RO`) or under the interpreter prefix (visible at /mnt/py). The project checkout and
@@ -190,11 +190,9 @@ _SYSTEM_RO = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _ETC_RO = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives")
 """/etc entries the dynamic loader and coreutils need; /etc/passwd and /etc/group exist but are empty."""
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
-_NEW_ROOT = "/mnt"
-"""Where the sandbox root is assembled inside the private mount namespace (never visible on the host)."""
 
 
-def _setup_script(*, staging: str, argv: Sequence[str], isolation: Isolation, uid: int, limits: SandboxLimits,
+def _setup_script(*, staging: str, new_root: str, argv: Sequence[str], isolation: Isolation, uid: int, limits: SandboxLimits,
                   hide: Sequence[str]) -> str:
     """Shell run as (namespace) root in fresh mount/pid/net/ipc/uts namespaces: assemble a deny-by-default
     root on a tmpfs, pivot into it, drop privileges and exec the program.
@@ -209,7 +207,7 @@ def _setup_script(*, staging: str, argv: Sequence[str], isolation: Isolation, ui
     """
     prefix, rel = _interpreter()
     q = shlex.quote
-    r = _NEW_ROOT
+    r = q(new_root)
     owner = f"uid={uid},gid={uid}," if isolation is Isolation.ROOT else ""
     lines = [
         "set -e",
@@ -250,7 +248,7 @@ def _setup_script(*, staging: str, argv: Sequence[str], isolation: Isolation, ui
         "umount .scratch && rmdir .scratch",
     ]
     for h in hide:
-        inner = r + h
+        inner = "." + h  # relative to the new root (the cwd until the pivot)
         lines.append(f"if [ -d {q(inner)} ]; then mount -t tmpfs -o size=4k,mode=0755 tmpfs {q(inner)}; "
                      f"elif [ -e {q(inner)} ]; then mount --bind /dev/null {q(inner)}; fi")
     lines += [
@@ -335,7 +333,7 @@ def run_python(
             nproc = None if os.geteuid() == 0 else _user_process_count() + limits.max_processes
             cwd = staging
         else:
-            cmd = _namespace_command(staging=staging, argv=argv, isolation=iso, uid=uid, limits=limits,
+            cmd = _namespace_command(base=base, argv=argv, isolation=iso, uid=uid, limits=limits,
                                      hide=_hidden_paths(hide_paths))
             env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
             nproc = limits.max_processes if iso is Isolation.ROOT else None
@@ -350,9 +348,16 @@ def run_python(
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _namespace_command(*, staging: str, argv: Sequence[str], isolation: Isolation, uid: int, limits: SandboxLimits,
+def _namespace_command(*, base: str, argv: Sequence[str], isolation: Isolation, uid: int, limits: SandboxLimits,
                        hide: Sequence[str]) -> list[str]:
-    script = _setup_script(staging=staging, argv=argv, isolation=isolation, uid=uid, limits=limits, hide=hide)
+    """The unshare command line for a run whose host-side directory is `base`: the program's files
+    are in `base/files`; the sandbox root is assembled on a tmpfs mounted over `base/root` inside the
+    private mount namespace (the host only ever sees the empty directory)."""
+    staging, new_root = os.path.join(base, "files"), os.path.join(base, "root")
+    os.makedirs(staging, exist_ok=True)
+    os.makedirs(new_root, exist_ok=True)
+    script = _setup_script(staging=staging, new_root=new_root, argv=argv, isolation=isolation, uid=uid, limits=limits,
+                           hide=hide)
     userns = ["--user", "--map-root-user"] if isolation is Isolation.USERNS else []
     return ["unshare", *userns, *_NS_FLAGS, "--", "/bin/sh", "-c", script]
 
