@@ -6,7 +6,9 @@ The model / parallelism / optimizer sections are the Megatron trainer's own data
 (`scalerl_mega.trainer.megatron.config`), composed here rather than duplicated.
 
 `register_configs()` puts the schema into Hydra's ConfigStore (call it before composing);
-`validate(cfg)` checks cross-field constraints and raises ValueError naming the offending key.
+`validate(cfg)` checks cross-field constraints and raises ValueError naming the offending key;
+`validate_machine(cfg)` checks what needs this machine (devices, the tokenizer directory), also
+before any work starts.
 """
 
 from __future__ import annotations
