@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -99,7 +100,7 @@ def test_cannot_read_project_files():
 @isolated
 def test_cannot_write_outside_scratch(tmp_path):
     targets = [str(REPO / f"escape_{os.getpid()}"), str(tmp_path / "escape"), f"/run/lock/scalerl_{os.getpid()}",
-               f"/var/lock/scalerl_{os.getpid()}", f"/run/scalerl_{os.getpid()}", f"/etc/scalerl_{os.getpid()}",
+               f"/var/lock/scalerl_{os.getpid()}", f"/var/tmp/scalerl_{os.getpid()}", f"/run/scalerl_{os.getpid()}", f"/etc/scalerl_{os.getpid()}",
                f"/usr/scalerl_{os.getpid()}", f"/scalerl_{os.getpid()}", f"/mnt/scalerl_{os.getpid()}"]
     code = "import sys\nfor p in sys.stdin.read().split():\n    try:\n        open(p, 'w').write('x')\n        print('WROTE')\n" \
            "    except OSError:\n        print('BLOCKED')\nopen('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())\n"
@@ -138,6 +139,23 @@ def test_host_runtime_dirs_and_datasets_are_not_visible(tmp_path):
     seen = dict(line.split() for line in r.stdout.decode().splitlines())
     assert seen == {p: "NONE" for p in probes}, r
     assert os.path.isdir("/run") and os.path.isdir("/var")  # the probe is meaningful: they exist on the host
+
+
+@isolated
+def test_dataset_in_an_unlisted_top_level_directory_is_not_readable():
+    top = Path(f"/scalerl_dataset_{os.getpid()}")
+    try:
+        top.mkdir()
+    except OSError:
+        pytest.skip("cannot create a top-level directory here")
+    try:
+        (top / "train.jsonl").write_text('{"tests": [{"input": "", "output": "SECRET"}]}\n')
+        tests = [{"input": "", "output": "SECRET"}]
+        cheat = f"print(open({str(top / 'train.jsonl')!r}).read().split('output\": \"')[1].split('\"')[0])"
+        res = score_code(wrap(cheat), tests)
+        assert not res.passed and "FileNotFoundError" in res.reason, res
+    finally:
+        shutil.rmtree(top)
 
 
 @isolated
