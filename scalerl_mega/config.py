@@ -6,7 +6,9 @@ The model / parallelism / optimizer sections are the Megatron trainer's own data
 (`scalerl_mega.trainer.megatron.config`), composed here rather than duplicated.
 
 `register_configs()` puts the schema into Hydra's ConfigStore (call it before composing);
-`validate(cfg)` checks cross-field constraints and raises ValueError naming the offending key.
+`validate(cfg)` checks cross-field constraints and raises ValueError naming the offending key;
+`validate_machine(cfg)` checks what needs this machine (devices, the tokenizer directory), also
+before any work starts.
 """
 
 from __future__ import annotations
@@ -371,6 +373,8 @@ def validate(cfg: Any) -> None:
     _positive("data.val_prompts", cfg.data.val_prompts, allow_zero=True)
     _positive("data.val_samples", cfg.data.val_samples)
     _positive("sft.steps", cfg.sft.steps, allow_zero=True)
+    _validate_sizes(cfg)
+    _validate_sft(cfg)
     _positive("rollout.num_engines", cfg.rollout.num_engines)
     _positive("rollout.temperature", cfg.rollout.temperature)
     if not 0.0 < cfg.rollout.top_p <= 1.0:
@@ -428,3 +432,72 @@ def validate(cfg: Any) -> None:
                 f"length.penalty_cache_len={length.penalty_cache_len} > "
                 f"length.penalty_max_len={length.penalty_max_len}"
             )
+
+
+def _validate_sft(cfg: Any) -> None:
+    """SFT warm-start keys (used only when sft.steps > 0, after the trainer is built: check them now)."""
+    if not cfg.sft.steps:
+        return
+    _positive("sft.lr", cfg.sft.lr)
+    _positive("sft.batch_size", cfg.sft.batch_size)
+    _positive("sft.warmup_steps", cfg.sft.warmup_steps, allow_zero=True)
+    _positive("sft.eval_every", cfg.sft.eval_every, allow_zero=True)
+    if cfg.data.name == "synthetic":
+        n_train = cfg.data.synthetic_num_prompts - cfg.data.val_prompts
+        if cfg.sft.batch_size > n_train:
+            raise ValueError(f"sft.batch_size={cfg.sft.batch_size} exceeds the {n_train} SFT examples "
+                             f"(data.synthetic_num_prompts - data.val_prompts)")
+
+
+def _validate_sizes(cfg: Any) -> None:
+    """Sizes that only clash with each other: held-out set vs dataset, prompt + generation vs context."""
+    _positive("data.max_prompt_tokens", cfg.data.max_prompt_tokens)
+    if cfg.data.name == "synthetic":
+        _positive("data.synthetic_num_prompts", cfg.data.synthetic_num_prompts)
+        if cfg.data.val_prompts >= cfg.data.synthetic_num_prompts:
+            raise ValueError(f"data.val_prompts={cfg.data.val_prompts} must be < data.synthetic_num_prompts="
+                             f"{cfg.data.synthetic_num_prompts} (the held-out set would take the whole dataset)")
+    need = cfg.data.max_prompt_tokens + cfg.length.max_new_tokens
+    if need > cfg.model.max_position_embeddings:
+        raise ValueError(f"data.max_prompt_tokens + length.max_new_tokens = {need} exceeds "
+                         f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
+
+
+def validate_machine(cfg: Any) -> None:
+    """Checks against this machine (run by `scalerl-train` before anything is built; skipped for
+    cluster.name=slurm, whose jobs run elsewhere): the requested devices exist, and the tokenizer
+    directory loads. Raises ValueError naming the key."""
+    if cfg.cluster.name == "local" and cfg.cluster.device == "cuda":
+        import torch
+
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have == 0:
+            raise ValueError("cluster.device='cuda' but this machine has no usable CUDA device")
+        if cfg.cluster.devices_per_node > have:
+            raise ValueError(f"cluster.devices_per_node={cfg.cluster.devices_per_node} but this machine has "
+                             f"{have} CUDA device(s)")
+        if cfg.cluster.trainer_devices > have:
+            raise ValueError(f"cluster.trainer_devices={cfg.cluster.trainer_devices} but this machine has "
+                             f"{have} CUDA device(s)")
+    if cfg.cluster.name == "local" and cfg.data.name != "synthetic":
+        for key, path in (("data.tokenizer_path", str(cfg.data.tokenizer_path)), ("init_from_hf", str(cfg.init_from_hf))):
+            if path:
+                check_tokenizer_dir(path, key=key)
+                break
+
+
+def check_tokenizer_dir(path: str, *, key: str) -> None:
+    """Load the HF tokenizer in `path` once; any failure (missing dir, corrupt tokenizer.json -- which
+    surfaces from `tokenizers` as KeyError/Exception) becomes ValueError naming `key` and the path."""
+    import os
+
+    if not os.path.isdir(path):
+        raise ValueError(f"{key}={path!r}: no such directory")
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - every loader failure is a bad tokenizer directory
+        raise ValueError(f"{key}={path!r}: not a loadable HF tokenizer ({type(exc).__name__}: {exc})") from exc
+    if getattr(tok, "eos_token_id", None) is None:
+        raise ValueError(f"{key}={path!r}: the tokenizer has no EOS token")

@@ -243,7 +243,7 @@ def latest_checkpoint(cfg: Any) -> Path | None:
             raise ValueError(f"resume={cfg.resume!r}: no such checkpoint directory")
         return path
     root = _ckpt_root(cfg)
-    return root if root.is_dir() and any(root.iterdir()) else None
+    return root if root.is_dir() and any(not p.name.startswith(".tmp-") for p in root.iterdir()) else None
 
 
 def save_state(comps: LoopComponents, cfg: Any, *, state: LoopState, outstanding: Sequence[_Pending],

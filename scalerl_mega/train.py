@@ -20,10 +20,11 @@ def to_config(cfg: Any):
     """OmegaConf node -> validated TrainConfig dataclass tree."""
     from omegaconf import OmegaConf
 
-    from scalerl_mega.config import validate
+    from scalerl_mega.config import validate, validate_machine
 
     obj = OmegaConf.to_object(cfg)
     validate(obj)
+    validate_machine(obj)
     return obj
 
 

@@ -7,20 +7,27 @@ TACO variants; see `rewards.code.normalize_tests`). Other datasets map their own
 Each row becomes a `Prompt` whose text is formatted for the model: through the tokenizer's chat
 template when it has one, else through the task's plain template.
 
-Malformed rows (bad JSON, missing field, wrong type, empty value, over-long line) raise ValueError
-naming `file:line` and the reason; with `on_error="skip"` they are counted and reported in
-`LoadResult.errors` instead. An empty file is an error either way.
+Every row either loads with its exact value or is reported as `file:line: reason`: bad JSON, not
+UTF-8, over-long line, not an object, missing/null field, wrong type, empty value, non-finite or
+too-large numbers, nesting deeper than `jsonvalue.MAX_DEPTH`, invalid Unicode (lone surrogates),
+malformed or null tests (see `rewards.code.normalize_tests`), and the same prompt appearing with two
+different answers ("conflicting_duplicate": every row of that prompt is reported, none is loaded).
+`on_error="raise"` raises the first such RowError (a ValueError); `on_error="skip"` never raises for a
+row and reports the messages in `LoadResult.errors` and the counts per reason in
+`LoadResult.counts`. File-level problems (missing, empty, a directory that is not a dataset, a file
+that is not the format it claims) raise ValueError naming the path, either way.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalerl_mega.data.jsonvalue import BadValue, check_value, loads_strict
 from scalerl_mega.data.split import prompt_id_for
 from scalerl_mega.types import Prompt
 
@@ -59,6 +66,8 @@ class LoadResult:
     prompts: list[Prompt]
     errors: list[str] = field(default_factory=list)
     """One message per skipped row (`file:line: reason`), only with on_error="skip"."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """Skipped rows per reason kind (e.g. {"bad_json": 2, "conflicting_duplicate": 2})."""
 
     @property
     def num_skipped(self) -> int:
@@ -66,7 +75,11 @@ class LoadResult:
 
 
 class RowError(ValueError):
-    """A malformed row; the message starts with `file:line:`."""
+    """A malformed row; the message starts with `file:line:`; `kind` names the reason class."""
+
+    def __init__(self, msg: str, *, kind: str = "malformed") -> None:
+        super().__init__(msg)
+        self.kind = kind
 
 
 def format_prompt(problem: str, *, task: str, tokenizer: Any = None, template: str | None = None) -> str:
@@ -97,18 +110,18 @@ def iter_jsonl(path: str | os.PathLike, *, max_line_bytes: int = 64 << 20) -> It
             if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
                 while raw and not raw.endswith(b"\n"):  # skip the rest of the line
                     raw = f.readline(1 << 20)
-                yield lineno, RowError(f"{path}:{lineno}: line longer than {max_line_bytes} bytes")
+                yield lineno, RowError(f"{path}:{lineno}: line longer than {max_line_bytes} bytes", kind="line_too_long")
                 continue
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
             if not raw.strip():
                 continue
             try:
-                yield lineno, json.loads(raw.decode("utf-8"))
+                yield lineno, loads_strict(raw.decode("utf-8"))
             except UnicodeDecodeError as e:
-                yield lineno, RowError(f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start})")
-            except json.JSONDecodeError as e:
-                yield lineno, RowError(f"{path}:{lineno}: bad JSON ({e.msg} at column {e.colno})")
+                yield lineno, RowError(f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start})", kind="not_utf8")
+            except BadValue as e:
+                yield lineno, RowError(f"{path}:{lineno}: {e}", kind=e.kind)
 
 
 def iter_parquet(path: str | os.PathLike, *, columns: list[str] | None = None) -> Iterator[tuple[int, Any]]:
@@ -145,6 +158,21 @@ def iter_hf(path: str | os.PathLike, *, split: str = "train") -> Iterator[tuple[
         yield i, rec
 
 
+def _guarded(rows: Iterable[tuple[int, Any]], path: Path, fmt: str) -> Iterator[tuple[int, Any]]:
+    """Re-raise reader failures (pyarrow, `datasets`, OS errors) as ValueError naming the path."""
+    it = iter(rows)
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except RowError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any reader failure is a file-level problem of `path`
+            raise ValueError(f"{path}: cannot read as {fmt}: {type(e).__name__}: {str(e)[:300]}") from e
+        yield item
+
+
 def _detect_format(path: Path) -> str:
     if path.is_dir():
         return "hf"
@@ -159,36 +187,55 @@ def _detect_format(path: Path) -> str:
 
 
 def _gold_from_row(value: Any, *, task: str, where: str, key: str) -> Any:
+    """The gold answer: normalized tests (code), else a non-empty string. Numbers are converted
+    (`str(int)` exactly; floats by `repr`); null, booleans and containers are rejected, so no gold
+    ever reaches the math reward as a non-string."""
     if task == "code":
         from scalerl_mega.rewards.code import normalize_tests
 
         try:
             tests = normalize_tests(value)
-        except (ValueError, TypeError, KeyError) as e:
-            raise RowError(f"{where}: field {key!r}: {e}") from None
+            check_value(tests)
+        except BadValue as e:
+            raise RowError(f"{where}: field {key!r}: {e}", kind=e.kind) from None
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise RowError(f"{where}: field {key!r}: {e}", kind="bad_tests") from None
         if not tests:
-            raise RowError(f"{where}: field {key!r}: no tests")
+            raise RowError(f"{where}: field {key!r}: no tests", kind="bad_tests")
         return tests
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise RowError(f"{where}: field {key!r} must be a string or number, got {type(value).__name__}")
-    gold = str(value).strip()
+        raise RowError(f"{where}: field {key!r} must be a string or number, got {type(value).__name__}",
+                       kind="wrong_type")
+    try:
+        check_value(value)
+        gold = value.strip() if isinstance(value, str) else repr(value)
+    except BadValue as e:
+        raise RowError(f"{where}: field {key!r}: {e}", kind=e.kind) from None
+    except ValueError as e:  # int over sys.get_int_max_str_digits() (Parquet/HF rows)
+        raise RowError(f"{where}: field {key!r}: {e}", kind="bad_number") from None
     if not gold:
-        raise RowError(f"{where}: field {key!r} is empty")
+        raise RowError(f"{where}: field {key!r} is empty", kind="empty_field")
     return gold
 
 
 def row_to_prompt(row: Any, *, schema: SourceSchema, where: str, tokenizer: Any = None) -> Prompt:
     """One dataset row -> Prompt; RowError naming `where` (file:line) and the field on bad rows."""
     if not isinstance(row, dict):
-        raise RowError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        raise RowError(f"{where}: expected a JSON object, got {type(row).__name__}", kind="not_object")
     for key in (schema.prompt_key, schema.gold_key):
         if key not in row or row[key] is None:
-            raise RowError(f"{where}: missing field {key!r} (row has {sorted(row)[:10]})")
+            raise RowError(f"{where}: missing field {key!r} (row has {sorted(map(str, row))[:10]})",
+                           kind="missing_field")
     problem = row[schema.prompt_key]
     if not isinstance(problem, str):
-        raise RowError(f"{where}: field {schema.prompt_key!r} must be a string, got {type(problem).__name__}")
+        raise RowError(f"{where}: field {schema.prompt_key!r} must be a string, got {type(problem).__name__}",
+                       kind="wrong_type")
+    try:
+        check_value(problem)
+    except BadValue as e:
+        raise RowError(f"{where}: field {schema.prompt_key!r}: {e}", kind=e.kind) from None
     if not problem.strip():
-        raise RowError(f"{where}: field {schema.prompt_key!r} is empty")
+        raise RowError(f"{where}: field {schema.prompt_key!r} is empty", kind="empty_field")
     gold = _gold_from_row(row[schema.gold_key], task=schema.task, where=where, key=schema.gold_key)
     return Prompt(
         prompt_id=prompt_id_for(schema.task, problem),
@@ -220,29 +267,54 @@ def load_prompts(
     if not p.exists():
         raise ValueError(f"{p}: no such file or directory")
     fmt = _detect_format(p) if fmt == "auto" else fmt
+    if fmt in ("jsonl", "parquet") and not p.is_file():
+        raise ValueError(f"{p}: is a directory, not a {fmt} file (a local HF dataset directory needs fmt='hf')")
     if fmt == "jsonl":
         rows = iter_jsonl(p, max_line_bytes=max_line_bytes)
     elif fmt == "parquet":
-        rows = iter_parquet(p)
+        rows = iter_parquet(p, columns=[schema.prompt_key, schema.gold_key])
     elif fmt == "hf":
         rows = iter_hf(p, split=split)
     else:
         raise ValueError(f"fmt={fmt!r} must be 'auto', 'jsonl', 'parquet' or 'hf'")
     unit = "line" if fmt == "jsonl" else "row"
-    prompts, errors = [], []
+    loaded: list[tuple[str, Prompt]] = []  # (where, prompt)
+    errors: list[RowError] = []
     n_rows = 0
-    for lineno, row in rows:
+    for lineno, row in _guarded(rows, p, fmt):
         n_rows += 1
         try:
             if isinstance(row, RowError):
                 raise row
-            prompts.append(row_to_prompt(row, schema=schema, where=f"{p}:{lineno}", tokenizer=tokenizer))
+            where = f"{p}:{lineno}"
+            loaded.append((where, row_to_prompt(row, schema=schema, where=where, tokenizer=tokenizer)))
         except RowError as e:
             if on_error == "raise":
                 raise
-            errors.append(str(e))
+            errors.append(e)
+    prompts, dup_errors = _drop_conflicting_duplicates(loaded)
+    if dup_errors and on_error == "raise":
+        raise dup_errors[0]
+    errors += dup_errors
     if n_rows == 0:
         raise ValueError(f"{p}: empty (no {unit}s with data)")
     if not prompts:
         raise ValueError(f"{p}: all {n_rows} {unit}s are malformed; first: {errors[0]}")
-    return LoadResult(prompts=prompts, errors=errors)
+    return LoadResult(prompts=prompts, errors=[str(e) for e in errors], counts=dict(Counter(e.kind for e in errors)))
+
+
+def _drop_conflicting_duplicates(loaded: list[tuple[str, Prompt]]) -> tuple[list[Prompt], list[RowError]]:
+    """Rows with the same prompt and the same gold are kept (the split collapses them); a prompt seen
+    with different golds is ambiguous, so all its rows are dropped, each reported naming the others."""
+    by_id: dict[str, list[tuple[str, Prompt]]] = {}
+    for where, prompt in loaded:
+        by_id.setdefault(prompt.prompt_id, []).append((where, prompt))
+    bad = {pid for pid, rows in by_id.items() if any(pr.gold != rows[0][1].gold for _, pr in rows)}
+    errors = []
+    for where, prompt in loaded:
+        if prompt.prompt_id in bad:
+            others = [w.rsplit(":", 1)[-1] for w, _ in by_id[prompt.prompt_id] if w != where]
+            errors.append(RowError(f"{where}: conflicting duplicate: the same prompt has a different answer on "
+                                   f"line(s) {', '.join(others[:5])} (this one: {str(prompt.gold)[:60]!r})",
+                                   kind="conflicting_duplicate"))
+    return [pr for _, pr in loaded if pr.prompt_id not in bad], errors

@@ -34,13 +34,19 @@ def held_out_split(
     prompts: Sequence[Prompt], *, num_val: int = 1000, seed: int = 0, max_fraction: float = 0.2
 ) -> tuple[list[Prompt], list[Prompt]]:
     """(train, val): val holds the `k` prompts with the smallest hash(seed, prompt_id), sorted by that
-    hash; train keeps the input order. Disjoint by prompt_id; duplicates keep their first occurrence."""
+    hash; train keeps the input order. Disjoint by prompt_id; duplicates keep their first occurrence.
+
+    `num_val` at or above the number of distinct prompts is an error (it would leave nothing, or a
+    sliver clamped by `max_fraction`, to train on); below it, tiny sets are clamped to `max_fraction`."""
     seen: set[str] = set()
     unique: list[Prompt] = []
     for p in prompts:
         if p.prompt_id not in seen:
             seen.add(p.prompt_id)
             unique.append(p)
+    if unique and num_val >= len(unique):
+        raise ValueError(f"data.val_prompts={num_val} must be smaller than the dataset's {len(unique)} distinct "
+                         "prompts")
     k = held_out_size(len(unique), num_val=num_val, max_fraction=max_fraction)
     ranked = sorted(unique, key=lambda p: _key(seed, p.prompt_id))
     val = ranked[:k]

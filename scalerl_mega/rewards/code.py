@@ -9,13 +9,15 @@ the reward interpolates by the fraction of tests passed (`passed` still means al
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from scalerl_mega.data.jsonvalue import BadValue, loads_strict
 from scalerl_mega.rewards.math import strip_thinking
 from scalerl_mega.rewards.result import RewardResult, RewardValues
 from scalerl_mega.rewards.sandbox import Isolation, RunResult, SandboxLimits, run_python
@@ -71,18 +73,11 @@ def normalize_tests(raw: Any, *, fn_name: str | None = None) -> list[dict[str, A
     """
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"tests: not valid JSON ({e})") from e
+            raw = loads_strict(raw)
+        except BadValue as e:
+            raise ValueError(f"tests: not valid JSON ({e})" if e.kind == "bad_json" else f"tests: {e}") from None
     if isinstance(raw, dict) and "inputs" in raw and "outputs" in raw:
-        name = raw.get("fn_name") or fn_name
-        ins, outs = raw["inputs"], raw["outputs"]
-        if len(ins) != len(outs):
-            raise ValueError(f"tests: {len(ins)} inputs but {len(outs)} outputs")
-        if name:
-            return [{"fn_name": name, "args": list(i), "expected": o[0] if isinstance(o, list) and len(o) == 1 else o}
-                    for i, o in zip(ins, outs)]
-        return [{"input": _as_text(i), "output": _as_text(o)} for i, o in zip(ins, outs)]
+        return _normalize_taco(raw, fn_name=fn_name)
     if isinstance(raw, dict):
         raw = [raw]
     if not isinstance(raw, list):
@@ -92,7 +87,10 @@ def normalize_tests(raw: Any, *, fn_name: str | None = None) -> list[dict[str, A
         if not isinstance(t, dict):
             raise ValueError(f"tests[{i}]: expected a dict, got {type(t).__name__}")
         if "fn_name" in t:
-            out.append({"fn_name": str(t["fn_name"]), "args": list(t.get("args", [])), "expected": t.get("expected")})
+            if not isinstance(t.get("args", []), list):
+                raise ValueError(f"tests[{i}]: args must be a list, got {type(t['args']).__name__}")
+            out.append({"fn_name": str(t["fn_name"]), "args": list(t.get("args", [])),
+                        "expected": _not_null(t.get("expected"), f"tests[{i}].expected")})
         elif t.get("testtype") == "functional":
             meta = t.get("metadata") or {}
             if isinstance(meta, str):
@@ -100,19 +98,61 @@ def normalize_tests(raw: Any, *, fn_name: str | None = None) -> list[dict[str, A
             name = meta.get("func_name") or fn_name
             if not name:
                 raise ValueError(f"tests[{i}]: functional test without func_name")
-            args = [json.loads(line) for line in str(t["input"]).split("\n") if line.strip()]
-            out.append({"fn_name": name, "args": args, "expected": json.loads(t["output"])})
+            inp, outp = _as_text(t.get("input"), f"tests[{i}].input"), _as_text(t.get("output"), f"tests[{i}].output")
+            try:
+                args = [loads_strict(line) for line in inp.split("\n") if line.strip()]
+                expected = loads_strict(outp)
+            except BadValue as e:
+                raise ValueError(f"tests[{i}]: functional input/output: {e}") from None
+            out.append({"fn_name": name, "args": args, "expected": _not_null(expected, f"tests[{i}].output")})
         elif "input" in t and "output" in t:
-            out.append({"input": _as_text(t["input"]), "output": _as_text(t["output"])})
+            out.append({"input": _as_text(t["input"], f"tests[{i}].input"),
+                        "output": _as_text(t["output"], f"tests[{i}].output")})
         else:
             raise ValueError(f"tests[{i}]: needs input/output or fn_name/args/expected, got keys {sorted(t)}")
     return out
 
 
-def _as_text(x: Any) -> str:
-    if isinstance(x, list):
-        return "\n".join(map(str, x))
-    return str(x)
+def _normalize_taco(raw: dict, *, fn_name: str | None) -> list[dict[str, Any]]:
+    """TACO `{"inputs": [...], "outputs": [...], "fn_name"?}`. With a function name every input is the
+    list of call arguments and every output the return value, usually wrapped in a one-element list;
+    without one, inputs/outputs are stdin/stdout texts (or lists of lines)."""
+    name = raw.get("fn_name") or fn_name
+    ins, outs = raw["inputs"], raw["outputs"]
+    if not isinstance(ins, list) or not isinstance(outs, list):
+        raise ValueError(f"tests: TACO inputs/outputs must be lists, got {type(ins).__name__}/{type(outs).__name__}")
+    if len(ins) != len(outs):
+        raise ValueError(f"tests: {len(ins)} inputs but {len(outs)} outputs")
+    if not name:
+        return [{"input": _as_text(i, f"tests.inputs[{k}]"), "output": _as_text(o, f"tests.outputs[{k}]")}
+                for k, (i, o) in enumerate(zip(ins, outs))]
+    out = []
+    for k, (i, o) in enumerate(zip(ins, outs)):
+        if not isinstance(i, list):
+            # a bare string would otherwise become one argument per character
+            raise ValueError(f"tests.inputs[{k}]: TACO call arguments must be a list, got {type(i).__name__}")
+        expected = o[0] if isinstance(o, list) and len(o) == 1 else o
+        out.append({"fn_name": str(name), "args": list(i), "expected": _not_null(expected, f"tests.outputs[{k}]")})
+    return out
+
+
+def _not_null(x: Any, where: str) -> Any:
+    if x is None:
+        raise ValueError(f"{where}: null expected output")
+    return x
+
+
+def _as_text(x: Any, where: str = "tests") -> str:
+    """stdin/stdout text: a string, a number, or a list of those (lines). Anything else (null, dicts,
+    booleans) would turn into a wrong test via `str()`, so it is an error."""
+    if isinstance(x, str):
+        return x
+    items = x if isinstance(x, list) else [x]
+    for v in items:
+        if v is None or isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise ValueError(f"{where}: expected text (or a list of lines), got {type(v).__name__}"
+                             + (" (null output)" if v is None else ""))
+    return "\n".join(map(str, items))
 
 
 def _tokens_match(a: str, b: str) -> bool:
@@ -160,12 +200,11 @@ def _failure_reason(r: RunResult) -> str:
     return "wrong_answer"
 
 
-def _run_stdin_tests(code: str, tests: Sequence[dict], *, limits: SandboxLimits, isolation, stop_early: bool
+def _run_stdin_tests(code: str, tests: Sequence[dict], *, run: Callable[..., RunResult], stop_early: bool
                      ) -> tuple[int, str]:
     passed, reason = 0, ""
     for i, t in enumerate(tests):
-        r = run_python({"solution.py": code}, ["solution.py"], stdin=t["input"].encode(), limits=limits,
-                       isolation=isolation)
+        r = run({"solution.py": code}, ["solution.py"], stdin=t["input"].encode())
         if r.returncode == 0 and not r.timed_out and not r.output_overflow and stdout_matches(
             r.stdout.decode(errors="replace"), t["output"]
         ):
@@ -177,11 +216,10 @@ def _run_stdin_tests(code: str, tests: Sequence[dict], *, limits: SandboxLimits,
     return passed, reason
 
 
-def _run_fn_tests(code: str, tests: Sequence[dict], *, limits: SandboxLimits, isolation) -> tuple[int, str]:
+def _run_fn_tests(code: str, tests: Sequence[dict], *, run: Callable[..., RunResult]) -> tuple[int, str]:
     mark = "@@" + secrets.token_hex(8) + "@@"
     cfg = {"mark": mark, "calls": [{"fn_name": t["fn_name"], "args": t["args"]} for t in tests]}
-    r = run_python({"solution.py": code, "harness.py": _FN_HARNESS}, ["harness.py"], stdin=json.dumps(cfg).encode(),
-                   limits=limits, isolation=isolation)
+    r = run({"solution.py": code, "harness.py": _FN_HARNESS}, ["harness.py"], stdin=json.dumps(cfg).encode())
     results = []
     for line in r.stdout.decode(errors="replace").splitlines():
         if line.startswith(mark):
@@ -214,8 +252,12 @@ def score_code(
     max_processes: int = 16,
     max_output_bytes: int = 1 << 20,
     isolation: Isolation | str | None = None,
+    scratch_mb: int = 64,
+    hide_paths: Sequence[str] = (),
 ) -> RewardResult:
-    """Score the last fenced code block of `completion` on `tests` (limits apply per run)."""
+    """Score the last fenced code block of `completion` on `tests` (limits apply per run).
+
+    `hide_paths` are masked inside the sandbox on top of its deny-by-default view (see `sandbox`)."""
     code = extract_code(completion, require_think=require_think)
     if code is None:
         return rewards.result(False, "unclosed_think" if strip_thinking(completion) is None and require_think
@@ -227,17 +269,18 @@ def score_code(
     if not norm:
         return rewards.result(False, "no_tests")
     limits = SandboxLimits(time_limit_s=time_limit_s, memory_mb=memory_mb, max_processes=max_processes,
-                           max_output_bytes=max_output_bytes)
+                           max_output_bytes=max_output_bytes, scratch_mb=scratch_mb)
     iso = None if isolation is None else Isolation(isolation)
+    run = functools.partial(run_python, limits=limits, isolation=iso, hide_paths=tuple(hide_paths))
     stdin_tests = [t for t in norm if "input" in t]
     fn_tests = [t for t in norm if "fn_name" in t]
     n_pass, reasons = 0, []
     if stdin_tests:
-        p, why = _run_stdin_tests(code, stdin_tests, limits=limits, isolation=iso, stop_early=not partial_credit)
+        p, why = _run_stdin_tests(code, stdin_tests, run=run, stop_early=not partial_credit)
         n_pass += p
         reasons.append(why)
     if fn_tests and (partial_credit or n_pass == len(stdin_tests)):
-        p, why = _run_fn_tests(code, fn_tests, limits=limits, isolation=iso)
+        p, why = _run_fn_tests(code, fn_tests, run=run)
         n_pass += p
         reasons.append(why)
     frac = n_pass / len(norm)

@@ -9,7 +9,12 @@ Pipeline for one completion:
    without sympy. Two different plain integers are decided incorrect; everything else that is not
    an exact match goes to math-verify.
 4. math-verify (`parse` + `verify`) in a forked child with a hard deadline (see `deadline.py`), so
-   adversarial input such as power towers is scored incorrect within `timeout_s`.
+   adversarial input such as power towers is scored incorrect within `timeout_s`. Percentages are
+   handed to math-verify in the plain `N%` form it can decide (`percent_form`).
+
+Steps 1-3 run in the caller's process and are linear-time string work (`last_boxed` is one pass);
+anything that may be super-linear (sympy, math-verify's regexes) runs only under the deadline of step 4.
+A gold that is not a non-empty string is incorrect ("bad_gold"); the data loader rejects such rows.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from scalerl_mega.rewards.deadline import call_in_child
 from scalerl_mega.rewards.result import RewardResult, RewardValues
 
 THINK_CLOSE = "</think>"
-_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _INT_RE = re.compile(r"[+-]?(?:\d+|\d{1,3}(?:,\d{3})+)")
 _DEC_RE = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+|\d+)")
 _MAX_ANSWER_CHARS = 2000
@@ -36,20 +40,29 @@ def strip_thinking(completion: str) -> str | None:
     return completion[idx + len(THINK_CLOSE) :]
 
 
+_BOX_TOKEN_RE = re.compile(r"\\(?:boxed|fbox)\s*\{|[{}]")
+"""One token per box opener or brace: `last_boxed` is a single pass over these."""
+
+
 def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` / `\\fbox{...}` with balanced braces, or None."""
-    for m in reversed(list(_BOX_RE.finditer(text))):
-        depth, i = 1, m.end()
-        while i < len(text):
-            c = text[i]
-            if c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[m.end() : i]
-            i += 1
-    return None
+    """Content of the last `\\boxed{...}` / `\\fbox{...}` with balanced braces, or None.
+
+    "Last" is the closed box that starts last (a later unclosed box is skipped). One pass over the
+    brace tokens with a stack of open braces (box openers marked), so it is linear in `len(text)`
+    however many `\\boxed{` are left unclosed.
+    """
+    stack: list[int] = []  # content start of a box opener, or -1 for a plain brace
+    best: tuple[int, int] | None = None
+    for m in _BOX_TOKEN_RE.finditer(text):
+        tok = m.group()
+        if tok == "}":
+            if stack:
+                start = stack.pop()
+                if start >= 0 and (best is None or start > best[0]):
+                    best = (start, m.start())
+        else:
+            stack.append(m.end() if tok != "{" else -1)
+    return None if best is None else text[best[0] : best[1]]
 
 
 def normalize_answer(s: str) -> str:
@@ -86,6 +99,18 @@ def fast_path(answer: str, gold: str) -> bool | None:
     return None
 
 
+_PCT_RE = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*(?:\\%|%|\\text\{\s*\\?%\s*\}|\\?percent)")
+
+
+def percent_form(s: str) -> str | None:
+    """`"N%"` when `s` is a plain number with a percent sign (`50\\%`, `50%`, `50\\text{\\%}`,
+    `50 percent`), else None. math-verify only understands percentages in this plain form (its
+    extractor turns `N%` into `N * 1/100`, and its grader then accepts both `N` and `N/100`); inside
+    `\\boxed{}` its LaTeX parser drops the number, so both sides are rewritten before parsing."""
+    m = _PCT_RE.fullmatch(normalize_answer(s))
+    return None if m is None else f"{m.group(1)}%"
+
+
 def _math_verify(answer_text: str, gold: str, boxed: bool) -> bool:
     """Runs in the child process: math-verify's own signal timeouts are disabled (we kill instead)."""
     import logging
@@ -93,10 +118,12 @@ def _math_verify(answer_text: str, gold: str, boxed: bool) -> bool:
     from math_verify import parse, verify
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=None)
+    pct = percent_form(gold)
+    gold_parsed = parse(pct, parsing_timeout=None) if pct else parse(f"\\boxed{{{gold}}}", parsing_timeout=None)
     if not gold_parsed:
         gold_parsed = parse(gold, parsing_timeout=None)
-    pred = f"\\boxed{{{answer_text}}}" if boxed else answer_text
+    pct = percent_form(answer_text) if boxed else None
+    pred = pct or (f"\\boxed{{{answer_text}}}" if boxed else answer_text)
     pred_parsed = parse(pred, parsing_timeout=None)
     if not gold_parsed or not pred_parsed:
         return False
@@ -113,6 +140,9 @@ def _warm_up() -> None:
 def _prepare(completion: str, gold: str, *, rewards: RewardValues, require_think: bool, require_boxed: bool,
              use_fast_path: bool) -> tuple[RewardResult | None, str, bool]:
     """Steps 1-3: (decided result or None, answer candidate, whether it came from a box)."""
+    if not isinstance(gold, str) or not gold.strip():
+        # the data loader rejects these at load time; never let `str(None)` match `\\boxed{None}`
+        return rewards.result(False, f"bad_gold: {type(gold).__name__}"), "", False
     if require_think:
         answer_text = strip_thinking(completion)
         if answer_text is None:
@@ -129,7 +159,7 @@ def _prepare(completion: str, gold: str, *, rewards: RewardValues, require_think
     if not candidate.strip():
         return rewards.result(False, "empty_answer"), "", False
     if use_fast_path and boxed is not None:
-        decided = fast_path(candidate, str(gold))
+        decided = fast_path(candidate, gold)
         if decided is not None:
             return rewards.result(decided, "fast_path"), candidate, True
     return None, candidate, boxed is not None
@@ -170,7 +200,7 @@ def score_math(
     if decided is not None:
         return decided
     _warm_up()
-    status, value = call_in_child(_math_verify, candidate, str(gold), boxed, timeout_s=timeout_s)
+    status, value = call_in_child(_math_verify, candidate, gold, boxed, timeout_s=timeout_s)
     if status == "ok":
         return rewards.result(bool(value), "math_verify")
     if status == "timeout":

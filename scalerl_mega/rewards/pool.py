@@ -34,6 +34,11 @@ class RewardConfig:
     code_time_limit_s: float = 5.0
     code_memory_mb: int = 512
     code_partial_credit: bool = False
+    code_scratch_mb: int = 64
+    """Private tmpfs behind the sandbox's cwd, /tmp and /dev/shm (rewards.sandbox)."""
+    code_hide_paths: tuple[str, ...] = ()
+    """Extra paths masked in the code sandbox (only needed under /usr, /lib, ... or the interpreter
+    prefix: nothing else of the host is visible there anyway)."""
     num_workers: int = 2
     item_timeout_s: float | None = None
     """Hard per-item deadline enforced by killing the worker; None derives it from the limits above
@@ -64,11 +69,12 @@ def score_item(item: RewardItem) -> RewardResult:
     cfg = item.config
     values = RewardValues(correct=cfg.correct, incorrect=cfg.incorrect)
     if item.task in ("math", "synthetic"):
-        return score_math(item.text, str(item.gold), timeout_s=cfg.math_timeout_s, rewards=values,
+        return score_math(item.text, item.gold, timeout_s=cfg.math_timeout_s, rewards=values,
                           require_think=cfg.require_think, require_boxed=cfg.require_boxed)
     if item.task == "code":
         return score_code(item.text, item.gold, time_limit_s=cfg.code_time_limit_s, memory_mb=cfg.code_memory_mb,
-                          rewards=values, partial_credit=cfg.code_partial_credit, require_think=cfg.require_think)
+                          rewards=values, partial_credit=cfg.code_partial_credit, require_think=cfg.require_think,
+                          scratch_mb=cfg.code_scratch_mb, hide_paths=cfg.code_hide_paths)
     return values.result(False, f"unknown_task: {item.task!r}")
 
 
@@ -259,7 +265,7 @@ class TaskRewardFn:
         for p, t in zip(prompts, texts):  # string-only decisions (fast path) stay in this process
             quick = None
             if p.task in ("math", "synthetic"):
-                quick = decide_without_verifier(t, str(p.gold), rewards=values, require_think=cfg.require_think,
+                quick = decide_without_verifier(t, p.gold, rewards=values, require_think=cfg.require_think,
                                                 require_boxed=cfg.require_boxed)
             results.append(quick)
         todo = [i for i, r in enumerate(results) if r is None]

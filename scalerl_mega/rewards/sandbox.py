@@ -2,27 +2,31 @@
 
 Three isolation levels, chosen by `detect_isolation()` (memoized per process) or forced:
 
-* `root` (the process is root): `unshare --net --pid --mount --mount-proc --fork --kill-child`,
+* `root` (the process is root): `unshare --net --pid --ipc --uts --mount --mount-proc --fork --kill-child`,
   then `setpriv` to a fresh unprivileged uid (random in [200000, 300000)) with no capabilities and
   `no_new_privs`. RLIMIT_NPROC is enforced for that uid (it is not for root), so a fork bomb stops
   at `max_processes`.
-* `userns` (not root, user namespaces enabled): `unshare --user --map-root-user --net --pid
-  --mount --mount-proc --fork --kill-child`; RLIMIT_NPROC is set inside the namespace (`prlimit`),
-  where it counts only the sandbox's own processes. The program keeps the invoking user's file
-  permissions on paths that are not hidden (below).
-* `none` (no usable `unshare`): a plain subprocess with the same rlimits, clean environment and
-  scratch directory, but NO network or filesystem isolation and, as root, no process-count limit.
+* `userns` (not root, user namespaces enabled): `unshare --user --map-root-user --net --pid --ipc
+  --uts --mount --mount-proc --fork --kill-child`; RLIMIT_NPROC is set inside the namespace (`prlimit`),
+  where it counts only the sandbox's own processes.
+* `none` (no usable `unshare`, or the sandbox root cannot be assembled): a plain subprocess with the same
+  rlimits, clean environment and scratch directory, but NO network, filesystem or IPC isolation, no
+  scratch quota and, as root, no process-count limit.
   A warning says so when this level is selected; nothing degrades silently.
 
-In `root` and `userns` the mount namespace is private and, before the program starts:
-the scratch directory is bind-mounted at /mnt/work (the only writable place), the interpreter's
-prefix read-only at /mnt/py, and tmpfs is mounted over /tmp, /var/tmp, /dev/shm, /root, /home,
-$HOME, the top-level directories holding the project checkout, the venv and the caller's cwd
-(e.g. /work for /work/main; system directories such as /usr are never hidden) and any `hide_paths`; /etc/passwd and
-/etc/shadow are masked with /dev/null. The pid namespace dies with its init, so killing the
-launcher kills every descendant. Always: empty environment (PATH, HOME, LANG only), `python -I`,
+In `root` and `userns` the program also gets private IPC and UTS namespaces (System V shared memory,
+semaphores and message queues die with the run), and a deny-by-default filesystem (`_setup_script`): a
+fresh root on a tmpfs holding only the system directories (/usr, /bin, /lib*, /sbin) read-only, the
+loader's /etc files, /dev with null/zero/full/random/urandom, a private /proc, the interpreter prefix
+read-only at /mnt/py, and one private tmpfs of `scratch_mb` behind the cwd /mnt/work, /tmp and /dev/shm.
+Nothing else of the host exists inside -- not /run, /var, /home, /root, the checkout, the venv or any
+dataset directory -- so no host filesystem socket is reachable either (abstract sockets are per network
+namespace). `hide_paths` masks further paths under the visible directories. The old root is detached
+(`pivot_root`), the root is read-only, and every writable place is a tmpfs that disappears with the
+namespace, so a run leaves nothing behind on the host. The pid namespace dies with its init, so killing
+the launcher kills every descendant. Always: empty environment (PATH, HOME, LANG only), `python -I`,
 RLIMIT_AS / CPU / FSIZE / CORE=0, a wall-clock deadline, and an output cap (the process group is
-killed when stdout exceeds it). The scratch directory is deleted afterwards.
+killed when stdout exceeds it). The host-side staging directory is deleted afterwards.
 """
 
 from __future__ import annotations
@@ -50,9 +54,8 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-_NS_FLAGS = ["--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc"]
+_NS_FLAGS = ["--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--mount", "--mount-proc"]
 _UID_BASE, _UID_SPAN = 200_000, 100_000
-_ALWAYS_HIDDEN = ("/tmp", "/var/tmp", "/dev/shm", "/root", "/home")
 
 
 class Isolation(str, enum.Enum):
@@ -75,9 +78,11 @@ class SandboxLimits:
     """RLIMIT_NPROC inside the sandbox (processes + threads)."""
     max_file_mb: int = 16
     """RLIMIT_FSIZE: largest file the program may write."""
+    scratch_mb: int = 64
+    """Size of the private tmpfs behind the cwd, /tmp and /dev/shm together (`root`/`userns` isolation)."""
 
     def __post_init__(self) -> None:
-        for name in ("time_limit_s", "memory_mb", "max_output_bytes", "max_processes", "max_file_mb"):
+        for name in ("time_limit_s", "memory_mb", "max_output_bytes", "max_processes", "max_file_mb", "scratch_mb"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)}")
 
@@ -101,20 +106,41 @@ def _probe(cmd: list[str]) -> bool:
         return False
 
 
+def _probe_sandbox(iso: Isolation) -> str | None:
+    """Assemble the full sandbox once and run `python -c pass` in it; None if it works, else why not."""
+    base = tempfile.mkdtemp(prefix="scalerl_sbx_probe_")
+    try:
+        cmd = _namespace_command(base=base, argv=["-c", "pass"], isolation=iso, uid=_UID_BASE, limits=SandboxLimits(),
+                                 hide=[])
+        p = subprocess.run(cmd, capture_output=True, timeout=20, cwd="/", env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+        return None if p.returncode == 0 else p.stderr.decode(errors="replace").strip()[-300:] or f"rc {p.returncode}"
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        return repr(e)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @functools.cache
 def detect_isolation() -> Isolation:
     """The strongest isolation that works on this machine (probed once per process)."""
     unshare, prlimit = shutil.which("unshare"), shutil.which("prlimit")
+    why = "no usable `unshare` (util-linux) with user/net/pid/ipc/mount namespaces"
     if unshare and prlimit:
+        iso = None
         if os.geteuid() == 0 and shutil.which("setpriv"):
             if _probe([unshare, *_NS_FLAGS, "true"]):
-                return Isolation.ROOT
+                iso = Isolation.ROOT
         elif _probe([unshare, "--user", "--map-root-user", *_NS_FLAGS, "true"]):
-            return Isolation.USERNS
+            iso = Isolation.USERNS
+        if iso is not None:
+            err = _probe_sandbox(iso)
+            if err is None:
+                return iso
+            why = f"namespaces work but the sandbox root cannot be assembled ({err})"
     msg = (
-        "code sandbox: no usable `unshare` (util-linux) with user/net/pid/mount namespaces; "
-        "untrusted code runs with rlimits, a clean environment and a scratch cwd only: NO network "
-        "isolation, NO filesystem hiding" + (", NO process-count limit (root)" if os.geteuid() == 0 else "")
+        f"code sandbox: {why}; untrusted code runs with rlimits, a clean environment and a scratch cwd only: "
+        "NO network isolation, NO filesystem hiding, NO IPC isolation, NO scratch quota"
+        + (", NO process-count limit (root)" if os.geteuid() == 0 else "")
     )
     warnings.warn(msg, RuntimeWarning, stacklevel=2)
     logger.warning(msg)
@@ -125,27 +151,27 @@ def _project_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-_SYSTEM_TOP = {"usr", "lib", "lib32", "lib64", "libx32", "bin", "sbin", "etc", "dev", "proc", "sys", "run", "mnt"}
-
-
-def _top_level(path: str) -> str:
-    """The top-level directory holding `path` (e.g. /work for /work/main), unless it is a system one."""
-    parts = Path(os.path.realpath(path)).parts
-    if len(parts) > 1 and parts[1] not in _SYSTEM_TOP:
-        return "/" + parts[1]
-    return os.path.realpath(path)
-
-
 def _hidden_paths(extra: Sequence[str]) -> list[str]:
-    cands = [*_ALWAYS_HIDDEN, os.environ.get("HOME", ""), _top_level(str(_project_root())), _top_level(sys.prefix),
-             _top_level(os.getcwd()), *extra]
+    """Paths to mask inside the sandbox, as absolute paths of the sandbox's own root.
+
+    Only paths the deny-by-default view would otherwise show need masking: those under a visible system
+    directory (`_SYSTEM_RO`) or under the interpreter prefix (visible at /mnt/py). The project checkout and
+    the venv are always added, in case they live under such a directory (e.g. /usr/local/src).
+    """
+    prefix = os.path.realpath(sys.base_prefix)
+    cands = [str(_project_root()), sys.prefix, *extra]
     out: list[str] = []
-    for p in sorted({os.path.realpath(c) for c in cands if c}):
-        if p == "/" or "/mnt".startswith(p.rstrip("/") + "/") or p.startswith("/mnt/") or p == "/mnt":
-            continue  # never hide / or the sandbox's own mount point
-        if any(p.startswith(h.rstrip("/") + "/") for h in out):
-            continue  # already under a hidden path
-        out.append(p)
+    for c in sorted({os.path.realpath(c) for c in cands if c}):
+        parts = Path(c).parts
+        if c == prefix or c.startswith(prefix + "/"):
+            inner = "/mnt/py" + c[len(prefix):]
+        elif len(parts) > 2 and parts[1] in _SYSTEM_RO and not os.path.islink("/" + parts[1]):
+            inner = c
+        else:
+            continue  # not visible in the sandbox at all
+        if inner == "/mnt/py" or any(inner.startswith(h + "/") for h in out):
+            continue  # never mask the interpreter itself; already under a masked path
+        out.append(inner)
     return out
 
 
@@ -159,22 +185,79 @@ def _interpreter() -> tuple[str, str]:
     return prefix, rel
 
 
-def _setup_script(*, scratch: str, argv: Sequence[str], isolation: Isolation, uid: int, limits: SandboxLimits,
+_SYSTEM_RO = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+"""Host top-level entries visible (read-only) in the sandbox; everything else of the host is absent."""
+_ETC_RO = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives")
+"""/etc entries the dynamic loader and coreutils need; /etc/passwd and /etc/group exist but are empty."""
+_DEV_NODES = ("null", "zero", "full", "random", "urandom")
+
+
+def _setup_script(*, staging: str, new_root: str, argv: Sequence[str], isolation: Isolation, uid: int, limits: SandboxLimits,
                   hide: Sequence[str]) -> str:
+    """Shell run as (namespace) root in fresh mount/pid/net/ipc/uts namespaces: assemble a deny-by-default
+    root on a tmpfs, pivot into it, drop privileges and exec the program.
+
+    Layout: /usr /bin /sbin /lib* bound read-only from the host (or recreated as the host's symlinks), a few
+    /etc files (`_ETC_RO`), /dev with only `_DEV_NODES`, a fresh /proc of the private pid namespace, the
+    interpreter prefix read-only at /mnt/py, and one size-limited tmpfs (`limits.scratch_mb`) that provides
+    the cwd /mnt/work, /tmp and /dev/shm. The root itself is remounted read-only; /run, /var, /home, /root,
+    /work, /data ... do not exist. `hide` paths that fall under a visible directory are masked (tmpfs over a
+    directory, /dev/null over a file). The old root is detached (`pivot_root` + lazy umount), so no host
+    path -- and no filesystem socket -- is reachable afterwards.
+    """
     prefix, rel = _interpreter()
     q = shlex.quote
+    r = q(new_root)
+    owner = f"uid={uid},gid={uid}," if isolation is Isolation.ROOT else ""
     lines = [
         "set -e",
         "mount --make-rprivate /",
-        "mount -t tmpfs -o size=1m,mode=0755 tmpfs /mnt",
-        "mkdir /mnt/work /mnt/py",
-        f"mount --bind {q(scratch)} /mnt/work",
-        f"mount --bind {q(prefix)} /mnt/py",
-        "mount -o remount,bind,ro /mnt/py",
+        f"mount -t tmpfs -o size=4m,mode=0755 tmpfs {r}",
+        f"cd {r}",
+        "mkdir -p etc dev proc tmp mnt/py mnt/work .scratch",
     ]
-    lines += [f"if [ -d {q(h)} ]; then mount -t tmpfs -o size=1m,mode=0755 tmpfs {q(h)}; fi" for h in hide]
-    lines += [f"if [ -f {f} ]; then mount --bind /dev/null {f}; fi" for f in ("/etc/passwd", "/etc/shadow")]
-    lines.append("cd /mnt/work")
+    for d in _SYSTEM_RO:
+        lines.append(f"if [ -L /{d} ]; then ln -s \"$(readlink /{d})\" {d}; "
+                     f"elif [ -d /{d} ]; then mkdir {d} && mount --bind /{d} {d} && "
+                     f"mount -o remount,bind,ro,nosuid,nodev {d}; fi")
+    for e in _ETC_RO:
+        lines.append(f"if [ -d /etc/{e} ]; then mkdir etc/{e} && mount --bind /etc/{e} etc/{e} && "
+                     f"mount -o remount,bind,ro etc/{e}; elif [ -f /etc/{e} ]; then : > etc/{e} && "
+                     f"mount --bind /etc/{e} etc/{e} && mount -o remount,bind,ro etc/{e}; fi")
+    lines.append(": > etc/passwd; : > etc/group")
+    for n in _DEV_NODES:
+        lines.append(f": > dev/{n}; mount --bind /dev/{n} dev/{n}")
+    lines += [
+        "ln -s /proc/self/fd dev/fd; ln -s /proc/self/fd/0 dev/stdin; ln -s /proc/self/fd/1 dev/stdout; "
+        "ln -s /proc/self/fd/2 dev/stderr",
+        "mount -t proc -o nosuid,nodev,noexec proc proc",
+        f"mount --bind {q(prefix)} mnt/py",
+        "mount -o remount,bind,ro,nosuid,nodev mnt/py",
+        # one quota for cwd, /tmp and /dev/shm: three binds of a single size-limited tmpfs
+        f"mount -t tmpfs -o size={limits.scratch_mb}m,nr_inodes=65536,nosuid,nodev,{owner}mode=0700 tmpfs .scratch",
+        "mkdir .scratch/work .scratch/tmp .scratch/shm dev/shm",
+        f"cp -R {q(staging)}/. .scratch/work/",
+        "chmod 1777 .scratch/tmp .scratch/shm",
+    ]
+    if isolation is Isolation.ROOT:
+        lines.append(f"chown -R {uid}:{uid} .scratch/work")
+    lines += [
+        "mount --bind .scratch/work mnt/work",
+        "mount --bind .scratch/tmp tmp",
+        "mount --bind .scratch/shm dev/shm",
+        "umount .scratch && rmdir .scratch",
+    ]
+    for h in hide:
+        inner = "." + h  # relative to the new root (the cwd until the pivot)
+        lines.append(f"if [ -d {q(inner)} ]; then mount -t tmpfs -o size=4k,mode=0755 tmpfs {q(inner)}; "
+                     f"elif [ -e {q(inner)} ]; then mount --bind /dev/null {q(inner)}; fi")
+    lines += [
+        # pivot_root(".", "."): the old root ends up stacked on the new one and is detached right away
+        "pivot_root . .",
+        "umount -l .",
+        "mount -o remount,ro,bind /",
+        "cd /mnt/work",
+    ]
     env = ["env", "-i", "PATH=/usr/bin:/bin", "HOME=/mnt/work", "LANG=C.UTF-8", "LD_LIBRARY_PATH=/mnt/py/lib"]
     prog = [*env, f"/mnt/py/{rel}", "-I", "-B", *argv]
     if isolation is Isolation.ROOT:
@@ -226,31 +309,32 @@ def run_python(
     isolation: Isolation | None = None,
     hide_paths: Sequence[str] = (),
 ) -> RunResult:
-    """Write `files` into a fresh scratch dir and run `python -I -B *argv` there, sandboxed."""
+    """Write `files` into a fresh scratch dir and run `python -I -B *argv` there, sandboxed.
+
+    `hide_paths` are masked in addition to the deny-by-default view (only needed for paths under the
+    visible system directories or the interpreter prefix; everything else of the host is absent anyway).
+    """
     iso = detect_isolation() if isolation is None else Isolation(isolation)
-    scratch = tempfile.mkdtemp(prefix="scalerl_sbx_")
+    base = tempfile.mkdtemp(prefix="scalerl_sbx_")
+    staging = os.path.join(base, "files")
+    os.mkdir(staging)
     uid = _UID_BASE + secrets.randbelow(_UID_SPAN)
     try:
         for name, text in files.items():
             if "/" in name or name.startswith("."):
                 raise ValueError(f"sandbox file name must be a plain name, got {name!r}")
-            Path(scratch, name).write_text(text)
-        stdin_path = Path(scratch, ".stdin")
+            Path(staging, name).write_text(text)
+        stdin_path = Path(base, "stdin")
         stdin_path.write_bytes(stdin)
-        if iso is Isolation.ROOT:
-            for p in [scratch, *(os.path.join(scratch, n) for n in files)]:
-                os.chown(p, uid, uid)
         if iso is Isolation.NONE:
             prefix, rel = _interpreter()
             cmd = [os.path.join(prefix, rel), "-I", "-B", *argv]
-            env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "LANG": "C.UTF-8"}
+            env = {"PATH": "/usr/bin:/bin", "HOME": staging, "LANG": "C.UTF-8"}
             nproc = None if os.geteuid() == 0 else _user_process_count() + limits.max_processes
-            cwd = scratch
+            cwd = staging
         else:
-            script = _setup_script(scratch=scratch, argv=argv, isolation=iso, uid=uid, limits=limits,
-                                   hide=_hidden_paths(hide_paths))
-            userns = ["--user", "--map-root-user"] if iso is Isolation.USERNS else []
-            cmd = ["unshare", *userns, *_NS_FLAGS, "--", "/bin/sh", "-c", script]
+            cmd = _namespace_command(base=base, argv=argv, isolation=iso, uid=uid, limits=limits,
+                                     hide=_hidden_paths(hide_paths))
             env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
             nproc = limits.max_processes if iso is Isolation.ROOT else None
             cwd = "/"
@@ -261,7 +345,21 @@ def run_python(
             res = dataclasses.replace(res, uid=uid)
         return res
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _namespace_command(*, base: str, argv: Sequence[str], isolation: Isolation, uid: int, limits: SandboxLimits,
+                       hide: Sequence[str]) -> list[str]:
+    """The unshare command line for a run whose host-side directory is `base`: the program's files
+    are in `base/files`; the sandbox root is assembled on a tmpfs mounted over `base/root` inside the
+    private mount namespace (the host only ever sees the empty directory)."""
+    staging, new_root = os.path.join(base, "files"), os.path.join(base, "root")
+    os.makedirs(staging, exist_ok=True)
+    os.makedirs(new_root, exist_ok=True)
+    script = _setup_script(staging=staging, new_root=new_root, argv=argv, isolation=isolation, uid=uid, limits=limits,
+                           hide=hide)
+    userns = ["--user", "--map-root-user"] if isolation is Isolation.USERNS else []
+    return ["unshare", *userns, *_NS_FLAGS, "--", "/bin/sh", "-c", script]
 
 
 def _communicate(cmd, *, env, cwd, stdin, limits: SandboxLimits, preexec) -> RunResult:

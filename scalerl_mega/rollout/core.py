@@ -228,32 +228,42 @@ class GenerationCore:
             out += self.step()
         return out
 
+    def check_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> list[tuple[str, Any, "torch.Tensor"]]:
+        """Resolve HF names to parameters without touching the model: [(name, parameter, tensor)].
+
+        `lm_head.weight` is accepted for tied embeddings. The first unknown name or shape mismatch
+        raises ValueError naming the tensor."""
+        params = dict(self.model.named_parameters())
+        emb = self.model.get_input_embeddings().weight
+        tied = self.model.get_output_embeddings().weight is emb
+        out = []
+        for name, tensor in named_tensors:
+            key = name
+            if key not in params and tied and key == "lm_head.weight":
+                key = next(n for n, p in params.items() if p is emb)
+            if key not in params:
+                raise ValueError(f"load_weights: unknown parameter name {name!r}")
+            p = params[key]
+            if tuple(p.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"load_weights: {name!r} has shape {tuple(tensor.shape)}, model expects {tuple(p.shape)}"
+                )
+            out.append((name, p, tensor))
+        return out
+
     def load_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> list[str]:
         """Copy HF-named tensors into the model in place (between steps; KV cache kept).
 
-        `lm_head.weight` is accepted for tied embeddings. Unknown names or shape mismatches raise
-        ValueError before anything is copied for that tensor. Returns the names loaded.
+        All-or-nothing: every name and shape is checked (`check_weights`) before the first copy, so a
+        rejected call leaves the model exactly as it was. Returns the names loaded.
         """
         torch = self._torch
-        params = dict(self.model.named_parameters())
-        tied = self.model.get_output_embeddings().weight is self.model.get_input_embeddings().weight
-        loaded = []
+        resolved = self.check_weights(named_tensors)
         with torch.no_grad():
-            for name, tensor in named_tensors:
-                key = name
-                if key not in params and tied and key == "lm_head.weight":
-                    key = next(n for n, p in params.items() if p is self.model.get_input_embeddings().weight)
-                if key not in params:
-                    raise ValueError(f"load_weights: unknown parameter name {name!r}")
-                p = params[key]
-                if tuple(p.shape) != tuple(tensor.shape):
-                    raise ValueError(
-                        f"load_weights: {name!r} has shape {tuple(tensor.shape)}, model expects {tuple(p.shape)}"
-                    )
+            for _, p, tensor in resolved:
                 p.copy_(tensor.to(device=p.device, dtype=p.dtype))
-                loaded.append(name)
         self._refresh_head()
-        return loaded
+        return [name for name, _, _ in resolved]
 
     def set_version(self, version: int) -> None:
         self.version = int(version)

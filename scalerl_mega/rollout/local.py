@@ -10,8 +10,11 @@ Trainer process                                   engine process (spawned)
 busy seconds, decode steps, decode tokens); it answers between two decode steps.
 
 The engine applies a weight update between two decode steps: it stops stepping at
-"weights_begin" (SGLang `pause_generation(in_place)` semantics), loads bucket after bucket, and
-resumes at "weights_end" with the new version; running requests keep their KV cache (PipelineRL).
+"weights_begin" (SGLang `pause_generation(in_place)` semantics), receives and checks bucket after
+bucket, applies them all at "weights_end" and resumes with the new version; running requests keep
+their KV cache (PipelineRL). A tensor with an unknown name or a wrong shape rejects the whole update:
+nothing is applied, the engine keeps serving (and reporting) its previous version, and
+`update_weights` raises WeightSyncError naming the tensor.
 Every wait in either process has a deadline; an engine-side failure is sent back and re-raised by
 the trainer as `EngineError`. The engine exits by itself (code `ORPHAN_EXIT_CODE`) within about
 `LocalEngineConfig.parent_check_s` once the process that started it is gone (e.g. the trainer was
@@ -267,10 +270,19 @@ class _EngineLoop:
             raise ValueError(f"engine: unknown command {kind!r}")
 
     def _weight_session(self, version: int) -> None:
-        """Block decoding; load announced buckets until "weights_end" (deadline per message)."""
+        """Block decoding; receive announced buckets until "weights_end" (deadline per message), then
+        commit them all at once.
+
+        All-or-nothing: each bucket is checked (names, shapes) and staged as it arrives; a rejected
+        tensor does not stop the session -- later buckets are still received, so the broadcast
+        protocol stays in step with the trainer -- but nothing is applied, the engine keeps serving
+        its current weights and version, and "weights_rejected" names the tensor to the trainer.
+        (Staging holds one extra copy of the weights in the engine for the duration of the update.)"""
         if self.receiver is None:
             raise WeightSyncError("weights_begin before init_group: no weight-sync group")
         timeout = self.config.sync.timeout_s
+        staged: list[tuple[str, Any, Any]] = []
+        rejected: str | None = None
         while True:
             deadline = time.monotonic() + timeout
             msg = None
@@ -287,10 +299,21 @@ class _EngineLoop:
                 ) from None
             if msg[0] == "weights_bucket":
                 meta: BucketMeta = msg[1]
-                self.core.load_weights(self.receiver.receive_bucket(meta))
+                received = self.receiver.receive_bucket(meta)
+                if rejected is None:
+                    try:
+                        # clone: a flattened bucket's tensors are views of a buffer reused by the next one
+                        staged += [(n, p, t.clone()) for n, p, t in self.core.check_weights(received)]
+                    except ValueError as e:
+                        rejected = f"bucket {meta.index}: {e}"
+                        staged.clear()
                 self.out_q.put(("ack", ("bucket", meta.index)))
             elif msg[0] == "weights_end":
-                self.core.set_version(msg[1])
+                if rejected is None:
+                    self.core.load_weights((n, t) for n, _, t in staged)
+                    self.core.set_version(msg[1])
+                else:
+                    self.out_q.put(("weights_rejected", (msg[1], rejected)))
                 self.out_q.put(("ack", ("weights_end", msg[1])))
                 return
             else:
@@ -316,6 +339,10 @@ class _PipeAnnouncer:
     def end(self, version: int) -> None:
         self.engine._send(("weights_end", version))
         self.engine._wait_ack(("weights_end", version), timeout_s=self.engine.config.sync.timeout_s)
+        why = self.engine._rejected.pop(version, None)
+        if why is not None:
+            raise WeightSyncError(f"engine rejected weight update v{version} ({why}); nothing was applied, it "
+                                  f"keeps serving v{self.engine.version}")
 
 
 class LocalRolloutEngine:
@@ -341,6 +368,7 @@ class LocalRolloutEngine:
         self.last_sync_stats = None
         self._stats: dict[int, dict[str, float]] = {}
         self._stats_seq = 0
+        self._rejected: dict[int, str] = {}
         self._wait_for(lambda m: m[0] == "ready", what="engine start", timeout_s=config.start_timeout_s)
 
     @property
@@ -462,6 +490,8 @@ class LocalRolloutEngine:
             self._acks.append(msg[1])
         elif msg[0] == "stats":
             self._stats[msg[1][0]] = msg[1][1]
+        elif msg[0] == "weights_rejected":
+            self._rejected[msg[1][0]] = msg[1][1]
         elif msg[0] == "error":
             raise EngineError(f"engine process failed: {msg[1]}")
         elif msg[0] == "ready":

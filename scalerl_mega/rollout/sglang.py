@@ -13,8 +13,11 @@ Weight update (reference/SGLANG.md sections 1 and 4), for every server:
                                 `names` order, then wait for both; flush_cache only when not in_place
                                 (a flush is refused while requests sit in the running batch)
   /end_weight_update            always, also after a failure
-  /continue_generation          only after a successful update (a failed one leaves partially
-                                updated weights: the servers stay paused and the error is raised)
+  /continue_generation          after a successful update, and after a rejected one (WeightSyncError,
+                                e.g. an unknown name or a wrong shape, named in the error): the
+                                servers are never left paused. SGLang applies each bucket as it
+                                arrives, so buckets before the rejected one stay applied; the
+                                engine's `version` is not advanced and the error is raised.
 
 Forced interruption is done client-side in two requests: generate up to `interruption_at`
 tokens; if the budget ran out, resend prompt + output + phrase for `answer_budget` more tokens.
@@ -464,6 +467,7 @@ class SGLangRolloutEngine:
         t = self.config.control_timeout_s
         self._fan_out(lambda c: c.pause_generation(mode), what=f"pause_generation({mode})", timeout_s=t)
         self._fan_out(lambda c: c.begin_weight_update(), what="begin_weight_update", timeout_s=t)
+        rejected = False
         try:
             if self._regroup:
                 self._destroy_groups()
@@ -473,8 +477,13 @@ class SGLangRolloutEngine:
                 self._group, announcer=_HttpAnnouncer(self, flush_cache=mode != "in_place"), config=self.config.sync
             )
             self.last_sync_stats = sender.send(named_tensors, version=version)
+        except WeightSyncError:  # e.g. a rejected name/shape: resume below, never leave the servers paused
+            rejected = True
+            raise
         finally:
             self._fan_out(lambda c: c.end_weight_update(), what="end_weight_update", timeout_s=t)
+            if rejected:
+                self._fan_out(lambda c: c.continue_generation(), what="continue_generation", timeout_s=t)
         self._fan_out(lambda c: c.continue_generation(), what="continue_generation", timeout_s=t)
         self.version = version
         self._stale.clear()

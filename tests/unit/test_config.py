@@ -160,3 +160,64 @@ def test_cli_prints_resolved_config(tmp_path):
     ).stdout
     assert "name: cispo" in out and "name: pipeline_rl" in out and "run_name: scalerl" in out
     assert "fp32_lm_head: true" in out
+
+
+# ---------------------------------------------------------------- checked before work starts (issue 16)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["sft.lr=0"], r"sft\.lr"),
+        (["sft.lr=-1e-3"], r"sft\.lr"),
+        (["sft.batch_size=0"], r"sft\.batch_size"),
+        (["sft.warmup_steps=-1"], r"sft\.warmup_steps"),
+        (["sft.eval_every=-5"], r"sft\.eval_every"),
+        (["data.synthetic_num_prompts=300", "sft.batch_size=200"], r"sft\.batch_size=200 exceeds the 100 SFT"),
+        (["data.val_prompts=20000"], r"data\.val_prompts=20000 must be < data\.synthetic_num_prompts=20000"),
+        (["data.max_prompt_tokens=100"], r"data\.max_prompt_tokens \+ length\.max_new_tokens = 148 exceeds "
+                                         r"model\.max_position_embeddings=128"),
+    ],
+)
+def test_demo_settings_that_would_fail_later_fail_at_validation(overrides, key):
+    from scalerl_mega.config import validate
+
+    validate(_compose("experiment=demo"))  # the base passes
+    with pytest.raises(ValueError, match=key):
+        validate(_compose("experiment=demo", *overrides))
+
+
+def test_sft_keys_unused_when_sft_is_off():
+    from scalerl_mega.config import validate
+
+    validate(_compose("experiment=demo", "sft.steps=0", "sft.lr=0"))
+
+
+def test_device_request_this_machine_cannot_serve():
+    import torch
+
+    from scalerl_mega.config import validate_machine
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    c = _compose("experiment=demo", "cluster.device=cuda", f"cluster.devices_per_node={have + 1}")
+    with pytest.raises(ValueError, match=r"cluster\.(device|devices_per_node)"):
+        validate_machine(c)
+    validate_machine(_compose("experiment=demo"))  # cpu: nothing to check
+    validate_machine(_compose("experiment=scalerl"))  # slurm jobs run elsewhere
+
+
+def test_broken_tokenizer_file_is_a_named_error(tmp_path):
+    from scalerl_mega.config import validate_machine
+    from scalerl_mega.data.tasks.tokenizer import build_arith_tokenizer
+
+    good = tmp_path / "tok"
+    build_arith_tokenizer().save_pretrained(str(good))
+    c = _compose("experiment=demo", "data=polaris", f"data.tokenizer_path={good}", "data.train_files=[x.jsonl]")
+    validate_machine(c)
+    tj = good / "tokenizer.json"
+    tj.write_text(tj.read_text()[: len(tj.read_text()) // 2])  # truncated
+    with pytest.raises(ValueError, match=r"data\.tokenizer_path=.*not a loadable HF tokenizer"):
+        validate_machine(c)
+    tj.write_text('{"model": {"type": "BPE"}}')  # valid JSON, wrong content (KeyError-class failures)
+    with pytest.raises(ValueError, match=r"data\.tokenizer_path=.*not a loadable HF tokenizer"):
+        validate_machine(c)

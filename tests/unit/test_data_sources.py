@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,119 @@ def test_unknown_schema_and_format(tmp_path):
         load_prompts(f, schema=POLARIS)
     with pytest.raises(ValueError, match="no such file"):
         load_prompts(tmp_path / "missing.jsonl", schema=POLARIS)
+
+
+# ---------------------------------------------------------------- hostile rows (issue 16)
+
+DEEP = '{"problem": "a", "answer": "1", "x": ' + "[" * 5000 + "]" * 5000 + "}"
+
+
+@pytest.mark.parametrize(
+    "line,kind,reason",
+    [
+        ('{"problem": "a", "answer": NaN}', "bad_number", "non-finite number NaN"),
+        ('{"problem": "a", "answer": Infinity}', "bad_number", "non-finite number Infinity"),
+        ('{"problem": "a", "answer": 1e400}', "bad_number", "out of range"),
+        ('{"problem": "a", "answer": ' + "9" * 5000 + "}", "bad_number", "5000 digits is too large"),
+        (DEEP, "too_deep", "nesting deeper than"),
+        ('{"problem": "a", "answer": ' + "[" * 70 + "]" * 70 + "}", "too_deep", "nesting deeper than 64"),
+        ('{"problem": "a\\ud800b", "answer": "1"}', "bad_unicode", "invalid Unicode"),
+        ('{"problem": "a", "answer": "\\udc00"}', "bad_unicode", "invalid Unicode"),
+        ('{"problem": "a", "answer": null}', "missing_field", "missing field 'answer'"),
+    ],
+)
+def test_hostile_values_are_row_errors_in_both_modes(tmp_path, line, kind, reason):
+    good = json.dumps({"problem": "ok", "answer": "7"})
+    f = write(tmp_path / "h.jsonl", good + "\n" + line + "\n" + good.replace("ok", "ok2") + "\n")
+    with pytest.raises(ValueError) as e:
+        load_prompts(f, schema=POLARIS)
+    assert str(e.value).startswith(f"{f}:2: ") and reason in str(e.value), str(e.value)
+    res = load_prompts(f, schema=POLARIS, on_error="skip")
+    assert [p.gold for p in res.prompts] == ["7", "7"]
+    assert res.counts == {kind: 1} and res.errors[0].startswith(f"{f}:2: ")
+
+
+def test_numbers_load_with_their_exact_value(tmp_path):
+    f = write(tmp_path / "n.jsonl", jl({"problem": "a", "answer": 12345678901234567890123}, {"problem": "b", "answer": 1e-7},
+                                       {"problem": "c", "answer": -0.25}))
+    assert [p.gold for p in load_prompts(f, schema=POLARIS).prompts] == ["12345678901234567890123", "1e-07", "-0.25"]
+
+
+CODE_BAD = [
+    ({"inputs": ["1\n"], "outputs": [None]}, "null output"),
+    ([{"input": "1\n", "output": None}], "null output"),
+    ([{"input": None, "output": "1"}], "null output"),
+    ({"fn_name": "f", "inputs": ["abc"], "outputs": [["x"]]}, "call arguments must be a list"),
+    ({"fn_name": "f", "inputs": [[1]], "outputs": [[None]]}, "null expected output"),
+    ({"inputs": "12", "outputs": "12"}, "must be lists"),
+    ([{"fn_name": "f", "args": [1]}], "null expected output"),
+    ([{"input": {"a": 1}, "output": "1"}], "expected text"),
+    ('[{"input": "1", "output": NaN}]', "non-finite"),
+    ([{"input": "[1]\n2", "output": "NaN", "testtype": "functional", "metadata": {"func_name": "f"}}], "non-finite"),
+]
+
+
+@pytest.mark.parametrize("tests,reason", CODE_BAD, ids=[r for _, r in CODE_BAD])
+def test_code_tests_that_would_be_wrong_are_reported(tmp_path, tests, reason):
+    raw = tests if isinstance(tests, str) else json.dumps(tests)
+    f = write(tmp_path / "c.jsonl", jl({"problem": "good", "tests": json.dumps([{"input": "1", "output": "1"}])},
+                                       {"problem": "bad", "tests": raw}))
+    res = load_prompts(f, schema=DEEPCODER, on_error="skip")
+    assert len(res.prompts) == 1 and len(res.errors) == 1
+    assert res.errors[0].startswith(f"{f}:2: field 'tests': ") and reason in res.errors[0], res.errors[0]
+
+
+def test_taco_argument_forms_load_right():
+    from scalerl_mega.rewards.code import normalize_tests
+
+    taco = {"fn_name": "f", "inputs": [["abc"], [[1, 2], 3], []], "outputs": [["cba"], [[3, 4]], [7]]}
+    assert normalize_tests(taco) == [
+        {"fn_name": "f", "args": ["abc"], "expected": "cba"},
+        {"fn_name": "f", "args": [[1, 2], 3], "expected": [3, 4]},
+        {"fn_name": "f", "args": [], "expected": 7}]
+    assert normalize_tests({"inputs": [["1", "2"], 3], "outputs": ["3", [4, 5]]}) == [
+        {"input": "1\n2", "output": "3"}, {"input": "3", "output": "4\n5"}]
+
+
+def test_conflicting_duplicates_are_reported_and_dropped(tmp_path):
+    f = write(tmp_path / "d.jsonl", jl({"problem": "same", "answer": "1"}, {"problem": "other", "answer": "5"},
+                                       {"problem": "same", "answer": "2"}, {"problem": "other", "answer": "5"}))
+    with pytest.raises(ValueError, match=f"{f}:1: conflicting duplicate: .* line\\(s\\) 3"):
+        load_prompts(f, schema=POLARIS)
+    res = load_prompts(f, schema=POLARIS, on_error="skip")
+    # the identical duplicate of "other" loads (the split collapses it); both "same" rows are reported
+    assert [p.gold for p in res.prompts] == ["5", "5"]
+    assert res.counts == {"conflicting_duplicate": 2}
+    assert res.errors[0].startswith(f"{f}:1:") and res.errors[1].startswith(f"{f}:3:")
+
+
+def test_skip_mode_counts_per_reason(tmp_path):
+    f = write(tmp_path / "m.jsonl", jl({"problem": "a", "answer": "1"}, "{oops", "{also bad", {"problem": "b"},
+                                       '{"problem": "c", "answer": NaN}'))
+    res = load_prompts(f, schema=POLARIS, on_error="skip")
+    assert res.counts == {"bad_json": 2, "missing_field": 1, "bad_number": 1} and res.num_skipped == 4
+
+
+def test_file_level_problems_name_the_path(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cases = {
+        write(tmp_path / "empty.parquet", b""): "cannot read as parquet",
+        write(tmp_path / "json.parquet", jl({"problem": "a", "answer": "1"})): "cannot read as parquet",
+        write(tmp_path / "binary.jsonl", b"PAR1\x00\xff\xfe" * 10): "not UTF-8|all 1 lines are malformed",
+    }
+    (tmp_path / "notds").mkdir()
+    write(tmp_path / "notds" / "x.txt", "hi")
+    cases[tmp_path / "notds"] = "cannot read as hf"
+    (tmp_path / "dir.jsonl").mkdir()
+    cases[tmp_path / "dir.jsonl"] = "cannot read as hf"  # a directory is taken for a local HF dataset
+    pq.write_table(pa.table({"question": ["a"]}), tmp_path / "cols.parquet")
+    cases[tmp_path / "cols.parquet"] = "missing column"
+    for path, reason in cases.items():
+        for mode in ("raise", "skip"):
+            with pytest.raises(ValueError) as e:
+                load_prompts(path, schema=POLARIS, on_error=mode)
+            assert str(e.value).startswith(f"{path}") and re.search(reason, str(e.value)), (path, mode, str(e.value))
+    with pytest.raises(ValueError, match=f"{tmp_path / 'notds'}: is a directory, not a jsonl file"):
+        load_prompts(tmp_path / "notds", schema=POLARIS, fmt="jsonl")

@@ -64,7 +64,10 @@ def test_duplicates_cannot_straddle_the_split():
 def test_fraction_for_tiny_sets():
     assert held_out_size(53000, num_val=1000, max_fraction=0.2) == 1000
     assert held_out_size(100, num_val=1000, max_fraction=0.2) == 20
-    train, val = held_out_split(prompts(10), num_val=1000, max_fraction=0.2)
+    train, val = held_out_split(prompts(10), num_val=9, max_fraction=0.2)
     assert (len(train), len(val)) == (8, 2)
+    # a held-out set as large as the dataset is an error, not a silent shrink
+    with pytest.raises(ValueError, match="data.val_prompts=10 must be smaller than the dataset's 10"):
+        held_out_split(prompts(10), num_val=10, max_fraction=0.2)
     with pytest.raises(ValueError, match="max_fraction"):
         held_out_size(10, num_val=1, max_fraction=1.0)

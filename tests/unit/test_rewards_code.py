@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -98,13 +99,129 @@ def test_cannot_read_project_files():
 
 @isolated
 def test_cannot_write_outside_scratch(tmp_path):
-    targets = [f"/tmp/scalerl_escape_{os.getpid()}", str(REPO / f"escape_{os.getpid()}"), str(tmp_path / "escape")]
+    targets = [str(REPO / f"escape_{os.getpid()}"), str(tmp_path / "escape"), f"/run/lock/scalerl_{os.getpid()}",
+               f"/var/lock/scalerl_{os.getpid()}", f"/var/tmp/scalerl_{os.getpid()}", f"/run/scalerl_{os.getpid()}", f"/etc/scalerl_{os.getpid()}",
+               f"/usr/scalerl_{os.getpid()}", f"/scalerl_{os.getpid()}", f"/mnt/scalerl_{os.getpid()}"]
     code = "import sys\nfor p in sys.stdin.read().split():\n    try:\n        open(p, 'w').write('x')\n        print('WROTE')\n" \
            "    except OSError:\n        print('BLOCKED')\nopen('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())\n"
     r = run(code, stdin=" ".join(targets).encode())
-    assert r.stdout.decode().split() == ["BLOCKED"] * len(targets) + ["ok"]
+    assert r.stdout.decode().split() == ["BLOCKED"] * len(targets) + ["ok"], r
     for t in targets:
         assert not Path(t).exists(), t
+
+
+@isolated
+def test_private_tmp_writes_do_not_persist_on_host():
+    # /tmp, /var/tmp-style scratch and /dev/shm are private tmpfs: writable inside, gone afterwards
+    names = [f"/tmp/scalerl_escape_{os.getpid()}", f"/dev/shm/scalerl_escape_{os.getpid()}",
+             f"/mnt/work/scalerl_escape_{os.getpid()}"]
+    code = "import sys\nfor p in sys.stdin.read().split():\n    open(p, 'w').write('x')\n    print(open(p).read())\n"
+    r = run(code, stdin=" ".join(names).encode())
+    assert r.stdout.decode().split() == ["x"] * len(names), r
+    for n in names:
+        assert not Path(n).exists(), n
+    # and a second run does not see the first run's files
+    r2 = run("import os\nprint(sorted(os.listdir('/tmp')), sorted(os.listdir('/dev/shm')), sorted(os.listdir('.')))")
+    assert r2.stdout.decode().split() == ["[]", "[]", "['main.py']"], r2
+
+
+@isolated
+def test_host_runtime_dirs_and_datasets_are_not_visible(tmp_path):
+    # a dataset in a top-level directory that nobody listed (here: under the host's /tmp and the checkout)
+    data = tmp_path / "dataset.jsonl"
+    data.write_text('{"expected": "SECRET"}\n')
+    probes = [str(data), str(tmp_path), "/run", "/var", "/var/tmp", "/run/lock", "/home", "/root", "/work",
+              str(REPO), "/sys", "/etc/passwd", "/etc/hostname"]
+    code = ("import os, sys\nfor p in sys.stdin.read().split():\n    try:\n"
+            "        print(p, 'FILE' if os.path.isfile(p) and os.path.getsize(p) else 'DIR' if os.path.isdir(p) "
+            "and os.listdir(p) else 'NONE')\n    except OSError:\n        print(p, 'NONE')\n")
+    r = run(code, stdin=" ".join(probes).encode())
+    seen = dict(line.split() for line in r.stdout.decode().splitlines())
+    assert seen == {p: "NONE" for p in probes}, r
+    assert os.path.isdir("/run") and os.path.isdir("/var")  # the probe is meaningful: they exist on the host
+
+
+@isolated
+def test_dataset_in_an_unlisted_top_level_directory_is_not_readable():
+    top = Path(f"/scalerl_dataset_{os.getpid()}")
+    try:
+        top.mkdir()
+    except OSError:
+        pytest.skip("cannot create a top-level directory here")
+    try:
+        (top / "train.jsonl").write_text('{"tests": [{"input": "", "output": "SECRET"}]}\n')
+        tests = [{"input": "", "output": "SECRET"}]
+        cheat = f"print(open({str(top / 'train.jsonl')!r}).read().split('output\": \"')[1].split('\"')[0])"
+        res = score_code(wrap(cheat), tests)
+        assert not res.passed and "FileNotFoundError" in res.reason, res
+    finally:
+        shutil.rmtree(top)
+
+
+@isolated
+def test_caller_can_hide_paths_under_visible_system_dirs():
+    hidden = "/usr/share"  # visible by default (read-only system directory)
+    code = "import os\nprint(len(os.listdir('/usr/share')), os.path.isdir('/usr/bin'))"
+    shown = run_python({"main.py": code}, ["main.py"], limits=SandboxLimits(time_limit_s=3.0))
+    masked = run_python({"main.py": code}, ["main.py"], limits=SandboxLimits(time_limit_s=3.0), hide_paths=[hidden])
+    assert shown.stdout.split()[0] != b"0" and shown.stdout.split()[1] == b"True"
+    assert masked.stdout.split() == [b"0", b"True"], masked
+
+
+@isolated
+def test_sysv_ipc_does_not_outlive_the_run():
+    # create a SysV shm segment and a semaphore set with IPC_CREAT and leave them; the host must not see them
+    code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "shm = libc.shmget(0, 1 << 20, 0o1000 | 0o666)\nsem = libc.semget(0, 1, 0o1000 | 0o666)\n"
+            "print(shm, sem)\n"
+            "print(open('/proc/sysvipc/shm').read().count('\\n') - 1, open('/proc/sysvipc/sem').read().count('\\n') - 1)")
+    before = _sysv_ids()
+    r = run(code)
+    lines = r.stdout.decode().split()
+    assert r.returncode == 0 and int(lines[0]) >= 0 and int(lines[1]) >= 0, r
+    assert lines[2:] == ["1", "1"]  # exactly the run's own objects exist in its namespace
+    assert _sysv_ids() == before
+
+
+def _sysv_ids() -> tuple[set[str], set[str]]:
+    def ids(kind: str) -> set[str]:
+        rows = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[1:]
+        return {r.split()[1] for r in rows if r.split()}
+    return ids("shm"), ids("sem")
+
+
+@isolated
+@pytest.mark.parametrize("where", ["/run", "/var/tmp", "/tmp"])
+def test_unix_socket_on_host_is_unreachable(where):
+    if not os.access(where, os.W_OK):
+        pytest.skip(f"{where} not writable here")
+    path = f"{where}/scalerl_sock_{os.getpid()}"
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(1)
+    srv.settimeout(0.2)
+    try:
+        code = ("import socket, sys\np = sys.stdin.read()\ns = socket.socket(socket.AF_UNIX)\ntry:\n"
+                "    s.connect(p)\n    s.sendall(b'hi')\n    print('CONNECTED')\nexcept OSError:\n    print('BLOCKED')\n")
+        r = run(code, stdin=path.encode())
+        assert r.stdout.strip() == b"BLOCKED", r
+        with pytest.raises(TimeoutError):
+            srv.accept()
+    finally:
+        srv.close()
+        os.unlink(path)
+
+
+@isolated
+def test_scratch_has_a_size_quota():
+    # 8 MiB of scratch (files of up to 16 MiB allowed): 1 MiB chunks into /tmp stop with ENOSPC at <= 8
+    code = ("import errno\nn = 0\ntry:\n    for i in range(200):\n        with open(f'/tmp/f{i}', 'wb') as f:\n"
+            "            f.write(b'x' * (1 << 20))\n        n += 1\nexcept OSError as e:\n    print(errno.errorcode[e.errno])\n"
+            "print(n)\n")
+    r = run(code, scratch_mb=8, max_file_mb=16, time_limit_s=10.0)
+    out = r.stdout.decode().split()
+    assert out[0] == "ENOSPC", r
+    assert int(out[1]) <= 8
 
 
 @isolated
@@ -256,3 +373,34 @@ def test_comparators():
     assert values_match([1, 2.0000000001], [1, 2])
     assert not values_match(True, 1)
     assert not values_match([1, 2], [1, 2, 3])
+
+
+def _userns_works() -> bool:
+    from scalerl_mega.rewards.sandbox import _probe_sandbox
+
+    return _probe_sandbox(Isolation.USERNS) is None
+
+
+@pytest.mark.skipif(not _userns_works(), reason="user namespaces unavailable here")
+def test_userns_mode_has_the_same_filesystem_and_ipc_view(tmp_path):
+    (tmp_path / "data.jsonl").write_text("SECRET\n")
+    code = ("import os, ctypes\nprint(os.path.exists(os.environ.get('X', '/run')), os.path.exists('/var'), "
+            "os.path.exists(%r), os.listdir('/tmp'))\n"
+            "libc = ctypes.CDLL(None)\nprint(libc.shmget(0, 4096, 0o1000 | 0o666) >= 0)\n"
+            "open('/tmp/x', 'w').write('y')\nprint(open('/tmp/x').read())\n") % str(tmp_path / "data.jsonl")
+    before = _sysv_ids()
+    r = run_python({"main.py": code}, ["main.py"], limits=SandboxLimits(time_limit_s=5.0), isolation=Isolation.USERNS)
+    assert r.stdout.decode().split("\n")[:3] == ["False False False []", "True", "y"], r
+    assert _sysv_ids() == before
+
+
+def test_degraded_mode_warns_loudly(monkeypatch):
+    import scalerl_mega.rewards.sandbox as sb
+
+    monkeypatch.setattr(sb.shutil, "which", lambda name: None)
+    sb.detect_isolation.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="NO network isolation, NO filesystem hiding, NO IPC isolation"):
+            assert sb.detect_isolation() is Isolation.NONE
+    finally:
+        sb.detect_isolation.cache_clear()

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from scalerl_mega.rewards.math import last_boxed, score_math, strip_thinking
+import scalerl_mega.rewards.math as math_reward
+from scalerl_mega.rewards.math import decide_without_verifier, last_boxed, percent_form, score_math, strip_thinking
 from scalerl_mega.rewards.result import RewardValues
 
 T = "<think>some reasoning</think>"
@@ -43,8 +44,17 @@ CASES = [
     (T + r"\boxed{\frac{\pi}{2}}", r"\pi/2", True),
     (T + r"\boxed{10^{3}}", "1000", True),
     (T + r"\boxed{x=3}", "3", True),
-    (T + r"\boxed{50\%}", "50", False),  # math-verify: 50% means 0.5, not 50
+    # percentages as math-verify decides them (grader: N% == N for integers, N% == N/100)
+    (T + r"\boxed{50\%}", "50", True),
     (T + r"\boxed{50\%}", r"50\%", True),
+    (T + r"\boxed{50}", r"50\%", True),
+    (T + r"\boxed{0.5}", r"50\%", True),
+    (T + r"\boxed{\frac{1}{2}}", "50%", True),
+    (T + r"\boxed{49}", r"50\%", False),
+    (T + r"\boxed{0.125}", r"12.5\%", True),
+    (T + r"\boxed{12.5}", r"12.5\%", True),
+    (T + r"\boxed{12.4}", r"12.5\%", False),
+    (T + r"\boxed{50 percent}", r"50\%", True),
     # sets, tuples, intervals
     (T + r"\boxed{\{1,2,3\}}", r"\{3,2,1\}", True),
     (T + r"\boxed{\{1,2\}}", r"\{1,2,3\}", False),
@@ -130,3 +140,73 @@ def test_helpers():
     assert last_boxed(r"\boxed{a{b}c} \boxed{d}") == "d"
     assert last_boxed(r"\boxed{a{b}c}") == "a{b}c"
     assert last_boxed(r"\boxed{unbalanced") is None
+    assert last_boxed(r"\boxed{x} \boxed{unclosed {") == "x"  # a later unclosed box is skipped
+    assert last_boxed(r"\boxed{1} } \fbox{2}") == "2"  # a stray closing brace is ignored
+    assert last_boxed(r"{\boxed{1}") == "1"
+    assert last_boxed(r"\boxed{\boxed{1}}") == "1"  # the inner box starts last
+    assert last_boxed(r"\boxed{a} \boxed{b{") == "a"
+
+
+def _reference_last_boxed(text: str) -> str | None:
+    """The quadratic definition: try each opener from the last; return the first that closes."""
+    import re
+
+    for m in reversed(list(re.finditer(r"\\(?:boxed|fbox)\s*\{", text))):
+        depth = 1
+        for i in range(m.end(), len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[m.end():i]
+    return None
+
+
+def test_last_boxed_matches_the_reference_on_random_brace_soup():
+    import random
+
+    rng = random.Random(0)
+    alphabet = ["{", "}", "\\boxed{", "\\fbox {", "a", "1", " "]
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        assert last_boxed(text) == _reference_last_boxed(text), text
+
+
+class _CountingRe:
+    """Wraps the token regex and counts the tokens `last_boxed` consumes."""
+
+    def __init__(self, inner):
+        self.inner, self.n = inner, 0
+
+    def finditer(self, text):
+        for m in self.inner.finditer(text):
+            self.n += 1
+            yield m
+
+
+def test_last_boxed_is_one_pass_on_80kb_of_unclosed_boxes(monkeypatch):
+    text = T + "\\boxed{" * (80_000 // 7) + "\\boxed{42}"
+    counter = _CountingRe(math_reward._BOX_TOKEN_RE)
+    monkeypatch.setattr(math_reward, "_BOX_TOKEN_RE", counter)
+    assert last_boxed(text) == "42"
+    # one token per opener and per closing brace: the whole text is visited exactly once
+    assert counter.n == text.count("\\boxed{") + text.count("}")
+    res = decide_without_verifier(text, "42")  # the in-process path of the pool
+    assert res is not None and res.passed and res.reason == "fast_path"
+
+
+def test_unclosed_boxes_decide_on_the_last_closed_box():
+    text = T + "\\boxed{7} then " + "\\boxed{" * 12_000
+    assert last_boxed(text) == "7"
+    assert score_math(text, "7").passed
+
+
+def test_percent_form():
+    assert percent_form(r"50\%") == "50%" and percent_form("12.5 %") == "12.5%"
+    assert percent_form(r"50\text{\%}") == "50%" and percent_form("7 percent") == "7%"
+    assert percent_form("50") is None and percent_form(r"x\%") is None
+
+
+@pytest.mark.parametrize("gold", [None, 42, 0.5, ["1"], "", "   "])
+def test_non_string_gold_never_matches(gold):
+    for comp in [T + r"\boxed{None}", T + r"\boxed{42}", T + r"\boxed{0.5}", T + r"\boxed{['1']}", T + r"\boxed{}"]:
+        res = score_math(comp, gold)
+        assert not res.passed and res.reason.startswith("bad_gold"), (comp, gold, res)

@@ -18,13 +18,28 @@ the saved model, so a checkpoint can be rebuilt without the training config (e.g
 i.e. inside the atomic rename; `MegatronPolicyTrainer.save` always passes its config. Read it with
 `read_model_config`.
 
+Integrity (issue 16): before the COMPLETE marker, the ranks hash every file of the checkpoint in
+parallel and rank 0 records `checksums.json` (size + sha256 per file). `load_checkpoint` on a root
+first deletes leftover `.tmp-*` directories (saves killed midway, e.g. during the very first save),
+then tries the checkpoint `latest` names and, if that one fails verification (a file missing,
+truncated or altered, e.g. a bit flip in a tensor file or a deleted `common.pt`), logs an error
+naming it and falls back to the next-newest complete checkpoint that verifies -- so a damaged
+`latest` costs the steps since the previous save, not the run. If none verifies, ValueError names
+every checkpoint tried and why. Load failures of a checkpoint that verified are not damage (e.g. a
+model shape that does not match) and are raised naming the checkpoint, without fallback. A
+checkpoint directory given explicitly (not a root) is verified and never substituted. A failed save
+(any error, including ENOSPC) removes its `.tmp-*` directory and leaves `latest` and every earlier
+checkpoint untouched.
+
 Note: Megatron's save starts a spawn-based multiprocessing Manager, so entry scripts need an
 `if __name__ == "__main__":` guard.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -34,6 +49,11 @@ COMPLETE = "COMPLETE"
 MODEL_CONFIG = "model_config.json"
 MODEL_CONFIG_FORMAT = "scalerl-mega/model-config/1"
 LATEST = "latest"
+CHECKSUMS = "checksums.json"
+CHECKSUMS_FORMAT = "scalerl-mega/checksums/1"
+TMP_PREFIX = ".tmp-"
+
+log = logging.getLogger(__name__)
 OPTIM_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
@@ -96,7 +116,7 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
 
     root = Path(root)
     final = root / step_dirname(step)
-    tmp = root / f".tmp-{step_dirname(step)}"
+    tmp = root / f"{TMP_PREFIX}{step_dirname(step)}"
     if _rank() == 0:
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
@@ -114,15 +134,19 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
         state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=False, metadata=OPTIM_METADATA)
     try:
         dist_checkpointing.save(state, str(tmp), validate_access_integrity=True)
+        _barrier()
+        if _rank() == 0 and sidecar is not None:
+            _write_atomic(tmp / MODEL_CONFIG, sidecar)
+        _barrier()
+        sums = _hash_files(tmp)  # collective: each rank hashes a share
+        if _rank() == 0:
+            _write_atomic(tmp / CHECKSUMS, json.dumps({"format": CHECKSUMS_FORMAT, "files": sums}, indent=0))
+            _write_atomic(tmp / COMPLETE, json.dumps({"step": step}))
     except BaseException:
         if _rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _barrier()
     if _rank() == 0:
-        if sidecar is not None:
-            _write_atomic(tmp / MODEL_CONFIG, sidecar)
-        _write_atomic(tmp / COMPLETE, json.dumps({"step": step}))
         if final.exists():  # re-saving the same step: move the old one aside first
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -130,6 +154,110 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
         _write_atomic(root / LATEST, final.name)
     _barrier()
     return final
+
+
+def _file_digest(path: Path) -> dict[str, Any]:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return {"size": path.stat().st_size, "sha256": h.hexdigest()}
+
+
+def _my_share(names: list[str]) -> list[str]:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return names
+    return names[dist.get_rank()::dist.get_world_size()]
+
+
+def _gather(obj: Any) -> list[Any]:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _hash_files(ckpt: Path) -> dict[str, dict[str, Any]]:
+    """{relative path: {size, sha256}} of every file under `ckpt` but the marker and the checksum file
+    itself; the files are split among the ranks and the results gathered (collective)."""
+    names = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*")
+                   if p.is_file() and p.name not in (COMPLETE, CHECKSUMS) and not p.name.endswith(".tmp"))
+    mine = {n: _file_digest(ckpt / n) for n in _my_share(names)}
+    return {k: v for part in _gather(mine) for k, v in part.items()}
+
+
+def verify_checkpoint(ckpt: str | os.PathLike) -> Optional[str]:
+    """None if every file recorded in `checksums.json` is present with its size and sha256, else the
+    first problem found (collective when torch.distributed is initialized: all ranks get the same
+    answer). A checkpoint saved before checksums were recorded only has its COMPLETE marker checked."""
+    ckpt = Path(ckpt)
+    problem: Optional[str] = None
+    if not (ckpt / COMPLETE).is_file():
+        problem = f"no {COMPLETE} marker"
+    elif (ckpt / CHECKSUMS).is_file():
+        try:
+            data = json.loads((ckpt / CHECKSUMS).read_text())
+            files = data["files"] if data.get("format") == CHECKSUMS_FORMAT else None
+        except (ValueError, KeyError, AttributeError, OSError):
+            files = None
+        if not isinstance(files, dict):
+            problem = f"{CHECKSUMS} is unreadable"
+        else:
+            for name in _my_share(sorted(files)):
+                f = ckpt / name
+                if not f.is_file():
+                    problem = f"{name} is missing"
+                elif f.stat().st_size != files[name]["size"]:
+                    problem = f"{name} has {f.stat().st_size} bytes, {files[name]['size']} were written"
+                elif _file_digest(f)["sha256"] != files[name]["sha256"]:
+                    problem = f"{name} does not match its recorded sha256"
+                if problem:
+                    break
+    problems = [p for p in _gather(problem) if p]
+    return problems[0] if problems else None
+
+
+def clean_incomplete(root: str | os.PathLike) -> list[Path]:
+    """Delete `.tmp-*` directories (saves that never completed) under checkpoint root `root` (rank 0;
+    collective barrier after). Returns what was removed."""
+    root = Path(root)
+    removed = sorted(p for p in root.glob(f"{TMP_PREFIX}*") if p.is_dir()) if root.is_dir() else []
+    if _rank() == 0:
+        for p in removed:
+            log.warning("checkpoint: removing incomplete save %s", p)
+            shutil.rmtree(p, ignore_errors=True)
+        for p in root.glob(f"*.tmp") if root.is_dir() else []:
+            p.unlink(missing_ok=True)  # an interrupted `latest` / marker replacement
+    _barrier()
+    return removed
+
+
+def _step_of(ckpt: Path) -> int:
+    try:
+        return int(json.loads((ckpt / COMPLETE).read_text())["step"])
+    except (ValueError, KeyError, TypeError, OSError):
+        return int(ckpt.name.rsplit("_", 1)[-1]) if ckpt.name.rsplit("_", 1)[-1].isdigit() else -1
+
+
+def candidates(path: str | os.PathLike) -> list[Path]:
+    """Checkpoints to try for `path`, best first: the directory itself when it is one; for a root,
+    the one `latest` names, then every other complete `step_*` directory, newest step first."""
+    path = Path(path)
+    if (path / COMPLETE).is_file() and not (path / LATEST).is_file():
+        return [path]
+    named = []
+    if (path / LATEST).is_file():
+        target = path / (path / LATEST).read_text().strip()
+        if (target / COMPLETE).is_file():
+            named = [target]
+    others = sorted((p for p in path.glob("step_*") if (p / COMPLETE).is_file() and p not in named),
+                    key=_step_of, reverse=True)
+    return named + others
 
 
 def _optimizer_is_fresh(optimizer) -> bool:
@@ -191,13 +319,46 @@ def load_checkpoint(path: str | os.PathLike, *, chunks: list, optimizer=None,
                     load_optimizer: bool = True) -> dict[str, Any]:
     """Collectively load into `chunks` (any TP/PP/EP layout) and, if given, `optimizer`.
 
-    Returns the extra state saved with the checkpoint.
+    `path` is a checkpoint directory or a root; for a root, incomplete saves are cleaned and a damaged
+    `latest` falls back to the previous complete checkpoint (module docstring). Returns the extra state
+    saved with the checkpoint.
     """
+    path = Path(path)
+    if not (path / COMPLETE).is_file() or (path / LATEST).is_file():
+        clean_incomplete(path)
+    tried: list[str] = []
+    for ckpt in candidates(path):
+        problem = verify_checkpoint(ckpt)
+        if problem is None:
+            try:
+                common = _load_common(ckpt)
+            except ValueError as exc:
+                problem = str(exc)
+            else:
+                if tried:
+                    log.error("checkpoint: loading %s instead (steps after it are lost)", ckpt)
+                return _load_verified(ckpt, common, chunks=chunks, optimizer=optimizer, load_optimizer=load_optimizer)
+        log.error("checkpoint %s is damaged: %s", ckpt, problem)
+        tried.append(f"{ckpt} ({problem})")
+    if not tried:
+        raise ValueError(f"checkpoint {path}: not a complete checkpoint and holds none (no {COMPLETE} marker)")
+    raise ValueError(f"checkpoint {path}: no loadable checkpoint; tried: " + "; ".join(tried))
+
+
+def _load_common(ckpt: Path) -> dict[str, Any]:
+    from megatron.core import dist_checkpointing
+
+    try:
+        return dist_checkpointing.load_common_state_dict(str(ckpt))
+    except Exception as exc:  # noqa: BLE001 - a missing/corrupt common.pt in a checkpoint without checksums
+        raise ValueError(f"common state unreadable ({type(exc).__name__}: {str(exc)[:200]})") from exc
+
+
+def _load_verified(ckpt: Path, common: dict[str, Any], *, chunks: list, optimizer, load_optimizer: bool
+                   ) -> dict[str, Any]:
     import torch
     from megatron.core import dist_checkpointing
 
-    ckpt = resolve(path)
-    common = dist_checkpointing.load_common_state_dict(str(ckpt))
     model_sd = _model_sharded_state_dict(chunks)
     state: dict[str, Any] = {"model": model_sd}
     with_opt = optimizer is not None and load_optimizer and not common.get("optimizer_fresh", False)
@@ -205,7 +366,10 @@ def load_checkpoint(path: str | os.PathLike, *, chunks: list, optimizer=None,
         if not common.get("has_optimizer", False):
             raise ValueError(f"checkpoint {ckpt}: has no optimizer state (saved with optimizer=None)")
         state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=OPTIM_METADATA)
-    loaded = dist_checkpointing.load(state, str(ckpt))
+    try:
+        loaded = dist_checkpointing.load(state, str(ckpt))
+    except Exception as exc:
+        raise RuntimeError(f"checkpoint {ckpt}: load failed ({type(exc).__name__}: {str(exc)[:300]})") from exc
     _unwrap(chunks[0]).load_state_dict(loaded["model"])
     if with_opt:
         with torch.no_grad():

@@ -1,0 +1,213 @@
+"""Checkpoint faults (issue 16): disk full during save, a damaged `latest` (truncated / bit-flipped
+tensor file, missing common state), every checkpoint damaged, leftover temporary directories.
+
+The Megatron scenarios run in one subprocess (a tiny dense model on CPU, one rank) that writes its
+observations to JSON; the assertions are here. Bounded time: the subprocess has a hard timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytestmark = pytest.mark.timeout(600)  # bounded: a hang fails instead of stalling the suite
+
+HERE = Path(__file__).resolve().parent
+
+
+def _weights(t) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        return [float(p.detach().double().sum()) for p in t.chunks[0].parameters()]
+
+
+def _damage(ckpt: Path, mode: str) -> None:
+    tensors = sorted(ckpt.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    if mode == "truncate":
+        data = tensors[-1].read_bytes()
+        tensors[-1].write_bytes(data[: len(data) // 2])
+    elif mode == "bitflip":
+        data = bytearray(tensors[-1].read_bytes())
+        data[len(data) // 2] ^= 0x10
+        tensors[-1].write_bytes(bytes(data))
+    elif mode == "no_common":
+        (ckpt / "common.pt").unlink()
+    elif mode == "legacy_no_common":  # a checkpoint without recorded checksums: caught when loading
+        (ckpt / "checksums.json").unlink()
+        (ckpt / "common.pt").unlink()
+    else:
+        raise ValueError(mode)
+
+
+def worker(root: str, out: str) -> None:
+    import errno
+    import functools
+    import logging
+    import shutil
+
+    import torch
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
+
+    logs: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            logs.append(record.getMessage())
+
+    logging.getLogger("scalerl_mega.trainer.megatron.checkpoint").addHandler(Keep())
+    torch.set_num_threads(1)
+    cfg = MegatronConfig(model=load_model_preset("tiny_dense"), parallel=ParallelConfig(), optim=OptimConfig(lr=1e-2))
+    t = MegatronPolicyTrainer(cfg)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.model.vocab_size, (4, 13), generator=g)
+    batch = {"input_ids": ids[:, :-1], "position_ids": torch.arange(12).expand(4, 12).contiguous(),
+             "targets": ids[:, 1:], "loss_mask": torch.ones(4, 12)}
+    res: dict = {}
+    base = Path(root)
+    try:
+        ck = base / "ckpt"
+        t.train_step(batch)
+        t.save(str(ck), extra_state={"marker": 1})
+        res["w1"] = _weights(t)
+        t.train_step(batch)
+        t.save(str(ck), extra_state={"marker": 2})
+        res["w2"] = _weights(t)
+        res["files_step2"] = sorted(p.name for p in (ck / "step_00000002").iterdir())
+
+        # disk full while writing step 3: the writer raises ENOSPC after its first item
+        original = filesystem_async._write_item
+        calls = []
+
+        @functools.wraps(original)
+        def full_disk(*args, **kwargs):
+            calls.append(1)
+            if len(calls) > 1:
+                raise OSError(errno.ENOSPC, "No space left on device (simulated)")
+            return original(*args, **kwargs)
+
+        t.train_step(batch)
+        filesystem_async._write_item = full_disk
+        try:
+            t.save(str(ck), extra_state={"marker": 3})
+            res["enospc_raised"] = ""
+        except BaseException as exc:  # noqa: BLE001 - torch's CheckpointException is a BaseException
+            res["enospc_raised"] = repr(exc)[:2000]
+        finally:
+            filesystem_async._write_item = original
+        res["latest_after_enospc"] = (ck / "latest").read_text().strip()
+        res["dirs_after_enospc"] = sorted(p.name for p in ck.iterdir())
+        res["marker_after_enospc"] = t.load(str(ck))["marker"]
+        res["w_after_enospc"] = _weights(t)
+
+        # damaged latest: each mode on a fresh copy; the previous complete checkpoint is loaded
+        for mode in ("truncate", "bitflip", "no_common", "legacy_no_common"):
+            copy = base / f"ckpt_{mode}"
+            shutil.copytree(ck, copy)
+            _damage(copy / "step_00000002", mode)
+            (copy / ".tmp-step_00000003").mkdir()  # and a leftover of a killed save
+            (copy / ".tmp-step_00000003" / "__0_0.distcp").write_bytes(b"half")
+            logs.clear()
+            t.train_step(batch)  # move the weights away from both checkpoints
+            res[f"{mode}_marker"] = t.load(str(copy))["marker"]
+            res[f"{mode}_w"] = _weights(t)
+            res[f"{mode}_logs"] = list(logs)
+            res[f"{mode}_dirs"] = sorted(p.name for p in copy.iterdir())
+
+        # every checkpoint damaged: a named error, no load
+        _damage(base / "ckpt_truncate" / "step_00000001", "bitflip")
+        try:
+            t.load(str(base / "ckpt_truncate"))
+            res["all_bad_error"] = ""
+        except ValueError as exc:
+            res["all_bad_error"] = str(exc)
+    finally:
+        t.close()
+    Path(out).write_text(json.dumps(res))
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("ckpt_faults")
+    out = tmp / "res.json"
+    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_checkpoint_faults as t; "
+            f"t.worker({str(tmp)!r}, {str(out)!r})")
+    proc = subprocess.run([sys.executable, "-c", f"if __name__ == '__main__':\n    {code}"], capture_output=True,
+                          text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(out.read_text())
+    res["root"] = str(tmp)
+    return res
+
+
+def test_checksums_recorded_for_every_file(scenario):
+    root = Path(scenario["root"]) / "ckpt" / "step_00000002"
+    sums = json.loads((root / "checksums.json").read_text())
+    files = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()} - {"COMPLETE", "checksums.json"}
+    assert set(sums["files"]) == files and "common.pt" in files and any(f.endswith(".distcp") for f in files)
+    import hashlib
+
+    for name, rec in sums["files"].items():
+        data = (root / name).read_bytes()
+        assert rec == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_disk_full_during_save_leaves_latest_intact(scenario):
+    assert "ENOSPC" in scenario["enospc_raised"] or "No space left" in scenario["enospc_raised"]
+    assert scenario["latest_after_enospc"] == "step_00000002"
+    assert scenario["dirs_after_enospc"] == ["latest", "step_00000001", "step_00000002"]  # no .tmp left
+    assert scenario["marker_after_enospc"] == 2 and scenario["w_after_enospc"] == scenario["w2"]
+
+
+@pytest.mark.parametrize("mode", ["truncate", "bitflip", "no_common", "legacy_no_common"])
+def test_damaged_latest_is_named_and_previous_checkpoint_loads(scenario, mode):
+    assert scenario[f"{mode}_marker"] == 1
+    assert scenario[f"{mode}_w"] == scenario["w1"] != scenario["w2"]
+    damaged = f"ckpt_{mode}/step_00000002 is damaged"
+    assert any(damaged in m for m in scenario[f"{mode}_logs"]), scenario[f"{mode}_logs"]
+    assert any("loading" in m and f"ckpt_{mode}/step_00000001" in m for m in scenario[f"{mode}_logs"])
+    assert ".tmp-step_00000003" not in scenario[f"{mode}_dirs"]  # leftover of a killed save cleaned
+
+
+def test_every_checkpoint_damaged_names_each(scenario):
+    err = scenario["all_bad_error"]
+    assert "no loadable checkpoint" in err
+    assert "ckpt_truncate/step_00000002 (" in err and "ckpt_truncate/step_00000001 (" in err
+    assert "does not match its recorded sha256" in err or "bytes," in err
+
+
+# ---------------------------------------------------------------- without Megatron
+
+
+def test_leftover_tmp_from_a_killed_first_save_means_fresh_start(tmp_path):
+    from scalerl_mega.loop import latest_checkpoint
+    from scalerl_mega.trainer.megatron.checkpoint import candidates, clean_incomplete
+
+    root = tmp_path / "checkpoints"
+    (root / ".tmp-step_00000001").mkdir(parents=True)
+    (root / ".tmp-step_00000001" / "__0_0.distcp").write_bytes(b"partial")
+    cfg = SimpleNamespace(resume="auto", output_dir=str(tmp_path))
+    assert latest_checkpoint(cfg) is None  # the rerun starts fresh instead of failing on the leftover
+    assert candidates(root) == []
+    assert clean_incomplete(root) == [root / ".tmp-step_00000001"] and list(root.iterdir()) == []
+
+
+def test_candidates_order_latest_first_then_newest(tmp_path):
+    from scalerl_mega.trainer.megatron.checkpoint import candidates
+
+    for step in (2, 10, 4):
+        d = tmp_path / f"step_{step:08d}"
+        d.mkdir()
+        (d / "COMPLETE").write_text(json.dumps({"step": step}))
+    (tmp_path / "step_00000012").mkdir()  # incomplete: never a candidate
+    (tmp_path / "latest").write_text("step_00000004")
+    assert [p.name for p in candidates(tmp_path)] == ["step_00000004", "step_00000010", "step_00000002"]
+    assert candidates(tmp_path / "step_00000002") == [tmp_path / "step_00000002"]  # an explicit dir
