@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 
+# Llama-4 Scout's RoPE scaling (factor 16, low = high = 1.0) with the original context scaled
+# down from 8192 to 16, so that sequences of a few dozen tokens reach beyond it.
+SCOUT_ROPE_TINY = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 1.0, "original_max_position_embeddings": 16}
+
+
 def tiny_hf_config(arch: str, *, tie: bool = False, init_std: float = 0.15):
-    """Tiny Llama-3 (dense) or Llama-4 text (4 experts top-1 + shared expert, NoPE every 2nd
-    layer, chunk size 4, temperature tuning and QK L2 norm on) config with Llama-3 RoPE scaling.
-    ``init_std`` is large so that every feature visibly changes the logits."""
+    """Tiny Llama-3 (dense, Llama-3.1 RoPE scaling) or Llama-4 text (4 experts top-1 + shared
+    expert, NoPE every 2nd layer, chunk size 8, temperature tuning and QK L2 norm on, Scout's RoPE
+    scaling ``SCOUT_ROPE_TINY``) config. ``init_std`` is large so that every feature visibly
+    changes the logits."""
     from transformers import Llama4TextConfig, LlamaConfig
 
     rope = {"rope_type": "llama3", "rope_theta": 500000.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -19,9 +26,9 @@ def tiny_hf_config(arch: str, *, tie: bool = False, init_std: float = 0.15):
         return Llama4TextConfig(vocab_size=100, hidden_size=64, intermediate_size=48, intermediate_size_mlp=96,
                                 num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                 num_local_experts=4, num_experts_per_tok=1, no_rope_layer_interval=2,
-                                attention_chunk_size=4, attn_temperature_tuning=True, floor_scale=2, attn_scale=0.5,
-                                use_qk_norm=True, rope_parameters={**rope, "factor": 16.0}, tie_word_embeddings=tie,
-                                initializer_range=init_std)
+                                attention_chunk_size=8, attn_temperature_tuning=True, floor_scale=4, attn_scale=0.5,
+                                use_qk_norm=True, rope_parameters=dict(SCOUT_ROPE_TINY), tie_word_embeddings=tie,
+                                initializer_range=init_std, max_position_embeddings=128)
     raise ValueError(f"arch={arch!r}: expected 'llama' or 'llama4'")
 
 

@@ -102,7 +102,7 @@ def main() -> None:
     p.add_argument("--layouts", nargs="+", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--dispatcher", default="alltoall")
-    p.add_argument("--seq", type=int, default=12)
+    p.add_argument("--seq", type=int, default=44)  # > 5 chunks of 8, the last one ragged
     args = p.parse_args()
 
     import torch

@@ -84,10 +84,16 @@ def test_llama4_dims_use_megatron_nope_convention():
     d = dims_from_hf_config(cfg)
     assert cfg["no_rope_layers"] == [1, 0, 1, 0]  # HF: 1 = RoPE layer
     assert d.no_rope_layers == (0, 1, 0, 1)  # Megatron: 1 = NoPE
-    assert d.moe_layers == (0, 1, 2, 3) and d.num_experts == 4 and d.attention_chunk_size == 4
-    bad = dict(cfg, rope_parameters=dict(cfg["rope_parameters"], high_freq_factor=2.0))
-    with pytest.raises(ValueError, match="high_freq_factor"):
+    assert d.moe_layers == (0, 1, 2, 3) and d.num_experts == 4 and d.attention_chunk_size == 8
+    # Scout's RoPE scaling: every HF parameter is carried, none is refused
+    assert (d.rope_scaling_factor, d.rope_low_freq_factor, d.rope_high_freq_factor,
+            d.rope_original_max_position_embeddings) == (16.0, 1.0, 1.0, 16)
+    bad = dict(cfg, rope_parameters=dict(cfg["rope_parameters"], high_freq_factor=0.5))
+    with pytest.raises(ValueError, match="high_freq_factor=0.5 < low_freq_factor"):
         dims_from_hf_config(bad)
+    missing = dict(cfg, rope_parameters={k: v for k, v in cfg["rope_parameters"].items() if k != "low_freq_factor"})
+    with pytest.raises(ValueError, match="'low_freq_factor' is missing"):
+        dims_from_hf_config(missing)
     with pytest.raises(ValueError, match="'llama' was requested"):
         dims_from_hf_config(cfg, expect_arch="llama")
 
@@ -97,8 +103,10 @@ def test_model_config_from_hf_llama4():
 
     cfg = _tiny_cfg("llama4").to_dict()
     m = model_config_from_hf(cfg)
-    assert (m.no_rope_freq, m.attention_chunk_size, m.num_experts, m.moe_topk, m.shared_expert_ffn) == (2, 4, 4, 1, 48)
+    assert (m.no_rope_freq, m.attention_chunk_size, m.num_experts, m.moe_topk, m.shared_expert_ffn) == (2, 8, 4, 1, 48)
     assert m.moe_router_score_function == "sigmoid" and m.moe_apply_probs_on_input and m.qk_l2_norm
+    assert (m.rope_scaling, m.rope_scaling_factor, m.rope_low_freq_factor, m.rope_high_freq_factor,
+            m.rope_original_max_position_embeddings) == (True, 16.0, 1.0, 1.0, 16)
     assert dims_from_model_config(m) == dims_from_hf_config(cfg)
 
 
@@ -160,6 +168,4 @@ def test_llama4_attention_helpers_hand_worked():
 
     s = llama4.temperature_scales(torch.tensor([0, 1, 3]), floor_scale=2, attn_scale=0.5)
     assert torch.allclose(s, torch.tensor([1.0, 1 + 0.5 * math.log(2), 1 + 0.5 * math.log(3)]))
-    m = llama4.chunked_causal_mask(4, 4, chunk_size=2)[0, 0]
-    allowed = (~m).int().tolist()
-    assert allowed == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
+
