@@ -132,10 +132,13 @@ def dims_from_hf_config(cfg: Mapping[str, Any], *, where: str = "config.json", e
     if arch == "llama":
         return ArchDims(ffn_hidden_size=int(_require(cfg, "intermediate_size", where)), **common)
     # llama4_text
-    hf_rope_layers = list(_require(cfg, "no_rope_layers", where))
+    # absent/empty no_rope_layers and absent moe_layers: derived as transformers' Llama4TextConfig does
+    interval = int(cfg.get("no_rope_layer_interval", 4))
+    hf_rope_layers = list(cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)])
     if len(hf_rope_layers) < layers:
         raise ValueError(f"{where}: no_rope_layers has {len(hf_rope_layers)} entries for {layers} layers")
-    moe_layers = tuple(int(i) for i in _require(cfg, "moe_layers", where))
+    step = int(cfg.get("interleave_moe_layer_step", 1))
+    moe_layers = tuple(int(i) for i in (cfg["moe_layers"] if cfg.get("moe_layers") is not None else range(step - 1, layers, step)))
     top_k = int(_require(cfg, "num_experts_per_tok", where))
     if moe_layers and top_k != 1:
         raise ValueError(f"{where}: num_experts_per_tok={top_k}; Llama-4 applies router probabilities to the expert input, which needs top-1")

@@ -32,12 +32,31 @@ def tiny_hf_config(arch: str, *, tie: bool = False, init_std: float = 0.15):
     raise ValueError(f"arch={arch!r}: expected 'llama' or 'llama4'")
 
 
-def save_tiny_hf(arch: str, path: str, *, seed: int = 0, tie: bool = False, max_shard_size: str | None = None) -> None:
-    """Random tiny model of ``arch`` saved with ``save_pretrained`` (safetensors) to ``path``."""
+def tiny_conditional_config(*, tie: bool = False, init_std: float = 0.15):
+    """Tiny multimodal ``Llama4Config`` (``Llama4ForConditionalGeneration``): the tiny Llama-4 text
+    config plus a one-layer vision tower."""
+    from transformers import Llama4Config, Llama4VisionConfig
+
+    vision = Llama4VisionConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                image_size=28, patch_size=14, vision_output_dim=64, projector_input_dim=64,
+                                projector_output_dim=64, pixel_shuffle_ratio=0.5)
+    text = tiny_hf_config("llama4", tie=tie, init_std=init_std)
+    return Llama4Config(text_config=text.to_dict(), vision_config=vision.to_dict(), tie_word_embeddings=tie)
+
+
+def save_tiny_hf(arch: str, path: str, *, seed: int = 0, tie: bool = False, max_shard_size: str | None = None,
+                 conditional: bool = False) -> None:
+    """Random tiny model of ``arch`` saved with ``save_pretrained`` (safetensors) to ``path``;
+    ``conditional``: Llama-4 as the multimodal ``Llama4ForConditionalGeneration`` checkpoint."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, Llama4ForConditionalGeneration
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_hf_config(arch, tie=tie), dtype=torch.float32)
+    if conditional:
+        if arch != "llama4":
+            raise ValueError(f"arch={arch!r}: only 'llama4' has a conditional (multimodal) checkpoint")
+        model = Llama4ForConditionalGeneration._from_config(tiny_conditional_config(tie=tie), dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_config(tiny_hf_config(arch, tie=tie), dtype=torch.float32)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, **kwargs)
