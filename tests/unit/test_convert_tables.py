@@ -98,6 +98,20 @@ def test_llama4_dims_use_megatron_nope_convention():
         dims_from_hf_config(cfg, expect_arch="llama")
 
 
+def test_llama4_dims_derive_absent_layer_lists_like_transformers():
+    """A config.json may leave no_rope_layers empty and moe_layers out (Llama4TextConfig derives them
+    from no_rope_layer_interval / interleave_moe_layer_step): same dims as the derived lists."""
+    from transformers import Llama4TextConfig
+
+    cfg = _tiny_cfg("llama4").to_dict()
+    raw = {k: v for k, v in cfg.items() if k not in ("moe_layers", "layer_types")}
+    raw.update(no_rope_layers=[], no_rope_layer_interval=4, interleave_moe_layer_step=2)
+    d = dims_from_hf_config(raw)
+    hf = Llama4TextConfig(**{k: v for k, v in raw.items() if k not in ("model_type", "transformers_version")})
+    assert d.moe_layers == tuple(hf.moe_layers) == (1, 3)
+    assert d.no_rope_layers == tuple(1 - f for f in hf.no_rope_layers) == (0, 0, 0, 1)
+
+
 def test_model_config_from_hf_llama4():
     from scalerl_mega.convert.model_config import dims_from_model_config, model_config_from_hf
 
@@ -169,3 +183,24 @@ def test_llama4_attention_helpers_hand_worked():
     s = llama4.temperature_scales(torch.tensor([0, 1, 3]), floor_scale=2, attn_scale=0.5)
     assert torch.allclose(s, torch.tensor([1.0, 1 + 0.5 * math.log(2), 1 + 0.5 * math.log(3)]))
 
+
+
+def test_hf_layout_detection_and_errors():
+    from scalerl_mega.convert import hf_layout
+    from scalerl_mega.convert.tiny import tiny_conditional_config
+
+    cond = hf_layout.layout_of_config(tiny_conditional_config().to_dict())
+    assert cond.kind == "conditional" and cond.prefix == "language_model."
+    assert cond.text_config["model_type"] == "llama4_text" and cond.hf_name("lm_head.weight") == "language_model.lm_head.weight"
+    assert cond.is_non_text("vision_model.class_embedding") and not cond.is_non_text("language_model.lm_head.weight")
+    assert dims_from_hf_config(cond.text_config) == dims_from_hf_config(_tiny_cfg("llama4").to_dict())
+    causal = hf_layout.layout_of_config(_tiny_cfg("llama4").to_dict())
+    assert causal.kind == "causal" and causal.prefix == "" and not causal.is_non_text("vision_model.x")
+    with pytest.raises(ValueError, match="without a text_config"):
+        hf_layout.layout_of_config({"model_type": "llama4"})
+    with pytest.raises(ValueError, match="layout='conditional' is Llama-4 only"):
+        hf_layout.output_config("conditional", _tiny_cfg("llama").to_dict())
+    out = hf_layout.output_config("conditional", causal.text_config)
+    assert out["architectures"] == ["Llama4ForConditionalGeneration"] and hf_layout.layout_of_config(out).kind == "conditional"
+    assert hf_layout.sglang_warnings("conditional", causal.text_config, ["x"]) == []
+    assert hf_layout.sglang_warnings("causal", _tiny_cfg("llama").to_dict(), ["x"]) == []

@@ -36,7 +36,7 @@ def _attention(q, k, v, mask):  # [s, b, h, d], mask [s, s] True = masked; float
 def test_folded_causal_attention_equals_chunk_masked_attention(seq):
     torch.manual_seed(0)
     chunk, b = 8, 2
-    q, k, v = (torch.randn(seq, b, 3, 4, dtype=torch.float64) for _ in range(3))
+    q, k, v = (torch.randn(seq, b, 3, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
     pos = torch.arange(seq)
     chunk_mask = (pos[None] > pos[:, None]) | (pos[None] // chunk != pos[:, None] // chunk)
     want = _attention(q, k, v, chunk_mask)
@@ -44,6 +44,11 @@ def test_folded_causal_attention_equals_chunk_masked_attention(seq):
     folded = _attention(*(llama4.fold_chunks(t, chunk) for t in (q, k, v)), causal)
     got = llama4.unfold_chunks(folded, seq=seq, batch=b)
     assert torch.allclose(got, want, atol=1e-12)
+    upstream = torch.randn_like(want)  # gradients (the training path) agree too
+    g_want = torch.autograd.grad(want, (q, k, v), upstream)
+    g_got = torch.autograd.grad(got, (q, k, v), upstream)
+    assert all(torch.allclose(a, b_, atol=1e-12) for a, b_ in zip(g_got, g_want))
+    got, want = got.detach(), want.detach()
     if seq > chunk:  # the chunk mask matters: plain causal attention differs
         assert (got - _attention(q, k, v, torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1))).abs().max() > 1e-3
 
