@@ -19,7 +19,8 @@ def hf_config_from_model(m: Any) -> tuple[str, dict[str, Any]]:
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(m.rope_theta)}
     if m.rope_scaling:
         rope = {"rope_type": "llama3", "rope_theta": float(m.rope_theta), "factor": float(m.rope_scaling_factor),
-                "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+                "low_freq_factor": float(m.rope_low_freq_factor), "high_freq_factor": float(m.rope_high_freq_factor),
+                "original_max_position_embeddings": int(m.rope_original_max_position_embeddings)}
     common = dict(vocab_size=m.vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
                   num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_query_groups,
                   head_dim=m.kv_channels, max_position_embeddings=m.max_position_embeddings,

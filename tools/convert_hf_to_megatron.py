@@ -1,5 +1,10 @@
 #!/usr/bin/env python
-"""Convert a Hugging Face Llama-3 / Llama-4 text checkpoint to the converter's Megatron layout.
+"""Convert a Hugging Face Llama-3 / Llama-4 checkpoint to the converter's Megatron layout.
+
+Accepts LlamaForCausalLM, Llama4ForCausalLM and Meta's multimodal Llama4ForConditionalGeneration
+(text weights under ``language_model.``): its vision tower is reported and left out of the Megatron
+model, and kept unchanged in OUT/hf_non_text/ so that ``convert_megatron_to_hf.py --layout
+conditional`` writes the original checkpoint back.
 
     python tools/convert_hf_to_megatron.py --hf-dir HF --out OUT --tp 2 --pp 1 --ep 2
 

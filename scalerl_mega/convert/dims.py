@@ -12,15 +12,6 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
-# Megatron-Core 0.16.1 ``RotaryEmbedding._apply_scaling`` hard-codes these three Llama-3 RoPE
-# scaling constants and only exposes ``rope_scaling_factor``; a checkpoint with other values would
-# be converted silently wrong, so it is refused.
-MCORE_LLAMA3_ROPE_FIXED = {
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
-
 ARCH_BY_MODEL_TYPE = {"llama": "llama", "llama4_text": "llama4"}
 
 
@@ -43,7 +34,10 @@ class ArchDims:
     tie_word_embeddings: bool
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling_factor: float | None  # None = plain RoPE
+    rope_scaling_factor: float | None  # None = plain RoPE; else Llama-3 scaling with the three below
+    rope_low_freq_factor: float | None = None
+    rope_high_freq_factor: float | None = None
+    rope_original_max_position_embeddings: int | None = None
     max_position_embeddings: int
     num_experts: int = 0
     moe_ffn_hidden_size: int = 0  # routed experts and the shared expert
@@ -76,21 +70,25 @@ def _require(cfg: Mapping[str, Any], key: str, where: str) -> Any:
     return cfg[key]
 
 
-def _rope(cfg: Mapping[str, Any], where: str) -> tuple[float, float | None]:
+def _rope(cfg: Mapping[str, Any], where: str) -> tuple[float, dict[str, Any]]:
+    """(rope_theta, ArchDims RoPE-scaling fields) from HF ``rope_parameters`` / ``rope_scaling``."""
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type in (None, "default"):
-        return theta, None
+        return theta, {"rope_scaling_factor": None}
     if rope_type != "llama3":
         raise ValueError(f"{where}: rope_type={rope_type!r} is not supported (only 'default' and 'llama3')")
-    for key, want in MCORE_LLAMA3_ROPE_FIXED.items():
-        got = rope.get(key)
-        if got is None or float(got) != float(want):
-            raise ValueError(
-                f"{where}: rope_parameters.{key}={got!r}; Megatron-Core 0.16.1 fixes it to {want}"
-            )
-    return theta, float(_require(rope, "factor", f"{where} rope_parameters"))
+    r = f"{where} rope_parameters"
+    out = {
+        "rope_scaling_factor": float(_require(rope, "factor", r)),
+        "rope_low_freq_factor": float(_require(rope, "low_freq_factor", r)),
+        "rope_high_freq_factor": float(_require(rope, "high_freq_factor", r)),
+        "rope_original_max_position_embeddings": int(_require(rope, "original_max_position_embeddings", r)),
+    }
+    if out["rope_high_freq_factor"] < out["rope_low_freq_factor"]:
+        raise ValueError(f"{r}: high_freq_factor={out['rope_high_freq_factor']} < low_freq_factor={out['rope_low_freq_factor']}")
+    return theta, out
 
 
 def dims_from_hf_config(cfg: Mapping[str, Any], *, where: str = "config.json", expect_arch: str | None = None) -> ArchDims:
@@ -116,7 +114,7 @@ def dims_from_hf_config(cfg: Mapping[str, Any], *, where: str = "config.json", e
     layers = int(_require(cfg, "num_hidden_layers", where))
     if heads % kv:
         raise ValueError(f"{where}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
-    theta, factor = _rope(cfg, where)
+    theta, rope_scaling = _rope(cfg, where)
     common = dict(
         arch=arch,
         hidden_size=hidden,
@@ -128,16 +126,19 @@ def dims_from_hf_config(cfg: Mapping[str, Any], *, where: str = "config.json", e
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=theta,
-        rope_scaling_factor=factor,
+        **rope_scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
     )
     if arch == "llama":
         return ArchDims(ffn_hidden_size=int(_require(cfg, "intermediate_size", where)), **common)
     # llama4_text
-    hf_rope_layers = list(_require(cfg, "no_rope_layers", where))
+    # absent/empty no_rope_layers and absent moe_layers: derived as transformers' Llama4TextConfig does
+    interval = int(cfg.get("no_rope_layer_interval", 4))
+    hf_rope_layers = list(cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)])
     if len(hf_rope_layers) < layers:
         raise ValueError(f"{where}: no_rope_layers has {len(hf_rope_layers)} entries for {layers} layers")
-    moe_layers = tuple(int(i) for i in _require(cfg, "moe_layers", where))
+    step = int(cfg.get("interleave_moe_layer_step", 1))
+    moe_layers = tuple(int(i) for i in (cfg["moe_layers"] if cfg.get("moe_layers") is not None else range(step - 1, layers, step)))
     top_k = int(_require(cfg, "num_experts_per_tok", where))
     if moe_layers and top_k != 1:
         raise ValueError(f"{where}: num_experts_per_tok={top_k}; Llama-4 applies router probabilities to the expert input, which needs top-1")

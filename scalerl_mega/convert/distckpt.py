@@ -40,10 +40,11 @@ def hf_config_dict(model_cfg) -> dict[str, Any]:
 
 
 def convert_dist_checkpoint_to_hf(*, ckpt: str, out: str, expect_arch: str | None = None, progress: bool = False,
-                                  max_shard_bytes: int = 2 << 30) -> Summary:
-    """Trainer checkpoint (``step_N`` dir, or a root whose ``latest`` names one) -> HF directory ``out``."""
+                                  max_shard_bytes: int = 2 << 30, layout: str = "causal") -> Summary:
+    """Trainer checkpoint (``step_N`` dir, or a root whose ``latest`` names one) -> HF directory ``out``
+    in HF ``layout`` (``convert.hf_layout``; a trainer checkpoint has no vision tower)."""
     from scalerl_mega.convert.model_config import dims_from_model_config
-    from scalerl_mega.convert import tables
+    from scalerl_mega.convert import hf_layout, tables
     from scalerl_mega.trainer.megatron import checkpoint, export, models, parallel
     from scalerl_mega.trainer.megatron.config import ParallelConfig
 
@@ -54,6 +55,7 @@ def convert_dist_checkpoint_to_hf(*, ckpt: str, out: str, expect_arch: str | Non
     if os.path.exists(out):
         raise ValueError(f"output {out!r} already exists")
     hf_config = hf_config_dict(model_cfg)  # before any process group: config errors fail fast
+    hf_layout.output_config(layout, hf_config)
     if parallel.world_size_from_env() != 1:
         raise ValueError(f"WORLD_SIZE={parallel.world_size_from_env()}: the converter runs in a single process "
                          "(do not launch it with torchrun)")
@@ -70,7 +72,7 @@ def convert_dist_checkpoint_to_hf(*, ckpt: str, out: str, expect_arch: str | Non
         dims = dims_from_model_config(model_cfg)
         bar = _progress(len(tables.hf_names(dims)), "megatron(dist)->hf", progress)
         return write_hf(out=out, dims=dims, hf_config=hf_config, named_tensors=export.export_hf_weights([model], model_cfg),
-                        max_shard_bytes=max_shard_bytes, on_tensor=(lambda _n: bar.update(1)) if bar else None)
+                        layout=layout, max_shard_bytes=max_shard_bytes, on_tensor=(lambda _n: bar.update(1)) if bar else None)
     finally:
         if bar:
             bar.close()

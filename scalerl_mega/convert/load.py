@@ -6,12 +6,15 @@ vocabulary to the model's size and copies its TP/EP shard. Works for any checkpo
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
 
 from scalerl_mega.convert import layout, sharding, tables
 from scalerl_mega.convert.dims import ArchDims
+
+log = logging.getLogger(__name__)
 
 
 def unwrap(model):
@@ -85,16 +88,23 @@ def load_megatron_checkpoint(model, ckpt_dir: str, *, dims: ArchDims | None = No
 
 
 def load_hf_checkpoint(model, hf_dir: str, *, dims: ArchDims | None = None) -> list[str]:
-    """Load an HF checkpoint directly (each rank converts only the groups it needs)."""
-    from scalerl_mega.convert.pipeline import load_hf_config, validate_hf
+    """Load an HF checkpoint directly (each rank converts only the groups it needs). Either layout
+    (``convert.hf_layout``): of a multimodal ``Llama4ForConditionalGeneration`` checkpoint the text
+    model under ``language_model.`` is loaded and the vision tower is logged and skipped."""
     from scalerl_mega.convert.dims import dims_from_hf_config
+    from scalerl_mega.convert.hf_layout import read_layout
+    from scalerl_mega.convert.pipeline import validate_hf
     from scalerl_mega.convert.st_io import SafetensorsDir
 
-    hf_dims = dims_from_hf_config(load_hf_config(hf_dir), where=f"{hf_dir}/config.json")
+    hf = read_layout(hf_dir)
+    hf_dims = dims_from_hf_config(hf.text_config, where=f"{hf_dir}/config.json")
     if dims is not None and dims != hf_dims:
         raise ValueError(f"{hf_dir}: HF config does not match the model ({hf_dims} vs {dims})")
     src = SafetensorsDir(hf_dir)
-    validate_hf(src, hf_dims)
+    non_text = validate_hf(src, hf_dims, hf)
+    if non_text:
+        log.info("%s: %s checkpoint; skipping its %d non-text tensors (vision tower, projector)", hf_dir,
+                 hf.kind, len(non_text))
     by_name = {n: g for g in tables.iter_groups(hf_dims) for n in g.mcore}
     recent: list[tuple[tables.Group, dict[str, torch.Tensor]]] = []  # the last two groups only
 
@@ -103,7 +113,8 @@ def load_hf_checkpoint(model, hf_dir: str, *, dims: ArchDims | None = None) -> l
         for g, tensors in recent:
             if g is group:
                 return tensors[name]
-        converted = dict(tables.hf_to_mcore(group, [src.get(n) for n in group.hf], dims=hf_dims, padded_vocab=hf_dims.vocab_size))
+        converted = dict(tables.hf_to_mcore(group, [src.get(hf.hf_name(n)) for n in group.hf], dims=hf_dims,
+                                            padded_vocab=hf_dims.vocab_size))
         recent.append((group, converted))
         del recent[:-2]  # experts interleave fc1/fc2 groups; bounded memory
         return converted[name]

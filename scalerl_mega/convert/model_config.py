@@ -18,6 +18,15 @@ def _every_nth(flags: list[int], *, key: str, where: str) -> int:
     return n
 
 
+def _rope_fields(d: ArchDims) -> dict[str, Any]:
+    """ModelConfig RoPE-scaling fields of ``d`` (ModelConfig defaults when scaling is off)."""
+    if d.rope_scaling_factor is None:
+        return {}
+    return dict(rope_scaling_factor=d.rope_scaling_factor, rope_low_freq_factor=d.rope_low_freq_factor,
+                rope_high_freq_factor=d.rope_high_freq_factor,
+                rope_original_max_position_embeddings=d.rope_original_max_position_embeddings)
+
+
 def model_config_from_hf(cfg: Mapping[str, Any], *, name: str = "hf", where: str = "config.json"):
     """``ModelConfig`` (trainer) equivalent to an HF Llama / Llama-4 text config."""
     from scalerl_mega.trainer.megatron.config import ModelConfig
@@ -27,7 +36,7 @@ def model_config_from_hf(cfg: Mapping[str, Any], *, name: str = "hf", where: str
         name=name, arch=d.arch, vocab_size=d.vocab_size, hidden_size=d.hidden_size, ffn_hidden_size=d.ffn_hidden_size,
         num_layers=d.num_layers, num_attention_heads=d.num_heads, num_query_groups=d.num_kv_heads, head_dim=d.head_dim,
         max_position_embeddings=d.max_position_embeddings, rope_theta=d.rope_theta,
-        rope_scaling=d.rope_scaling_factor is not None, rope_scaling_factor=d.rope_scaling_factor or 8.0,
+        rope_scaling=d.rope_scaling_factor is not None, **_rope_fields(d),
         norm_eps=d.rms_norm_eps, tie_embeddings=d.tie_word_embeddings,
     )
     if d.arch == "llama":
@@ -53,6 +62,14 @@ def model_config_from_hf(cfg: Mapping[str, Any], *, name: str = "hf", where: str
     ).validate()
 
 
+def _arch_rope(m) -> dict[str, Any]:
+    if not m.rope_scaling:
+        return {"rope_scaling_factor": None}
+    return dict(rope_scaling_factor=float(m.rope_scaling_factor), rope_low_freq_factor=float(m.rope_low_freq_factor),
+                rope_high_freq_factor=float(m.rope_high_freq_factor),
+                rope_original_max_position_embeddings=int(m.rope_original_max_position_embeddings))
+
+
 def dims_from_model_config(m) -> ArchDims:
     """``ArchDims`` of a trainer ``ModelConfig`` (an ``ArchDims`` is returned unchanged)."""
     if isinstance(m, ArchDims):
@@ -66,7 +83,7 @@ def dims_from_model_config(m) -> ArchDims:
         arch=m.arch, hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_attention_heads,
         num_kv_heads=m.num_query_groups, head_dim=m.kv_channels, ffn_hidden_size=m.ffn_hidden_size,
         vocab_size=m.vocab_size, tie_word_embeddings=m.tie_embeddings, rms_norm_eps=m.norm_eps,
-        rope_theta=m.rope_theta, rope_scaling_factor=m.rope_scaling_factor if m.rope_scaling else None,
+        rope_theta=m.rope_theta, **_arch_rope(m),
         max_position_embeddings=m.max_position_embeddings,
         num_experts=m.num_experts, moe_ffn_hidden_size=m.expert_ffn if m.is_moe else 0, moe_top_k=m.moe_topk if m.is_moe else 0,
         moe_layers=tuple(i for i in range(m.num_layers) if m.is_moe_layer(i)),

@@ -16,12 +16,13 @@ from typing import Callable, Iterable
 
 import torch
 
-from scalerl_mega.convert import sharding, tables
+from scalerl_mega.convert import hf_layout, sharding, tables
 from scalerl_mega.convert.dims import ArchDims, dims_from_hf_config
 from scalerl_mega.convert.megatron_ckpt import FORMAT, META, MegatronShards, rank_dir
 from scalerl_mega.convert.st_io import SafetensorsDir, ShardedWriter
 
 _HF_SIDE_FILES = (".json", ".model", ".txt", ".jinja", ".tiktoken")
+NON_TEXT_DIR = "hf_non_text"  # converter checkpoint: the vision tower of a conditional checkpoint, unchanged
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -32,16 +33,20 @@ class Summary:
     bytes: int
     digest: str
     checksums: dict[str, str]
+    layout: str = hf_layout.CAUSAL
+    skipped: list[str] = dataclasses.field(default_factory=list)  # what was left out of the Megatron model
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     def lines(self) -> list[str]:
-        return [f"tensors: {self.tensors}", f"bytes: {self.bytes}", f"sha256(all tensors): {self.digest}"]
+        return [f"tensors: {self.tensors}", f"bytes: {self.bytes}", f"sha256(all tensors): {self.digest}",
+                f"hf layout: {self.layout}", *(f"skipped: {x}" for x in self.skipped)]
 
 
-def _summary(checksums: dict[str, str], nbytes: int) -> Summary:
+def _summary(checksums: dict[str, str], nbytes: int, **kw) -> Summary:
     h = hashlib.sha256()
     for name in sorted(checksums):
         h.update(f"{name}:{checksums[name]}\n".encode())
-    return Summary(tensors=len(checksums), bytes=nbytes, digest=h.hexdigest(), checksums=checksums)
+    return Summary(tensors=len(checksums), bytes=nbytes, digest=h.hexdigest(), checksums=checksums, **kw)
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -71,30 +76,37 @@ def _copy_side_files(src: str, dst: str, *, skip: Iterable[str] = ()) -> None:
 
 
 def load_hf_config(hf_dir: str) -> dict:
-    path = os.path.join(hf_dir, "config.json")
-    if not os.path.isfile(path):
-        raise ValueError(f"{hf_dir}: config.json is missing")
-    with open(path) as f:
-        cfg = json.load(f)
-    if "text_config" in cfg and cfg.get("model_type") == "llama4":
-        raise ValueError(f"{path}: model_type='llama4' (multimodal); convert the text model (Llama4ForCausalLM, model_type 'llama4_text')")
-    return cfg
+    """The text model's HF config of a checkpoint directory: ``config.json`` itself, or its
+    ``text_config`` for a multimodal ``Llama4ForConditionalGeneration`` checkpoint."""
+    return hf_layout.read_layout(hf_dir).text_config
 
 
-def validate_hf(src: SafetensorsDir, dims: ArchDims) -> None:
-    """Raise ValueError naming the first missing/extra tensor or shape mismatch (with both shapes)."""
-    expected = tables.hf_names(dims)
+def validate_hf(src: SafetensorsDir, dims: ArchDims, layout: hf_layout.HFLayout | None = None) -> list[str]:
+    """Raise ValueError naming the first missing/extra tensor or shape mismatch (with both shapes).
+    Returns the names of the non-text tensors (vision tower, projector) of a conditional checkpoint."""
+    layout = layout or hf_layout.HFLayout(hf_layout.CAUSAL, {})
+    expected = [layout.hf_name(n) for n in tables.hf_names(dims)]
     present = set(src.names())
     missing = [n for n in expected if n not in present]
     if missing:
         raise ValueError(f"{src.directory}: tensor {missing[0]!r} is missing ({len(missing)} missing in total)")
-    extra = sorted(present - set(expected))
+    non_text = sorted(n for n in present if layout.is_non_text(n))
+    extra = sorted(present - set(expected) - set(non_text))
     if extra:
         raise ValueError(f"{src.directory}: unexpected tensor {extra[0]!r} ({len(extra)} extra in total) for architecture {dims.arch!r}")
-    for n in expected:
-        want, got = tables.expected_hf_shape(n, dims), src.shape(n)
+    for n in tables.hf_names(dims):
+        want, got = tables.expected_hf_shape(n, dims), src.shape(layout.hf_name(n))
         if tuple(got) != tuple(want):
-            raise ValueError(f"{src.directory}: tensor {n!r} has shape {tuple(got)}, expected {tuple(want)}")
+            raise ValueError(f"{src.directory}: tensor {layout.hf_name(n)!r} has shape {tuple(got)}, expected {tuple(want)}")
+    return non_text
+
+
+def _non_text_report(src: SafetensorsDir, names: list[str]) -> list[str]:
+    if not names:
+        return []
+    nbytes = sum(src.nbytes(n) for n in names)
+    towers = sorted({n.split(".")[0] for n in names})
+    return [f"{len(names)} non-text tensors ({nbytes} bytes; {', '.join(towers)}) are not part of the Megatron model"]
 
 
 def validate_layout(dims: ArchDims, *, tp: int, pp: int, ep: int, etp: int) -> None:
@@ -125,12 +137,13 @@ def convert_hf_to_megatron(
     max_shard_bytes: int = 2 << 30,
 ) -> Summary:
     """HF checkpoint directory -> converter Megatron checkpoint sharded for (tp, pp, ep)."""
-    cfg = load_hf_config(hf_dir)
+    layout = hf_layout.read_layout(hf_dir)
+    cfg = layout.text_config
     dims = dims_from_hf_config(cfg, where=os.path.join(hf_dir, "config.json"), expect_arch=expect_arch)
     etp = tp if etp is None else etp
     validate_layout(dims, tp=tp, pp=pp, ep=ep, etp=etp)
     src = SafetensorsDir(hf_dir)
-    validate_hf(src, dims)
+    non_text = validate_hf(src, dims, layout)
     padded = dims.padded_vocab_size(vocab_multiple=vocab_multiple, tp=tp)
     groups = list(tables.iter_groups(dims))
     tmp = _prepare_out(out)
@@ -140,7 +153,7 @@ def convert_hf_to_megatron(
     try:
         for group in groups:
             stage = _stage_of(group, dims, pp)
-            for name, full in tables.hf_to_mcore(group, [src.get(n) for n in group.hf], dims=dims, padded_vocab=padded):
+            for name, full in tables.hf_to_mcore(group, [src.get(layout.hf_name(n)) for n in group.hf], dims=dims, padded_vocab=padded):
                 shapes[name] = list(full.shape)
                 e = sharding.expert_index(name)
                 ep_rank = 0 if e is None else sharding.expert_owner(e, num_experts=dims.num_experts, ep=ep)
@@ -160,9 +173,16 @@ def convert_hf_to_megatron(
             w.finish()
             checksums.update({f"{rank_dir(*key)}/{n}": c for n, c in w.checksums.items()})
             nbytes += w.total_bytes
+        if non_text:  # carried unchanged, so that a conditional-layout export gives the checkpoint back
+            os.makedirs(os.path.join(tmp, NON_TEXT_DIR))
+            w = ShardedWriter(os.path.join(tmp, NON_TEXT_DIR), max_shard_bytes=max_shard_bytes)
+            for n in non_text:
+                w.add(n, src.get(n))
+            w.finish()
         meta = {
             "format": FORMAT, "arch": dims.arch, "tp": tp, "pp": pp, "ep": ep, "etp": etp,
             "vocab_multiple": vocab_multiple, "padded_vocab_size": padded, "hf_config": cfg, "shapes": shapes,
+            "hf_layout": layout.kind, "hf_source_config": dict(layout.config),
         }
         with open(os.path.join(tmp, META), "w") as f:
             json.dump(meta, f, indent=1)
@@ -174,7 +194,7 @@ def convert_hf_to_megatron(
         if bar:
             bar.close()
     os.replace(tmp, out)
-    return _summary(checksums, nbytes)
+    return _summary(checksums, nbytes, layout=layout.kind, skipped=_non_text_report(src, non_text))
 
 
 def validate_megatron(ck: MegatronShards) -> None:
@@ -196,27 +216,39 @@ def validate_megatron(ck: MegatronShards) -> None:
 
 def write_hf(
     *, out: str, dims: ArchDims, hf_config: dict, named_tensors: Iterable[tuple[str, torch.Tensor]],
+    layout: str = hf_layout.CAUSAL, source_config: dict | None = None, non_text: SafetensorsDir | None = None,
     side_files_from: str | None = None, max_shard_bytes: int = 2 << 30,
     on_tensor: Callable[[str], None] | None = None,
 ) -> Summary:
-    """Stream HF ``(name, tensor)`` pairs into ``out`` (safetensors shards + index + config.json)."""
+    """Stream HF text-model ``(name, tensor)`` pairs (causal-layout names) into ``out`` in
+    ``layout`` (safetensors shards + index + config.json). ``hf_config`` is the text config;
+    ``source_config``/``non_text`` (conditional layout) supply the vision config and tensors.
+    The conditional layout always gets an index file: SGLang looks for vision weights in it."""
+    config = hf_layout.output_config(layout, hf_config, source=source_config)
+    target = hf_layout.layout_of_config(config)
+    warnings = hf_layout.sglang_warnings(layout, hf_config, tables.hf_names(dims))
+    if layout == hf_layout.CONDITIONAL and non_text is None:
+        warnings.append("conditional layout without vision weights: transformers initialises the vision tower "
+                        "randomly; SGLang runs it text-only")
     tmp = _prepare_out(out)
     try:
         if side_files_from:
             _copy_side_files(side_files_from, tmp, skip=("config.json",))
         writer = ShardedWriter(tmp, max_shard_bytes=max_shard_bytes)
         for name, t in named_tensors:
-            writer.add(name, t)
+            writer.add(target.hf_name(name), t)
             if on_tensor:
                 on_tensor(name)
-        writer.finish()
+        for name in non_text.names() if non_text is not None else ():
+            writer.add(name, non_text.get(name))
+        writer.finish(always_index=layout == hf_layout.CONDITIONAL)
         with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(hf_config, f, indent=2)
+            json.dump(config, f, indent=2)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     os.replace(tmp, out)
-    return _summary(writer.checksums, writer.total_bytes)
+    return _summary(writer.checksums, writer.total_bytes, layout=layout, warnings=warnings)
 
 
 def checkpoint_format(path: str) -> str:
@@ -236,15 +268,25 @@ def checkpoint_format(path: str) -> str:
                      f"(COMPLETE marker, or a root with a 'latest' file){hint}")
 
 
-def convert_megatron_to_hf(*, ckpt: str, out: str, expect_arch: str | None = None, progress: bool = False, max_shard_bytes: int = 2 << 30) -> Summary:
+def convert_megatron_to_hf(*, ckpt: str, out: str, expect_arch: str | None = None, progress: bool = False,
+                           max_shard_bytes: int = 2 << 30, layout: str = "auto") -> Summary:
     """Megatron checkpoint -> HF checkpoint directory. Either a converter checkpoint (any tp/pp/ep)
-    or a trainer dist-checkpoint (``convert.distckpt``); the format is detected."""
+    or a trainer dist-checkpoint (``convert.distckpt``); the format is detected. ``layout``:
+    ``causal`` (``Llama4ForCausalLM``/``LlamaForCausalLM``), ``conditional``
+    (``Llama4ForConditionalGeneration``: ``language_model.`` names, plus the vision tower when the
+    converter checkpoint carries it) or ``auto`` (the layout converted from; causal otherwise)."""
+    if layout not in ("auto", *hf_layout.LAYOUTS):
+        raise ValueError(f"layout={layout!r}: expected 'auto' or one of {hf_layout.LAYOUTS}")
     if checkpoint_format(ckpt) == "dist":
         from scalerl_mega.convert.distckpt import convert_dist_checkpoint_to_hf
 
         return convert_dist_checkpoint_to_hf(ckpt=ckpt, out=out, expect_arch=expect_arch, progress=progress,
-                                             max_shard_bytes=max_shard_bytes)
+                                             max_shard_bytes=max_shard_bytes,
+                                             layout=hf_layout.CAUSAL if layout == "auto" else layout)
     ck = MegatronShards(ckpt, expect_arch=expect_arch)
+    kind = ck.meta.get("hf_layout", hf_layout.CAUSAL) if layout == "auto" else layout
+    non_text_dir = os.path.join(ckpt, NON_TEXT_DIR)
+    non_text = SafetensorsDir(non_text_dir) if kind == hf_layout.CONDITIONAL and os.path.isdir(non_text_dir) else None
     validate_megatron(ck)
     dims = ck.dims
     groups = list(tables.iter_groups(dims))
@@ -257,7 +299,8 @@ def convert_megatron_to_hf(*, ckpt: str, out: str, expect_arch: str | None = Non
     side = os.path.join(ckpt, "hf")
     try:
         return write_hf(
-            out=out, dims=dims, hf_config=ck.meta["hf_config"], named_tensors=named(),
+            out=out, dims=dims, hf_config=ck.meta["hf_config"], named_tensors=named(), layout=kind,
+            source_config=ck.meta.get("hf_source_config"), non_text=non_text,
             side_files_from=side if os.path.isdir(side) else None, max_shard_bytes=max_shard_bytes,
             on_tensor=(lambda _n: bar.update(1)) if bar else None,
         )

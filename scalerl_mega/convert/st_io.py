@@ -119,8 +119,9 @@ class ShardedWriter:
         self.checksums[name] = sha256(t)
         self.total_bytes += nbytes
 
-    def finish(self) -> list[str]:
-        """Close the last shard, give shards their final names, write the index; return file names."""
+    def finish(self, *, always_index: bool = False) -> list[str]:
+        """Close the last shard, give shards their final names, write the index (also for a single
+        shard with ``always_index``); return file names."""
         if self.shards:
             self.shards[-1].close()
         n = len(self.shards)
@@ -130,7 +131,7 @@ class ShardedWriter:
             names = [f"{self.prefix}-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)]
         for shard, final in zip(self.shards, names):
             os.replace(shard.path, os.path.join(self.directory, final))
-        if n > 1:
+        if n > 1 or always_index:
             index = {
                 "metadata": {"total_size": self.total_bytes},
                 "weight_map": {name: names[k] for name, k in self.weight_map.items()},
@@ -162,6 +163,10 @@ class SafetensorsDir:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.headers[self.location[name]][name]["shape"])
+
+    def nbytes(self, name: str) -> int:
+        start, end = self.headers[self.location[name]][name]["data_offsets"]
+        return end - start
 
     def dtype(self, name: str) -> torch.dtype:
         return _DTYPES[self.headers[self.location[name]][name]["dtype"]]

@@ -16,9 +16,12 @@ import os
 
 def hf_logits(hf_dir: str, tokens):
     import torch
-    from transformers import AutoModelForCausalLM
+    import transformers
 
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
+    from scalerl_mega.convert.hf_layout import CONDITIONAL, read_layout
+
+    cls = transformers.Llama4ForConditionalGeneration if read_layout(hf_dir).kind == CONDITIONAL else transformers.AutoModelForCausalLM
+    model = cls.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
     model.eval()
     with torch.no_grad():
         return model(input_ids=tokens).logits
@@ -57,8 +60,9 @@ def run_layout(spec: str, args, tokens, ref_logits, hf_tensors) -> dict:
     from scalerl_mega.trainer.megatron.config import ParallelConfig
     from scalerl_mega.trainer.megatron.export import export_hf_weights
 
-    with open(os.path.join(args.hf_dir, "config.json")) as f:
-        model_cfg = model_config_from_hf(json.load(f), name="tiny")
+    from scalerl_mega.convert.pipeline import load_hf_config
+
+    model_cfg = model_config_from_hf(load_hf_config(args.hf_dir), name="tiny")
     sizes = {k: 1 for k in ("tp", "pp", "ep")}
     parts = spec.split("_")
     for part in parts:
@@ -102,20 +106,21 @@ def main() -> None:
     p.add_argument("--layouts", nargs="+", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--dispatcher", default="alltoall")
-    p.add_argument("--seq", type=int, default=12)
+    p.add_argument("--seq", type=int, default=44)  # > 5 chunks of 8, the last one ragged
     args = p.parse_args()
 
     import torch
 
     from scalerl_mega.convert.st_io import SafetensorsDir
 
+    from scalerl_mega.convert.hf_layout import read_layout
+
     torch.manual_seed(0)
-    with open(os.path.join(args.hf_dir, "config.json")) as f:
-        vocab = json.load(f)["vocab_size"]
-    tokens = torch.randint(0, vocab, (2, args.seq))
+    hf = read_layout(args.hf_dir)
+    tokens = torch.randint(0, hf.text_config["vocab_size"], (2, args.seq))
     ref = hf_logits(args.hf_dir, tokens)
-    src = SafetensorsDir(args.hf_dir)
-    hf_tensors = {n: src.get(n) for n in src.names()}
+    src = SafetensorsDir(args.hf_dir)  # the text model's tensors under their causal-layout names
+    hf_tensors = {n[len(hf.prefix):]: src.get(n) for n in src.names() if n.startswith(hf.prefix) and not hf.is_non_text(n)}
     report = {layout: run_layout(layout, args, tokens, ref, hf_tensors) for layout in args.layouts}
     import torch.distributed as dist
 

@@ -99,3 +99,28 @@ def test_summary_matches_written_tensors(converted):
     lines = stdout.strip().splitlines()
     assert f"tensors: {len(tensors)}" in lines
     assert f"sha256(all tensors): {h.hexdigest()}" in lines
+
+
+def test_llama4_checkpoint_exports_conditional_layout(converted):
+    """`--layout conditional`: the trained Llama-4 as Llama4ForConditionalGeneration (text under
+    `language_model.`, no vision tower, with an index file) gives the trainer's logits."""
+    import torch
+    from transformers import Llama4ForConditionalGeneration
+
+    case, out, _ = converted
+    if case != "moe_ep2":
+        pytest.skip("one Llama-4 case is enough")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env.pop("WORLD_SIZE", None)
+    proc = subprocess.run([sys.executable, str(TOOL), "--ckpt", str(out / case / CASES[case][0]), "--out",
+                           str(out / "hf_cond"), "--layout", "conditional", "--no-progress"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "warning: conditional layout without vision weights" in proc.stderr
+    index = json.loads((out / "hf_cond" / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] and all(n.startswith("language_model.") for n in index["weight_map"])
+    ref = torch.load(out / case / "trainer.pt")
+    model = Llama4ForConditionalGeneration.from_pretrained(str(out / "hf_cond"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(input_ids=ref["input_ids"]).logits.float()
+    assert (logits - ref["logits"]).abs().max().item() <= 1e-5

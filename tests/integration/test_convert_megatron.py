@@ -32,9 +32,9 @@ def _launch(tmp_path, hf, ckpt, layouts):
 def _check(report, hf_dir, layouts, *, full_export_layouts):
     from scalerl_mega.convert import tables
     from scalerl_mega.convert.dims import dims_from_hf_config
+    from scalerl_mega.convert.pipeline import load_hf_config
 
-    with open(os.path.join(hf_dir, "config.json")) as f:
-        order = tables.hf_names(dims_from_hf_config(json.load(f)))
+    order = tables.hf_names(dims_from_hf_config(load_hf_config(hf_dir)))
     for layout in layouts:
         ranks = report[layout]["ranks"]
         diffs = [r["logits_max_abs_diff"] for r in ranks if "logits_max_abs_diff" in r]
@@ -50,6 +50,8 @@ def _check(report, hf_dir, layouts, *, full_export_layouts):
 
 @pytest.mark.timeout(900)
 def test_llama4_logits_and_export_tp1_tp2_ep2_pp2(tmp_path):
+    """Tiny Llama4ForCausalLM (chunk 8 over 44 tokens, Scout RoPE scaling past its original
+    context, temperature tuning, QK norm, MoE); tp2 runs with sequence parallelism."""
     hf, ckpt = str(tmp_path / "hf"), str(tmp_path / "mc")
     save_tiny_hf("llama4", hf)
     convert_hf_to_megatron(hf_dir=hf, out=ckpt, tp=2, ep=2)  # load layouts differ from the checkpoint's
@@ -65,3 +67,15 @@ def test_llama_dense_logits_and_export_tp1_tp2_pp2(tmp_path):
     convert_hf_to_megatron(hf_dir=hf, out=ckpt, pp=2)
     layouts = ["tp1", "tp2", "pp2"]
     _check(_launch(tmp_path, hf, ckpt, layouts), hf, layouts, full_export_layouts=("tp2",))
+
+
+@pytest.mark.slow  # ~40 s; the layouts are those of the test above, from Meta's multimodal checkpoint layout
+@pytest.mark.timeout(900)
+def test_llama4_conditional_checkpoint_logits_tp2_ep2_pp2(tmp_path):
+    """Llama4ForConditionalGeneration checkpoint (text under `language_model.`, vision tower skipped):
+    converted (tp2, ep2) and loaded directly (pp2_hf); logits equal the HF multimodal model's."""
+    hf, ckpt = str(tmp_path / "hf"), str(tmp_path / "mc")
+    save_tiny_hf("llama4", hf, conditional=True)
+    convert_hf_to_megatron(hf_dir=hf, out=ckpt, tp=2, ep=2)
+    layouts = ["tp2", "ep2", "pp2_hf"]
+    _check(_launch(tmp_path, hf, ckpt, layouts), hf, layouts, full_export_layouts=("tp2", "ep2"))

@@ -53,7 +53,10 @@ def worker(hf_dir: str, out: str) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_policy_initialised_from_hf_checkpoint_matches_transformers(tmp_path):
+@pytest.mark.parametrize("layout", ["causal", pytest.param("conditional", marks=pytest.mark.slow)])
+def test_policy_initialised_from_hf_checkpoint_matches_transformers(tmp_path, layout):
+    """causal: a Llama4ForCausalLM checkpoint; conditional: Meta's multimodal layout
+    (Llama4ForConditionalGeneration, text weights under `language_model.`, vision tower skipped)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -61,12 +64,20 @@ def test_policy_initialised_from_hf_checkpoint_matches_transformers(tmp_path):
     from scalerl_mega.trainer.megatron.config import load_model_preset
 
     arch, kw = hf_config_from_model(load_model_preset("tiny_moe"))
-    if arch == "llama4":
-        from transformers import Llama4ForCausalLM as cls, Llama4TextConfig as conf
-    else:
-        from transformers import LlamaConfig as conf, LlamaForCausalLM as cls
+    assert arch == "llama4"
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
     torch.manual_seed(123)
-    hf = cls(conf(**kw)).eval()
+    if layout == "conditional":
+        from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+        from scalerl_mega.convert.tiny import tiny_conditional_config
+
+        vision = tiny_conditional_config().vision_config.to_dict()
+        hf = Llama4ForConditionalGeneration(Llama4Config(text_config=Llama4TextConfig(**kw).to_dict(), vision_config=vision))
+    else:
+        hf = Llama4ForCausalLM(Llama4TextConfig(**kw))
+    hf.eval()
     hf_dir = tmp_path / "hf"
     hf.save_pretrained(hf_dir)
 
@@ -78,7 +89,7 @@ def test_policy_initialised_from_hf_checkpoint_matches_transformers(tmp_path):
     res = json.loads(out.read_text())
 
     ids = torch.tensor(res["ids"])
-    ref_model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    ref_model = hf if layout == "conditional" else AutoModelForCausalLM.from_pretrained(hf_dir).eval()
     with torch.no_grad():
         logits = ref_model(ids[:, :-1]).logits.double()
     ref = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]

@@ -22,6 +22,8 @@ def hf_dirs(tmp_path_factory):
         save_tiny_hf(arch, out[arch], max_shard_size="200KB")
     out["llama_tied"] = str(root / "llama_tied")
     save_tiny_hf("llama", out["llama_tied"], tie=True)
+    out["llama4_conditional"] = str(root / "llama4_conditional")  # Meta's multimodal layout
+    save_tiny_hf("llama4", out["llama4_conditional"], conditional=True, max_shard_size="200KB")
     return out
 
 
@@ -32,7 +34,8 @@ def _all(d):
 
 @pytest.mark.parametrize(
     "arch,layout",
-    [("llama", {}), ("llama", {"tp": 2, "pp": 2}), ("llama_tied", {"tp": 2}), ("llama4", {}), ("llama4", {"tp": 2, "ep": 2}), ("llama4", {"pp": 2, "ep": 4})],
+    [("llama", {}), ("llama", {"tp": 2, "pp": 2}), ("llama_tied", {"tp": 2}), ("llama4", {}), ("llama4", {"tp": 2, "ep": 2}),
+     ("llama4", {"pp": 2, "ep": 4}), ("llama4_conditional", {}), ("llama4_conditional", {"tp": 2, "pp": 2, "ep": 2})],
 )
 def test_round_trip_bit_exact(hf_dirs, tmp_path, arch, layout):
     mc, back = str(tmp_path / "mc"), str(tmp_path / "back")
@@ -57,6 +60,64 @@ def test_output_loads_with_from_pretrained_and_gives_same_logits(hf_dirs, tmp_pa
     ids = torch.randint(0, 100, (1, 10))
     with torch.no_grad():
         assert torch.equal(a(ids).logits, b(ids).logits)
+
+
+def _logits(model_dir, cls_name, ids):
+    import transformers
+
+    model = getattr(transformers, cls_name).from_pretrained(model_dir, local_files_only=True).eval()
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_layouts_convert_into_each_other(hf_dirs, tmp_path):
+    """conditional -> causal keeps the text model (same tensors, same logits) and warns that SGLang
+    would skip the experts; causal -> conditional puts it under `language_model.`."""
+    mc = str(tmp_path / "mc")
+    summary = convert_hf_to_megatron(hf_dir=hf_dirs["llama4_conditional"], out=mc, tp=2)
+    assert summary.layout == "conditional" and "non-text tensors" in summary.skipped[0]
+    assert "vision_model" in summary.skipped[0] and "multi_modal_projector" in summary.skipped[0]
+    causal = str(tmp_path / "causal")
+    out = convert_megatron_to_hf(ckpt=mc, out=causal, layout="causal")
+    assert any("skips the 8 fused expert tensors" in w and "--layout conditional" in w for w in out.warnings)
+    src, got = _all(hf_dirs["llama4_conditional"]), _all(causal)
+    text = {n[len("language_model."):]: t for n, t in src.items() if n.startswith("language_model.")}
+    assert sorted(got) == sorted(text) and all(torch.equal(got[n], text[n]) for n in text)
+    ids = torch.randint(0, 100, (1, 20), generator=torch.Generator().manual_seed(0))
+    want = _logits(hf_dirs["llama4_conditional"], "Llama4ForConditionalGeneration", ids)
+    assert torch.equal(_logits(causal, "Llama4ForCausalLM", ids), want)
+
+    mc2, cond = str(tmp_path / "mc2"), str(tmp_path / "cond")
+    convert_hf_to_megatron(hf_dir=causal, out=mc2, ep=2)
+    out = convert_megatron_to_hf(ckpt=mc2, out=cond, layout="conditional")
+    assert any("without vision weights" in w for w in out.warnings)
+    got = _all(cond)
+    assert sorted(got) == sorted(f"language_model.{n}" for n in text)
+    assert os.path.isfile(os.path.join(cond, "model.safetensors.index.json"))  # SGLang looks for vision weights there
+    assert torch.equal(_logits(cond, "Llama4ForConditionalGeneration", ids), want)
+
+
+def test_conditional_export_names_load_in_sglang_mllama4(hf_dirs, tmp_path):
+    """Every text tensor of a conditional export lands on a distinct SGLang 0.5.23 parameter of the
+    mllama4 loader (per its name rules), covering the whole text model; the causal layout loses the experts."""
+    from scalerl_mega.convert.hf_layout import sglang_llama4_target
+
+    mc, back = str(tmp_path / "mc"), str(tmp_path / "back")
+    convert_hf_to_megatron(hf_dir=hf_dirs["llama4_conditional"], out=mc)
+    convert_megatron_to_hf(ckpt=mc, out=back)
+    names = [n for n in _all(back) if n.startswith("language_model.")]
+    targets = {sglang_llama4_target(n, kind="conditional") for n in names}
+    assert None not in targets
+    layers = 4
+    want = {f"language_model.model.layers.{i}.{p}" for i in range(layers) for p in (
+        "self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
+        "feed_forward.router.weight", "feed_forward.experts.w13_weight", "feed_forward.experts.w2_weight",
+        "feed_forward.shared_expert.gate_up_proj.weight", "feed_forward.shared_expert.down_proj.weight")}
+    want |= {"language_model.model.embed_tokens.weight", "language_model.model.norm.weight", "language_model.lm_head.weight"}
+    assert targets == want
+    causal = [n[len("language_model."):] for n in names]
+    lost = sorted(n for n in causal if sglang_llama4_target(n, kind="causal") is None)
+    assert lost == sorted(f"model.layers.{i}.feed_forward.experts.{p}" for i in range(layers) for p in ("down_proj", "gate_up_proj"))
 
 
 def _rewrite(src_dir, dst_dir, edit):
@@ -136,4 +197,11 @@ def test_cli_round_trip(hf_dirs, tmp_path, capsys):
     assert load("convert_hf_to_megatron").main(["--hf-dir", hf_dirs["llama"], "--out", mc, "--tp", "2", "--no-progress"]) == 0
     assert load("convert_megatron_to_hf").main(["--ckpt", mc, "--out", back, "--no-progress"]) == 0
     assert "sha256(all tensors)" in capsys.readouterr().out
+    # Llama-4: the text-only layout warns (SGLang), --layout conditional writes Meta's layout
+    mc4, causal, cond = str(tmp_path / "mc4"), str(tmp_path / "causal"), str(tmp_path / "cond")
+    assert load("convert_hf_to_megatron").main(["--hf-dir", hf_dirs["llama4"], "--out", mc4, "--no-progress"]) == 0
+    assert load("convert_megatron_to_hf").main(["--ckpt", mc4, "--out", causal, "--no-progress"]) == 0
+    assert "warning: text-only Llama4ForCausalLM layout" in capsys.readouterr().err
+    assert load("convert_megatron_to_hf").main(["--ckpt", mc4, "--out", cond, "--layout", "conditional", "--no-progress"]) == 0
+    assert json.load(open(os.path.join(cond, "config.json")))["architectures"] == ["Llama4ForConditionalGeneration"]
     assert load("convert_hf_to_megatron").main(["--hf-dir", hf_dirs["llama"], "--out", mc]) == 2  # exists

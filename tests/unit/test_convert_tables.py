@@ -84,12 +84,32 @@ def test_llama4_dims_use_megatron_nope_convention():
     d = dims_from_hf_config(cfg)
     assert cfg["no_rope_layers"] == [1, 0, 1, 0]  # HF: 1 = RoPE layer
     assert d.no_rope_layers == (0, 1, 0, 1)  # Megatron: 1 = NoPE
-    assert d.moe_layers == (0, 1, 2, 3) and d.num_experts == 4 and d.attention_chunk_size == 4
-    bad = dict(cfg, rope_parameters=dict(cfg["rope_parameters"], high_freq_factor=2.0))
-    with pytest.raises(ValueError, match="high_freq_factor"):
+    assert d.moe_layers == (0, 1, 2, 3) and d.num_experts == 4 and d.attention_chunk_size == 8
+    # Scout's RoPE scaling: every HF parameter is carried, none is refused
+    assert (d.rope_scaling_factor, d.rope_low_freq_factor, d.rope_high_freq_factor,
+            d.rope_original_max_position_embeddings) == (16.0, 1.0, 1.0, 16)
+    bad = dict(cfg, rope_parameters=dict(cfg["rope_parameters"], high_freq_factor=0.5))
+    with pytest.raises(ValueError, match="high_freq_factor=0.5 < low_freq_factor"):
         dims_from_hf_config(bad)
+    missing = dict(cfg, rope_parameters={k: v for k, v in cfg["rope_parameters"].items() if k != "low_freq_factor"})
+    with pytest.raises(ValueError, match="'low_freq_factor' is missing"):
+        dims_from_hf_config(missing)
     with pytest.raises(ValueError, match="'llama' was requested"):
         dims_from_hf_config(cfg, expect_arch="llama")
+
+
+def test_llama4_dims_derive_absent_layer_lists_like_transformers():
+    """A config.json may leave no_rope_layers empty and moe_layers out (Llama4TextConfig derives them
+    from no_rope_layer_interval / interleave_moe_layer_step): same dims as the derived lists."""
+    from transformers import Llama4TextConfig
+
+    cfg = _tiny_cfg("llama4").to_dict()
+    raw = {k: v for k, v in cfg.items() if k not in ("moe_layers", "layer_types")}
+    raw.update(no_rope_layers=[], no_rope_layer_interval=4, interleave_moe_layer_step=2)
+    d = dims_from_hf_config(raw)
+    hf = Llama4TextConfig(**{k: v for k, v in raw.items() if k not in ("model_type", "transformers_version")})
+    assert d.moe_layers == tuple(hf.moe_layers) == (1, 3)
+    assert d.no_rope_layers == tuple(1 - f for f in hf.no_rope_layers) == (0, 0, 0, 1)
 
 
 def test_model_config_from_hf_llama4():
@@ -97,8 +117,10 @@ def test_model_config_from_hf_llama4():
 
     cfg = _tiny_cfg("llama4").to_dict()
     m = model_config_from_hf(cfg)
-    assert (m.no_rope_freq, m.attention_chunk_size, m.num_experts, m.moe_topk, m.shared_expert_ffn) == (2, 4, 4, 1, 48)
+    assert (m.no_rope_freq, m.attention_chunk_size, m.num_experts, m.moe_topk, m.shared_expert_ffn) == (2, 8, 4, 1, 48)
     assert m.moe_router_score_function == "sigmoid" and m.moe_apply_probs_on_input and m.qk_l2_norm
+    assert (m.rope_scaling, m.rope_scaling_factor, m.rope_low_freq_factor, m.rope_high_freq_factor,
+            m.rope_original_max_position_embeddings) == (True, 16.0, 1.0, 1.0, 16)
     assert dims_from_model_config(m) == dims_from_hf_config(cfg)
 
 
@@ -160,6 +182,25 @@ def test_llama4_attention_helpers_hand_worked():
 
     s = llama4.temperature_scales(torch.tensor([0, 1, 3]), floor_scale=2, attn_scale=0.5)
     assert torch.allclose(s, torch.tensor([1.0, 1 + 0.5 * math.log(2), 1 + 0.5 * math.log(3)]))
-    m = llama4.chunked_causal_mask(4, 4, chunk_size=2)[0, 0]
-    allowed = (~m).int().tolist()
-    assert allowed == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
+
+
+
+def test_hf_layout_detection_and_errors():
+    from scalerl_mega.convert import hf_layout
+    from scalerl_mega.convert.tiny import tiny_conditional_config
+
+    cond = hf_layout.layout_of_config(tiny_conditional_config().to_dict())
+    assert cond.kind == "conditional" and cond.prefix == "language_model."
+    assert cond.text_config["model_type"] == "llama4_text" and cond.hf_name("lm_head.weight") == "language_model.lm_head.weight"
+    assert cond.is_non_text("vision_model.class_embedding") and not cond.is_non_text("language_model.lm_head.weight")
+    assert dims_from_hf_config(cond.text_config) == dims_from_hf_config(_tiny_cfg("llama4").to_dict())
+    causal = hf_layout.layout_of_config(_tiny_cfg("llama4").to_dict())
+    assert causal.kind == "causal" and causal.prefix == "" and not causal.is_non_text("vision_model.x")
+    with pytest.raises(ValueError, match="without a text_config"):
+        hf_layout.layout_of_config({"model_type": "llama4"})
+    with pytest.raises(ValueError, match="layout='conditional' is Llama-4 only"):
+        hf_layout.output_config("conditional", _tiny_cfg("llama").to_dict())
+    out = hf_layout.output_config("conditional", causal.text_config)
+    assert out["architectures"] == ["Llama4ForConditionalGeneration"] and hf_layout.layout_of_config(out).kind == "conditional"
+    assert hf_layout.sglang_warnings("conditional", causal.text_config, ["x"]) == []
+    assert hf_layout.sglang_warnings("causal", _tiny_cfg("llama").to_dict(), ["x"]) == []

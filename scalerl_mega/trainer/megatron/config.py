@@ -47,6 +47,10 @@ class ModelConfig:
     rope_scaling: bool = False
     """Llama-3.1 style frequency scaling (long context)."""
     rope_scaling_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position_embeddings: int = 8192
+    """Llama-3 RoPE scaling parameters (HF rope_parameters); Scout uses factor 16, low = high = 1.0."""
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     qk_layernorm: bool = False
@@ -126,6 +130,10 @@ class ModelConfig:
                              f"num_query_groups={self.num_query_groups}")
         if self.rope_theta <= 0:
             raise ValueError(f"{where}: rope_theta={self.rope_theta} must be > 0")
+        if self.rope_scaling:
+            from scalerl_mega.trainer.megatron.rope import scaling_of
+
+            scaling_of(self).validate(where)
         if self.norm_eps <= 0:
             raise ValueError(f"{where}: norm_eps={self.norm_eps} must be > 0")
         if self.num_experts < 0:

@@ -29,6 +29,8 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
+    from scalerl_mega.trainer.megatron.llama4 import no_rope_pattern
+
     on_cpu = not torch.cuda.is_available()
     moe: dict[str, Any] = {}
     if model.is_moe:
@@ -79,6 +81,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
         persist_layer_norm=False,
         apply_rope_fusion=False,
         batch_p2p_sync=not on_cpu,  # the sync is torch.cuda.synchronize(); gloo p2p is synchronous
+        no_rope_freq=no_rope_pattern(model) if model.arch == "llama4" else None,
         **moe,
     )
 
@@ -129,6 +132,8 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, *, use_te: bool | 
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
+    from scalerl_mega.trainer.megatron.rope import apply_rope_scaling
+
     model.validate()
     if use_te is None:
         use_te = te_available()
@@ -148,9 +153,9 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, *, use_te: bool | 
         share_embeddings_and_output_weights=model.tie_embeddings,
         position_embedding_type="rope",
         rotary_base=int(model.rope_theta),
-        rope_scaling=model.rope_scaling,
-        rope_scaling_factor=model.rope_scaling_factor,
+        rope_scaling=False,  # Megatron fixes 3 of the 4 Llama-3 parameters; rope.apply_rope_scaling has all
     )
+    apply_rope_scaling(gpt, model)
     if torch.cuda.is_available():
         gpt.cuda(torch.cuda.current_device())
     if model.fp32_lm_head:

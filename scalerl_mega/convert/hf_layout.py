@@ -1,0 +1,136 @@
+"""Which HF checkpoint layout a directory holds, and the tensor-name prefix of its text model.
+
+Two layouts carry a Llama-4 text model:
+
+- ``causal``: ``Llama4ForCausalLM`` / ``LlamaForCausalLM`` (``model_type`` ``llama4_text`` /
+  ``llama``), text tensors at the top level (``model.layers.0...``, ``lm_head.weight``).
+- ``conditional``: ``Llama4ForConditionalGeneration``, the multimodal checkpoint Meta publishes
+  (``model_type`` ``llama4``, the text config under ``text_config``); text tensors under
+  ``language_model.``, the vision tower under ``vision_model.`` and ``multi_modal_projector.``.
+
+The converter tables name text tensors as in the causal layout; ``HFLayout.hf_name`` adds the prefix.
+SGLang 0.5.23 loads Llama-4 through ``mllama4.Llama4ForConditionalGeneration.load_weights``
+(``language_model.`` prefix, fused ``experts.gate_up_proj``/``down_proj``, q/k rows permuted from
+complex pairs to rotate-half); its text-only ``Llama4ForCausalLM`` inherits
+``LlamaForCausalLM.load_weights``, which has no mapping for the fused expert tensors (they are
+skipped with "not found in params_dict") and does not permute q/k. So only the conditional layout
+serves a Llama-4 MoE model correctly there (``sglang_warnings``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+CAUSAL, CONDITIONAL = "causal", "conditional"
+LAYOUTS = (CAUSAL, CONDITIONAL)
+TEXT_PREFIX = "language_model."
+NON_TEXT_PREFIXES = ("vision_model.", "multi_modal_projector.")
+_CAUSAL_ARCH = {"llama": "LlamaForCausalLM", "llama4_text": "Llama4ForCausalLM"}
+
+
+@dataclasses.dataclass(frozen=True)
+class HFLayout:
+    """The layout of one HF checkpoint: ``kind`` and the full ``config.json`` dict."""
+
+    kind: str
+    config: Mapping[str, Any]
+
+    @property
+    def text_config(self) -> dict[str, Any]:
+        return dict(self.config["text_config"]) if self.kind == CONDITIONAL else dict(self.config)
+
+    @property
+    def prefix(self) -> str:
+        return TEXT_PREFIX if self.kind == CONDITIONAL else ""
+
+    def hf_name(self, text_name: str) -> str:
+        return self.prefix + text_name
+
+    def is_non_text(self, name: str) -> bool:
+        return self.kind == CONDITIONAL and name.startswith(NON_TEXT_PREFIXES)
+
+
+def layout_of_config(cfg: Mapping[str, Any], *, where: str = "config.json") -> HFLayout:
+    """Detect the layout from a ``config.json`` dict (ValueError naming the key otherwise)."""
+    if cfg.get("model_type") != "llama4":
+        return HFLayout(CAUSAL, dict(cfg))
+    text = cfg.get("text_config")
+    if not isinstance(text, Mapping):
+        raise ValueError(f"{where}: model_type='llama4' (Llama4ForConditionalGeneration) without a text_config")
+    if text.get("model_type", "llama4_text") != "llama4_text":
+        raise ValueError(f"{where}: text_config.model_type={text.get('model_type')!r}, expected 'llama4_text'")
+    return HFLayout(CONDITIONAL, {**cfg, "text_config": {**text, "model_type": "llama4_text"}})
+
+
+def read_layout(hf_dir: str) -> HFLayout:
+    path = os.path.join(hf_dir, "config.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"{hf_dir}: config.json is missing")
+    with open(path) as f:
+        return layout_of_config(json.load(f), where=path)
+
+
+def output_config(kind: str, text_config: Mapping[str, Any], *, source: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``config.json`` for writing ``text_config``'s model in layout ``kind``. ``source`` (a
+    conditional config, e.g. the one converted from) supplies the vision config and token ids;
+    without it transformers' defaults apply to the vision tower."""
+    text = dict(text_config)
+    if kind == CAUSAL:
+        return {**text, "architectures": [_CAUSAL_ARCH.get(text.get("model_type"), "LlamaForCausalLM")]}
+    if kind != CONDITIONAL:
+        raise ValueError(f"layout={kind!r}: expected one of {LAYOUTS}")
+    if text.get("model_type") != "llama4_text":
+        raise ValueError(f"layout='conditional' is Llama-4 only; the model is model_type={text.get('model_type')!r}")
+    base = dict(source) if source and source.get("model_type") == "llama4" else {}
+    text.pop("architectures", None)
+    return {**base, "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "text_config": text,
+            "tie_word_embeddings": bool(text.get("tie_word_embeddings", False))}
+
+
+# SGLang 0.5.23's stacked-parameter rules (checkpoint substring -> fused parameter), in its order.
+_SGLANG_STACKED = {
+    CONDITIONAL: ((".self_attn.q_proj", ".self_attn.qkv_proj"), (".self_attn.k_proj", ".self_attn.qkv_proj"),
+                  (".self_attn.v_proj", ".self_attn.qkv_proj"),
+                  (".shared_expert.gate_proj", ".shared_expert.gate_up_proj"),
+                  (".shared_expert.up_proj", ".shared_expert.gate_up_proj"),
+                  (".feed_forward.gate_proj", ".feed_forward.gate_up_proj"),
+                  (".feed_forward.up_proj", ".feed_forward.gate_up_proj")),
+    CAUSAL: ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv_proj"),
+             (".gate_proj", ".gate_up_proj"), (".up_proj", ".gate_up_proj")),
+}
+_FUSED_EXPERTS = {".experts.gate_up_proj": ".experts.w13_weight", ".experts.down_proj": ".experts.w2_weight"}
+
+
+def sglang_llama4_target(name: str, *, kind: str) -> str | None:
+    """The SGLang 0.5.23 parameter that checkpoint tensor ``name`` of a Llama-4 text model loads
+    into, or None when SGLang skips it. ``kind``: the checkpoint layout, which picks SGLang's
+    loader (conditional: ``mllama4.Llama4ForConditionalGeneration.load_weights``, which adds the
+    ``language_model.`` prefix and maps the fused experts; causal: ``Llama4ForCausalLM``, i.e.
+    ``LlamaForCausalLM.load_weights``, which skips names it has no parameter for). Non-text
+    (vision) tensors are out of scope (None)."""
+    if name.startswith(NON_TEXT_PREFIXES):
+        return None
+    if kind == CONDITIONAL and not name.startswith(TEXT_PREFIX):
+        name = TEXT_PREFIX + name
+    for ckpt, param in _SGLANG_STACKED[kind]:
+        if ckpt in name:
+            return name.replace(ckpt, param)
+    for ckpt, param in _FUSED_EXPERTS.items():
+        if name.endswith(ckpt):
+            return name.replace(ckpt, param) if kind == CONDITIONAL else None
+    return name
+
+
+def sglang_warnings(kind: str, text_config: Mapping[str, Any], names: list[str] | None = None) -> list[str]:
+    """Why SGLang 0.5.23 would serve this Llama-4 export wrongly (empty: none known). ``names``:
+    the exported text tensors in causal-layout naming."""
+    if kind != CAUSAL or text_config.get("model_type") != "llama4_text":
+        return []
+    skipped = [n for n in names or () if sglang_llama4_target(n, kind=CAUSAL) is None]
+    what = f"skips the {len(skipped)} fused expert tensors (e.g. {skipped[0]!r}) and " if skipped else ""
+    return [f"text-only Llama4ForCausalLM layout: SGLang 0.5.23 loads it with LlamaForCausalLM.load_weights, which "
+            f"{what}does not permute q/k rows to its rotate-half RoPE; write --layout conditional "
+            "(Llama4ForConditionalGeneration, served by SGLang's mllama4 loader)"]
