@@ -295,3 +295,31 @@ def test_bf16_head_ablation_differs_from_fp32_head():
     err32 = (torch.log_softmax(fp32._logits(hidden), -1).double() - ref).abs().max().item()
     err16 = (torch.log_softmax(bf16._logits(hidden), -1).double() - ref).abs().max().item()
     assert err32 < 1e-4 and err16 > 10 * err32
+
+
+def test_hold_at_stops_decoding_until_the_next_version_only_when_nothing_else_needs_it():
+    """`SamplingParams.hold_at` (rollout.inflight_hold_tokens): a holdable request keeps decoding while
+    a non-holdable one runs, stops at `hold_at` tokens once only holdable work remains, and resumes
+    under the next weight version, so its completion spans two versions."""
+    core = GenerationCore(_model(seed=0), config=CoreConfig(max_batch=4, max_seq_len=64))
+    needed = _req(1, [5, 9], max_new_tokens=6, temperature=1.0, seed=7, stop_token_ids=[])
+    held = _req(2, [3, 4], max_new_tokens=20, temperature=1.0, seed=8, stop_token_ids=[], hold_at=2)
+    core.add(needed)
+    core.add(held)
+    done = []
+    while core.can_progress():
+        done += core.step()
+    # the needed request finished (6 tokens); the held one decoded alongside it, then stopped
+    assert [c.prompt_id for c in done] == ["1"] and len(done[0].output_ids) == 6
+    assert core.has_work() and not core.can_progress() and core.step() == []
+    n_before = len(core.rows[0].output_ids)
+    assert n_before >= 2
+    core.set_version(1)  # the next weight version arrives: the hold is released
+    assert core.can_progress()
+    done = core.run_until_done()
+    c = done[0]
+    assert c.weight_versions == [0] * n_before + [1] * (20 - n_before)
+    # a request submitted under the current version holds at exactly hold_at when alone
+    core.add(_req(3, [6], max_new_tokens=10, temperature=1.0, stop_token_ids=[], hold_at=3))
+    core.waiting[0].req.submitted_version = 1
+    assert core.run_until_done() == [] and len(core.rows[0].output_ids) == 3
