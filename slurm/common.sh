@@ -18,7 +18,15 @@
 #   GEN_TP              devices per inference server (SGLang --tp-size)
 #   TP PP EP            Megatron tensor / pipeline / expert parallel sizes (DP is derived)
 #   EXPERIMENT MODEL    Hydra `experiment=` and `model=` choices
-#   MODEL_PATH          HF checkpoint the servers load
+#   MODEL_PATH          HF checkpoint the servers load and the trainer starts from (init_from_hf)
+#   DATA                Hydra data group (polaris | deepcoder | math_code; empty: the experiment's)
+#   TRAIN_FILES         comma-separated prompt files -> data.train_files (JSONL / Parquet / HF dataset dir)
+#   CODE_FILES          comma-separated code-task files -> data.code_files (math_code)
+#   TOKENIZER_PATH      local HF tokenizer dir -> data.tokenizer_path (empty: MODEL_PATH's tokenizer)
+#   CPU_RANKS           trainer ranks per node on a CPU run (GPUS_PER_NODE=0; default 1)
+#   CPUS_PER_GPU        --cpus-per-task of a step = its GPUs x this (default 8)
+#   CPUS_PER_GEN CPUS_PER_TRAINER   --cpus-per-task of generator / trainer steps (override the above;
+#                       CPU runs default to 1 and CPU_RANKS)
 #   ROLLOUT             Hydra rollout group (sglang | local)
 #   CLUSTER             Hydra cluster group (slurm; local for the CPU run)
 #   RUN_DIR             run directory (Hydra run dir; checkpoints; step logs in $RUN_DIR/slurm)
@@ -47,6 +55,19 @@ EP=${EP:-1}
 EXPERIMENT=${EXPERIMENT:-scalerl}
 MODEL=${MODEL:-llama3_8b}
 MODEL_PATH=${MODEL_PATH:-}
+DATA=${DATA:-}
+TRAIN_FILES=${TRAIN_FILES:-}
+CODE_FILES=${CODE_FILES:-}
+TOKENIZER_PATH=${TOKENIZER_PATH:-}
+CPU_RANKS=${CPU_RANKS:-1}
+CPUS_PER_GPU=${CPUS_PER_GPU:-8}
+if ((GPUS_PER_NODE > 0)); then
+  CPUS_PER_GEN=${CPUS_PER_GEN:-$((GEN_TP * CPUS_PER_GPU))}
+  CPUS_PER_TRAINER=${CPUS_PER_TRAINER:-$((GPUS_PER_NODE * CPUS_PER_GPU))}
+else
+  CPUS_PER_GEN=${CPUS_PER_GEN:-1}
+  CPUS_PER_TRAINER=${CPUS_PER_TRAINER:-$CPU_RANKS}
+fi
 ROLLOUT=${ROLLOUT:-sglang}
 CLUSTER=${CLUSTER:-slurm}
 PORT_BASE=${PORT_BASE:-30000}
@@ -65,6 +86,11 @@ STEP_NAMES=()
 STEP_LOGS=()
 STEP_NODES=()
 CMD=()
+OVERRIDES=()
+# What the composed config says (scalerl_validate_config fills these before any step starts)
+CFG_PRECISION=fp32_head
+CFG_PARAMS_DTYPE=bfloat16
+CFG_SEED=0
 
 scalerl_log() { printf '[scalerl %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 scalerl_die() { printf '[scalerl] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -113,7 +139,9 @@ scalerl_generator_cmd() {
   fi
   CMD=("$SCALERL_PYTHON" -m sglang.launch_server --model-path "$path" --tp-size "$GEN_TP"
        --host 0.0.0.0 --port "$port" --mem-fraction-static "$MEM_FRACTION"
-       --dtype bfloat16)
+       --dtype "$CFG_PARAMS_DTYPE" --random-seed "$CFG_SEED")
+  # the generator half of the FP32 LM head (paper Sec. 3.2); the trainer's half is precision=fp32_head
+  if [[ $CFG_PRECISION == fp32_head ]]; then CMD+=(--enable-fp32-lm-head); fi
   : "$node" "$gpu_base"
 }
 
@@ -122,38 +150,73 @@ scalerl_health_url() { echo "$1/health_generate"; }
 
 scalerl_engine_list() { local IFS=,; echo "[${ENGINE_URLS[*]}]"; }
 
-# Hook: the trainer command (run once per trainer node by one srun step) -> CMD.
-scalerl_trainer_cmd() {
+scalerl_list() { local items=(); IFS=, read -r -a items <<<"$1"; local IFS=,; echo "[${items[*]}]"; }
+
+# The trainer's Hydra overrides -> OVERRIDES (needs ENGINE_URLS; also validated before any step).
+scalerl_overrides() {
   local nnodes=${#TRAIN_NODES[@]} nproc=$GPUS_PER_NODE
-  ((nproc > 0)) || nproc=1
-  local overrides=("experiment=$EXPERIMENT" "model=$MODEL" "rollout=$ROLLOUT" "cluster=$CLUSTER"
-    "rollout.engine_urls=$(scalerl_engine_list)" "parallel.tp=$TP" "parallel.pp=$PP" "parallel.ep=$EP")
+  ((nproc > 0)) || nproc=$CPU_RANKS
+  OVERRIDES=("experiment=$EXPERIMENT" "model=$MODEL" "rollout=$ROLLOUT" "cluster=$CLUSTER"
+    "rollout.engine_urls=$(scalerl_engine_list)" "rollout.num_engines=${#ENGINE_URLS[@]}"
+    "rollout.sglang_tp_size=$GEN_TP" "parallel.tp=$TP" "parallel.pp=$PP" "parallel.ep=$EP")
+  if [[ -n $MODEL_PATH ]]; then OVERRIDES+=("init_from_hf=$MODEL_PATH"); fi
+  if [[ -n $DATA ]]; then OVERRIDES+=("data=$DATA"); fi
+  if [[ -n $TRAIN_FILES ]]; then OVERRIDES+=("data.train_files=$(scalerl_list "$TRAIN_FILES")"); fi
+  if [[ -n $CODE_FILES ]]; then OVERRIDES+=("data.code_files=$(scalerl_list "$CODE_FILES")"); fi
+  if [[ -n $TOKENIZER_PATH ]]; then OVERRIDES+=("data.tokenizer_path=$TOKENIZER_PATH"); fi
   if ((GPUS_PER_NODE > 0)); then
-    overrides+=("cluster.nodes=$((${#GEN_NODES[@]} + ${#TRAIN_NODES[@]} - SHARED_NODE))"
+    OVERRIDES+=("cluster.nodes=$((${#GEN_NODES[@]} + ${#TRAIN_NODES[@]} - SHARED_NODE))"
       "cluster.devices_per_node=$GPUS_PER_NODE" "cluster.trainer_devices=$((nnodes * nproc))"
       "cluster.generator_devices=$((${#ENGINE_URLS[@]} * GEN_TP))")
   fi
-  overrides+=("resume=auto" "hydra.run.dir=$RUN_DIR")
+  OVERRIDES+=("resume=auto" "hydra.run.dir=$RUN_DIR")
   local extra=()
   read -r -a extra <<<"$EXTRA_OVERRIDES"
+  OVERRIDES+=("${extra[@]}")
+}
+
+# Compose + validate the trainer's config here, before any server loads weights; take the settings
+# the generator steps must share (precision / dtype / seed) from it. Exit 2 naming the key on error.
+scalerl_validate_config() {
+  local out line check=(--check-files)
+  if [[ $DRY_RUN == 1 ]]; then check=(); fi
+  if ! out=$("$SCALERL_PYTHON" -m scalerl_mega.cluster.launch_config "${check[@]}" "${OVERRIDES[@]}"); then
+    scalerl_log "the trainer config does not validate (see the error above); no step started"
+    exit 2
+  fi
+  while IFS='=' read -r key value; do
+    case $key in
+      PRECISION) CFG_PRECISION=$value ;;
+      PARAMS_DTYPE) CFG_PARAMS_DTYPE=$value ;;
+      SEED) CFG_SEED=$value ;;
+    esac
+  done <<<"$out"
+  line="precision=$CFG_PRECISION params_dtype=$CFG_PARAMS_DTYPE seed=$CFG_SEED"
+  if [[ $DRY_RUN == 1 ]]; then printf 'config: %s\n' "$line"; else scalerl_log "config validated: $line"; fi
+}
+
+# Hook: the trainer command (run once per trainer node by one srun step) -> CMD.
+scalerl_trainer_cmd() {
+  local nnodes=${#TRAIN_NODES[@]} nproc=$GPUS_PER_NODE
+  ((nproc > 0)) || nproc=$CPU_RANKS
   CMD=("$SCALERL_PYTHON" -m torch.distributed.run --nnodes "$nnodes" --nproc-per-node "$nproc"
        --rdzv-backend c10d --rdzv-endpoint "${TRAIN_NODES[0]}:$MASTER_PORT" --rdzv-id "${SLURM_JOB_ID:-0}"
-       -m scalerl_mega.train "${overrides[@]}" "${extra[@]}")
+       -m scalerl_mega.train "${OVERRIDES[@]}")
 }
 
 scalerl_quote() { printf '%q ' "$@"; }
 
-# Start one job step in the background: scalerl_step NAME NODES NTASKS GPUS_PER_TASK -- command...
+# Start one job step in the background: scalerl_step NAME NODES NTASKS GPUS_PER_TASK CPUS_PER_TASK -- command...
 # (Slurm binds the step's GPUs: CUDA_VISIBLE_DEVICES inside the step lists only those.)
 scalerl_step() {
-  local name=$1 step_nodes=$2 ntasks=$3 gpus=$4
-  shift 5
+  local name=$1 step_nodes=$2 ntasks=$3 gpus=$4 cpus=$5
+  shift 6
   local nnodes gres=()
   nnodes=$(awk -F, '{print NF}' <<<"$step_nodes")
   if ((gpus > 0)); then gres=(--gres="gpu:$gpus"); fi
   local log="$RUN_DIR/slurm/${SLURM_JOB_ID:-0}.$name.log"
   local srun=(srun --exact --kill-on-bad-exit=1 --job-name="$name" --nodes="$nnodes" --ntasks="$ntasks"
-              --ntasks-per-node=1 --nodelist="$step_nodes" --output="$log" "${gres[@]}")
+              --ntasks-per-node=1 --cpus-per-task="$cpus" --nodelist="$step_nodes" --output="$log" "${gres[@]}")
   if [[ $DRY_RUN == 1 ]]; then
     printf 'step %s on %s: %s\n' "$name" "$step_nodes" "$(scalerl_quote "${srun[@]}" "$@")"
     return 0
@@ -247,13 +310,17 @@ scalerl_main() {
   local per_node node s port
   per_node=$(scalerl_servers_per_node)
   ENGINE_URLS=()
+  for node in "${GEN_NODES[@]}"; do
+    for ((s = 0; s < per_node; s++)); do ENGINE_URLS+=("http://$node:$((PORT_BASE + s))"); done
+  done
+  scalerl_overrides
+  scalerl_validate_config
   local idx=0
   for node in "${GEN_NODES[@]}"; do
     for ((s = 0; s < per_node; s++)); do
       port=$((PORT_BASE + s))
-      ENGINE_URLS+=("http://$node:$port")
       scalerl_generator_cmd "$node" "$port" "$((s * GEN_TP))"
-      scalerl_step "gen$idx" "$node" 1 "$((GPUS_PER_NODE > 0 ? GEN_TP : 0))" -- "${CMD[@]}"
+      scalerl_step "gen$idx" "$node" 1 "$((GPUS_PER_NODE > 0 ? GEN_TP : 0))" "$CPUS_PER_GEN" -- "${CMD[@]}"
       idx=$((idx + 1))
     done
   done
@@ -261,7 +328,7 @@ scalerl_main() {
   scalerl_trainer_cmd
   local trainer_nodes
   trainer_nodes=$(IFS=,; echo "${TRAIN_NODES[*]}")
-  scalerl_step trainer "$trainer_nodes" "${#TRAIN_NODES[@]}" "$GPUS_PER_NODE" -- "${CMD[@]}"
+  scalerl_step trainer "$trainer_nodes" "${#TRAIN_NODES[@]}" "$GPUS_PER_NODE" "$CPUS_PER_TRAINER" -- "${CMD[@]}"
   if [[ $DRY_RUN == 1 ]]; then
     printf 'engine urls: %s\n' "$(scalerl_engine_list)"
     return 0

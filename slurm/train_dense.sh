@@ -2,8 +2,16 @@
 # Llama-3.1-8B with ScaleRL on 80 GB200 GPUs (paper App. A.3): 16 generator nodes (4 SGLang servers
 # of TP 1 each = 64 GPUs) + 4 trainer nodes (16 GPUs: Megatron DP 16;
 # `tools/plan.py --model llama3_8b --device gb200 --dp 16` fits).
-# Submit from the repository root:   MODEL_PATH=/ckpt/Llama-3.1-8B sbatch slurm/train_dense.sh
-# Print the per-node commands only:  DRY_RUN=1 SLURM_JOB_NODELIST='gb[001-020]' bash slurm/train_dense.sh
+# Submit from the repository root:
+#   MODEL_PATH=/ckpt/Llama-3.1-8B TRAIN_FILES=/data/polaris.jsonl sbatch slurm/train_dense.sh
+# Environment (slurm/common.sh lists all): MODEL_PATH (HF checkpoint: the servers load it, the trainer
+# starts from it as init_from_hf), TRAIN_FILES (comma-separated prompt files, data.train_files),
+# DATA (data group, default the experiment's: polaris), CODE_FILES (math_code), TOKENIZER_PATH
+# (default: MODEL_PATH's tokenizer), EXPERIMENT, GEN_TP, TP/PP/EP, EXTRA_OVERRIDES. The composed
+# config is validated on the batch node before any server starts; SGLang gets --dtype, --random-seed
+# and --enable-fp32-lm-head (precision=fp32_head) from it.
+# Print the per-node commands only:
+#   DRY_RUN=1 TRAIN_FILES=/data/polaris.jsonl SLURM_JOB_NODELIST='gb[001-020]' bash slurm/train_dense.sh
 #SBATCH --job-name=scalerl-8b
 #SBATCH --nodes=20
 #SBATCH --ntasks-per-node=1

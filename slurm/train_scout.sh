@@ -2,8 +2,16 @@
 # Llama-4 Scout 17Bx16E with ScaleRL on 80 GB200 GPUs (paper App. A.3): 16 generator nodes
 # (2 SGLang servers of TP 2 each = 64 GPUs) + 4 trainer nodes (16 GPUs: Megatron TP 4, EP 16, DP 4;
 # `tools/plan.py --model scout_17b16e --device gb200 --tp 4 --dp 4 --ep 16 --gen-tp 2` fits).
-# Submit from the repository root:   MODEL_PATH=/ckpt/Llama-4-Scout-17B-16E sbatch slurm/train_scout.sh
-# Print the per-node commands only:  DRY_RUN=1 SLURM_JOB_NODELIST='gb[001-020]' bash slurm/train_scout.sh
+# Submit from the repository root:
+#   MODEL_PATH=/ckpt/Llama-4-Scout-17B-16E TRAIN_FILES=/data/polaris.jsonl sbatch slurm/train_scout.sh
+# Environment (slurm/common.sh lists all): MODEL_PATH (HF checkpoint: the servers load it, the trainer
+# starts from it as init_from_hf), TRAIN_FILES (comma-separated prompt files, data.train_files),
+# DATA (data group, default the experiment's: polaris), CODE_FILES (math_code), TOKENIZER_PATH
+# (default: MODEL_PATH's tokenizer), EXPERIMENT, GEN_TP, TP/PP/EP, EXTRA_OVERRIDES. The composed
+# config is validated on the batch node before any server starts; SGLang gets --dtype, --random-seed
+# and --enable-fp32-lm-head (precision=fp32_head) from it.
+# Print the per-node commands only:
+#   DRY_RUN=1 TRAIN_FILES=/data/polaris.jsonl SLURM_JOB_NODELIST='gb[001-020]' bash slurm/train_scout.sh
 #SBATCH --job-name=scalerl-scout
 #SBATCH --nodes=20
 #SBATCH --ntasks-per-node=1
@@ -19,6 +27,8 @@ export TRAINER_NODES=${TRAINER_NODES:-4}
 export GEN_TP=${GEN_TP:-2}
 export TP=${TP:-4} PP=${PP:-1} EP=${EP:-16}
 export EXPERIMENT=${EXPERIMENT:-scalerl} MODEL=${MODEL:-scout_17b16e} ROLLOUT=${ROLLOUT:-sglang}
+# MoE with TP > 1 runs sequence parallel (Megatron requires it for MoE + TP)
+export EXTRA_OVERRIDES="parallel.sequence_parallel=true ${EXTRA_OVERRIDES:-}"
 if [[ -z ${SCALERL_REPO:-} ]]; then
   if [[ -f ${SLURM_SUBMIT_DIR:-}/slurm/common.sh ]]; then SCALERL_REPO=$SLURM_SUBMIT_DIR; else SCALERL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd); fi
 fi

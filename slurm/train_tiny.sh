@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The CPU embedded default (`experiment=demo`) laid out like the cluster runs: one job step runs the
 # project's local engine behind SGLang's HTTP API (`python -m scalerl_mega.rollout.server`, the
-# "generator"), another the Megatron trainer under torchrun (1 process), attached to it with
+# "generator"), another the Megatron trainer under torchrun (CPU_RANKS=2 ranks: rank 0 drives the
+# loop, both train their data-parallel half), attached to it with
 # `rollout=sglang rollout.engine_urls=[...]`: the same HTTP client and weight-sync protocol
 # (torch.distributed broadcast, gloo on CPU) as the SGLang servers of train_scout.sh / train_dense.sh.
-# Single node: both steps share it (srun --exact, one CPU each); the server binds 127.0.0.1.
+# Single node: both steps share it (srun --exact, one CPU each: the trainer's two ranks share its CPU);
+# the server binds 127.0.0.1.
 #   sbatch slurm/train_tiny.sh                      (from the repository root; the full demo)
 #   EXTRA_OVERRIDES="train.steps=3 sft.steps=5" sbatch slurm/train_tiny.sh
 #   DRY_RUN=1 SLURM_JOB_NODELIST=node1 bash slurm/train_tiny.sh
@@ -18,6 +20,7 @@
 #SBATCH --output=slurm-%x-%j.out
 set -euo pipefail
 export GPUS_PER_NODE=0 TRAINER_NODES=1 GEN_TP=1 TP=1 PP=1 EP=1
+export CPU_RANKS=${CPU_RANKS:-2} CPUS_PER_GEN=${CPUS_PER_GEN:-1} CPUS_PER_TRAINER=${CPUS_PER_TRAINER:-1}
 export EXPERIMENT=${EXPERIMENT:-demo} MODEL=${MODEL:-tiny_moe} ROLLOUT=${ROLLOUT:-sglang} CLUSTER=${CLUSTER:-local}
 export HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-300}
 if [[ -z ${SCALERL_REPO:-} ]]; then
@@ -35,7 +38,4 @@ scalerl_generator_cmd() {
        "experiment=$EXPERIMENT" "model=$MODEL" "${extra[@]}")
   : "$1" "$3"
 }
-# one server per node here (engine count = URLs given to the trainer)
-EXTRA_OVERRIDES="rollout.num_engines=1 ${EXTRA_OVERRIDES:-}"
-
 scalerl_main

@@ -45,7 +45,11 @@ def _steps(lines: list[str]) -> dict[str, tuple[str, list[str]]]:
 
 
 def test_scout_dry_run_80_gpus():
-    lines = _dry("train_scout.sh", "gb[001-020]", MODEL_PATH="/ckpt/scout")
+    lines = _dry("train_scout.sh", "gb[001-020]", MODEL_PATH="/ckpt/scout", TRAIN_FILES="/data/a.jsonl,/data/b.parquet",
+                 TOKENIZER_PATH="/ckpt/tok")
+    # the composed trainer config was validated before any step, and the servers follow it
+    assert lines.index("config: precision=fp32_head params_dtype=bfloat16 seed=0") < min(
+        i for i, x in enumerate(lines) if x.startswith("step "))
     steps = _steps(lines)
     gens = {k: v for k, v in steps.items() if k.startswith("gen")}
     assert len(gens) == 32  # 16 nodes x (4 GPUs / TP 2)
@@ -58,7 +62,12 @@ def test_scout_dry_run_80_gpus():
     assert argv[argv.index("--tp-size") + 1] == "2" and argv[argv.index("--port") + 1] == "30000"
     assert gens["gen1"][0] == "gb001" and gens["gen1"][1][gens["gen1"][1].index("--port") + 1] == "30001"
     assert gens["gen31"][0] == "gb016"
+    for _, gargv in gens.values():  # the generator half of the FP32 LM head, the run's seed and dtype
+        assert "--enable-fp32-lm-head" in gargv
+        assert gargv[gargv.index("--random-seed") + 1] == "0" and gargv[gargv.index("--dtype") + 1] == "bfloat16"
+        assert "--cpus-per-task=16" in gargv  # 2 GPUs x CPUS_PER_GPU=8
     tnode, targv = steps["trainer"]
+    assert "--cpus-per-task=32" in targv
     assert tnode == "gb017,gb018,gb019,gb020"
     assert "--nodes=4" in targv and "--ntasks=4" in targv and "--gres=gpu:4" in targv
     assert targv[targv.index("--nnodes") + 1] == "4" and targv[targv.index("--nproc-per-node") + 1] == "4"
@@ -66,7 +75,9 @@ def test_scout_dry_run_80_gpus():
     assert "scalerl_mega.train" in targv
     for ov in ("experiment=scalerl", "model=scout_17b16e", "rollout=sglang", "cluster=slurm", "parallel.tp=4",
                "parallel.pp=1", "parallel.ep=16", "cluster.trainer_devices=16", "cluster.generator_devices=64",
-               "cluster.nodes=20", "resume=auto", "hydra.run.dir=/runs/r42"):
+               "cluster.nodes=20", "resume=auto", "hydra.run.dir=/runs/r42", "init_from_hf=/ckpt/scout",
+               "data.train_files=[/data/a.jsonl,/data/b.parquet]", "data.tokenizer_path=/ckpt/tok",
+               "rollout.sglang_tp_size=2", "rollout.num_engines=32", "parallel.sequence_parallel=true"):
         assert ov in targv, ov
     urls = next(a for a in targv if a.startswith("rollout.engine_urls="))
     listed = urls.split("=", 1)[1].strip("[]").split(",")
@@ -74,7 +85,8 @@ def test_scout_dry_run_80_gpus():
 
 
 def test_dense_dry_run_and_extra_overrides():
-    lines = _dry("train_dense.sh", "gpu[1-4],gpu[10-11]", TRAINER_NODES="2", EXTRA_OVERRIDES="seed=3 train.steps=5")
+    lines = _dry("train_dense.sh", "gpu[1-4],gpu[10-11]", TRAINER_NODES="2", EXTRA_OVERRIDES="seed=3 train.steps=5",
+                 TRAIN_FILES="/data/p.jsonl")
     steps = _steps(lines)
     gens = sorted(k for k in steps if k.startswith("gen"))
     assert len(gens) == 16  # 4 generator nodes x 4 servers of TP 1
@@ -84,6 +96,44 @@ def test_dense_dry_run_and_extra_overrides():
     assert tnode == "gpu10,gpu11"
     assert targv[-2:] == ["seed=3", "train.steps=5"]
     assert "model=llama3_8b" in targv and "parallel.tp=1" in targv and "cluster.trainer_devices=8" in targv
+    assert "rollout.sglang_tp_size=1" in targv and "rollout.num_engines=16" in targv
+    assert "cluster.generator_devices=16" in targv and "data.train_files=[/data/p.jsonl]" in targv
+    gargv = steps["gen0"][1]
+    assert gargv[gargv.index("--random-seed") + 1] == "3"  # the EXTRA_OVERRIDES seed reaches the servers
+    assert "--enable-fp32-lm-head" in gargv and "--cpus-per-task=8" in gargv
+
+
+def test_bf16_head_experiment_drops_the_fp32_flag():
+    steps = _steps(_dry("train_dense.sh", "gb[001-002]", TRAINER_NODES="1", EXPERIMENT="loo_fp32",
+                        TRAIN_FILES="/data/p.jsonl"))
+    gargv = steps["gen0"][1]
+    assert "--enable-fp32-lm-head" not in gargv and "experiment=loo_fp32" in steps["trainer"][1]
+
+
+def test_invalid_config_fails_before_any_step():
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    e.update(DRY_RUN="1", SLURM_JOB_NODELIST="gb[001-002]", TRAINER_NODES="1", SCALERL_PYTHON=sys.executable,
+             TRAIN_FILES="/data/p.jsonl", EXTRA_OVERRIDES="loss.name=ppo")
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "config error: loss.name='ppo' is not one of" in r.stderr
+    assert not [x for x in r.stdout.splitlines() if x.startswith("step ")]
+    e.update(EXTRA_OVERRIDES="data.train_files=[]")  # a dataset run without prompt files
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "data.train_files is empty" in r.stderr
+
+
+def test_launch_config_checks_files_on_the_batch_node(tmp_path):
+    """A real submission (not DRY_RUN) also requires init_from_hf and the data files to exist."""
+    data = tmp_path / "p.jsonl"
+    data.write_text("")
+    base = [sys.executable, "-m", "scalerl_mega.cluster.launch_config", "--check-files", "experiment=scalerl",
+            f"data.train_files=[{data}]"]
+    ok = subprocess.run(base, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert ok.returncode == 0 and "PRECISION=fp32_head" in ok.stdout.splitlines()
+    bad = subprocess.run([*base, f"init_from_hf={tmp_path / 'missing'}"], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and f"init_from_hf: '{tmp_path / 'missing'}' does not exist" in bad.stderr
 
 
 def test_tiny_dry_run_single_node_shares_it():
@@ -98,7 +148,8 @@ def test_tiny_dry_run_single_node_shares_it():
     assert "rollout.engine_urls=[http://node7:30000]" in targv and "rollout.num_engines=1" in targv
     assert gargv[gargv.index("--host") + 1] == "127.0.0.1" and gargv[gargv.index("--port") + 1] == "30000"
     assert "experiment=demo" in gargv
-    assert targv[targv.index("--nproc-per-node") + 1] == "1"
+    assert targv[targv.index("--nproc-per-node") + 1] == "2"  # a 2-rank trainer (controller + follower)
+    assert "--cpus-per-task=1" in steps["gen0"][1] and "--cpus-per-task=1" in targv
 
 
 def test_bad_split_is_refused_with_message():
