@@ -104,13 +104,12 @@ def bwd_chunk_rows(N: int, V: int, itemsize: int, *, chunk_bytes: int = DEFAULT_
     return min(c, N)
 
 
-def _accumulate_wgrad(gw: torch.Tensor, d: torch.Tensor, h: torch.Tensor, *, first: bool) -> None:
-    """gw (FP32) = [gw +] d^T @ h; 16-bit operands on CUDA keep an FP32 output without upcasting."""
-    beta = 0.0 if first else 1.0
+def _accumulate_wgrad(gw: torch.Tensor, d: torch.Tensor, h: torch.Tensor) -> None:
+    """gw (FP32) += d^T @ h; 16-bit operands on CUDA keep an FP32 output without upcasting."""
     if d.dtype == gw.dtype:
-        torch.addmm(gw, d.t(), h, beta=beta, out=gw)
+        gw.addmm_(d.t(), h)
     else:
-        torch.addmm(gw, d.t(), h, beta=beta, out_dtype=gw.dtype, out=gw)
+        torch.addmm(gw, d.t(), h, out_dtype=gw.dtype, out=gw)
 
 
 class _TritonLogProb(torch.autograd.Function):
@@ -148,7 +147,7 @@ class _TritonLogProb(torch.autograd.Function):
         d_buf = torch.empty(min(C, N), V, dtype=gemm_dtype, device=h.device)
         g = grad_logp.float().contiguous()
         gh = torch.empty(N, H, dtype=ctx.dtypes[0], device=h.device) if need_h else None
-        gw = torch.empty(V, H, dtype=torch.float32, device=h.device) if need_w else None
+        gw = torch.zeros(V, H, dtype=torch.float32, device=h.device) if need_w else None
         for c0 in range(0, N, C):
             c1 = min(c0 + C, N)
             n = c1 - c0
@@ -162,7 +161,7 @@ class _TritonLogProb(torch.autograd.Function):
                 else:
                     gh[c0:c1] = torch.mm(d, w_g)
             if need_w:
-                _accumulate_wgrad(gw, d, h_c if h_c.dtype == gemm_dtype else h_c.to(gemm_dtype), first=c0 == 0)
+                _accumulate_wgrad(gw, d, h_c if h_c.dtype == gemm_dtype else h_c.to(gemm_dtype))
         return gh, (gw.to(ctx.dtypes[1]) if need_w else None), None, None, None, None
 
 
