@@ -7,7 +7,7 @@ PYTEST := $(PY) -m pytest
 # Default suite: everything but slow / slurm / gpu tests, two workers (2-core CI).
 TEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: setup test test-slow test-slurm test-gpu gpu-wheels demo demo-seeds bench clean
+.PHONY: setup test test-slow test-slurm test-gpu bench-gpu gpu-wheels demo demo-seeds bench clean
 
 setup: $(STAMP)
 
@@ -55,6 +55,12 @@ test-gpu:
 	fi
 	PYTHONPATH=$(CURDIR):$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 \
 	  $(GPU_PY) -m pytest -m gpu -s tests/gpu
+
+# Fused CISPO benchmark on the GPU (naive / chunked torch / Triton / Liger if importable); JSON in bench/out/.
+bench-gpu:
+	mkdir -p bench/out
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 \
+	  $(GPU_PY) bench/fused_cispo.py --device cuda --json bench/out/fused_cispo_gpu.json
 
 demo: setup
 	$(VENV)/bin/scalerl-train experiment=demo
