@@ -203,3 +203,47 @@ def test_kernel_index_math_is_int64_and_dots_are_ieee_and_runs_repeat(tmp_path):
         # per call: forward (3 V tiles x 2 H slices x 3 row blocks) + dlogits (same count): 36, twice
         assert run["n_dots"] == 2 * 36, (dtype, run)
         assert run["identical"], (dtype, run)
+
+
+AOT = textwrap.dedent(r"""
+    import dataclasses, json, triton, triton.language as tl
+    from scalerl_mega.objective.triton.aot import compile_kernel
+
+    @triton.jit
+    def plain_fp32_dot(h_ptr, w_ptr, y_ptr, m_ptr, s_ptr, t_ptr, N, V, H, stride_h, stride_w,
+                       BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr):
+        r = tl.arange(0, BLOCK_N)
+        c = tl.arange(0, BLOCK_V)
+        k = tl.arange(0, BLOCK_H)
+        a = tl.load(h_ptr + r[:, None] * stride_h + k[None, :])
+        b = tl.load(w_ptr + c[:, None] * stride_w + k[None, :])
+        tl.store(m_ptr + r, tl.sum(tl.dot(a, tl.trans(b)), 1))  # no input_precision: Triton's default
+
+    out = {}
+    for kernel in ("logprob_fwd_kernel", "dlogits_kernel"):
+        out[kernel + ":bf16"] = compile_kernel(kernel, "bf16", (128, 128, 64, 8, 3))
+        out[kernel + ":fp32"] = compile_kernel(kernel, "fp32", (64, 128, 32, 8, 3))
+    out["control"] = compile_kernel("logprob_fwd_kernel", "fp32", (64, 64, 32, 4, 3), fn=plain_fp32_dot)
+    print(json.dumps({k: dataclasses.asdict(v) for k, v in out.items()}))
+""")
+
+
+def test_kernels_compile_for_sm90_with_ieee_fp32_and_tensor_core_bf16(tmp_path):
+    """Ahead-of-time compile for sm_90 on CPU (Triton's bundled ptxas, no driver): bf16 dots lower to wgmma
+    without register spills; the FP32 path lowers to FMA (no mma/wgmma, no .tf32), while the same dot without
+    input_precision lowers to TF32 wgmma (the control). Says nothing about speed."""
+    path = tmp_path / "aot.py"
+    path.write_text(AOT)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    proc = subprocess.run([sys.executable, "-W", "ignore", str(path)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    for kernel in ("logprob_fwd_kernel", "dlogits_kernel"):
+        bf16, fp32 = res[kernel + ":bf16"], res[kernel + ":fp32"]
+        assert bf16["wgmma"] and not bf16["tf32"] and bf16["spill_bytes"] == 0, bf16
+        assert 0 < bf16["registers"] <= 255 and bf16["shared_bytes"] <= 227 * 1024, bf16
+        assert not fp32["wgmma"] and not fp32["mma_sync"] and not fp32["tf32"], fp32
+        assert fp32["fma_f32"] >= 1024, fp32  # 64x128 tile x 32-deep slice / 256 threads, unrolled
+    assert res["control"]["wgmma"] and res["control"]["tf32"], res["control"]

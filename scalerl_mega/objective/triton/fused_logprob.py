@@ -22,7 +22,7 @@ rounds dlogits to bf16 before the gradient GEMMs (like Liger's FLCE), so bf16 gr
 relative error; logp and lse are FP32 either way.
 
 Block sizes: on a CUDA device and with no block size given, `triton.autotune` picks from `AUTOTUNE_CONFIGS`
-(keyed on H, V, dtypes; the choice is cached per process, so determinism holds within a process; pass block
+(4-5 configurations per operand kind, keyed on H, V and dtypes; the choice is cached per process, so determinism holds within a process; pass block
 sizes to pin them across processes). Under TRITON_INTERPRET=1 (CPU testing) the inputs of tl.dot are cast to
 FP32 first (the interpreter's bf16 dot is wrong), fixed blocks are used (autotune needs a driver) and no
 libdevice is used. `triton` is imported only inside functions.
@@ -35,15 +35,25 @@ import os
 
 import torch
 
-AUTOTUNE_CONFIGS = (
-    # (BLOCK_N, BLOCK_V, BLOCK_H, num_warps, num_stages); configs that do not fit (shared memory) are pruned
-    # by the autotuner. BLOCK_H is fixed so that the K-accumulation order does not depend on the choice.
-    (128, 128, 64, 8, 3),
-    (128, 64, 64, 4, 4),
-    (64, 128, 64, 4, 4),
-    (64, 64, 64, 4, 3),
-    (128, 128, 64, 8, 2),
-)
+AUTOTUNE_CONFIGS = {
+    # (BLOCK_N, BLOCK_V, BLOCK_H, num_warps, num_stages). BLOCK_H is fixed within a list so that the
+    # K-accumulation order does not depend on the choice. Compiled for sm_90 on CPU (`python -m
+    # scalerl_mega.objective.triton.aot`, Triton 3.9 and 3.6): the 16-bit configs use wgmma and do not
+    # spill; two FP32 configs spill 12-28 bytes. Configs that do not fit are pruned by the autotuner.
+    "16bit": (  # bf16/fp16 operands: wgmma tensor-core dots
+        (128, 128, 64, 8, 3),
+        (128, 64, 64, 4, 4),
+        (64, 128, 64, 4, 4),
+        (64, 64, 64, 4, 3),
+        (128, 128, 64, 8, 2),
+    ),
+    "fp32": (  # IEEE FP32 (FMA) dots: more registers per element, so thinner K slices
+        (128, 64, 32, 8, 3),
+        (64, 128, 32, 8, 3),
+        (32, 128, 32, 4, 3),
+        (64, 64, 32, 4, 3),
+    ),
+}
 INTERPRET_BLOCKS = (32, 64, 32)
 """Fixed (BLOCK_N, BLOCK_V, BLOCK_H) when no block size is given and no GPU autotuning is possible."""
 DEFAULT_BWD_CHUNK_BYTES = 512 * 2**20
@@ -64,12 +74,12 @@ def _kernels():
 
 
 @functools.cache
-def _tuned(name: str):
-    """`_kernels.<name>` under `triton.autotune` over AUTOTUNE_CONFIGS (GPU only)."""
+def _tuned(name: str, upcast: bool):
+    """`_kernels.<name>` under `triton.autotune` over AUTOTUNE_CONFIGS["fp32" or "16bit"] (GPU only)."""
     triton, k = _kernels()
     configs = [triton.Config(dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh), num_warps=w, num_stages=s)
-               for bn, bv, bh, w, s in AUTOTUNE_CONFIGS]
-    return triton.autotune(configs=configs, key=["H", "V", "UPCAST"])(getattr(k, name))
+               for bn, bv, bh, w, s in AUTOTUNE_CONFIGS["fp32" if upcast else "16bit"]]
+    return triton.autotune(configs=configs, key=["H", "V"])(getattr(k, name))
 
 
 def _launch(name: str, grid, args: tuple, *, blocks: tuple[int, int, int] | None, upcast: bool) -> None:
@@ -78,7 +88,7 @@ def _launch(name: str, grid, args: tuple, *, blocks: tuple[int, int, int] | None
     `grid(meta) -> tuple` receives the block sizes (as Triton's autotuner passes them)."""
     _, k = _kernels()
     if blocks is None:
-        _tuned(name)[grid](*args, UPCAST=upcast)
+        _tuned(name, upcast)[grid](*args, UPCAST=upcast)
         return
     meta = dict(BLOCK_N=blocks[0], BLOCK_V=blocks[1], BLOCK_H=blocks[2])
     getattr(k, name)[grid(meta)](*args, **meta, UPCAST=upcast)
