@@ -162,6 +162,12 @@ def _worker_cuda(variant: str, N: int, H: int, V: int, *, dtype: str, iters: int
             "grad_w_norm": float(W.grad.float().norm()), "device_name": torch.cuda.get_device_name()}
 
 
+def _print_rows(variants: list[str], notes: dict[str, str], row) -> None:
+    """One table line per variant: its note (skipped / failed) or `row(variant)`."""
+    for variant in variants:
+        print(f"{variant:<8} {notes[variant] if variant in notes else row(variant)}")
+
+
 def _run_worker(spec: str, extra: list[str]) -> tuple[dict | None, str | None]:
     """Run one measurement in a fresh process: (result, None) or (None, note)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", spec, *extra]
@@ -197,16 +203,16 @@ def main_cuda(args) -> int:
         print(f"{'variant':<8} {'ms':>9} {'peak GiB':>9} {'TFLOP/s':>8} {'%bf16pk':>8} {'%fp32pk':>8} "
               f"{'t/naive':>8} {'mem/naive':>9}  loss")
         base = results.get("naive")
-        for variant in args.variants:
-            if variant in notes:
-                print(f"{variant:<8} {notes[variant]}")
-                continue
+
+        def row(variant: str) -> str:
             r = results[variant]
             tr = f"{r['time_s'] / base['time_s']:.3f}" if base else "-"
             mr = f"{r['peak_gib'] / base['peak_gib']:.3f}" if base and base["peak_gib"] > 0 else "-"
-            print(f"{variant:<8} {r['time_s'] * 1e3:9.2f} {r['peak_gib']:9.2f} {r['tflops']:8.1f} "
-                  f"{100 * r['frac_bf16_peak']:7.1f}% {100 * r['frac_fp32_peak']:7.1f}% {tr:>8} {mr:>9}  "
-                  f"{r['loss']:.6g}")
+            return (f"{r['time_s'] * 1e3:9.2f} {r['peak_gib']:9.2f} {r['tflops']:8.1f} "
+                    f"{100 * r['frac_bf16_peak']:7.1f}% {100 * r['frac_fp32_peak']:7.1f}% {tr:>8} {mr:>9}  "
+                    f"{r['loss']:.6g}")
+
+        _print_rows(args.variants, notes, row)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
@@ -261,20 +267,19 @@ def main(argv: list[str] | None = None) -> int:
         best = {v: {k: min(r[k] for r in rs) for k in ("time_s", "cpu_s", "delta_rss_mb", "max_rss_mb")}
                 for v, rs in results.items() if rs}
         base = best.get("naive")
-        for variant in args.variants:
-            if variant in notes:
-                print(f"{variant:<8} {notes[variant]}")
-                continue
+
+        def cpu_row(variant: str) -> str:
             b = best[variant]
 
             def ratio(k: str, fmt: str = ".2f") -> str:
                 return format(b[k] / base[k], fmt) if base else "-"
 
             walls = ", ".join(format(r["time_s"], ".2f") for r in results[variant])
-            print(f"{variant:<8} {b['time_s']:7.2f} {b['cpu_s']:7.2f} {b['delta_rss_mb']:8.0f} "
-                  f"{b['max_rss_mb']:7.0f} {ratio('time_s'):>10} {ratio('cpu_s'):>9} "
-                  f"{ratio('delta_rss_mb', '.3f'):>10}  {results[variant][0]['loss']:.6g}  "
-                  f"({walls})")
+            return (f"{b['time_s']:7.2f} {b['cpu_s']:7.2f} {b['delta_rss_mb']:8.0f} "
+                    f"{b['max_rss_mb']:7.0f} {ratio('time_s'):>10} {ratio('cpu_s'):>9} "
+                    f"{ratio('delta_rss_mb', '.3f'):>10}  {results[variant][0]['loss']:.6g}  ({walls})")
+
+        _print_rows(args.variants, notes, cpu_row)
     return 0
 
 
