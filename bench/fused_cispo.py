@@ -11,6 +11,7 @@ compute the same quantity; the loss values are printed for a cross-check.
     .venv/bin/python bench/fused_cispo.py                 # both shapes, all variants
     .venv/bin/python bench/fused_cispo.py --shapes 2048,512,32768 --rounds 1
     python3 bench/fused_cispo.py --device cuda            # GPU: README shapes + 16384,4096,131072, bf16
+    python3 bench/fused_cispo.py --device cuda --dtype float32 --fp32-precision tf32x3
 
 Variants: naive (full [N, V] fp32 logits, autograd), chunked (scalerl_mega cispo_from_hidden, torch path),
 triton (scalerl_mega Triton kernel; needs CUDA — skipped on CPU: the interpreter is ~1000x slower and is
@@ -64,7 +65,7 @@ def _inputs(N: int, H: int, V: int, *, device: str = "cpu", dtype: str = "float3
     return h, W, y, gen, adv_B
 
 
-def _loss_fn(variant: str, N: int, H: int, V: int, *, device: str, dtype: str):
+def _loss_fn(variant: str, N: int, H: int, V: int, *, device: str, dtype: str, fp32_precision: str = "ieee"):
     """(run, h, W, skip_reason): run() returns the CISPO loss of this variant on fresh inputs."""
     import torch
 
@@ -86,10 +87,10 @@ def _loss_fn(variant: str, N: int, H: int, V: int, *, device: str, dtype: str):
     elif variant == "triton":
         if device != "cuda":
             return None, h, W, "no CUDA device (Triton interpreter is ~1000x slower; covered by tests)"
-        from scalerl_mega.objective.fused_logprob import cispo_from_hidden
+        from scalerl_mega.objective.triton.fused_logprob import triton_cispo_from_hidden
 
-        def run():
-            return cispo_from_hidden(h, W, y, gen, adv, w, eps_high=EPS_HIGH, backend="triton")[0]
+        def run():  # what cispo_from_hidden(backend="triton") computes, with the FP32 dot mode selectable
+            return triton_cispo_from_hidden(h, W, y, gen, adv, w, eps_high=EPS_HIGH, fp32_precision=fp32_precision)
     elif variant == "liger":
         try:
             from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
@@ -123,13 +124,13 @@ def _worker(variant: str, N: int, H: int, V: int) -> dict:
             "loss": float(loss.detach()), "grad_h_norm": float(h.grad.norm()), "grad_w_norm": float(W.grad.norm())}
 
 
-def _worker_cuda(variant: str, N: int, H: int, V: int, *, dtype: str, iters: int) -> dict:
+def _worker_cuda(variant: str, N: int, H: int, V: int, *, dtype: str, iters: int, fp32_precision: str) -> dict:
     import torch
 
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA device visible"}
     torch.set_float32_matmul_precision("highest")  # FP32 GEMMs in IEEE precision (no TF32), as the kernel
-    run, h, W, skip = _loss_fn(variant, N, H, V, device="cuda", dtype=dtype)
+    run, h, W, skip = _loss_fn(variant, N, H, V, device="cuda", dtype=dtype, fp32_precision=fp32_precision)
     if skip:
         return {"skipped": skip}
 
@@ -192,14 +193,16 @@ def main_cuda(args) -> int:
         results, notes = {}, {}
         for variant in args.variants:
             res, note = _run_worker(f"{variant}:{shape}",
-                                    ["--device", "cuda", "--dtype", args.dtype, "--iters", str(args.iters)])
+                                    ["--device", "cuda", "--dtype", args.dtype, "--iters", str(args.iters),
+                                     "--fp32-precision", args.fp32_precision])
             if note:
                 notes[variant] = note
             else:
                 results[variant] = res
                 rows.append({"variant": variant, "N": N, "H": H, "V": V, "dtype": args.dtype, **res})
         device = next((r["device_name"] for r in results.values()), "?")
-        print(f"\nN={N} H={H} V={V}  (CISPO, {args.dtype} inputs, {device}, median of {args.iters})")
+        mode = f", FP32 dots {args.fp32_precision}" if args.dtype == "float32" else ""
+        print(f"\nN={N} H={H} V={V}  (CISPO, {args.dtype} inputs{mode}, {device}, median of {args.iters})")
         print(f"{'variant':<8} {'ms':>9} {'peak GiB':>9} {'TFLOP/s':>8} {'%bf16pk':>8} {'%fp32pk':>8} "
               f"{'t/naive':>8} {'mem/naive':>9}  loss")
         base = results.get("naive")
@@ -229,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
                     help="input dtype (default: float32 on CPU, bfloat16 on CUDA)")
     ap.add_argument("--iters", type=int, default=5, help="CUDA: timed calls after one warm-up (median)")
+    ap.add_argument("--fp32-precision", choices=("ieee", "tf32x3"), default="ieee",
+                    help="CUDA, triton variant with --dtype float32: FP32 dot mode")
     ap.add_argument("--json", help="CUDA: write all measurements to this file")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -239,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         variant, shape = args.worker.split(":")
         N, H, V = map(int, shape.split(","))
         if args.device == "cuda":
-            print(json.dumps(_worker_cuda(variant, N, H, V, dtype=args.dtype, iters=args.iters)))
+            print(json.dumps(_worker_cuda(variant, N, H, V, dtype=args.dtype, iters=args.iters,
+                                          fp32_precision=args.fp32_precision)))
         else:
             print(json.dumps(_worker(variant, N, H, V)))
         return 0

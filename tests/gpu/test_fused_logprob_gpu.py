@@ -1,6 +1,7 @@
 """The Triton fused FP32 LM-head kernel on a GPU against a float64 reference (skipped without CUDA).
 
-Shapes N=4096, H=4096, V=32768 and 131072; bf16 inputs (production) and FP32 inputs (IEEE dots). The loss is
+Shapes N=4096, H=4096, V=32768 and 131072; bf16 inputs (production) and FP32 inputs (IEEE dots, and the
+optional 3xTF32 tensor-core mode, whose error this measures against the same bounds). The loss is
 CISPO (Eq. (cispo)) through `triton_cispo_from_hidden`; the reference is formed in float64 from the same
 (rounded) inputs, by hand (no autograd graph, to keep the [N, V] float64 buffer to one: 4 GiB at 128k).
 
@@ -9,7 +10,7 @@ Tolerances, and why:
   or FP32 x FP32 in IEEE mode), about 1e-6 here. TF32 dots would give about 1e-3 (inputs rounded to 10-bit
   mantissas, logits of std 2 summed over 4096 terms), so this bound also catches a fall-back to TF32.
 - loss (relative) <= 1e-4.
-- gradients, ||got - ref|| / ||ref||: FP32 <= 2e-5 (IEEE GEMMs); bf16 <= 8e-3 (dlogits rounded to bf16
+- gradients, ||got - ref|| / ||ref||: FP32 <= 2e-5 (IEEE GEMMs, both dot modes); bf16 <= 8e-3 (dlogits rounded to bf16
   before the gradient GEMMs and bf16 outputs: about 2^-9 relative per element, METHOD: 1e-3..1e-2).
 """
 
@@ -68,9 +69,10 @@ def _ieee_torch_matmul():
     torch.set_float32_matmul_precision(before)
 
 
-@pytest.mark.parametrize("dtype_name", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype_name,fp32_precision",
+                         [("bfloat16", "ieee"), ("float32", "ieee"), ("float32", "tf32x3")])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N{}_H{}_V{}".format(*s))
-def test_fused_kernel_matches_float64(shape, dtype_name):
+def test_fused_kernel_matches_float64(shape, dtype_name, fp32_precision):
     import torch
 
     from scalerl_mega.objective.triton.fused_logprob import triton_cispo_from_hidden, triton_logprob
@@ -80,15 +82,15 @@ def test_fused_kernel_matches_float64(shape, dtype_name):
     logp64, gen, loss64, gh64, gW64 = _reference(h, W, y, noise, A, w)
     h.requires_grad_(True)
     W.requires_grad_(True)
-    loss = triton_cispo_from_hidden(h, W, y, gen.float(), A, w, eps_high=EPS_HIGH)
+    loss = triton_cispo_from_hidden(h, W, y, gen.float(), A, w, eps_high=EPS_HIGH, fp32_precision=fp32_precision)
     loss.backward()
     with torch.no_grad():
-        logp = triton_logprob(h.detach(), W.detach(), y)
+        logp = triton_logprob(h.detach(), W.detach(), y, fp32_precision=fp32_precision)
     tol = TOL[dtype_name]
     errs = dict(logp=float((logp.double() - logp64).abs().max()),
                 loss=abs(float(loss) - float(loss64)) / abs(float(loss64)),
                 grad_h=_rel(h.grad, gh64), grad_W=_rel(W.grad, gW64))
-    print(f"\n{shape} {dtype_name}: {errs}")
+    print(f"\n{shape} {dtype_name} {fp32_precision}: {errs}")
     assert h.grad.dtype == dtype and W.grad.dtype == dtype
     assert errs["logp"] <= tol["logp"], errs
     assert errs["loss"] <= tol["loss"], errs

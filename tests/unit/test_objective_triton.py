@@ -161,6 +161,9 @@ PROBE = textwrap.dedent(r"""
             outs.append((lp.detach(), h.grad, W.grad))
         runs[str(dtype)] = dict(precisions=sorted(set(seen)), n_dots=len(seen),
                                 identical=all(torch.equal(a, b) for a, b in zip(*outs)))
+    seen.clear()  # the optional 3xTF32 mode reaches every dot too
+    triton_logprob(h0.float(), W0.float(), y, block_n=16, block_v=64, block_h=16, fp32_precision="tf32x3")
+    res["tf32x3"] = sorted(set(seen))
     # negative control: a plain tl.dot without input_precision is recorded as TF32 (Triton's default)
     @triton.jit
     def plain(a_ptr, o_ptr):
@@ -198,6 +201,7 @@ def test_kernel_index_math_is_int64_and_dots_are_ieee_and_runs_repeat(tmp_path):
     assert res["int32"]["exact"] == [False, False], res  # the interpreter does wrap int32: the check bites
     assert "tile offsets must be int64" in res["guard"], res
     assert res["plain_dot"] == ["INPUT_PRECISION.TF32"], res
+    assert res["tf32x3"] == ["INPUT_PRECISION.TF32x3"], res
     for dtype, run in res["runs"].items():
         assert run["precisions"] == ["INPUT_PRECISION.IEEE"], (dtype, run)
         # per call: forward (3 V tiles x 2 H slices x 3 row blocks) + dlogits (same count): 36, twice
@@ -211,7 +215,8 @@ AOT = textwrap.dedent(r"""
 
     @triton.jit
     def plain_fp32_dot(h_ptr, w_ptr, y_ptr, m_ptr, s_ptr, t_ptr, N, V, H, stride_h, stride_w,
-                       BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr,
+                       PRECISION: tl.constexpr):
         r = tl.arange(0, BLOCK_N)
         c = tl.arange(0, BLOCK_V)
         k = tl.arange(0, BLOCK_H)

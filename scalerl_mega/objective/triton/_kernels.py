@@ -9,9 +9,9 @@ which is why the kernels and their helpers live at module level here.
   `tile_offsets` forms the 2-D element offsets rows*stride + cols from such indices. Both assert (at compile
   time) that the result is int64; tests run them under TRITON_INTERPRET=1 at values beyond 2^31.
 - `logits_tile`: one [BLOCK_N, BLOCK_V] FP32 tile of h @ W^T over BLOCK_H slices of H. FP32 operands
-  (FP32 inputs, or any input under the interpreter, whose bf16 dot is wrong) use `input_precision="ieee"`:
-  Triton's default for FP32 dots on tensor-core GPUs is TF32 (10-bit mantissa inputs). 16-bit operands
-  keep the default (exact products, FP32 accumulation).
+  (FP32 inputs, or any input under the interpreter, whose bf16 dot is wrong) use `input_precision=PRECISION`,
+  "ieee" unless the caller asks for "tf32x3": Triton's default for FP32 dots on tensor-core GPUs is TF32
+  (10-bit mantissa inputs). 16-bit operands keep the default (exact products, FP32 accumulation).
 - `logprob_fwd_kernel`: grid (row blocks, vocab splits). Each program streams its share of the vocabulary
   and writes the online max m, sum exp(logit - m) s and the target logit t (0 if the target is not in its
   share) for its rows; the caller combines the splits (deterministic, fixed order).
@@ -45,7 +45,8 @@ def tile_offsets(rows, cols, stride):
 
 @triton.jit
 def logits_tile(h_ptr, w_ptr, offs_n, offs_v, row_ok, col_ok, H, stride_h, stride_w,
-                BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr,
+                PRECISION: tl.constexpr):
     """FP32 logits h[offs_n] @ W[offs_v]^T, [BLOCK_N, BLOCK_V]; masked rows/columns are 0."""
     acc = tl.zeros((BLOCK_N, BLOCK_V), tl.float32)
     for kb in range(0, tl.cdiv(H, BLOCK_H)):
@@ -56,7 +57,7 @@ def logits_tile(h_ptr, w_ptr, offs_n, offs_v, row_ok, col_ok, H, stride_h, strid
         b = tl.load(w_ptr + tile_offsets(offs_v, offs_k, stride_w), mask=col_ok[:, None] & k_ok[None, :],
                     other=0.0)
         if UPCAST:
-            acc = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee")
+            acc = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision=PRECISION)
         else:
             acc = tl.dot(a, tl.trans(b), acc)
     return acc
@@ -65,7 +66,7 @@ def logits_tile(h_ptr, w_ptr, offs_n, offs_v, row_ok, col_ok, H, stride_h, strid
 @triton.jit
 def logprob_fwd_kernel(h_ptr, w_ptr, y_ptr, m_ptr, s_ptr, t_ptr, N, V, H, stride_h, stride_w,
                        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                       UPCAST: tl.constexpr):
+                       UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     offs_n = block_index(tl.program_id(0), BLOCK_N)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -82,7 +83,7 @@ def logprob_fwd_kernel(h_ptr, w_ptr, y_ptr, m_ptr, s_ptr, t_ptr, N, V, H, stride
         offs_v = block_index(vb, BLOCK_V)
         col_ok = offs_v < V
         acc = logits_tile(h_ptr, w_ptr, offs_n, offs_v, row_ok, col_ok, H, stride_h, stride_w,
-                          BLOCK_N, BLOCK_V, BLOCK_H, UPCAST)
+                          BLOCK_N, BLOCK_V, BLOCK_H, UPCAST, PRECISION)
         acc = tl.where(col_ok[None, :], acc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(acc, 1))
         s_i = s_i * tl.exp(m_i - m_new) + tl.sum(tl.exp(acc - m_new[:, None]), 1)
@@ -96,13 +97,14 @@ def logprob_fwd_kernel(h_ptr, w_ptr, y_ptr, m_ptr, s_ptr, t_ptr, N, V, H, stride
 
 @triton.jit
 def dlogits_kernel(h_ptr, w_ptr, y_ptr, lse_ptr, g_ptr, d_ptr, N, V, H, stride_h, stride_w, stride_d,
-                   BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr,
+                   PRECISION: tl.constexpr):
     offs_n = block_index(tl.program_id(0), BLOCK_N)
     offs_v = block_index(tl.program_id(1), BLOCK_V)
     row_ok = offs_n < N
     col_ok = offs_v < V
     acc = logits_tile(h_ptr, w_ptr, offs_n, offs_v, row_ok, col_ok, H, stride_h, stride_w,
-                      BLOCK_N, BLOCK_V, BLOCK_H, UPCAST)
+                      BLOCK_N, BLOCK_V, BLOCK_H, UPCAST, PRECISION)
     tgt = tl.load(y_ptr + offs_n, mask=row_ok, other=0)
     lse = tl.load(lse_ptr + offs_n, mask=row_ok, other=0.0)
     g = tl.load(g_ptr + offs_n, mask=row_ok, other=0.0)

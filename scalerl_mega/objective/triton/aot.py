@@ -26,6 +26,7 @@ _PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 class CompileReport:
     kernel: str
     dtype: str
+    precision: str
     config: tuple[int, int, int, int, int]
     registers: int
     spill_bytes: int
@@ -47,13 +48,14 @@ def _signature(kernel: str, dtype: str) -> dict[str, str]:
     else:
         raise ValueError(f"unknown kernel {kernel!r}")
     return {**ptrs, **{n: "i32" for n in ints},
-            **{n: "constexpr" for n in ("BLOCK_N", "BLOCK_V", "BLOCK_H", "UPCAST")}}
+            **{n: "constexpr" for n in ("BLOCK_N", "BLOCK_V", "BLOCK_H", "UPCAST", "PRECISION")}}
 
 
 def compile_kernel(kernel: str, dtype: str, config: tuple[int, int, int, int, int], *, arch: int = 90,
-                   fn=None) -> CompileReport:
+                   precision: str = "ieee", fn=None) -> CompileReport:
     """Compile `_kernels.<kernel>` (or `fn`, with the same signature) for sm_<arch> with `config` =
-    (BLOCK_N, BLOCK_V, BLOCK_H, num_warps, num_stages); UPCAST as the launcher sets it (FP32 operands)."""
+    (BLOCK_N, BLOCK_V, BLOCK_H, num_warps, num_stages); UPCAST as the launcher sets it (FP32 operands),
+    `precision` the FP32 dot mode ("ieee" or "tf32x3")."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
@@ -65,7 +67,8 @@ def compile_kernel(kernel: str, dtype: str, config: tuple[int, int, int, int, in
     sig = _signature(kernel, dtype)
     attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t != "constexpr"}
     src = ASTSource(fn=fn or getattr(_kernels, kernel), signature=sig, attrs=attrs,
-                    constexprs={"BLOCK_N": bn, "BLOCK_V": bv, "BLOCK_H": bh, "UPCAST": dtype == "fp32"})
+                    constexprs={"BLOCK_N": bn, "BLOCK_V": bv, "BLOCK_H": bh, "UPCAST": dtype == "fp32",
+                                "PRECISION": precision})
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": warps, "num_stages": stages})
     ptx = compiled.asm["ptx"]
@@ -79,24 +82,26 @@ def compile_kernel(kernel: str, dtype: str, config: tuple[int, int, int, int, in
                              capture_output=True, text=True, check=True).stderr
     regs = re.findall(r"Used (\d+) registers", log)
     spills = re.findall(r"(\d+) bytes spill stores", log)
-    return CompileReport(kernel=kernel, dtype=dtype, config=config, registers=int(regs[-1]) if regs else -1,
+    return CompileReport(kernel=kernel, dtype=dtype, precision=precision, config=config,
+                         registers=int(regs[-1]) if regs else -1,
                          spill_bytes=int(spills[-1]) if spills else 0, shared_bytes=int(compiled.metadata.shared),
                          wgmma="wgmma" in ptx, mma_sync="mma.sync" in ptx, tf32=".tf32" in ptx,
                          fma_f32=ptx.count("fma.rn.f32"))
 
 
 def main() -> int:
-    from scalerl_mega.objective.triton.fused_logprob import AUTOTUNE_CONFIGS
+    from scalerl_mega.objective.triton.fused_logprob import AUTOTUNE_CONFIGS, config_kind
 
-    print(f"{'kernel':<20} {'dtype':<5} {'config (BN,BV,BH,warps,stages)':<32} {'regs':>4} {'spill B':>7} "
+    print(f"{'kernel':<20} {'dtype':<12} {'config (BN,BV,BH,warps,stages)':<32} {'regs':>4} {'spill B':>7} "
           f"{'smem KiB':>8}  dots")
-    for dtype, kind in (("bf16", "16bit"), ("fp32", "fp32")):
+    for dtype, precision in (("bf16", "ieee"), ("fp32", "ieee"), ("fp32", "tf32x3")):
         for kernel in ("logprob_fwd_kernel", "dlogits_kernel"):
-            for config in AUTOTUNE_CONFIGS[kind]:
-                r = compile_kernel(kernel, dtype, config)
+            for config in AUTOTUNE_CONFIGS[config_kind(dtype == "fp32", precision)]:
+                r = compile_kernel(kernel, dtype, config, precision=precision)
                 dots = ("wgmma" if r.wgmma else "") + (" mma.sync" if r.mma_sync else "") + \
                     (" tf32" if r.tf32 else "") + (f" fma.f32 x{r.fma_f32}" if r.fma_f32 > 16 else "")
-                print(f"{kernel:<20} {dtype:<5} {str(config):<32} {r.registers:>4} {r.spill_bytes:>7} "
+                name = dtype if dtype != "fp32" else f"fp32/{precision}"
+                print(f"{kernel:<20} {name:<12} {str(config):<32} {r.registers:>4} {r.spill_bytes:>7} "
                       f"{r.shared_bytes / 1024:8.0f}  {dots.strip()}", flush=True)
     return 0
 

@@ -17,15 +17,16 @@ row block: ~1.3e11 atomics per 16k-token micro-batch at 8B, and run-to-run nonde
 of 2NHV (forward logits, recomputed logits, grad_h, grad_W).
 
 Precision: FP32 operands use tl.dot(input_precision="ieee") (Triton's default on tensor-core GPUs is TF32,
-i.e. 10-bit input mantissas); bf16 operands give exact products with FP32 accumulation. The bf16 backward
+i.e. 10-bit input mantissas), or "tf32x3" on request (`fp32_precision`: tensor cores, three TF32 products per
+term, error measured by tests/gpu); bf16 operands give exact products with FP32 accumulation. The bf16 backward
 rounds dlogits to bf16 before the gradient GEMMs (like Liger's FLCE), so bf16 gradients carry about 2^-8
 relative error; logp and lse are FP32 either way.
 
 Block sizes: on a CUDA device and with no block size given, `triton.autotune` picks from `AUTOTUNE_CONFIGS`
-(4-5 configurations per operand kind, keyed on H, V and dtypes; the choice is cached per process, so determinism holds within a process; pass block
-sizes to pin them across processes). Under TRITON_INTERPRET=1 (CPU testing) the inputs of tl.dot are cast to
-FP32 first (the interpreter's bf16 dot is wrong), fixed blocks are used (autotune needs a driver) and no
-libdevice is used. `triton` is imported only inside functions.
+(4-5 configurations per operand kind, keyed on H, V and dtypes). The choice is cached per process, so
+determinism holds within a process; pass block sizes to pin them across processes. Under TRITON_INTERPRET=1
+(CPU testing) the inputs of tl.dot are cast to FP32 first (the interpreter's bf16 dot is wrong), fixed blocks
+are used (autotune needs a driver) and no libdevice is used. `triton` is imported only inside functions.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ import torch
 AUTOTUNE_CONFIGS = {
     # (BLOCK_N, BLOCK_V, BLOCK_H, num_warps, num_stages). BLOCK_H is fixed within a list so that the
     # K-accumulation order does not depend on the choice. Compiled for sm_90 on CPU (`python -m
-    # scalerl_mega.objective.triton.aot`, Triton 3.9 and 3.6): the 16-bit configs use wgmma and do not
-    # spill; two FP32 configs spill 12-28 bytes. Configs that do not fit are pruned by the autotuner.
+    # scalerl_mega.objective.triton.aot`, Triton 3.9 and 3.6): the 16-bit
+    # and tf32x3 configs use wgmma and do not spill; two IEEE FP32 configs spill 12-28 bytes. Configs that do
+    # not fit are pruned by the autotuner.
     "16bit": (  # bf16/fp16 operands: wgmma tensor-core dots
         (128, 128, 64, 8, 3),
         (128, 64, 64, 4, 4),
@@ -53,7 +55,16 @@ AUTOTUNE_CONFIGS = {
         (32, 128, 32, 4, 3),
         (64, 64, 32, 4, 3),
     ),
+    "tf32x3": (  # FP32 operands on tensor cores as 3 TF32 products (hi*hi + hi*lo + lo*hi)
+        (128, 128, 32, 8, 3),
+        (128, 64, 32, 8, 3),
+        (64, 128, 32, 4, 3),
+        (64, 64, 32, 4, 3),
+    ),
 }
+FP32_PRECISIONS = ("ieee", "tf32x3")
+"""FP32-operand dot modes: "ieee" (exact FP32 products, CUDA-core FMA; the default) or "tf32x3" (tensor cores,
+error near FP32's, see the GPU test); never plain TF32."""
 INTERPRET_BLOCKS = (32, 64, 32)
 """Fixed (BLOCK_N, BLOCK_V, BLOCK_H) when no block size is given and no GPU autotuning is possible."""
 DEFAULT_BWD_CHUNK_BYTES = 512 * 2**20
@@ -73,25 +84,32 @@ def _kernels():
     return triton, k
 
 
+def config_kind(upcast: bool, precision: str) -> str:
+    """The AUTOTUNE_CONFIGS list for FP32 operands (`upcast`) in `precision`, or for 16-bit operands."""
+    return precision if upcast and precision != "ieee" else ("fp32" if upcast else "16bit")
+
+
 @functools.cache
-def _tuned(name: str, upcast: bool):
-    """`_kernels.<name>` under `triton.autotune` over AUTOTUNE_CONFIGS["fp32" or "16bit"] (GPU only)."""
+def _tuned(name: str, kind: str):
+    """`_kernels.<name>` under `triton.autotune` over AUTOTUNE_CONFIGS[kind] (GPU only)."""
     triton, k = _kernels()
     configs = [triton.Config(dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh), num_warps=w, num_stages=s)
-               for bn, bv, bh, w, s in AUTOTUNE_CONFIGS["fp32" if upcast else "16bit"]]
+               for bn, bv, bh, w, s in AUTOTUNE_CONFIGS[kind]]
     return triton.autotune(configs=configs, key=["H", "V"])(getattr(k, name))
 
 
-def _launch(name: str, grid, args: tuple, *, blocks: tuple[int, int, int] | None, upcast: bool) -> None:
+def _launch(name: str, grid, args: tuple, *, blocks: tuple[int, int, int] | None, upcast: bool,
+            precision: str) -> None:
     """Launch `_kernels.<name>`: autotuned when `blocks` is None, else with these (BLOCK_N, BLOCK_V, BLOCK_H).
 
     `grid(meta) -> tuple` receives the block sizes (as Triton's autotuner passes them)."""
     _, k = _kernels()
+    flags = dict(UPCAST=upcast, PRECISION=precision)
     if blocks is None:
-        _tuned(name, upcast)[grid](*args, UPCAST=upcast)
+        _tuned(name, config_kind(upcast, precision))[grid](*args, **flags)
         return
     meta = dict(BLOCK_N=blocks[0], BLOCK_V=blocks[1], BLOCK_H=blocks[2])
-    getattr(k, name)[grid(meta)](*args, **meta, UPCAST=upcast)
+    getattr(k, name)[grid(meta)](*args, **meta, **flags)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -124,7 +142,7 @@ def _accumulate_wgrad(gw: torch.Tensor, d: torch.Tensor, h: torch.Tensor) -> Non
 
 class _TritonLogProb(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, blocks, v_splits, chunk_rows):
+    def forward(ctx, hidden, weight, targets, blocks, v_splits, chunk_rows, precision):
         triton, k = _kernels()
         N, H = hidden.shape
         V = weight.shape[0]
@@ -136,12 +154,14 @@ class _TritonLogProb(torch.autograd.Function):
             v_splits = default_v_splits(N, V, sm_count=sms)
         m, s, t = (torch.empty(v_splits, N, dtype=torch.float32, device=h.device) for _ in range(3))
         _launch("logprob_fwd_kernel", lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), v_splits),
-                (h, w, y, m, s, t, N, V, H, h.stride(0), w.stride(0)), blocks=blocks, upcast=upcast)
+                (h, w, y, m, s, t, N, V, H, h.stride(0), w.stride(0)), blocks=blocks, upcast=upcast,
+                precision=precision)
         m_max = m.amax(dim=0)
         lse = m_max + (s * torch.exp(m - m_max)).sum(dim=0).log()
         logp = t.sum(dim=0) - lse
         ctx.save_for_backward(h, w, y, lse)
-        ctx.blocks, ctx.upcast, ctx.chunk_rows, ctx.dtypes = blocks, upcast, chunk_rows, (hidden.dtype, weight.dtype)
+        ctx.blocks, ctx.upcast, ctx.chunk_rows, ctx.precision = blocks, upcast, chunk_rows, precision
+        ctx.dtypes = (hidden.dtype, weight.dtype)
         return logp
 
     @staticmethod
@@ -164,7 +184,7 @@ class _TritonLogProb(torch.autograd.Function):
             h_c, d = h[c0:c1], d_buf[:n]
             _launch("dlogits_kernel", lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(V, meta["BLOCK_V"])),
                     (h_c, w, y[c0:c1], lse[c0:c1], g[c0:c1], d, n, V, H, h.stride(0), w.stride(0), d.stride(0)),
-                    blocks=ctx.blocks, upcast=ctx.upcast)
+                    blocks=ctx.blocks, upcast=ctx.upcast, precision=ctx.precision)
             if need_h:
                 if gh.dtype == gemm_dtype:
                     torch.mm(d, w_g, out=gh[c0:c1])
@@ -172,7 +192,7 @@ class _TritonLogProb(torch.autograd.Function):
                     gh[c0:c1] = torch.mm(d, w_g)
             if need_w:
                 _accumulate_wgrad(gw, d, h_c if h_c.dtype == gemm_dtype else h_c.to(gemm_dtype))
-        return gh, (gw.to(ctx.dtypes[1]) if need_w else None), None, None, None, None
+        return gh, (gw.to(ctx.dtypes[1]) if need_w else None), None, None, None, None, None
 
 
 def triton_logprob(
@@ -185,6 +205,7 @@ def triton_logprob(
     block_h: int | None = None,
     v_splits: int | None = None,
     bwd_chunk_rows: int | None = None,
+    fp32_precision: str = "ieee",
 ) -> torch.Tensor:
     """Per-token fp32 log pi(target | hidden) [N] (same contract as `fused_logprob.chunked_logprob`).
 
@@ -192,6 +213,8 @@ def triton_logprob(
     device, `INTERPRET_BLOCKS` otherwise (missing ones are filled from `INTERPRET_BLOCKS` when some are
     given). `v_splits`: vocabulary splits of the forward grid (default `default_v_splits`);
     `bwd_chunk_rows`: rows per backward chunk (default `bwd_chunk_rows(...)`, a 512 MiB buffer).
+    `fp32_precision`: dot mode when an operand is FP32 (`FP32_PRECISIONS`; the FP32 backward GEMMs follow
+    torch's `torch.backends.cuda.matmul` setting instead).
     """
     from scalerl_mega.objective.fused_logprob import _validate
 
@@ -206,7 +229,9 @@ def triton_logprob(
     for name, v in (("v_splits", v_splits), ("bwd_chunk_rows", bwd_chunk_rows)):
         if v is not None and v < 1:
             raise ValueError(f"{name}={v} must be >= 1")
-    return _TritonLogProb.apply(hidden, weight, targets, blocks, v_splits, bwd_chunk_rows)
+    if fp32_precision not in FP32_PRECISIONS:
+        raise ValueError(f"fp32_precision={fp32_precision!r} is not one of {list(FP32_PRECISIONS)}")
+    return _TritonLogProb.apply(hidden, weight, targets, blocks, v_splits, bwd_chunk_rows, fp32_precision)
 
 
 def triton_cispo_from_hidden(
@@ -219,7 +244,7 @@ def triton_cispo_from_hidden(
     *,
     eps_high: float = 5.0,
     eps_low: float | None = None,
-    **kernel_opts: int | None,
+    **kernel_opts,
 ) -> torch.Tensor:
     """CISPO loss -J (Eq. (cispo)) with the Triton log-probs: -sum w * sg(clamp(rho)) * A * logp."""
     logp = triton_logprob(hidden, weight, targets, **kernel_opts)
