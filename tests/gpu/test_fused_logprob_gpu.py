@@ -1,17 +1,19 @@
 """The Triton fused FP32 LM-head kernel on a GPU against a float64 reference (skipped without CUDA).
 
-Shapes N=4096, H=4096, V=32768 and 131072; bf16 inputs (production) and FP32 inputs (IEEE dots, and the
-optional 3xTF32 tensor-core mode, whose error this measures against the same bounds). The loss is
-CISPO (Eq. (cispo)) through `triton_cispo_from_hidden`; the reference is formed in float64 from the same
-(rounded) inputs, by hand (no autograd graph, to keep the [N, V] float64 buffer to one: 4 GiB at 128k).
+Shapes N=4096, H=4096, V=32768 and 131072. Inputs: bf16 hidden and weight (bf16 operands); FP32 hidden and
+weight in IEEE mode and in the optional 3xTF32 mode (whose error this measures against the same bounds); bf16
+hidden with an FP32 weight (the `fp32_lm_head` trainer case: FP32 operands). The loss is CISPO (Eq. (cispo))
+through `triton_cispo_from_hidden`; the reference is formed in float64 from the same (rounded) inputs, by hand
+(no autograd graph, to keep the [N, V] float64 buffer to one: 4 GiB at 128k).
 
 Tolerances, and why:
-- logp (max abs error) <= 1e-4 for both dtypes: logits are FP32 accumulations of exact products (bf16 x bf16,
-  or FP32 x FP32 in IEEE mode), about 1e-6 here. TF32 dots would give about 1e-3 (inputs rounded to 10-bit
-  mantissas, logits of std 2 summed over 4096 terms), so this bound also catches a fall-back to TF32.
+- logp (max abs error) <= 1e-4: logits are FP32 accumulations of exact products (bf16 x bf16, or FP32 x FP32
+  in IEEE mode), about 1e-6 here. TF32 dots would give about 1e-3 (inputs rounded to 10-bit mantissas, logits
+  of std 2 summed over 4096 terms), so this bound also catches a fall-back to TF32.
 - loss (relative) <= 1e-4.
-- gradients, ||got - ref|| / ||ref||: FP32 <= 2e-5 (IEEE GEMMs, both dot modes); bf16 <= 8e-3 (dlogits rounded to bf16
-  before the gradient GEMMs and bf16 outputs: about 2^-9 relative per element, METHOD: 1e-3..1e-2).
+- each gradient, ||got - ref|| / ||ref||: <= 2e-5 when it is FP32 (dlogits FP32, IEEE GEMMs), <= 8e-3 when it
+  is bf16 (returned in bf16; with bf16 operands dlogits is rounded to bf16 before the GEMMs too: about 2^-9
+  relative per element; METHOD: bf16 operands land between 1e-3 and 1e-2).
 """
 
 from __future__ import annotations
@@ -22,15 +24,22 @@ pytestmark = pytest.mark.gpu
 
 SHAPES = [(4096, 4096, 32768), (4096, 4096, 131072)]
 EPS_HIGH = 1.2
-TOL = {"float32": dict(logp=1e-4, loss=1e-4, grad=2e-5), "bfloat16": dict(logp=1e-4, loss=1e-4, grad=8e-3)}
+TOL_LOGP = TOL_LOSS = 1e-4
+TOL_GRAD = {"float32": 2e-5, "bfloat16": 8e-3}
+CASES = [  # (hidden dtype, weight dtype, fp32_precision)
+    ("bfloat16", "bfloat16", "ieee"),
+    ("float32", "float32", "ieee"),
+    ("float32", "float32", "tf32x3"),
+    ("bfloat16", "float32", "ieee"),
+]
 
 
-def _inputs(N: int, H: int, V: int, dtype, seed: int = 0):
+def _inputs(N: int, H: int, V: int, dtype, seed: int = 0, *, w_dtype=None):
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     h = torch.randn(N, H, generator=g, device="cuda").to(dtype)
-    W = (torch.randn(V, H, generator=g, device="cuda") * (2.0 / H**0.5)).to(dtype)  # logits of std ~2
+    W = (torch.randn(V, H, generator=g, device="cuda") * (2.0 / H**0.5)).to(w_dtype or dtype)  # logits std ~2
     y = torch.randint(0, V, (N,), generator=g, device="cuda")
     noise = torch.randn(N, generator=g, device="cuda")
     A = torch.randn(N, generator=g, device="cuda")
@@ -69,16 +78,14 @@ def _ieee_torch_matmul():
     torch.set_float32_matmul_precision(before)
 
 
-@pytest.mark.parametrize("dtype_name,fp32_precision",
-                         [("bfloat16", "ieee"), ("float32", "ieee"), ("float32", "tf32x3")])
+@pytest.mark.parametrize("h_dtype,w_dtype,fp32_precision", CASES, ids=lambda v: str(v))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N{}_H{}_V{}".format(*s))
-def test_fused_kernel_matches_float64(shape, dtype_name, fp32_precision):
+def test_fused_kernel_matches_float64(shape, h_dtype, w_dtype, fp32_precision):
     import torch
 
     from scalerl_mega.objective.triton.fused_logprob import triton_cispo_from_hidden, triton_logprob
 
-    dtype = getattr(torch, dtype_name)
-    h, W, y, noise, A, w = _inputs(*shape, dtype)
+    h, W, y, noise, A, w = _inputs(*shape, getattr(torch, h_dtype), w_dtype=getattr(torch, w_dtype))
     logp64, gen, loss64, gh64, gW64 = _reference(h, W, y, noise, A, w)
     h.requires_grad_(True)
     W.requires_grad_(True)
@@ -86,16 +93,15 @@ def test_fused_kernel_matches_float64(shape, dtype_name, fp32_precision):
     loss.backward()
     with torch.no_grad():
         logp = triton_logprob(h.detach(), W.detach(), y, fp32_precision=fp32_precision)
-    tol = TOL[dtype_name]
     errs = dict(logp=float((logp.double() - logp64).abs().max()),
                 loss=abs(float(loss) - float(loss64)) / abs(float(loss64)),
                 grad_h=_rel(h.grad, gh64), grad_W=_rel(W.grad, gW64))
-    print(f"\n{shape} {dtype_name} {fp32_precision}: {errs}")
-    assert h.grad.dtype == dtype and W.grad.dtype == dtype
-    assert errs["logp"] <= tol["logp"], errs
-    assert errs["loss"] <= tol["loss"], errs
-    assert errs["grad_h"] <= tol["grad"], errs
-    assert errs["grad_W"] <= tol["grad"], errs
+    print(f"\n{shape} h {h_dtype} W {w_dtype} {fp32_precision}: {errs}")
+    assert str(h.grad.dtype) == f"torch.{h_dtype}" and str(W.grad.dtype) == f"torch.{w_dtype}"
+    assert errs["logp"] <= TOL_LOGP, errs
+    assert errs["loss"] <= TOL_LOSS, errs
+    assert errs["grad_h"] <= TOL_GRAD[h_dtype], errs
+    assert errs["grad_W"] <= TOL_GRAD[w_dtype], errs
 
 
 def test_fused_kernel_is_deterministic():

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _PTR = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
+"""`dtype` names: one of these for hidden, weight and dlogits alike, or "bf16+fp32": bf16 hidden states with an
+FP32 weight (the `fp32_lm_head` case; FP32 operands in the kernel and an FP32 dlogits buffer)."""
 
 
 @dataclass(frozen=True)
@@ -38,12 +40,12 @@ class CompileReport:
 
 
 def _signature(kernel: str, dtype: str) -> dict[str, str]:
-    p = _PTR[dtype]
+    ph, pw = (_PTR["bf16"], _PTR["fp32"]) if dtype == "bf16+fp32" else (_PTR[dtype], _PTR[dtype])
     if kernel == "logprob_fwd_kernel":
-        ptrs = {"h_ptr": p, "w_ptr": p, "y_ptr": "*i64", "m_ptr": "*fp32", "s_ptr": "*fp32", "t_ptr": "*fp32"}
+        ptrs = {"h_ptr": ph, "w_ptr": pw, "y_ptr": "*i64", "m_ptr": "*fp32", "s_ptr": "*fp32", "t_ptr": "*fp32"}
         ints = ("N", "V", "H", "stride_h", "stride_w")
     elif kernel == "dlogits_kernel":
-        ptrs = {"h_ptr": p, "w_ptr": p, "y_ptr": "*i64", "lse_ptr": "*fp32", "g_ptr": "*fp32", "d_ptr": p}
+        ptrs = {"h_ptr": ph, "w_ptr": pw, "y_ptr": "*i64", "lse_ptr": "*fp32", "g_ptr": "*fp32", "d_ptr": pw}
         ints = ("N", "V", "H", "stride_h", "stride_w", "stride_d")
     else:
         raise ValueError(f"unknown kernel {kernel!r}")
@@ -67,7 +69,7 @@ def compile_kernel(kernel: str, dtype: str, config: tuple[int, int, int, int, in
     sig = _signature(kernel, dtype)
     attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t != "constexpr"}
     src = ASTSource(fn=fn or getattr(_kernels, kernel), signature=sig, attrs=attrs,
-                    constexprs={"BLOCK_N": bn, "BLOCK_V": bv, "BLOCK_H": bh, "UPCAST": dtype == "fp32",
+                    constexprs={"BLOCK_N": bn, "BLOCK_V": bv, "BLOCK_H": bh, "UPCAST": "fp32" in dtype,
                                 "PRECISION": precision})
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": warps, "num_stages": stages})
@@ -92,16 +94,17 @@ def compile_kernel(kernel: str, dtype: str, config: tuple[int, int, int, int, in
 def main() -> int:
     from scalerl_mega.objective.triton.fused_logprob import AUTOTUNE_CONFIGS, config_kind
 
-    print(f"{'kernel':<20} {'dtype':<12} {'config (BN,BV,BH,warps,stages)':<32} {'regs':>4} {'spill B':>7} "
+    print(f"{'kernel':<20} {'dtype':<17} {'config (BN,BV,BH,warps,stages)':<32} {'regs':>4} {'spill B':>7} "
           f"{'smem KiB':>8}  dots")
-    for dtype, precision in (("bf16", "ieee"), ("fp32", "ieee"), ("fp32", "tf32x3")):
+    for dtype, precision in (("bf16", "ieee"), ("fp32", "ieee"), ("fp32", "tf32x3"), ("bf16+fp32", "ieee"),
+                             ("bf16+fp32", "tf32x3")):
         for kernel in ("logprob_fwd_kernel", "dlogits_kernel"):
-            for config in AUTOTUNE_CONFIGS[config_kind(dtype == "fp32", precision)]:
+            for config in AUTOTUNE_CONFIGS[config_kind("fp32" in dtype, precision)]:
                 r = compile_kernel(kernel, dtype, config, precision=precision)
                 dots = ("wgmma" if r.wgmma else "") + (" mma.sync" if r.mma_sync else "") + \
                     (" tf32" if r.tf32 else "") + (f" fma.f32 x{r.fma_f32}" if r.fma_f32 > 16 else "")
-                name = dtype if dtype != "fp32" else f"fp32/{precision}"
-                print(f"{kernel:<20} {name:<12} {str(config):<32} {r.registers:>4} {r.spill_bytes:>7} "
+                name = dtype if "fp32" not in dtype else f"{dtype}/{precision}"
+                print(f"{kernel:<20} {name:<17} {str(config):<32} {r.registers:>4} {r.spill_bytes:>7} "
                       f"{r.shared_bytes / 1024:8.0f}  {dots.strip()}", flush=True)
     return 0
 

@@ -39,9 +39,9 @@ import torch
 AUTOTUNE_CONFIGS = {
     # (BLOCK_N, BLOCK_V, BLOCK_H, num_warps, num_stages). BLOCK_H is fixed within a list so that the
     # K-accumulation order does not depend on the choice. Compiled for sm_90 on CPU (`python -m
-    # scalerl_mega.objective.triton.aot`, Triton 3.9 and 3.6): the 16-bit
-    # and tf32x3 configs use wgmma and do not spill; two IEEE FP32 configs spill 12-28 bytes. Configs that do
-    # not fit are pruned by the autotuner.
+    # scalerl_mega.objective.triton.aot`, Triton 3.9 and 3.6): 16-bit and tf32x3
+    # configs use wgmma; none spills except three FP32-operand ones (12-28 bytes). Configs that do not fit are
+    # pruned by the autotuner.
     "16bit": (  # bf16/fp16 operands: wgmma tensor-core dots
         (128, 128, 64, 8, 3),
         (128, 64, 64, 4, 4),
@@ -143,7 +143,7 @@ def _accumulate_wgrad(gw: torch.Tensor, d: torch.Tensor, h: torch.Tensor) -> Non
 class _TritonLogProb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, blocks, v_splits, chunk_rows, precision):
-        triton, k = _kernels()
+        triton, _ = _kernels()
         N, H = hidden.shape
         V = weight.shape[0]
         h, w = hidden.contiguous(), weight.contiguous()
@@ -166,7 +166,7 @@ class _TritonLogProb(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logp):
-        triton, k = _kernels()
+        triton, _ = _kernels()
         h, w, y, lse = ctx.saved_tensors
         N, H = h.shape
         V = w.shape[0]
