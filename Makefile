@@ -7,7 +7,7 @@ PYTEST := $(PY) -m pytest
 # Default suite: everything but slow / slurm / gpu tests, two workers (2-core CI).
 TEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: setup test test-slow test-slurm demo demo-seeds bench clean
+.PHONY: setup test test-slow test-slurm test-gpu bench-gpu gpu-wheels demo demo-seeds bench clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,39 @@ test-slow: setup
 
 test-slurm: setup
 	$(PYTEST) -m slurm tests
+
+# GPU suite (tests/gpu, all `gpu`-marked): one command on a machine with one NVIDIA GPU. It runs under that
+# machine's own Python (GPU_PY, e.g. Python 3.12 with a CUDA torch and Triton; the CPU pins above do not apply
+# and torch is never installed or upgraded). What that Python lacks (megatron-core, omegaconf) is installed
+# with --no-deps from wheels in GPU_WHEELS into GPU_SITE; `make gpu-wheels` fetches them where PyPI is
+# reachable (a GPU machine may have no network). Without CUDA every test is skipped with its reason.
+GPU_PY     ?= python3
+GPU_WHEELS ?= .whl
+GPU_SITE   ?= /tmp/scalerl-gpu-site
+GPU_PKGS   := megatron-core==0.16.1 omegaconf==2.3.0
+GPU_WHEEL_TAGS := --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+
+gpu-wheels:
+	mkdir -p $(GPU_WHEELS)
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: $(GPU_WHEEL_TAGS) -d $(GPU_WHEELS) $(GPU_PKGS)
+	# omegaconf's parser runtime is an sdist on PyPI; pure Python, so a wheel built here works anywhere
+	$(PYTHON) -m pip wheel -q --no-deps -w $(GPU_WHEELS) antlr4-python3-runtime==4.9.3
+
+test-gpu:
+	@if ! $(GPU_PY) -c "import megatron.core, omegaconf" 2>/dev/null; then \
+	  ls $(GPU_WHEELS)/*.whl >/dev/null 2>&1 || { echo "test-gpu: $(GPU_PY) lacks megatron-core/omegaconf and $(GPU_WHEELS)/ has no wheels: run 'make gpu-wheels' where PyPI is reachable"; exit 1; }; \
+	  echo "installing $(GPU_WHEELS)/*.whl into $(GPU_SITE) (--no-deps: torch untouched)"; \
+	  $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) $(GPU_WHEELS)/*.whl || exit 1; \
+	fi
+	PYTHONPATH=$(CURDIR):$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 \
+	  $(GPU_PY) -m pytest -m gpu -s tests/gpu
+
+# Fused CISPO benchmark on the GPU (naive / chunked torch / Triton / Liger if importable); JSON in bench/out/.
+bench-gpu:
+	mkdir -p bench/out
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 \
+	  $(GPU_PY) bench/fused_cispo.py --device cuda --json bench/out/fused_cispo_gpu.json
 
 demo: setup
 	$(VENV)/bin/scalerl-train experiment=demo

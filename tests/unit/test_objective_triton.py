@@ -1,7 +1,12 @@
 """The Triton fused log-prob kernel under TRITON_INTERPRET=1 on tiny shapes vs the torch reference.
 
-Runs in a subprocess so that TRITON_INTERPRET is set before triton is imported (and no other test's
+Runs in subprocesses so that TRITON_INTERPRET is set before triton is imported (and no other test's
 triton import is affected). The interpreter is ~1000x slower than torch: shapes stay tiny.
+
+What the interpreter can and cannot show: it runs programs one after another in numpy, so races, register
+pressure, TF32 rounding and speed are invisible here (tests/gpu covers those on hardware). It does emulate
+int32 wrap-around and it does see the `input_precision` each tl.dot asks for, which is what the index and
+precision tests below check.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ SCRIPT = textwrap.dedent(r"""
         ref = naive_logprob(h1, W1, y)
         (ref * up).sum().backward()
         h2, W2 = h.detach().clone().requires_grad_(True), W.detach().clone().requires_grad_(True)
-        lp = triton_logprob(h2, W2, y, block_n=16, block_v=64, block_h=16)
+        # 3 vocabulary splits (merged on the host) and 16-row backward chunks (3 chunks): the split/chunk paths
+        lp = triton_logprob(h2, W2, y, block_n=16, block_v=64, block_h=16, v_splits=3, bwd_chunk_rows=16)
         (lp * up).sum().backward()
         out[str(dtype)] = dict(logp=rel(lp, ref), gh=rel(h2.grad.float(), h1.grad), gw=rel(W2.grad.float(), W1.grad),
                                gdtype=str(h2.grad.dtype))
@@ -79,3 +85,170 @@ def test_triton_kernel_under_interpreter_matches_torch():
         assert res["cispo"][k] < 1e-5, (k, res)
         assert res["backend"][k] < 1e-5, (k, res)  # cispo_from_hidden(backend="triton")
     assert 0 < res["backend"]["clip"] < 1
+
+
+# Index arithmetic and dot precision, checked on the kernel helpers themselves (a file: @triton.jit needs
+# the source of the probe kernels).
+PROBE = textwrap.dedent(r"""
+    import json, sys, torch, triton, triton.language as tl
+    from triton.runtime import interpreter
+    from scalerl_mega.objective.triton._kernels import block_index, tile_offsets
+
+    @triton.jit
+    def probe(out_ptr, idx, col, stride, BLOCK: tl.constexpr):
+        # exactly the kernels' address math: row indices of block idx, column indices of block col
+        offs = tile_offsets(block_index(idx, BLOCK), block_index(col, BLOCK), stride)
+        tl.store(out_ptr + tile_offsets(block_index(0, BLOCK), block_index(0, BLOCK), BLOCK), offs)
+
+    @triton.jit
+    def probe_int32(out_ptr, idx, col, stride, BLOCK: tl.constexpr):
+        # the pre-fix arithmetic (int32 program ids times strides): the negative control
+        r = idx * BLOCK + tl.arange(0, BLOCK)
+        c = col * BLOCK + tl.arange(0, BLOCK)
+        i = tl.arange(0, BLOCK)
+        tl.store(out_ptr + i[:, None] * BLOCK + i[None, :], r[:, None] * stride + c[None, :])
+
+    @triton.jit
+    def probe_guard(out_ptr, stride, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)  # int32 indices handed to tile_offsets: its static_assert must fire
+        tl.store(out_ptr + i, tl.sum(tile_offsets(i, i, stride), 1))
+
+    res = {}
+    B = 128
+    # (block index, column block, stride): W rows of vocab block 2400 (rows 307200..307327, i.e. V > 300k)
+    # at H = 8192, and hidden rows of token block 4100 (N > 524k) at H = 4096. Both pass 2^31.
+    cases = [(2400, 63, 8192), (4100, 31, 4096)]
+    for name, kern in (("int64", probe), ("int32", probe_int32)):
+        ok, top = [], []
+        for idx, col, stride in cases:
+            out = torch.zeros(B, B, dtype=torch.int64)
+            kern[(1,)](out, idx, col, stride, BLOCK=B)
+            truth = torch.tensor([[(idx * B + i) * stride + col * B + j for j in range(B)] for i in range(B)],
+                                 dtype=torch.int64)
+            ok.append(bool(torch.equal(out, truth)))
+            top.append(int(truth.max()))
+        res[name] = dict(exact=ok, max_offset=top)
+    try:
+        probe_guard[(1,)](torch.zeros(16, dtype=torch.int64), 8, BLOCK=16)
+        res["guard"] = "did not fire"
+    except Exception as e:  # InterpreterError wrapping the static_assert
+        res["guard"] = str(e)
+
+    # input_precision requested by every tl.dot of a forward + backward, FP32 and bf16 inputs
+    seen = []
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def recording(self, a, b, d, input_precision, max_num_imprecise_acc):
+        seen.append(str(input_precision))
+        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    interpreter.InterpreterBuilder.create_dot = recording
+    from scalerl_mega.objective.triton.fused_logprob import triton_logprob
+    g = torch.Generator().manual_seed(1)
+    N, H, V = 40, 32, 192
+    runs = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        h0 = torch.randn(N, H, generator=g).to(dtype)
+        W0 = (torch.randn(V, H, generator=g) * 0.3).to(dtype)
+        y = torch.randint(0, V, (N,), generator=g)
+        up = torch.randn(N, generator=g)
+        seen.clear()
+        outs = []
+        for _ in range(2):  # determinism: two identical calls
+            h, W = h0.clone().requires_grad_(True), W0.clone().requires_grad_(True)
+            lp = triton_logprob(h, W, y, block_n=16, block_v=64, block_h=16, v_splits=2, bwd_chunk_rows=16)
+            (lp * up).sum().backward()
+            outs.append((lp.detach(), h.grad, W.grad))
+        runs[str(dtype)] = dict(precisions=sorted(set(seen)), n_dots=len(seen),
+                                identical=all(torch.equal(a, b) for a, b in zip(*outs)))
+    seen.clear()  # the optional 3xTF32 mode reaches every dot too
+    triton_logprob(h0.float(), W0.float(), y, block_n=16, block_v=64, block_h=16, fp32_precision="tf32x3")
+    res["tf32x3"] = sorted(set(seen))
+    # negative control: a plain tl.dot without input_precision is recorded as TF32 (Triton's default)
+    @triton.jit
+    def plain(a_ptr, o_ptr):
+        i = tl.arange(0, 16)
+        a = tl.load(a_ptr + i[:, None] * 16 + i[None, :])
+        tl.store(o_ptr + i[:, None] * 16 + i[None, :], tl.dot(a, a))
+
+    seen.clear()
+    plain[(1,)](torch.randn(16, 16), torch.empty(16, 16))
+    res["plain_dot"] = sorted(set(seen))
+    res["runs"] = runs
+    print(json.dumps(res))
+""")
+
+
+def _run_interpreted(script: str, tmp_path) -> dict:
+    path = tmp_path / "probe.py"
+    path.write_text(script)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_kernel_index_math_is_int64_and_dots_are_ieee_and_runs_repeat(tmp_path):
+    """Checked: the helpers every kernel address goes through (`block_index`, `tile_offsets`) give exact
+    int64 offsets past 2^31 (the int32 version of the same arithmetic wraps: the check can fail), and
+    `tile_offsets` refuses int32 indices at compile time; every tl.dot of the FP32 path (which the
+    interpreter runs for bf16 inputs too) asks for IEEE precision, a plain tl.dot for TF32; two identical
+    forward+backward calls give bit-identical logp and gradients. Not checked here: a real launch at
+    N*H >= 2^31 (it would allocate > 8 GB), and determinism under real GPU concurrency (tests/gpu does)."""
+    res = _run_interpreted(PROBE, tmp_path)
+    assert res["int64"]["exact"] == [True, True], res
+    assert min(res["int64"]["max_offset"]) > 2**31, res
+    assert res["int32"]["exact"] == [False, False], res  # the interpreter does wrap int32: the check bites
+    assert "tile offsets must be int64" in res["guard"], res
+    assert res["plain_dot"] == ["INPUT_PRECISION.TF32"], res
+    assert res["tf32x3"] == ["INPUT_PRECISION.TF32x3"], res
+    for dtype, run in res["runs"].items():
+        assert run["precisions"] == ["INPUT_PRECISION.IEEE"], (dtype, run)
+        # per call: forward (3 V tiles x 2 H slices x 3 row blocks) + dlogits (same count): 36, twice
+        assert run["n_dots"] == 2 * 36, (dtype, run)
+        assert run["identical"], (dtype, run)
+
+
+AOT = textwrap.dedent(r"""
+    import dataclasses, json, triton, triton.language as tl
+    from scalerl_mega.objective.triton.aot import compile_kernel
+
+    @triton.jit
+    def plain_fp32_dot(h_ptr, w_ptr, y_ptr, m_ptr, s_ptr, t_ptr, N, V, H, stride_h, stride_w,
+                       BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr,
+                       PRECISION: tl.constexpr):
+        r = tl.arange(0, BLOCK_N)
+        c = tl.arange(0, BLOCK_V)
+        k = tl.arange(0, BLOCK_H)
+        a = tl.load(h_ptr + r[:, None] * stride_h + k[None, :])
+        b = tl.load(w_ptr + c[:, None] * stride_w + k[None, :])
+        tl.store(m_ptr + r, tl.sum(tl.dot(a, tl.trans(b)), 1))  # no input_precision: Triton's default
+
+    out = {}
+    for kernel in ("logprob_fwd_kernel", "dlogits_kernel"):
+        out[kernel + ":bf16"] = compile_kernel(kernel, "bf16", (128, 128, 64, 8, 3))
+        out[kernel + ":fp32"] = compile_kernel(kernel, "fp32", (64, 128, 32, 8, 3))
+    out["control"] = compile_kernel("logprob_fwd_kernel", "fp32", (64, 64, 32, 4, 3), fn=plain_fp32_dot)
+    print(json.dumps({k: dataclasses.asdict(v) for k, v in out.items()}))
+""")
+
+
+def test_kernels_compile_for_sm90_with_ieee_fp32_and_tensor_core_bf16(tmp_path):
+    """Ahead-of-time compile for sm_90 on CPU (Triton's bundled ptxas, no driver): bf16 dots lower to wgmma
+    without register spills; the FP32 path lowers to FMA (no mma/wgmma, no .tf32), while the same dot without
+    input_precision lowers to TF32 wgmma (the control). Says nothing about speed."""
+    path = tmp_path / "aot.py"
+    path.write_text(AOT)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    proc = subprocess.run([sys.executable, "-W", "ignore", str(path)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    for kernel in ("logprob_fwd_kernel", "dlogits_kernel"):
+        bf16, fp32 = res[kernel + ":bf16"], res[kernel + ":fp32"]
+        assert bf16["wgmma"] and not bf16["tf32"] and bf16["spill_bytes"] == 0, bf16
+        assert 0 < bf16["registers"] <= 255 and bf16["shared_bytes"] <= 227 * 1024, bf16
+        assert not fp32["wgmma"] and not fp32["mma_sync"] and not fp32["tf32"], fp32
+        assert fp32["fma_f32"] >= 1024, fp32  # 64x128 tile x 32-deep slice / 256 threads, unrolled
+    assert res["control"]["wgmma"] and res["control"]["tf32"], res["control"]

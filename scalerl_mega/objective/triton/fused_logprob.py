@@ -1,14 +1,32 @@
 """Fused linear + log-softmax + target gather in Triton, FP32 logits from bf16/fp32 inputs (paper Sec. 3.2).
 
-Forward: one program per block of BLOCK_N rows streams the vocabulary in BLOCK_V tiles, computes each
-[BLOCK_N, BLOCK_V] logits tile with tl.dot over BLOCK_H slices of H (fp32 accumulator), and keeps an online
-max / sum-exp and the target logit; it writes lse [N] and logp [N]. [N, V] logits never exist.
-Backward: recomputes each tile, forms d = g * (onehot - exp(logits - lse)) and accumulates
-grad_hidden (rows owned by the program: plain load/add/store) and grad_weight (shared across programs:
-fp32 tl.atomic_add). The CISPO path uses it with g = the detached CISPO coefficient (Eq. (cispo)).
+Forward (`_kernels.logprob_fwd_kernel`): the grid is (row blocks of BLOCK_N, vocabulary splits). Each
+program streams its share of the vocabulary in BLOCK_V tiles, computes each [BLOCK_N, BLOCK_V] logits tile
+with tl.dot over BLOCK_H slices of H (FP32 accumulator) and keeps an online max / sum-exp and the target
+logit. The splits (more programs than row blocks alone at N=4k on 132 SMs) are merged here in a fixed order:
+lse = M + log sum_s s_s exp(m_s - M). [N, V] logits never exist; lse [N] is saved.
 
-`triton` is imported only inside functions. Under TRITON_INTERPRET=1 (CPU testing) the inputs of tl.dot are
-cast to fp32 first (the interpreter's bf16 dot is wrong), and no autotuning or libdevice is used.
+Backward (no atomics, deterministic): rows are processed in chunks of C rows (`bwd_chunk_rows`, default: a
+512 MiB [C, V] buffer). For each chunk `_kernels.dlogits_kernel` recomputes the logits tiles and writes
+dL/dlogits = g * (onehot - softmax) into the buffer (in the GEMM dtype: bf16 for bf16 inputs, FP32 for FP32
+inputs); then two cuBLAS GEMMs give grad_h[chunk] = dlogits @ W and grad_W += dlogits^T @ h[chunk]
+(FP32 accumulator; on CUDA 16-bit operands use `torch.addmm(..., out_dtype=torch.float32)`). Every output
+element is written by one program or one GEMM in a fixed order, so two runs with the same kernel
+configuration are bit-identical. (The earlier design accumulated grad_W with FP32 `tl.atomic_add` from every
+row block: ~1.3e11 atomics per 16k-token micro-batch at 8B, and run-to-run nondeterministic.) FLOPs: 4 GEMMs
+of 2NHV (forward logits, recomputed logits, grad_h, grad_W).
+
+Precision: FP32 operands use tl.dot(input_precision="ieee") (Triton's default on tensor-core GPUs is TF32,
+i.e. 10-bit input mantissas), or "tf32x3" on request (`fp32_precision`: tensor cores, three TF32 products per
+term, error measured by tests/gpu); bf16 operands give exact products with FP32 accumulation. The bf16 backward
+rounds dlogits to bf16 before the gradient GEMMs (like Liger's FLCE), so bf16 gradients carry about 2^-8
+relative error; logp and lse are FP32 either way.
+
+Block sizes: on a CUDA device and with no block size given, `triton.autotune` picks from `AUTOTUNE_CONFIGS`
+(4-5 configurations per operand kind, keyed on H, V and dtypes). The choice is cached per process, so
+determinism holds within a process; pass block sizes to pin them across processes. Under TRITON_INTERPRET=1
+(CPU testing) the inputs of tl.dot are cast to FP32 first (the interpreter's bf16 dot is wrong), fixed blocks
+are used (autotune needs a driver) and no libdevice is used. `triton` is imported only inside functions.
 """
 
 from __future__ import annotations
@@ -18,6 +36,40 @@ import os
 
 import torch
 
+AUTOTUNE_CONFIGS = {
+    # (BLOCK_N, BLOCK_V, BLOCK_H, num_warps, num_stages). BLOCK_H is fixed within a list so that the
+    # K-accumulation order does not depend on the choice. Compiled for sm_90 on CPU (`python -m
+    # scalerl_mega.objective.triton.aot`, Triton 3.9 and 3.6): 16-bit and tf32x3
+    # configs use wgmma; none spills except three FP32-operand ones (12-28 bytes). Configs that do not fit are
+    # pruned by the autotuner.
+    "16bit": (  # bf16/fp16 operands: wgmma tensor-core dots
+        (128, 128, 64, 8, 3),
+        (128, 64, 64, 4, 4),
+        (64, 128, 64, 4, 4),
+        (64, 64, 64, 4, 3),
+        (128, 128, 64, 8, 2),
+    ),
+    "fp32": (  # IEEE FP32 (FMA) dots: more registers per element, so thinner K slices
+        (128, 64, 32, 8, 3),
+        (64, 128, 32, 8, 3),
+        (32, 128, 32, 4, 3),
+        (64, 64, 32, 4, 3),
+    ),
+    "tf32x3": (  # FP32 operands on tensor cores as 3 TF32 products (hi*hi + hi*lo + lo*hi)
+        (128, 128, 32, 8, 3),
+        (128, 64, 32, 8, 3),
+        (64, 128, 32, 4, 3),
+        (64, 64, 32, 4, 3),
+    ),
+}
+FP32_PRECISIONS = ("ieee", "tf32x3")
+"""FP32-operand dot modes: "ieee" (exact FP32 products, CUDA-core FMA; the default) or "tf32x3" (tensor cores,
+error near FP32's, see the GPU test); never plain TF32."""
+INTERPRET_BLOCKS = (32, 64, 32)
+"""Fixed (BLOCK_N, BLOCK_V, BLOCK_H) when no block size is given and no GPU autotuning is possible."""
+DEFAULT_BWD_CHUNK_BYTES = 512 * 2**20
+"""Budget of the backward [C, V] dlogits buffer that sets the default chunk C."""
+
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -26,125 +78,121 @@ def _interpreting() -> bool:
 @functools.cache
 def _kernels():
     import triton
-    import triton.language as tl
 
-    @triton.jit
-    def _fwd(h_ptr, w_ptr, y_ptr, lse_ptr, logp_ptr, N, V, H, stride_h, stride_w,
-             BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr):
-        pid = tl.program_id(0)
-        offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = offs_n < N
-        tgt = tl.load(y_ptr + offs_n, mask=row_ok, other=0)
-        m_i = tl.full((BLOCK_N,), float("-inf"), tl.float32)
-        s_i = tl.zeros((BLOCK_N,), tl.float32)
-        t_i = tl.zeros((BLOCK_N,), tl.float32)
-        for v0 in range(0, V, BLOCK_V):
-            offs_v = v0 + tl.arange(0, BLOCK_V)
-            col_ok = offs_v < V
-            acc = tl.zeros((BLOCK_N, BLOCK_V), tl.float32)
-            for k0 in range(0, H, BLOCK_H):
-                offs_k = k0 + tl.arange(0, BLOCK_H)
-                k_ok = offs_k < H
-                a = tl.load(h_ptr + offs_n[:, None] * stride_h + offs_k[None, :],
-                            mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                b = tl.load(w_ptr + offs_v[:, None] * stride_w + offs_k[None, :],
-                            mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-                if UPCAST:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc += tl.dot(a, tl.trans(b))
-            acc = tl.where(col_ok[None, :], acc, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(acc, 1))
-            s_i = s_i * tl.exp(m_i - m_new) + tl.sum(tl.exp(acc - m_new[:, None]), 1)
-            m_i = m_new
-            t_i += tl.sum(tl.where(offs_v[None, :] == tgt[:, None], acc, 0.0), 1)
-        lse = m_i + tl.log(s_i)
-        tl.store(lse_ptr + offs_n, lse, mask=row_ok)
-        tl.store(logp_ptr + offs_n, t_i - lse, mask=row_ok)
+    from scalerl_mega.objective.triton import _kernels as k
 
-    # The logits-tile loop is repeated in _bwd on purpose: the kernels live in this closure so that triton is
-    # imported lazily, and @triton.jit resolves callees from module globals, not closures.
-    @triton.jit
-    def _bwd(h_ptr, w_ptr, y_ptr, lse_ptr, g_ptr, gh_ptr, gw_ptr, N, V, H, stride_h, stride_w,
-             BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr):
-        pid = tl.program_id(0)
-        offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = offs_n < N
-        tgt = tl.load(y_ptr + offs_n, mask=row_ok, other=0)
-        lse = tl.load(lse_ptr + offs_n, mask=row_ok, other=0.0)
-        g = tl.load(g_ptr + offs_n, mask=row_ok, other=0.0)
-        for v0 in range(0, V, BLOCK_V):
-            offs_v = v0 + tl.arange(0, BLOCK_V)
-            col_ok = offs_v < V
-            acc = tl.zeros((BLOCK_N, BLOCK_V), tl.float32)
-            for k0 in range(0, H, BLOCK_H):
-                offs_k = k0 + tl.arange(0, BLOCK_H)
-                k_ok = offs_k < H
-                a = tl.load(h_ptr + offs_n[:, None] * stride_h + offs_k[None, :],
-                            mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                b = tl.load(w_ptr + offs_v[:, None] * stride_w + offs_k[None, :],
-                            mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-                if UPCAST:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc += tl.dot(a, tl.trans(b))
-            p = tl.exp(acc - lse[:, None])
-            onehot = tl.where(offs_v[None, :] == tgt[:, None], 1.0, 0.0)
-            d = g[:, None] * (onehot - p)
-            d = tl.where(row_ok[:, None] & col_ok[None, :], d, 0.0)
-            for k0 in range(0, H, BLOCK_H):
-                offs_k = k0 + tl.arange(0, BLOCK_H)
-                k_ok = offs_k < H
-                a = tl.load(h_ptr + offs_n[:, None] * stride_h + offs_k[None, :],
-                            mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-                b = tl.load(w_ptr + offs_v[:, None] * stride_w + offs_k[None, :],
-                            mask=col_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-                gh_ptrs = gh_ptr + offs_n[:, None] * H + offs_k[None, :]
-                gh_mask = row_ok[:, None] & k_ok[None, :]
-                gh = tl.load(gh_ptrs, mask=gh_mask, other=0.0)
-                tl.store(gh_ptrs, gh + tl.dot(d, b), mask=gh_mask)
-                tl.atomic_add(gw_ptr + offs_v[:, None] * H + offs_k[None, :], tl.dot(tl.trans(d), a),
-                              mask=col_ok[:, None] & k_ok[None, :])
-
-    return triton, _fwd, _bwd
+    return triton, k
 
 
-def _blocks(block_n: int | None, block_v: int | None, block_h: int | None) -> tuple[int, int, int]:
-    return block_n or 64, block_v or 128, block_h or 64
+def config_kind(upcast: bool, precision: str) -> str:
+    """The AUTOTUNE_CONFIGS list for FP32 operands (`upcast`) in `precision`, or for 16-bit operands."""
+    return precision if upcast and precision != "ieee" else ("fp32" if upcast else "16bit")
+
+
+@functools.cache
+def _tuned(name: str, kind: str):
+    """`_kernels.<name>` under `triton.autotune` over AUTOTUNE_CONFIGS[kind] (GPU only)."""
+    triton, k = _kernels()
+    configs = [triton.Config(dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh), num_warps=w, num_stages=s)
+               for bn, bv, bh, w, s in AUTOTUNE_CONFIGS[kind]]
+    return triton.autotune(configs=configs, key=["H", "V"])(getattr(k, name))
+
+
+def _launch(name: str, grid, args: tuple, *, blocks: tuple[int, int, int] | None, upcast: bool,
+            precision: str) -> None:
+    """Launch `_kernels.<name>`: autotuned when `blocks` is None, else with these (BLOCK_N, BLOCK_V, BLOCK_H).
+
+    `grid(meta) -> tuple` receives the block sizes (as Triton's autotuner passes them)."""
+    _, k = _kernels()
+    flags = dict(UPCAST=upcast, PRECISION=precision)
+    if blocks is None:
+        _tuned(name, config_kind(upcast, precision))[grid](*args, **flags)
+        return
+    meta = dict(BLOCK_N=blocks[0], BLOCK_V=blocks[1], BLOCK_H=blocks[2])
+    getattr(k, name)[grid(meta)](*args, **meta, **flags)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def default_v_splits(N: int, V: int, *, sm_count: int | None) -> int:
+    """Vocabulary splits of the forward grid: about 2 programs per SM (row blocks of 128 assumed), each
+    split at least 4096 vocabulary entries; 1 without a GPU (the interpreter runs programs serially)."""
+    if not sm_count:
+        return 1
+    return max(1, min(_cdiv(2 * sm_count, _cdiv(N, 128)), _cdiv(V, 4096)))
+
+
+def bwd_chunk_rows(N: int, V: int, itemsize: int, *, chunk_bytes: int = DEFAULT_BWD_CHUNK_BYTES) -> int:
+    """Rows per backward chunk: the largest power of two (16..16384) whose [C, V] buffer fits, capped at N."""
+    c = 16
+    while c * 2 <= 16384 and c * 2 * V * itemsize <= chunk_bytes:
+        c *= 2
+    return min(c, N)
+
+
+def _accumulate_wgrad(gw: torch.Tensor, d: torch.Tensor, h: torch.Tensor) -> None:
+    """gw (FP32) += d^T @ h; 16-bit operands on CUDA keep an FP32 output without upcasting."""
+    if d.dtype == gw.dtype:
+        gw.addmm_(d.t(), h)
+    else:
+        torch.addmm(gw, d.t(), h, out_dtype=gw.dtype, out=gw)
 
 
 class _TritonLogProb(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, blocks):
-        triton, fwd, _ = _kernels()
+    def forward(ctx, hidden, weight, targets, blocks, v_splits, chunk_rows, precision):
+        triton, _ = _kernels()
         N, H = hidden.shape
         V = weight.shape[0]
         h, w = hidden.contiguous(), weight.contiguous()
         y = targets.contiguous().long()
-        lse = torch.empty(N, dtype=torch.float32, device=h.device)
-        logp = torch.empty(N, dtype=torch.float32, device=h.device)
-        bn, bv, bh = blocks
-        upcast = _interpreting() or h.dtype == torch.float32 or w.dtype == torch.float32
-        fwd[(triton.cdiv(N, bn),)](h, w, y, lse, logp, N, V, H, h.stride(0), w.stride(0),
-                                   BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh, UPCAST=upcast)
+        upcast = _interpreting() or h.dtype == torch.float32 or h.dtype != w.dtype
+        if v_splits is None:
+            sms = torch.cuda.get_device_properties(h.device).multi_processor_count if h.is_cuda else None
+            v_splits = default_v_splits(N, V, sm_count=sms)
+        m, s, t = (torch.empty(v_splits, N, dtype=torch.float32, device=h.device) for _ in range(3))
+        _launch("logprob_fwd_kernel", lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), v_splits),
+                (h, w, y, m, s, t, N, V, H, h.stride(0), w.stride(0)), blocks=blocks, upcast=upcast,
+                precision=precision)
+        m_max = m.amax(dim=0)
+        lse = m_max + (s * torch.exp(m - m_max)).sum(dim=0).log()
+        logp = t.sum(dim=0) - lse
         ctx.save_for_backward(h, w, y, lse)
-        ctx.blocks, ctx.upcast, ctx.dtypes = blocks, upcast, (hidden.dtype, weight.dtype)
+        ctx.blocks, ctx.upcast, ctx.chunk_rows, ctx.precision = blocks, upcast, chunk_rows, precision
+        ctx.dtypes = (hidden.dtype, weight.dtype)
         return logp
 
     @staticmethod
     def backward(ctx, grad_logp):
-        triton, _, bwd = _kernels()
+        triton, _ = _kernels()
         h, w, y, lse = ctx.saved_tensors
         N, H = h.shape
         V = w.shape[0]
-        gh = torch.zeros(N, H, dtype=torch.float32, device=h.device)
-        gw = torch.zeros(V, H, dtype=torch.float32, device=h.device)
-        bn, bv, bh = ctx.blocks
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        gemm_dtype = torch.float32 if ctx.upcast else h.dtype
+        w_g = w if w.dtype == gemm_dtype else w.to(gemm_dtype)
+        C = ctx.chunk_rows or bwd_chunk_rows(N, V, torch.finfo(gemm_dtype).bits // 8)
+        d_buf = torch.empty(min(C, N), V, dtype=gemm_dtype, device=h.device)
         g = grad_logp.float().contiguous()
-        bwd[(triton.cdiv(N, bn),)](h, w, y, lse, g, gh, gw, N, V, H, h.stride(0), w.stride(0),
-                                   BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh, UPCAST=ctx.upcast)
-        hd, wd = ctx.dtypes
-        return gh.to(hd), gw.to(wd), None, None
+        gh = torch.empty(N, H, dtype=ctx.dtypes[0], device=h.device) if need_h else None
+        gw = torch.zeros(V, H, dtype=torch.float32, device=h.device) if need_w else None
+        for c0 in range(0, N, C):
+            c1 = min(c0 + C, N)
+            n = c1 - c0
+            h_c, d = h[c0:c1], d_buf[:n]
+            _launch("dlogits_kernel", lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(V, meta["BLOCK_V"])),
+                    (h_c, w, y[c0:c1], lse[c0:c1], g[c0:c1], d, n, V, H, h.stride(0), w.stride(0), d.stride(0)),
+                    blocks=ctx.blocks, upcast=ctx.upcast, precision=ctx.precision)
+            if need_h:
+                if gh.dtype == gemm_dtype:
+                    torch.mm(d, w_g, out=gh[c0:c1])
+                else:
+                    gh[c0:c1] = torch.mm(d, w_g)
+            if need_w:
+                _accumulate_wgrad(gw, d, h_c if h_c.dtype == gemm_dtype else h_c.to(gemm_dtype))
+        return gh, (gw.to(ctx.dtypes[1]) if need_w else None), None, None, None, None, None
 
 
 def triton_logprob(
@@ -155,19 +203,35 @@ def triton_logprob(
     block_n: int | None = None,
     block_v: int | None = None,
     block_h: int | None = None,
+    v_splits: int | None = None,
+    bwd_chunk_rows: int | None = None,
+    fp32_precision: str = "ieee",
 ) -> torch.Tensor:
     """Per-token fp32 log pi(target | hidden) [N] (same contract as `fused_logprob.chunked_logprob`).
 
-    Block sizes must be powers of two (>= 16 for tl.dot on GPUs).
+    Block sizes must be powers of two (>= 16 for tl.dot on GPUs). If none is given: autotuned on a CUDA
+    device, `INTERPRET_BLOCKS` otherwise (missing ones are filled from `INTERPRET_BLOCKS` when some are
+    given). `v_splits`: vocabulary splits of the forward grid (default `default_v_splits`);
+    `bwd_chunk_rows`: rows per backward chunk (default `bwd_chunk_rows(...)`, a 512 MiB buffer).
+    `fp32_precision`: dot mode when an operand is FP32 (`FP32_PRECISIONS`; the FP32 backward GEMMs follow
+    torch's `torch.backends.cuda.matmul` setting instead).
     """
     from scalerl_mega.objective.fused_logprob import _validate
 
     _validate(hidden, weight, targets, 0)
-    blocks = _blocks(block_n, block_v, block_h)
-    for b in blocks:
-        if b < 1 or b & (b - 1):
-            raise ValueError(f"block sizes must be powers of two, got {blocks}")
-    return _TritonLogProb.apply(hidden, weight, targets, blocks)
+    given = (block_n, block_v, block_h)
+    blocks = None
+    if any(b is not None for b in given) or not hidden.is_cuda or _interpreting():
+        blocks = tuple(b if b is not None else d for b, d in zip(given, INTERPRET_BLOCKS))
+        for b in blocks:
+            if b < 1 or b & (b - 1):
+                raise ValueError(f"block sizes must be powers of two, got {blocks}")
+    for name, v in (("v_splits", v_splits), ("bwd_chunk_rows", bwd_chunk_rows)):
+        if v is not None and v < 1:
+            raise ValueError(f"{name}={v} must be >= 1")
+    if fp32_precision not in FP32_PRECISIONS:
+        raise ValueError(f"fp32_precision={fp32_precision!r} is not one of {list(FP32_PRECISIONS)}")
+    return _TritonLogProb.apply(hidden, weight, targets, blocks, v_splits, bwd_chunk_rows, fp32_precision)
 
 
 def triton_cispo_from_hidden(
@@ -180,10 +244,10 @@ def triton_cispo_from_hidden(
     *,
     eps_high: float = 5.0,
     eps_low: float | None = None,
-    **blocks: int | None,
+    **kernel_opts,
 ) -> torch.Tensor:
     """CISPO loss -J (Eq. (cispo)) with the Triton log-probs: -sum w * sg(clamp(rho)) * A * logp."""
-    logp = triton_logprob(hidden, weight, targets, **blocks)
+    logp = triton_logprob(hidden, weight, targets, **kernel_opts)
     coef = (weights.float() * advantages.float() * torch.exp(logp.detach() - gen_logp.float())
             .clamp(min=eps_low, max=eps_high))
     return -(coef * logp).sum()

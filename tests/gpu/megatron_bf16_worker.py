@@ -1,0 +1,76 @@
+"""GPU worker for test_megatron_gpu.py (not a test module): one bf16 MegatronPolicyTrainer step at TP1,
+world size 1 over NCCL, with Megatron's local (non-Transformer-Engine) layer spec; then the HF weight export.
+
+Writes --out/result.json. Run by the test in a subprocess so that the NCCL process group and Megatron's
+global state live and die with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+STEPS = 3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    out = Path(ap.parse_args().out)
+
+    import torch
+    import torch.distributed as dist
+
+    from scalerl_mega.convert.load import unwrap
+    from scalerl_mega.trainer.megatron import models
+    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
+    from scalerl_mega.types import TrainBatch
+
+    models.te_available = lambda: False  # the local spec even where Transformer Engine is installed
+    model = load_model_preset("tiny_dense")
+    # bf16 body, FP32 head and FP32 main weights: the precision API of issue 13 (MegatronConfig.params_dtype)
+    cfg = MegatronConfig(model=model, parallel=ParallelConfig(micro_batch_size=2),
+                         optim=OptimConfig(lr=5e-3, warmup_steps=1, adam_eps=1e-4), params_dtype="bfloat16")
+    trainer = MegatronPolicyTrainer(cfg)
+    gpt = unwrap(trainer.chunks)[0]
+    res: dict = {"backend": dist.get_backend(), "world_size": dist.get_world_size(), "device": trainer.info.device,
+                 "ln_vocab": math.log(model.vocab_size)}
+    res["body_dtypes"] = sorted({str(p.dtype) for n, p in gpt.named_parameters() if "output_layer" not in n})
+    res["param_devices"] = sorted({p.device.type for p in gpt.parameters()})
+
+    g = torch.Generator().manual_seed(3)
+    B, T = 4, 64
+    ids = torch.randint(0, model.vocab_size, (B, T), generator=g)
+    mask = torch.ones(B, T)
+    mask[:, :16] = 0.0
+    mask[:, -1] = 0.0
+    batch = TrainBatch(input_ids_BT=ids, position_ids_BT=torch.arange(T).expand(B, T).contiguous(),
+                       loss_mask_BT=mask, targets_BT=torch.roll(ids, -1, 1) * (mask > 0).long(),
+                       gen_logp_BT=torch.zeros(B, T), advantages_B=torch.zeros(B), prompt_index_B=torch.arange(B))
+    steps = [trainer.train_step(batch) for _ in range(STEPS)]
+    res["loss"] = [m["loss"] for m in steps]
+    res["grad_norm"] = [m["grad_norm"] for m in steps]
+
+    # Weight export: the tensors must stay on the GPU (NCCL weight sync cannot send CPU tensors) and go out
+    # as bf16. Cast here only if the exporter did not (the intended exporter casts itself; both recorded).
+    exported = list(trainer.export_hf_weights())
+    res["export_count"] = len(exported)
+    res["export_devices"] = sorted({t.device.type for _, t in exported})
+    res["export_dtypes"] = sorted({str(t.dtype) for _, t in exported})
+    emb = dict(exported)["model.embed_tokens.weight"]
+    emb16 = emb if emb.dtype == torch.bfloat16 else emb.to(torch.bfloat16)
+    live = gpt.embedding.word_embeddings.weight.detach()[: emb16.shape[0]].to(torch.bfloat16)
+    res["embed_shape"] = list(emb16.shape)
+    res["embed_equal"] = bool(torch.equal(emb16.to(live.device), live))
+    trainer.close()
+    (out / "result.json").write_text(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
