@@ -43,3 +43,15 @@ def test_two_ranks_match_one(tmp_path, dense_init, dense_single, layout):
     convert(out / "checkpoints", tmp_path / "hf")
     assert hf_digest(tmp_path / "hf") == multi[-1]["gen/weights_sha256"]
     assert "- trainer ranks: 2" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_four_ranks_tp2_dp2_match_one(tmp_path, dense_init, dense_single):
+    out = tmp_path / "run"
+    run_job(out, [*COMMON, *DENSE, *STEPS, f"init_from_hf={dense_init}", "parallel.tp=2",
+                  "parallel.sequence_parallel=true"], nproc=4, timeout=900)
+    multi = records(out)
+    assert_same_run(dense_single, multi)
+    assert multi[-1]["compute_device_hours"] == pytest.approx(5 * multi[-1]["wall_hours"], rel=1e-4)
+    convert(out / "checkpoints", tmp_path / "hf")
+    assert hf_digest(tmp_path / "hf") == multi[-1]["gen/weights_sha256"]

@@ -60,7 +60,7 @@ def _submit(slurm, tmp_path: Path, *, fail: bool) -> tuple[dict, Path, Path]:
     out = tmp_path / "job.out"
     env = dict(slurm.env, SCALERL_REPO=str(ROOT), SCALERL_PYTHON=sys.executable, RUN_DIR=str(run_dir),
                PORT_BASE=str(_free_port()), HEALTH_TIMEOUT="60", FAIL_TRAINER="1" if fail else "0",
-               GPUS_PER_NODE="0", TRAINER_NODES="1")
+               GPUS_PER_NODE="0", TRAINER_NODES="1", EXPERIMENT="demo")  # a config that validates here
 
     r = subprocess.run(["sbatch", "--parsable", "-N1", "-n2", "--cpus-per-task=1", f"--output={out}",
                         f"--chdir={tmp_path}", str(script)], env=env, capture_output=True, text=True, timeout=60)

@@ -1,0 +1,140 @@
+"""trainer/ranks.py: the controller -> follower command channel over a real 2-process gloo group."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from scalerl_mega.trainer.ranks import ControlChannel, RankFailure, _join, _split, serve
+from scalerl_mega.types import TrainBatch
+
+
+def _batch(B=3, T=5) -> TrainBatch:
+    g = torch.Generator().manual_seed(0)
+    return TrainBatch(input_ids_BT=torch.randint(0, 50, (B, T), generator=g),
+                      position_ids_BT=torch.arange(T).expand(B, T).clone(), loss_mask_BT=torch.rand(B, T, generator=g),
+                      targets_BT=torch.randint(0, 50, (B, T), generator=g), gen_logp_BT=-torch.rand(B, T, generator=g),
+                      advantages_B=torch.randn(B, generator=g), prompt_index_B=torch.tensor([0, 0, 1]),
+                      token_weights_BT=torch.rand(B, T, generator=g).double(), weight_version_BT=torch.zeros(B, T, dtype=torch.long),
+                      policy_version=7, micro_batches=[[0, 2], [1]], lengths_B=[5, 4, 3], prompt_ids=["a", "b"])
+
+
+def _same(a: TrainBatch, b: TrainBatch) -> None:
+    for name in ("input_ids_BT", "position_ids_BT", "loss_mask_BT", "targets_BT", "gen_logp_BT", "advantages_B",
+                 "prompt_index_B", "token_weights_BT", "weight_version_BT"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and torch.equal(x, y), name
+    assert (a.policy_version, a.micro_batches, a.lengths_B, a.prompt_ids) == (
+        b.policy_version, b.micro_batches, b.lengths_B, b.prompt_ids)
+
+
+def test_split_join_round_trip_is_exact():
+    b = _batch()
+    tensors: list = []
+    skeleton = _split({"batch": b, "k": (1, "x")}, tensors)
+    assert len(tensors) == 9  # the pickled skeleton holds no tensor: each goes by its own broadcast
+    assert not any(torch.is_tensor(getattr(skeleton["batch"], f.name)) for f in dataclasses.fields(TrainBatch))
+    back = _join(skeleton, tensors)
+    _same(b, back["batch"])
+    assert back["k"] == (1, "x")
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def train_step(self, batch):
+        self.calls.append(("train_step", batch))
+
+    def export_hf_weights(self, *, dtype=None):
+        self.calls.append(("export", dtype))
+        return iter([("w", torch.zeros(1))])
+
+    def save(self, path, *, extra_state=None):
+        self.calls.append(("save", path, extra_state))
+
+    def load(self, path):
+        self.calls.append(("load", path))
+        return {}
+
+
+def _worker(rank: int, port: int, q, mode: str):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        ch = ControlChannel(timeout_s=60 if mode == "serve" else 2)
+        if mode == "serve":
+            if ch.is_controller:
+                b = _batch()
+                ch.send("train_step", b)
+                ch.send("export", "bfloat16")
+                ch.send("save", "/ckpt")
+                ch.send("load", "/ckpt")
+                ch.send("stop")
+                q.put(("controller", ch.share("resume?")))
+            else:
+                rec = _Recorder()
+                steps = serve(rec, ch)
+                _same(_batch(), rec.calls[0][1])
+                q.put(("follower", steps, [c[0] for c in rec.calls], rec.calls[1][1], rec.calls[2][1:],
+                       ch.share(None)))
+        else:  # the controller never sends: the follower gives up after its timeout, naming the key
+            if ch.is_controller:
+                q.put(("controller", "idle"))
+                import time
+                time.sleep(8)
+            else:
+                try:
+                    ch.recv()
+                    q.put(("follower", "no error"))
+                except RankFailure as exc:
+                    q.put(("follower", str(exc)))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(mode: str) -> dict:
+    from scalerl_mega.trainer.megatron.parallel import free_port
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, port, q, mode)) for r in range(2)]
+    for p in procs:
+        p.start()
+    out = {}
+    for _ in range(2):
+        item = q.get(timeout=120)
+        out[item[0]] = item[1:]
+    for p in procs:
+        p.join(timeout=60)
+    return out
+
+
+def test_follower_executes_commands_in_order():
+    out = _run("serve")
+    steps, calls, dtype, save_args, shared = out["follower"]
+    assert steps == 1 and calls == ["train_step", "export", "save", "load"]
+    assert dtype == "bfloat16" and save_args == ("/ckpt", None)  # the loop's extras stay on the controller
+    assert shared == "resume?" and out["controller"] == ("resume?",)
+
+
+def test_follower_without_commands_fails_naming_the_timeout():
+    out = _run("timeout")
+    msg = out["follower"][0]
+    assert "train.follower_timeout_s=2" in msg and "controller (rank 0)" in msg
+
+
+def test_unknown_command_refused():
+    class _Ch(ControlChannel):
+        def __init__(self):  # no process group needed to check the name
+            self.rank, self.world_size = 0, 1
+
+    with pytest.raises(ValueError, match="unknown trainer command 'train'"):
+        _Ch().send("train")
