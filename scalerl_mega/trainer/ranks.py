@@ -50,53 +50,39 @@ class _TensorSlot:
     dtype: str
 
 
+def _map(obj: Any, leaf: Any, fn: Any) -> Any:
+    """`obj` with every value of type `leaf` replaced by `fn(value)`, through dicts, lists, tuples and
+    dataclass instances (rebuilt with `dataclasses.replace`)."""
+    if isinstance(obj, leaf):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: _map(v, leaf, fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map(v, leaf, fn) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _map(getattr(obj, f.name), leaf, fn)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
+
+
 def _split(obj: Any, tensors: list) -> Any:
     """obj with every tensor replaced by a `_TensorSlot` (tensors appended to `tensors`)."""
     import torch
 
-    if torch.is_tensor(obj):
-        tensors.append(obj.detach().contiguous())
-        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), str(obj.dtype).replace("torch.", ""))
-    if isinstance(obj, dict):
-        return {k: _split(v, tensors) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_split(v, tensors) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: _split(getattr(obj, f.name), tensors)
-                                           for f in dataclasses.fields(obj) if f.init})
-    return obj
+    def slot(t):
+        tensors.append(t.detach().contiguous())
+        return _TensorSlot(len(tensors) - 1, tuple(t.shape), str(t.dtype).replace("torch.", ""))
+
+    return _map(obj, torch.Tensor, slot)
 
 
 def _join(obj: Any, tensors: list) -> Any:
-    if isinstance(obj, _TensorSlot):
-        return tensors[obj.index]
-    if isinstance(obj, dict):
-        return {k: _join(v, tensors) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_join(v, tensors) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: _join(getattr(obj, f.name), tensors)
-                                           for f in dataclasses.fields(obj) if f.init})
-    return obj
+    return _map(obj, _TensorSlot, lambda s: tensors[s.index])
 
 
 def _slots(obj: Any) -> list[_TensorSlot]:
     out: list[_TensorSlot] = []
-
-    def walk(o: Any) -> None:
-        if isinstance(o, _TensorSlot):
-            out.append(o)
-        elif isinstance(o, dict):
-            for v in o.values():
-                walk(v)
-        elif isinstance(o, (list, tuple)):
-            for v in o:
-                walk(v)
-        elif dataclasses.is_dataclass(o) and not isinstance(o, type):
-            for f in dataclasses.fields(o):
-                walk(getattr(o, f.name))
-
-    walk(obj)
+    _map(obj, _TensorSlot, out.append)
     return sorted(out, key=lambda s: s.index)
 
 
