@@ -175,6 +175,9 @@ class RolloutConfig:
     sync_master_address: str = ""
     """Address the servers use to reach the trainer for weight sync when attached; empty:
     127.0.0.1 if every engine URL is on this host, else this host's name."""
+    stall_timeout_s: float = 1800.0
+    """A generation or validation wait with requests in flight and no completion for this long is an
+    error naming the engines (a hung or dead server), not an endless wait."""
     inflight_hold_tokens: int = 0
     """Rehearsal/test knob (local engine, PipelineRL only): a request that cannot be trained before
     the next weight update pauses after this many tokens until that update arrives, so in-flight
@@ -232,6 +235,10 @@ class TrainLoopConfig:
     """Checkpoint cadence in steps; 0 disables checkpoints."""
     keep_checkpoints: int = 2
     poll_timeout_s: float = 0.05
+    sigterm_grace_s: float = 120.0
+    """On SIGTERM (Slurm preemption / time limit) the run checkpoints at its next safe point and exits
+    0; if none comes within this many seconds it kills what it started and exits 143
+    (scalerl_mega/preemption.py)."""
     follower_timeout_s: float = 10800.0
     """Multi-rank trainer jobs: how long the non-controller ranks wait for the controller's next
     command (it generates, scores and validates in between; a slow validation pass can take an hour
@@ -385,6 +392,8 @@ def validate(cfg: Any) -> None:
     _positive("cluster.trainer_devices", cfg.cluster.trainer_devices, allow_zero=True)
     _positive("cluster.generator_devices", cfg.cluster.generator_devices, allow_zero=True)
     _positive("train.follower_timeout_s", cfg.train.follower_timeout_s)
+    _positive("train.sigterm_grace_s", cfg.train.sigterm_grace_s)
+    _positive("rollout.stall_timeout_s", cfg.rollout.stall_timeout_s)
     _positive("rollout.inflight_hold_tokens", cfg.rollout.inflight_hold_tokens, allow_zero=True)
     if cfg.rollout.inflight_hold_tokens and (cfg.rollout.name != "local" or cfg.off_policy.name != "pipeline_rl"):
         raise ValueError(f"rollout.inflight_hold_tokens={cfg.rollout.inflight_hold_tokens} needs rollout.name=local "

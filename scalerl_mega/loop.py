@@ -68,16 +68,26 @@ class LoopState:
     trained_prompt_ids: list[str] = field(default_factory=list)
     val_points: list[tuple[int, float, float]] = field(default_factory=list)
     """(step, compute, val_pass_rate) of each validation."""
+    preempted: bool = False
+    """This launch stopped early on SIGTERM after checkpointing (not saved: reset on resume)."""
+
+
+class Preempted(Exception):
+    """Raised inside a wait when a stop was requested (SIGTERM): the loop checkpoints and returns."""
 
 
 # ----------------------------------------------------------------------------- engine I/O
 class _Router:
     """Routes engine completions to the pending training groups or to a validation collection."""
 
-    def __init__(self, engine: Any, *, group_size: int, poll_timeout_s: float):
+    def __init__(self, engine: Any, *, group_size: int, poll_timeout_s: float, stall_timeout_s: float = 1800.0,
+                 stop_requested: Callable[[], bool] | None = None):
         self.engine = engine
         self.G = group_size
         self.poll_timeout_s = poll_timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        self.stop_requested = stop_requested
+        self.last_progress = time.monotonic()
         self.queue: deque[_Pending] = deque()
         self.val: dict[str, list[Completion]] = {}
         self.in_flight = 0
@@ -96,11 +106,22 @@ class _Router:
     def _submit_samples(self, prompt: Prompt, sampling: Sequence[SamplingParams], *, version: int) -> None:
         for i, sp in enumerate(sampling):
             self.engine.submit(_sample_prompt(prompt, i), sp, n=1, version=version)
+        if self.in_flight == 0:
+            self.last_progress = time.monotonic()
         self.in_flight += len(sampling)
 
     def pump(self, timeout_s: float | None = None) -> int:
         """Poll the engine once; route what arrived. Returns the number of completions."""
+        if self.stop_requested is not None and self.stop_requested():
+            raise Preempted()
         got = self.engine.poll(self.poll_timeout_s if timeout_s is None else timeout_s)
+        now = time.monotonic()
+        if got:
+            self.last_progress = now
+        elif self.in_flight > 0 and now - self.last_progress > self.stall_timeout_s:
+            raise RuntimeError(f"no completion from the engines for {now - self.last_progress:.0f}s with "
+                               f"{self.in_flight} requests in flight (rollout.stall_timeout_s="
+                               f"{self.stall_timeout_s:g}): a generator is hung or gone")
         for c in got:
             self.in_flight -= 1
             c.prompt_id, c.sample_index = _split_sample_id(c.prompt_id)
@@ -268,13 +289,20 @@ def _prompt_dict(p: Prompt) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- the loop
 def run_rl(cfg: Any, comps: LoopComponents, *, compute: ComputeCounter, forecaster: Any | None = None,
-           on_step: Callable[[int, dict], None] | None = None) -> LoopState:
+           on_step: Callable[[int, dict], None] | None = None,
+           stop_requested: Callable[[], bool] | None = None) -> LoopState:
     """Run RL to `cfg.train.steps` (resuming if a checkpoint exists); metrics go to
-    <output_dir>/metrics.jsonl. Returns the final LoopState."""
+    <output_dir>/metrics.jsonl. Returns the final LoopState.
+
+    `stop_requested` (SIGTERM, scalerl_mega/preemption.py) is polled at the safe points: while waiting
+    for generations or validation, and after each step. When it is true the loop saves a checkpoint
+    (the prompts admitted but not trained are re-admitted on resume; their partial generations are
+    regenerated) and returns with `state.preempted` set."""
     G = cfg.train.generations_per_prompt
     rng = random.Random(cfg.seed)
     state = LoopState()
-    router = _Router(comps.engine, group_size=G, poll_timeout_s=cfg.train.poll_timeout_s)
+    router = _Router(comps.engine, group_size=G, poll_timeout_s=cfg.train.poll_timeout_s,
+                     stall_timeout_s=cfg.rollout.stall_timeout_s, stop_requested=stop_requested)
     alarm = TruncationAlarm(cfg.metrics.truncation_alarm)
     readmit: list[Prompt] = []
 
@@ -282,7 +310,7 @@ def run_rl(cfg: Any, comps: LoopComponents, *, compute: ComputeCounter, forecast
     ckpt = latest_checkpoint(cfg)
     if ckpt is not None:
         extra = comps.trainer.load(str(ckpt))
-        state = LoopState(**extra["loop"])
+        state = LoopState(**{**extra["loop"], "preempted": False})
         comps.sampler.load_state_dict(extra["sampler"])
         compute.load_state_dict(extra["compute"])
         rng.setstate(_as_rng_state(extra["python_rng"]))
@@ -296,6 +324,12 @@ def run_rl(cfg: Any, comps: LoopComponents, *, compute: ComputeCounter, forecast
     try:
         return _loop(cfg, comps, state=state, router=router, readmit=readmit, rng=rng, writer=writer,
                      compute=compute, forecaster=forecaster, alarm=alarm, on_step=on_step)
+    except Preempted:
+        save_state(comps, cfg, state=state, outstanding=list(router.queue), compute=compute, rng=rng)
+        state.preempted = True
+        log.warning("stopped at step %d on request (SIGTERM) after saving a checkpoint; rerun to resume", state.step)
+        print(f"preempted: checkpoint saved at step {state.step}; rerun the same command to resume", flush=True)
+        return state
     finally:
         writer.close()
 
@@ -417,9 +451,15 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
         if cfg.train.val_every and state.step % cfg.train.val_every == 0:
             _validation(cfg, comps, router, state, writer, compute, forecaster, rng)
             gen_prev = None  # validation's decoding is outside every step's wall time
-        if cfg.train.save_every and state.step % cfg.train.save_every == 0:
+        saved = bool(cfg.train.save_every) and state.step % cfg.train.save_every == 0
+        if saved:
             save_state(comps, cfg, state=state, outstanding=list(router.queue), compute=compute, rng=rng)
             gen_prev = None
+        if router.stop_requested is not None and router.stop_requested() and state.step < cfg.train.steps:
+            if not saved:
+                raise Preempted()  # run_rl saves, then returns
+            state.preempted = True
+            return state
     return state
 
 

@@ -70,6 +70,7 @@ def run_job(config: Any) -> dict[str, Any]:
     from scalerl_mega import build
     from scalerl_mega.loop import latest_checkpoint, run_rl
     from scalerl_mega.metrics.compute import ComputeCounter
+    from scalerl_mega.preemption import Preemption
     from scalerl_mega.report import write_report
     from scalerl_mega.trainer.megatron.parallel import world_size_from_env
     from scalerl_mega.trainer.ranks import ControlChannel, ControllerTrainer, serve
@@ -96,6 +97,7 @@ def run_job(config: Any) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
     engine = reward_fn = None
     summary: dict[str, Any] = {"output_dir": str(out)}
+    preemption = Preemption().install(grace_s=config.train.sigterm_grace_s)
     try:
         resumed = latest_checkpoint(config) is not None
         if channel is not None:  # the controller's view of the run directory decides for every rank
@@ -119,9 +121,11 @@ def run_job(config: Any) -> dict[str, Any]:
                                  on_gpu=config.cluster.device == "cuda")
         forecaster = AutoBudgetForecaster(config.forecast) if config.forecast.enabled else None
         t0 = time.monotonic()
-        state = run_rl(config, comps, compute=compute, forecaster=forecaster)
+        state = run_rl(config, comps, compute=compute, forecaster=forecaster,
+                       stop_requested=lambda: preemption.requested)
         summary["rl_s"] = time.monotonic() - t0
         summary["steps"] = state.step
+        summary["preempted"] = state.preempted
         summary["val_points"] = [list(p) for p in state.val_points]
         if channel is not None:
             handle.stop_followers()
@@ -130,6 +134,7 @@ def run_job(config: Any) -> dict[str, Any]:
             if thing is not None:
                 thing.close()
         trainer.close()
+        preemption.uninstall()
     summary["wall_s"] = time.monotonic() - t_start
     if summary.get("val_points"):
         summary["first_val_pass_rate"] = summary["val_points"][0][2]

@@ -388,6 +388,10 @@ class LocalRolloutEngine:
             self._pump(timeout_s=min(0.05, max(deadline - time.monotonic(), 0.0)))
             if self._done:
                 break
+        if not self._done and not self._proc.is_alive():  # liveness on every wait (training and validation)
+            self._pump(timeout_s=0.0)  # its last words (an "error" message) raise with the reason
+            raise EngineError(f"engine process {self._proc.pid} is dead (exit code {self._proc.exitcode}) "
+                              "while requests were waiting for it")
         out, self._done = self._done, []
         return out
 

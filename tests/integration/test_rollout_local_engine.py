@@ -132,3 +132,18 @@ def test_receiver_dying_mid_sync_fails_the_sender_within_timeout():
         assert "bucket 2" in msg or "died" in msg or "dead" in msg, msg
     finally:
         engine.close()
+
+
+def test_poll_fails_naming_the_dead_engine_instead_of_waiting():
+    """Every wait on the engine (training generation and validation alike go through `poll`) checks
+    that the process lives: requests in flight to a killed engine raise instead of hanging."""
+    engine = LocalRolloutEngine(LocalEngineConfig(model=_spec(0), core=CoreConfig(max_batch=2, max_seq_len=64)))
+    try:
+        engine.submit(P, SamplingParams(max_new_tokens=40, seed=1, hold_at=1), n=2, version=0)
+        os.kill(engine.pid, signal.SIGKILL)
+        engine._proc.join(timeout=30)
+        with pytest.raises(EngineError, match=r"is dead \(exit code -9\)"):
+            for _ in range(200):  # bounded: each poll waits at most 0.1 s
+                engine.poll(0.1)
+    finally:
+        engine.close()

@@ -138,3 +138,4 @@ def test_unknown_command_refused():
 
     with pytest.raises(ValueError, match="unknown trainer command 'train'"):
         _Ch().send("train")
+
