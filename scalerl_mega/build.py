@@ -196,30 +196,13 @@ def init_trainer_from_hf(trainer: Any, cfg: Any) -> list[str]:
     """Load `init_from_hf` (an HF checkpoint dir) into the trainer's sharded Megatron model.
 
     Each rank converts only the tensor groups it holds (convert/load.py); a config whose shapes differ
-    from `model` fails naming the first differing field, before any weight is touched.
+    from `model` fails listing every differing field (hf_model_config.py), before any weight is touched.
     """
-    import dataclasses
-
-    from scalerl_mega.convert.dims import dims_from_hf_config
     from scalerl_mega.convert.load import load_hf_checkpoint
-    from scalerl_mega.convert.model_config import dims_from_model_config
-    from scalerl_mega.convert.pipeline import load_hf_config
+    from scalerl_mega.hf_model_config import check_model_matches_hf
 
     path = str(cfg.init_from_hf)
-    if not Path(path, "config.json").is_file():
-        raise ValueError(f"init_from_hf={path!r}: no config.json there (expected a Hugging Face checkpoint dir)")
-    theirs = dims_from_hf_config(load_hf_config(path), where=f"{path}/config.json")
-    ours = dims_from_model_config(cfg.model)
-
-    def no_op_chunking(d):  # a chunk as long as the context is plain causal attention
-        chunk = d.attention_chunk_size
-        return dataclasses.replace(d, attention_chunk_size=None if chunk and chunk >= d.max_position_embeddings else chunk)
-
-    theirs_n, ours_n = no_op_chunking(theirs), no_op_chunking(ours)
-    for f in dataclasses.fields(ours_n):
-        if getattr(theirs_n, f.name) != getattr(ours_n, f.name):
-            raise ValueError(f"init_from_hf={path!r}: its config.json has {f.name}={getattr(theirs, f.name)!r} but "
-                             f"the trainer's model config gives {getattr(ours, f.name)!r} (check `model=` / model.*)")
+    check_model_matches_hf(cfg.model, path)
     loaded = load_hf_checkpoint(trainer.chunks, path)
     trainer.optimizer.reload_model_params()  # mixed precision keeps fp32 main copies of the params
     log.info("initialised the policy from %s (%d tensors)", path, len(loaded))

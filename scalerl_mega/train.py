@@ -21,9 +21,10 @@ def to_config(cfg: Any):
     from omegaconf import OmegaConf
 
     from scalerl_mega.config import validate
+    from scalerl_mega.hf_model_config import resolve_model
 
     obj = OmegaConf.to_object(cfg)
-    validate(obj)
+    validate(resolve_model(obj))
     return obj
 
 
