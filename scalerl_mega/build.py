@@ -40,10 +40,6 @@ class Task:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-DATASET_SCHEMAS = {"polaris": ("polaris",), "deepcoder": ("deepcoder",), "math_code": ("polaris", "deepcoder")}
-"""data.name -> the `data.sources` schema of `data.train_files` (and, for math_code, of `data.code_files`)."""
-
-
 def build_task(cfg: Any) -> Task:
     """data.name=synthetic: addition traces with the task's character tokenizer. polaris / deepcoder /
     math_code: `build_dataset_task`."""
@@ -89,19 +85,17 @@ def build_dataset_task(cfg: Any) -> Task:
     Rows are read with `data.sources.load_prompts` (JSONL / Parquet / local HF datasets) from
     `data.train_files` (Polaris schema for polaris/math_code, Deepcoder for deepcoder) and
     `data.code_files` (Deepcoder, math_code only); prompt text through the tokenizer's chat template
-    when it has one and `data.use_chat_template`, else the task's plain template (`data.prompt_template`
-    overrides it). Prompts longer than `data.max_prompt_tokens` are dropped (logged). The held-out
-    validation set is `data.split.held_out_split` over all prompts (`data.val_prompts`, `data.split_seed`;
+    when it has one and `data.use_chat_template`, else the task's plain template; columns and template
+    per `data.prompt_key` / `data.answer_key` / `data.template` (data/columns.py). Prompts longer than
+    `data.max_prompt_tokens` are dropped (logged). The held-out validation set is `data.split.held_out_split` over all prompts (`data.val_prompts`, `data.split_seed`;
     paper Sec. 2: 1,000 held out).
     """
-    import dataclasses
-
-    from scalerl_mega.data.sources import SCHEMAS, load_prompts
+    from scalerl_mega.data.columns import check_data_keys, data_sources
+    from scalerl_mega.data.sources import load_prompts
     from scalerl_mega.data.split import held_out_split
 
     data = cfg.data
-    if data.name not in DATASET_SCHEMAS:
-        raise ValueError(f"data.name={data.name!r} is unknown; expected synthetic or one of {sorted(DATASET_SCHEMAS)}")
+    check_data_keys(data)
     tok_path, tok_key = str(data.tokenizer_path), "data.tokenizer_path"
     if not tok_path and str(getattr(cfg, "init_from_hf", "")):
         tok_path, tok_key = str(cfg.init_from_hf), "init_from_hf"  # the policy checkpoint's own tokenizer
@@ -112,17 +106,10 @@ def build_dataset_task(cfg: Any) -> Task:
     if tok.eos_token_id is None:
         raise ValueError(f"data.tokenizer_path={str(data.tokenizer_path)!r}: the tokenizer has no EOS token")
     chat = bool(data.use_chat_template) and bool(getattr(tok, "chat_template", None))
-    template = str(data.prompt_template) or None
-    sources = [("data.train_files", list(data.train_files), DATASET_SCHEMAS[data.name][0])]
-    if data.name == "math_code":
-        sources.append(("data.code_files", list(data.code_files), "deepcoder"))
-    prompts = []
-    for key, files, schema_name in sources:
+    prompts, sources = [], data_sources(data)
+    for key, files, schema in sources:
         if not files:
             raise ValueError(f"{key} is empty: data.name={data.name!r} needs at least one file")
-        schema = SCHEMAS[schema_name]
-        if template is not None:
-            schema = dataclasses.replace(schema, template=template)
         for f in files:
             if not Path(f).exists():
                 raise ValueError(f"{key}: {f!r}: no such file or directory")
@@ -156,12 +143,12 @@ def build_sampler(cfg: Any, task: Task):
                       pass_rate_threshold=cfg.curriculum.pass_rate_threshold, seed=int(cfg.seed))
 
 
-def build_reward_fn(cfg: Any, *, num_workers: int = 1):
-    """Math verifier for math/synthetic tasks (+1/-1, paper App. A.3); decided by the string fast
-    path in this process when possible, math-verify in `num_workers` pool workers otherwise."""
-    from scalerl_mega.rewards.pool import RewardConfig, TaskRewardFn
+def build_reward_fn(cfg: Any, *, num_workers: int | None = None):
+    """The `reward` group's RewardFn (rewards/custom.py): math verifier / code sandbox (+1/-1, paper
+    App. A.3) or a custom `_target_` callable, in `reward.num_workers` pool workers."""
+    from scalerl_mega.rewards.custom import reward_fn_from_settings
 
-    return TaskRewardFn(RewardConfig(num_workers=num_workers))
+    return reward_fn_from_settings(getattr(cfg, "reward", None), num_workers=num_workers)
 
 
 # ----------------------------------------------------------------------------- trainer

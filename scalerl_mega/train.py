@@ -21,10 +21,10 @@ def to_config(cfg: Any):
     from omegaconf import OmegaConf
 
     from scalerl_mega.config import validate
-    from scalerl_mega.hf_model_config import resolve_model
+    from scalerl_mega.preflight import prepare
 
     obj = OmegaConf.to_object(cfg)
-    validate(resolve_model(obj))
+    validate(prepare(obj))
     return obj
 
 
