@@ -90,7 +90,7 @@ def build_dataset_task(cfg: Any) -> Task:
     `data.max_prompt_tokens` are dropped (logged). The held-out validation set is `data.split.held_out_split` over all prompts (`data.val_prompts`, `data.split_seed`;
     paper Sec. 2: 1,000 held out).
     """
-    from scalerl_mega.data.columns import check_data_keys, data_sources
+    from scalerl_mega.data.columns import check_data_files, check_data_keys
     from scalerl_mega.data.sources import load_prompts
     from scalerl_mega.data.split import held_out_split
 
@@ -106,13 +106,9 @@ def build_dataset_task(cfg: Any) -> Task:
     if tok.eos_token_id is None:
         raise ValueError(f"data.tokenizer_path={str(data.tokenizer_path)!r}: the tokenizer has no EOS token")
     chat = bool(data.use_chat_template) and bool(getattr(tok, "chat_template", None))
-    prompts, sources = [], data_sources(data)
+    prompts, sources = [], check_data_files(data)
     for key, files, schema in sources:
-        if not files:
-            raise ValueError(f"{key} is empty: data.name={data.name!r} needs at least one file")
         for f in files:
-            if not Path(f).exists():
-                raise ValueError(f"{key}: {f!r}: no such file or directory")
             prompts += load_prompts(f, schema=schema, tokenizer=tok if chat else None).prompts
     task = Task(tokenizer=tok, train_prompts=[], val_prompts=[], stop_token_ids=[int(tok.eos_token_id)],
                 interruption_ids=[], add_special_tokens=not chat)

@@ -245,9 +245,16 @@ class SFTConfig:
 
 @dataclass
 class MetricsConfig:
-    """metrics.jsonl, TensorBoard and the console progress line."""
+    """metrics.jsonl, TensorBoard, optional W&B / MLflow, and the console progress line."""
 
     tensorboard: bool = True
+    loggers: list[str] = field(default_factory=list)
+    """Optional trackers mirroring metrics.jsonl: wandb, mlflow (metrics/loggers.py)."""
+    wandb_project: str = "scalerl-mega"
+    wandb_mode: str = "offline"
+    """offline (sync later with `wandb sync`) | online | disabled."""
+    mlflow_tracking_uri: str = ""
+    """Empty: a local file store in <output_dir>/mlruns."""
     progress_every: int = 1
     truncation_alarm: float = 0.10
     """Warn when the step's truncation rate exceeds this (paper App. A.13: 10-15% destabilises)."""

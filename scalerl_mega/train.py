@@ -2,6 +2,7 @@
 
     scalerl-train experiment=demo                 # CPU embedded default (`make demo`)
     scalerl-train --cfg job experiment=scalerl    # print the resolved ScaleRL config
+    scalerl-train --validate experiment=scalerl   # run every compose-time check, then exit
     scalerl-train -m experiment=loo_dapo,loo_plan hydra/launcher=submitit_slurm
 
 The config lives in `conf/` at the repository root; `scalerl_mega/config.py` holds its typed schema.
@@ -68,6 +69,7 @@ def run_job(config: Any) -> dict[str, Any]:
 
     import logging
 
+    log = logging.getLogger("scalerl_mega.train")  # Hydra: timestamped lines in train.log and the console
     logging.getLogger("megatron").setLevel(logging.WARNING)  # per-parameter DDP / optimizer dumps
     if config.cluster.trainer_threads:
         import torch
@@ -91,7 +93,7 @@ def run_job(config: Any) -> dict[str, Any]:
                 def log_sft(step: int, m: dict) -> None:
                     f.write(json.dumps({"step": step, **m}) + "\n")
                     if step % max(config.sft.eval_every, 1) == 0 or step == config.sft.steps:
-                        print(f"sft step {step}/{config.sft.steps}: loss {m['loss']:.4f}", flush=True)
+                        log.info("sft step %d/%d: loss %.4f", step, config.sft.steps, m["loss"])
 
                 sft.warm_start(trainer, examples, steps=config.sft.steps, batch_size=config.sft.batch_size,
                                lr=config.sft.lr, warmup_steps=config.sft.warmup_steps, seed=int(config.seed),
@@ -126,10 +128,10 @@ def run_job(config: Any) -> dict[str, Any]:
     })
     summary["report"] = str(report)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"report: {report}", flush=True)
+    log.info("report: %s", report)
     if "first_val_pass_rate" in summary:
-        print(f"validation pass rate: first {summary['first_val_pass_rate']:.3f} -> last "
-              f"{summary['last_val_pass_rate']:.3f}; wall {summary['wall_s']:.0f} s", flush=True)
+        log.info("validation pass rate: first %.3f -> last %.3f; wall %.0f s", summary["first_val_pass_rate"],
+                 summary["last_val_pass_rate"], summary["wall_s"])
     return summary
 
 
@@ -139,11 +141,18 @@ def main() -> None:
 
     from scalerl_mega.config import register_configs
 
+    from scalerl_mega.run_dir import config_or_exit
+
     register_configs()
+    validate_only = "--validate" in sys.argv[1:]  # compose + every compose-time check, then exit
+    if validate_only:
+        sys.argv.remove("--validate")
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
     def _entry(cfg) -> None:
-        run(cfg)
+        config = config_or_exit(cfg, validate_only=validate_only)  # config errors: one line, exit 2
+        if config is not None:
+            run_job(config)
 
     _entry()
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from scalerl_mega.data.sources import DEFAULT_TEMPLATES, SCHEMAS, SourceSchema
+from scalerl_mega.data.sources import SCHEMAS, SourceSchema
 
 DATASET_SCHEMAS = {"polaris": ("polaris",), "deepcoder": ("deepcoder",), "math_code": ("polaris", "deepcoder"),
                    "jsonl": (None,)}
@@ -75,6 +75,20 @@ def data_sources(data: Any) -> list[tuple[str, list[str], SourceSchema]]:
     return out
 
 
+def check_data_files(data: Any) -> list[tuple[str, list[str], SourceSchema]]:
+    """`data_sources(data)` after checking every list is non-empty and every file exists."""
+    from pathlib import Path
+
+    sources = data_sources(data)
+    for key, files, _ in sources:
+        if not files:
+            raise ValueError(f"{key} is empty: data.name={data.name!r} needs at least one file")
+        for f in files:
+            if not Path(f).exists():
+                raise ValueError(f"{key}: {f!r}: no such file or directory")
+    return sources
+
+
 def check_data_keys(data: Any) -> None:
     """Compose-time checks of the data keys (no file is opened)."""
     if str(data.name) != "synthetic":
@@ -83,4 +97,5 @@ def check_data_keys(data: Any) -> None:
         check_template(str(data.template))
 
 
-__all__ = ["DATASET_SCHEMAS", "DEFAULT_TEMPLATES", "check_data_keys", "data_sources", "train_schema"]
+__all__ = ["DATASET_SCHEMAS", "check_data_files", "check_data_keys", "data_sources",
+           "train_schema"]
