@@ -5,7 +5,8 @@
     scalerl-train --validate experiment=scalerl   # run every compose-time check, then exit
     scalerl-train -m experiment=loo_dapo,loo_plan hydra/launcher=submitit_slurm
 
-The config lives in `conf/` at the repository root; `scalerl_mega/config.py` holds its typed schema.
+The config lives in `conf/` at the repository root (shipped in the wheel as `scalerl_mega/conf/`);
+`scalerl_mega/config.py` holds its typed schema.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+from scalerl_mega.conf_path import conf_dir
+
+CONF_DIR = conf_dir()
 
 
 def to_config(cfg: Any):

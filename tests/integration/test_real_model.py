@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,7 @@ def test_three_rl_steps_then_back_to_hf_and_generate(smollm2, tmp_path):
            "length.max_new_tokens=24", "length.interruption_min=12", "length.interruption_max=16",
            "length.answer_budget=8", "off_policy.k=1", "optim.lr=1e-5", "optim.warmup_steps=0",
            "cluster.trainer_threads=1", "forecast.enabled=false", "metrics.tensorboard=false",
+           "reward.require_think=false",
            f"output_dir={run}", f"hydra.run.dir={run}"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, cwd=tmp_path, env=env)
@@ -107,6 +109,11 @@ def test_three_rl_steps_then_back_to_hf_and_generate(smollm2, tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = sorted({int(r["step"]) for r in rows if "step" in r})
     assert steps[-1] == 3
+    log = (run / "train.log").read_text()  # progress through logging, timestamped, file + console
+    stamp = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\]\[scalerl_mega\.loop\]\[INFO\] - "
+    assert len(re.findall(stamp + r"\[[#.]+\] step 3/3", log)) == 1 and re.search(stamp + r"\[[#.]+\] step 1/3",
+                                                                                   proc.stdout)
+    assert (run / "run_config.yaml").is_file()
 
     out = tmp_path / "hf_out"
     conv = subprocess.run([sys.executable, str(REPO / "tools" / "convert_megatron_to_hf.py"), "--ckpt",
