@@ -1,4 +1,4 @@
-"""Typed configuration schemas for `scalerl-train` (DESIGN.md "Hydra groups").
+"""Typed configuration schemas for `scalerl-train` (one Hydra group per axis under `conf/`).
 
 One dataclass per ablation axis; each Hydra group under `conf/<group>/` fills one of them, and the
 `experiment/` overlays pick one option per axis (paper Sec. 4, App. A.9 LOO, App. A.15 recipes).
@@ -158,7 +158,7 @@ class PrecisionConfig:
 
 @dataclass
 class RolloutConfig:
-    """Generation backend (DESIGN.md "Seams": RolloutEngine)."""
+    """Generation backend (the RolloutEngine seam of interfaces.py)."""
 
     name: str = "local"
     """local (HF-transformers engine in its own process) | sglang."""

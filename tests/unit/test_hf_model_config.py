@@ -144,3 +144,17 @@ def test_model_hf_without_checkpoint_names_the_key():
 
     with pytest.raises(ValueError, match=r"model=hf needs init_from_hf"):
         resolve_model(_compose("experiment=demo", "model=hf"))
+
+
+def test_smollm2_cpu_experiment_validates(tmp_path):
+    """The README's real-model command composes and passes every compose-time check."""
+    from scalerl_mega.config import validate
+    from scalerl_mega.preflight import prepare
+
+    data = tmp_path / "problems.jsonl"
+    data.write_text('{"problem": "1 + 1?", "answer": "2"}\n')
+    c = prepare(_compose("experiment=smollm2_cpu", f"init_from_hf={_ckpt(tmp_path, SMOLLM2_135M)}",
+                         f"data.train_files=[{data}]"))
+    validate(c)
+    assert (c.model.name, c.model.hidden_size, c.data.name, c.rollout.name, c.reward.require_think) == (
+        "hf", 576, "polaris", "local", False)
