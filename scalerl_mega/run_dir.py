@@ -111,6 +111,48 @@ def check_resume(config: Any, *, write: bool = True) -> list[str]:
     return diffs
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception (and its causes) as one line, without OmegaConf's key/type trailer or Hydra's
+    search path."""
+    parts: list[str] = []
+    while exc is not None:
+        for ln in str(exc).splitlines():
+            ln = ln.strip().rstrip(":")
+            if ln.startswith("Config search path"):
+                break
+            if ln and not ln.startswith(("full_key:", "reference_type=", "object_type=", "Set the env")) \
+                    and ln not in parts:
+                parts.append(ln)
+        exc = exc.__cause__
+    return "; ".join(parts).replace(".;", ";") or "invalid configuration"
+
+
+def precheck_overrides(argv: list[str]) -> None:
+    """Compose `conf/train.yaml` with the command line's overrides as Hydra will, so that a bad
+    override (unknown key, wrong type, missing group option) is one `config error:` line with exit
+    code 2 instead of Hydra's multi-line report. Skipped when the command line has flags (`--cfg`,
+    `-m`, `--help`, ...: Hydra handles those); `hydra.*` overrides are Hydra's own."""
+    if any(a.startswith("-") for a in argv):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from scalerl_mega.conf_path import conf_dir
+
+    overrides = [a for a in argv if not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            compose(config_name="train", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        print(f"config error: {_one_line(exc)}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def config_or_exit(cfg: Any, *, validate_only: bool = False):
     """`scalerl-train`'s front door: the validated TrainConfig with the run directory checked, or a
     one-line `config error: ...` on stderr and exit code 2 (no traceback)."""
@@ -122,7 +164,7 @@ def config_or_exit(cfg: Any, *, validate_only: bool = False):
         config = to_config(cfg)
         diffs = check_resume(config, write=not validate_only)
     except ValueError as exc:
-        print(f"config error: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+        print(f"config error: {_one_line(exc)}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG_ERROR)
     log = logging.getLogger("scalerl_mega.run_dir")
     if diffs:

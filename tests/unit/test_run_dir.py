@@ -74,7 +74,9 @@ def test_cli_config_errors_one_line_exit_2_and_validate(tmp_path):
     _fake_checkpoint(out)
     for args, line in [(("experiment=demo", "loss=dapo"), "loss.name: 'cispo' -> 'dapo'"),
                        (("experiment=demo", "rollout.top_p=1.5"), "rollout.top_p=1.5 must be in (0, 1]"),
-                       (("experiment=demo", "data=jsonl"), "data.train_files is empty")]:
+                       (("experiment=demo", "data=jsonl"), "data.train_files is empty"),
+                       (("experiment=demo", "train.steps=abc"), "train.steps=abc; Value 'abc' of type 'str' "
+                                                                "could not be converted to Integer")]:
         bad = _cli(tmp_path, "--validate", *args, f"output_dir={out}")
         assert bad.returncode == 2, (args, bad.stderr[-2000:])
         lines = bad.stderr.strip().splitlines()
