@@ -1,6 +1,6 @@
 """Tokens/s of the local engine's batched decode vs HF `generate()` on the same tiny model and batch.
 
-The model is the CPU demo's size (DEMO_CALIBRATION.md: 4 layers, d_model 128, 4 heads, ~0.8M
+The model is the CPU demo's size (conf/experiment/demo.yaml: 4 layers, d_model 128, 4 heads, ~0.8M
 parameters without the tiny vocabulary's embeddings). Both sides sample at temperature 1 with a
 KV cache, one torch thread, the same prompts and the same number of new tokens (no early stop).
 Also reports the engine with continuous admission (more requests than slots, mixed lengths).

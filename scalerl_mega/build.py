@@ -40,10 +40,6 @@ class Task:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-DATASET_SCHEMAS = {"polaris": ("polaris",), "deepcoder": ("deepcoder",), "math_code": ("polaris", "deepcoder")}
-"""data.name -> the `data.sources` schema of `data.train_files` (and, for math_code, of `data.code_files`)."""
-
-
 def build_task(cfg: Any) -> Task:
     """data.name=synthetic: addition traces with the task's character tokenizer. polaris / deepcoder /
     math_code: `build_dataset_task`."""
@@ -89,19 +85,17 @@ def build_dataset_task(cfg: Any) -> Task:
     Rows are read with `data.sources.load_prompts` (JSONL / Parquet / local HF datasets) from
     `data.train_files` (Polaris schema for polaris/math_code, Deepcoder for deepcoder) and
     `data.code_files` (Deepcoder, math_code only); prompt text through the tokenizer's chat template
-    when it has one and `data.use_chat_template`, else the task's plain template (`data.prompt_template`
-    overrides it). Prompts longer than `data.max_prompt_tokens` are dropped (logged). The held-out
-    validation set is `data.split.held_out_split` over all prompts (`data.val_prompts`, `data.split_seed`;
+    when it has one and `data.use_chat_template`, else the task's plain template; columns and template
+    per `data.prompt_key` / `data.answer_key` / `data.template` (data/columns.py). Prompts longer than
+    `data.max_prompt_tokens` are dropped (logged). The held-out validation set is `data.split.held_out_split` over all prompts (`data.val_prompts`, `data.split_seed`;
     paper Sec. 2: 1,000 held out).
     """
-    import dataclasses
-
-    from scalerl_mega.data.sources import SCHEMAS, load_prompts
+    from scalerl_mega.data.columns import check_data_files, check_data_keys
+    from scalerl_mega.data.sources import load_prompts
     from scalerl_mega.data.split import held_out_split
 
     data = cfg.data
-    if data.name not in DATASET_SCHEMAS:
-        raise ValueError(f"data.name={data.name!r} is unknown; expected synthetic or one of {sorted(DATASET_SCHEMAS)}")
+    check_data_keys(data)
     tok_path, tok_key = str(data.tokenizer_path), "data.tokenizer_path"
     if not tok_path and str(getattr(cfg, "init_from_hf", "")):
         tok_path, tok_key = str(cfg.init_from_hf), "init_from_hf"  # the policy checkpoint's own tokenizer
@@ -112,20 +106,9 @@ def build_dataset_task(cfg: Any) -> Task:
     if tok.eos_token_id is None:
         raise ValueError(f"data.tokenizer_path={str(data.tokenizer_path)!r}: the tokenizer has no EOS token")
     chat = bool(data.use_chat_template) and bool(getattr(tok, "chat_template", None))
-    template = str(data.prompt_template) or None
-    sources = [("data.train_files", list(data.train_files), DATASET_SCHEMAS[data.name][0])]
-    if data.name == "math_code":
-        sources.append(("data.code_files", list(data.code_files), "deepcoder"))
-    prompts = []
-    for key, files, schema_name in sources:
-        if not files:
-            raise ValueError(f"{key} is empty: data.name={data.name!r} needs at least one file")
-        schema = SCHEMAS[schema_name]
-        if template is not None:
-            schema = dataclasses.replace(schema, template=template)
+    prompts, sources = [], check_data_files(data)
+    for key, files, schema in sources:
         for f in files:
-            if not Path(f).exists():
-                raise ValueError(f"{key}: {f!r}: no such file or directory")
             prompts += load_prompts(f, schema=schema, tokenizer=tok if chat else None).prompts
     task = Task(tokenizer=tok, train_prompts=[], val_prompts=[], stop_token_ids=[int(tok.eos_token_id)],
                 interruption_ids=[], add_special_tokens=not chat)
@@ -156,12 +139,12 @@ def build_sampler(cfg: Any, task: Task):
                       pass_rate_threshold=cfg.curriculum.pass_rate_threshold, seed=int(cfg.seed))
 
 
-def build_reward_fn(cfg: Any, *, num_workers: int = 1):
-    """Math verifier for math/synthetic tasks (+1/-1, paper App. A.3); decided by the string fast
-    path in this process when possible, math-verify in `num_workers` pool workers otherwise."""
-    from scalerl_mega.rewards.pool import RewardConfig, TaskRewardFn
+def build_reward_fn(cfg: Any, *, num_workers: int | None = None):
+    """The `reward` group's RewardFn (rewards/custom.py): math verifier / code sandbox (+1/-1, paper
+    App. A.3) or a custom `_target_` callable, in `reward.num_workers` pool workers."""
+    from scalerl_mega.rewards.custom import reward_fn_from_settings
 
-    return TaskRewardFn(RewardConfig(num_workers=num_workers))
+    return reward_fn_from_settings(getattr(cfg, "reward", None), num_workers=num_workers)
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -196,31 +179,13 @@ def init_trainer_from_hf(trainer: Any, cfg: Any) -> list[str]:
     """Load `init_from_hf` (an HF checkpoint dir) into the trainer's sharded Megatron model.
 
     Each rank converts only the tensor groups it holds (convert/load.py); a config whose shapes differ
-    from `model` fails naming the first differing field, before any weight is touched.
+    from `model` fails listing every differing field (hf_model_config.py), before any weight is touched.
     """
-    import dataclasses
-
-    from scalerl_mega.convert.dims import dims_from_hf_config
     from scalerl_mega.convert.load import load_hf_checkpoint
-    from scalerl_mega.convert.model_config import dims_from_model_config
-    from scalerl_mega.convert.pipeline import load_hf_config
+    from scalerl_mega.hf_model_config import check_model_matches_hf
 
     path = str(cfg.init_from_hf)
-    if not Path(path, "config.json").is_file():
-        raise ValueError(f"init_from_hf={path!r}: no config.json there (expected a Hugging Face checkpoint dir)")
-    theirs = dims_from_hf_config(load_hf_config(path), where=f"{path}/config.json")
-    ours = dims_from_model_config(cfg.model)
-
-    def no_op_chunking(d):  # a chunk as long as the context is plain causal attention; no NoPE layer
-        chunk = d.attention_chunk_size  # is the same as no NoPE list (dense HF configs have none)
-        return dataclasses.replace(d, attention_chunk_size=None if chunk and chunk >= d.max_position_embeddings else chunk,
-                                   no_rope_layers=tuple(d.no_rope_layers) if any(d.no_rope_layers) else ())
-
-    theirs_n, ours_n = no_op_chunking(theirs), no_op_chunking(ours)
-    for f in dataclasses.fields(ours_n):
-        if getattr(theirs_n, f.name) != getattr(ours_n, f.name):
-            raise ValueError(f"init_from_hf={path!r}: its config.json has {f.name}={getattr(theirs, f.name)!r} but "
-                             f"the trainer's model config gives {getattr(ours, f.name)!r} (check `model=` / model.*)")
+    check_model_matches_hf(cfg.model, path)
     loaded = load_hf_checkpoint(trainer.chunks, path)
     trainer.optimizer.reload_model_params()  # mixed precision keeps fp32 main copies of the params
     log.info("initialised the policy from %s (%d tensors)", path, len(loaded))

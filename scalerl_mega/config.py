@@ -1,4 +1,4 @@
-"""Typed configuration schemas for `scalerl-train` (DESIGN.md "Hydra groups").
+"""Typed configuration schemas for `scalerl-train` (one Hydra group per axis under `conf/`).
 
 One dataclass per ablation axis; each Hydra group under `conf/<group>/` fills one of them, and the
 `experiment/` overlays pick one option per axis (paper Sec. 4, App. A.9 LOO, App. A.15 recipes).
@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from scalerl_mega.rewards.custom import RewardSettings
 from scalerl_mega.trainer.megatron.config import ModelConfig, OptimConfig, ParallelConfig
 
 SCHEMA_NAME = "train_schema"
@@ -31,7 +32,7 @@ FILTER_NAMES = ("zero_variance", "none")
 PRECISION_NAMES = ("fp32_head", "bf16_head")
 ROLLOUT_NAMES = ("local", "sglang")
 CLUSTER_NAMES = ("local", "slurm")
-DATA_NAMES = ("synthetic", "polaris", "deepcoder", "math_code")
+DATA_NAMES = ("synthetic", "polaris", "deepcoder", "math_code", "jsonl")
 RESUME_MODES = ("auto", "never")
 
 INTERRUPTION_PHRASE = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
@@ -43,7 +44,7 @@ class DataConfig:
     """Prompt sources and the held-out validation split (paper Sec. 2 "Scaling curve on held-out")."""
 
     name: str = "synthetic"
-    """synthetic | polaris | deepcoder | math_code."""
+    """synthetic | polaris | deepcoder | math_code | jsonl (your own files; data/columns.py)."""
     train_files: list[str] = field(default_factory=list)
     """JSONL / Parquet files (or HF dataset names) for the non-synthetic sources."""
     code_files: list[str] = field(default_factory=list)
@@ -59,8 +60,15 @@ class DataConfig:
     max_prompt_tokens: int = 2048
     tokenizer_path: str = ""
     """Local HF tokenizer directory (e.g. the model's HF checkpoint) for polaris/deepcoder/math_code."""
-    prompt_template: str = ""
-    """Plain prompt template with `{problem}`; empty: the task's default (data/sources.py)."""
+    template: str = ""
+    """Prompt template with `{problem}` (the user turn under a chat template); empty: the task's default
+    (data/sources.py)."""
+    prompt_key: str = ""
+    """Column of `train_files` holding the problem text; empty: the dataset's (problem)."""
+    answer_key: str = ""
+    """Column of `train_files` holding the reference (math answer / code tests); empty: the dataset's."""
+    task: str = "math"
+    """data=jsonl: the reward family of its rows, math | code."""
     use_chat_template: bool = True
     """Format prompts through the tokenizer's chat template when it has one."""
 
@@ -152,7 +160,7 @@ class PrecisionConfig:
 
 @dataclass
 class RolloutConfig:
-    """Generation backend (DESIGN.md "Seams": RolloutEngine)."""
+    """Generation backend (the RolloutEngine seam of interfaces.py)."""
 
     name: str = "local"
     """local (HF-transformers engine in its own process) | sglang."""
@@ -259,9 +267,16 @@ class SFTConfig:
 
 @dataclass
 class MetricsConfig:
-    """metrics.jsonl, TensorBoard and the console progress line."""
+    """metrics.jsonl, TensorBoard, optional W&B / MLflow, and the console progress line."""
 
     tensorboard: bool = True
+    loggers: list[str] = field(default_factory=list)
+    """Optional trackers mirroring metrics.jsonl: wandb, mlflow (metrics/loggers.py)."""
+    wandb_project: str = "scalerl-mega"
+    wandb_mode: str = "offline"
+    """offline (sync later with `wandb sync`) | online | disabled."""
+    mlflow_tracking_uri: str = ""
+    """Empty: a local file store in <output_dir>/mlruns."""
     progress_every: int = 1
     weights_digest: bool = False
     """After every weight push, log the SHA-256 of the weights the (local) engine holds as
@@ -304,6 +319,7 @@ class TrainConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardSettings = field(default_factory=RewardSettings)
     loss: LossConfig = field(default_factory=LossConfig)
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     adv_norm: AdvNormConfig = field(default_factory=AdvNormConfig)

@@ -2,7 +2,7 @@
 
 The local engine builds its HF `transformers` model from these kwargs (LlamaConfig or
 Llama4TextConfig), so trainer and engine hold the same architecture and the trainer's exported
-HF-named tensors load into the engine one to one (DESIGN.md "One code path").
+HF-named tensors load into the engine one to one.
 """
 
 from __future__ import annotations

@@ -319,8 +319,10 @@ def run_rl(cfg: Any, comps: LoopComponents, *, compute: ComputeCounter, forecast
             for _, c, r in state.val_points:
                 forecaster.add(c, r)
         log.info("resumed from %s at step %d (%d prompts re-admitted)", ckpt, state.step, len(readmit))
+    from scalerl_mega.metrics.loggers import build_loggers
+
     writer = MetricsWriter(cfg.output_dir, tensorboard=cfg.metrics.tensorboard,
-                           resume_step=state.step if ckpt is not None else None)
+                           resume_step=state.step if ckpt is not None else None, loggers=build_loggers(cfg))
     try:
         return _loop(cfg, comps, state=state, router=router, readmit=readmit, rng=rng, writer=writer,
                      compute=compute, forecaster=forecaster, alarm=alarm, on_step=on_step)
@@ -445,7 +447,7 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
         alarm.check(step=s, truncation_rate=metrics["truncation_rate"])
         rec = writer.write("train", state.step, {**metrics, **compute.fields()})
         if cfg.metrics.progress_every and state.step % cfg.metrics.progress_every == 0:
-            print(progress_line(step=state.step, total_steps=cfg.train.steps, metrics=rec), flush=True)
+            log.info("%s", progress_line(step=state.step, total_steps=cfg.train.steps, metrics=rec))
         if on_step is not None:
             on_step(state.step, rec)
         if cfg.train.val_every and state.step % cfg.train.val_every == 0:
@@ -509,7 +511,7 @@ def _validation(cfg, comps, router, state, writer, compute, forecaster, rng) -> 
     x = fields["compute_gpu_hours"] if cfg.cluster.device == "cuda" else fields["compute_device_hours"]
     state.val_points.append((state.step, x, vm["val_pass_rate"]))
     writer.write("validation", state.step, {**vm, **fields})
-    print(f"validation step {state.step}: pass rate {vm['val_pass_rate']:.3f}", flush=True)
+    log.info("validation step %d: pass rate %.3f", state.step, vm["val_pass_rate"])
     if forecaster is not None:
         fc = forecaster.add(x, vm["val_pass_rate"])
         if fc is not None:

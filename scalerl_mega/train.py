@@ -2,9 +2,11 @@
 
     scalerl-train experiment=demo                 # CPU embedded default (`make demo`)
     scalerl-train --cfg job experiment=scalerl    # print the resolved ScaleRL config
+    scalerl-train --validate experiment=scalerl   # run every compose-time check, then exit
     scalerl-train -m experiment=loo_dapo,loo_plan hydra/launcher=submitit_slurm
 
-The config lives in `conf/` at the repository root; `scalerl_mega/config.py` holds its typed schema.
+The config lives in `conf/` at the repository root (shipped in the wheel as `scalerl_mega/conf/`);
+`scalerl_mega/config.py` holds its typed schema.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+from scalerl_mega.conf_path import conf_dir
+
+CONF_DIR = conf_dir()
 
 
 def to_config(cfg: Any):
@@ -21,9 +25,10 @@ def to_config(cfg: Any):
     from omegaconf import OmegaConf
 
     from scalerl_mega.config import validate, validate_machine
+    from scalerl_mega.preflight import prepare
 
     obj = OmegaConf.to_object(cfg)
-    validate(obj)
+    validate(prepare(obj))
     validate_machine(obj)
     return obj
 
@@ -77,6 +82,7 @@ def run_job(config: Any) -> dict[str, Any]:
 
     import logging
 
+    log = logging.getLogger("scalerl_mega.train")  # Hydra: timestamped lines in train.log and the console
     logging.getLogger("megatron").setLevel(logging.WARNING)  # per-parameter DDP / optimizer dumps
     if config.cluster.trainer_threads:
         import torch
@@ -148,10 +154,10 @@ def run_job(config: Any) -> dict[str, Any]:
     summary["report"] = str(report)
     summary["trainer_ranks"] = world
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"report: {report}", flush=True)
+    log.info("report: %s", report)
     if "first_val_pass_rate" in summary:
-        print(f"validation pass rate: first {summary['first_val_pass_rate']:.3f} -> last "
-              f"{summary['last_val_pass_rate']:.3f}; wall {summary['wall_s']:.0f} s", flush=True)
+        log.info("validation pass rate: first %.3f -> last %.3f; wall %.0f s", summary["first_val_pass_rate"],
+                 summary["last_val_pass_rate"], summary["wall_s"])
     return summary
 
 
@@ -159,6 +165,7 @@ def _warm_start(config: Any, task: Any, trainer: Any, *, out: Path | None) -> No
     """SFT warm start on every rank in lock step (identical batches: same examples, same seed); only
     the controller (`out` given) logs to sft.jsonl and the console."""
     import json
+    import logging
 
     from scalerl_mega import sft
     from scalerl_mega.data.tasks.arith import sft_token_ids
@@ -173,7 +180,8 @@ def _warm_start(config: Any, task: Any, trainer: Any, *, out: Path | None) -> No
         def log_sft(step: int, m: dict) -> None:
             f.write(json.dumps({"step": step, **m}) + "\n")
             if step % max(config.sft.eval_every, 1) == 0 or step == config.sft.steps:
-                print(f"sft step {step}/{config.sft.steps}: loss {m['loss']:.4f}", flush=True)
+                logging.getLogger("scalerl_mega.train").info("sft step %d/%d: loss %.4f", step, config.sft.steps,
+                                                             m["loss"])
 
         sft.warm_start(trainer, examples, on_step=log_sft, **kwargs)
 
@@ -184,11 +192,19 @@ def main() -> None:
 
     from scalerl_mega.config import register_configs
 
+    from scalerl_mega.run_dir import config_or_exit, precheck_overrides
+
     register_configs()
+    validate_only = "--validate" in sys.argv[1:]  # compose + every compose-time check, then exit
+    if validate_only:
+        sys.argv.remove("--validate")
+    precheck_overrides(sys.argv[1:])  # a bad override: one line, exit 2
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
     def _entry(cfg) -> None:
-        run(cfg)
+        config = config_or_exit(cfg, validate_only=validate_only)  # config errors: one line, exit 2
+        if config is not None:
+            run_job(config)
 
     _entry()
 

@@ -54,8 +54,11 @@ def truncate_after(path: Path, step: int) -> int:
 class MetricsWriter:
     """Appends records to `<run_dir>/metrics.jsonl`; mirrors scalars to TensorBoard if enabled."""
 
-    def __init__(self, run_dir: str | os.PathLike, *, tensorboard: bool = False, resume_step: int | None = None):
+    def __init__(self, run_dir: str | os.PathLike, *, tensorboard: bool = False, resume_step: int | None = None,
+                 loggers: list | None = None):
         self.run_dir = Path(run_dir)
+        self._loggers = list(loggers or [])
+        """Extra trackers (metrics/loggers.py): `.log(kind, step, record)` per record, `.close()`."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         if resume_step is not None:
@@ -79,10 +82,14 @@ class MetricsWriter:
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
                     self._tb.add_scalar(f"{kind}/{key}", value, int(step))
             self._tb.flush()
+        for logger in self._loggers:
+            logger.log(kind, int(step), rec)
         return rec
 
     def close(self) -> None:
         self._fh.close()
+        for logger in self._loggers:
+            logger.close()
         if self._tb is not None:
             self._tb.close()
 

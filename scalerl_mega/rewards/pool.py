@@ -1,4 +1,4 @@
-"""Batched reward scoring in worker processes (DESIGN.md "Data flow": rewards in a process pool).
+"""Batched reward scoring in worker processes (the RewardFn seam of interfaces.py).
 
 `RewardPool` runs `score_fn(item)` for each item in long-lived worker processes (spawned, so the
 trainer's threads and CUDA state never leak into them). Every item has a hard deadline: a worker that

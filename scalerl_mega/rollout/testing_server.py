@@ -1,7 +1,7 @@
 """An in-process SGLang test double backed by the local `GenerationCore` (CPU, no sglang import).
 
 It speaks the subset of SGLang 0.5.23's HTTP API that `sglang.py` uses and enforces the rules the
-real server enforces (reference/SGLANG.md), so the production client code drives real generation:
+real server enforces, so the production client code drives real generation:
 
 * request bodies are validated (by an injected validator, e.g. the OpenAPI one) -> 422;
   unknown `sampling_params` keys -> 400;

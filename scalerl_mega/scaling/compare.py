@@ -5,7 +5,7 @@
   with A fixed at their mean and the higher B "is at least as good in terms of efficient scalability".
 - Bootstrap intervals: by points (pairs resampled with replacement) or by seeds (whole runs of one
   config resampled). Point-level intervals are much narrower than the seed margin and understate the
-  uncertainty that matters for comparing recipes (reference/SCALING_FIT.md); they are reported next to
+  uncertainty that matters for comparing recipes; they are reported next to
   the margin, never instead of it.
 - Extrapolation error: fit on the points with compute <= fraction x the largest compute, predict the
   rest; MAE, error at the final point and the change in A against the full fit, next to the noise floor

@@ -16,7 +16,7 @@ golden-section search on log B finishes the cells that can still win (a cell is 
 pessimistic estimate of its minimum exceeds an SSE that some cell already achieves). Both methods then
 apply the same argmin over the same cell layout.
 
-Identification (reference/SCALING_FIT.md pitfalls): when the optimum lies on the grid's edge the grid is
+Identification: when the optimum lies on the grid's edge the grid is
 widened (flagged in `widened`). `identified=False`, with the reason, when: the optimum is still on the edge
 after widening (e.g. A at its bound 1.0); the data stop before C_mid, or before the fitted curve reached
 MIN_GAIN_FRACTION = 70% of its gain (noise just past C_mid can fake the bend); or A's profile range reaches
@@ -168,7 +168,7 @@ class LooTransform:
     """Fig. 7 (LOO): log F(R) vs log C with F(R) = C_mid^B / ((A - R0)/(R - R0) - 1), which equals C^B on Eq. 1.
 
     Natural logs. Only points with 0 < (R - R0)/(A - R0) < 1 are defined (`valid`). On noisy data the
-    slope is a picture, not an estimator (reference/SCALING_FIT.md)."""
+    slope is a picture, not an estimator."""
 
     log_C: np.ndarray
     log_F: np.ndarray
@@ -280,7 +280,7 @@ def _cell_model(A: float, C_mid: float, R0: float):
     """Eq. 1 with A, C_mid, R0 fixed: a function of (C, B) ONLY.
 
     curve_fit counts the parameters of the model's signature; a lambda with defaulted A/C_mid arguments
-    would silently fit three parameters (reference/SCALING_FIT.md pitfall)."""
+    would silently fit three parameters."""
 
     def model(C, B):
         return R0 + (A - R0) / (1.0 + (C_mid / C) ** B)
@@ -697,7 +697,7 @@ def refit_fixed_A(
     """Refit B and C_mid with A held fixed (App. A.5: compare B at the mean A of runs within the margin).
 
     Same C_mid grid and per-cell B fit as `fit_sigmoid`; `refine=True` (default) adds the continuous
-    (B, C_mid) refit, which the grid's C_mid step otherwise quantises (reference/SCALING_FIT.md)."""
+    (B, C_mid) refit, which the grid's C_mid step otherwise quantises."""
     if not (A_BOUNDS[0] <= A <= A_BOUNDS[1]):
         raise ValueError(f"A = {A} outside {list(A_BOUNDS)}")
     prep = _prepare(compute, reward, r0=r0, fit_from=fit_from, fit_to=fit_to, n_params=2)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stand up a private single-node Slurm (Debian 12: slurm-wlm 22.05 + munge) on localhost, as root,
-# without systemd (recipe: /work/shared/reference/SLURM_LOCAL.md). Installs the packages with apt when
+# without systemd. Installs the packages with apt when
 # they are missing. All state lives in $SL; daemons' PIDs in $SL/run/*.bgpid for teardown_slurm.sh.
 # Usage: SL=<state dir> [CTLD_PORT=6817 SLURMD_PORT=6818] tests/slurm/setup_slurm.sh
 # Afterwards: export SLURM_CONF=$SL/etc/slurm.conf

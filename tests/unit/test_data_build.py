@@ -43,12 +43,12 @@ def _write_jsonl(path, rows):
 
 
 def _cfg(*, name="polaris", train_files, code_files=(), tokenizer_path, vocab_size=512, val_prompts=2,
-         max_prompt_tokens=2048, use_chat_template=True, prompt_template=""):
+         max_prompt_tokens=2048, use_chat_template=True, template=""):
     return SimpleNamespace(
         data=SimpleNamespace(name=name, train_files=list(train_files), code_files=list(code_files),
                              tokenizer_path=str(tokenizer_path), val_prompts=val_prompts, split_seed=0,
                              max_prompt_tokens=max_prompt_tokens, use_chat_template=use_chat_template,
-                             prompt_template=prompt_template),
+                             template=template),
         model=SimpleNamespace(vocab_size=vocab_size), length=SimpleNamespace(interruption_phrase="</think>"))
 
 
@@ -75,7 +75,7 @@ def test_chat_template_and_prompt_length_filter(tmp_path):
     tok_dir, _ = _tokenizer_dir(tmp_path, chat=True)
     rows = _polaris_rows(10) + [{"problem": "What is " + " + ".join(["1"] * 200) + "?", "answer": "200"}]
     f = _write_jsonl(tmp_path / "p.jsonl", rows)
-    task = build_task(_cfg(train_files=[f], tokenizer_path=tok_dir, max_prompt_tokens=64, prompt_template="Q: {problem}"))
+    task = build_task(_cfg(train_files=[f], tokenizer_path=tok_dir, max_prompt_tokens=64, template="Q: {problem}"))
     prompts = task.train_prompts + task.val_prompts
     assert len(prompts) == 10  # the 200-term problem is longer than 64 tokens
     assert "<|user|>Q: What is 0 + 1?<|assistant|>" in {p.text for p in prompts}

@@ -1,4 +1,4 @@
-"""Synthetic arithmetic task and its HF tokenizer (reference/DEMO_CALIBRATION.md)."""
+"""Synthetic arithmetic task and its HF tokenizer (the CPU demo, conf/experiment/demo.yaml)."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Synthetic verifiable tasks for the CPU embedded default (reference/DEMO_CALIBRATION.md)."""
+"""Synthetic verifiable tasks for the CPU embedded default (sizes in conf/experiment/demo.yaml)."""

@@ -1,4 +1,4 @@
-"""Addition of two 1-3 digit numbers with a short chain of thought (reference/DEMO_CALIBRATION.md).
+"""Addition of two 1-3 digit numbers with a short chain of thought (the CPU demo, conf/experiment/demo.yaml).
 
 Prompt `Q:47+38=`; target `<think>7+8+0=15 4+3+1=8</think>\\boxed{85}` then EOS: one `x+y+carry=sum`
 step per column from the lowest digit (a missing digit is 0), and ` c1` when a final carry remains.

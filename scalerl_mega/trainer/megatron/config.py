@@ -20,8 +20,10 @@ PRESETS = ("tiny_dense", "tiny_moe", "llama3_8b", "scout_17b16e")
 
 
 def _conf_dir() -> Path:
-    """`conf/model/` at the repository root (this file is scalerl_mega/trainer/megatron/config.py)."""
-    return Path(__file__).resolve().parents[3] / "conf" / "model"
+    """`conf/model/` (the repository's, or the installed wheel's copy)."""
+    from scalerl_mega.conf_path import conf_dir
+
+    return conf_dir() / "model"
 
 
 @dataclass(kw_only=True)

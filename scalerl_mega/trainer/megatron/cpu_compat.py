@@ -1,4 +1,4 @@
-"""CPU compatibility layer for megatron-core 0.16.1 (reference/MEGATRON_CPU.md, failures 1-8).
+"""CPU compatibility layer for megatron-core 0.16.1 (failures 1-8 below).
 
 Megatron-Core's training path runs on CPU over gloo except for eight places that assume CUDA.
 Each is fixed here by the narrowest change found, listed failure by failure:

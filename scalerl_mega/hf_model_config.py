@@ -1,0 +1,135 @@
+"""The trainer's model config from the `init_from_hf` checkpoint (`model=hf`), or checked against it.
+
+    scalerl-train init_from_hf=/ckpt model=hf ...        # shapes come from /ckpt/config.json
+    scalerl-train init_from_hf=/ckpt model=llama3_8b ... # the preset must match /ckpt/config.json
+
+Both run at compose time (`resolve_model`, called from `train.to_config`), before any model is
+built, so a mismatch is reported before a size check such as "built only on GPU" could fire.
+
+Supported `config.json` kinds: Llama-3.x dense (`model_type: llama`, incl. `rope_scaling` of type
+`llama3` and tied embeddings as in Llama-3.2-1B/3B and SmolLM2) and Llama-4 text
+(`model_type: llama4_text`). A multimodal Llama-4 `config.json` (`model_type: llama4`) carries its
+text model under `text_config`; `hf_text_config` is the hook that unwraps it (loading its weights
+is the converter's job, scalerl_mega/convert/).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+HF_MODEL_NAME = "hf"
+"""`model.name` of conf/model/hf.yaml: derive the model from `init_from_hf`'s config.json."""
+
+REL_TOL = 1e-6
+"""Floats compare with this relative tolerance: config.json files often carry float32-rounded
+values (rms_norm_eps=9.999999747378752e-06 for 1e-5)."""
+
+KEEP_FROM_COMPOSED = ("fp32_lm_head", "init_method_std")
+"""`model.*` keys that `model=hf` keeps from the composed config (the precision group sets
+fp32_lm_head); everything else comes from the checkpoint."""
+
+ARCH_KEY = {  # ArchDims field -> the `model.*` key a user would override
+    "arch": "model.arch", "hidden_size": "model.hidden_size", "num_layers": "model.num_layers",
+    "num_heads": "model.num_attention_heads", "num_kv_heads": "model.num_query_groups",
+    "head_dim": "model.head_dim", "ffn_hidden_size": "model.ffn_hidden_size", "vocab_size": "model.vocab_size",
+    "tie_word_embeddings": "model.tie_embeddings", "rms_norm_eps": "model.norm_eps",
+    "rope_theta": "model.rope_theta", "rope_scaling_factor": "model.rope_scaling / model.rope_scaling_factor",
+    "max_position_embeddings": "model.max_position_embeddings", "num_experts": "model.num_experts",
+    "moe_ffn_hidden_size": "model.moe_ffn_hidden_size", "moe_top_k": "model.moe_topk",
+    "moe_layers": "model.moe_layer_freq", "no_rope_layers": "model.no_rope_freq", "qk_l2_norm": "model.qk_l2_norm",
+    "attention_chunk_size": "model.attention_chunk_size", "attn_temperature_tuning": "model.attn_temperature_tuning",
+    "floor_scale": "model.floor_scale", "attn_scale": "model.attn_scale",
+}
+
+
+def read_hf_config(path: str | Path, *, key: str = "init_from_hf") -> dict[str, Any]:
+    """`<path>/config.json` as a dict; ValueError naming `key` when it is missing or unreadable."""
+    f = Path(path) / "config.json"
+    if not f.is_file():
+        raise ValueError(f"{key}={str(path)!r}: no config.json there (expected a Hugging Face checkpoint dir)")
+    try:
+        return json.loads(f.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{key}={str(path)!r}: config.json is not readable JSON ({exc})") from exc
+
+
+def hf_text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The decoder's config: multimodal Llama-4 (`model_type: llama4`) keeps it under `text_config`."""
+    if cfg.get("model_type") == "llama4" and isinstance(cfg.get("text_config"), Mapping):
+        return {"model_type": "llama4_text", **cfg["text_config"]}
+    return cfg
+
+
+def model_from_hf_dir(path: str | Path, *, base: Any = None, key: str = "init_from_hf"):
+    """Trainer `ModelConfig` equivalent to `<path>/config.json`; `base` (a ModelConfig) supplies the
+    `KEEP_FROM_COMPOSED` keys. Raises ValueError naming `key` and the offending config.json field."""
+    from scalerl_mega.convert.model_config import model_config_from_hf
+
+    cfg = hf_text_config(read_hf_config(path, key=key))
+    model = model_config_from_hf(cfg, name=HF_MODEL_NAME, where=f"{key}={str(path)!r}: config.json")
+    if base is not None:
+        model = dataclasses.replace(model, **{k: getattr(base, k) for k in KEEP_FROM_COMPOSED})
+    return model.validate()
+
+
+def _normalised(d):
+    """Equivalent spellings made equal: a chunk as long as the context is plain causal attention;
+    a dense Llama has no per-layer RoPE flags (ArchDims from a ModelConfig lists all-zero flags)."""
+    chunk = d.attention_chunk_size
+    if chunk and chunk >= d.max_position_embeddings:
+        chunk = None
+    flags = d.no_rope_layers if any(d.no_rope_layers) else ()
+    return dataclasses.replace(d, attention_chunk_size=chunk, no_rope_layers=flags, rope_interleaved_in_hf=False)
+
+
+def _same(a: Any, b: Any, *, rel_tol: float) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        if a is None or b is None:
+            return a is b
+        return math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=0.0)
+    return a == b
+
+
+def model_mismatches(model: Any, hf_cfg: Mapping[str, Any], *, rel_tol: float = REL_TOL,
+                     where: str = "config.json") -> list[str]:
+    """Every architecture field where trainer `model` and HF `hf_cfg` differ, one line each:
+    `<field>=<checkpoint value> in config.json but <model key>=<model value>` (floats: `rel_tol`)."""
+    from scalerl_mega.convert.dims import dims_from_hf_config
+    from scalerl_mega.convert.model_config import dims_from_model_config
+
+    theirs = _normalised(dims_from_hf_config(hf_text_config(hf_cfg), where=where))
+    ours = _normalised(dims_from_model_config(model))
+    out = []
+    for f in dataclasses.fields(theirs):
+        a, b = getattr(theirs, f.name), getattr(ours, f.name)
+        if not _same(a, b, rel_tol=rel_tol):
+            out.append(f"{f.name}={a!r} in {where} but {ARCH_KEY.get(f.name, 'model.' + f.name)} gives {b!r}")
+    return out
+
+
+def check_model_matches_hf(model: Any, path: str | Path, *, key: str = "init_from_hf") -> None:
+    """ValueError listing every mismatching field when `model` cannot hold `<path>`'s weights."""
+    bad = model_mismatches(model, read_hf_config(path, key=key), where="config.json")
+    if bad:
+        raise ValueError(f"{key}={str(path)!r} does not match model '{model.name}' ({len(bad)} field(s)): "
+                         + "; ".join(bad) + ". Use model=hf to take the shapes from the checkpoint, or fix model.*")
+
+
+def resolve_model(config: Any) -> Any:
+    """Compose-time step of `scalerl-train` (a TrainConfig in, the same object out).
+
+    `model=hf` (model.name == 'hf'): `config.model` becomes the checkpoint's; needs `init_from_hf`.
+    An explicit preset with `init_from_hf`: checked against the checkpoint, all mismatches at once.
+    """
+    path = str(getattr(config, "init_from_hf", "") or "")
+    if config.model.name == HF_MODEL_NAME:
+        if not path:
+            raise ValueError("model=hf needs init_from_hf=<Hugging Face checkpoint dir> to read config.json from")
+        config.model = model_from_hf_dir(path, base=config.model)
+    elif path:
+        check_model_matches_hf(config.model, path)
+    return config

@@ -1,0 +1,164 @@
+"""The `reward` Hydra group (conf/reward/*.yaml) and custom rewards given as a `_target_` callable.
+
+`RewardSettings` is the group's schema; `reward_fn_from_settings` builds the run's `RewardFn`:
+
+- no `reward.custom`: `TaskRewardFn` (math verifier / code sandbox, rewards/pool.py) with every
+  setting of the group (`require_think`, `num_workers`, `math_timeout_s`, `code_*` limits, ...);
+- `reward.custom: {_target_: pkg.module.fn, **kwargs}`: `CustomRewardFn`, which calls
+  `fn(completion, gold, **kwargs)` in the same `RewardPool` worker processes with the same hard
+  per-item deadline as a math item (`item_timeout_s`, else `math_timeout_s` + 10 s): a call that
+  hangs is killed and scores `incorrect` ("pool_timeout"); one that raises scores `incorrect`.
+
+`fn` returns a bool (passed: `correct` / `incorrect`), a number (the reward; passed when it is
+>= `correct`), a `(reward, passed)` pair or a `RewardResult`. Example: scalerl_mega/rewards/examples.py,
+conf/reward/custom_example.yaml.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from scalerl_mega.rewards.result import RewardResult
+
+TARGET = "_target_"
+
+
+@dataclass
+class RewardSettings:
+    """conf/reward/<name>.yaml (paper App. A.3: +1 correct / -1 incorrect)."""
+
+    name: str = "default"
+    correct: float = 1.0
+    incorrect: float = -1.0
+    require_think: bool = True
+    """Completions must close their thinking with `</think>` before the answer is read."""
+    require_boxed: bool = False
+    num_workers: int = 1
+    """Reward worker processes (math-verify, code sandbox, custom rewards)."""
+    math_timeout_s: float = 5.0
+    code_time_limit_s: float = 5.0
+    code_memory_mb: int = 512
+    code_partial_credit: bool = False
+    item_timeout_s: Optional[float] = None
+    """Hard per-item deadline (worker killed); None: math_timeout_s + 10 s, code: per-test limits."""
+    custom: Any = None
+    """Optional {_target_: dotted.path.to.fn, **kwargs}: replaces the built-in verifiers."""
+
+
+def pool_config(s: Any):
+    """The `rewards.pool.RewardConfig` of settings `s` (validated there; errors name `reward.<key>`)."""
+    from scalerl_mega.rewards.pool import RewardConfig
+
+    keys = [f.name for f in dataclasses.fields(RewardConfig)]
+    try:
+        return RewardConfig(**{k: getattr(s, k) for k in keys})
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("rewards.", "reward.")) from None
+
+
+def _custom_parts(custom: Any) -> tuple[str, dict[str, Any]]:
+    if not isinstance(custom, dict) or not isinstance(custom.get(TARGET), str) or not custom[TARGET]:
+        raise ValueError(f"reward.custom={custom!r}: must be a mapping with {TARGET}: <module.function>")
+    return custom[TARGET], {k: v for k, v in custom.items() if k != TARGET}
+
+
+def resolve_target(target: str):
+    """The callable at dotted path `target`; ValueError naming `reward.custom._target_` otherwise."""
+    import importlib
+
+    module, _, attr = target.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module), attr) if module else None
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"reward.custom._target_={target!r}: cannot import it ({exc})") from None
+    if not callable(fn):
+        raise ValueError(f"reward.custom._target_={target!r}: not a callable")
+    return fn
+
+
+def check_reward_settings(s: Any) -> None:
+    """Compose-time checks of the reward group (the custom target is imported, not called)."""
+    if s.item_timeout_s is not None and not s.item_timeout_s > 0:
+        raise ValueError(f"reward.item_timeout_s={s.item_timeout_s!r} must be > 0 (or null)")
+    pool_config(s)
+    if s.custom is not None:
+        resolve_target(_custom_parts(s.custom)[0])
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CustomItem:
+    target: str
+    kwargs: dict
+    text: str
+    gold: Any
+    correct: float
+    incorrect: float
+
+
+_RESOLVED: dict[str, Any] = {}
+
+
+def _as_result(out: Any, item: CustomItem) -> RewardResult:
+    if isinstance(out, RewardResult):
+        return out
+    if isinstance(out, bool):
+        return RewardResult(passed=out, reward=item.correct if out else item.incorrect, reason="custom")
+    if isinstance(out, tuple) and len(out) == 2:
+        return RewardResult(passed=bool(out[1]), reward=float(out[0]), reason="custom")
+    reward = float(out)
+    if not math.isfinite(reward):
+        raise ValueError(f"custom reward returned {out!r}")
+    return RewardResult(passed=reward >= item.correct, reward=reward, reason="custom")
+
+
+def score_custom_item(item: CustomItem) -> RewardResult:
+    """What a pool worker runs for a custom reward (the target is imported once per worker)."""
+    fn = _RESOLVED.get(item.target)
+    if fn is None:
+        fn = _RESOLVED[item.target] = resolve_target(item.target)
+    return _as_result(fn(item.text, item.gold, **item.kwargs), item)
+
+
+class CustomRewardFn:
+    """The `RewardFn` seam over a user callable, scored in a `RewardPool` with hard deadlines."""
+
+    def __init__(self, settings: Any, *, start_method: str = "spawn") -> None:
+        from scalerl_mega.rewards.pool import RewardItem, RewardPool, item_deadline
+
+        self.config = pool_config(settings)
+        self.target, self.kwargs = _custom_parts(settings.custom)
+        resolve_target(self.target)
+        deadline = item_deadline(RewardItem(task="math", text="", gold="", config=self.config))
+        self._pool = RewardPool(num_workers=self.config.num_workers, score_fn=score_custom_item,
+                                deadline_fn=lambda _item: deadline, init_fn=None,
+                                failure_reward=self.config.incorrect, start_method=start_method)
+
+    def __call__(self, prompts: list, texts: list[str]) -> list[tuple[float, bool, str]]:
+        if len(prompts) != len(texts):
+            raise ValueError(f"CustomRewardFn: {len(prompts)} prompts but {len(texts)} texts")
+        cfg = self.config
+        items = [CustomItem(target=self.target, kwargs=dict(self.kwargs), text=t, gold=p.gold, correct=cfg.correct,
+                            incorrect=cfg.incorrect) for p, t in zip(prompts, texts)]
+        out = []
+        for r in self._pool.map(items) if items else []:
+            reward = cfg.incorrect if r.reward != r.reward else r.reward  # NaN (error) -> incorrect
+            out.append((reward, r.passed and r.reward == r.reward, r.reason))
+        return out
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def reward_fn_from_settings(s: Any = None, *, num_workers: int | None = None):
+    """The run's RewardFn from the reward group (`None`: the group's defaults)."""
+    from scalerl_mega.rewards.pool import TaskRewardFn
+
+    s = s if s is not None else RewardSettings()
+    if num_workers is not None:
+        s = dataclasses.replace(s, num_workers=num_workers) if dataclasses.is_dataclass(s) else s
+    if s.custom is not None:
+        return CustomRewardFn(s)
+    return TaskRewardFn(pool_config(s))

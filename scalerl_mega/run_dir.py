@@ -1,0 +1,177 @@
+"""Safe run management for `scalerl-train`: one run directory holds one run's config.
+
+A run writes its resolved config to `<output_dir>/run_config.yaml`. Launched again in the same
+directory with a checkpoint there (`resume=auto`), the new config is compared with the saved one;
+if a key that changes the run's math differs (loss, model, data, ...), the launch is refused (exit
+code 2) with every differing key listed, because resuming would silently continue the old run's
+checkpoint under the new settings. `resume=force` resumes anyway (and records the new config).
+Keys that may change between launches of one run are `RESUMABLE` (e.g. `train.steps` to extend it).
+
+Config errors (this and every compose-time check, scalerl_mega/preflight.py) print one line,
+`config error: <key>=<value>: <rule>`, and exit with code 2, without a traceback;
+`scalerl-train --validate ...` runs all of them and exits without training.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+SAVED = "run_config.yaml"
+EXIT_CONFIG_ERROR = 2
+
+RESUMABLE = (
+    "resume", "output_dir", "run_name", "train.steps", "train.val_every", "train.save_every",
+    "train.keep_checkpoints", "train.poll_timeout_s", "metrics.", "forecast.", "rollout.engine_urls",
+    "rollout.sync_master_address", "rollout.startup_timeout_s", "rollout.sglang_host", "rollout.sglang_port",
+    "rollout.engine_threads", "cluster.partition", "cluster.account", "cluster.time_min", "cluster.cpus_per_task",
+    "cluster.mem_gb", "cluster.trainer_threads",
+)
+"""Keys (or `group.` prefixes) that may differ when a run is resumed."""
+
+
+def flat_config(config: Any) -> dict[str, Any]:
+    """Dotted key -> value of a TrainConfig (or any dataclass / mapping tree)."""
+    from omegaconf import OmegaConf
+
+    tree = OmegaConf.to_container(OmegaConf.structured(config) if not isinstance(config, dict) else
+                                  OmegaConf.create(config), resolve=True)
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                walk(f"{prefix}{k}.", v)
+        else:
+            out[prefix[:-1]] = node
+
+    walk("", tree)
+    return out
+
+
+def _resumable(key: str) -> bool:
+    return any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE)
+
+
+def config_differences(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`key: saved -> new` for every non-resumable key whose value differs (or exists in one only)."""
+    missing = object()
+    out = []
+    for key in sorted(set(saved) | set(new)):
+        a, b = saved.get(key, missing), new.get(key, missing)
+        if a != b and not _resumable(key):
+            show = lambda v: "(absent)" if v is missing else repr(v)  # noqa: E731
+            out.append(f"{key}: {show(a)} -> {show(b)}")
+    return out
+
+
+def load_saved(run_dir: Path) -> dict[str, Any] | None:
+    from omegaconf import OmegaConf
+
+    path = run_dir / SAVED
+    if not path.is_file():
+        return None
+    return flat_config(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
+
+
+def write_config(config: Any, run_dir: Path) -> Path:
+    """`run_dir/run_config.yaml` (atomic: several ranks may write the same content)."""
+    from omegaconf import OmegaConf
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / SAVED
+    tmp = run_dir / f".{SAVED}.{os.getpid()}"
+    tmp.write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))
+    os.replace(tmp, path)
+    return path
+
+
+def check_resume(config: Any, *, write: bool = True) -> list[str]:
+    """Refuse (ValueError) resuming `config.output_dir`'s checkpoint under a different config;
+    `resume=force` turns the refusal into the returned list of differences. `resume=force` becomes
+    `auto` for the loop. With `write`, records `config` as the run's config."""
+    from scalerl_mega.loop import latest_checkpoint
+
+    force = str(config.resume) == "force"
+    if force:
+        config.resume = "auto"
+    run_dir = Path(config.output_dir)
+    diffs: list[str] = []
+    saved = load_saved(run_dir)
+    if saved is not None and str(config.resume) == "auto" and latest_checkpoint(config) is not None:
+        diffs = config_differences(saved, flat_config(config))
+        if diffs and not force:
+            raise ValueError(f"resume=auto: {run_dir} holds a checkpoint of a run whose config differs in "
+                             f"{len(diffs)} key(s): " + "; ".join(diffs)
+                             + " (use another output_dir, resume=never to start over, or resume=force)")
+    if write:
+        write_config(config, run_dir)
+    return diffs
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception (and its causes) as one line, without OmegaConf's key/type trailer or Hydra's
+    search path."""
+    parts: list[str] = []
+    while exc is not None:
+        for ln in str(exc).splitlines():
+            ln = ln.strip().rstrip(":")
+            if ln.startswith("Config search path"):
+                break
+            if ln and not ln.startswith(("full_key:", "reference_type=", "object_type=", "Set the env")) \
+                    and ln not in parts:
+                parts.append(ln)
+        exc = exc.__cause__
+    return "; ".join(parts).replace(".;", ";") or "invalid configuration"
+
+
+def precheck_overrides(argv: list[str]) -> None:
+    """Compose `conf/train.yaml` with the command line's overrides as Hydra will, so that a bad
+    override (unknown key, wrong type, missing group option) is one `config error:` line with exit
+    code 2 instead of Hydra's multi-line report. Skipped when the command line has flags (`--cfg`,
+    `-m`, `--help`, ...: Hydra handles those); `hydra.*` overrides are Hydra's own."""
+    if any(a.startswith("-") for a in argv):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from scalerl_mega.conf_path import conf_dir
+
+    overrides = [a for a in argv if not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            compose(config_name="train", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        print(f"config error: {_one_line(exc)}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def config_or_exit(cfg: Any, *, validate_only: bool = False):
+    """`scalerl-train`'s front door: the validated TrainConfig with the run directory checked, or a
+    one-line `config error: ...` on stderr and exit code 2 (no traceback)."""
+    import logging
+
+    from scalerl_mega.train import to_config
+
+    try:
+        config = to_config(cfg)
+        diffs = check_resume(config, write=not validate_only)
+    except ValueError as exc:
+        print(f"config error: {_one_line(exc)}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+    log = logging.getLogger("scalerl_mega.run_dir")
+    if diffs:
+        log.warning("resume=force: resuming under a config that differs in %s", "; ".join(diffs))
+    if validate_only:
+        n = config.model.num_params()
+        print(f"config OK: model '{config.model.name}' ({n['total'] / 1e6:.1f}M parameters), data={config.data.name}, "
+              f"loss={config.loss.name}, reward={config.reward.name}, output_dir={config.output_dir}", flush=True)
+        return None
+    return config

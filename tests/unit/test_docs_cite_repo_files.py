@@ -1,0 +1,37 @@
+"""The README and the code's docs cite only files of this repository (a fresh clone has no others)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+OUTSIDE = re.compile(r"DESIGN\.md|reference/[A-Z_]+\.md|/work/shared|shared/reference")
+REPO_PATH = re.compile(r"(?<![\w/.])((?:scalerl_mega|tools|conf|tests|bench|slurm|hydra_plugins)/[\w/.-]*\w\.(?:py|yaml|sh|md|json))")
+# Files the lead is rewriting under issue 12 (they cite DESIGN.md / reference notes outside the repo);
+# drop an entry when its citation is gone.
+PENDING = {"scalerl_mega/batch.py", "scalerl_mega/build.py", "scalerl_mega/interfaces.py", "scalerl_mega/loop.py",
+           "scalerl_mega/train.py", "scalerl_mega/types.py", "scalerl_mega/metrics/compute.py",
+           "scalerl_mega/trainer/megatron/trainer.py", "scalerl_mega/rollout/sglang.py",
+           "scalerl_mega/rollout/weight_sync.py"}
+
+ABSENT_ON_PURPOSE = {"hydra_plugins/__init__.py"}  # "no `hydra_plugins/__init__.py`": a namespace package
+
+
+def _docs() -> list[Path]:
+    files = [REPO / "README.md", REPO / "Makefile", REPO / "setup.py"]
+    for top in ("scalerl_mega", "tools", "conf", "bench", "slurm", "hydra_plugins"):
+        files += [p for p in (REPO / top).rglob("*") if p.suffix in (".py", ".yaml", ".sh", ".md")]
+    return [p for p in files if p.is_file() and "__pycache__" not in p.parts]
+
+
+def test_no_citation_of_files_outside_the_repo():
+    bad = [f"{p.relative_to(REPO)}:{i}: {line.strip()}" for p in _docs() if str(p.relative_to(REPO)) not in PENDING
+           for i, line in enumerate(p.read_text().splitlines(), 1) if OUTSIDE.search(line)]
+    assert bad == []
+
+
+def test_cited_repo_paths_exist():
+    missing = sorted({f"{p.relative_to(REPO)}: {m}" for p in _docs() for m in REPO_PATH.findall(p.read_text())
+                      if not (REPO / m).exists() and m not in ABSENT_ON_PURPOSE})
+    assert missing == []

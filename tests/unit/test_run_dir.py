@@ -1,0 +1,83 @@
+"""Safe run management: a run dir's saved config guards resume; config errors exit 2 in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _config(out: Path, *overrides: str):
+    from test_hf_model_config import _compose
+
+    from scalerl_mega.preflight import prepare
+
+    return prepare(_compose("experiment=demo", f"output_dir={out}", *overrides))
+
+
+def _fake_checkpoint(out: Path) -> None:
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "latest").write_text("step_1\n")
+
+
+def test_differences_ignore_resumable_keys():
+    from scalerl_mega.run_dir import config_differences
+
+    saved = {"loss.name": "cispo", "train.steps": 10, "metrics.tensorboard": True, "model.hidden_size": 64}
+    new = {"loss.name": "dapo", "train.steps": 20, "metrics.tensorboard": False, "model.hidden_size": 64,
+           "reward.custom": None}
+    assert config_differences(saved, new) == ["loss.name: 'cispo' -> 'dapo'", "reward.custom: (absent) -> None"]
+
+
+def test_resume_with_other_loss_is_refused_and_force_overrides(tmp_path):
+    from scalerl_mega.run_dir import SAVED, check_resume, load_saved
+
+    first = _config(tmp_path)
+    assert check_resume(first) == [] and (tmp_path / SAVED).is_file()  # fresh run: recorded
+    _fake_checkpoint(tmp_path)
+    assert check_resume(_config(tmp_path, "train.steps=500")) == []  # extending a run is fine
+    with pytest.raises(ValueError) as e:
+        check_resume(_config(tmp_path, "loss=dapo", "optim.lr=0.001"))
+    msg = str(e.value)
+    assert "differs in 4 key(s)" in msg and "loss.name: 'cispo' -> 'dapo'" in msg and "optim.lr: 0.0001 -> 0.001" in msg
+    assert "loss.eps_high: 5.0 -> 0.28" in msg and "loss.eps_low: None -> 0.2" in msg
+    forced = _config(tmp_path, "loss=dapo", "optim.lr=0.001", "resume=force")
+    assert len(check_resume(forced)) == 4 and forced.resume == "auto"  # the loop resumes as usual
+    assert load_saved(tmp_path)["loss.name"] == "dapo"  # the new config is now the run's
+    assert check_resume(_config(tmp_path, "loss=dapo", "optim.lr=0.001")) == []
+    # no checkpoint: a new run in an old dir is not a resume
+    other = tmp_path / "other"
+    check_resume(_config(other))
+    assert check_resume(_config(other, "loss=dapo")) == []
+
+
+def _cli(tmp_path, *args):
+    return subprocess.run([sys.executable, "-c", "from scalerl_mega.train import main; main()", *args,
+                           f"hydra.run.dir={tmp_path / 'hydra'}"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
+
+
+def test_cli_config_errors_one_line_exit_2_and_validate(tmp_path):
+    out = tmp_path / "run"
+    ok = _cli(tmp_path, "--validate", "experiment=demo", f"output_dir={out}")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "config OK: model" in ok.stdout and not (out / "run_config.yaml").exists()  # validate writes nothing
+    out.mkdir()
+    _config(out)  # a run in `out` with a checkpoint, whose saved config uses cispo
+    from scalerl_mega.run_dir import write_config
+
+    write_config(_config(out), out)
+    _fake_checkpoint(out)
+    for args, line in [(("experiment=demo", "loss=dapo"), "loss.name: 'cispo' -> 'dapo'"),
+                       (("experiment=demo", "rollout.top_p=1.5"), "rollout.top_p=1.5 must be in (0, 1]"),
+                       (("experiment=demo", "data=jsonl"), "data.train_files is empty"),
+                       (("experiment=demo", "train.steps=abc"), "train.steps=abc; Value 'abc' of type 'str' "
+                                                                "could not be converted to Integer")]:
+        bad = _cli(tmp_path, "--validate", *args, f"output_dir={out}")
+        assert bad.returncode == 2, (args, bad.stderr[-2000:])
+        lines = bad.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("config error: ") and line in lines[0], bad.stderr
