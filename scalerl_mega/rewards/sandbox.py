@@ -69,7 +69,11 @@ class SandboxLimits:
     """Resource limits of one sandboxed run."""
 
     time_limit_s: float = 5.0
-    """Wall-clock limit; the CPU-time limit (RLIMIT_CPU) is its ceiling in whole seconds."""
+    """The program's time limit: CPU time (RLIMIT_CPU, its ceiling in whole seconds) and, with
+    `startup_s` added, wall-clock time."""
+    startup_s: float = 5.0
+    """Wall-clock allowance on top of `time_limit_s` for building the namespaces and starting the
+    interpreter, which on a loaded machine can take seconds before the program runs a line."""
     memory_mb: int = 512
     """Address-space limit (RLIMIT_AS) of every process in the sandbox."""
     max_output_bytes: int = 1 << 20
@@ -82,6 +86,8 @@ class SandboxLimits:
     """Size of the private tmpfs behind the cwd, /tmp and /dev/shm together (`root`/`userns` isolation)."""
 
     def __post_init__(self) -> None:
+        if self.startup_s < 0:
+            raise ValueError(f"SandboxLimits.startup_s must be >= 0, got {self.startup_s}")
         for name in ("time_limit_s", "memory_mb", "max_output_bytes", "max_processes", "max_file_mb", "scratch_mb"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)}")
@@ -370,7 +376,7 @@ def _communicate(cmd, *, env, cwd, stdin, limits: SandboxLimits, preexec) -> Run
     caps = {proc.stdout.fileno(): (out, limits.max_output_bytes), proc.stderr.fileno(): (err, 1 << 16)}
     open_fds = set(caps)
     timed_out = overflow = False
-    deadline = t0 + limits.time_limit_s
+    deadline = t0 + limits.time_limit_s + limits.startup_s
     try:
         while open_fds:
             left = deadline - time.monotonic()
@@ -406,8 +412,12 @@ def _communicate(cmd, *, env, cwd, stdin, limits: SandboxLimits, preexec) -> Run
             proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+    wall = time.monotonic() - t0
+    # killed by its CPU limit (RLIMIT_CPU = ceil(time_limit_s); the shell wrapper reports a plain
+    # failure): a failure after the whole time limit has passed is a timeout
+    timed_out = timed_out or (rc != 0 and wall >= limits.time_limit_s)
     return RunResult(returncode=rc, stdout=bytes(out), stderr=bytes(err), timed_out=timed_out,
-                     output_overflow=overflow, wall_s=time.monotonic() - t0)
+                     output_overflow=overflow, wall_s=wall)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
