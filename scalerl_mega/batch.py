@@ -1,4 +1,4 @@
-"""Groups -> TrainBatch (DESIGN.md "Data flow": groups -> batch -> trainer).
+"""Groups -> TrainBatch (the data flow: groups -> batch -> trainer).
 
 For one optimizer step:
 1. flatten the G scored completions of each prompt;

@@ -1,4 +1,4 @@
-"""Component factory: a validated TrainConfig -> the objects the loop drives (DESIGN.md "Seams").
+"""Component factory: a validated TrainConfig -> the objects the loop drives (the seams of interfaces.py).
 
     task     synthetic arithmetic prompts (train / held-out validation) and the task's HF tokenizer
     sampler  curriculum (No-Positive-Resampling or uniform, paper Sec. 3.2)

@@ -1,4 +1,4 @@
-"""The seams between components (DESIGN.md "Seams"). Each has a real CPU implementation.
+"""The seams between components. Each has a real CPU implementation.
 
 Protocols only: no implementation and no heavy imports here.
 """
@@ -87,7 +87,7 @@ class PromptSampler(Protocol):
 @dataclass(kw_only=True)
 class LoopComponents:
     """Everything the RL loop (loop.py) drives; built by build.py from the config on the controller
-    rank (DESIGN.md "Ranks and devices")."""
+    rank (trainer/ranks.py)."""
 
     engine: RolloutEngine
     trainer: PolicyTrainer

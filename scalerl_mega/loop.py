@@ -1,4 +1,4 @@
-"""The RL loop, top to bottom: PipelineRL-k and PPO-off-policy-k (paper Sec. 3.1, DESIGN.md "Asynchrony").
+"""The RL loop, top to bottom: PipelineRL-k and PPO-off-policy-k (paper Sec. 3.1).
 
 One trainer step s (the policy has weight version s):
 

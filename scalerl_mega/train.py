@@ -1,4 +1,4 @@
-"""`scalerl-train`: the Hydra entry point (DESIGN.md "Layout": build components from config, run).
+"""`scalerl-train`: the Hydra entry point (build components from config, run).
 
     scalerl-train experiment=demo                 # CPU embedded default (`make demo`)
     scalerl-train --cfg job experiment=scalerl    # print the resolved ScaleRL config
@@ -66,7 +66,7 @@ def run_job(config: Any) -> dict[str, Any]:
     Under a multi-rank launch (torchrun / srun: WORLD_SIZE > 1) every rank builds its shard of the
     trainer and takes the warm start in lock step; then global rank 0 (the controller) alone builds
     the engines, rewards, curriculum and metrics and runs the loop, while the other ranks serve its
-    trainer calls (`trainer.ranks`, DESIGN.md "Ranks and devices"). Followers return a short summary
+    trainer calls (`trainer/ranks.py`). Followers return a short summary
     and write nothing.
     """
     import json

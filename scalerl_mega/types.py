@@ -1,4 +1,4 @@
-"""Data types that flow through the RL loop (DESIGN.md "Data flow").
+"""Data types that flow through the RL loop (prompts -> rollouts -> rewards -> groups -> batch).
 
 prompts -> rollouts (Completion) -> rewards -> groups (Group) -> batch (TrainBatch) -> loss.
 

@@ -1,4 +1,4 @@
-"""Compute accounting for the scaling law (paper Sec. 2, App. A.3; DESIGN.md "Asynchrony").
+"""Compute accounting for the scaling law (paper Sec. 2, App. A.3).
 
 C is GPU-hours of the whole allocation (generators + trainers): wall time x devices, whether or not
 a device is busy. On CPU the same quantity is process-hours (`compute_device_hours`: wall time x the

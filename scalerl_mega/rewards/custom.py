@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from scalerl_mega.rewards.result import RewardResult
@@ -42,6 +42,10 @@ class RewardSettings:
     code_time_limit_s: float = 5.0
     code_memory_mb: int = 512
     code_partial_credit: bool = False
+    code_scratch_mb: int = 64
+    """Private tmpfs (cwd, /tmp, /dev/shm) of each sandboxed program (rewards/sandbox.py)."""
+    code_hide_paths: list[str] = field(default_factory=list)
+    """More host paths the sandbox hides (dataset locations under visible system directories)."""
     item_timeout_s: Optional[float] = None
     """Hard per-item deadline (worker killed); None: math_timeout_s + 10 s, code: per-test limits."""
     custom: Any = None
@@ -54,7 +58,9 @@ def pool_config(s: Any):
 
     keys = [f.name for f in dataclasses.fields(RewardConfig)]
     try:
-        return RewardConfig(**{k: getattr(s, k) for k in keys})
+        values = {k: getattr(s, k) for k in keys}
+        values["code_hide_paths"] = tuple(values["code_hide_paths"])
+        return RewardConfig(**values)
     except ValueError as exc:
         raise ValueError(str(exc).replace("rewards.", "reward.")) from None
 

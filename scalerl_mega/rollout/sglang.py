@@ -1,9 +1,9 @@
 """SGLang 0.5.23 backend: server launch/attach, HTTP client, and the weight-update sequence.
 
 Plain HTTP (`requests`) + torch.distributed; sglang itself is never imported (it cannot even be
-installed on CPU machines; reference/SGLANG.md section 3).
+installed on CPU machines; SGLang 0.5.23's server arguments).
 
-Weight update (reference/SGLANG.md sections 1 and 4), for every server:
+Weight update (SGLang 0.5.23's HTTP API, tests/data/sglang-0.5.23-openapi.json), for every server:
   /pause_generation {mode}      in_place (PipelineRL: keep running requests and their KV) or
                                 retract / abort (PPO-off-policy)
   /begin_weight_update          0.5.23: updates outside a session fail
@@ -90,7 +90,7 @@ class SGLangServerConfig:
 
 
 def launch_command(cfg: SGLangServerConfig) -> list[str]:
-    """`python -m sglang.launch_server ...` with the flags of reference/SGLANG.md."""
+    """`python -m sglang.launch_server ...` with SGLang 0.5.23's server flags."""
     cmd = [
         cfg.python, "-m", "sglang.launch_server",
         "--model-path", cfg.model_path,

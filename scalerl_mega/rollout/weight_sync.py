@@ -1,7 +1,7 @@
 """Bucketed broadcast of HF-named weights from the trainer (rank 0) to rollout engines.
 
-Group setup mirrors SGLang's `init_custom_process_group` (reference/SGLANG.md, "Trainer-side NCCL
-group"): `rendezvous(tcp://addr:port)` -> `PrefixStore(group_name, store)` -> torch's internal
+Group setup mirrors SGLang 0.5.23's `init_custom_process_group` (its trainer-side NCCL group):
+`rendezvous(tcp://addr:port)` -> `PrefixStore(group_name, store)` -> torch's internal
 `_new_process_group_helper` -> identity entry in `_world.pg_group_ranks`. A plain
 `init_process_group` uses a different store prefix and would hang against SGLang; it would also
 clobber the trainer's own WORLD group. Trainer = rank 0; engine i joins at

@@ -1,4 +1,4 @@
-"""Roles of a multi-rank trainer job (DESIGN.md "Ranks and devices").
+"""Roles of a multi-rank trainer job (README "One RL loop per job").
 
 A ScaleRL trainer is one job of N ranks (torchrun / srun; paper App. A.3: 16 trainer GPUs). Global
 rank 0 is the *controller*: it alone talks to the generators, scores rewards, samples prompts,

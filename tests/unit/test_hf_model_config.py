@@ -119,7 +119,8 @@ def test_explicit_preset_lists_every_mismatch_before_building(tmp_path):
                   "tie_word_embeddings=True", "rope_theta=100000.0", "rope_scaling_factor=None",
                   "max_position_embeddings=8192", "model=hf"):
         assert piece in msg, piece
-    assert "(11 field(s))" in msg and "head_dim=64 in config.json but model.head_dim gives 128" in msg
+    assert "(14 field(s))" in msg and "head_dim=64 in config.json but model.head_dim gives 128" in msg
+    assert "rope_high_freq_factor=None in config.json but model.rope_high_freq_factor gives 4.0" in msg
 
 
 def test_llama4_text_and_multimodal_wrapper(tmp_path):

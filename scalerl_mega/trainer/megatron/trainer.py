@@ -1,4 +1,4 @@
-"""`MegatronPolicyTrainer`: the PolicyTrainer seam (DESIGN.md) on Megatron-Core, CPU and GPU."""
+"""`MegatronPolicyTrainer`: the PolicyTrainer seam (interfaces.py) on Megatron-Core, CPU and GPU."""
 
 from __future__ import annotations
 
