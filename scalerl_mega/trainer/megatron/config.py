@@ -183,35 +183,62 @@ class ModelConfig:
 
 @dataclass(kw_only=True)
 class ParallelConfig:
-    """Parallel layout. DP is derived: world_size / (tp * pp) (experts: world / (etp * ep * pp))."""
+    """Parallel layout, two views of one world (Megatron-Core's dense and expert process grids).
+
+    Dense layers: world = tp * cp * pp * dp (dp derived). Expert (MoE) layers: world = etp * ep * pp *
+    edp (edp, the expert data-parallel size, derived). Expert tensor parallelism `etp` is its own
+    size: Megatron would default it to `tp`, which for Scout (tp 4, ep 16 on 16 GPUs) gives
+    4 * 16 = 64 > 16 and the layout cannot initialise; 1 (experts unsplit) is the default here.
+    """
 
     tp: int = 1
     pp: int = 1
     ep: int = 1
-    sequence_parallel: bool = False
+    etp: int = 1
+    """Expert tensor-parallel size (Megatron `expert_tensor_parallel_size`); 1: whole experts per rank."""
+    cp: int = 1
+    """Context-parallel size (Megatron `context_parallel_size`); counted in the dense layout."""
+    sequence_parallel: Optional[bool] = None
+    """None: on exactly when tp > 1 and the model is MoE (Megatron refuses MoE + TP without it);
+    True/False: as given (False with MoE + TP is refused by `validate`)."""
     moe_token_dispatcher: str = "alltoall"
     micro_batch_size: int = 1
     backend: str = "auto"
     """"auto" (nccl with CUDA, gloo without), "gloo" or "nccl"."""
 
+    def sequence_parallel_on(self, model: Optional[ModelConfig] = None) -> bool:
+        """Resolved sequence parallelism (see `sequence_parallel`)."""
+        if self.sequence_parallel is not None:
+            return bool(self.sequence_parallel)
+        return self.tp > 1 and model is not None and model.is_moe
+
     def dp(self, world_size: int) -> int:
-        if world_size % (self.tp * self.pp):
-            raise ValueError(f"parallel: world_size={world_size} is not divisible by tp*pp={self.tp * self.pp}")
-        return world_size // (self.tp * self.pp)
+        """Dense data-parallel size: world_size / (tp * cp * pp)."""
+        dense = self.tp * self.cp * self.pp
+        if world_size % dense:
+            raise ValueError(f"parallel: world_size={world_size} is not divisible by tp*cp*pp="
+                             f"{self.tp}*{self.cp}*{self.pp}={dense} (keys parallel.tp, parallel.cp, parallel.pp)")
+        return world_size // dense
+
+    def edp(self, world_size: int) -> int:
+        """Expert data-parallel size: world_size / (etp * ep * pp)."""
+        expert = self.etp * self.ep * self.pp
+        if world_size % expert:
+            raise ValueError(f"parallel: world_size={world_size} is not divisible by etp*ep*pp="
+                             f"{self.etp}*{self.ep}*{self.pp}={expert} (keys parallel.etp, parallel.ep, parallel.pp)")
+        return world_size // expert
 
     def validate(self, model: Optional[ModelConfig] = None, *, world_size: Optional[int] = None) -> "ParallelConfig":
         where = "parallel"
-        for key in ("tp", "pp", "ep", "micro_batch_size"):
+        for key in ("tp", "pp", "ep", "etp", "cp", "micro_batch_size"):
             _positive(where, key, getattr(self, key))
         _choice(where, "moe_token_dispatcher", self.moe_token_dispatcher, DISPATCHERS)
         _choice(where, "backend", self.backend, ("auto", "gloo", "nccl"))
         if self.sequence_parallel and self.tp == 1:
             raise ValueError(f"{where}: sequence_parallel=True needs tp > 1 (tp={self.tp})")
         if world_size is not None:
-            dp = self.dp(world_size)
-            if (dp * self.tp) % self.ep:
-                raise ValueError(f"{where}: ep={self.ep} does not divide dp*tp={dp * self.tp} "
-                                 f"(world_size={world_size}, pp={self.pp})")
+            self.dp(world_size)
+            self.edp(world_size)
         if model is None:
             return self
         m = model
@@ -225,9 +252,14 @@ class ParallelConfig:
             raise ValueError(f"{where}: pp={self.pp} does not divide model.num_layers={m.num_layers}")
         if self.ep > 1 and not m.is_moe:
             raise ValueError(f"{where}: ep={self.ep} > 1 but model '{m.name}' is dense (num_experts=0)")
+        if self.etp > 1 and not m.is_moe:
+            raise ValueError(f"{where}: etp={self.etp} > 1 but model '{m.name}' is dense (num_experts=0)")
         if m.is_moe and m.num_experts % self.ep:
             raise ValueError(f"{where}: ep={self.ep} does not divide model.num_experts={m.num_experts}")
-        if m.is_moe and self.tp > 1 and not self.sequence_parallel:
+        if m.is_moe and self.etp > 1 and m.expert_ffn % self.etp:
+            raise ValueError(f"{where}: etp={self.etp} does not divide the expert width {m.expert_ffn} "
+                             "(model.moe_ffn_hidden_size)")
+        if m.is_moe and self.tp > 1 and not self.sequence_parallel_on(m):
             raise ValueError(f"{where}: MoE with tp={self.tp} needs sequence_parallel=True "
                              "(Megatron refuses MoE + TP without SP in training)")
         return self
@@ -245,8 +277,18 @@ class OptimConfig:
     weight_decay: float = 0.01
     clip_grad: float = 1.0
     """Global grad-norm clip; 0 disables."""
-    use_distributed_optimizer: bool = False
+    use_distributed_optimizer: Optional[bool] = None
+    """Megatron's distributed optimizer (FP32 main params and Adam moments sharded over DP).
+    None: on when the data-parallel size is > 1."""
+    overlap_grad_reduce: bool = False
+    """Overlap the DP gradient reduce-scatter/all-reduce with the backward pass (Megatron DDP)."""
+    overlap_param_gather: bool = False
+    """Overlap the distributed optimizer's parameter all-gather with the next forward."""
     seed: int = 1234
+
+    def distributed_optimizer_on(self, dp: int) -> bool:
+        """Resolved `use_distributed_optimizer` for data-parallel size `dp`."""
+        return dp > 1 if self.use_distributed_optimizer is None else bool(self.use_distributed_optimizer)
 
     def lr_at(self, step: int) -> float:
         """LR for optimizer step `step` (0-based): lr*(step+1)/warmup_steps during warmup, then lr."""
@@ -268,21 +310,46 @@ class OptimConfig:
             raise ValueError(f"{where}: adam_eps={self.adam_eps} must be > 0")
         if self.weight_decay < 0 or self.clip_grad < 0:
             raise ValueError(f"{where}: weight_decay={self.weight_decay} and clip_grad={self.clip_grad} must be >= 0")
+        if self.overlap_param_gather and self.use_distributed_optimizer is False:
+            raise ValueError(f"{where}: overlap_param_gather=True needs the distributed optimizer "
+                             "(use_distributed_optimizer is False)")
         return self
+
+
+PARAMS_DTYPES = ("float32", "bfloat16")
+RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass(kw_only=True)
 class MegatronConfig:
-    """Everything the Megatron trainer needs, validated together."""
+    """Everything the Megatron trainer needs, validated together.
+
+    Precision (paper Sec. 3.2; Megatron mixed precision): `params_dtype` bfloat16 gives bf16
+    parameters and activations (`Float16Module`), FP32 main weights and Adam moments in the
+    optimizer (`OptimizerConfig(bf16=True)`), and gradients reduced in FP32 when
+    `grad_reduce_in_fp32`. `model.fp32_lm_head` keeps the output layer + log-softmax FP32 on top.
+    """
 
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    params_dtype: str = "float32"
+    """Body parameter/activation dtype: float32 | bfloat16 (Hydra: `precision.params_dtype`)."""
+    grad_reduce_in_fp32: bool = True
+    """Accumulate and reduce gradients in an FP32 buffer (`main_grad`) even with bf16 params."""
+    recompute: str = "none"
+    """Activation recompute: none | selective (core attention) | full (every layer, uniform)."""
+
+    @property
+    def bf16(self) -> bool:
+        return self.params_dtype == "bfloat16"
 
     def validate(self, *, world_size: Optional[int] = None) -> "MegatronConfig":
         self.model.validate()
         self.parallel.validate(self.model, world_size=world_size)
         self.optim.validate()
+        _choice("precision", "params_dtype", self.params_dtype, PARAMS_DTYPES)
+        _choice("train", "recompute", self.recompute, RECOMPUTE)
         return self
 
 
