@@ -85,7 +85,7 @@ def _cuda_to_cpu_mode():
             if func in (torch.Tensor.cuda, torch.Tensor.pin_memory):
                 return args[0]
             if func is torch.Tensor.type and len(args) == 1 and not kwargs:
-                name = func(*args)
+                name = func(*args).replace("torch.meta.", "torch.")  # meta: the dry run's tensors
                 return cuda_names.get(name, name)
             if "device" in kwargs and _is_cuda_device(kwargs["device"]):
                 kwargs["device"] = "cpu"

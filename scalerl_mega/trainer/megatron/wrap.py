@@ -62,8 +62,9 @@ def optimizer_config(cfg: MegatronConfig):
                            overlap_param_gather=o.overlap_param_gather and distopt)
 
 
-def build_optimizer(chunks: list, cfg: MegatronConfig):
-    """`get_megatron_optimizer` over the DDP-wrapped chunks (a ChainedOptimizer; dense + expert)."""
+def build_optimizer(chunks: list, cfg: MegatronConfig, *, use_gloo_process_groups: bool = True):
+    """`get_megatron_optimizer` over the DDP-wrapped chunks (a ChainedOptimizer; dense + expert).
+    `use_gloo_process_groups=False` for a process group without gloo sub-groups (the dry run)."""
     from megatron.core.optimizer import get_megatron_optimizer
 
-    return get_megatron_optimizer(optimizer_config(cfg), chunks)
+    return get_megatron_optimizer(optimizer_config(cfg), chunks, use_gloo_process_groups=use_gloo_process_groups)
