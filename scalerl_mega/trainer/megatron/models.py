@@ -186,6 +186,18 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, *, use_te: bool | 
     return gpt, tcfg
 
 
+def head_dtype(gpt):
+    """dtype of the output layer (the shared embedding when tied): the log-softmax runs in it
+    (FP32 head, or FP32 model: float32; `bf16_head` with bf16 params: bfloat16)."""
+    if not getattr(gpt, "post_process", False):
+        return None
+    layer = getattr(gpt, "output_layer", None)
+    weight = getattr(layer, "weight", None) if layer is not None else None
+    if weight is None and getattr(gpt, "share_embeddings_and_output_weights", False):
+        weight = gpt.shared_embedding_or_output_weight()
+    return None if weight is None else weight.dtype
+
+
 def ensure_fp32_lm_head(gpt) -> None:
     """Keep the output layer in FP32 and feed it FP32 hidden states, so logits are FP32 even when
     the rest of the model runs in 16 bit (paper Sec. 3.2). A no-op for an all-FP32 model. Call it again
