@@ -174,3 +174,15 @@ def test_bad_config_fails_before_any_process_group(monkeypatch):
     with pytest.raises(ValueError, match=r"moe_topk=1 with moe_router_pre_softmax=False"):
         load_model_preset("tiny_moe", overrides={"moe_router_score_function": "softmax"})
     assert not dist.is_initialized()
+
+
+def test_mixed_dtype_params_use_the_distributed_optimizer():
+    """bf16 body + FP32 head: the distributed optimizer even at DP 1 (Megatron's non-distributed
+    mixed-precision optimizer cannot checkpoint the FP32 head); refusing it explicitly is an error."""
+    fp32_head = MegatronConfig(params_dtype="bfloat16")
+    assert fp32_head.mixed_dtype_params and fp32_head.distributed_optimizer(1)
+    bf16_head = MegatronConfig(model=ModelConfig(fp32_lm_head=False), params_dtype="bfloat16")
+    assert not bf16_head.distributed_optimizer(1) and bf16_head.distributed_optimizer(2)
+    assert not MegatronConfig().distributed_optimizer(1)  # FP32 params
+    with pytest.raises(ValueError, match="use_distributed_optimizer=False"):
+        MegatronConfig(params_dtype="bfloat16", optim=OptimConfig(use_distributed_optimizer=False)).validate()

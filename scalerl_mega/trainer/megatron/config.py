@@ -344,12 +344,31 @@ class MegatronConfig:
     def bf16(self) -> bool:
         return self.params_dtype == "bfloat16"
 
+    @property
+    def mixed_dtype_params(self) -> bool:
+        """bf16 body with an FP32 output layer (`precision=fp32_head` on bf16 params)."""
+        return self.bf16 and self.model.fp32_lm_head
+
+    def distributed_optimizer(self, dp: int) -> bool:
+        """Resolved `optim.use_distributed_optimizer`: None means on when dp > 1, and also at dp 1
+        for mixed-dtype params (Megatron-Core 0.16.1's non-distributed `Float16OptimizerWithFloat16Params`
+        cannot checkpoint FP32 params among bf16 ones: `sharded_state_dict` maps only its float16
+        groups, KeyError on the FP32 head). At dp 1 the distributed optimizer holds the same bytes."""
+        if self.optim.use_distributed_optimizer is None and self.mixed_dtype_params:
+            return True
+        return self.optim.distributed_optimizer_on(dp)
+
     def validate(self, *, world_size: Optional[int] = None) -> "MegatronConfig":
         self.model.validate()
         self.parallel.validate(self.model, world_size=world_size)
         self.optim.validate()
         _choice("precision", "params_dtype", self.params_dtype, PARAMS_DTYPES)
         _choice("train", "recompute", self.recompute, RECOMPUTE)
+        if self.mixed_dtype_params and self.optim.use_distributed_optimizer is False:
+            raise ValueError("optim: use_distributed_optimizer=False with bf16 params and the FP32 head "
+                             "(precision.params_dtype=bfloat16, model.fp32_lm_head=True): Megatron's "
+                             "non-distributed mixed-precision optimizer cannot checkpoint the FP32 head; "
+                             "leave it unset (null) or true")
         return self
 
 

@@ -205,7 +205,7 @@ def build_rank(mcfg, role: Role, world_size: int) -> dict[str, Any]:
             "dp_rank": ps.get_data_parallel_rank(),
             "dp": ps.get_data_parallel_world_size(),
             "expert_dp": ps.get_expert_data_parallel_world_size(),
-            "distributed_optimizer": mcfg.optim.distributed_optimizer_on(ps.get_data_parallel_world_size()),
+            "distributed_optimizer": mcfg.distributed_optimizer(ps.get_data_parallel_world_size()),
         }
 
 
@@ -252,7 +252,7 @@ def train_layout(cfg, mcfg, world_size: int):
     return TrainLayout(tp=par.tp, pp=par.pp, dp=dp * par.cp, ep=par.ep, etp=par.etp,
                        fp32_head=bool(cfg.model.fp32_lm_head),
                        sequence_parallel=par.sequence_parallel_on(mcfg.model),
-                       distributed_optimizer=mcfg.optim.distributed_optimizer_on(dp), recompute=mcfg.recompute,
+                       distributed_optimizer=mcfg.distributed_optimizer(dp), recompute=mcfg.recompute,
                        micro_batch=mb, seq_len=seq, logits_chunk_tokens=chunk)
 
 
