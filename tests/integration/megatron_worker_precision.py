@@ -4,6 +4,7 @@ Modes (JSON results into --out):
   save      world of 2, bf16 mixed precision (wrap.py), per layout in --layouts (dp2: FP32 head,
             distributed optimizer; tp2: TP 2, bf16 head, non-distributed optimizer): train 2 steps,
             dist-checkpoint, train 2 more ("after"); also records optimizer / wrapper types and dtypes.
+            Then dp2 again with the DDP/optimizer overlap options on (4 steps).
   load      world of 1 (TP1 DP1): load --ckpt (model + optimizer, resharded) and train the same 2 steps
             ("resumed"); control: model only with a fresh optimizer ("fresh_optimizer").
   recompute world of 1: one forward/backward of the same model and batch under train.recompute none /
@@ -21,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import megatron_worker  # noqa: E402
 from megatron_worker import global_batch, write  # noqa: E402
 
 from scalerl_mega.trainer.megatron.config import (  # noqa: E402
@@ -46,10 +48,11 @@ def config(parallel: ParallelConfig, *, distopt=None, params_dtype="bfloat16", r
 FP32_HEAD = {"dp2": True, "tp2": False}
 
 
-class Run:
-    """Model + Float16Module/DDP + optimizer exactly as MegatronPolicyTrainer builds them."""
+class Run(megatron_worker.Run):
+    """Model + Float16Module/DDP + optimizer exactly as MegatronPolicyTrainer builds them (the
+    training loop is megatron_worker.Run's)."""
 
-    def __init__(self, cfg: MegatronConfig):
+    def __init__(self, cfg: MegatronConfig):  # noqa: D107 - a different build, same attributes
         from scalerl_mega.trainer.megatron import models, parallel as par, step, wrap
 
         from scalerl_mega.trainer.megatron.parallel import world_size_from_env
@@ -63,18 +66,6 @@ class Run:
         self.optimizer = wrap.build_optimizer(self.chunks, cfg)
         self.batch = global_batch(cfg.model.vocab_size)
         self.steps_done = 0
-
-    def train(self, n: int) -> dict:
-        from scalerl_mega.trainer.megatron import step
-
-        losses, norms = [], []
-        for _ in range(n):
-            m = step.train_step(self.chunks, self.optimizer, self.batch, step=self.steps_done,
-                                optim=self.cfg.optim, parallel=self.cfg.parallel)
-            self.steps_done += 1
-            losses.append(m["loss"])
-            norms.append(m["grad_norm"])
-        return {"loss": losses, "grad_norm": norms}
 
     def describe(self) -> dict:
         subs = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
@@ -96,6 +87,19 @@ def mode_save(out: Path, layout: str) -> None:
                                extra_state={"step": 2})
     res["after"] = run.train(2)
     write(out, f"save_{layout}", res)
+    par.teardown_parallel(destroy_process_group=False)
+
+
+def mode_overlap(out: Path) -> None:
+    """DP 2, distributed optimizer with optim.overlap_grad_reduce and overlap_param_gather: 4 steps."""
+    from scalerl_mega.trainer.megatron import parallel as par
+
+    cfg = config(ParallelConfig(), fp32_head=FP32_HEAD["dp2"])
+    cfg.optim.overlap_grad_reduce = cfg.optim.overlap_param_gather = True
+    run = Run(cfg)
+    res = run.train(4)
+    res["overlap"] = [run.chunks[0].ddp_config.overlap_grad_reduce, run.chunks[0].ddp_config.overlap_param_gather]
+    write(out, "overlap_dp2", res)
     par.teardown_parallel(destroy_process_group=False)
 
 
@@ -159,6 +163,7 @@ def main() -> None:
     if args.mode == "save":
         for layout in layouts:
             mode_save(out, layout)
+        mode_overlap(out)
     elif args.mode == "load":
         for layout in layouts:
             mode_load(out, layout)

@@ -51,6 +51,12 @@ def test_distributed_optimizer_checkpoint_reshards_dp2_to_dp1(runs):
     assert abs(runs["load_dp2"]["fresh_optimizer"]["loss"][1] - after["loss"][1]) > 0.1
 
 
+def test_overlap_options_run_on_gloo_with_the_same_losses(runs):
+    res, ref = runs["overlap_dp2"], runs["save_dp2"]
+    assert res["overlap"] == [True, True]
+    assert res["loss"] == pytest.approx(ref["before"]["loss"] + ref["after"]["loss"], rel=1e-6)
+
+
 def test_checkpoint_reshards_tp2_to_tp1_and_training_continues(runs):
     after, resumed = runs["save_tp2"]["after"], runs["load_tp2"]["resumed"]
     assert runs["load_tp2"]["tp"] == 1

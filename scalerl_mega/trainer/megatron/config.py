@@ -214,19 +214,22 @@ class ParallelConfig:
 
     def dp(self, world_size: int) -> int:
         """Dense data-parallel size: world_size / (tp * cp * pp)."""
-        dense = self.tp * self.cp * self.pp
-        if world_size % dense:
-            raise ValueError(f"parallel: world_size={world_size} is not divisible by tp*cp*pp="
-                             f"{self.tp}*{self.cp}*{self.pp}={dense} (keys parallel.tp, parallel.cp, parallel.pp)")
-        return world_size // dense
+        return self._quotient(world_size, ("tp", "cp", "pp"))
 
     def edp(self, world_size: int) -> int:
         """Expert data-parallel size: world_size / (etp * ep * pp)."""
-        expert = self.etp * self.ep * self.pp
-        if world_size % expert:
-            raise ValueError(f"parallel: world_size={world_size} is not divisible by etp*ep*pp="
-                             f"{self.etp}*{self.ep}*{self.pp}={expert} (keys parallel.etp, parallel.ep, parallel.pp)")
-        return world_size // expert
+        return self._quotient(world_size, ("etp", "ep", "pp"))
+
+    def _quotient(self, world_size: int, keys: tuple[str, ...]) -> int:
+        sizes = [getattr(self, k) for k in keys]
+        product = 1
+        for size in sizes:
+            product *= size
+        if world_size % product:
+            raise ValueError(f"parallel: world_size={world_size} is not divisible by {'*'.join(keys)}="
+                             f"{'*'.join(map(str, sizes))}={product} "
+                             f"(keys {', '.join('parallel.' + k for k in keys)})")
+        return world_size // product
 
     def validate(self, model: Optional[ModelConfig] = None, *, world_size: Optional[int] = None) -> "ParallelConfig":
         where = "parallel"
