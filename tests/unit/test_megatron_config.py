@@ -62,7 +62,8 @@ def test_tiny_presets_are_tiny():
     (ParallelConfig(ep=3), {"num_experts": 4}, ["ep=3", "num_experts=4"]),
     (ParallelConfig(tp=2, sequence_parallel=False), {"num_experts": 4}, ["sequence_parallel", "tp=2"]),
     (ParallelConfig(etp=2), {}, ["etp=2", "dense"]),
-    (ParallelConfig(etp=3), {"num_experts": 4, "moe_ffn_hidden_size": 64}, ["etp=3", "moe_ffn_hidden_size"]),
+    (ParallelConfig(etp=3, ep=2), {"num_experts": 4, "moe_ffn_hidden_size": 64}, ["etp=3", "moe_ffn_hidden_size"]),
+    (ParallelConfig(tp=2, etp=1), {"num_experts": 4}, ["etp=1 with ep=1 and tp=2", "parallel.etp"]),
     (ParallelConfig(pp=3), {}, ["pp=3", "num_layers=2"]),
     (ParallelConfig(ep=2), {}, ["ep=2", "dense"]),
     (ParallelConfig(tp=1, sequence_parallel=True), {}, ["sequence_parallel=True", "tp=1"]),
@@ -123,6 +124,8 @@ def test_scout_layout_of_the_slurm_script_is_accepted():
     assert par.sequence_parallel_on(scout) and not par.sequence_parallel_on(load_model_preset("tiny_dense"))
     with pytest.raises(ValueError, match="etp"):  # Megatron's default expert TP = TP cannot initialise
         ParallelConfig(tp=4, ep=16, etp=4).validate(scout, world_size=16)
+    # ep == 1: experts are dense params to Megatron, so they must be split like the dense layers
+    assert ParallelConfig(tp=2).expert_tp() == 2 and ParallelConfig(tp=2, ep=2).expert_tp() == 1
 
 
 def test_distributed_optimizer_defaults_on_with_data_parallel():

@@ -188,14 +188,16 @@ class ParallelConfig:
     Dense layers: world = tp * cp * pp * dp (dp derived). Expert (MoE) layers: world = etp * ep * pp *
     edp (edp, the expert data-parallel size, derived). Expert tensor parallelism `etp` is its own
     size: Megatron would default it to `tp`, which for Scout (tp 4, ep 16 on 16 GPUs) gives
-    4 * 16 = 64 > 16 and the layout cannot initialise; 1 (experts unsplit) is the default here.
+    4 * 16 = 64 > 16 and the layout cannot initialise; with ep > 1 the default here is 1 (experts
+    unsplit), with ep == 1 it stays tp (`expert_tp`).
     """
 
     tp: int = 1
     pp: int = 1
     ep: int = 1
-    etp: int = 1
-    """Expert tensor-parallel size (Megatron `expert_tensor_parallel_size`); 1: whole experts per rank."""
+    etp: Optional[int] = None
+    """Expert tensor-parallel size (Megatron `expert_tensor_parallel_size`). None: 1 (whole experts per
+    rank) when ep > 1, else tp (see `expert_tp`)."""
     cp: int = 1
     """Context-parallel size (Megatron `context_parallel_size`); counted in the dense layout."""
     sequence_parallel: Optional[bool] = None
@@ -205,6 +207,15 @@ class ParallelConfig:
     micro_batch_size: int = 1
     backend: str = "auto"
     """"auto" (nccl with CUDA, gloo without), "gloo" or "nccl"."""
+
+    def expert_tp(self) -> int:
+        """Resolved `etp`. With ep == 1 Megatron-Core 0.16.1 marks expert weights as dense parameters
+        (`allreduce = not (is_expert and expert_model_parallel_size > 1)`), reduced over the dense DP
+        group only; experts replicated over TP (etp < tp) would then never sum the gradients of
+        their different tokens, so ep == 1 needs etp == tp (the default there)."""
+        if self.etp is not None:
+            return self.etp
+        return 1 if self.ep > 1 else self.tp
 
     def sequence_parallel_on(self, model: Optional[ModelConfig] = None) -> bool:
         """Resolved sequence parallelism (see `sequence_parallel`)."""
@@ -221,7 +232,7 @@ class ParallelConfig:
         return self._quotient(world_size, ("etp", "ep", "pp"))
 
     def _quotient(self, world_size: int, keys: tuple[str, ...]) -> int:
-        sizes = [getattr(self, k) for k in keys]
+        sizes = [self.expert_tp() if k == "etp" else getattr(self, k) for k in keys]
         product = 1
         for size in sizes:
             product *= size
@@ -233,8 +244,11 @@ class ParallelConfig:
 
     def validate(self, model: Optional[ModelConfig] = None, *, world_size: Optional[int] = None) -> "ParallelConfig":
         where = "parallel"
-        for key in ("tp", "pp", "ep", "etp", "cp", "micro_batch_size"):
+        for key in ("tp", "pp", "ep", "cp", "micro_batch_size"):
             _positive(where, key, getattr(self, key))
+        if self.etp is not None:
+            _positive(where, "etp", self.etp)
+        etp = self.expert_tp()
         _choice(where, "moe_token_dispatcher", self.moe_token_dispatcher, DISPATCHERS)
         _choice(where, "backend", self.backend, ("auto", "gloo", "nccl"))
         if self.sequence_parallel and self.tp == 1:
@@ -255,12 +269,16 @@ class ParallelConfig:
             raise ValueError(f"{where}: pp={self.pp} does not divide model.num_layers={m.num_layers}")
         if self.ep > 1 and not m.is_moe:
             raise ValueError(f"{where}: ep={self.ep} > 1 but model '{m.name}' is dense (num_experts=0)")
-        if self.etp > 1 and not m.is_moe:
+        if self.etp is not None and self.etp > 1 and not m.is_moe:
             raise ValueError(f"{where}: etp={self.etp} > 1 but model '{m.name}' is dense (num_experts=0)")
+        if m.is_moe and self.ep == 1 and etp != self.tp:
+            raise ValueError(f"{where}: etp={etp} with ep=1 and tp={self.tp}: with ep=1 Megatron reduces expert "
+                             "gradients over the dense data-parallel group only, so experts replicated over TP "
+                             "would never sum theirs; set parallel.etp to parallel.tp (or leave it unset) or ep > 1")
         if m.is_moe and m.num_experts % self.ep:
             raise ValueError(f"{where}: ep={self.ep} does not divide model.num_experts={m.num_experts}")
-        if m.is_moe and self.etp > 1 and m.expert_ffn % self.etp:
-            raise ValueError(f"{where}: etp={self.etp} does not divide the expert width {m.expert_ffn} "
+        if m.is_moe and etp > 1 and m.expert_ffn % etp:
+            raise ValueError(f"{where}: etp={etp} does not divide the expert width {m.expert_ffn} "
                              "(model.moe_ffn_hidden_size)")
         if m.is_moe and self.tp > 1 and not self.sequence_parallel_on(m):
             raise ValueError(f"{where}: MoE with tp={self.tp} needs sequence_parallel=True "

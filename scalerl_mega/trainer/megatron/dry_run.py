@@ -67,7 +67,7 @@ def representative_ranks(parallel, world_size: int) -> list[Role]:
         base = stage * per_stage
         roles.append(Role(rank=base, pp_rank=stage, ep_rank=0, name=f"pp {name}"))
         if parallel.ep > 1:
-            last_ep = base + parallel.etp * (parallel.ep - 1)
+            last_ep = base + parallel.expert_tp() * (parallel.ep - 1)
             roles.append(Role(rank=last_ep, pp_rank=stage, ep_rank=parallel.ep - 1,
                               name=f"pp {name}, ep {parallel.ep - 1}"))
     return roles
@@ -210,7 +210,7 @@ def build_rank(mcfg, role: Role, world_size: int) -> dict[str, Any]:
 
 
 def _layout_message(par, world_size: int, exc: BaseException) -> str:
-    keys = " ".join(f"parallel.{k}={getattr(par, k)}" for k in ("tp", "cp", "pp", "ep", "etp"))
+    keys = " ".join(f"parallel.{k}={getattr(par, k)}" for k in ("tp", "cp", "pp", "ep")) + f" parallel.etp={par.expert_tp()}"
     return (f"layout {keys} cannot initialise at world_size={world_size} (cluster.trainer_devices): "
             f"{type(exc).__name__}: {exc}")
 
@@ -249,7 +249,7 @@ def train_layout(cfg, mcfg, world_size: int):
 
         chunk = default_chunk_size(cfg.model.vocab_size // par.tp)
     dp = par.dp(world_size)
-    return TrainLayout(tp=par.tp, pp=par.pp, dp=dp * par.cp, ep=par.ep, etp=par.etp,
+    return TrainLayout(tp=par.tp, pp=par.pp, dp=dp * par.cp, ep=par.ep, etp=par.expert_tp(),
                        fp32_head=bool(cfg.model.fp32_lm_head),
                        sequence_parallel=par.sequence_parallel_on(mcfg.model),
                        distributed_optimizer=mcfg.distributed_optimizer(dp), recompute=mcfg.recompute,
@@ -310,7 +310,7 @@ def dry_run(cfg, *, cache: dict | None = None) -> dict[str, Any]:
         "world_size": world,
         "ranks": ranks,
         "model": _model_label(mcfg.model),
-        "layout": {"tp": par.tp, "cp": par.cp, "pp": par.pp, "ep": par.ep, "etp": par.etp,
+        "layout": {"tp": par.tp, "cp": par.cp, "pp": par.pp, "ep": par.ep, "etp": par.expert_tp(),
                    "dp": par.dp(world), "expert_dp": par.edp(world),
                    "sequence_parallel": par.sequence_parallel_on(mcfg.model),
                    "distributed_optimizer": layout.distributed_optimizer},

@@ -90,7 +90,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, *, params_d
         tensor_model_parallel_size=parallel.tp,
         pipeline_model_parallel_size=parallel.pp,
         expert_model_parallel_size=parallel.ep,
-        expert_tensor_parallel_size=parallel.etp,
+        expert_tensor_parallel_size=parallel.expert_tp(),
         context_parallel_size=parallel.cp,
         sequence_parallel=parallel.sequence_parallel_on(model),
         bf16=bf16,

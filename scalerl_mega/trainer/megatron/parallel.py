@@ -94,7 +94,7 @@ def init_megatron_groups(parallel: ParallelConfig, *, timeout_minutes: int = 10,
                                  pipeline_model_parallel_size=parallel.pp,
                                  context_parallel_size=parallel.cp,
                                  expert_model_parallel_size=parallel.ep,
-                                 expert_tensor_parallel_size=parallel.etp,
+                                 expert_tensor_parallel_size=parallel.expert_tp(),
                                  distributed_timeout_minutes=timeout_minutes,
                                  create_gloo_process_groups=create_gloo_process_groups)
 
