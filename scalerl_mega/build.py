@@ -152,7 +152,8 @@ def megatron_config(cfg: Any):
     from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig
 
     optim = OptimConfig(**{**vars(cfg.optim), "seed": int(cfg.optim.seed) + int(cfg.seed)})
-    return MegatronConfig(model=cfg.model, parallel=cfg.parallel, optim=optim)
+    return MegatronConfig(model=cfg.model, parallel=cfg.parallel, optim=optim, params_dtype=cfg.precision.params_dtype,
+                          grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32, recompute=cfg.train.recompute)
 
 
 def use_fused_cispo(cfg: Any) -> bool:
@@ -222,7 +223,7 @@ def build_local_engine(cfg: Any, task: Task, *, index: int = 0):
                          f"{max_seq} (prompt + length.max_new_tokens / interruption budget)")
     backend = "nccl" if cfg.cluster.device == "cuda" else "gloo"
     return LocalRolloutEngine(LocalEngineConfig(
-        model=LocalModelSpec(arch=arch, config=hf_kwargs, init_seed=int(cfg.seed)),
+        model=LocalModelSpec(arch=arch, config=hf_kwargs, init_seed=int(cfg.seed), dtype=cfg.precision.params_dtype),
         core=CoreConfig(max_batch=cfg.rollout.max_batch_size, max_seq_len=max_seq,
                         fp32_lm_head=cfg.precision.name == "fp32_head", eos_token_ids=list(task.stop_token_ids)),
         sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend=backend,

@@ -155,7 +155,10 @@ class PrecisionConfig:
     name: str = "fp32_head"
     """fp32_head | bf16_head; the group also sets `model.fp32_lm_head` (trainer) accordingly."""
     params_dtype: str = "bfloat16"
-    """Parameter/activation dtype of the model body: bfloat16 | float32."""
+    """Parameter/activation dtype of the model body on trainer and generators: bfloat16 | float32.
+    bfloat16: Megatron mixed precision (bf16 params, FP32 main weights + Adam in the optimizer)."""
+    grad_reduce_in_fp32: bool = True
+    """Trainer: accumulate and all-reduce gradients in FP32 (Megatron DDP `grad_reduce_in_fp32`)."""
 
 
 @dataclass
@@ -251,6 +254,10 @@ class TrainLoopConfig:
     """Multi-rank trainer jobs: how long the non-controller ranks wait for the controller's next
     command (it generates, scores and validates in between; a slow validation pass can take an hour
     at the paper's sizes). A controller that dies is noticed at once, not after this."""
+    recompute: str = "selective"
+    """Activation recompute on the trainer: none | selective (core attention, Megatron
+    `recompute_granularity=selective`; drops the s^2 attention scores) | full (every layer,
+    `recompute_method=uniform`). Same losses and gradients in every mode."""
 
 
 @dataclass
@@ -315,6 +322,10 @@ class TrainConfig:
     fresh run, e.g. Llama-3.1-8B or Llama-4-Scout (the paper starts RL from an SFT checkpoint). Its
     shapes must match `model`; converted on the fly to the trainer's TP/PP/EP layout. Empty: random
     init (the CPU demo, which warm-starts with `sft`)."""
+    dry_run: bool = False
+    """Build the trainer's real Megatron layout on the meta device for every distinct rank role of a
+    `cluster.trainer_devices` world (fake process group, one CPU process), write
+    `output_dir/dry_run.json` with per-rank bytes and exit (trainer/megatron/dry_run.py)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -370,6 +381,7 @@ def validate(cfg: Any) -> None:
     _one_of("filter.name", cfg.filter.name, FILTER_NAMES)
     _one_of("precision.name", cfg.precision.name, PRECISION_NAMES)
     _one_of("precision.params_dtype", cfg.precision.params_dtype, ("bfloat16", "float32"))
+    _one_of("train.recompute", cfg.train.recompute, ("none", "selective", "full"))
     _one_of("rollout.name", cfg.rollout.name, ROLLOUT_NAMES)
     _one_of("cluster.name", cfg.cluster.name, CLUSTER_NAMES)
     _one_of("cluster.device", cfg.cluster.device, ("cpu", "cuda"))

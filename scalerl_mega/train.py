@@ -35,7 +35,12 @@ def to_config(cfg: Any):
 
 def run(cfg: Any) -> dict[str, Any]:
     """Validate `cfg` and run the job (SFT warm start if configured, then RL, then the report)."""
-    return run_job(to_config(cfg))
+    config = to_config(cfg)
+    if config.dry_run:  # layout/memory check on one CPU, then exit (trainer/megatron/dry_run.py)
+        from scalerl_mega.trainer.megatron.dry_run import run_and_exit
+
+        run_and_exit(config)
+    return run_job(config)
 
 
 class AutoBudgetForecaster:

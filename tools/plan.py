@@ -35,7 +35,8 @@ from scalerl_mega.cluster.plan import (  # noqa: E402
 
 
 def _layout_str(lay: TrainLayout) -> str:
-    return f"tp={lay.tp} pp={lay.pp} dp={lay.dp} ep={lay.ep} ({lay.world} GPUs)"
+    etp = f" etp={lay.etp}" if lay.etp != 1 else ""
+    return f"tp={lay.tp} pp={lay.pp} dp={lay.dp} ep={lay.ep}{etp} ({lay.world} GPUs)"
 
 
 def table(*, seq_len: int, micro_batch: int, trainer_gpus: int) -> str:
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--dp", type=int, default=1)
     ap.add_argument("--ep", type=int, default=1)
+    ap.add_argument("--etp", type=int, default=1, help="expert tensor parallel (parallel.etp)")
+    ap.add_argument("--bf16-head", action="store_true", help="precision=bf16_head (default: FP32 output layer)")
     ap.add_argument("--no-sequence-parallel", action="store_true")
     ap.add_argument("--no-distributed-optimizer", action="store_true")
     ap.add_argument("--recompute", choices=("none", "selective", "full"), default="selective")
@@ -104,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         pp=args.pp,
         dp=args.dp,
         ep=args.ep,
+        etp=args.etp,
+        fp32_head=not args.bf16_head,
         sequence_parallel=not args.no_sequence_parallel,
         distributed_optimizer=not args.no_distributed_optimizer,
         recompute=args.recompute,

@@ -8,7 +8,12 @@ Byte counts (all per GPU, per parameter held by that GPU):
   bf16 weights 2 B + fp32 grad buffer (``main_grad``) 4 B, always replicated over data parallel;
   fp32 main params 4 B + Adam m 4 B + Adam v 4 B = 12 B, divided by the data-parallel size ``d``
   when the distributed optimizer is on. Expert parameters are sharded over the *expert*
-  data-parallel group ``edp = tp * dp / ep`` (expert tensor parallel 1).
+  data-parallel group ``edp = world / (etp * ep * pp)``; expert weights are split over ``etp``.
+  FP32 LM head (paper Sec. 3.2, ``precision=fp32_head``; the trainer keeps the output layer FP32
+  after the bf16 wrap): its weights are 4 B, grads 4 B, and the optimizer holds only Adam m and v
+  (8 B, sharded); the FP32 parameter is its own main copy.
+  These counts are reconciled with the trainer's real Megatron buffers by the meta-device dry run
+  (`scalerl_mega/trainer/megatron/dry_run.py`, tests/integration/test_dry_run.py: within 5%).
 * Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models" (arXiv:2205.05198), Sec. 4.1 / Table 2, re-derived term by term for a Llama block
   (RMSNorm, GQA, SwiGLU, no dropout, so the dropout masks of their ``34sbh + 5as^2b`` vanish).
@@ -35,7 +40,8 @@ Byte counts (all per GPU, per parameter held by that GPU):
   ``--mem-fraction-static`` of the GPU for weights + KV pool; the pool must hold ``min_seqs``
   full-length sequences.
 
-Device capacities: H100 SXM 80 GB HBM3 (nvidia-smi reports 81559 MiB); GB200: NVIDIA's GB200 NVL72
+Device capacities: H100 SXM 80 GB HBM3 (nvidia-smi reports 81559 MiB); H200 SXM 141 GB HBM3e
+(NVIDIA H200 datasheet: 141 GB); GB200: NVIDIA's GB200 NVL72
 spec gives 13.4 TB HBM3e for 72 GPUs, i.e. 186 GB per GPU (the "192 GB" B200 figure is the raw
 stack size). A fixed ``runtime_reserve`` (CUDA context, NCCL buffers, allocator fragmentation) is
 subtracted before comparing.
@@ -165,20 +171,23 @@ class Device:
 
 
 H100_80GB = Device(name="h100_80gb", capacity_bytes=81559 * 1024**2, source="nvidia-smi on H100 SXM 80GB: 81559 MiB")
+H200 = Device(name="h200", capacity_bytes=141 * 10**9, source="NVIDIA H200 SXM datasheet: 141 GB HBM3e")
 GB200 = Device(name="gb200", capacity_bytes=186 * 10**9, source="NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs")
-DEVICES = {d.name: d for d in (H100_80GB, GB200)}
+DEVICES = {d.name: d for d in (H100_80GB, H200, GB200)}
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainLayout:
-    """Megatron parallel layout of the trainer. World size = tp * pp * dp; ep divides tp * dp."""
+    """Megatron parallel layout of the trainer. World size = tp * pp * dp; etp * ep divides tp * dp."""
 
     tp: int = 1
     pp: int = 1
     dp: int = 1
     ep: int = 1
+    etp: int = 1  # expert tensor parallel (parallel.etp)
+    fp32_head: bool = True  # precision=fp32_head: output layer FP32 (weights 4 B, no main copy)
     sequence_parallel: bool = True
     distributed_optimizer: bool = True
     recompute: str = "selective"
@@ -186,7 +195,7 @@ class TrainLayout:
     seq_len: int = 16384
     num_microbatches: int | None = None  # None: at least pp (typical for RL batches of hundreds)
     logits_chunk_tokens: int | None = None
-    vocab_divisible_by: int = 128  # Megatron --make-vocab-size-divisible-by
+    vocab_divisible_by: int = 1  # the trainer builds the unpadded vocabulary (Megatron's flag: 128)
     moe_imbalance: float = 1.0  # routed tokens per EP rank relative to perfectly balanced
 
     @property
@@ -195,8 +204,8 @@ class TrainLayout:
 
     @property
     def edp(self) -> int:
-        """Expert data-parallel size (expert tensor parallel = 1)."""
-        return self.tp * self.dp // self.ep
+        """Expert data-parallel size: world / (etp * ep * pp)."""
+        return self.tp * self.dp // (self.ep * self.etp)
 
     def validate(self, model: ModelShape) -> None:
         for key in ("tp", "pp", "dp", "ep", "micro_batch", "seq_len", "num_microbatches"):
@@ -213,8 +222,10 @@ class TrainLayout:
         if model.num_experts:
             if model.num_experts % self.ep:
                 raise ValueError(f"TrainLayout.ep={self.ep} must divide num_experts={model.num_experts}")
-            if (self.tp * self.dp) % self.ep:
-                raise ValueError(f"TrainLayout.ep={self.ep} must divide tp*dp={self.tp * self.dp}")
+            if (self.tp * self.dp) % (self.ep * self.etp):
+                raise ValueError(f"TrainLayout.ep={self.ep} * etp={self.etp} must divide tp*dp={self.tp * self.dp}")
+            if model.expert_ffn % self.etp:
+                raise ValueError(f"TrainLayout.etp={self.etp} must divide expert_ffn={model.expert_ffn}")
             if self.tp > 1 and not self.sequence_parallel:
                 raise ValueError("TrainLayout.sequence_parallel must be true for MoE with tp > 1 (Megatron-Core)")
 
@@ -259,8 +270,10 @@ def padded_vocab(vocab: int, *, tp: int, divisible_by: int) -> int:
 
 
 # ------------------------------------------------------------------------- trainer: parameters
-def trainer_params_per_gpu(model: ModelShape, layout: TrainLayout) -> tuple[int, int]:
-    """(non-expert params, expert params) held by the most loaded GPU (first or last pipeline stage)."""
+def stage_params(model: ModelShape, layout: TrainLayout, stage: int) -> dict[str, int]:
+    """Parameters held by one GPU of pipeline stage ``stage``: ``body`` (non-expert, bf16 in mixed
+    precision; includes the embedding on the first stage and the final norm on the last), ``head``
+    (the output layer on the last stage; tied embeddings: its copy when pp > 1) and ``expert``."""
     t, p = layout.tp, layout.pp
     lps = model.layers // p
     moe_per_stage = lps // model.moe_every if model.num_experts else 0
@@ -269,15 +282,38 @@ def trainer_params_per_gpu(model: ModelShape, layout: TrainLayout) -> tuple[int,
     sharded = lps * model.attention_params() + dense_per_stage * model.dense_mlp_params()
     sharded += moe_per_stage * model.shared_expert_params()
     replicated = lps * model.norm_params_per_layer() + moe_per_stage * model.router_params()
-    emb = vpad * model.hidden // t
-    head = 0 if model.tied_embeddings else vpad * model.hidden // t
-    if p == 1:
-        ends = emb + head + model.hidden
-    else:  # first stage: embedding; last stage: final norm + head (tied: a copy of the embedding)
-        ends = max(emb, (head if head else emb) + model.hidden)
-    non_expert = sharded // t + replicated + ends
-    expert = moe_per_stage * (model.num_experts // layout.ep) * 3 * model.hidden * model.expert_ffn
-    return non_expert, expert
+    body = sharded // t + replicated
+    head = 0
+    first, last = stage == 0, stage == p - 1
+    if first:
+        body += vpad * model.hidden // t
+    if last:
+        body += model.hidden
+        if not model.tied_embeddings or p > 1:
+            head = vpad * model.hidden // t
+    expert = moe_per_stage * (model.num_experts // layout.ep) * 3 * model.hidden * model.expert_ffn // layout.etp
+    return {"body": body, "head": head, "expert": expert}
+
+
+def trainer_params_per_gpu(model: ModelShape, layout: TrainLayout) -> tuple[int, int]:
+    """(non-expert params, expert params) held by the most loaded GPU (first or last pipeline stage)."""
+    stages = [stage_params(model, layout, s) for s in {0, layout.pp - 1}]
+    most = max(stages, key=lambda d: sum(d.values()))
+    return most["body"] + most["head"], most["expert"]
+
+
+def stage_static_bytes(model: ModelShape, layout: TrainLayout, stage: int) -> dict[str, int]:
+    """Weights, gradients and optimizer bytes of one GPU of ``stage`` (module doc)."""
+    sp = stage_params(model, layout, stage)
+    body, head, expert = sp["body"], sp["head"], sp["expert"]
+    head_w, head_opt = (4, 8) if layout.fp32_head else (2, 12)
+    weights = 2 * (body + expert) + head_w * head
+    grads = 4 * (body + head + expert)
+    if layout.distributed_optimizer:
+        optim = (12 * body + head_opt * head) // layout.dp + 12 * expert // layout.edp
+    else:
+        optim = 12 * (body + expert) + head_opt * head
+    return {"weights": weights, "grads": grads, "optimizer": optim}
 
 
 # ------------------------------------------------------------------------- trainer: activations
@@ -309,8 +345,9 @@ def _full_layer_bytes(model: ModelShape, layout: TrainLayout, *, moe: bool) -> i
     return layer_activation_bytes(model, replace(layout, recompute="selective"), moe=moe)
 
 
-def trainer_activation_bytes(model: ModelShape, layout: TrainLayout) -> tuple[int, int]:
-    """(first-stage bytes, last-stage bytes) of activations under the 1F1B schedule."""
+def stage_activation_bytes(model: ModelShape, layout: TrainLayout, stage: int) -> int:
+    """Activation bytes of one GPU of pipeline stage ``stage`` under 1F1B: ``min(pp - stage, m)``
+    micro-batches in flight (Korthikanti Sec. 4.2.3), plus the head's on the last stage."""
     lps = model.layers // layout.pp
     moe_per_stage = lps // model.moe_every if model.num_experts else 0
     dense_per_stage = lps - moe_per_stage
@@ -326,32 +363,33 @@ def trainer_activation_bytes(model: ModelShape, layout: TrainLayout) -> tuple[in
     sp_div = t if layout.sequence_parallel else 1
     head = 2 * n * model.hidden // sp_div + 2 * n * model.hidden // t + 4 * logit_rows * vpad // t
     m = layout.pp if layout.num_microbatches is None else layout.num_microbatches
-    in_flight = min(layout.pp, m)
-    first = in_flight * per_mb + working
-    last = per_mb + working + head
-    if layout.pp == 1:
-        return first + head, first + head
-    return first, last
+    in_flight = min(layout.pp - stage, m)
+    return in_flight * per_mb + working + (head if stage == layout.pp - 1 else 0)
+
+
+def trainer_activation_bytes(model: ModelShape, layout: TrainLayout) -> tuple[int, int]:
+    """(first-stage bytes, last-stage bytes) of activations under the 1F1B schedule."""
+    return stage_activation_bytes(model, layout, 0), stage_activation_bytes(model, layout, layout.pp - 1)
 
 
 def trainer_memory(model: ModelShape, layout: TrainLayout, device: Device) -> MemoryReport:
     """Per-GPU trainer memory of the most loaded pipeline stage (module doc gives every byte count)."""
     layout.validate(model)
-    non_expert, expert = trainer_params_per_gpu(model, layout)
-    params = non_expert + expert
-    if layout.distributed_optimizer:
-        optim = 12 * non_expert // layout.dp + 12 * expert // layout.edp
-    else:
-        optim = 12 * params
-    first, last = trainer_activation_bytes(model, layout)
-    components = {
-        "weights_bf16": 2 * params,
-        "grads_fp32": 4 * params,
-        "optimizer_fp32": optim,
-        "activations": max(first, last),
-    }
-    notes = [f"params/GPU non-expert={non_expert:,} expert={expert:,}"]
-    return MemoryReport(role="trainer", components=components, budget_bytes=device.budget_bytes, notes=notes)
+    reports = []
+    for stage in sorted({0, layout.pp - 1}):
+        static = stage_static_bytes(model, layout, stage)
+        components = {
+            "weights_bf16": static["weights"],
+            "grads_fp32": static["grads"],
+            "optimizer_fp32": static["optimizer"],
+            "activations": stage_activation_bytes(model, layout, stage),
+        }
+        sp = stage_params(model, layout, stage)
+        notes = [f"pipeline stage {stage}: params/GPU non-expert={sp['body'] + sp['head']:,} "
+                 f"(FP32 head {sp['head'] if layout.fp32_head else 0:,}) expert={sp['expert']:,}"]
+        reports.append(MemoryReport(role="trainer", components=components, budget_bytes=device.budget_bytes,
+                                    notes=notes))
+    return max(reports, key=lambda r: r.total_bytes)
 
 
 # ------------------------------------------------------------------------- generators
@@ -404,7 +442,7 @@ def smallest_trainer_layout(
         for p in pps:
             for d in range(1, max_gpus // (t * p) + 1):
                 for e in eps:
-                    if (t * d) % e or (world is not None and t * p * d != world):
+                    if (t * d) % (e * base.etp) or (world is not None and t * p * d != world):
                         continue
                     lay = replace(base, tp=t, pp=p, dp=d, ep=e, sequence_parallel=base.sequence_parallel or t > 1)
                     candidates.append(lay)

@@ -24,8 +24,10 @@ decode forwards of the batch size), `prefill_steps`/`prefill_tokens` (admission 
 prompt tokens). The cluster simulator is calibrated on their per-step differences
 (`cluster/simulate.py::calibration_from_records`).
 
-Log-probs come from FP32 logits `hidden.float() @ W.float().T` when `fp32_lm_head` is on, or
-from logits computed in the model dtype (the bf16-head ablation) otherwise.
+Log-probs come from FP32 logits `hidden.float() @ W.float().T` when `fp32_lm_head` is on (W: an FP32
+copy of the head taken from the synced tensor itself, so an FP32 trainer head arrives unrounded even
+into a bf16 model), or, for the bf16-head ablation, from logits computed and left in the model dtype
+(the log-softmax then runs in that dtype too, as on the trainer).
 """
 
 from __future__ import annotations
@@ -259,10 +261,14 @@ class GenerationCore:
         """
         torch = self._torch
         resolved = self.check_weights(named_tensors)
+        head = self.model.get_output_embeddings().weight
+        head32 = None
         with torch.no_grad():
             for _, p, tensor in resolved:
                 p.copy_(tensor.to(device=p.device, dtype=p.dtype))
-        self._refresh_head()
+                if p is head and self.config.fp32_lm_head:
+                    head32 = tensor.detach().to(device=p.device, dtype=torch.float32, copy=True)
+        self._refresh_head(head32)
         return [name for name, _, _ in resolved]
 
     def set_version(self, version: int) -> None:
@@ -286,16 +292,22 @@ class GenerationCore:
         return len(rows)
 
     # ---- internals -----------------------------------------------------------------------------
-    def _refresh_head(self) -> None:
-        w = self.model.get_output_embeddings().weight
-        self._w32 = w.detach().float() if self.config.fp32_lm_head else None
+    def _refresh_head(self, w32: "torch.Tensor | None" = None) -> None:
+        """FP32 head weights: `w32` (the synced tensor in FP32) or the model's head upcast."""
+        if not self.config.fp32_lm_head:
+            self._w32 = None
+        elif w32 is not None:
+            self._w32 = w32
+        else:
+            self._w32 = self.model.get_output_embeddings().weight.detach().float()
 
     def _logits(self, hidden_NH: "torch.Tensor") -> "torch.Tensor":
-        """[N, V] float32 logits of the last position's hidden state."""
+        """[N, V] logits of the last position's hidden state: FP32 with the FP32 head, else in the
+        model dtype (bf16 head: no upcast before the log-softmax)."""
         if self._w32 is not None:
             return hidden_NH.float() @ self._w32.T
         w = self.model.get_output_embeddings().weight
-        return (hidden_NH @ w.T).float()
+        return hidden_NH @ w.T
 
     def _forward(self, ids, mask, pos, cache):
         out = self.model.model(

@@ -60,7 +60,10 @@ def test_tiny_presets_are_tiny():
     (ParallelConfig(tp=3), {}, ["tp=3", "num_attention_heads=4"]),
     (ParallelConfig(tp=4), {}, ["tp=4", "num_query_groups=2"]),
     (ParallelConfig(ep=3), {"num_experts": 4}, ["ep=3", "num_experts=4"]),
-    (ParallelConfig(tp=2), {"num_experts": 4}, ["sequence_parallel", "tp=2"]),
+    (ParallelConfig(tp=2, sequence_parallel=False), {"num_experts": 4}, ["sequence_parallel", "tp=2"]),
+    (ParallelConfig(etp=2), {}, ["etp=2", "dense"]),
+    (ParallelConfig(etp=3, ep=2), {"num_experts": 4, "moe_ffn_hidden_size": 64}, ["etp=3", "moe_ffn_hidden_size"]),
+    (ParallelConfig(tp=2, etp=1), {"num_experts": 4}, ["etp=1 with ep=1 and tp=2", "parallel.etp"]),
     (ParallelConfig(pp=3), {}, ["pp=3", "num_layers=2"]),
     (ParallelConfig(ep=2), {}, ["ep=2", "dense"]),
     (ParallelConfig(tp=1, sequence_parallel=True), {}, ["sequence_parallel=True", "tp=1"]),
@@ -94,8 +97,50 @@ def test_model_validation_messages():
         ModelConfig(hidden_size=0).validate()
     with pytest.raises(ValueError, match=r"moe_topk=5"):
         ModelConfig(num_experts=4, moe_topk=5).validate()
-    with pytest.raises(ValueError, match=r"ep=2 does not divide dp\*tp=1"):
+    with pytest.raises(ValueError, match=r"world_size=1 is not divisible by etp\*ep\*pp=1\*2\*1=2 "
+                                         r"\(keys parallel.etp, parallel.ep, parallel.pp\)"):
         ParallelConfig(ep=2).validate(world_size=1)
+
+
+@pytest.mark.parametrize("parallel, world, needles", [
+    (ParallelConfig(tp=4), 6, ["world_size=6", "tp*cp*pp=4*1*1=4", "parallel.tp"]),
+    (ParallelConfig(tp=2, cp=2, pp=2), 12, ["tp*cp*pp=2*2*2=8", "parallel.cp"]),
+    (ParallelConfig(tp=4, ep=16, etp=4), 16, ["etp*ep*pp=4*16*1=64", "parallel.etp", "parallel.ep"]),
+    (ParallelConfig(ep=16, pp=2), 16, ["etp*ep*pp=1*16*2=32"]),
+])
+def test_world_divisibility_names_the_layout_keys(parallel, world, needles):
+    with pytest.raises(ValueError) as err:
+        parallel.validate(world_size=world)
+    for needle in needles:
+        assert needle in str(err.value)
+
+
+def test_scout_layout_of_the_slurm_script_is_accepted():
+    """slurm/train_scout.sh: 4 trainer nodes x 4 GPUs, TP 4, EP 16 (ETP 1 by default), SP set for MoE+TP."""
+    scout = load_model_preset("scout_17b16e")
+    par = ParallelConfig(tp=4, ep=16)
+    par.validate(scout, world_size=16)
+    assert par.dp(16) == 1 * 4 and par.edp(16) == 1
+    assert par.sequence_parallel_on(scout) and not par.sequence_parallel_on(load_model_preset("tiny_dense"))
+    with pytest.raises(ValueError, match="etp"):  # Megatron's default expert TP = TP cannot initialise
+        ParallelConfig(tp=4, ep=16, etp=4).validate(scout, world_size=16)
+    # ep == 1: experts are dense params to Megatron, so they must be split like the dense layers
+    assert ParallelConfig(tp=2).expert_tp() == 2 and ParallelConfig(tp=2, ep=2).expert_tp() == 1
+
+
+def test_distributed_optimizer_defaults_on_with_data_parallel():
+    assert not OptimConfig().distributed_optimizer_on(1)
+    assert OptimConfig().distributed_optimizer_on(2)
+    assert not OptimConfig(use_distributed_optimizer=False).distributed_optimizer_on(4)
+    with pytest.raises(ValueError, match="overlap_param_gather"):
+        OptimConfig(use_distributed_optimizer=False, overlap_param_gather=True).validate()
+
+
+def test_precision_and_recompute_keys_are_validated():
+    with pytest.raises(ValueError, match="params_dtype='float16'"):
+        MegatronConfig(params_dtype="float16").validate()
+    with pytest.raises(ValueError, match="recompute='some'"):
+        MegatronConfig(recompute="some").validate()
 
 
 def test_unknown_preset_and_unknown_key(tmp_path):
@@ -132,3 +177,15 @@ def test_bad_config_fails_before_any_process_group(monkeypatch):
     with pytest.raises(ValueError, match=r"moe_topk=1 with moe_router_pre_softmax=False"):
         load_model_preset("tiny_moe", overrides={"moe_router_score_function": "softmax"})
     assert not dist.is_initialized()
+
+
+def test_mixed_dtype_params_use_the_distributed_optimizer():
+    """bf16 body + FP32 head: the distributed optimizer even at DP 1 (Megatron's non-distributed
+    mixed-precision optimizer cannot checkpoint the FP32 head); refusing it explicitly is an error."""
+    fp32_head = MegatronConfig(params_dtype="bfloat16")
+    assert fp32_head.mixed_dtype_params and fp32_head.distributed_optimizer(1)
+    bf16_head = MegatronConfig(model=ModelConfig(fp32_lm_head=False), params_dtype="bfloat16")
+    assert not bf16_head.distributed_optimizer(1) and bf16_head.distributed_optimizer(2)
+    assert not MegatronConfig().distributed_optimizer(1)  # FP32 params
+    with pytest.raises(ValueError, match="use_distributed_optimizer=False"):
+        MegatronConfig(params_dtype="bfloat16", optim=OptimConfig(use_distributed_optimizer=False)).validate()

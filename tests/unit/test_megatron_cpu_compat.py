@@ -27,14 +27,14 @@ def _applied():
 
 
 def test_apply_is_idempotent_and_revert_restores():
-    assert cpu_compat.installed() == [1, 2, 3, 4, 5, 6, 8]
+    assert cpu_compat.installed() == [1, 2, 3, 4, 5, 6, 8, 9, 10]
     assert cpu_compat.apply() == []
-    assert sorted(cpu_compat.revert()) == [1, 2, 3, 4, 5, 6, 8]
+    assert sorted(cpu_compat.revert()) == [1, 2, 3, 4, 5, 6, 8, 9, 10]
     assert cpu_compat.installed() == []
     from megatron.core.transformer.moe import moe_utils
 
     assert not hasattr(moe_utils, "te_general_gemm")
-    assert cpu_compat.apply() == [1, 2, 3, 4, 5, 6, 8]
+    assert cpu_compat.apply() == [1, 2, 3, 4, 5, 6, 8, 9, 10]
 
 
 def test_not_applied_when_cuda_present(monkeypatch):
@@ -174,3 +174,38 @@ def test_8_split_sizes_become_numpy():
         out = mod.maybe_move_tensor_to_cpu(sizes, as_numpy=True)
         assert not torch.is_tensor(out) and out.tolist() == [3, 1]
         assert mod.maybe_move_tensor_to_cpu(sizes) is sizes  # as_numpy=False unchanged
+
+
+def test_9_recompute_checkpoint_rng_state():
+    """`tensor_parallel.checkpoint` (activation recompute) runs and its gradient equals the direct one."""
+    from megatron.core import tensor_parallel
+
+    def fn(x):
+        return (x * x).sum(dim=0)
+
+    x = torch.tensor([[1.0, -2.0], [3.0, 0.5]], requires_grad=True)
+    cpu_compat.revert(only=(9,))
+    with pytest.raises((AssertionError, RuntimeError), match=CUDA_MSG):
+        tensor_parallel.checkpoint(fn, False, x)
+    cpu_compat.apply(only=(9,))
+    tensor_parallel.checkpoint(fn, False, x).sum().backward()
+    assert x.grad.tolist() == [[2.0, -4.0], [6.0, 1.0]]  # d/dx sum(x^2) = 2x
+
+
+def test_10_float16_optimizer_type_check():
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.optimizer import optimizer as mopt
+
+    p = torch.nn.Parameter(torch.tensor([1.0, 2.0], dtype=torch.bfloat16))
+    cfg = OptimizerConfig(optimizer="adam", lr=0.1, bf16=True, params_dtype=torch.bfloat16)
+
+    def build():
+        return mopt.Float16OptimizerWithFloat16Params(torch.optim.SGD([p], lr=0.1), cfg, None, lambda: None)
+
+    cpu_compat.revert(only=(10,))
+    with pytest.raises(AssertionError, match=CUDA_MSG):  # _scale_one on device="cuda", then the type check
+        build()
+    cpu_compat.apply(only=(10,))
+    opt = build()
+    main = opt.fp32_from_float16_groups[0][0]
+    assert main.dtype == torch.float32 and main.tolist() == [1.0, 2.0]  # the FP32 main copy

@@ -18,7 +18,8 @@ BIG_DEVICE = P.Device(name="big", capacity_bytes=10**12, runtime_reserve_bytes=0
 
 
 def test_tiny_dense_by_hand():
-    lay = P.TrainLayout(tp=2, pp=1, dp=2, seq_len=32, micro_batch=1, recompute="selective")
+    lay = P.TrainLayout(tp=2, pp=1, dp=2, seq_len=32, micro_batch=1, recompute="selective", fp32_head=False,
+                        vocab_divisible_by=128)
     rep = P.trainer_memory(TINY, lay, BIG_DEVICE)
     # parameters on one GPU
     vpad = 1024  # ceil(1000 / (128*2)) * 256
@@ -63,7 +64,7 @@ def test_full_recompute_and_no_sp():
 @pytest.mark.parametrize("dp", [1, 2, 8])
 def test_megatron_bytes_per_param_table(dp):
     """Megatron-Core dist-optimizer guide: bf16 params + fp32 grads = 18 B/param, or 6 + 12/d."""
-    lay = P.TrainLayout(dp=dp, seq_len=8)
+    lay = P.TrainLayout(dp=dp, seq_len=8, fp32_head=False)
     n_params = sum(P.trainer_params_per_gpu(TINY, lay))
     rep = P.trainer_memory(TINY, lay, BIG_DEVICE)
     static = rep.total_bytes - rep.components["activations"]
@@ -75,7 +76,7 @@ def test_megatron_bytes_per_param_table(dp):
 def test_tiny_moe_expert_sharding_by_hand():
     moe = P.ModelShape(name="tmoe", hidden=32, layers=2, heads=2, kv_heads=2, head_dim=16, ffn=64, vocab=256,
                        num_experts=4, top_k=1, expert_ffn=48, shared_expert_ffn=48)
-    lay = P.TrainLayout(tp=1, pp=1, dp=4, ep=2, seq_len=8)
+    lay = P.TrainLayout(tp=1, pp=1, dp=4, ep=2, seq_len=8, fp32_head=False)
     non_expert, expert = P.trainer_params_per_gpu(moe, lay)
     attn = 4 * 32 * 32  # q, o, k, v, all 32x32
     shared = 3 * 32 * 48
@@ -89,6 +90,31 @@ def test_tiny_moe_expert_sharding_by_hand():
     layer = 8 * n * 32 + (2 * n * 32 + 4 * n * 32 + 2 * n * 32 + 4 * 2 * n) + 4 * n * 4 \
         + n * 1 * (4 * 32 + 6 * 48) + 6 * n * 48 + 2 * n * 32
     assert P.layer_activation_bytes(moe, lay, moe=True) == layer
+
+
+def test_fp32_head_bytes_by_hand():
+    """FP32 head: output layer weights 4 B and no FP32 main copy (8 B of Adam moments, sharded)."""
+    lay = P.TrainLayout(tp=1, pp=2, dp=2, seq_len=8)
+    first, last = P.stage_params(TINY, lay, 0), P.stage_params(TINY, lay, 1)
+    layer = 64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64  # attention, MLP, two norms
+    assert first == {"body": layer + 1000 * 64, "head": 0, "expert": 0}
+    assert last == {"body": layer + 64, "head": 1000 * 64, "expert": 0}
+    got = P.stage_static_bytes(TINY, lay, 1)
+    assert got == {"weights": 2 * (layer + 64) + 4 * 64000, "grads": 4 * (layer + 64 + 64000),
+                   "optimizer": (12 * (layer + 64) + 8 * 64000) // 2}
+    bf16 = P.stage_static_bytes(TINY, replace(lay, fp32_head=False), 1)
+    assert bf16["weights"] == 2 * (layer + 64 + 64000) and bf16["optimizer"] == 12 * (layer + 64 + 64000) // 2
+
+
+def test_expert_tensor_parallel_splits_experts_and_edp():
+    moe = P.ModelShape(name="tmoe", hidden=32, layers=2, heads=2, kv_heads=2, head_dim=16, ffn=64, vocab=256,
+                       num_experts=4, top_k=1, expert_ffn=48, shared_expert_ffn=48)
+    one = P.TrainLayout(tp=2, dp=4, ep=2, etp=1)
+    two = replace(one, etp=2)
+    assert (one.edp, two.edp) == (4, 2)
+    assert P.stage_params(moe, one, 0)["expert"] == 2 * P.stage_params(moe, two, 0)["expert"] == 2 * 2 * 3 * 32 * 48
+    with pytest.raises(ValueError, match="etp=4"):
+        P.trainer_memory(moe, replace(one, etp=4, ep=4), BIG_DEVICE)
 
 
 def test_generator_kv_by_hand():

@@ -266,6 +266,58 @@ def _optimizer_is_fresh(optimizer) -> bool:
     return all(len(getattr(getattr(o, "optimizer", o), "state", {})) == 0 for o in subs)
 
 
+def _prime_fresh_optimizer(optimizer) -> bool:
+    """Give a never-stepped optimizer zero Adam moments and step 0 before loading into it.
+
+    Megatron builds the state dict to load into from the optimizer's current state, and the
+    distributed optimizer with torch's Adam asserts one common 'step' over it
+    (`DistributedOptimizer.state_dict`: `assert len(steps) == 1`), which fails when there is no state
+    yet. The load overwrites all of it.
+    """
+    import torch
+
+    primed = False
+    for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        inner, init = getattr(sub, "optimizer", None), getattr(sub, "init_state_fn", None)
+        if inner is None or init is None or len(inner.state):
+            continue
+        init(inner, sub.config)
+        for st in inner.state.values():
+            st.setdefault("step", torch.tensor(0.0))
+        primed = True
+    return primed
+
+
+def _restore_adam_step(optimizer, loaded: Any) -> None:
+    """After loading into a primed optimizer: the distributed optimizer's dp_reshardable load copies
+    each parameter's 'step' from the *local* (non-persistent) value, i.e. the 0 of the priming, so
+    Adam's bias correction would restart. Set every state's step to the saved common step (the
+    'step' of the saved param_groups)."""
+    import torch
+
+    steps: set[float] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for group in node.get("param_groups", []) if isinstance(node.get("param_groups"), list) else []:
+                if isinstance(group, dict) and "step" in group:
+                    steps.add(float(group["step"]))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(loaded)
+    if len(steps) != 1:
+        return
+    step = steps.pop()
+    for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        for st in getattr(getattr(sub, "optimizer", None), "state", {}).values():
+            if "step" in st:
+                st["step"] = torch.tensor(step, dtype=torch.float32)
+
+
 def _model_config_json(model_config) -> Optional[str]:
     """Sidecar text for `model_config` (None: no sidecar)."""
     import dataclasses
@@ -365,6 +417,7 @@ def _load_verified(ckpt: Path, common: dict[str, Any], *, chunks: list, optimize
     if with_opt:
         if not common.get("has_optimizer", False):
             raise ValueError(f"checkpoint {ckpt}: has no optimizer state (saved with optimizer=None)")
+        primed = _prime_fresh_optimizer(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=OPTIM_METADATA)
     try:
         loaded = dist_checkpointing.load(state, str(ckpt))
@@ -374,4 +427,6 @@ def _load_verified(ckpt: Path, common: dict[str, Any], *, chunks: list, optimize
     if with_opt:
         with torch.no_grad():
             optimizer.load_state_dict(loaded["optimizer"])
+            if primed:
+                _restore_adam_step(optimizer, loaded["optimizer"])
     return dict(common.get("extra_state", {}))

@@ -193,35 +193,79 @@ class ModelConfig:
 
 @dataclass(kw_only=True)
 class ParallelConfig:
-    """Parallel layout. DP is derived: world_size / (tp * pp) (experts: world / (etp * ep * pp))."""
+    """Parallel layout, two views of one world (Megatron-Core's dense and expert process grids).
+
+    Dense layers: world = tp * cp * pp * dp (dp derived). Expert (MoE) layers: world = etp * ep * pp *
+    edp (edp, the expert data-parallel size, derived). Expert tensor parallelism `etp` is its own
+    size: Megatron would default it to `tp`, which for Scout (tp 4, ep 16 on 16 GPUs) gives
+    4 * 16 = 64 > 16 and the layout cannot initialise; with ep > 1 the default here is 1 (experts
+    unsplit), with ep == 1 it stays tp (`expert_tp`).
+    """
 
     tp: int = 1
     pp: int = 1
     ep: int = 1
-    sequence_parallel: bool = False
+    etp: Optional[int] = None
+    """Expert tensor-parallel size (Megatron `expert_tensor_parallel_size`). None: 1 (whole experts per
+    rank) when ep > 1, else tp (see `expert_tp`)."""
+    cp: int = 1
+    """Context-parallel size (Megatron `context_parallel_size`); counted in the dense layout."""
+    sequence_parallel: Optional[bool] = None
+    """None: on exactly when tp > 1 and the model is MoE (Megatron refuses MoE + TP without it);
+    True/False: as given (False with MoE + TP is refused by `validate`)."""
     moe_token_dispatcher: str = "alltoall"
     micro_batch_size: int = 1
     backend: str = "auto"
     """"auto" (nccl with CUDA, gloo without), "gloo" or "nccl"."""
 
+    def expert_tp(self) -> int:
+        """Resolved `etp`. With ep == 1 Megatron-Core 0.16.1 marks expert weights as dense parameters
+        (`allreduce = not (is_expert and expert_model_parallel_size > 1)`), reduced over the dense DP
+        group only; experts replicated over TP (etp < tp) would then never sum the gradients of
+        their different tokens, so ep == 1 needs etp == tp (the default there)."""
+        if self.etp is not None:
+            return self.etp
+        return 1 if self.ep > 1 else self.tp
+
+    def sequence_parallel_on(self, model: Optional[ModelConfig] = None) -> bool:
+        """Resolved sequence parallelism (see `sequence_parallel`)."""
+        if self.sequence_parallel is not None:
+            return bool(self.sequence_parallel)
+        return self.tp > 1 and model is not None and model.is_moe
+
     def dp(self, world_size: int) -> int:
-        if world_size % (self.tp * self.pp):
-            raise ValueError(f"parallel: world_size={world_size} is not divisible by tp*pp={self.tp * self.pp}")
-        return world_size // (self.tp * self.pp)
+        """Dense data-parallel size: world_size / (tp * cp * pp)."""
+        return self._quotient(world_size, ("tp", "cp", "pp"))
+
+    def edp(self, world_size: int) -> int:
+        """Expert data-parallel size: world_size / (etp * ep * pp)."""
+        return self._quotient(world_size, ("etp", "ep", "pp"))
+
+    def _quotient(self, world_size: int, keys: tuple[str, ...]) -> int:
+        sizes = [self.expert_tp() if k == "etp" else getattr(self, k) for k in keys]
+        product = 1
+        for size in sizes:
+            product *= size
+        if world_size % product:
+            raise ValueError(f"parallel: world_size={world_size} is not divisible by {'*'.join(keys)}="
+                             f"{'*'.join(map(str, sizes))}={product} "
+                             f"(keys {', '.join('parallel.' + k for k in keys)})")
+        return world_size // product
 
     def validate(self, model: Optional[ModelConfig] = None, *, world_size: Optional[int] = None) -> "ParallelConfig":
         where = "parallel"
-        for key in ("tp", "pp", "ep", "micro_batch_size"):
+        for key in ("tp", "pp", "ep", "cp", "micro_batch_size"):
             _positive(where, key, getattr(self, key))
+        if self.etp is not None:
+            _positive(where, "etp", self.etp)
+        etp = self.expert_tp()
         _choice(where, "moe_token_dispatcher", self.moe_token_dispatcher, DISPATCHERS)
         _choice(where, "backend", self.backend, ("auto", "gloo", "nccl"))
         if self.sequence_parallel and self.tp == 1:
             raise ValueError(f"{where}: sequence_parallel=True needs tp > 1 (tp={self.tp})")
         if world_size is not None:
-            dp = self.dp(world_size)
-            if (dp * self.tp) % self.ep:
-                raise ValueError(f"{where}: ep={self.ep} does not divide dp*tp={dp * self.tp} "
-                                 f"(world_size={world_size}, pp={self.pp})")
+            self.dp(world_size)
+            self.edp(world_size)
         if model is None:
             return self
         m = model
@@ -235,9 +279,18 @@ class ParallelConfig:
             raise ValueError(f"{where}: pp={self.pp} does not divide model.num_layers={m.num_layers}")
         if self.ep > 1 and not m.is_moe:
             raise ValueError(f"{where}: ep={self.ep} > 1 but model '{m.name}' is dense (num_experts=0)")
+        if self.etp is not None and self.etp > 1 and not m.is_moe:
+            raise ValueError(f"{where}: etp={self.etp} > 1 but model '{m.name}' is dense (num_experts=0)")
+        if m.is_moe and self.ep == 1 and etp != self.tp:
+            raise ValueError(f"{where}: etp={etp} with ep=1 and tp={self.tp}: with ep=1 Megatron reduces expert "
+                             "gradients over the dense data-parallel group only, so experts replicated over TP "
+                             "would never sum theirs; set parallel.etp to parallel.tp (or leave it unset) or ep > 1")
         if m.is_moe and m.num_experts % self.ep:
             raise ValueError(f"{where}: ep={self.ep} does not divide model.num_experts={m.num_experts}")
-        if m.is_moe and self.tp > 1 and not self.sequence_parallel:
+        if m.is_moe and etp > 1 and m.expert_ffn % etp:
+            raise ValueError(f"{where}: etp={etp} does not divide the expert width {m.expert_ffn} "
+                             "(model.moe_ffn_hidden_size)")
+        if m.is_moe and self.tp > 1 and not self.sequence_parallel_on(m):
             raise ValueError(f"{where}: MoE with tp={self.tp} needs sequence_parallel=True "
                              "(Megatron refuses MoE + TP without SP in training)")
         return self
@@ -255,8 +308,18 @@ class OptimConfig:
     weight_decay: float = 0.01
     clip_grad: float = 1.0
     """Global grad-norm clip; 0 disables."""
-    use_distributed_optimizer: bool = False
+    use_distributed_optimizer: Optional[bool] = None
+    """Megatron's distributed optimizer (FP32 main params and Adam moments sharded over DP).
+    None: on when the data-parallel size is > 1."""
+    overlap_grad_reduce: bool = False
+    """Overlap the DP gradient reduce-scatter/all-reduce with the backward pass (Megatron DDP)."""
+    overlap_param_gather: bool = False
+    """Overlap the distributed optimizer's parameter all-gather with the next forward."""
     seed: int = 1234
+
+    def distributed_optimizer_on(self, dp: int) -> bool:
+        """Resolved `use_distributed_optimizer` for data-parallel size `dp`."""
+        return dp > 1 if self.use_distributed_optimizer is None else bool(self.use_distributed_optimizer)
 
     def lr_at(self, step: int) -> float:
         """LR for optimizer step `step` (0-based): lr*(step+1)/warmup_steps during warmup, then lr."""
@@ -278,21 +341,65 @@ class OptimConfig:
             raise ValueError(f"{where}: adam_eps={self.adam_eps} must be > 0")
         if self.weight_decay < 0 or self.clip_grad < 0:
             raise ValueError(f"{where}: weight_decay={self.weight_decay} and clip_grad={self.clip_grad} must be >= 0")
+        if self.overlap_param_gather and self.use_distributed_optimizer is False:
+            raise ValueError(f"{where}: overlap_param_gather=True needs the distributed optimizer "
+                             "(use_distributed_optimizer is False)")
         return self
+
+
+PARAMS_DTYPES = ("float32", "bfloat16")
+RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass(kw_only=True)
 class MegatronConfig:
-    """Everything the Megatron trainer needs, validated together."""
+    """Everything the Megatron trainer needs, validated together.
+
+    Precision (paper Sec. 3.2; Megatron mixed precision): `params_dtype` bfloat16 gives bf16
+    parameters and activations (`Float16Module`), FP32 main weights and Adam moments in the
+    optimizer (`OptimizerConfig(bf16=True)`), and gradients reduced in FP32 when
+    `grad_reduce_in_fp32`. `model.fp32_lm_head` keeps the output layer + log-softmax FP32 on top.
+    """
 
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    params_dtype: str = "float32"
+    """Body parameter/activation dtype: float32 | bfloat16 (Hydra: `precision.params_dtype`)."""
+    grad_reduce_in_fp32: bool = True
+    """Accumulate and reduce gradients in an FP32 buffer (`main_grad`) even with bf16 params."""
+    recompute: str = "none"
+    """Activation recompute: none | selective (core attention) | full (every layer, uniform)."""
+
+    @property
+    def bf16(self) -> bool:
+        return self.params_dtype == "bfloat16"
+
+    @property
+    def mixed_dtype_params(self) -> bool:
+        """bf16 body with an FP32 output layer (`precision=fp32_head` on bf16 params)."""
+        return self.bf16 and self.model.fp32_lm_head
+
+    def distributed_optimizer(self, dp: int) -> bool:
+        """Resolved `optim.use_distributed_optimizer`: None means on when dp > 1, and also at dp 1
+        for mixed-dtype params (Megatron-Core 0.16.1's non-distributed `Float16OptimizerWithFloat16Params`
+        cannot checkpoint FP32 params among bf16 ones: `sharded_state_dict` maps only its float16
+        groups, KeyError on the FP32 head). At dp 1 the distributed optimizer holds the same bytes."""
+        if self.optim.use_distributed_optimizer is None and self.mixed_dtype_params:
+            return True
+        return self.optim.distributed_optimizer_on(dp)
 
     def validate(self, *, world_size: Optional[int] = None) -> "MegatronConfig":
         self.model.validate()
         self.parallel.validate(self.model, world_size=world_size)
         self.optim.validate()
+        _choice("precision", "params_dtype", self.params_dtype, PARAMS_DTYPES)
+        _choice("train", "recompute", self.recompute, RECOMPUTE)
+        if self.mixed_dtype_params and self.optim.use_distributed_optimizer is False:
+            raise ValueError("optim: use_distributed_optimizer=False with bf16 params and the FP32 head "
+                             "(precision.params_dtype=bfloat16, model.fp32_lm_head=True): Megatron's "
+                             "non-distributed mixed-precision optimizer cannot checkpoint the FP32 head; "
+                             "leave it unset (null) or true")
         return self
 
 

@@ -35,6 +35,15 @@ Each is fixed here by the narrowest change found, listed failure by failure:
    wrapper that also converts CPU tensors when `as_numpy=True`, installed in moe_utils and in
    token_dispatcher (which imported the name).
 
+9. Activation recompute (`tensor_parallel.checkpoint`, used by `recompute_granularity` selective and
+   full) saves and restores the CUDA RNG state with `_get_cuda_rng_state`/`_set_cuda_rng_state`
+   ("Torch not compiled with CUDA enabled"). There is no CUDA generator on a CPU build; the CPU
+   generator and the model-parallel tracker states are saved/restored by the same functions already.
+   Fix: those two return None / do nothing.
+10. bf16 mixed precision: `Float16OptimizerWithFloat16Params.__init__` allocates its unit loss scale
+   `_scale_one` with `device="cuda"` (as in 3) and checks `param.type() in ['torch.cuda.HalfTensor',
+   'torch.cuda.BFloat16Tensor']` (as in 6). Fix: its constructor runs in the scoped mode of 3/6.
+
 `apply()` is idempotent and does nothing when CUDA is available. `revert()` restores every original
 (tests use it to reproduce each failure). Every replaced callable carries `__scalerl_cpu_compat__`.
 """
@@ -76,7 +85,7 @@ def _cuda_to_cpu_mode():
             if func in (torch.Tensor.cuda, torch.Tensor.pin_memory):
                 return args[0]
             if func is torch.Tensor.type and len(args) == 1 and not kwargs:
-                name = func(*args)
+                name = func(*args).replace("torch.meta.", "torch.")  # meta: the dry run's tensors
                 return cuda_names.get(name, name)
             if "device" in kwargs and _is_cuda_device(kwargs["device"]):
                 kwargs["device"] = "cpu"
@@ -259,6 +268,24 @@ def _patches() -> list[_Patch]:
             (distrib_optimizer.DistributedOptimizer, "__init__", scoped),
         ]
 
+    def p9():
+        from megatron.core.tensor_parallel import random as mrandom
+
+        def get_state(*args, **kwargs):
+            return None
+
+        def set_state(*args, **kwargs):
+            return None
+
+        return [(mrandom, "_get_cuda_rng_state", lambda orig: get_state),
+                (mrandom, "_set_cuda_rng_state", lambda orig: set_state)]
+
+    def p10():
+        from megatron.core.optimizer import optimizer
+
+        scoped = lambda orig: _scoped(orig, _cuda_to_cpu_mode)  # noqa: E731
+        return [(optimizer.Float16OptimizerWithFloat16Params, "__init__", scoped)]
+
     def p8():
         from megatron.core.transformer.moe import moe_utils, token_dispatcher
 
@@ -284,6 +311,8 @@ def _patches() -> list[_Patch]:
         _Patch(6, "param.grad.type() == 'torch.cuda.FloatTensor'", p6),
         # 7 is not a patch: see SequenceParallelTorchNorm (used by models.py).
         _Patch(8, "all_to_all_single(): incompatible function arguments (tensor split sizes)", p8),
+        _Patch(9, "activation recompute: CUDA RNG state get/set", p9),
+        _Patch(10, "Float16OptimizerWithFloat16Params: param.type() == 'torch.cuda.BFloat16Tensor'", p10),
     ]
 
 

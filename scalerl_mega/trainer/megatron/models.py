@@ -23,8 +23,28 @@ def te_available() -> bool:
     return True
 
 
-def transformer_config(model: ModelConfig, parallel: ParallelConfig):
-    """The Megatron `TransformerConfig` for this model and layout (fp32 params)."""
+def recompute_kwargs(recompute: str) -> dict[str, Any]:
+    """`train.recompute` -> Megatron TransformerConfig fields.
+
+    selective: recompute core attention (softmax(QK^T)V, the s^2 terms; Korthikanti et al. 2022);
+    full: recompute every layer from its input (`uniform`, one layer per checkpoint).
+    """
+    if recompute == "none":
+        return {}
+    if recompute == "selective":
+        return dict(recompute_granularity="selective", recompute_modules=["core_attn"])
+    if recompute == "full":
+        return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    raise ValueError(f"train: recompute={recompute!r} is not one of ['none', 'selective', 'full']")
+
+
+def transformer_config(model: ModelConfig, parallel: ParallelConfig, *, params_dtype: str = "float32",
+                       recompute: str = "none"):
+    """The Megatron `TransformerConfig` for this model and layout.
+
+    `params_dtype` "bfloat16" sets `bf16=True` and bf16 `params_dtype`/`pipeline_dtype` (Megatron mixed
+    precision; the model is then wrapped in `Float16Module`, see `wrap.py`); "float32" keeps FP32.
+    """
     import torch
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
@@ -32,6 +52,8 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
     from scalerl_mega.trainer.megatron.llama4 import no_rope_pattern
 
     on_cpu = not torch.cuda.is_available()
+    bf16 = params_dtype == "bfloat16"
+    dtype = torch.bfloat16 if bf16 else torch.float32
     moe: dict[str, Any] = {}
     if model.is_moe:
         freq: Any = 1 if model.moe_layer_freq == 1 else [int(model.is_moe_layer(i)) for i in range(model.num_layers)]
@@ -70,9 +92,12 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
         tensor_model_parallel_size=parallel.tp,
         pipeline_model_parallel_size=parallel.pp,
         expert_model_parallel_size=parallel.ep,
-        sequence_parallel=parallel.sequence_parallel,
-        params_dtype=torch.float32,
-        pipeline_dtype=torch.float32,
+        expert_tensor_parallel_size=parallel.expert_tp(),
+        context_parallel_size=parallel.cp,
+        sequence_parallel=parallel.sequence_parallel_on(model),
+        bf16=bf16,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
         use_cpu_initialization=on_cpu,
         gradient_accumulation_fusion=False,
         bias_activation_fusion=False,
@@ -82,6 +107,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig):
         apply_rope_fusion=False,
         batch_p2p_sync=not on_cpu,  # the sync is torch.cuda.synchronize(); gloo p2p is synchronous
         no_rope_freq=no_rope_pattern(model) if model.arch == "llama4" else None,
+        **recompute_kwargs(recompute),
         **moe,
     )
 
@@ -123,9 +149,11 @@ def replace_in_spec(spec: Any, old: type, new: type) -> Any:
     return spec
 
 
-def build_model(model: ModelConfig, parallel: ParallelConfig, *, use_te: bool | None = None):
+def build_model(model: ModelConfig, parallel: ParallelConfig, *, use_te: bool | None = None,
+                params_dtype: str = "float32", recompute: str = "none", on_meta: bool = False):
     """One `GPTModel` chunk for this pipeline stage (Megatron parallel state must be initialised).
 
+    `on_meta`: the caller builds on the meta device (dry_run.py): no size limit, no `.cuda()`.
     Returns (model, transformer_config).
     """
     import torch
@@ -137,10 +165,10 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, *, use_te: bool | 
     model.validate()
     if use_te is None:
         use_te = te_available()
-    if not torch.cuda.is_available() and model.num_params()["total"] > 5e9:
+    if not torch.cuda.is_available() and not on_meta and model.num_params()["total"] > 5e9:
         raise ValueError(f"model '{model.name}': {model.num_params()['total'] / 1e9:.1f}B parameters is "
                          "built only on GPU (no CUDA here)")
-    tcfg = transformer_config(model, parallel)
+    tcfg = transformer_config(model, parallel, params_dtype=params_dtype, recompute=recompute)
     spec = layer_spec(model, tcfg, use_te=use_te)
     gpt = GPTModel(
         config=tcfg,
@@ -156,22 +184,38 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, *, use_te: bool | 
         rope_scaling=False,  # Megatron fixes 3 of the 4 Llama-3 parameters; rope.apply_rope_scaling has all
     )
     apply_rope_scaling(gpt, model)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not on_meta:
         gpt.cuda(torch.cuda.current_device())
     if model.fp32_lm_head:
         ensure_fp32_lm_head(gpt)
     return gpt, tcfg
 
 
+def head_dtype(gpt):
+    """dtype of the output layer (the shared embedding when tied): the log-softmax runs in it
+    (FP32 head, or FP32 model: float32; `bf16_head` with bf16 params: bfloat16)."""
+    if not getattr(gpt, "post_process", False):
+        return None
+    layer = getattr(gpt, "output_layer", None)
+    weight = getattr(layer, "weight", None) if layer is not None else None
+    if weight is None and getattr(gpt, "share_embeddings_and_output_weights", False):
+        weight = gpt.shared_embedding_or_output_weight()
+    return None if weight is None else weight.dtype
+
+
 def ensure_fp32_lm_head(gpt) -> None:
     """Keep the output layer in FP32 and feed it FP32 hidden states, so logits are FP32 even when
-    the rest of the model runs in 16 bit (paper Sec. 3.2). A no-op for an all-FP32 model."""
+    the rest of the model runs in 16 bit (paper Sec. 3.2). A no-op for an all-FP32 model. Call it again
+    after a `Float16Module` wrap (which casts every module to bf16): the layer goes back to FP32, the
+    hook is registered once."""
     import torch
 
     layer = getattr(gpt, "output_layer", None)
-    if layer is None or getattr(layer, "_scalerl_fp32", False):
+    if layer is None:
         return
     layer.float()
+    if getattr(layer, "_scalerl_fp32", False):
+        return
 
     def upcast(module, args, kwargs):
         if args and torch.is_tensor(args[0]) and args[0].dtype != torch.float32:

@@ -75,18 +75,28 @@ def init_parallel(parallel: ParallelConfig, *, model: Optional[ModelConfig] = No
         dist.init_process_group(backend=backend, world_size=world_size,
                                 rank=int(os.environ.get("RANK", "0")),
                                 timeout=datetime.timedelta(minutes=timeout_minutes))
-    from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
+
+    init_megatron_groups(parallel, timeout_minutes=timeout_minutes)
+    torch.manual_seed(seed)  # CPU initialisation draws full weights on every rank, then splits them
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    return parallel_info()
+
+
+def init_megatron_groups(parallel: ParallelConfig, *, timeout_minutes: int = 10,
+                         create_gloo_process_groups: bool = True) -> None:
+    """(Re)initialise Megatron's TP/CP/PP/EP/ETP/DP groups on the existing default process group."""
+    from megatron.core import parallel_state as ps
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(tensor_model_parallel_size=parallel.tp,
                                  pipeline_model_parallel_size=parallel.pp,
+                                 context_parallel_size=parallel.cp,
                                  expert_model_parallel_size=parallel.ep,
-                                 distributed_timeout_minutes=timeout_minutes)
-    torch.manual_seed(seed)  # CPU initialisation draws full weights on every rank, then splits them
-    tensor_parallel.model_parallel_cuda_manual_seed(seed)
-    return parallel_info()
+                                 expert_tensor_parallel_size=parallel.expert_tp(),
+                                 distributed_timeout_minutes=timeout_minutes,
+                                 create_gloo_process_groups=create_gloo_process_groups)
 
 
 def parallel_info() -> ParallelInfo:

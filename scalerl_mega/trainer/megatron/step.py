@@ -29,6 +29,7 @@ from functools import partial
 from typing import Any, Callable, Iterator
 
 from scalerl_mega.trainer.megatron.config import OptimConfig, ParallelConfig
+from scalerl_mega.trainer.megatron.models import head_dtype
 from scalerl_mega.trainer.policy_loss import next_token_ce_loss
 
 LossFn = Callable[[Any, dict], tuple[Any, dict]]
@@ -80,16 +81,17 @@ HeadLossFn = Callable[[LMHead, dict], tuple[Any, dict]]
 
 
 # ----------------------------------------------------------------------------- log-probs
-def token_logprobs(logits_BTV, targets_BT):
+def token_logprobs(logits_BTV, targets_BT, *, dtype=None):
     """FP32 log p(target) from (vocab-parallel) logits [B, T, V/tp]; exact at any TP size.
 
     `vocab_parallel_cross_entropy` subtracts the max from its input and exponentiates it in
     place, so it gets a private FP32 copy (`.float()` alone is not a copy for FP32 logits).
+    `dtype`: compute in this dtype instead (the bf16-head ablation: `models.head_dtype`).
     """
     import torch
     from megatron.core import tensor_parallel
 
-    logits = logits_BTV.to(torch.float32, copy=True)
+    logits = logits_BTV.to(torch.float32 if dtype is None else dtype, copy=True)
     return -tensor_parallel.vocab_parallel_cross_entropy(logits, targets_BT)
 
 
@@ -266,8 +268,8 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
         return {k: (v.detach().float() if torch.is_tensor(v) else torch.tensor(float(v), device=device))
                 for k, v in metrics.items()}
 
-    def loss_func(mb, output):
-        logp = token_logprobs(output, mb["targets"])
+    def loss_func(mb, output, dtype=None):
+        logp = token_logprobs(output, mb["targets"], dtype=dtype)
         loss, metrics = loss_fn(logp, mb)
         metrics = _metrics(metrics)
         if collect_logprobs:
@@ -286,7 +288,7 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
                 output = model(mb["input_ids"], mb["position_ids"], None)
             return output, partial(head_loss_func, mb, gpt)
         output = model(mb["input_ids"], mb["position_ids"], None)
-        return output, partial(loss_func, mb)
+        return output, partial(loss_func, mb, dtype=head_dtype(gpt))
 
     seq_len = batch["input_ids"].shape[1]
     store = get_forward_backward_func()(

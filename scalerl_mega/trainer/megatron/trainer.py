@@ -23,7 +23,7 @@ class MegatronPolicyTrainer:
 
     def __init__(self, cfg: MegatronConfig, *, loss_fn: LossFn = next_token_ce_loss,
                  head_loss_fn: HeadLossFn | None = None, micro_batch_tokens: int | None = None) -> None:
-        from scalerl_mega.trainer.megatron import models, parallel, step
+        from scalerl_mega.trainer.megatron import models, parallel, step, wrap
 
         cfg.validate(world_size=parallel.world_size_from_env())  # before any process group starts
         self.cfg = cfg
@@ -33,10 +33,11 @@ class MegatronPolicyTrainer:
         self.head_loss_fn = head_loss_fn
         self.micro_batch_tokens = micro_batch_tokens
         self.info = parallel.init_parallel(cfg.parallel, model=cfg.model, seed=cfg.optim.seed)
-        model, self.tcfg = models.build_model(cfg.model, cfg.parallel)
-        self.chunks = [step.wrap_ddp(model, self.tcfg, use_distributed_optimizer=cfg.optim.use_distributed_optimizer)]
+        model, self.tcfg = models.build_model(cfg.model, cfg.parallel, params_dtype=cfg.params_dtype,
+                                              recompute=cfg.recompute)
+        self.chunks = [wrap.wrap_model(model, self.tcfg, cfg)]
         step.configure_schedule(self.tcfg, self.chunks)
-        self.optimizer = step.build_optimizer(self.chunks, cfg.optim)
+        self.optimizer = wrap.build_optimizer(self.chunks, cfg)
         self.step = 0
 
     def _data(self, batch) -> dict:
@@ -92,9 +93,9 @@ class MegatronPolicyTrainer:
 
     def reset_optimizer(self) -> None:
         """Fresh optimizer state and step counter (e.g. after an SFT warm start, before RL)."""
-        from scalerl_mega.trainer.megatron import step
+        from scalerl_mega.trainer.megatron import wrap
 
-        self.optimizer = step.build_optimizer(self.chunks, self.cfg.optim)
+        self.optimizer = wrap.build_optimizer(self.chunks, self.cfg)
         self.step = 0
 
     def save(self, path: str, *, extra_state: Optional[dict[str, Any]] = None) -> None:

@@ -1,0 +1,181 @@
+"""Worker for tests/integration/test_megatron_precision.py (run as N ranks by mp_launch; not a test).
+
+Modes (JSON results into --out):
+  save      world of 2, bf16 mixed precision (wrap.py), per layout in --layouts (dp2: FP32 head,
+            distributed optimizer; tp2: TP 2, bf16 head, non-distributed optimizer): train 2 steps,
+            dist-checkpoint, train 2 more ("after"); also records optimizer / wrapper types and dtypes.
+            Then dp2 again with the DDP/optimizer overlap options on (4 steps).
+  load      world of 1 (TP1 DP1): load --ckpt (model + optimizer, resharded) and train the same 2 steps
+            ("resumed"); control: model only with a fresh optimizer ("fresh_optimizer").
+  recompute world of 1: one forward/backward of the same model and batch under train.recompute none /
+            selective / full; loss, gradients and how often core attention / layers ran forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import megatron_worker  # noqa: E402
+from megatron_worker import global_batch, write  # noqa: E402
+
+from scalerl_mega.trainer.megatron.config import (  # noqa: E402
+    MegatronConfig,
+    OptimConfig,
+    ParallelConfig,
+    load_model_preset,
+)
+
+
+def config(parallel: ParallelConfig, *, distopt=None, params_dtype="bfloat16", recompute="none",
+           fp32_head=True) -> MegatronConfig:
+    import dataclasses
+
+    optim = OptimConfig(lr=5e-3, warmup_steps=0, adam_eps=1e-4, clip_grad=1.0, use_distributed_optimizer=distopt)
+    model = dataclasses.replace(load_model_preset("tiny_dense"), fp32_lm_head=fp32_head)
+    return MegatronConfig(model=model, parallel=parallel, optim=optim, params_dtype=params_dtype,
+                          recompute=recompute)
+
+
+# dp2: bf16 body + FP32 head -> distributed optimizer (dp_reshardable state: reshards over DP);
+# tp2: bf16 head -> Megatron's non-distributed mixed-precision optimizer (model-space state: reshards over TP)
+FP32_HEAD = {"dp2": True, "tp2": False}
+
+
+class Run(megatron_worker.Run):
+    """Model + Float16Module/DDP + optimizer exactly as MegatronPolicyTrainer builds them (the
+    training loop is megatron_worker.Run's)."""
+
+    def __init__(self, cfg: MegatronConfig):  # noqa: D107 - a different build, same attributes
+        from scalerl_mega.trainer.megatron import models, parallel as par, step, wrap
+
+        from scalerl_mega.trainer.megatron.parallel import world_size_from_env
+
+        self.cfg = cfg.validate(world_size=world_size_from_env())
+        self.info = par.init_parallel(cfg.parallel, model=cfg.model, seed=1234)
+        self.gpt, self.tcfg = models.build_model(cfg.model, cfg.parallel, params_dtype=cfg.params_dtype,
+                                                 recompute=cfg.recompute)
+        self.chunks = [wrap.wrap_model(self.gpt, self.tcfg, cfg)]
+        step.configure_schedule(self.tcfg, self.chunks)
+        self.optimizer = wrap.build_optimizer(self.chunks, cfg)
+        self.batch = global_batch(cfg.model.vocab_size)
+        self.steps_done = 0
+
+    def describe(self) -> dict:
+        subs = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
+        return {"optimizers": sorted({type(o).__name__ for o in subs}),
+                "wrapper": type(self.chunks[0].module).__name__,
+                "body_dtype": str(self.gpt.decoder.layers[0].mlp.linear_fc1.weight.dtype),
+                "head_dtype": str(self.gpt.output_layer.weight.dtype),
+                "grad_dtypes": sorted({str(b.grad_dtype) for b in self.chunks[0].buffers}),
+                "dp": self.info.dp, "tp": self.info.tp}
+
+
+def mode_save(out: Path, layout: str) -> None:
+    from scalerl_mega.trainer.megatron import checkpoint, parallel as par
+
+    parallel = ParallelConfig(tp=2) if layout == "tp2" else ParallelConfig()
+    run = Run(config(parallel, fp32_head=FP32_HEAD[layout]))
+    res = {"before": run.train(2), **run.describe()}
+    checkpoint.save_checkpoint(out / f"ckpt_{layout}", step=2, chunks=run.chunks, optimizer=run.optimizer,
+                               extra_state={"step": 2})
+    res["after"] = run.train(2)
+    write(out, f"save_{layout}", res)
+    par.teardown_parallel(destroy_process_group=False)
+
+
+def mode_overlap(out: Path) -> None:
+    """DP 2, distributed optimizer with optim.overlap_grad_reduce and overlap_param_gather: 4 steps."""
+    from scalerl_mega.trainer.megatron import parallel as par
+
+    cfg = config(ParallelConfig(), fp32_head=FP32_HEAD["dp2"])
+    cfg.optim.overlap_grad_reduce = cfg.optim.overlap_param_gather = True
+    run = Run(cfg)
+    res = run.train(4)
+    res["overlap"] = [run.chunks[0].ddp_config.overlap_grad_reduce, run.chunks[0].ddp_config.overlap_param_gather]
+    write(out, "overlap_dp2", res)
+    par.teardown_parallel(destroy_process_group=False)
+
+
+def mode_load(out: Path, layout: str) -> None:
+    from scalerl_mega.trainer.megatron import checkpoint, parallel as par
+
+    ck = out / f"ckpt_{layout}"
+    res = {}
+    run = Run(config(ParallelConfig(), fp32_head=FP32_HEAD[layout]))
+    checkpoint.load_checkpoint(ck, chunks=run.chunks, optimizer=run.optimizer)
+    run.steps_done = 2
+    res["resumed"] = run.train(2)
+    res.update(run.describe())
+    par.teardown_parallel(destroy_process_group=False)
+    run = Run(config(ParallelConfig(), fp32_head=FP32_HEAD[layout]))
+    checkpoint.load_checkpoint(ck, chunks=run.chunks)
+    run.steps_done = 2
+    res["fresh_optimizer"] = run.train(2)
+    write(out, f"load_{layout}", res)
+    par.teardown_parallel(destroy_process_group=False)
+
+
+def mode_recompute(out: Path) -> None:
+    import torch
+
+    from scalerl_mega.trainer.megatron import parallel as par, step
+
+    res = {}
+    for mode in ("none", "selective", "full"):
+        run = Run(config(ParallelConfig(), distopt=False, params_dtype="float32", recompute=mode))
+        calls = {"core_attention": 0, "layer": 0}
+
+        def count(key):
+            def hook(module, args):
+                calls[key] += 1
+            return hook
+
+        for layer in run.gpt.decoder.layers:
+            layer.register_forward_pre_hook(count("layer"))
+            layer.self_attention.core_attention.register_forward_pre_hook(count("core_attention"))
+        for chunk in run.chunks:
+            chunk.zero_grad_buffer()
+        metrics = step.forward_backward(run.chunks, run.batch, loss_fn=step.next_token_ce_loss,
+                                        parallel=run.cfg.parallel)
+        grads = torch.cat([p.main_grad.reshape(-1) for p in run.gpt.parameters()]).double()
+        res[mode] = {"loss": metrics["loss"], "grad_sq": float(grads.pow(2).sum()), "grad": grads[:4096].tolist(),
+                     "recompute_granularity": run.tcfg.recompute_granularity, **calls}
+        par.teardown_parallel(destroy_process_group=False)
+    write(out, "recompute", res)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["save", "load", "recompute"])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--layouts", default="dp2,tp2")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    layouts = [x for x in args.layouts.split(",") if x]
+    if args.mode == "save":
+        for layout in layouts:
+            mode_save(out, layout)
+        mode_overlap(out)
+    elif args.mode == "load":
+        for layout in layouts:
+            mode_load(out, layout)
+        mode_recompute(out)
+    else:
+        mode_recompute(out)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    os._exit(0)  # dist-checkpointing's spawned Manager can keep the interpreter alive
+
+
+if __name__ == "__main__":
+    main()
