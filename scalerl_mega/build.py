@@ -364,9 +364,9 @@ def trainer_world_size() -> int:
 
 def engine_weight_dtype(cfg: Any) -> str:
     """The dtype the generators hold their weights in, which every weight push is cast to on the
-    training device: SGLang serves `precision.params_dtype` (its `--dtype`); the local engine builds
-    its HF model in FP32."""
-    return str(cfg.precision.params_dtype) if cfg.rollout.name == "sglang" else "float32"
+    training device (an FP32 LM head stays FP32, `export.is_head_weight`): SGLang serves and the local
+    engine builds its model in `precision.params_dtype`."""
+    return str(cfg.precision.params_dtype)
 
 
 def allocation_devices(cfg: Any, *, world_size: int) -> int:

@@ -59,10 +59,11 @@ def main() -> None:
 
     # Weight export: the tensors must stay on the GPU (NCCL weight sync cannot send CPU tensors) and go out
     # as bf16. Cast here only if the exporter did not (the intended exporter casts itself; both recorded).
-    exported = list(trainer.export_hf_weights())
+    exported = list(trainer.export_hf_weights(dtype="bfloat16"))  # what the loop asks for (generator dtype)
     res["export_count"] = len(exported)
     res["export_devices"] = sorted({t.device.type for _, t in exported})
-    res["export_dtypes"] = sorted({str(t.dtype) for _, t in exported})
+    res["export_dtypes"] = sorted({str(t.dtype) for n, t in exported if n != "lm_head.weight"})
+    res["head_dtype"] = str(dict(exported)["lm_head.weight"].dtype)
     emb = dict(exported)["model.embed_tokens.weight"]
     emb16 = emb if emb.dtype == torch.bfloat16 else emb.to(torch.bfloat16)
     live = gpt.embedding.word_embeddings.weight.detach()[: emb16.shape[0]].to(torch.bfloat16)

@@ -50,5 +50,6 @@ def test_bf16_training_step_over_nccl(result):
 def test_weight_export_stays_on_device_as_bf16(result):
     assert result["export_count"] > 0
     assert result["export_devices"] == ["cuda"], result["export_devices"]
+    assert result["export_dtypes"] == ["torch.bfloat16"] and result["head_dtype"] == "torch.float32"  # FP32 head kept
     assert result["embed_shape"] == [256, 64]
     assert result["embed_equal"], "exported embedding differs from the live bf16 parameter"

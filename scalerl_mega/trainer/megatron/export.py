@@ -9,7 +9,7 @@ before the next group, so at most one group (e.g. one layer's fused expert tenso
 Ranks that do not emit must still exhaust the iterator (the gathers are collective).
 
 Tensors stay on the training device (no host copy: NCCL sends device tensors) and are cast to the
-generator's dtype (``dtype``, e.g. bf16) once gathered. ``export_to_rank0`` is the weight push of a
+generator's dtype (``dtype``, e.g. bf16) once gathered; an FP32 LM head stays FP32. ``export_to_rank0`` is the weight push of a
 multi-rank job: global rank 0 (the controller, the only rank in the weight-sync group) yields its own
 stage's tensors, then receives every later pipeline stage's from that stage's emitting rank by
 point-to-point send/recv over the default group, one tensor at a time (a header object, then the
@@ -41,9 +41,14 @@ def is_emitting_rank() -> bool:
     return ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0
 
 
-def _owned(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """A private copy of a gathered tensor on its device, in ``dtype`` if given."""
-    return t.detach().to(dtype=dtype or t.dtype, copy=True)
+def _owned(t: torch.Tensor) -> torch.Tensor:
+    """A private copy of a gathered tensor on its device."""
+    return t.detach().clone()
+
+
+def is_head_weight(hf_name: str, *, tied: bool) -> bool:
+    """The HF tensor that is the LM head: `lm_head.weight`, or the token embedding when tied."""
+    return hf_name.endswith("lm_head.weight") or (tied and hf_name.endswith("embed_tokens.weight"))
 
 
 def export_hf_weights(model, model_cfg, *, dtype: torch.dtype | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
@@ -51,7 +56,8 @@ def export_hf_weights(model, model_cfg, *, dtype: torch.dtype | str | None = Non
 
     ``model``: a GPTModel, DDP-wrapped model or list of chunks; ``model_cfg``: the trainer
     ``ModelConfig`` (or a ``convert.dims.ArchDims``); ``dtype``: cast of the yielded tensors (None
-    keeps the parameters' dtype).
+    keeps the parameters' dtype), except the LM head of a model with ``fp32_lm_head``, which stays
+    FP32 (paper Sec. 3.2: the generator's FP32 head gets the trainer's FP32 weights unrounded).
     """
     from megatron.core import parallel_state as ps
 
@@ -61,6 +67,14 @@ def export_hf_weights(model, model_cfg, *, dtype: torch.dtype | str | None = Non
 
     dims = dims_from_model_config(model_cfg)
     dtype = _as_dtype(dtype)
+    keep_head = bool(getattr(model_cfg, "fp32_lm_head", False))
+    tied = bool(getattr(model_cfg, "tie_embeddings", False))
+
+    def cast(name: str, t: torch.Tensor) -> torch.Tensor:
+        if dtype is None or t.dtype == dtype or (keep_head and is_head_weight(name, tied=tied)):
+            return t
+        return t.to(dtype)
+
     emit = is_emitting_rank()
     tp_group = ps.get_tensor_model_parallel_group()
     etp_group = ps.get_expert_tensor_parallel_group() if dims.num_experts else None
@@ -81,7 +95,7 @@ def export_hf_weights(model, model_cfg, *, dtype: torch.dtype | str | None = Non
                 if name in experts:
                     continue
                 shards = _all_gather(params[name].data, tp_group) if sharding.tp_kind(name) != sharding.REPLICATED else [params[name].data]
-                full[name] = _owned(sharding.tp_merge(name, shards), dtype)
+                full[name] = _owned(sharding.tp_merge(name, shards))
             if experts:
                 # every EP rank holds E/ep consecutive experts; gather local expert j from all of them
                 local = {sharding.expert_index(n): n for n in experts if n in params}
@@ -92,9 +106,11 @@ def export_hf_weights(model, model_cfg, *, dtype: torch.dtype | str | None = Non
                     merged = sharding.tp_merge(mine, _all_gather(params[mine].data, etp_group))
                     for r, t in enumerate(_all_gather(merged, ep_group)):
                         e = r * n_local + j
-                        full[mine.rsplit("weight", 1)[0] + f"weight{e}"] = _owned(t, dtype)
+                        full[mine.rsplit("weight", 1)[0] + f"weight{e}"] = _owned(t)
             if emit:
-                yield from tables.mcore_to_hf(group, [full[n] for n in group.mcore], dims=dims, padded_vocab=dims.vocab_size)
+                for name, t in tables.mcore_to_hf(group, [full[n] for n in group.mcore], dims=dims,
+                                                  padded_vocab=dims.vocab_size):
+                    yield name, cast(name, t)
             del full
 
 
