@@ -119,24 +119,34 @@ def _chunk_forward(w32, h, tgt_index, owned, group, buf_flat, lse=None):
     return P, t_logit, lse, torch.exp(row_max - lse)
 
 
-def _chunk_entropy(P: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+def _chunk_entropy(P: torch.Tensor, r: torch.Tensor, *, lse: torch.Tensor | None = None,
+                   pz: torch.Tensor | None = None) -> torch.Tensor:
     """This shard's part of the entropy -sum_v p_v log p_v of each token's softmax p = P * r (P [V, n]
-    = exp(logits - shard max), r [n]): -(r sum_v P log P + r log r sum_v P); summed over the vocab
-    shards it is the entropy. One elementwise pass over the chunk buffer (a temporary of its size)."""
+    = exp(logits - shard max), r [n]); summed over the vocab shards it is the entropy.
+
+    Given `pz` = sum_v P_v z_v (z the logits; the row-wise dot of P^T W with h, which the gradient GEMM
+    computes anyway) and the global `lse`: -r (pz - lse sum_v P), one reduction over the buffer. Else
+    -(r sum_v P log P + r log r sum_v P): an elementwise log pass (a temporary of the buffer's size)."""
+    if pz is not None:
+        return -r * (pz - lse * P.sum(dim=0))
     return -(r * torch.special.xlogy(P, P).sum(dim=0) + torch.special.xlogy(r, r) * P.sum(dim=0))
 
 
-def _chunk_backward(P, r, coef, h, w32, tgt_index, owned, grad_h_rows, grad_w, *, first: bool) -> None:
+def _chunk_backward(P, r, coef, h, w32, tgt_index, owned, grad_h_rows, grad_w, *, first: bool,
+                    pz_out: torch.Tensor | None = None) -> None:
     """Gradient of -sum_t coef_t * logp_t for one chunk: dlogits = coef * (softmax - onehot).
 
     Row scalings commute with the GEMMs, so the [V, n] buffer is never rescaled:
     grad_h = (coef*r) . (P^T W) - coef . W[target];  grad_W += P ((coef*r) . h) - onehot^T (coef . h).
-    `first`: grad_w is uninitialised and is written (not accumulated) by this chunk.
+    `first`: grad_w is uninitialised and is written (not accumulated) by this chunk. `pz_out` (needs
+    grad_h_rows): receives sum_v P_v z_v = rowdot(P^T W, h) for `_chunk_entropy`.
     """
     cr = coef * r
     c_own = torch.where(owned, coef, torch.zeros_like(coef))
     if grad_h_rows is not None:
         torch.mm(P.t(), w32, out=grad_h_rows)
+        if pz_out is not None:
+            pz_out.copy_((grad_h_rows * h).sum(dim=1))
         grad_h_rows.mul_(cr[:, None]).sub_(c_own[:, None] * w32[tgt_index])
     if grad_w is not None:
         if first:
@@ -262,11 +272,12 @@ class _FusedCispo(torch.autograd.Function):
             # dJ/dlogp_t = w_t * A_t * sg(clamp(rho_t)) =: c_t; loss = -J (Eq. (cispo)).
             c = coef_scale[sl] * torch.exp(lp - gen[sl]).clamp(min=eps_low, max=eps_high)
             coef[sl] = c
-            if ent is not None:
-                ent[sl] = _chunk_entropy(P, r)
+            pz = torch.empty_like(lp) if ent is not None and need_h else None
             if need_h or need_w:
                 _chunk_backward(P, r, c, h, w32, tgt.index[sl], tgt.owned[sl],
-                                grad_h[sl] if need_h else None, grad_w, first=s == 0)
+                                grad_h[sl] if need_h else None, grad_w, first=s == 0, pz_out=pz)
+            if ent is not None:
+                ent[sl] = _chunk_entropy(P, r, lse=lse, pz=pz)
         if need_h and reduce_grad_hidden:
             _all_reduce(grad_h, group, _sum_op())
         stats["logp"] = logp

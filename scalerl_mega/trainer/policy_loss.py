@@ -133,7 +133,8 @@ def policy_metrics(logp_BT: Any, mb: dict, loss: Any) -> dict:
     return metrics
 
 
-def make_cispo_head_loss_fn(*, eps_low: float | None, eps_high: float | None) -> Callable[[Any, dict], tuple[Any, dict]]:
+def make_cispo_head_loss_fn(*, eps_low: float | None, eps_high: float | None,
+                            with_entropy: bool = True) -> Callable[[Any, dict], tuple[Any, dict]]:
     """The trainer's fused `head_loss_fn` (step.py `LMHead` contract) for CISPO with the FP32 head:
     RL micro-batches go through `objective.fused_logprob.cispo_from_hidden` (paper Sec. 3.2 Eq. (cispo)
     and "FP32 Precision for LLM logits") on their trained tokens only, with the global-batch
@@ -163,7 +164,7 @@ def make_cispo_head_loss_fn(*, eps_low: float | None, eps_high: float | None) ->
         if not bool(mask_BT.any()):
             loss = head.zero_loss()
             empty = torch.zeros(0, device=loss.device)
-            diag = diagnostic_sums(empty, empty.bool(), entropy_t=empty)
+            diag = diagnostic_sums(empty, empty.bool(), entropy_t=empty if with_entropy else None)
             return loss, {**diag, **policy_metrics(logp_BT, mb, loss)}
         sel = mask_BT.reshape(-1)
         adv_BT = mb["advantages"].float()[:, None].expand(B, T)
@@ -171,7 +172,7 @@ def make_cispo_head_loss_fn(*, eps_low: float | None, eps_high: float | None) ->
             head.hidden_BTH.reshape(B * T, H)[sel], head.weight_VH, mb["targets"].reshape(-1)[sel],
             mb["gen_logp"].reshape(-1)[sel], adv_BT.reshape(-1)[sel], mb["token_weights"].reshape(-1)[sel],
             eps_high=eps_high, eps_low=eps_low, group=head.group, vocab_start=head.vocab_start,
-            reduce_grad_hidden=False, sums=True, return_logp=True)
+            reduce_grad_hidden=False, sums=True, with_entropy=with_entropy, return_logp=True)
         logp_BT = logp_BT.masked_scatter(mask_BT, logp_N)
         return loss, {**diag, **policy_metrics(logp_BT, mb, loss)}
 
