@@ -50,7 +50,7 @@ def _check_bt(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape} (shape mismatch)")
 
 
-def _validate_mask_index(mask_BT: torch.Tensor, prompt_index_B: torch.Tensor) -> None:
+def _validate_mask_index(mask_BT: torch.Tensor, prompt_index_B: torch.Tensor, *, allow_empty: bool = False) -> None:
     if not isinstance(mask_BT, torch.Tensor) or mask_BT.dim() != 2:
         raise ValueError(f"mask must be a 2-D [B, T] tensor, got {getattr(mask_BT, 'shape', type(mask_BT))}")
     B = mask_BT.shape[0]
@@ -59,7 +59,7 @@ def _validate_mask_index(mask_BT: torch.Tensor, prompt_index_B: torch.Tensor) ->
     _check_bt("prompt_index", prompt_index_B, (B,))
     if prompt_index_B.is_floating_point() or prompt_index_B.dtype == torch.bool:
         raise ValueError(f"prompt_index must be an integer tensor, got {prompt_index_B.dtype}")
-    if not (mask_BT > 0).any():
+    if not allow_empty and not (mask_BT > 0).any():
         raise ValueError("empty batch: mask selects no token")
 
 
@@ -141,7 +141,8 @@ def policy_loss(
 
     Args: logp [B, T] trainer log-probs (carries the graph), gen_logp [B, T] generator log-probs,
     advantages [B], mask [B, T] (1 = trained token), prompt_index [B]; `weights` [B, T] overrides the
-    weights computed from this batch (pass global-batch weights when this is a micro-batch); `entropy`
+    weights computed from this batch (pass global-batch weights when this is a micro-batch, which may then
+    train no token at all: loss 0, still connected to `logp`); `entropy`
     [B, T] is only reported.
 
     Metrics (over trained tokens): `clip_fraction` (tokens whose ratio is clipped so that the gradient is
@@ -152,7 +153,8 @@ def policy_loss(
     float64 tensor shares of `diagnostic_sums` (no host sync), exact to aggregate over micro-batches.
     """
     aggregation, eps_low, eps_high = _resolve(loss_type, aggregation, eps_low, eps_high)
-    _validate_mask_index(mask, prompt_index)
+    # a micro-batch of a global batch (`weights` given) may train no token (e.g. data-parallel padding rows)
+    _validate_mask_index(mask, prompt_index, allow_empty=weights is not None)
     B, T = mask.shape
     _check_bt("logp", logp, (B, T))
     _check_bt("gen_logp", gen_logp, (B, T))
@@ -200,7 +202,7 @@ def policy_loss(
         with torch.no_grad():
             valid = len_B > 0
             clipped_u = (((A_B > 0) & (s_B > 1 + eps_high)) | ((A_B < 0) & (s_B < 1 - eps_low)))[valid]
-            if not sums:
+            if not sums and valid.any():
                 metrics["seq_rho_mean"] = float(s_B[valid].mean())
                 metrics["seq_rho_max"] = float(s_B[valid].max())
     loss = -J

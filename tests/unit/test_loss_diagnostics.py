@@ -85,6 +85,34 @@ def run_logits_path(data, logits64, loss_type: str, sizes: list[int]) -> dict[st
 
 
 @pytest.mark.parametrize("loss_type", ["cispo", "dapo", "grpo", "gspo"])
+def test_padding_micro_batch_trains_nothing_and_keeps_the_aggregates(single_rank, loss_type):
+    """A micro-batch of data-parallel padding rows (trainer/policy_loss.pad_batch: no trained token) has loss 0,
+    zero gradient, and the same metric keys; the aggregates are unchanged."""
+    from scalerl_mega.trainer.megatron import step
+    from scalerl_mega.trainer.policy_loss import pad_batch
+
+    data, _, _, logits64 = make_batch(3)
+    padded = pad_batch(data, rows_multiple=B + 2)
+    assert padded["input_ids"].shape[0] == B + 2 and not padded["loss_mask"][B:].any()
+    loss_fn = make_policy_loss_fn(loss_type=loss_type, eps_low=None, eps_high=None, aggregation="prompt")
+    logits = torch.cat([logits64, logits64[:2]]).float().requires_grad_(True)
+    logp = torch.log_softmax(logits, -1).gather(-1, padded["targets"][..., None])[..., 0]
+    store, losses = [], []
+    for rows in (slice(0, 7), slice(7, B), slice(B, B + 2)):
+        mb = {k: v[rows] for k, v in padded.items()}
+        mb["entropy"] = step.token_entropy(logits[rows].detach(), mb["loss_mask"])
+        loss, metrics = loss_fn(logp[rows], mb)
+        store.append(metrics)
+        losses.append(loss)
+    assert set(store[2]) == set(store[0]) and float(losses[2].detach()) == 0.0
+    (grad,) = torch.autograd.grad(losses[2], logits)
+    assert not grad.any()
+    out = finalize_train_metrics(step._reduce_metrics(store, collect_logprobs=False, device="cpu"))
+    for key, value in reference(data, logits64, loss_type).items():
+        assert out[key] == pytest.approx(value, rel=2e-5, abs=1e-6), key
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "dapo", "grpo", "gspo"])
 def test_logits_path_diagnostics_equal_whole_batch_float64(single_rank, loss_type):
     data, _, _, logits64 = make_batch(1)
     ref = reference(data, logits64, loss_type)
