@@ -111,6 +111,11 @@ class OffPolicyConfig:
     k: int = 8
     """PipelineRL: max trainer steps between a sample's admission and its use. PPO-off-policy:
     optimizer steps per generation phase (k * B prompts generated on fixed weights)."""
+    overlap: bool = False
+    """PPO-off-policy only. False (the paper's phases): generate all k * B prompts on fixed weights,
+    then take k optimizer steps while the generators are idle. True: start training as soon as the
+    phase's oldest B groups are complete, while the rest of the phase is still generating (same
+    weights and staleness, less idle time; not the paper's accounting)."""
 
 
 @dataclass
@@ -394,6 +399,9 @@ def validate(cfg: Any) -> None:
         )
 
     _positive("off_policy.k", cfg.off_policy.k)
+    if cfg.off_policy.overlap and cfg.off_policy.name != "ppo_off_policy":
+        raise ValueError(f"off_policy.overlap=true applies to off_policy.name=ppo_off_policy only "
+                         f"(got {cfg.off_policy.name!r})")
     _positive("train.steps", cfg.train.steps)
     _positive("train.prompts_per_step", cfg.train.prompts_per_step)
     _positive("train.generations_per_prompt", cfg.train.generations_per_prompt)

@@ -6,7 +6,9 @@ One trainer step s (the policy has weight version s):
    PipelineRL-k: keep at most (k + 1) * B prompts admitted but not yet trained on; the engines stream
    them continuously. PPO-off-policy-k: when nothing is outstanding, admit k * B prompts at once.
 2. wait for the B oldest admitted groups to finish (G completions each); the time spent here is the
-   trainer's idle time. Groups are consumed in admission order, so with the (k + 1) * B admission
+   trainer's idle time. PPO-off-policy-k (paper Sec. 3.1, strict phases by default): wait for all
+   k * B groups of the phase, so the k steps run with the generators idle (`off_policy.overlap=true`:
+   only the B oldest, training overlaps the rest of the phase's generation). Groups are consumed in admission order, so with the (k + 1) * B admission
    bound a prompt admitted at version a is trained on at step <= a + k: the staleness bound holds by
    construction and is asserted every step. When the trainer is k steps ahead it therefore waits.
 3. score (reward pool), update the curriculum's pass-rate history, apply the length penalty if chosen.
@@ -15,7 +17,9 @@ One trainer step s (the policy has weight version s):
 6. weight sync. PipelineRL: after every step the new weights go to the engines, which apply them
    between decode steps (in-flight, stale KV kept). PPO-off-policy: after every k-th step.
 7. metrics line, progress line, truncation alarm; every `val_every` steps validation on held-out
-   prompts (same engines) and the live scaling forecast; every `save_every` steps a checkpoint.
+   prompts (same engines, always on the trainer's current weights: PPO-off-policy pushes them first
+   when they are not in sync, after the phase's generation has finished) and the live scaling
+   forecast; every `save_every` steps a checkpoint.
 
 Resume (`resume=auto`): the checkpoint holds model + optimizer (trainer), curriculum state (data order,
 pass-rate history), the prompts admitted but not yet trained on (in admission order), RNG states,
@@ -42,6 +46,7 @@ from scalerl_mega.metrics.compute import ComputeCounter, gpu_utilization
 from scalerl_mega.metrics.progress import progress_line
 from scalerl_mega.metrics.rollout_stats import rollout_metrics, staleness_histogram, tokens_per_version
 from scalerl_mega.metrics.writer import MetricsWriter
+from scalerl_mega.trainer.policy_loss import finalize_train_metrics
 from scalerl_mega.types import Completion, FinishReason, Group, Prompt, SamplingParams, ScoredCompletion
 
 log = logging.getLogger("scalerl_mega.loop")
@@ -339,6 +344,7 @@ def run_rl(cfg: Any, comps: LoopComponents, *, compute: ComputeCounter, forecast
 def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaster, alarm, on_step) -> LoopState:
     k, B = cfg.off_policy.k, cfg.train.prompts_per_step
     pipeline = cfg.off_policy.name == "pipeline_rl"
+    strict_phases = not pipeline and not cfg.off_policy.overlap
     max_staleness = k if pipeline else k - 1
     state.weight_version = state.step
     push_weights(comps, version=state.step)
@@ -379,7 +385,8 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
             admit(min(k, cfg.train.steps - s) * B)
         # 2. wait for the B oldest groups
         t_wait = time.monotonic()
-        while not router.oldest_complete(B):
+        need = len(router.queue) if strict_phases else B  # strict PPO phases: the whole k * B first
+        while not router.oldest_complete(need):
             router.pump()
         trainer_idle = time.monotonic() - t_wait
         pendings = router.pop(B)
@@ -404,10 +411,8 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
         engine_busy = router.in_flight > 0
         t_train = time.monotonic()
         if res.batch is not None:
-            tm = comps.trainer.train_step(res.batch)
+            tm = finalize_train_metrics(comps.trainer.train_step(res.batch))
             metrics.update({f"train/{key}": v for key, v in tm.items()})
-            if tm.get("onpolicy_tokens", 0.0) > 0:
-                metrics["train/onpolicy_abs_log_ratio_mean"] = tm["onpolicy_abs_log_ratio_sum"] / tm["onpolicy_tokens"]
         else:
             metrics["skipped_no_signal"] = 1.0
         train_s = time.monotonic() - t_train
@@ -451,6 +456,11 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
         if on_step is not None:
             on_step(state.step, rec)
         if cfg.train.val_every and state.step % cfg.train.val_every == 0:
+            if state.weight_version != state.step:  # PPO-off-policy mid-phase: validate current weights
+                while router.in_flight > 0:  # the phase keeps its fixed weights to its end
+                    router.pump()
+                push_weights(comps, version=state.step)
+                state.weight_version = state.step
             _validation(cfg, comps, router, state, writer, compute, forecaster, rng)
             gen_prev = None  # validation's decoding is outside every step's wall time
         saved = bool(cfg.train.save_every) and state.step % cfg.train.save_every == 0

@@ -26,8 +26,9 @@ class FinishReason(str, enum.Enum):
     """The generation budget ran out: a truncation (paper App. A.13)."""
     INTERRUPTED = "interrupted"
     """Forced interruption (paper Sec. 2): the end-of-thinking phrase was injected at the sampled
-    length, and the model then answered within the answer budget (it may still end by STOP or
-    LENGTH in the answer; this reason records that the interruption happened)."""
+    length, and the model then stopped within the answer budget. An interrupted completion that
+    runs out of answer budget too ends with LENGTH (it is truncated, App. A.13); `interrupted_at`
+    records the interruption either way."""
     ABORT = "abort"
     """The engine aborted the request (e.g. PPO-off-policy sync with mode=abort); partial output."""
 

@@ -119,17 +119,34 @@ def _chunk_forward(w32, h, tgt_index, owned, group, buf_flat, lse=None):
     return P, t_logit, lse, torch.exp(row_max - lse)
 
 
-def _chunk_backward(P, r, coef, h, w32, tgt_index, owned, grad_h_rows, grad_w, *, first: bool) -> None:
+def _chunk_entropy(P: torch.Tensor, r: torch.Tensor, *, lse: torch.Tensor | None = None,
+                   pz: torch.Tensor | None = None) -> torch.Tensor:
+    """This shard's part of the entropy -sum_v p_v log p_v of each token's softmax p = P * r (P [V, n]
+    = exp(logits - shard max), r [n]); summed over the vocab shards it is the entropy.
+
+    Given `pz` = sum_v P_v z_v (z the logits; the row-wise dot of P^T W with h, which the gradient GEMM
+    computes anyway) and the global `lse`: -r (pz - lse sum_v P), one reduction over the buffer. Else
+    -(r sum_v P log P + r log r sum_v P): an elementwise log pass (a temporary of the buffer's size)."""
+    if pz is not None:
+        return -r * (pz - lse * P.sum(dim=0))
+    return -(r * torch.special.xlogy(P, P).sum(dim=0) + torch.special.xlogy(r, r) * P.sum(dim=0))
+
+
+def _chunk_backward(P, r, coef, h, w32, tgt_index, owned, grad_h_rows, grad_w, *, first: bool,
+                    pz_out: torch.Tensor | None = None) -> None:
     """Gradient of -sum_t coef_t * logp_t for one chunk: dlogits = coef * (softmax - onehot).
 
     Row scalings commute with the GEMMs, so the [V, n] buffer is never rescaled:
     grad_h = (coef*r) . (P^T W) - coef . W[target];  grad_W += P ((coef*r) . h) - onehot^T (coef . h).
-    `first`: grad_w is uninitialised and is written (not accumulated) by this chunk.
+    `first`: grad_w is uninitialised and is written (not accumulated) by this chunk. `pz_out` (needs
+    grad_h_rows): receives sum_v P_v z_v = rowdot(P^T W, h) for `_chunk_entropy`.
     """
     cr = coef * r
     c_own = torch.where(owned, coef, torch.zeros_like(coef))
     if grad_h_rows is not None:
         torch.mm(P.t(), w32, out=grad_h_rows)
+        if pz_out is not None:
+            pz_out.copy_((grad_h_rows * h).sum(dim=1))
         grad_h_rows.mul_(cr[:, None]).sub_(c_own[:, None] * w32[tgt_index])
     if grad_w is not None:
         if first:
@@ -146,6 +163,29 @@ def _prep(hidden: torch.Tensor, weight: torch.Tensor):
 
 def _buffer(chunk_size: int, N: int, w32: torch.Tensor) -> torch.Tensor:
     return torch.empty(min(chunk_size, N) * w32.shape[0], dtype=torch.float32, device=w32.device)
+
+
+@torch.no_grad()
+def logits_entropy(logits: torch.Tensor, *, group=None, chunk_size: int | None = None) -> torch.Tensor:
+    """FP32 entropy [N] of softmax(logits) for logits [N, V(_local)] (vocab-parallel over `group`, as in
+    this module), without grad, chunk by chunk over tokens (one fp32 [V, chunk] temporary)."""
+    N, V = logits.shape
+    out = torch.empty(N, dtype=torch.float32, device=logits.device)
+    chunk_size = chunk_size or default_chunk_size(V)
+    for s in range(0, N, chunk_size):
+        sl = slice(s, min(s + chunk_size, N))
+        P = logits[sl].to(torch.float32, copy=True).t()
+        row_max = P.amax(dim=0)
+        P.sub_(row_max).exp_()
+        sum_exp = P.sum(dim=0)
+        if group is None:
+            r = sum_exp.reciprocal()
+        else:
+            g_max = _all_reduce(row_max.clone(), group, _max_op())
+            g_sum = _all_reduce(sum_exp * torch.exp(row_max - g_max), group, _sum_op())
+            r = torch.exp(row_max - g_max - g_sum.log())
+        out[sl] = _chunk_entropy(P, r)
+    return _all_reduce(out, group, _sum_op())
 
 
 class _ChunkedLogProb(torch.autograd.Function):
@@ -210,12 +250,13 @@ class _FusedCispo(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, gen_logp, coef_scale, eps_low, eps_high, chunk_size, group,
-                vocab_start, reduce_grad_hidden, need_grad, stats):
+                vocab_start, reduce_grad_hidden, need_grad, stats, with_entropy):
         N, H = hidden.shape
         w32, upcast = _prep(hidden, weight)
         tgt = _ShardTargets(targets, vocab_start, weight.shape[0])
         logp = torch.empty(N, dtype=torch.float32, device=hidden.device)
         coef = torch.empty(N, dtype=torch.float32, device=hidden.device)
+        ent = torch.empty(N, dtype=torch.float32, device=hidden.device) if with_entropy else None
         need_h = need_grad and hidden.requires_grad
         need_w = need_grad and weight.requires_grad
         grad_h = torch.empty(N, H, dtype=torch.float32, device=hidden.device) if need_h else None
@@ -231,12 +272,17 @@ class _FusedCispo(torch.autograd.Function):
             # dJ/dlogp_t = w_t * A_t * sg(clamp(rho_t)) =: c_t; loss = -J (Eq. (cispo)).
             c = coef_scale[sl] * torch.exp(lp - gen[sl]).clamp(min=eps_low, max=eps_high)
             coef[sl] = c
+            pz = torch.empty_like(lp) if ent is not None and need_h else None
             if need_h or need_w:
                 _chunk_backward(P, r, c, h, w32, tgt.index[sl], tgt.owned[sl],
-                                grad_h[sl] if need_h else None, grad_w, first=s == 0)
+                                grad_h[sl] if need_h else None, grad_w, first=s == 0, pz_out=pz)
+            if ent is not None:
+                ent[sl] = _chunk_entropy(P, r, lse=lse, pz=pz)
         if need_h and reduce_grad_hidden:
             _all_reduce(grad_h, group, _sum_op())
         stats["logp"] = logp
+        if ent is not None:
+            stats["entropy"] = _all_reduce(ent, group, _sum_op())
         ctx.grads = (grad_h, grad_w)
         ctx.need_grad = need_grad
         ctx.dtypes = (hidden.dtype, weight.dtype)
@@ -261,7 +307,7 @@ class _FusedCispo(torch.autograd.Function):
             else:
                 out.append((g * grad_loss).to(dt))
         del grads, g
-        return (*out, None, None, None, None, None, None, None, None, None, None, None)
+        return (*out, None, None, None, None, None, None, None, None, None, None, None, None)
 
 
 BACKENDS = ("auto", "torch", "triton")
@@ -298,14 +344,21 @@ def cispo_from_hidden(
     vocab_start: int = 0,
     reduce_grad_hidden: bool = True,
     backend: str = "auto",
-) -> tuple[torch.Tensor, dict[str, float]]:
+    sums: bool = False,
+    with_entropy: bool = True,
+    return_logp: bool = False,
+):
     """CISPO loss -J (Sec. 3.2 Eq. (cispo), J_ScaleRL) from hidden states, never forming [N, V] logits.
 
     hidden [N, H], weight [V(_local), H], targets [N]; per-token gen_logp [N], advantages [N] (the sample's
     advantage repeated over its tokens) and aggregation weights [N] (`losses.token_weights` of the global
     batch, flattened; 0 for untrained tokens). `eps_high` is the absolute cap on rho, `eps_low` an optional
     absolute floor (as in `losses.policy_loss`). Equals `policy_loss(..., loss_type="cispo")` on the same
-    tokens and weights. Metrics as in `policy_loss` (over tokens with weight > 0).
+    tokens and weights. Metrics as in `policy_loss` (over tokens with weight > 0), including `entropy` when
+    `with_entropy` and the backend is torch (computed in the same chunked pass from the softmax buffer;
+    the Triton kernels do not compute it); `sums=True` returns them as `losses.diagnostic_sums` shares
+    (`policy_loss(..., sums=True)`). `return_logp=True`: returns (loss, metrics, logp [N]) with the
+    per-token fp32 log-probs of the pass (detached), so callers need no second head pass.
 
     `backend`: "torch" (chunked, this module), "triton" (`objective.triton`, no vocab parallelism), or
     "auto": Triton when the tensors are on a CUDA device, triton imports and `group` is None, else torch.
@@ -335,7 +388,10 @@ def cispo_from_hidden(
         stats["logp"] = logp.detach()
     else:
         loss = _FusedCispo.apply(hidden, weight, targets, gen_logp.detach(), coef_scale, eps_low, eps_high,
-                                 chunk_size, group, vocab_start, reduce_grad_hidden, need_grad, stats)
+                                 chunk_size, group, vocab_start, reduce_grad_hidden, need_grad, stats,
+                                 with_entropy)
+    from scalerl_mega.objective.losses import diagnostic_means, diagnostic_sums
+
     with torch.no_grad():
         m = weights > 0
         lr = (stats["logp"] - gen_logp.float())[m]
@@ -343,12 +399,11 @@ def cispo_from_hidden(
         clipped = rho > eps_high
         if eps_low is not None:
             clipped |= rho < eps_low
-        metrics = {
-            "loss": float(loss.detach()),
-            "clip_fraction": float(clipped.float().mean()) if rho.numel() else 0.0,
-            "rho_mean": float(rho.mean()) if rho.numel() else 1.0,
-            "rho_max": float(rho.max()) if rho.numel() else 1.0,
-            "approx_kl": float((rho - 1 - lr).mean()) if rho.numel() else 0.0,
-            "num_tokens": float(m.sum()),
-        }
+        diag = diagnostic_sums(lr, clipped, entropy_t=stats["entropy"][m] if "entropy" in stats else None)
+        if sums:
+            metrics = {"loss": loss.detach(), **diag}
+        else:
+            metrics = {"loss": float(loss.detach()), **diagnostic_means(diag), "num_tokens": float(m.sum())}
+    if return_logp:
+        return loss, metrics, stats["logp"].detach()
     return loss, metrics

@@ -50,7 +50,7 @@ def _check_bt(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape} (shape mismatch)")
 
 
-def _validate_mask_index(mask_BT: torch.Tensor, prompt_index_B: torch.Tensor) -> None:
+def _validate_mask_index(mask_BT: torch.Tensor, prompt_index_B: torch.Tensor, *, allow_empty: bool = False) -> None:
     if not isinstance(mask_BT, torch.Tensor) or mask_BT.dim() != 2:
         raise ValueError(f"mask must be a 2-D [B, T] tensor, got {getattr(mask_BT, 'shape', type(mask_BT))}")
     B = mask_BT.shape[0]
@@ -59,7 +59,7 @@ def _validate_mask_index(mask_BT: torch.Tensor, prompt_index_B: torch.Tensor) ->
     _check_bt("prompt_index", prompt_index_B, (B,))
     if prompt_index_B.is_floating_point() or prompt_index_B.dtype == torch.bool:
         raise ValueError(f"prompt_index must be an integer tensor, got {prompt_index_B.dtype}")
-    if not (mask_BT > 0).any():
+    if not allow_empty and not (mask_BT > 0).any():
         raise ValueError("empty batch: mask selects no token")
 
 
@@ -135,22 +135,26 @@ def policy_loss(
     eps_high: float | None = None,
     weights: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+    sums: bool = False,
+) -> tuple[torch.Tensor, dict]:
     """loss = -J for `loss_type` with `aggregation` (defaults per loss type: see module docstring).
 
     Args: logp [B, T] trainer log-probs (carries the graph), gen_logp [B, T] generator log-probs,
     advantages [B], mask [B, T] (1 = trained token), prompt_index [B]; `weights` [B, T] overrides the
-    weights computed from this batch (pass global-batch weights when this is a micro-batch); `entropy`
+    weights computed from this batch (pass global-batch weights when this is a micro-batch, which may then
+    train no token at all: loss 0, still connected to `logp`); `entropy`
     [B, T] is only reported.
 
     Metrics (over trained tokens): `clip_fraction` (tokens whose ratio is clipped so that the gradient is
     cut — for CISPO the fraction truncated at the cap/floor, for GSPO the fraction of samples clipped),
     `rho_mean`, `rho_max` (token ratios pi_train/pi_gen), `approx_kl` (k3 estimator of KL(gen||train):
     mean of rho - 1 - log rho over tokens sampled from pi_gen; unbiased and >= 0), `entropy` if given,
-    and for GSPO `seq_rho_mean`, `seq_rho_max`.
+    and for GSPO `seq_rho_mean`, `seq_rho_max`. With `sums=True` the metrics are instead `loss` and the
+    float64 tensor shares of `diagnostic_sums` (no host sync), exact to aggregate over micro-batches.
     """
     aggregation, eps_low, eps_high = _resolve(loss_type, aggregation, eps_low, eps_high)
-    _validate_mask_index(mask, prompt_index)
+    # a micro-batch of a global batch (`weights` given) may train no token (e.g. data-parallel padding rows)
+    _validate_mask_index(mask, prompt_index, allow_empty=weights is not None)
     B, T = mask.shape
     _check_bt("logp", logp, (B, T))
     _check_bt("gen_logp", gen_logp, (B, T))
@@ -181,14 +185,14 @@ def policy_loss(
         term = cispo_weight(rho, eps_low=eps_low, eps_high=eps_high) * A_B1 * logp_m
         clipped = (rho > eps_high) | ((rho < eps_low) if eps_low is not None else torch.zeros_like(m))
         J = (w * term).sum()
-        clip_frac = clipped[m].float().mean()
+        clipped_u = clipped[m]
     elif loss_type in ("dapo", "grpo"):
         rho = log_ratio.exp()
         term = torch.minimum(rho * A_B1, rho.clamp(1 - eps_low, 1 + eps_high) * A_B1)
         J = (w * term).sum()
         with torch.no_grad():
             clipped = ((A_B1 > 0) & (rho > 1 + eps_high)) | ((A_B1 < 0) & (rho < 1 - eps_low))
-            clip_frac = clipped[m].float().mean()
+            clipped_u = clipped[m]
     else:  # gspo
         len_B = m.sum(1)
         s_B = ((log_ratio.sum(1)) / len_B.clamp(min=1)).exp()
@@ -196,26 +200,61 @@ def policy_loss(
         term_B = torch.minimum(s_B * A_B, s_B.clamp(1 - eps_low, 1 + eps_high) * A_B)
         J = (w.sum(1) * term_B).sum()
         with torch.no_grad():
-            rho = log_ratio.exp()
             valid = len_B > 0
-            clipped_B = ((A_B > 0) & (s_B > 1 + eps_high)) | ((A_B < 0) & (s_B < 1 - eps_low))
-            clip_frac = clipped_B[valid].float().mean()
-            metrics["seq_rho_mean"] = float(s_B[valid].mean())
-            metrics["seq_rho_max"] = float(s_B[valid].max())
+            clipped_u = (((A_B > 0) & (s_B > 1 + eps_high)) | ((A_B < 0) & (s_B < 1 - eps_low)))[valid]
+            if not sums and valid.any():
+                metrics["seq_rho_mean"] = float(s_B[valid].mean())
+                metrics["seq_rho_max"] = float(s_B[valid].max())
     loss = -J
     with torch.no_grad():
-        rho_t = rho.detach()[m]
-        lr_t = log_ratio.detach()[m]
-        metrics.update(
-            loss=float(loss.detach()),
-            clip_fraction=float(clip_frac),
-            rho_mean=float(rho_t.mean()),
-            rho_max=float(rho_t.max()),
-            approx_kl=float((rho_t - 1 - lr_t).mean()),
-            num_tokens=float(m.sum()),
-            num_samples=float((m.sum(1) > 0).sum()),
-        )
         if entropy is not None:
             _check_bt("entropy", entropy, (B, T))
-            metrics["entropy"] = float(entropy.detach()[m].mean())
+        diag = diagnostic_sums(log_ratio.detach()[m], clipped_u,
+                               entropy_t=None if entropy is None else entropy.detach()[m])
+        if sums:
+            return loss, {"loss": loss.detach(), **diag}
+        metrics.update(loss=float(loss.detach()), **diagnostic_means(diag),
+                       num_tokens=float(m.sum()), num_samples=float((m.sum(1) > 0).sum()))
     return loss, metrics
+
+
+DIAGNOSTIC_SUM_KEYS = ("clip_num", "clip_den", "rho_sum", "kl_sum", "rho_tokens", "entropy_sum",
+                       "entropy_tokens", "rho_max")
+"""Additive shares of the loss diagnostics (float64 sums and counts over trained tokens; `rho_max` is
+a max, combined with max). Summed over micro-batches and data-parallel ranks they give the exact
+global-batch diagnostics through `diagnostic_means`."""
+
+
+def diagnostic_sums(log_ratio_t: torch.Tensor, clipped_u: torch.Tensor, *,
+                    entropy_t: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Diagnostic shares (`DIAGNOSTIC_SUM_KEYS`) of some trained tokens: `log_ratio_t` [n] are their
+    log(pi_train / pi_gen), `clipped_u` [u] flags the clipped units (tokens; GSPO: samples),
+    `entropy_t` [n] their policy entropies if known (else `entropy_tokens` is 0). No host sync."""
+    lr = log_ratio_t.detach().double()
+    rho = lr.exp()
+    zero = torch.zeros((), dtype=torch.float64, device=lr.device)
+    ent = zero if entropy_t is None else entropy_t.detach().double().sum()
+    return {
+        "clip_num": clipped_u.double().sum(), "clip_den": torch.tensor(float(clipped_u.numel()),
+                                                                       dtype=torch.float64, device=lr.device),
+        "rho_sum": rho.sum(), "kl_sum": (rho - 1 - lr).sum(),
+        "rho_tokens": torch.tensor(float(lr.numel()), dtype=torch.float64, device=lr.device),
+        "entropy_sum": ent,
+        "entropy_tokens": zero if entropy_t is None else torch.tensor(float(entropy_t.numel()),
+                                                                        dtype=torch.float64, device=lr.device),
+        "rho_max": rho.max() if rho.numel() else zero,
+    }
+
+
+def diagnostic_means(sums: dict) -> dict[str, float]:
+    """Summed `diagnostic_sums` -> `clip_fraction`, `rho_mean`, `rho_max`, `approx_kl` (k3: mean of
+    rho - 1 - log rho) and `entropy` (only when some entropy was given). Empty: 0 clipped, rho 1, KL 0."""
+    v = {k: float(sums[k]) for k in DIAGNOSTIC_SUM_KEYS}
+    tok = v["rho_tokens"]
+    out = {"clip_fraction": v["clip_num"] / v["clip_den"] if v["clip_den"] else 0.0,
+           "rho_mean": v["rho_sum"] / tok if tok else 1.0,
+           "rho_max": v["rho_max"] if tok else 1.0,
+           "approx_kl": v["kl_sum"] / tok if tok else 0.0}
+    if v["entropy_tokens"]:
+        out["entropy"] = v["entropy_sum"] / v["entropy_tokens"]
+    return out

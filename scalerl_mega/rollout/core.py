@@ -12,7 +12,8 @@ output token records the weight version whose forward produced its logits.
 
 Forced interruption (paper Sec. 2 / App. A.11): once a request has sampled `interruption_at`
 tokens, the phrase `interruption_ids` is fed token by token (log-prob 0.0, loss mask 0) and the
-request may then generate `answer_budget` more tokens. Its finish reason is INTERRUPTED.
+request may then generate `answer_budget` more tokens. Its finish reason is INTERRUPTED if it then
+stops within that budget, LENGTH (a truncation, App. A.13) if the answer budget runs out too.
 
 Known limit: HF Llama-4's attention temperature tuning (NoPE layers) scales queries by the cache
 column index rather than the position id; with left-padded slots these differ, which changes the
@@ -422,8 +423,8 @@ class GenerationCore:
             r.limit = len(r.output_ids) + len(sp.interruption_ids) + sp.answer_budget
         if ended is None and not r.forced and len(r.output_ids) >= r.limit:
             ended = FinishReason.LENGTH
-        if ended is not None and r.interrupted_at is not None:
-            return FinishReason.INTERRUPTED
+        if ended == FinishReason.STOP and r.interrupted_at is not None:
+            return FinishReason.INTERRUPTED  # answered within the answer budget; out of it: LENGTH
         return ended
 
     def _completion(self, r: _Row, reason: FinishReason) -> Completion:

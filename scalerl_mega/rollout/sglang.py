@@ -605,7 +605,7 @@ class SGLangRolloutEngine:
             phrase = list(sp.interruption_ids)
             v = vers[-1] if vers else init
             ids, lps, vers, mask = ids + phrase, lps + [0.0] * len(phrase), vers + [v] * len(phrase), mask + [0] * len(phrase)
-            reason = FinishReason.INTERRUPTED
+            reason = FinishReason.LENGTH  # no answer budget: truncated (types.FinishReason)
             if sp.answer_budget > 0:
                 second = parse_generate_response(
                     client.generate(
@@ -617,8 +617,8 @@ class SGLangRolloutEngine:
                 )
                 ids, lps = ids + second.output_ids, lps + second.logprobs
                 vers, mask = vers + second.versions, mask + [1] * len(second.output_ids)
-                if _finish(second.finish_type) == FinishReason.ABORT:
-                    reason = FinishReason.ABORT
+                answer_end = _finish(second.finish_type)
+                reason = FinishReason.INTERRUPTED if answer_end == FinishReason.STOP else answer_end
         return Completion(
             prompt_id=req.prompt_id,
             sample_index=req.sample_index,

@@ -7,7 +7,9 @@
 Grids: `paper` = App. A.5 (A 0.450..0.800 step 0.005, C_mid linspace(100, 40000, 100)) with fit_from 1500;
 `relative` = `fit.relative_grids` over the fitted compute range with no lower cut (small CPU runs);
 `auto` = paper when the largest compute of every run is >= 1500, else relative. The choice is printed.
-With several runs, each later run is compared with the first by the +-0.02 seed-margin rule.
+With several runs, the leave-one-out table of the paper (Sec. 6, App. A.5): A averaged over all runs,
+every run refit at that common A, B compared (runs whose own A is beyond the +-0.02 seed margin of the
+mean are flagged); `--plot-dir` draws them in loo.png (Fig. 7) at the common A.
 Bad input exits with status 2 and one line naming the file and the problem.
 """
 
@@ -104,7 +106,7 @@ def _num(v: float, fmt: str) -> str:
 
 
 def _run(args) -> int:
-    from scalerl_mega.scaling.compare import SEED_MARGIN_A, bootstrap_points, bootstrap_seeds, compare_runs, \
+    from scalerl_mega.scaling.compare import SEED_MARGIN_A, bootstrap_points, bootstrap_seeds, compare_loo, \
         extrapolation_error
     from scalerl_mega.scaling.io import read_series
 
@@ -142,26 +144,47 @@ def _run(args) -> int:
                              n_boot=args.bootstrap or 100)
         seeds = {"per_seed_A": list(bs.per_seed_A), "half_range_A": bs.seed_half_range, "n_ok": bs.n_ok,
                  "A": list(bs.A), "B": list(bs.B), "C_mid": list(bs.C_mid), "seed_margin_A": SEED_MARGIN_A}
-    comps = []
-    for k in range(1, len(series)):
-        oa = _opts_for(series[0], base, grid)
-        try:
-            cmp_ = compare_runs((series[0].compute, series[0].reward), (series[k].compute, series[k].reward),
-                                labels=(series[0].name, series[k].name), options=oa)
-            comps.append({"a": cmp_.label_a, "b": cmp_.label_b, "delta_A": cmp_.delta_A,
-                          "within_margin": cmp_.within_margin, "A_mean": cmp_.A_mean, "B_a_fixed": cmp_.B_a_fixed,
-                          "B_b_fixed": cmp_.B_b_fixed, "better": cmp_.better, "verdict": cmp_.verdict})
-        except ValueError as e:
-            comps.append({"a": series[0].name, "b": series[k].name, "verdict": f"not compared: {e}"})
+    loo = None
+    if len(series) > 1:
+        loo = compare_loo([(s.compute, s.reward) for s in series], labels=[s.name for s in series],
+                          options=[_opts_for(s, base, grid) for s in series])
     plots = []
     if args.plot_dir:
-        plots = _plots(args, series, fits, extraps)
+        plots = _plots(args, series, fits, extraps, loo)
     if args.json:
-        print(json.dumps({"grid": desc, "x": args.x, "y": args.y, "runs": rows, "comparisons": comps,
+        print(json.dumps({"grid": desc, "x": args.x, "y": args.y, "runs": rows, "loo": _loo_json(loo),
                           "seeds": seeds, "plots": [str(p) for p in plots]}, indent=2, default=_json_default))
     else:
-        _print_table(desc, rows, comps, plots, seeds)
+        _print_table(desc, rows, loo, plots, seeds)
     return 0
+
+
+def _loo_json(loo) -> dict | None:
+    if loo is None:
+        return None
+    return {"A_mean": loo.A_mean, "margin": loo.margin, "best": loo.best, "excluded": list(loo.excluded),
+            "runs": [{"run": r.label, "A": r.fit.A if r.fit.identified else None, "A_minus_mean": r.A_offset,
+                      "within_margin": r.within_margin, "B_at_A_mean": r.B, "C_mid_at_A_mean": r.C_mid}
+                     for r in loo.runs]}
+
+
+def _print_loo(loo) -> None:
+    print(f"leave-one-out at the common A={loo.A_mean:.4f} (mean over {len(loo.runs) - len(loo.excluded)} runs; "
+          "every run refit at it, paper Sec. 6 / App. A.5):")
+    table = [("run", "A", "A - mean", "B at mean A", "C_mid at mean A", "")]
+    for r in sorted(loo.runs, key=lambda r: -r.B if r.fixed is not None else math.inf):
+        if r.fixed is None:
+            table.append((r.label, "not identified", "-", "-", "-", "excluded"))
+            continue
+        note = "best B" if r.label == loo.best else ""
+        if not r.within_margin:
+            note = (note + "; " if note else "") + f"A beyond the +-{loo.margin:g} seed margin of the mean"
+        table.append((r.label, f"{r.fit.A:.3f}", f"{r.A_offset:+.3f}", f"{r.B:.3f}", f"{r.C_mid:.4g}", note))
+    widths = [max(len(row[k]) for row in table) for k in range(len(table[0]))]
+    for k, row in enumerate(table):
+        print("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+        if k == 0:
+            print("  " + "  ".join("-" * w for w in widths))
 
 
 def _json_default(o):
@@ -194,7 +217,7 @@ def _row(s, f, ex, ex_note) -> dict:
     return row
 
 
-def _print_table(desc, rows, comps, plots, seeds=None) -> None:
+def _print_table(desc, rows, loo, plots, seeds=None) -> None:
     print(f"grid: {desc}")
     head = ("run", "n", "A", "B", "C_mid", "identified", "extrap MAE", "noise floor", "dA(half)")
     table = [head]
@@ -243,13 +266,13 @@ def _print_table(desc, rows, comps, plots, seeds=None) -> None:
         print(f"seeds of one config: A per seed {per}; half-range {seeds['half_range_A']:.4f} "
               f"(paper: <= 0.015, margin {seeds['seed_margin_A']:g}); seed-bootstrap A "
               f"{seeds['A'][0]:.3f}..{seeds['A'][1]:.3f} (n={seeds['n_ok']})")
-    for c in comps:
-        print(f"compare {c['a']} vs {c['b']}: {c['verdict']}")
+    if loo is not None:
+        _print_loo(loo)
     for p in plots:
         print(f"wrote {p}")
 
 
-def _plots(args, series, fits, extraps) -> list[Path]:
+def _plots(args, series, fits, extraps, loo=None) -> list[Path]:
     from scalerl_mega.scaling.plot import CurvePlot, plot_loo, plot_scaling
 
     out_dir = Path(args.plot_dir)
@@ -268,9 +291,15 @@ def _plots(args, series, fits, extraps) -> list[Path]:
         written += plot_scaling([cv], path=out_dir / f"extrapolation_{safe}.png", xlabel=xlabel, ylabel=ylabel,
                                 title=f"{s.name}: fit on compute <= {_compact(ex.split_compute)}, "
                                 f"held-out MAE {ex.mae:.4f} (noise floor {ex.noise_floor:.4f})")
-    ident = [cv for cv in curves if cv.fit.identified]
-    if ident:
-        written += plot_loo(ident, path=out_dir / "loo.png")
+    if loo is not None and loo.best is not None:  # Fig. 7 at the common A, with the table's B and C_mid
+        loo_curves = [CurvePlot(label=s.name, compute=s.compute, reward=s.reward,
+                                fit=replace(r.fixed, B=r.B, C_mid=r.C_mid))
+                      for s, r in zip(series, loo.runs) if r.fixed is not None]
+        written += plot_loo(loo_curves, path=out_dir / "loo.png", title=f"common A = {loo.A_mean:.4f}")
+    else:
+        ident = [cv for cv in curves if cv.fit.identified]
+        if ident:
+            written += plot_loo(ident, path=out_dir / "loo.png")
     return written
 
 

@@ -1,5 +1,7 @@
 """Comparing scaling fits (paper App. A.5) and measuring their extrapolation error (Sec. 5, Fig. 1).
 
+- Leave-one-out table (`compare_loo`, Sec. 6 / App. A.5): A averaged over all runs, every run refit at
+  that A, B compared (the paper's LOO table and Fig. 7).
 - Seed margin: three independent ScaleRL runs varied A by at most +-0.015, so A's within
   `SEED_MARGIN_A` = 0.02 are indistinguishable. When two runs' A are within the margin, both are refit
   with A fixed at their mean and the higher B "is at least as good in terms of efficient scalability".
@@ -195,6 +197,70 @@ def compare_runs(a: tuple[Sequence[float], Sequence[float]], b: tuple[Sequence[f
     verdict = (f"A within the +-{margin:g} seed margin (delta {dA:+.3f}); refit at A={A_mean:.4f}: "
                f"B {la}={Ba:.3f}, {lb}={Bb:.3f}: {how}")
     return Comparison(**common, fixed_a=xa, fixed_b=xb, B_a_fixed=Ba, B_b_fixed=Bb, better=better, verdict=verdict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LooRun:
+    """One run of `compare_loo`: its own fit and its refit at the common A."""
+
+    label: str
+    fit: SigmoidFit
+    A_offset: float
+    """Own A minus the common A (nan when A is not identified)."""
+    within_margin: bool
+    """|A_offset| <= the seed margin: B at the common A compares like with like."""
+    fixed: SigmoidFit | None
+    """Refit at the common A (None when A is not identified)."""
+    B: float
+    """B at the common A (continuous refit; nan when not refit)."""
+    C_mid: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class LooComparison:
+    """Leave-one-out comparison as the paper computes its table (Sec. 6 "LOO Ablations", App. A.5)."""
+
+    A_mean: float
+    """Mean of the identified runs' A: every such run is refit with A fixed at this value."""
+    margin: float
+    runs: tuple[LooRun, ...]
+    best: str | None
+    """Label of the highest B at the common A (None when no run could be refit)."""
+    excluded: tuple[str, ...]
+    """Runs whose A is not identified: not in the mean, not refit."""
+
+
+def compare_loo(runs: Sequence[tuple[Sequence[float], Sequence[float]]], *, labels: Sequence[str] | None = None,
+                options: FitOptions | Sequence[FitOptions] = FitOptions(),
+                margin: float = SEED_MARGIN_A) -> LooComparison:
+    """Average A over all runs, refit every run at that A, compare B (Sec. 6: "we average the asymptotic
+    reward A across all runs, re-fit the curves with this fixed A, and then compare slopes"; App. A.5).
+
+    `runs` are (compute, reward) series; `options` one FitOptions or one per run. Runs whose A is not
+    identified are excluded from the mean and not refit. Each run reports whether its own A is within
+    the seed margin of the mean (outside it, B at the common A is not a like-for-like comparison)."""
+    labels = [f"run{k}" for k in range(len(runs))] if labels is None else list(labels)
+    opts = [options] * len(runs) if isinstance(options, FitOptions) else list(options)
+    if not runs or len(labels) != len(runs) or len(opts) != len(runs):
+        raise ValueError(f"compare_loo: {len(runs)} runs, {len(labels)} labels, {len(opts)} options")
+    fits = [o.fit(*r) for o, r in zip(opts, runs)]
+    ident = [f.A for f in fits if f.identified]
+    A_mean = round(float(np.mean(ident)), 6) if ident else math.nan
+    out = []
+    for lab, o, r, f in zip(labels, opts, runs, fits):
+        if not f.identified:
+            out.append(LooRun(label=lab, fit=f, A_offset=math.nan, within_margin=False, fixed=None, B=math.nan,
+                              C_mid=math.nan))
+            continue
+        x = o.refit_fixed_A(*r, A=A_mean)
+        q = x.refined if x.refined is not None else x
+        off = f.A - A_mean
+        out.append(LooRun(label=lab, fit=f, A_offset=off, within_margin=abs(off) <= margin + 1e-12, fixed=x,
+                          B=q.B, C_mid=q.C_mid))
+    refit = [r for r in out if r.fixed is not None]
+    best = max(refit, key=lambda r: r.B).label if refit else None
+    return LooComparison(A_mean=A_mean, margin=margin, runs=tuple(out), best=best,
+                         excluded=tuple(r.label for r in out if r.fixed is None))
 
 
 def extrapolation_error(compute, reward, *, fraction: float = 0.5, options: FitOptions = FitOptions(),

@@ -122,8 +122,9 @@ def plot_scaling(curves: Sequence[CurvePlot], *, path: str | Path, formats: Sequ
 def plot_loo(curves: Sequence[CurvePlot], *, path: str | Path, formats: Sequence[str] = ("png", "svg"),
              A: float | None = None, title: str | None = None, figsize: tuple[float, float] = (8.0, 5.0),
              dpi: int = 100) -> list[Path]:
-    """Fig. 7: log F(R) vs log C per run with the line of slope B. Each run uses its own fit's (A, B, C_mid,
-    R0); the paper refits all runs at a common A first (`compare.compare_runs` / `fit.refit_fixed_A`)."""
+    """Fig. 7: log F(R) vs log C per run with the line of slope B. Each run uses its curve's fit (A, B, C_mid,
+    R0); the paper refits all runs at their common mean A first: pass the `compare.compare_loo` refits
+    (`LooRun.fixed` with its B and C_mid), as `scalerl-fit --plot-dir` does."""
     if not curves:
         raise ValueError("plot_loo needs at least one curve")
     fig = _new_figure(figsize, dpi)

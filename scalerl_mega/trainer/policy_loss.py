@@ -88,7 +88,10 @@ def make_policy_loss_fn(*, loss_type: str, eps_low: float | None, eps_high: floa
     policy loss; `is_ratio_mean` = sum_t w_t * rho_t. On-policy check: over completions generated
     entirely by the weights the trainer holds (`trainer_version`; PipelineRL tokens of a newer
     version on a stale KV cache are excluded), `onpolicy_abs_log_ratio_sum` / `onpolicy_tokens`
-    is the mean |log pi_train - log pi_gen|, ~0 when engine and trainer agree.
+    is the mean |log pi_train - log pi_gen|, ~0 when engine and trainer agree. Loss diagnostics:
+    the `objective.losses.diagnostic_sums` shares of `policy_loss` (entropy from `mb["entropy"]`, which
+    the Megatron step provides on the logits path); `finalize_train_metrics` turns the global sums into
+    `clip_fraction`, `rho_mean`, `rho_max`, `approx_kl`, `entropy`.
     """
 
     def loss_fn(logp_BT, mb: dict):
@@ -96,10 +99,10 @@ def make_policy_loss_fn(*, loss_type: str, eps_low: float | None, eps_high: floa
             return next_token_ce_loss(logp_BT, mb)
         from scalerl_mega.objective.losses import policy_loss
 
-        loss, _ = policy_loss(logp_BT, mb["gen_logp"], mb["advantages"], mb["loss_mask"], mb["prompt_index"],
-                              loss_type=loss_type, aggregation=aggregation, eps_low=eps_low, eps_high=eps_high,
-                              weights=mb["token_weights"])
-        return loss, policy_metrics(logp_BT, mb, loss)
+        loss, diag = policy_loss(logp_BT, mb["gen_logp"], mb["advantages"], mb["loss_mask"], mb["prompt_index"],
+                                 loss_type=loss_type, aggregation=aggregation, eps_low=eps_low, eps_high=eps_high,
+                                 weights=mb["token_weights"], entropy=mb.get("entropy"), sums=True)
+        return loss, {**diag, **policy_metrics(logp_BT, mb, loss)}
 
     return loss_fn
 
@@ -130,14 +133,16 @@ def policy_metrics(logp_BT: Any, mb: dict, loss: Any) -> dict:
     return metrics
 
 
-def make_cispo_head_loss_fn(*, eps_low: float | None, eps_high: float | None) -> Callable[[Any, dict], tuple[Any, dict]]:
+def make_cispo_head_loss_fn(*, eps_low: float | None, eps_high: float | None,
+                            with_entropy: bool = True) -> Callable[[Any, dict], tuple[Any, dict]]:
     """The trainer's fused `head_loss_fn` (step.py `LMHead` contract) for CISPO with the FP32 head:
     RL micro-batches go through `objective.fused_logprob.cispo_from_hidden` (paper Sec. 3.2 Eq. (cispo)
     and "FP32 Precision for LLM logits") on their trained tokens only, with the global-batch
     `token_weights`, vocab-parallel over the TP group, never forming [N, V] logits; SFT batches (no
     `advantages`) use next-token cross-entropy on `LMHead.logprobs`. Same loss and metrics as
-    `make_policy_loss_fn(loss_type="cispo", ...)`. The metrics' per-token log-probs are a no-grad
-    `chunked_logprob` pass (cispo_from_hidden does not return them).
+    `make_policy_loss_fn(loss_type="cispo", ...)`: the IS metrics use the per-token log-probs of the
+    same fused pass (the head runs once), and the entropy is computed in that pass on the torch backend
+    (the Triton kernels do not compute it: no `entropy` metric then).
     """
     from scalerl_mega.objective.losses import DEFAULT_EPS
 
@@ -149,23 +154,41 @@ def make_cispo_head_loss_fn(*, eps_low: float | None, eps_high: float | None) ->
         import torch
 
         from scalerl_mega.objective.fused_logprob import cispo_from_hidden
+        from scalerl_mega.objective.losses import diagnostic_sums
 
         mask_BT = mb["loss_mask"] > 0
         if "advantages" not in mb:
             return next_token_ce_loss(head.logprobs(mb["targets"], mask_BT=mask_BT), mb)
+        B, T, H = head.hidden_BTH.shape
+        logp_BT = torch.zeros((B, T), dtype=torch.float32, device=head.hidden_BTH.device)
         if not bool(mask_BT.any()):
             loss = head.zero_loss()
-            return loss, policy_metrics(torch.zeros(mask_BT.shape, device=loss.device), mb, loss)
-        B, T, H = head.hidden_BTH.shape
+            empty = torch.zeros(0, device=loss.device)
+            diag = diagnostic_sums(empty, empty.bool(), entropy_t=empty if with_entropy else None)
+            return loss, {**diag, **policy_metrics(logp_BT, mb, loss)}
         sel = mask_BT.reshape(-1)
         adv_BT = mb["advantages"].float()[:, None].expand(B, T)
-        loss, _ = cispo_from_hidden(
+        loss, diag, logp_N = cispo_from_hidden(
             head.hidden_BTH.reshape(B * T, H)[sel], head.weight_VH, mb["targets"].reshape(-1)[sel],
             mb["gen_logp"].reshape(-1)[sel], adv_BT.reshape(-1)[sel], mb["token_weights"].reshape(-1)[sel],
             eps_high=eps_high, eps_low=eps_low, group=head.group, vocab_start=head.vocab_start,
-            reduce_grad_hidden=False)
-        with torch.no_grad():
-            logp_BT = head.logprobs(mb["targets"], mask_BT=mask_BT)
-        return loss, policy_metrics(logp_BT, mb, loss)
+            reduce_grad_hidden=False, sums=True, with_entropy=with_entropy, return_logp=True)
+        logp_BT = logp_BT.masked_scatter(mask_BT, logp_N)
+        return loss, {**diag, **policy_metrics(logp_BT, mb, loss)}
 
     return head_loss_fn
+
+
+def finalize_train_metrics(summed: dict[str, float]) -> dict[str, float]:
+    """The trainer's global metric sums (micro-batch shares summed over micro-batches and DP ranks) ->
+    the logged metrics: `objective.losses.diagnostic_sums` shares become `clip_fraction`, `rho_mean`,
+    `rho_max`, `approx_kl` (k3), `entropy` (if computed); `onpolicy_abs_log_ratio_mean` from its sum
+    and token count. Other keys pass through. SFT metrics (no diagnostic shares) are returned as is."""
+    from scalerl_mega.objective.losses import DIAGNOSTIC_SUM_KEYS, diagnostic_means
+
+    out = {k: v for k, v in summed.items() if k not in DIAGNOSTIC_SUM_KEYS}
+    if all(k in summed for k in DIAGNOSTIC_SUM_KEYS):
+        out.update(diagnostic_means(summed))
+    if summed.get("onpolicy_tokens", 0.0) > 0:
+        out["onpolicy_abs_log_ratio_mean"] = summed["onpolicy_abs_log_ratio_sum"] / summed["onpolicy_tokens"]
+    return out

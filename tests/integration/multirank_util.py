@@ -80,12 +80,14 @@ def hf_digest(hf_dir: Path) -> str:
 
 
 def assert_same_run(single: list[dict], multi: list[dict]) -> None:
-    """Same prompts in the same order, same samples and rewards, loss and grad norm within REL_TOL."""
+    """Same prompts in the same order, same samples and rewards; loss, grad norm and the loss diagnostics
+    (exact aggregates over the ranks' shares) within REL_TOL."""
     assert [r["step"] for r in multi] == [r["step"] for r in single]
     for a, b in zip(single, multi):
         assert b["prompt_ids"] == a["prompt_ids"], f"step {a['step']}: different prompts"
         assert b["batch/gen_lengths"] == a["batch/gen_lengths"], f"step {a['step']}: different samples"
         assert b["reward_mean"] == a["reward_mean"] and b["pass_rate"] == a["pass_rate"]
         assert b.get("skipped_no_signal", 0.0) == a.get("skipped_no_signal", 0.0) == 0.0, "a step did not train"
-        for key in ("train/loss", "train/grad_norm", "train/is_ratio_mean"):
+        for key in ("train/loss", "train/grad_norm", "train/is_ratio_mean", "train/rho_mean", "train/rho_max",
+                    "train/approx_kl", "train/entropy", "train/clip_fraction"):
             assert abs(b[key] - a[key]) <= REL_TOL * max(abs(a[key]), 1e-3), (a["step"], key, a[key], b[key])

@@ -12,6 +12,7 @@ random model).
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -56,6 +57,10 @@ def test_pipeline_rl_2_megatron_trainer_and_engine_process(tmp_path):
         assert sum(r["tokens_per_version"].values()) == r["generated_tokens"]
         assert len(r["prompt_ids"]) == 4
         assert r["train/update_successful"] == 1.0 and r["batch_samples"] == 16.0
+        # loss diagnostics (fused CISPO head of the demo: entropy from the same chunked pass)
+        assert 0.0 <= r["train/clip_fraction"] <= 1.0 and r["train/approx_kl"] >= -1e-9
+        assert r["train/rho_max"] >= r["train/rho_mean"] > 0.0
+        assert 0.0 < r["train/entropy"] <= math.log(48) + 1e-6  # the demo's 48-token vocabulary
     # every prompt trained once, in admission order; no duplicates within this short run
     trained = [p for r in train for p in r["prompt_ids"]]
     assert len(set(trained)) == len(trained) == 16

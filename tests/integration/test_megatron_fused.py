@@ -8,7 +8,10 @@ TP2 + sequence parallel), from the same initial weights and the same global RL b
   C. fused path with micro-batches by token budget (one row per micro-batch);
   D/E. an SFT batch (no advantages) through the logits and the fused head.
 and records loss, grad norm, the parameter update of one AdamW step and the IS metrics. The test
-checks B, C == A and E == D within 1e-5 relative (the update within 1e-4: Adam divides by |g|).
+checks B, C == A and E == D within 1e-5 relative (the update within 1e-4: Adam divides by |g|), and the
+loss diagnostics (`finalize_train_metrics`: clip fraction, rho mean/max, k3 KL, entropy) of A, B, C
+against a whole-batch float64 computation from the full logits of the initial weights (gathered over
+DP and TP): exact aggregation over micro-batches and DP ranks.
 """
 
 from __future__ import annotations
@@ -75,6 +78,11 @@ def test_fused_step_equals_logits_step(results, case):
         assert rel(got["is_ratio_mean"], ref["is_ratio_mean"]) < 1e-5
         assert rel(got["abs_log_ratio_mean"], ref["abs_log_ratio_mean"]) < 1e-5
         assert r[f"update_rel_{variant}"] < 1e-4, (variant, r[f"update_rel_{variant}"])
+    diag = r["diag_ref"]
+    assert 0.0 < diag["clip_fraction"] < 1.0 and diag["approx_kl"] > 0.0
+    for variant in ("A", "B", "C"):
+        for key, value in diag.items():
+            assert abs(r[variant][key] - value) <= 1e-5 * max(abs(value), 1e-3), (variant, key, r[variant][key], value)
     assert r["C_microbatches"] > r["B_microbatches"]
     assert rel(r["E"]["loss"], r["D"]["loss"]) < 1e-5 and rel(r["E"]["grad_norm"], r["D"]["grad_norm"]) < 1e-5
     assert r["update_rel_E"] < 1e-4
@@ -105,12 +113,35 @@ def _batch(vocab: int, *, rl: bool) -> dict:
     return batch
 
 
+def _diagnostics_reference(model, batch: dict, eps_high: float) -> dict:
+    """Whole-batch float64 clip fraction, rho mean/max, k3 KL and entropy from the full logits (gathered over
+    the TP group; every rank runs the whole batch)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    with torch.no_grad():
+        logits = model(batch["input_ids"], batch["position_ids"], None)
+        tp = ps.get_tensor_model_parallel_world_size()
+        if tp > 1:
+            parts = [torch.empty_like(logits) for _ in range(tp)]
+            dist.all_gather(parts, logits.contiguous(), group=ps.get_tensor_model_parallel_group())
+            logits = torch.cat(parts, dim=-1)
+        logp_all = torch.log_softmax(logits.double(), -1)
+        m = batch["loss_mask"] > 0
+        lr = (logp_all.gather(-1, batch["targets"][..., None])[..., 0] - batch["gen_logp"].double())[m]
+        rho = lr.exp()
+        ent = -(logp_all.exp() * logp_all).sum(-1)[m]
+    return {"clip_fraction": float((rho > eps_high).double().mean()), "rho_mean": float(rho.mean()),
+            "rho_max": float(rho.max()), "approx_kl": float((rho - 1 - lr).mean()), "entropy": float(ent.mean())}
+
+
 def _worker(out: Path) -> None:
     import torch
     import torch.distributed as dist
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from scalerl_mega.trainer.policy_loss import make_cispo_head_loss_fn, make_policy_loss_fn
+    from scalerl_mega.trainer.policy_loss import finalize_train_metrics, make_cispo_head_loss_fn, make_policy_loss_fn
     from scalerl_mega.trainer.megatron import models, parallel as par, step
     from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
 
@@ -142,10 +173,11 @@ def _worker(out: Path) -> None:
             m = step.train_step(chunks, optimizer, batch, step=0, optim=cfg.optim, parallel=parallel,
                                 loss_fn=loss_fn, head_loss_fn=head_fn if head else None,
                                 micro_batch_tokens=tokens)
-            res[tag] = {k: float(v) for k, v in m.items()}
+            res[tag] = {k: float(v) for k, v in finalize_train_metrics(m).items()}
             updates[tag] = torch.cat([(params[k].detach() - init[k]).reshape(-1) for k in sorted(params)])
 
         whole = B * T
+        res["diag_ref"] = _diagnostics_reference(model, rl, eps_high)
         run("A", rl, head=False, tokens=whole)
         run("B", rl, head=True, tokens=whole)
         run("C", rl, head=True, tokens=T)

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from scalerl_mega.objective.fused_logprob import chunked_logprob, cispo_from_hidden, naive_logprob
+from scalerl_mega.objective.fused_logprob import chunked_logprob, cispo_from_hidden, logits_entropy, naive_logprob
 
 N, H, V = 45, 16, 301
 SPLIT = 151  # rank 0 owns [0, 151), rank 1 [151, 301)
@@ -41,7 +41,9 @@ def _run(h, W, y, up, gen, A, w, *, group=None, vocab_start=0):
     loss, met = cispo_from_hidden(h2, W2, y, gen, A, w, eps_high=1.2, chunk_size=8, group=group,
                                   vocab_start=vocab_start)
     loss.backward()
-    out.update(loss=loss.detach(), gh=h2.grad, gw=W2.grad, clip_fraction=met["clip_fraction"])
+    out.update(loss=loss.detach(), gh=h2.grad, gw=W2.grad, clip_fraction=met["clip_fraction"],
+               entropy=torch.tensor(met["entropy"]),
+               logits_entropy=logits_entropy(h @ W.t(), group=group, chunk_size=8))
     return out
 
 
@@ -70,5 +72,13 @@ def test_tp2_over_gloo_equals_tp1(tmp_path):
         close(r["gh"], ref["gh"])
         close(r["loss"], ref["loss"])
         assert r["clip_fraction"] == ref["clip_fraction"] and 0 < ref["clip_fraction"] < 1
+        close(r["entropy"], ref["entropy"])
+        close(r["logits_entropy"], ref["logits_entropy"])
+    # entropy (fused pass and logits) against float64 -sum p log p of the full logits
+    h, W = _problem()[:2]
+    p64 = torch.softmax(h.double() @ W.double().t(), -1)
+    ent64 = -(p64 * p64.log()).sum(-1)
+    close(ref["logits_entropy"].double(), ent64)
+    close(ref["entropy"].double(), ent64.mean())
     close(torch.cat([r0["lp_gw"], r1["lp_gw"]]), ref["lp_gw"])
     close(torch.cat([r0["gw"], r1["gw"]]), ref["gw"])

@@ -288,7 +288,8 @@ def test_client_side_interruption(schema):
         sp = SamplingParams(max_new_tokens=20, seed=1, interruption_at=4, interruption_ids=[50, 51], answer_budget=3)
         engine.submit(_prompt("i", [3, 4]), sp, n=1, version=0)
         (c,) = _collect(engine, 1)
-        assert c.finish_reason == FinishReason.INTERRUPTED and c.interrupted_at == 4
+        # interrupted, then the 3-token answer budget ran out: truncated (App. A.13)
+        assert c.finish_reason == FinishReason.LENGTH and c.interrupted_at == 4
         assert c.output_ids[4:6] == [50, 51] and len(c.output_ids) == 9
         assert c.loss_mask == [1] * 4 + [0, 0] + [1] * 3
         ref = _oracle(server.core.model, [3, 4], c.output_ids)

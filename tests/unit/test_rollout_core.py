@@ -175,7 +175,8 @@ def test_forced_interruption_injects_phrase_with_zero_mask():
     core.add(_req(2, [6, 5], max_new_tokens=3, interruption_at=10, interruption_ids=phrase, answer_budget=5))
     out = {c.prompt_id: c for c in core.run_until_done()}
     c = out["1"]
-    assert c.finish_reason == FinishReason.INTERRUPTED and c.interrupted_at == 4
+    # interrupted, then out of answer budget too: a truncation (App. A.13), the interruption recorded
+    assert c.finish_reason == FinishReason.LENGTH and c.interrupted_at == 4
     assert len(c.output_ids) == 4 + 3 + 5
     assert c.output_ids[4:7] == phrase
     assert c.loss_mask == [1] * 4 + [0] * 3 + [1] * 5
@@ -186,6 +187,45 @@ def test_forced_interruption_injects_phrase_with_zero_mask():
             assert abs(ref[j] - c.gen_logprobs[j]) < 1e-5
     # budget exhausted before the interruption point: a plain truncation
     assert out["2"].finish_reason == FinishReason.LENGTH and out["2"].interrupted_at is None
+
+
+def test_interrupted_sample_that_stops_in_its_answer_is_interrupted_not_truncated():
+    model = _model()
+    phrase = [7, 8, 9]
+    kw = dict(max_new_tokens=20, interruption_at=4, interruption_ids=phrase, answer_budget=5, temperature=0.0)
+    core = GenerationCore(model, config=CoreConfig(max_batch=1, max_seq_len=40))
+    core.add(_req(1, [3, 4, 5], **kw))
+    greedy = core.run_until_done()[0].output_ids
+    answer = greedy[7:]
+    stop = next(t for t in answer if t not in greedy[:7])  # first answer token not seen before
+    core.add(_req(1, [3, 4, 5], stop_token_ids=[stop], **kw))
+    c = core.run_until_done()[0]
+    assert c.finish_reason == FinishReason.INTERRUPTED and c.interrupted_at == 4
+    assert c.output_ids == greedy[: 7 + answer.index(stop) + 1]
+
+
+def test_truncation_alarm_fires_when_interrupted_samples_exhaust_their_answer_budget():
+    """Under forced interruptions, samples out of answer budget count as truncated and fire the alarm."""
+    import warnings
+
+    from scalerl_mega.metrics.alarms import TruncationAlarm, TruncationRateWarning
+    from scalerl_mega.metrics.rollout_stats import rollout_metrics
+    from scalerl_mega.types import Group, Prompt, ScoredCompletion
+
+    core = GenerationCore(_model(), config=CoreConfig(max_batch=4, max_seq_len=40))
+    for i in range(4):  # no stop token: every answer runs out of its 3-token budget
+        core.add(_req(i, [3, 4 + i], max_new_tokens=20, interruption_at=4, interruption_ids=[7, 8],
+                      answer_budget=3))
+    done = core.run_until_done()
+    assert all(c.interrupted_at == 4 and len(c.output_ids) == 4 + 2 + 3 for c in done)
+    group = Group(prompt=Prompt(prompt_id="p", text="q", task="synthetic", gold="1"),
+                  samples=[ScoredCompletion(completion=c, reward=0.0, passed=False) for c in done])
+    m = rollout_metrics([group], step=0)
+    assert m["truncation_rate"] == 1.0 and m["interruption_rate"] == 1.0
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        assert TruncationAlarm(0.10).check(step=0, truncation_rate=m["truncation_rate"])
+    assert any(issubclass(w.category, TruncationRateWarning) for w in rec)
 
 
 def test_load_weights_rejects_unknown_names_and_shapes():

@@ -62,13 +62,18 @@ def test_cli_table_and_json(tmp_path, capsys):
     b = scalerl_run(tmp_path, "scout", seed=1, A=0.71, B=1.65, cm=4242.0)
     assert main([str(a), str(b), "--refine"]) == 0
     out = capsys.readouterr().out
-    assert "grid: paper" in out and "compare scalerl vs scout" in out and "scout has the higher asymptote" in out
+    assert "grid: paper" in out and "leave-one-out at the common A=" in out
+    assert out.count("A beyond the +-0.02 seed margin of the mean") == 2  # A 0.61 vs 0.71: 0.05 from the mean
     assert main([str(a), str(b), "--json", "--plot-dir", str(tmp_path / "plots")]) == 0
     data = json.loads(capsys.readouterr().out)
     runs = {r["run"]: r for r in data["runs"]}
     assert abs(runs["scalerl"]["A"] - 0.61) <= 0.02 and abs(runs["scout"]["A"] - 0.71) <= 0.02
     assert runs["scalerl"]["identified"] and runs["scalerl"]["extrapolation"]["n_heldout"] > 0
     assert (tmp_path / "plots" / "scaling.png").exists() and (tmp_path / "plots" / "loo.svg").exists()
+    loo = data["loo"]
+    assert loo["A_mean"] == pytest.approx((runs["scalerl"]["A"] + runs["scout"]["A"]) / 2, abs=1e-6)
+    assert {r["run"] for r in loo["runs"]} == {"scalerl", "scout"} and loo["best"] in ("scalerl", "scout")
+    assert all(not r["within_margin"] and r["B_at_A_mean"] > 0 for r in loo["runs"])
 
 
 def test_cli_truncated_run_says_not_identified(tmp_path, capsys):

@@ -11,6 +11,7 @@ from scalerl_mega.scaling.compare import (
     SEED_MARGIN_A,
     bootstrap_points,
     bootstrap_seeds,
+    compare_loo,
     compare_runs,
     extrapolation_error,
 )
@@ -117,3 +118,43 @@ def test_bootstrap_points_and_seeds():
     assert bs.kind == "seeds" and bs.n_ok == 12
     with pytest.raises(ValueError, match="at least 2 runs"):
         bootstrap_seeds(runs[:1], options=OPTS)
+
+
+def test_loo_refits_every_run_at_the_mean_a_of_all_runs():
+    """Known curves: three runs with A = 0.61 (noiseless, on the A grid) and B = 1.4, 1.9, 2.4: the common A
+    is 0.61 and the refits recover each B; the ranking is by B, not relative to the first run."""
+    cm = float(PAPER_CMID_GRID[7])  # on the paper's C_mid grid, so the grid optimum is the true curve
+    runs = [run(0.61, b, cm) for b in (1.4, 2.4, 1.9)]
+    loo = compare_loo(runs, labels=["slow", "fast", "mid"], options=OPTS)
+    assert loo.A_mean == pytest.approx(0.61, abs=1e-9) and loo.excluded == ()
+    for r, b in zip(loo.runs, (1.4, 2.4, 1.9)):
+        assert r.fixed.A == loo.A_mean and r.within_margin
+        assert r.B == pytest.approx(b, rel=1e-4) and r.C_mid == pytest.approx(cm, rel=1e-4)
+    assert loo.best == "fast"
+
+
+def test_loo_mean_is_over_all_runs_and_the_refit_is_a_least_squares_optimum():
+    from scipy.optimize import curve_fit
+
+    runs = [run(0.600, 1.6, 2500.0, noise=0.002, seed=5), run(0.615, 2.0, 3000.0, noise=0.002, seed=6),
+            run(0.640, 1.8, 3500.0, noise=0.002, seed=7)]
+    loo = compare_loo(runs, labels=["a", "b", "c"], options=OPTS)
+    own = [OPTS.fit(*r).A for r in runs]
+    assert loo.A_mean == pytest.approx(float(np.mean(own)), abs=1e-6)  # not pairwise with run 0
+    assert [r.A_offset for r in loo.runs] == pytest.approx([a - loo.A_mean for a in own])
+    assert [r.within_margin for r in loo.runs] == [abs(a - loo.A_mean) <= SEED_MARGIN_A + 1e-12 for a in own]
+    for (C, R), r in zip(runs, loo.runs):  # independent fixed-A least squares over the paper's fit window
+        m = C >= 1500.0
+        (b, cm), _ = curve_fit(lambda c, b, cm: eq1(c, loo.A_mean, b, cm), C[m], R[m], p0=(1.8, 3000.0))
+        assert r.B == pytest.approx(b, rel=2e-3) and r.C_mid == pytest.approx(cm, rel=2e-3)
+    assert loo.best == max(loo.runs, key=lambda r: r.B).label
+
+
+def test_loo_excludes_unidentified_runs():
+    C = np.linspace(0.0, 0.8 * 9000.0, 60)
+    bad = (C, eq1(C, 0.66, 1.9, 9000.0) + np.random.default_rng(0).normal(0, 0.005, C.size))
+    good = run(0.61, 1.9, 2542.0, noise=0.004, seed=1)
+    opts = FitOptions(r0=R0, fit_from=None)
+    loo = compare_loo([good, bad], labels=["good", "bad"], options=opts)
+    assert loo.excluded == ("bad",) and loo.A_mean == pytest.approx(opts.fit(*good).A, abs=1e-6)
+    assert loo.best == "good" and math.isnan(loo.runs[1].B)

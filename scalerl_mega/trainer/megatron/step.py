@@ -9,7 +9,8 @@ Loss contract: `loss_fn(logp_BT, mb) -> (loss, metrics)` where `logp_BT` are FP3
 divided by the token count of the whole global batch, available as `mb["global_tokens"]`). Summing
 the returned losses over micro-batches and DP ranks gives the objective; this module undoes
 Megatron's 1/num_microbatches and DDP's 1/dp averaging so gradients are those of that sum.
-Metrics are summed the same way (so make them shares too).
+Metrics are summed the same way (so make them shares too); keys ending in `_max` are maxima instead.
+RL micro-batches (with `advantages`) on the logits path also get `mb["entropy"]` [B, T] (no grad).
 
 Fused head (paper Sec. 3.2 "FP32 Precision for LLM logits"): with `head_loss_fn`, the model runs
 without its output layer and `head_loss_fn(head, mb) -> (loss, metrics)` gets an `LMHead`: the last
@@ -93,6 +94,23 @@ def token_logprobs(logits_BTV, targets_BT, *, dtype=None):
 
     logits = logits_BTV.to(torch.float32 if dtype is None else dtype, copy=True)
     return -tensor_parallel.vocab_parallel_cross_entropy(logits, targets_BT)
+
+
+def token_entropy(logits_BTV, mask_BT):
+    """FP32 entropy [B, T] of the (vocab-parallel) next-token distributions at masked-in positions (0
+    elsewhere), without grad: a loss diagnostic (`objective.fused_logprob.logits_entropy`)."""
+    import torch
+    from megatron.core import parallel_state as ps
+
+    from scalerl_mega.objective.fused_logprob import logits_entropy
+
+    B, T, V = logits_BTV.shape
+    sel = (mask_BT > 0).reshape(-1)
+    out = torch.zeros(B * T, dtype=torch.float32, device=logits_BTV.device)
+    if bool(sel.any()):
+        group = ps.get_tensor_model_parallel_group() if ps.get_tensor_model_parallel_world_size() > 1 else None
+        out[sel] = logits_entropy(logits_BTV.detach().reshape(B * T, V)[sel], group=group)
+    return out.view(B, T)
 
 
 # ----------------------------------------------------------------------------- setup
@@ -265,11 +283,14 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
     fused = head_loss_fn is not None and not collect_logprobs
 
     def _metrics(metrics: dict) -> dict:
-        return {k: (v.detach().float() if torch.is_tensor(v) else torch.tensor(float(v), device=device))
+        return {k: (v.detach().double() if torch.is_tensor(v) else torch.tensor(float(v), dtype=torch.float64,
+                                                                                   device=device))
                 for k, v in metrics.items()}
 
     def loss_func(mb, output, dtype=None):
         logp = token_logprobs(output, mb["targets"], dtype=dtype)
+        if not forward_only and "advantages" in mb:  # RL loss diagnostics (policy_loss.py)
+            mb = {**mb, "entropy": token_entropy(output, mb["loss_mask"])}
         loss, metrics = loss_fn(logp, mb)
         metrics = _metrics(metrics)
         if collect_logprobs:
@@ -304,7 +325,8 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
 
 
 def _reduce_metrics(store: list, *, collect_logprobs: bool, device) -> dict:
-    """Sum the micro-batch metric shares on the last stage, all-reduce them over DP and broadcast
+    """Sum the micro-batch metric shares on the last stage (keys ending in `_max`: take their max),
+    all-reduce them over DP (sum; MAX for `_max` keys) and broadcast
     them over the pipeline group, so every rank returns the same global values. The reduced tensor
     lives on the model's device (NCCL groups take only CUDA tensors; gloo takes CPU ones)."""
     import torch
@@ -325,11 +347,17 @@ def _reduce_metrics(store: list, *, collect_logprobs: bool, device) -> dict:
                                    group=ps.get_pipeline_model_parallel_group())
     keys = holder[0]
     values = torch.zeros(len(keys), dtype=torch.float64, device=device)
+    is_max = torch.tensor([k.endswith("_max") for k in keys], dtype=torch.bool, device=device)
     if last and keys:
+        values[is_max] = -float("inf")
         for m in store:
-            values += torch.stack([m[k].to(device=device, dtype=torch.float64).sum() for k in keys])
+            v = torch.stack([m[k].to(device=device, dtype=torch.float64).sum() for k in keys])
+            values = torch.where(is_max, torch.maximum(values, v), values + v)
         if ps.get_data_parallel_world_size() > 1:
+            maxes = torch.where(is_max, values, -float("inf"))
             dist.all_reduce(values, group=ps.get_data_parallel_group())
+            dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
+            values = torch.where(is_max, maxes, values)
     if ps.get_pipeline_model_parallel_world_size() > 1:
         dist.broadcast(values, src=ps.get_pipeline_model_parallel_last_rank(),
                        group=ps.get_pipeline_model_parallel_group())
