@@ -21,8 +21,8 @@ def prepare(config: Any) -> Any:
 
     resolve_model(config)
     check_data_keys(config.data)
-    if config.data.name != "synthetic":
-        check_data_files(config.data)
+    if config.data.name != "synthetic" and not getattr(config, "dry_run", False):
+        check_data_files(config.data)  # a dry run builds the layout only: no data is read
     check_reward_settings(config.reward)
     check_loggers(config.metrics)
     return config

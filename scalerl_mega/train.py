@@ -35,8 +35,13 @@ def to_config(cfg: Any):
 
 def run(cfg: Any) -> dict[str, Any]:
     """Validate `cfg` and run the job (SFT warm start if configured, then RL, then the report)."""
-    config = to_config(cfg)
-    if config.dry_run:  # layout/memory check on one CPU, then exit (trainer/megatron/dry_run.py)
+    return run_config(to_config(cfg))
+
+
+def run_config(config: Any) -> dict[str, Any]:
+    """A validated config: the dry run (`dry_run=true`: layout and memory on one CPU, then exit;
+    trainer/megatron/dry_run.py) or the job."""
+    if config.dry_run:
         from scalerl_mega.trainer.megatron.dry_run import run_and_exit
 
         run_and_exit(config)
@@ -209,7 +214,7 @@ def main() -> None:
     def _entry(cfg) -> None:
         config = config_or_exit(cfg, validate_only=validate_only)  # config errors: one line, exit 2
         if config is not None:
-            run_job(config)
+            run_config(config)
 
     _entry()
 

@@ -284,7 +284,10 @@ def dry_run(cfg, *, cache: dict | None = None) -> dict[str, Any]:
     from scalerl_mega.build import megatron_config
     from scalerl_mega.cluster.plan import stage_activation_bytes
 
-    world = int(cfg.cluster.trainer_devices)
+    from scalerl_mega.build import trainer_world_size
+
+    # cluster.trainer_devices=0 (local clusters): the launched world size, 1 without a launcher
+    world = int(cfg.cluster.trainer_devices) or trainer_world_size()
     mcfg = megatron_config(cfg)
     try:
         if world < 1:
