@@ -46,7 +46,6 @@ from scalerl_mega.metrics.compute import ComputeCounter, gpu_utilization
 from scalerl_mega.metrics.progress import progress_line
 from scalerl_mega.metrics.rollout_stats import rollout_metrics, staleness_histogram, tokens_per_version
 from scalerl_mega.metrics.writer import MetricsWriter
-from scalerl_mega.trainer.policy_loss import finalize_train_metrics
 from scalerl_mega.types import Completion, FinishReason, Group, Prompt, SamplingParams, ScoredCompletion
 
 log = logging.getLogger("scalerl_mega.loop")
@@ -411,7 +410,7 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
         engine_busy = router.in_flight > 0
         t_train = time.monotonic()
         if res.batch is not None:
-            tm = finalize_train_metrics(comps.trainer.train_step(res.batch))
+            tm = comps.trainer.train_step(res.batch)
             metrics.update({f"train/{key}": v for key, v in tm.items()})
         else:
             metrics["skipped_no_signal"] = 1.0

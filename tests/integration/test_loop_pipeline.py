@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 from scalerl_mega.interfaces import LoopComponents
 from scalerl_mega.loop import run_rl
-from scalerl_mega.trainer.policy_loss import batch_tensors, make_policy_loss_fn
+from scalerl_mega.trainer.policy_loss import batch_tensors, finalize_train_metrics, make_policy_loss_fn
 from scalerl_mega.metrics.compute import ComputeCounter
 from scalerl_mega.types import Prompt
 
@@ -70,7 +70,7 @@ class TorchPolicy:
         loss.backward()
         self.opt.step()
         self.version += 1
-        return {k: float(v) for k, v in metrics.items()}
+        return finalize_train_metrics({k: float(v) for k, v in metrics.items()})
 
     def export_hf_weights(self, *, dtype=None):
         for name, p in self.model.named_parameters():

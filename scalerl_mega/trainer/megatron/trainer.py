@@ -6,7 +6,7 @@ from typing import Any, Iterator, Optional
 
 from scalerl_mega.trainer.megatron.config import MegatronConfig
 from scalerl_mega.trainer.megatron.step import HeadLossFn, LossFn, next_token_ce_loss
-from scalerl_mega.trainer.policy_loss import batch_tensors, pad_batch
+from scalerl_mega.trainer.policy_loss import batch_tensors, finalize_train_metrics, pad_batch
 
 
 class MegatronPolicyTrainer:
@@ -54,13 +54,15 @@ class MegatronPolicyTrainer:
 
     def train_step(self, batch) -> dict[str, float]:
         """One optimizer step on the global batch (identical on every rank; each trains its DP rows).
-        Returns the global metrics (summed over micro-batches and DP ranks), the same on every rank."""
+        Returns the global metrics, the same on every rank: shares summed over micro-batches and DP
+        ranks, turned into the logged diagnostics by `policy_loss.finalize_train_metrics`."""
         from scalerl_mega.trainer.megatron import step
 
         data = self._data(batch)
         metrics = step.train_step(self.chunks, self.optimizer, data, step=self.step, optim=self.cfg.optim,
                                   parallel=self.cfg.parallel, loss_fn=self.loss_fn,
                                   head_loss_fn=self.head_loss_fn, micro_batch_tokens=self.micro_batch_tokens)
+        metrics = finalize_train_metrics(metrics)
         self.step += 1
         metrics["step"] = float(self.step)
         return metrics
