@@ -44,7 +44,8 @@ from scalerl_mega.interfaces import LoopComponents
 from scalerl_mega.metrics.alarms import TruncationAlarm
 from scalerl_mega.metrics.compute import ComputeCounter, gpu_utilization
 from scalerl_mega.metrics.progress import progress_line
-from scalerl_mega.metrics.rollout_stats import rollout_metrics, staleness_histogram, tokens_per_version
+from scalerl_mega.metrics.rollout_stats import (domain_pass_rates, rollout_metrics, staleness_histogram,
+                                                tokens_per_version)
 from scalerl_mega.metrics.writer import MetricsWriter
 from scalerl_mega.types import Completion, FinishReason, Group, Prompt, SamplingParams, ScoredCompletion
 
@@ -219,7 +220,8 @@ def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, cfg: Any) 
 
 # ----------------------------------------------------------------------------- validation
 def validate(router: _Router, comps: LoopComponents, cfg: Any, *, version: int, rng: random.Random) -> dict[str, float]:
-    """Mean pass rate over the held-out prompts, `data.val_samples` samples each, on the same engines."""
+    """Mean pass rate over the held-out prompts, `data.val_samples` samples each, on the same engines,
+    and per domain (`val/<domain>_pass_rate`, `metrics.rollout_stats.domain_pass_rates`)."""
     n = cfg.data.val_samples
     for i, prompt in enumerate(comps.val_prompts):
         if prompt.token_ids is None:
@@ -234,6 +236,7 @@ def validate(router: _Router, comps: LoopComponents, cfg: Any, *, version: int, 
     groups = score_groups(pendings, comps, cfg)
     samples = [s for g in groups for s in g.samples]
     return {
+        **domain_pass_rates(groups),
         "val_pass_rate": sum(s.passed for s in samples) / len(samples),
         "val_reward_mean": sum(s.reward for s in samples) / len(samples),
         "val_truncation_rate": sum(s.completion.finish_reason == FinishReason.LENGTH for s in samples) / len(samples),

@@ -7,6 +7,7 @@
 Grids: `paper` = App. A.5 (A 0.450..0.800 step 0.005, C_mid linspace(100, 40000, 100)) with fit_from 1500;
 `relative` = `fit.relative_grids` over the fitted compute range with no lower cut (small CPU runs);
 `auto` = paper when the largest compute of every run is >= 1500, else relative. The choice is printed.
+`--domains` fits one curve per validation domain of each run (`val/math_pass_rate`, `val/code_pass_rate`).
 With several runs, the leave-one-out table of the paper (Sec. 6, App. A.5): A averaged over all runs,
 every run refit at that common A, B compared (runs whose own A is beyond the +-0.02 seed margin of the
 mean are flagged); `--plot-dir` draws them in loo.png (Fig. 7) at the common A.
@@ -34,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--x", default="compute_gpu_hours", help="compute key/column (default compute_gpu_hours)")
     p.add_argument("--y", default="val_pass_rate", help="reward key/column (default val_pass_rate)")
     p.add_argument("--label", nargs="*", default=None, help="names for the runs (default: directory/file names)")
+    p.add_argument("--domains", action="store_true",
+                   help="one curve per validation domain of each run (val/<domain>_pass_rate: e.g. math and "
+                        "code of a math+code run, paper Sec. 5) instead of --y")
     p.add_argument("--grid", choices=("auto", "paper", "relative"), default="auto",
                    help="paper: App. A.5 grids + fit from 1500; relative: scale-free grids, no lower cut; "
                         "auto: paper when every run reaches 1500 compute units")
@@ -108,13 +112,23 @@ def _num(v: float, fmt: str) -> str:
 def _run(args) -> int:
     from scalerl_mega.scaling.compare import SEED_MARGIN_A, bootstrap_points, bootstrap_seeds, compare_loo, \
         extrapolation_error
-    from scalerl_mega.scaling.io import read_series
+    from scalerl_mega.scaling.io import domain_keys, read_series
 
     labels = args.label or []
     if labels and len(labels) != len(args.paths):
         raise ValueError(f"--label got {len(labels)} names for {len(args.paths)} paths")
-    series = [read_series(p, x=args.x, y=args.y, name=labels[k] if labels else None)
-              for k, p in enumerate(args.paths)]
+    if args.domains:
+        series = []
+        for k, p in enumerate(args.paths):
+            keys = domain_keys(p)
+            if not keys:
+                raise ValueError(f"{p}: --domains found no val/<domain>_pass_rate key")
+            base_name = labels[k] if labels else read_series(p, x=args.x, y=keys[0]).name
+            series += [read_series(p, x=args.x, y=key, name=f"{base_name}/{key[len('val/'):-len('_pass_rate')]}")
+                       for key in keys]
+    else:
+        series = [read_series(p, x=args.x, y=args.y, name=labels[k] if labels else None)
+                  for k, p in enumerate(args.paths)]
     base, grid, desc = _options(args, series)
     rows, fits, extraps = [], [], []
     for s in series:

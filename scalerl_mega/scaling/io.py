@@ -134,3 +134,21 @@ def read_series(path: str | Path, *, x: str = "compute_gpu_hours", y: str = "val
     label = name or (Path(path).name if Path(path).is_dir() else p.stem if p.name != "metrics.jsonl" else p.parent.name)
     return Series(name=label, source=str(p), x_key=x, y_key=y, compute=np.asarray(xs, dtype=np.float64),
                   reward=np.asarray(ys, dtype=np.float64), lines=np.asarray(lines, dtype=np.int64))
+
+
+def domain_keys(path: str | Path) -> list[str]:
+    """The per-domain validation keys (`val/<domain>_pass_rate`, loop.validate) present in a run's
+    metrics.jsonl (directory or file), sorted; [] for CSV files or single-domain runs without them."""
+    p = _resolve(Path(path))
+    if p.suffix.lower() == ".csv":
+        return []
+    found: set[str] = set()
+    with p.open(encoding="utf-8") as fh:
+        for raw in fh:
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError:
+                continue  # read_series reports bad lines with their line numbers
+            if isinstance(obj, dict):
+                found.update(k for k in obj if k.startswith("val/") and k.endswith("_pass_rate"))
+    return sorted(found)
