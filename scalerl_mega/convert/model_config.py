@@ -87,7 +87,8 @@ def dims_from_model_config(m) -> ArchDims:
         max_position_embeddings=m.max_position_embeddings,
         num_experts=m.num_experts, moe_ffn_hidden_size=m.expert_ffn if m.is_moe else 0, moe_top_k=m.moe_topk if m.is_moe else 0,
         moe_layers=tuple(i for i in range(m.num_layers) if m.is_moe_layer(i)),
-        no_rope_layers=tuple(int(bool(n) and (i + 1) % n == 0) for i in range(m.num_layers)),
+        # Llama-3 configs have no per-layer NoPE list (HF dense: ()); Llama-4 lists every layer
+        no_rope_layers=tuple(int(bool(n) and (i + 1) % n == 0) for i in range(m.num_layers)) if llama4 else (),
         qk_l2_norm=m.qk_l2_norm, attention_chunk_size=m.attention_chunk_size or None,
         attn_temperature_tuning=m.attn_temperature_tuning, floor_scale=m.floor_scale, attn_scale=m.attn_scale,
         rope_interleaved_in_hf=llama4,
