@@ -310,6 +310,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
     """SGLang servers (one per engine, consecutive ports) and the client engine over them; with
     `rollout.engine_urls` set, attach to those running servers instead (e.g. the generator job steps
     of slurm/common.sh) -- the loop pushes the trainer's weights before the first request."""
+    from scalerl_mega.trainer.megatron.parallel import world_size_from_env
     from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
     from scalerl_mega.rollout.weight_sync import WeightSyncConfig
 
@@ -330,7 +331,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
             model_path=str(path), host=cfg.rollout.sglang_host, port=cfg.rollout.sglang_port + i,
             tp_size=cfg.rollout.sglang_tp_size, mem_fraction_static=cfg.rollout.sglang_mem_fraction,
             random_seed=int(cfg.seed), fp32_lm_head=cfg.precision.name == "fp32_head",
-            base_gpu_id=(cfg.cluster.trainer_devices or trainer_world_size()) + i * cfg.rollout.sglang_tp_size,
+            base_gpu_id=(cfg.cluster.trainer_devices or world_size_from_env()) + i * cfg.rollout.sglang_tp_size,
             startup_timeout_s=cfg.rollout.startup_timeout_s,
             dtype="float32" if cfg.precision.params_dtype == "float32" else "bfloat16")
         servers.append(SGLangServer.launch(scfg))
@@ -353,13 +354,6 @@ def build_engine(cfg: Any, task: Task, trainer: Any):
         return build_sglang_engine(cfg, task, trainer)
     engines = [build_local_engine(cfg, task, index=i) for i in range(cfg.rollout.num_engines)]
     return engines[0] if len(engines) == 1 else EngineSet(engines)
-
-
-def trainer_world_size() -> int:
-    """Ranks of this trainer job (the launcher's WORLD_SIZE; 1 without a launcher)."""
-    import os
-
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def engine_weight_dtype(cfg: Any) -> str:

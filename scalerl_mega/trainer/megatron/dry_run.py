@@ -284,10 +284,10 @@ def dry_run(cfg, *, cache: dict | None = None) -> dict[str, Any]:
     from scalerl_mega.build import megatron_config
     from scalerl_mega.cluster.plan import stage_activation_bytes
 
-    from scalerl_mega.build import trainer_world_size
+    from scalerl_mega.trainer.megatron.parallel import world_size_from_env
 
     # cluster.trainer_devices=0 (local clusters): the launched world size, 1 without a launcher
-    world = int(cfg.cluster.trainer_devices) or trainer_world_size()
+    world = int(cfg.cluster.trainer_devices) or world_size_from_env()
     mcfg = megatron_config(cfg)
     try:
         if world < 1:
