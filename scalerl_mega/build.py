@@ -158,8 +158,11 @@ def megatron_config(cfg: Any):
 
 def use_fused_cispo(cfg: Any) -> bool:
     """The fused FP32 CISPO head (`train.fused_cispo`, on by default) applies to loss=cispo with the
-    FP32 head (paper Sec. 3.2); every other combination keeps the logits path."""
-    return bool(cfg.train.fused_cispo) and cfg.loss.name == "cispo" and cfg.precision.name == "fp32_head"
+    FP32 head (paper Sec. 3.2) without an IS correction (`loss.is_correction`: its masks need the
+    trainer's log-probs before the loss; objective/is_correction.py); every other combination keeps
+    the logits path."""
+    return (bool(cfg.train.fused_cispo) and cfg.loss.name == "cispo" and cfg.precision.name == "fp32_head"
+            and cfg.loss.is_correction == "none")
 
 
 def build_trainer(cfg: Any):
@@ -169,7 +172,8 @@ def build_trainer(cfg: Any):
     from scalerl_mega.trainer.policy_loss import make_cispo_head_loss_fn, make_policy_loss_fn
 
     loss_fn = make_policy_loss_fn(loss_type=cfg.loss.name, eps_low=cfg.loss.eps_low, eps_high=cfg.loss.eps_high,
-                                  aggregation=cfg.aggregation.name)
+                                  aggregation=cfg.aggregation.name, is_correction=cfg.loss.is_correction,
+                                  is_cap=cfg.loss.is_cap, is_low=cfg.loss.is_low, is_high=cfg.loss.is_high)
     head_loss_fn = (make_cispo_head_loss_fn(eps_low=cfg.loss.eps_low, eps_high=cfg.loss.eps_high)
                     if use_fused_cispo(cfg) else None)
     return MegatronPolicyTrainer(megatron_config(cfg), loss_fn=loss_fn, head_loss_fn=head_loss_fn,

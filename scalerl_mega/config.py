@@ -34,6 +34,7 @@ ROLLOUT_NAMES = ("local", "sglang")
 CLUSTER_NAMES = ("local", "slurm")
 DATA_NAMES = ("synthetic", "polaris", "deepcoder", "math_code", "jsonl")
 RESUME_MODES = ("auto", "never")
+MISMATCH_MODES = ("warn", "stop", "assert")
 
 INTERRUPTION_PHRASE = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
 """Paper Sec. 4: the end-of-thinking phrase injected at a forced interruption."""
@@ -85,6 +86,18 @@ class LossConfig:
     eps_high: Optional[float] = None
     """dapo/grpo/gspo: ratio clipped above at 1 + eps_high. cispo: the absolute cap eps_max of
     sg(min(rho, eps_max)) (paper Sec. 4; App. A.16: 4, 5 and 8 are equivalent). None = default."""
+    is_correction: str = "none"
+    """Train-vs-generator importance-sampling correction (objective/is_correction.py): none (ScaleRL,
+    the paper's setting) | tis_token | tis_seq (truncated IS, weight min(rho, is_cap)) | mis_token |
+    mis_seq (masked IS / IcePop: weight rho inside [is_low, is_high], 0 outside). With a correction,
+    dapo/grpo/gspo clip the ratio against the trainer's own old policy; cispo takes only mis_*. Runs
+    the logits path (no fused CISPO head)."""
+    is_cap: float = 2.0
+    """tis_*: the cap C of the truncated IS weight min(rho, C)."""
+    is_low: float = 0.5
+    """mis_*: tokens (sequences) whose IS ratio is below this are masked out."""
+    is_high: float = 2.0
+    """mis_*: tokens (sequences) whose IS ratio is above this are masked out."""
 
 
 @dataclass
@@ -296,6 +309,14 @@ class MetricsConfig:
     over the generator's weights)."""
     truncation_alarm: float = 0.10
     """Warn when the step's truncation rate exceeds this (paper App. A.13: 10-15% destabilises)."""
+    max_logprob_mismatch: Optional[float] = None
+    """Engine-vs-trainer guard: when a step's `train/onpolicy_abs_log_ratio_max` (max over on-policy
+    tokens of |log pi_train - log pi_engine|) exceeds this, act per `mismatch_mode`. None: off."""
+    mismatch_mode: str = "stop"
+    """What `max_logprob_mismatch` does (metrics/alarms.py `MismatchGuard`): warn (a warning once per
+    excursion, the run goes on) | stop (after logging the step, exit non-zero with a message; no
+    checkpoint of that step is written) | assert (CI: like stop but an AssertionError, and the run also
+    fails at its end if no step had an on-policy token to check)."""
 
 
 @dataclass
@@ -422,6 +443,13 @@ def validate(cfg: Any) -> None:
     _positive("rollout.temperature", cfg.rollout.temperature)
     if not 0.0 < cfg.rollout.top_p <= 1.0:
         raise ValueError(f"rollout.top_p={cfg.rollout.top_p!r} must be in (0, 1]")
+    if cfg.rollout.top_p < 1.0:
+        raise ValueError(
+            f"rollout.top_p={cfg.rollout.top_p!r} is refused: the engine would sample from the top-p nucleus "
+            "while the trainer's log-probs (and the engine's returned log-probs) are over the full vocabulary, "
+            "which biases every importance ratio; the trainer cannot renormalise over the same nucleus exactly "
+            "with vocab-parallel logits or the fused FP32 head (README 'Train/inference consistency'). "
+            "Use rollout.top_p=1.0")
     _positive("cluster.nodes", cfg.cluster.nodes)
     _positive("cluster.devices_per_node", cfg.cluster.devices_per_node)
     _positive("cluster.trainer_threads", cfg.cluster.trainer_threads, allow_zero=True)
@@ -452,6 +480,7 @@ def validate(cfg: Any) -> None:
         )
     if not 0.0 < cfg.metrics.truncation_alarm <= 1.0:
         raise ValueError(f"metrics.truncation_alarm={cfg.metrics.truncation_alarm!r} must be in (0, 1]")
+    _validate_mismatch(cfg)
 
     length = cfg.length
     _positive("length.max_new_tokens", length.max_new_tokens)
@@ -477,6 +506,28 @@ def validate(cfg: Any) -> None:
                 f"length.penalty_cache_len={length.penalty_cache_len} > "
                 f"length.penalty_max_len={length.penalty_max_len}"
             )
+
+
+def _validate_mismatch(cfg: Any) -> None:
+    """loss.is_* (off-policy corrections) and metrics.max_logprob_mismatch / mismatch_mode."""
+    from scalerl_mega.objective.is_correction import IS_CORRECTIONS
+
+    loss = cfg.loss
+    _one_of("loss.is_correction", loss.is_correction, IS_CORRECTIONS)
+    if loss.is_correction.startswith("tis"):
+        _positive("loss.is_cap", loss.is_cap)
+        if loss.name == "cispo":
+            raise ValueError(f"loss.is_correction={loss.is_correction!r} with loss.name='cispo': CISPO's "
+                             "sg(min(rho, eps_high)) already is a token-level truncated IS weight (loss.eps_high "
+                             "is its cap); use none, mis_token or mis_seq")
+    if loss.is_correction.startswith("mis"):
+        _positive("loss.is_low", loss.is_low, allow_zero=True)
+        _positive("loss.is_high", loss.is_high)
+        if not loss.is_high > loss.is_low:
+            raise ValueError(f"loss.is_high={loss.is_high!r} must be > loss.is_low={loss.is_low!r}")
+    _one_of("metrics.mismatch_mode", cfg.metrics.mismatch_mode, MISMATCH_MODES)
+    if cfg.metrics.max_logprob_mismatch is not None:
+        _positive("metrics.max_logprob_mismatch", cfg.metrics.max_logprob_mismatch)
 
 
 def _validate_sft(cfg: Any) -> None:

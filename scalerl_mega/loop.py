@@ -16,7 +16,8 @@ One trainer step s (the policy has weight version s):
 5. optimizer step (Megatron trainer; CISPO/DAPO/GRPO/GSPO via objective.losses).
 6. weight sync. PipelineRL: after every step the new weights go to the engines, which apply them
    between decode steps (in-flight, stale KV kept). PPO-off-policy: after every k-th step.
-7. metrics line, progress line, truncation alarm; every `val_every` steps validation on held-out
+7. metrics line, progress line, truncation alarm, log-prob mismatch guard (`metrics.max_logprob_mismatch`,
+   before the step can be checkpointed); every `val_every` steps validation on held-out
    prompts (same engines, always on the trainer's current weights: PPO-off-policy pushes them first
    when they are not in sync, after the phase's generation has finished) and the live scaling
    forecast; every `save_every` steps a checkpoint.
@@ -41,7 +42,7 @@ from typing import Any
 
 from scalerl_mega.batch import build_train_batch
 from scalerl_mega.interfaces import LoopComponents
-from scalerl_mega.metrics.alarms import TruncationAlarm
+from scalerl_mega.metrics.alarms import MismatchGuard, TruncationAlarm
 from scalerl_mega.metrics.compute import ComputeCounter, gpu_utilization
 from scalerl_mega.metrics.progress import progress_line
 from scalerl_mega.metrics.rollout_stats import (domain_pass_rates, rollout_metrics, staleness_histogram,
@@ -311,6 +312,7 @@ def run_rl(cfg: Any, comps: LoopComponents, *, compute: ComputeCounter, forecast
     router = _Router(comps.engine, group_size=G, poll_timeout_s=cfg.train.poll_timeout_s,
                      stall_timeout_s=cfg.rollout.stall_timeout_s, stop_requested=stop_requested)
     alarm = TruncationAlarm(cfg.metrics.truncation_alarm)
+    guard = MismatchGuard(cfg.metrics.max_logprob_mismatch, cfg.metrics.mismatch_mode)
     readmit: list[Prompt] = []
 
     # --- resume
@@ -332,7 +334,7 @@ def run_rl(cfg: Any, comps: LoopComponents, *, compute: ComputeCounter, forecast
                            resume_step=state.step if ckpt is not None else None, loggers=build_loggers(cfg))
     try:
         return _loop(cfg, comps, state=state, router=router, readmit=readmit, rng=rng, writer=writer,
-                     compute=compute, forecaster=forecaster, alarm=alarm, on_step=on_step)
+                     compute=compute, forecaster=forecaster, alarm=alarm, guard=guard, on_step=on_step)
     except Preempted:
         save_state(comps, cfg, state=state, outstanding=list(router.queue), compute=compute, rng=rng)
         state.preempted = True
@@ -343,7 +345,7 @@ def run_rl(cfg: Any, comps: LoopComponents, *, compute: ComputeCounter, forecast
         writer.close()
 
 
-def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaster, alarm, on_step) -> LoopState:
+def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaster, alarm, guard, on_step) -> LoopState:
     k, B = cfg.off_policy.k, cfg.train.prompts_per_step
     pipeline = cfg.off_policy.name == "pipeline_rl"
     strict_phases = not pipeline and not cfg.off_policy.overlap
@@ -453,6 +455,7 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
             metrics["gpu_utilization"] = util
         alarm.check(step=s, truncation_rate=metrics["truncation_rate"])
         rec = writer.write("train", state.step, {**metrics, **compute.fields()})
+        guard.check(step=state.step, metrics=metrics)  # before this step's checkpoint (metrics/alarms.py)
         if cfg.metrics.progress_every and state.step % cfg.metrics.progress_every == 0:
             log.info("%s", progress_line(step=state.step, total_steps=cfg.train.steps, metrics=rec))
         if on_step is not None:
@@ -474,6 +477,7 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
                 raise Preempted()  # run_rl saves, then returns
             state.preempted = True
             return state
+    guard.finish()
     return state
 
 

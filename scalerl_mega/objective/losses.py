@@ -23,6 +23,16 @@ Aggregations (Sec. 3.2 "Loss Aggregation"):
 - "token":  w = 1 / sum_i |y_i| — all tokens of the batch averaged directly.
 Samples (prompts) with no trained token get weight 0 and are not counted in B (P).
 
+Off-policy corrections (`is_correction`, objective/is_correction.py; off by default, as in ScaleRL):
+the per-token term is multiplied by the IS weight w of the trainer's old policy against the generator
+(TIS: truncated at `is_cap`; MIS/IcePop: masked outside [`is_low`, `is_high`]; per token or per
+sequence). The mismatch then enters only through w, so for dapo/grpo/gspo the clipped ratio is taken
+against the trainer's old policy pi_old = sg(pi_train) (decoupled PPO: each batch is used for one
+optimizer step, so pi_old is the step's pre-update policy and the ratio is 1 with gradient
+grad log pi_train; the clip is inactive and `clip_fraction` is 0). cispo: its sg(min(rho, eps_high))
+already is a token-level TIS weight against the generator, so only the masks (mis_token, mis_seq)
+apply on top of it; tis_* with cispo is refused.
+
 Micro-batches and data-parallel ranks: compute `token_weights` once on the *global* batch, slice it like
 the other [B, T] tensors, and pass the slice as `weights=`; the micro-batch losses then sum exactly to
 the unsplit loss (tests/unit/test_objective_losses.py checks this).
@@ -31,6 +41,9 @@ the unsplit loss (tests/unit/test_objective_losses.py checks this).
 from __future__ import annotations
 
 import torch
+
+from scalerl_mega.objective.is_correction import (
+    DEFAULT_IS_CAP, DEFAULT_IS_HIGH, DEFAULT_IS_LOW, is_weights)
 
 LOSS_TYPES = ("cispo", "dapo", "grpo", "gspo")
 AGGREGATIONS = ("prompt", "sample", "token")
@@ -136,6 +149,10 @@ def policy_loss(
     weights: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     sums: bool = False,
+    is_correction: str = "none",
+    is_cap: float = DEFAULT_IS_CAP,
+    is_low: float = DEFAULT_IS_LOW,
+    is_high: float = DEFAULT_IS_HIGH,
 ) -> tuple[torch.Tensor, dict]:
     """loss = -J for `loss_type` with `aggregation` (defaults per loss type: see module docstring).
 
@@ -149,10 +166,16 @@ def policy_loss(
     cut — for CISPO the fraction truncated at the cap/floor, for GSPO the fraction of samples clipped),
     `rho_mean`, `rho_max` (token ratios pi_train/pi_gen), `approx_kl` (k3 estimator of KL(gen||train):
     mean of rho - 1 - log rho over tokens sampled from pi_gen; unbiased and >= 0), `entropy` if given,
-    and for GSPO `seq_rho_mean`, `seq_rho_max`. With `sums=True` the metrics are instead `loss` and the
+    and for GSPO `seq_rho_mean`, `seq_rho_max`; `is_ess` (normalised effective sample size of the token
+    ratios) always, `is_correction_fraction` (units truncated or masked by `is_correction`) when a
+    correction is on. With `sums=True` the metrics are instead `loss` and the
     float64 tensor shares of `diagnostic_sums` (no host sync), exact to aggregate over micro-batches.
     """
     aggregation, eps_low, eps_high = _resolve(loss_type, aggregation, eps_low, eps_high)
+    if loss_type == "cispo" and is_correction.startswith("tis"):
+        raise ValueError(f"is_correction={is_correction!r} with loss_type='cispo': CISPO's sg(min(rho, eps_high)) "
+                         "already is a token-level truncated IS weight against the generator (eps_high is its "
+                         "cap); only mis_token / mis_seq apply on top of it")
     # a micro-batch of a global batch (`weights` given) may train no token (e.g. data-parallel padding rows)
     _validate_mask_index(mask, prompt_index, allow_empty=weights is not None)
     B, T = mask.shape
@@ -178,6 +201,17 @@ def policy_loss(
     logp_m = torch.where(m, logp, zero)
     log_ratio = torch.where(m, logp - gen_logp.to(logp.dtype), zero)
     A_B1 = advantages.to(logp.dtype)[:, None]
+    is_flags = None
+    # the ratio the PPO-style clip sees: against the generator, or against pi_old = sg(pi_train) when
+    # an IS correction carries the train-vs-generator mismatch (module docstring)
+    clip_log_ratio = log_ratio
+    if is_correction != "none":
+        iw, is_flags = is_weights(logp.detach(), gen_logp, mask, mode=is_correction, cap=is_cap,
+                                  low=is_low, high=is_high)
+        if loss_type == "cispo":
+            iw = (iw > 0).to(logp.dtype)  # the masks only: the CISPO weight already holds the ratio
+        w = w * iw
+        clip_log_ratio = torch.where(m, logp - logp.detach(), zero)
 
     metrics: dict[str, float] = {}
     if loss_type == "cispo":
@@ -187,7 +221,7 @@ def policy_loss(
         J = (w * term).sum()
         clipped_u = clipped[m]
     elif loss_type in ("dapo", "grpo"):
-        rho = log_ratio.exp()
+        rho = clip_log_ratio.exp()
         term = torch.minimum(rho * A_B1, rho.clamp(1 - eps_low, 1 + eps_high) * A_B1)
         J = (w * term).sum()
         with torch.no_grad():
@@ -195,7 +229,7 @@ def policy_loss(
             clipped_u = clipped[m]
     else:  # gspo
         len_B = m.sum(1)
-        s_B = ((log_ratio.sum(1)) / len_B.clamp(min=1)).exp()
+        s_B = ((clip_log_ratio.sum(1)) / len_B.clamp(min=1)).exp()
         A_B = A_B1[:, 0]
         term_B = torch.minimum(s_B * A_B, s_B.clamp(1 - eps_low, 1 + eps_high) * A_B)
         J = (w.sum(1) * term_B).sum()
@@ -210,7 +244,7 @@ def policy_loss(
         if entropy is not None:
             _check_bt("entropy", entropy, (B, T))
         diag = diagnostic_sums(log_ratio.detach()[m], clipped_u,
-                               entropy_t=None if entropy is None else entropy.detach()[m])
+                               entropy_t=None if entropy is None else entropy.detach()[m], is_flags_u=is_flags)
         if sums:
             return loss, {"loss": loss.detach(), **diag}
         metrics.update(loss=float(loss.detach()), **diagnostic_means(diag),
@@ -218,18 +252,21 @@ def policy_loss(
     return loss, metrics
 
 
-DIAGNOSTIC_SUM_KEYS = ("clip_num", "clip_den", "rho_sum", "kl_sum", "rho_tokens", "entropy_sum",
-                       "entropy_tokens", "rho_max")
+DIAGNOSTIC_SUM_KEYS = ("clip_num", "clip_den", "rho_sum", "rho_sq_sum", "kl_sum", "rho_tokens", "entropy_sum",
+                       "entropy_tokens", "is_corr_num", "is_corr_den", "rho_max")
 """Additive shares of the loss diagnostics (float64 sums and counts over trained tokens; `rho_max` is
 a max, combined with max). Summed over micro-batches and data-parallel ranks they give the exact
 global-batch diagnostics through `diagnostic_means`."""
 
 
 def diagnostic_sums(log_ratio_t: torch.Tensor, clipped_u: torch.Tensor, *,
-                    entropy_t: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                    entropy_t: torch.Tensor | None = None,
+                    is_flags_u: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Diagnostic shares (`DIAGNOSTIC_SUM_KEYS`) of some trained tokens: `log_ratio_t` [n] are their
     log(pi_train / pi_gen), `clipped_u` [u] flags the clipped units (tokens; GSPO: samples),
-    `entropy_t` [n] their policy entropies if known (else `entropy_tokens` is 0). No host sync."""
+    `entropy_t` [n] their policy entropies if known (else `entropy_tokens` is 0), `is_flags_u` the
+    units an IS correction truncated or masked (`is_correction.is_weights`; None: no correction, then
+    `is_corr_den` is 0). No host sync."""
     lr = log_ratio_t.detach().double()
     rho = lr.exp()
     zero = torch.zeros((), dtype=torch.float64, device=lr.device)
@@ -237,24 +274,33 @@ def diagnostic_sums(log_ratio_t: torch.Tensor, clipped_u: torch.Tensor, *,
     return {
         "clip_num": clipped_u.double().sum(), "clip_den": torch.tensor(float(clipped_u.numel()),
                                                                        dtype=torch.float64, device=lr.device),
-        "rho_sum": rho.sum(), "kl_sum": (rho - 1 - lr).sum(),
+        "rho_sum": rho.sum(), "rho_sq_sum": rho.square().sum(), "kl_sum": (rho - 1 - lr).sum(),
         "rho_tokens": torch.tensor(float(lr.numel()), dtype=torch.float64, device=lr.device),
         "entropy_sum": ent,
         "entropy_tokens": zero if entropy_t is None else torch.tensor(float(entropy_t.numel()),
                                                                         dtype=torch.float64, device=lr.device),
+        "is_corr_num": zero if is_flags_u is None else is_flags_u.double().sum(),
+        "is_corr_den": zero if is_flags_u is None else torch.tensor(float(is_flags_u.numel()), dtype=torch.float64,
+                                                                    device=lr.device),
         "rho_max": rho.max() if rho.numel() else zero,
     }
 
 
 def diagnostic_means(sums: dict) -> dict[str, float]:
     """Summed `diagnostic_sums` -> `clip_fraction`, `rho_mean`, `rho_max`, `approx_kl` (k3: mean of
-    rho - 1 - log rho) and `entropy` (only when some entropy was given). Empty: 0 clipped, rho 1, KL 0."""
+    rho - 1 - log rho), `is_ess` = (sum rho)^2 / (n sum rho^2) over the n trained tokens' ratios
+    rho = pi_train / pi_gen (the effective sample size divided by n: in (0, 1], 1 when all ratios are
+    equal), `entropy` (only when some entropy was given) and `is_correction_fraction` (only when an IS
+    correction ran). Empty: 0 clipped, rho 1, KL 0, ESS 1."""
     v = {k: float(sums[k]) for k in DIAGNOSTIC_SUM_KEYS}
     tok = v["rho_tokens"]
     out = {"clip_fraction": v["clip_num"] / v["clip_den"] if v["clip_den"] else 0.0,
            "rho_mean": v["rho_sum"] / tok if tok else 1.0,
            "rho_max": v["rho_max"] if tok else 1.0,
-           "approx_kl": v["kl_sum"] / tok if tok else 0.0}
+           "approx_kl": v["kl_sum"] / tok if tok else 0.0,
+           "is_ess": v["rho_sum"] ** 2 / (tok * v["rho_sq_sum"]) if tok else 1.0}
+    if v["is_corr_den"]:
+        out["is_correction_fraction"] = v["is_corr_num"] / v["is_corr_den"]
     if v["entropy_tokens"]:
         out["entropy"] = v["entropy_sum"] / v["entropy_tokens"]
     return out

@@ -79,7 +79,8 @@ def pad_batch(data: dict[str, Any], *, rows_multiple: int = 1, cols_multiple: in
 
 
 def make_policy_loss_fn(*, loss_type: str, eps_low: float | None, eps_high: float | None,
-                        aggregation: str) -> LossFn:
+                        aggregation: str, is_correction: str = "none", is_cap: float | None = None,
+                        is_low: float | None = None, is_high: float | None = None) -> LossFn:
     """The trainer's loss_fn (trainer/megatron/step.py contract): RL micro-batches carry `advantages`
     and the global-batch `token_weights`, so micro-batch losses sum to the full-batch -J; batches
     without `advantages` (the SFT warm start) use the next-token cross-entropy.
@@ -88,11 +89,20 @@ def make_policy_loss_fn(*, loss_type: str, eps_low: float | None, eps_high: floa
     policy loss; `is_ratio_mean` = sum_t w_t * rho_t. On-policy check: over completions generated
     entirely by the weights the trainer holds (`trainer_version`; PipelineRL tokens of a newer
     version on a stale KV cache are excluded), `onpolicy_abs_log_ratio_sum` / `onpolicy_tokens`
-    is the mean |log pi_train - log pi_gen|, ~0 when engine and trainer agree. Loss diagnostics:
+    is the mean |log pi_train - log pi_gen|, ~0 when engine and trainer agree, and
+    `onpolicy_abs_log_ratio_max` its max (a `_max` key: the step reduces it with max). Loss diagnostics:
     the `objective.losses.diagnostic_sums` shares of `policy_loss` (entropy from `mb["entropy"]`, which
     the Megatron step provides on the logits path); `finalize_train_metrics` turns the global sums into
-    `clip_fraction`, `rho_mean`, `rho_max`, `approx_kl`, `entropy`.
+    `clip_fraction`, `rho_mean`, `rho_max`, `approx_kl`, `entropy`, `is_ess`, `is_correction_fraction`.
+    `is_correction` / `is_cap` / `is_low` / `is_high`: the train-vs-generator IS correction of
+    `objective.losses.policy_loss` (objective/is_correction.py; None: its default threshold).
     """
+    from scalerl_mega.objective import is_correction as isc
+
+    is_kw = {"is_correction": is_correction, "is_cap": isc.DEFAULT_IS_CAP if is_cap is None else is_cap,
+             "is_low": isc.DEFAULT_IS_LOW if is_low is None else is_low,
+             "is_high": isc.DEFAULT_IS_HIGH if is_high is None else is_high}
+    isc.check_is_params(is_correction, cap=is_kw["is_cap"], low=is_kw["is_low"], high=is_kw["is_high"])
 
     def loss_fn(logp_BT, mb: dict):
         if "advantages" not in mb:
@@ -101,7 +111,7 @@ def make_policy_loss_fn(*, loss_type: str, eps_low: float | None, eps_high: floa
 
         loss, diag = policy_loss(logp_BT, mb["gen_logp"], mb["advantages"], mb["loss_mask"], mb["prompt_index"],
                                  loss_type=loss_type, aggregation=aggregation, eps_low=eps_low, eps_high=eps_high,
-                                 weights=mb["token_weights"], entropy=mb.get("entropy"), sums=True)
+                                 weights=mb["token_weights"], entropy=mb.get("entropy"), sums=True, **is_kw)
         return loss, {**diag, **policy_metrics(logp_BT, mb, loss)}
 
     return loss_fn
@@ -129,7 +139,9 @@ def policy_metrics(logp_BT: Any, mb: dict, loss: Any) -> dict:
             whole_B = ((mb["weight_version"] == mb["trainer_version"]) | ~m).all(1)
             sel = whole_B[:, None] & m
             metrics["onpolicy_tokens"] = sel.sum().to(logp_BT.dtype)
-            metrics["onpolicy_abs_log_ratio_sum"] = (log_ratio.abs() * sel).sum()
+            abs_on = log_ratio.abs() * sel
+            metrics["onpolicy_abs_log_ratio_sum"] = abs_on.sum()
+            metrics["onpolicy_abs_log_ratio_max"] = abs_on.max() if abs_on.numel() else abs_on.sum()
     return metrics
 
 
@@ -182,8 +194,10 @@ def make_cispo_head_loss_fn(*, eps_low: float | None, eps_high: float | None,
 def finalize_train_metrics(summed: dict[str, float]) -> dict[str, float]:
     """The trainer's global metric sums (micro-batch shares summed over micro-batches and DP ranks) ->
     the logged metrics: `objective.losses.diagnostic_sums` shares become `clip_fraction`, `rho_mean`,
-    `rho_max`, `approx_kl` (k3), `entropy` (if computed); `onpolicy_abs_log_ratio_mean` from its sum
-    and token count. Other keys pass through. SFT metrics (no diagnostic shares) are returned as is."""
+    `rho_max`, `approx_kl` (k3), `is_ess`, `entropy` (if computed), `is_correction_fraction` (if a
+    correction ran); `onpolicy_abs_log_ratio_mean` from its sum and token count, and
+    `onpolicy_abs_log_ratio_max` only when some on-policy token was seen (else both are absent).
+    Other keys pass through. SFT metrics (no diagnostic shares) are returned as is."""
     from scalerl_mega.objective.losses import DIAGNOSTIC_SUM_KEYS, diagnostic_means
 
     out = {k: v for k, v in summed.items() if k not in DIAGNOSTIC_SUM_KEYS}
@@ -191,4 +205,6 @@ def finalize_train_metrics(summed: dict[str, float]) -> dict[str, float]:
         out.update(diagnostic_means(summed))
     if summed.get("onpolicy_tokens", 0.0) > 0:
         out["onpolicy_abs_log_ratio_mean"] = summed["onpolicy_abs_log_ratio_sum"] / summed["onpolicy_tokens"]
+    else:
+        out.pop("onpolicy_abs_log_ratio_max", None)
     return out
