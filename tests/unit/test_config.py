@@ -221,3 +221,40 @@ def test_broken_tokenizer_file_is_a_named_error(tmp_path):
     tj.write_text('{"model": {"type": "BPE"}}')  # valid JSON, wrong content (KeyError-class failures)
     with pytest.raises(ValueError, match=r"data\.tokenizer_path=.*not a loadable HF tokenizer"):
         validate_machine(c)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["loss.is_correction=tis"], r"loss\.is_correction='tis' is not one of"),
+        (["loss=dapo", "loss.is_correction=tis_token", "loss.is_cap=0"], r"loss\.is_cap=0\.0 must be > 0"),
+        (["loss.is_correction=tis_seq"], r"loss\.is_correction='tis_seq' with loss\.name='cispo'"),
+        (["loss.is_correction=mis_token", "loss.is_low=-0.5"], r"loss\.is_low=-0\.5 must be >= 0"),
+        (["loss=grpo", "loss.is_correction=mis_seq", "loss.is_low=2", "loss.is_high=1.5"],
+         r"loss\.is_high=1\.5 must be > loss\.is_low=2\.0"),
+        (["metrics.mismatch_mode=fail"], r"metrics\.mismatch_mode='fail' is not one of"),
+        (["metrics.max_logprob_mismatch=0"], r"metrics\.max_logprob_mismatch=0\.0 must be > 0"),
+        (["rollout.top_p=0.9"], r"rollout\.top_p=0\.9 is refused: .*Use rollout\.top_p=1\.0"),
+    ],
+)
+def test_consistency_settings_are_validated_with_the_key(overrides, key):
+    from scalerl_mega.config import validate
+
+    with pytest.raises(ValueError, match=key):
+        validate(_compose("experiment=demo", *overrides))
+
+
+def test_corrections_and_mismatch_guard_are_off_by_default_and_compose():
+    from scalerl_mega.build import use_fused_cispo
+    from scalerl_mega.config import validate
+
+    for name in sorted(EXPECTED):
+        c = _compose(f"experiment={name}")
+        assert (c.loss.is_correction, c.metrics.max_logprob_mismatch) == ("none", None)
+    c = _compose("experiment=demo")
+    assert use_fused_cispo(c)
+    for loss, mode in (("dapo", "tis_token"), ("gspo", "tis_seq"), ("grpo", "mis_token"), ("cispo", "mis_seq")):
+        c = _compose("experiment=demo", f"loss={loss}", f"loss.is_correction={mode}", "metrics.max_logprob_mismatch=0.5",
+                     "metrics.mismatch_mode=assert")
+        validate(c)
+        assert not use_fused_cispo(c)  # the masks need the trainer's log-probs: logits path

@@ -63,7 +63,7 @@ def reference(data, logits64, loss_type: str) -> dict[str, float]:
     ent = -(p * p.log()).sum(-1)
     return {"clip_fraction": float(clipped.double().mean()), "rho_mean": float(rho[m].mean()),
             "rho_max": float(rho[m].max()), "approx_kl": float((rho - 1 - lr)[m].mean()),
-            "entropy": float(ent[m].mean())}
+            "entropy": float(ent[m].mean()), "is_ess": float(rho[m].sum() ** 2 / (m.sum() * rho[m].square().sum()))}
 
 
 def run_logits_path(data, logits64, loss_type: str, sizes: list[int]) -> dict[str, float]:
@@ -162,8 +162,57 @@ def test_fused_head_diagnostics_equal_whole_batch_and_run_the_head_once(single_r
 
 def test_finalize_passes_sft_metrics_and_takes_the_on_policy_mean():
     assert finalize_train_metrics({"loss": 2.0, "grad_norm": 1.0}) == {"loss": 2.0, "grad_norm": 1.0}
-    out = finalize_train_metrics({"onpolicy_tokens": 4.0, "onpolicy_abs_log_ratio_sum": 1.0})
-    assert out["onpolicy_abs_log_ratio_mean"] == 0.25
+    out = finalize_train_metrics({"onpolicy_tokens": 4.0, "onpolicy_abs_log_ratio_sum": 1.0,
+                                  "onpolicy_abs_log_ratio_max": 0.5})
+    assert out["onpolicy_abs_log_ratio_mean"] == 0.25 and out["onpolicy_abs_log_ratio_max"] == 0.5
+    # no on-policy token this step: neither the mean nor the (meaningless 0) max is logged
+    out = finalize_train_metrics({"onpolicy_tokens": 0.0, "onpolicy_abs_log_ratio_sum": 0.0,
+                                  "onpolicy_abs_log_ratio_max": 0.0})
+    assert "onpolicy_abs_log_ratio_mean" not in out and "onpolicy_abs_log_ratio_max" not in out
+
+
+@pytest.mark.parametrize("loss_type,mode", [("dapo", "tis_token"), ("gspo", "mis_seq"), ("cispo", "mis_token")])
+def test_on_policy_mismatch_and_correction_fraction_are_exact_over_micro_batches(single_rank, loss_type, mode):
+    """`onpolicy_abs_log_ratio_mean` / `_max` over the rows generated entirely by the trainer's version
+    (mixed-version rows excluded) and `is_correction_fraction`, whole batch in float64 vs any split."""
+    from scalerl_mega.trainer.megatron import step
+
+    data, _, _, logits64 = make_batch(4)
+    version = torch.full((B, T), 3, dtype=torch.long)
+    version[[1, 4, 9]] = 2
+    version[6, T // 2:] = 2  # switched versions mid-completion (PipelineRL): not on-policy
+    data["weight_version"], data["trainer_version"] = version, torch.tensor(3)
+    m = data["loss_mask"] > 0
+    logp = torch.log_softmax(logits64, -1).gather(-1, data["targets"][..., None])[..., 0]
+    lr = logp - data["gen_logp"].double()
+    on_rows = [b for b in range(B) if b not in (1, 4, 6, 9)]
+    on = lr[on_rows].abs()[m[on_rows]]
+    rho = lr.exp()
+    low, high, cap = 0.6, 1.8, 1.5
+    if mode == "tis_token":
+        changed = (rho > cap)[m]
+    elif mode == "mis_token":
+        changed = ((rho < low) | (rho > high))[m]
+    else:
+        seq = (lr * m).sum(1).exp()
+        changed = (seq < low) | (seq > high)
+    loss_fn = make_policy_loss_fn(loss_type=loss_type, eps_low=None, eps_high=None, aggregation="prompt",
+                                  is_correction=mode, is_cap=cap, is_low=low, is_high=high)
+    logits = logits64.float()
+    logp32 = torch.log_softmax(logits, -1).gather(-1, data["targets"][..., None])[..., 0]
+    for sizes in SPLITS:
+        store, start = [], 0
+        for size in sizes:
+            rows = slice(start, start + size)
+            _, metrics = loss_fn(logp32[rows], {k: (v[rows] if v.dim() else v) for k, v in data.items()})
+            store.append(metrics)
+            start += size
+        out = finalize_train_metrics(step._reduce_metrics(store, collect_logprobs=False, device="cpu"))
+        assert out["onpolicy_abs_log_ratio_mean"] == pytest.approx(float(on.mean()), rel=2e-5)
+        assert out["onpolicy_abs_log_ratio_max"] == pytest.approx(float(on.max()), rel=2e-5)
+        assert out["onpolicy_tokens"] == float(on.numel())
+        assert out["is_correction_fraction"] == pytest.approx(float(changed.double().mean()), abs=1e-12)
+    assert 0 < float(changed.double().mean()) < 1
 
 
 def test_reduce_metrics_takes_max_of_max_keys(single_rank):
