@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 TINY = [
@@ -90,3 +92,28 @@ def test_ppo_off_policy_2_megatron(tmp_path):
     assert all(sum(r["tokens_per_version"].values()) == r["generated_tokens"] for r in train)
     onpol = [r["train/onpolicy_abs_log_ratio_mean"] for r in train if "train/onpolicy_abs_log_ratio_mean" in r]
     assert len(onpol) >= 2 and max(onpol) < 1e-3  # steps 1 and 3 train on the weights that generated
+
+
+@pytest.mark.slow  # ~80 s; the correction in the real Megatron step is also in test_megatron_fused.py
+def test_is_correction_and_mismatch_assertion_end_to_end(tmp_path):
+    """DAPO with token-level TIS through `scalerl-train` (logits path of the Megatron step), with the
+    CI-style mismatch assertion on: the run passes (engine and trainer agree on on-policy tokens, and
+    at least one step had on-policy tokens to check) and logs the dashboard metrics."""
+    out = tmp_path / "tis"
+    run_train(out, "off_policy=ppo_off_policy", "off_policy.k=2", "train.val_every=0", "loss=dapo",
+              "loss.is_correction=tis_token", "loss.is_cap=2.0", "metrics.max_logprob_mismatch=1e-3",
+              "metrics.mismatch_mode=assert")
+    train = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in train if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4]
+    for r in train:
+        assert 0.0 < r["train/is_ess"] <= 1.0 + 1e-12
+        assert 0.0 <= r["train/is_correction_fraction"] <= 1.0
+        assert r["train/clip_fraction"] == 0.0  # the clip sees pi_train / sg(pi_train) = 1
+    # steps 1 and 3 train on the weights that generated: both on-policy metrics, max >= mean
+    onpol = [r for r in train if "train/onpolicy_abs_log_ratio_max" in r]
+    assert [r["step"] for r in onpol] == [1, 3]
+    for r in onpol:
+        assert r["train/onpolicy_abs_log_ratio_mean"] <= r["train/onpolicy_abs_log_ratio_max"] < 1e-3
+        # fresh samples: the only gap is engine-vs-trainer numerics, so no token is truncated
+        assert r["train/is_correction_fraction"] == 0.0
