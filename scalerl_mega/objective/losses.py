@@ -160,7 +160,8 @@ def policy_loss(
     advantages [B], mask [B, T] (1 = trained token), prompt_index [B]; `weights` [B, T] overrides the
     weights computed from this batch (pass global-batch weights when this is a micro-batch, which may then
     train no token at all: loss 0, still connected to `logp`); `entropy`
-    [B, T] is only reported.
+    [B, T] is only reported. `is_correction` ("none" | "tis_token" | "tis_seq" | "mis_token" | "mis_seq")
+    with `is_cap` (TIS) or `is_low`, `is_high` (MIS): the IS correction of the module docstring.
 
     Metrics (over trained tokens): `clip_fraction` (tokens whose ratio is clipped so that the gradient is
     cut — for CISPO the fraction truncated at the cap/floor, for GSPO the fraction of samples clipped),
