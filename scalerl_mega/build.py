@@ -153,7 +153,8 @@ def megatron_config(cfg: Any):
 
     optim = OptimConfig(**{**vars(cfg.optim), "seed": int(cfg.optim.seed) + int(cfg.seed)})
     return MegatronConfig(model=cfg.model, parallel=cfg.parallel, optim=optim, params_dtype=cfg.precision.params_dtype,
-                          grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32, recompute=cfg.train.recompute)
+                          grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32, recompute=cfg.train.recompute,
+                          routing_replay=cfg.moe.routing_replay)
 
 
 def use_fused_cispo(cfg: Any) -> bool:
@@ -225,7 +226,8 @@ def build_local_engine(cfg: Any, task: Task, *, index: int = 0):
     return LocalRolloutEngine(LocalEngineConfig(
         model=LocalModelSpec(arch=arch, config=hf_kwargs, init_seed=int(cfg.seed), dtype=cfg.precision.params_dtype),
         core=CoreConfig(max_batch=cfg.rollout.max_batch_size, max_seq_len=max_seq,
-                        fp32_lm_head=cfg.precision.name == "fp32_head", eos_token_ids=list(task.stop_token_ids)),
+                        fp32_lm_head=cfg.precision.name == "fp32_head", eos_token_ids=list(task.stop_token_ids),
+                        record_routes=bool(cfg.moe.record_routes) and bool(cfg.model.is_moe)),
         sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend=backend,
                               group_name=f"weight_update_group_{index}"),
         num_threads=cfg.rollout.engine_threads, seed=int(cfg.seed) + index,
