@@ -78,8 +78,9 @@ def test_replay_makes_routes_agree_and_does_not_increase_log_ratio(tmp_path):
     for mode in (ids, both):
         assert mode["routing_agreement_onpolicy"] == 1.0 and mode["routing_agreement"] == 1.0
         assert all(mode[f"routing_agreement/layer{j}"] == 1.0 for j in range(2))
-        # the trainer's own routers still disagree: the agreement comes from the replay
-        assert mode["routing_agreement_natural_onpolicy"] == off["routing_agreement_onpolicy"]
+        # the trainer's own routers still disagree (layer >= 1 sees replayed inputs, so not exactly as
+        # often as without replay): the agreement comes from the replay
+        assert mode["routing_agreement_natural_onpolicy"] < 0.995
         assert mode["mean"] <= off["mean"] and mode["max"] <= off["max"]
     # the engine's weights too: only the (tiny) router perturbation of the gate values is left out, so
     # the log-probs match to float32 round-off
