@@ -160,11 +160,12 @@ def build_train_batch(
     return BatchResult(batch=batch, metrics=metrics, kept_groups=kept_groups)
 
 
-def route_tensors(comps: Sequence, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """[B, T, L, K] int64 expert ids, [B, T, L, K] float32 gate weights and the [B, T] float32 mask of
-    positions with a route, from the completions' `routes` (input position t of row b = the prompt +
-    output token at t); None when no completion carries routes. Routes must be all or none, with
-    the same layer count and top-k, covering at most the row's positions."""
+def route_tensors(comps: Sequence, T: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
+    """[B, T, L, K] int64 expert ids, [B, T, L, K] float32 gate weights (None unless every completion
+    has them) and the [B, T] float32 mask of positions with a route, from the completions' `routes`
+    (input position t of row b = the prompt + output token at t); None when no completion carries
+    routes. Routes must be all or none, with the same layer count and top-k, covering at most the
+    row's positions."""
     have = [c.routes is not None for c in comps]
     if not any(have):
         return None
@@ -177,6 +178,7 @@ def route_tensors(comps: Sequence, T: int) -> tuple[torch.Tensor, torch.Tensor, 
     ids = torch.zeros((B, T, L, K), dtype=torch.int64)
     weights = torch.zeros((B, T, L, K), dtype=torch.float32)
     mask = torch.zeros((B, T), dtype=torch.float32)
+    with_weights = all(c.routes.weights or not c.routes.num_positions for c in comps)
     for b, c in enumerate(comps):
         r, where = c.routes, f"completion {c.prompt_id}/{c.sample_index}"
         r.check(where=where)
@@ -186,6 +188,7 @@ def route_tensors(comps: Sequence, T: int) -> tuple[torch.Tensor, torch.Tensor, 
                              f"{len(c.prompt_ids) + len(c.output_ids)} positions")
         if n:
             ids[b, :n] = torch.tensor(r.expert_ids, dtype=torch.int64).view(n, L, K)
-            weights[b, :n] = torch.tensor(r.weights, dtype=torch.float32).view(n, L, K)
+            if with_weights:
+                weights[b, :n] = torch.tensor(r.weights, dtype=torch.float32).view(n, L, K)
             mask[b, :n] = 1.0
-    return ids, weights, mask
+    return ids, weights if with_weights else None, mask

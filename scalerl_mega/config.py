@@ -405,6 +405,10 @@ def validate(cfg: Any) -> None:
     _one_of("cluster.name", cfg.cluster.name, CLUSTER_NAMES)
     _one_of("cluster.device", cfg.cluster.device, ("cpu", "cuda"))
     _one_of("moe.routing_replay", cfg.moe.routing_replay, ("none", "ids", "ids_and_weights"))
+    if cfg.moe.routing_replay == "ids_and_weights" and cfg.rollout.name == "sglang":
+        raise ValueError("moe.routing_replay='ids_and_weights' with rollout.name='sglang': SGLang 0.5.23 returns "
+                         "the routed expert ids only (meta_info.routed_experts), no gate weights; use "
+                         "moe.routing_replay=ids")
     if cfg.moe.routing_replay != "none" and not cfg.moe.record_routes:
         raise ValueError(f"moe.routing_replay={cfg.moe.routing_replay!r} needs the generator's routes: "
                          "moe.record_routes=false")

@@ -91,6 +91,7 @@ class Routes:
     topk: int
     expert_ids: list[int]
     weights: list[float]
+    """Empty when the engine reports expert ids only (SGLang 0.5.23 returns no gate weights)."""
     versions: list[int]
     """Weight version of each position's route ([N]). Prompt positions: the prefill's version."""
 
@@ -101,7 +102,7 @@ class Routes:
     def check(self, *, where: str) -> None:
         """ValueError naming `where` if the flat lists do not match [N, L, K]."""
         n = self.num_positions * self.num_layers * self.topk
-        if len(self.expert_ids) != n or len(self.weights) != n:
+        if len(self.expert_ids) != n or len(self.weights) not in (0, n):
             raise ValueError(f"{where}: routes have {len(self.expert_ids)} expert ids and {len(self.weights)} "
                              f"weights, expected {self.num_positions}x{self.num_layers}x{self.topk}={n}")
 
@@ -203,7 +204,7 @@ class TrainBatch:
     """[B, T, L, K] int64 expert ids the generator routed input position t to, per MoE layer and top-k
     slot (`Completion.routes`); 0 where `route_mask_BT` is 0. None: no routes recorded."""
     route_weights_BTLK: "torch.Tensor | None" = None
-    """[B, T, L, K] float32 routing weights matching `route_ids_BTLK`."""
+    """[B, T, L, K] float32 routing weights matching `route_ids_BTLK` (None if the engine reported ids only)."""
     route_mask_BT: "torch.Tensor | None" = None
     """[B, T] float32: 1 where position t has a recorded route (prompt and output positions except the
     last token and padding)."""

@@ -506,14 +506,18 @@ class GenerationCore:
                       versions=versions)
 
 
-def moe_routers(model: Any) -> list:
-    """The MoE router modules of an HF causal LM in layer order (HF Llama-4: `feed_forward.router` of
-    the layers whose `feed_forward` is a `Llama4TextMoe`); [] for dense models."""
+def moe_layers(model: Any) -> list[tuple[int, Any]]:
+    """(layer index, router module) of the MoE layers of an HF causal LM, in layer order (HF Llama-4:
+    `feed_forward.router` of the layers whose `feed_forward` is a `Llama4TextMoe`); [] if dense."""
     layers = getattr(getattr(model, "model", model), "layers", [])
     out = []
-    for layer in layers:
-        ff = getattr(layer, "feed_forward", None)
-        router = getattr(ff, "router", None)
+    for i, layer in enumerate(layers):
+        router = getattr(getattr(layer, "feed_forward", None), "router", None)
         if router is not None and hasattr(router, "top_k"):
-            out.append(router)
+            out.append((i, router))
     return out
+
+
+def moe_routers(model: Any) -> list:
+    """The MoE router modules of an HF causal LM in layer order (`moe_layers`)."""
+    return [router for _, router in moe_layers(model)]

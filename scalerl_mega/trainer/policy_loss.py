@@ -36,8 +36,9 @@ def batch_tensors(batch: Any) -> dict[str, Any]:
     if batch.weight_version_BT is not None:
         out["weight_version"] = batch.weight_version_BT
     if batch.route_ids_BTLK is not None:
-        out.update(route_ids=batch.route_ids_BTLK, route_weights=batch.route_weights_BTLK,
-                   route_mask=batch.route_mask_BT)
+        out.update(route_ids=batch.route_ids_BTLK, route_mask=batch.route_mask_BT)
+        if batch.route_weights_BTLK is not None:
+            out["route_weights"] = batch.route_weights_BTLK
     if batch.policy_version is not None:
         out["trainer_version"] = torch.tensor(int(batch.policy_version))
     return out

@@ -114,3 +114,23 @@ def test_replay_config_is_validated_naming_the_key():
         MegatronConfig(model=load_model_preset("tiny_dense"), routing_replay="ids").validate(world_size=1)
     with pytest.raises(ValueError, match="recompute='full'"):
         MegatronConfig(model=moe, routing_replay="ids", recompute="full").validate(world_size=1)
+
+
+def test_ids_only_routes_give_no_weights_tensor():
+    ids_only = _routes(4)
+    ids_only.weights = []
+    b = _build(_groups(ids_only, _routes(2)))
+    assert b.route_weights_BTLK is None and b.route_ids_BTLK[0, 1, 0, 0].item() == 1
+    assert "route_weights" not in batch_tensors(b)
+
+
+def test_sglang_with_ids_and_weights_is_refused():
+    from scalerl_mega.cluster.launch_config import compose, settings
+
+    base = ["experiment=demo", "rollout=sglang"]
+    assert settings(compose([*base, "moe.routing_replay=ids"]))["ROUTED_EXPERTS"] == "1"
+    with pytest.raises(ValueError, match="returns the routed expert ids only"):
+        compose([*base, "moe.routing_replay=ids_and_weights"])
+    with pytest.raises(ValueError, match="moe.record_routes=false"):
+        compose([*base, "moe.routing_replay=ids", "moe.record_routes=false"])
+    assert settings(compose(["experiment=demo", "model=tiny_dense"]))["ROUTED_EXPERTS"] == "0"

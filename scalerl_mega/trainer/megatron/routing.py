@@ -97,12 +97,15 @@ class RouteTracker:
             yield
             return
         self.seen = True
+        if self.mode == "ids_and_weights" and "route_weights" not in mb:
+            raise ValueError("moe.routing_replay='ids_and_weights': the generator reported expert ids without "
+                             "gate weights (SGLang returns ids only); use moe.routing_replay=ids")
         tokens = _token_layout(mb, sequence_parallel=_sequence_parallel(self.routers))
         installed = []
         try:
             for col, router in self.routers:
                 ids_NK = _flat(mb["route_ids"][:, :, col], tokens)
-                w_NK = _flat(mb["route_weights"][:, :, col], tokens)
+                w_NK = _flat(mb["route_weights"][:, :, col], tokens) if "route_weights" in mb else None
                 if self.mode != "none":
                     from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
