@@ -72,7 +72,7 @@ def main() -> None:
     try:
         for name, dtype, noise in settings:
             core = engine_core(trainer, dtype=dtype, router_noise=noise, max_seq_len=max_seq, seed=args.seed,
-                               max_batch=cfg.rollout.max_batch_size)
+                               max_batch=cfg.rollout.max_batch_size, eos_token_ids=list(task.stop_token_ids))
             batch = sample_batch(core, prompts, samples=args.samples, max_new_tokens=cfg.length.max_new_tokens,
                                  version=trainer.step, seed=args.seed)
             for r in probe(trainer, batch):

@@ -31,7 +31,7 @@ class ProbeResult:
 
 
 def engine_core(trainer: Any, *, dtype: str, router_noise: float, max_seq_len: int, seed: int = 0,
-                max_batch: int = 64) -> Any:
+                max_batch: int = 64, eos_token_ids: list[int] | None = None) -> Any:
     """A route-recording GenerationCore holding the trainer's weights in `dtype`, its routers
     perturbed by `router_noise` x (each router weight's std) Gaussian noise."""
     import torch
@@ -45,7 +45,8 @@ def engine_core(trainer: Any, *, dtype: str, router_noise: float, max_seq_len: i
     arch, hf_kwargs = hf_config_from_model(mcfg)
     model = build_model(LocalModelSpec(arch=arch, config=hf_kwargs, dtype=dtype, init_seed=seed))
     core = GenerationCore(model, config=CoreConfig(max_batch=max_batch, max_seq_len=max_seq_len,
-                                                   fp32_lm_head=mcfg.fp32_lm_head, record_routes=True))
+                                                   fp32_lm_head=mcfg.fp32_lm_head, record_routes=True,
+                                                   eos_token_ids=list(eos_token_ids or [])))
     core.load_weights(export_hf_weights(trainer.chunks, mcfg, dtype=dtype))
     if router_noise:
         gen = torch.Generator().manual_seed(seed)
