@@ -6,7 +6,9 @@ For one optimizer step:
 3. advantages on the kept samples (Sec. 2 Â_i = r_i - mean_prompt; batch / prompt / no normalization,
    Sec. 3.2 and Sec. 4 Â^norm = Â / Â_std);
 4. right-padded [B, T] tensors: prompt + output tokens, next-token targets, loss mask (output tokens the
-   policy sampled; an injected interruption phrase has mask 0), generator log-probs, weight versions;
+   policy sampled; an injected interruption phrase has mask 0), generator log-probs, weight versions,
+   and the generator's MoE routes per input position when the completions carry them ([B, T, L, K]
+   expert ids and gate weights + a [B, T] mask; rollout routing replay);
 5. token weights for the loss aggregation, computed once on the whole batch
    (`TrainBatch.token_weights_BT`), so that micro-batch losses sum to the full-batch loss;
 6. packing: sequences are sorted by length and cut into micro-batches whose padded size
@@ -127,6 +129,7 @@ def build_train_batch(
         gen_logp_BT[b, sl] = torch.tensor(c.gen_logprobs, dtype=torch.float32)
         version_BT[b, sl] = torch.tensor(c.weight_versions, dtype=torch.int64)
     gen_logp_BT = gen_logp_BT * loss_mask_BT
+    routes = route_tensors(comps, T)
     targets_BT = targets_BT * (loss_mask_BT > 0)
 
     weights_BT = token_weights(loss_mask_BT, prompt_index_B, aggregation)
@@ -146,9 +149,46 @@ def build_train_batch(
         prompt_index_B=prompt_index_B,
         token_weights_BT=weights_BT,
         weight_version_BT=version_BT,
+        route_ids_BTLK=routes[0] if routes else None,
+        route_weights_BTLK=routes[1] if routes else None,
+        route_mask_BT=routes[2] if routes else None,
         policy_version=policy_version,
         micro_batches=micro,
         lengths_B=lengths,
         prompt_ids=[groups[g].prompt.prompt_id for g in kept_groups],
     )
     return BatchResult(batch=batch, metrics=metrics, kept_groups=kept_groups)
+
+
+def route_tensors(comps: Sequence, T: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
+    """[B, T, L, K] int64 expert ids, [B, T, L, K] float32 gate weights (None unless every completion
+    has them) and the [B, T] float32 mask of positions with a route, from the completions' `routes`
+    (input position t of row b = the prompt + output token at t); None when no completion carries
+    routes. Routes must be all or none, with the same layer count and top-k, covering at most the
+    row's positions."""
+    have = [c.routes is not None for c in comps]
+    if not any(have):
+        return None
+    if not all(have):
+        missing = next(c for c in comps if c.routes is None)
+        raise ValueError(f"completion {missing.prompt_id}/{missing.sample_index} has no MoE routes while others "
+                         "do (a mix of engines with and without route recording)")
+    L, K = comps[0].routes.num_layers, comps[0].routes.topk
+    B = len(comps)
+    ids = torch.zeros((B, T, L, K), dtype=torch.int64)
+    weights = torch.zeros((B, T, L, K), dtype=torch.float32)
+    mask = torch.zeros((B, T), dtype=torch.float32)
+    with_weights = all(c.routes.weights or not c.routes.num_positions for c in comps)
+    for b, c in enumerate(comps):
+        r, where = c.routes, f"completion {c.prompt_id}/{c.sample_index}"
+        r.check(where=where)
+        n = r.num_positions
+        if (r.num_layers, r.topk) != (L, K) or n > len(c.prompt_ids) + len(c.output_ids):
+            raise ValueError(f"{where}: routes [{n}, {r.num_layers}, {r.topk}] do not fit [{L}, {K}] routes of "
+                             f"{len(c.prompt_ids) + len(c.output_ids)} positions")
+        if n:
+            ids[b, :n] = torch.tensor(r.expert_ids, dtype=torch.int64).view(n, L, K)
+            if with_weights:
+                weights[b, :n] = torch.tensor(r.weights, dtype=torch.float32).view(n, L, K)
+            mask[b, :n] = 1.0
+    return ids, weights if with_weights else None, mask

@@ -153,7 +153,8 @@ def megatron_config(cfg: Any):
 
     optim = OptimConfig(**{**vars(cfg.optim), "seed": int(cfg.optim.seed) + int(cfg.seed)})
     return MegatronConfig(model=cfg.model, parallel=cfg.parallel, optim=optim, params_dtype=cfg.precision.params_dtype,
-                          grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32, recompute=cfg.train.recompute)
+                          grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32, recompute=cfg.train.recompute,
+                          routing_replay=cfg.moe.routing_replay)
 
 
 def use_fused_cispo(cfg: Any) -> bool:
@@ -229,7 +230,8 @@ def build_local_engine(cfg: Any, task: Task, *, index: int = 0):
     return LocalRolloutEngine(LocalEngineConfig(
         model=LocalModelSpec(arch=arch, config=hf_kwargs, init_seed=int(cfg.seed), dtype=cfg.precision.params_dtype),
         core=CoreConfig(max_batch=cfg.rollout.max_batch_size, max_seq_len=max_seq,
-                        fp32_lm_head=cfg.precision.name == "fp32_head", eos_token_ids=list(task.stop_token_ids)),
+                        fp32_lm_head=cfg.precision.name == "fp32_head", eos_token_ids=list(task.stop_token_ids),
+                        record_routes=bool(cfg.moe.record_routes) and bool(cfg.model.is_moe)),
         sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend=backend,
                               group_name=f"weight_update_group_{index}"),
         num_threads=cfg.rollout.engine_threads, seed=int(cfg.seed) + index,
@@ -310,6 +312,18 @@ def sync_master_address(cfg: Any) -> str:
     return "127.0.0.1" if hosts <= local else socket.getfqdn()
 
 
+def sglang_route_layout(cfg: Any):
+    """The `RouteLayout` of `meta_info.routed_experts` for an MoE model with `moe.record_routes`, else
+    None (routes not requested)."""
+    from scalerl_mega.rollout.sglang import RouteLayout
+
+    m = cfg.model
+    if not (cfg.moe.record_routes and m.is_moe):
+        return None
+    return RouteLayout(num_hidden_layers=m.num_layers, topk=m.moe_topk,
+                       moe_layers=tuple(i for i in range(m.num_layers) if m.is_moe_layer(i)))
+
+
 def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
     """SGLang servers (one per engine, consecutive ports) and the client engine over them; with
     `rollout.engine_urls` set, attach to those running servers instead (e.g. the generator job steps
@@ -319,6 +333,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
     from scalerl_mega.rollout.weight_sync import WeightSyncConfig
 
     pause = "in_place" if cfg.off_policy.name == "pipeline_rl" else "retract"
+    routes = sglang_route_layout(cfg)
     if cfg.rollout.engine_urls:
         backend = "nccl" if cfg.cluster.device == "cuda" else "gloo"
         servers = [SGLangServer.attach(u, tp_size=cfg.rollout.sglang_tp_size) for u in cfg.rollout.engine_urls]
@@ -326,7 +341,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
             s.wait_healthy(timeout_s=cfg.rollout.startup_timeout_s)
         log.info("attached to %d SGLang server(s): %s", len(servers), ", ".join(s.url for s in servers))
         return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
-            pause_mode=pause, seed=int(cfg.seed), master_address=sync_master_address(cfg),
+            pause_mode=pause, seed=int(cfg.seed), master_address=sync_master_address(cfg), routes=routes,
             sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend=backend)))
     path = write_hf_checkpoint(cfg, task, trainer, Path(cfg.output_dir) / "hf_init")
     servers = []
@@ -336,11 +351,11 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
             tp_size=cfg.rollout.sglang_tp_size, mem_fraction_static=cfg.rollout.sglang_mem_fraction,
             random_seed=int(cfg.seed), fp32_lm_head=cfg.precision.name == "fp32_head",
             base_gpu_id=(cfg.cluster.trainer_devices or world_size_from_env()) + i * cfg.rollout.sglang_tp_size,
-            startup_timeout_s=cfg.rollout.startup_timeout_s,
+            startup_timeout_s=cfg.rollout.startup_timeout_s, return_routed_experts=routes is not None,
             dtype="float32" if cfg.precision.params_dtype == "float32" else "bfloat16")
         servers.append(SGLangServer.launch(scfg))
     return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
-        pause_mode=pause, seed=int(cfg.seed),
+        pause_mode=pause, seed=int(cfg.seed), routes=routes,
         sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend="nccl")))
 
 

@@ -320,6 +320,19 @@ class MetricsConfig:
 
 
 @dataclass
+class MoEConfig:
+    """MoE train/inference consistency: rollout routing replay (issue #19, trainer/megatron/routing.py)."""
+
+    routing_replay: str = "none"
+    """none: the trainer routes by itself | ids: replay the generator's expert ids (Megatron router
+    replay; the trainer recomputes the gate weights) | ids_and_weights: also the generator's gate
+    weights (forward value; straight-through gradient)."""
+    record_routes: bool = True
+    """Local engine: record the routes of MoE models (needed by replay; without replay they still give
+    the `train/routing_agreement*` metrics)."""
+
+
+@dataclass
 class ForecastConfig:
     """Live sigmoid fit at every validation (paper Eq. sigmoid_law, App. A.5)."""
 
@@ -371,6 +384,7 @@ class TrainConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
+    moe: MoEConfig = field(default_factory=MoEConfig)
 
 
 def register_configs() -> None:
@@ -411,6 +425,14 @@ def validate(cfg: Any) -> None:
     _one_of("rollout.name", cfg.rollout.name, ROLLOUT_NAMES)
     _one_of("cluster.name", cfg.cluster.name, CLUSTER_NAMES)
     _one_of("cluster.device", cfg.cluster.device, ("cpu", "cuda"))
+    _one_of("moe.routing_replay", cfg.moe.routing_replay, ("none", "ids", "ids_and_weights"))
+    if cfg.moe.routing_replay == "ids_and_weights" and cfg.rollout.name == "sglang":
+        raise ValueError("moe.routing_replay='ids_and_weights' with rollout.name='sglang': SGLang 0.5.23 returns "
+                         "the routed expert ids only (meta_info.routed_experts), no gate weights; use "
+                         "moe.routing_replay=ids")
+    if cfg.moe.routing_replay != "none" and not cfg.moe.record_routes:
+        raise ValueError(f"moe.routing_replay={cfg.moe.routing_replay!r} needs the generator's routes: "
+                         "moe.record_routes=false")
     if not str(cfg.resume):
         raise ValueError("resume='' must be 'auto', 'never' or a checkpoint directory")
 

@@ -77,6 +77,37 @@ class SamplingParams:
 
 
 @dataclass(kw_only=True, slots=True)
+class Routes:
+    """MoE routes the generator used (rollout routing replay, issue #19): for each input position of
+    the sequence (prompt + output tokens the engine ran a forward on, i.e. all but the last output
+    token), each MoE layer (ascending layer index) and each of the top-k slots, the expert id (a
+    global id, 0..E-1) and its routing weight (the gate value the engine applied), row-major flat
+    [N, L, K] lists, plus the weight version whose forward produced the position's route.
+
+    Position t's route is the one of the forward whose logits sampled token t + 1, so it aligns with
+    the trainer's position t (which predicts `targets[t]` = token t + 1)."""
+
+    num_layers: int
+    topk: int
+    expert_ids: list[int]
+    weights: list[float]
+    """Empty when the engine reports expert ids only (SGLang 0.5.23 returns no gate weights)."""
+    versions: list[int]
+    """Weight version of each position's route ([N]). Prompt positions: the prefill's version."""
+
+    @property
+    def num_positions(self) -> int:
+        return len(self.versions)
+
+    def check(self, *, where: str) -> None:
+        """ValueError naming `where` if the flat lists do not match [N, L, K]."""
+        n = self.num_positions * self.num_layers * self.topk
+        if len(self.expert_ids) != n or len(self.weights) not in (0, n):
+            raise ValueError(f"{where}: routes have {len(self.expert_ids)} expert ids and {len(self.weights)} "
+                             f"weights, expected {self.num_positions}x{self.num_layers}x{self.topk}={n}")
+
+
+@dataclass(kw_only=True, slots=True)
 class Completion:
     """One sampled completion, as produced by a RolloutEngine.
 
@@ -104,6 +135,8 @@ class Completion:
     """Trainer step (weight version) current when the request was admitted: staleness is measured
     from here (PipelineRL-k bound)."""
     timings: dict[str, float] = field(default_factory=dict)
+    routes: Routes | None = None
+    """MoE routes the generator used for prompt and output positions (None: not recorded / dense)."""
 
     @property
     def num_tokens(self) -> int:
@@ -167,6 +200,14 @@ class TrainBatch:
     """[B, T] float32 loss-aggregation weights computed on the whole batch
     (`objective.losses.token_weights`: prompt / sample / token average), so that the losses of any
     split into micro-batches and data-parallel shards sum to the full-batch loss."""
+    route_ids_BTLK: "torch.Tensor | None" = None
+    """[B, T, L, K] int64 expert ids the generator routed input position t to, per MoE layer and top-k
+    slot (`Completion.routes`); 0 where `route_mask_BT` is 0. None: no routes recorded."""
+    route_weights_BTLK: "torch.Tensor | None" = None
+    """[B, T, L, K] float32 routing weights matching `route_ids_BTLK` (None if the engine reported ids only)."""
+    route_mask_BT: "torch.Tensor | None" = None
+    """[B, T] float32: 1 where position t has a recorded route (prompt and output positions except the
+    last token and padding)."""
     weight_version_BT: "torch.Tensor | None" = None
     """[B, T] int64 weight version per target token (for staleness metrics and the on-policy check)."""
     policy_version: int | None = None

@@ -91,6 +91,7 @@ OVERRIDES=()
 CFG_PRECISION=fp32_head
 CFG_PARAMS_DTYPE=bfloat16
 CFG_SEED=0
+CFG_ROUTED_EXPERTS=0
 
 scalerl_log() { printf '[scalerl %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 scalerl_die() { printf '[scalerl] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -142,6 +143,8 @@ scalerl_generator_cmd() {
        --dtype "$CFG_PARAMS_DTYPE" --random-seed "$CFG_SEED")
   # the generator half of the FP32 LM head (paper Sec. 3.2); the trainer's half is precision=fp32_head
   if [[ $CFG_PRECISION == fp32_head ]]; then CMD+=(--enable-fp32-lm-head); fi
+  # MoE routes for rollout routing replay (moe.record_routes; scalerl_mega/rollout/sglang.py)
+  if [[ $CFG_ROUTED_EXPERTS == 1 ]]; then CMD+=(--enable-return-routed-experts); fi
   : "$node" "$gpu_base"
 }
 
@@ -189,6 +192,7 @@ scalerl_validate_config() {
       PRECISION) CFG_PRECISION=$value ;;
       PARAMS_DTYPE) CFG_PARAMS_DTYPE=$value ;;
       SEED) CFG_SEED=$value ;;
+      ROUTED_EXPERTS) CFG_ROUTED_EXPERTS=$value ;;
     esac
   done <<<"$out"
   line="precision=$CFG_PRECISION params_dtype=$CFG_PARAMS_DTYPE seed=$CFG_SEED"

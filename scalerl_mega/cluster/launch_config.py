@@ -5,6 +5,7 @@ steps must agree on as shell-sourceable `KEY=value` lines:
     PRECISION=fp32_head        (SGLang --enable-fp32-lm-head when fp32_head: paper Sec. 3.2)
     PARAMS_DTYPE=bfloat16      (SGLang --dtype)
     SEED=0                     (SGLang --random-seed)
+    ROUTED_EXPERTS=1           (SGLang --enable-return-routed-experts: MoE model and moe.record_routes)
     RUN_NAME=scalerl
 
 A config error prints one line naming the key (`config error: <key>=<value> ...`) and exits 2, so a
@@ -55,7 +56,8 @@ def compose(overrides: list[str], *, check_files: bool = False):
 
 def settings(cfg) -> dict[str, str]:
     return {"PRECISION": str(cfg.precision.name), "PARAMS_DTYPE": str(cfg.precision.params_dtype),
-            "SEED": str(int(cfg.seed)), "RUN_NAME": str(cfg.run_name)}
+            "SEED": str(int(cfg.seed)), "RUN_NAME": str(cfg.run_name),
+            "ROUTED_EXPERTS": "1" if cfg.moe.record_routes and cfg.model.is_moe else "0"}
 
 
 def main(argv: list[str] | None = None) -> int:

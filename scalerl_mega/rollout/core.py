@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from scalerl_mega.types import Completion, FinishReason, SamplingParams
+from scalerl_mega.types import Completion, FinishReason, Routes, SamplingParams
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -60,6 +60,9 @@ class CoreConfig:
     admit_min_free: int | None = None
     """Admit waiting requests only once this many slots are free (or nothing is running), so one
     prefill forward serves several newcomers; None = max(1, max_batch // 8)."""
+    record_routes: bool = False
+    """Record the MoE routes (expert ids + routing weights per input position and MoE layer) of every
+    request into `Completion.routes` (rollout routing replay). Ignored for dense models."""
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -92,6 +95,10 @@ class _Row:
     versions: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     forced: deque = field(default_factory=deque)
+    routes: list = field(default_factory=list)
+    """Recorded route chunks: (ids [m, L, K], weights [m, L, K], version) for consecutive positions."""
+    routes_n: int = 0
+    """Positions with a recorded route (0..routes_n-1)."""
     n_sampled: int = 0
     interrupted_at: int | None = None
     t_admit: float | None = None
@@ -136,6 +143,10 @@ class GenerationCore:
         )
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self._admit_min = config.admit_min_free or max(1, config.max_batch // 8)
+        self._routers = moe_routers(model) if config.record_routes else []
+        self._route_buf: list | None = None
+        for router in self._routers:
+            router.register_forward_hook(self._route_hook)
         self._w32 = None
         self._refresh_head()
         self._torch = torch
@@ -310,7 +321,35 @@ class GenerationCore:
         w = self.model.get_output_embeddings().weight
         return hidden_NH @ w.T
 
+    def _route_hook(self, module: Any, args: Any, output: Any) -> None:
+        """Forward hook on each HF MoE router: (expert ids, gate weights) of the top-k experts of every
+        token of this forward (HF Llama-4: `router_scores` [N, E] = sigmoid of the top-k logits, 0
+        elsewhere; `router_logits` [N, E]; the ids are the top-k of the logits, as in the router)."""
+        if self._route_buf is None:
+            return
+        scores, logits = output
+        ids = self._torch.topk(logits, module.top_k, dim=1).indices
+        self._route_buf.append((ids, scores.gather(1, ids).float()))
+
+    def _take_routes(self, rows: int, cols: int):
+        """The routes of the forward that just ran, ([rows, cols, L, K] ids, weights), or None."""
+        buf, self._route_buf = self._route_buf, None
+        if not buf:
+            return None
+        torch = self._torch
+        ids = torch.stack([b[0] for b in buf], dim=1)
+        w = torch.stack([b[1] for b in buf], dim=1)
+        return ids.view(rows, cols, *ids.shape[1:]), w.view(rows, cols, *w.shape[1:])
+
+    def _add_routes(self, r: _Row, routes, row: int, col0: int) -> None:
+        ids, w = routes[0][row, col0:], routes[1][row, col0:]
+        if ids.shape[0]:
+            r.routes.append((ids, w, self.version))
+            r.routes_n += ids.shape[0]
+
     def _forward(self, ids, mask, pos, cache):
+        if self._routers:
+            self._route_buf = []
         out = self.model.model(
             input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
         )
@@ -329,8 +368,11 @@ class GenerationCore:
         pos = torch.tensor([r.pos for r in self.rows], dtype=torch.long, device=self.device).view(n, 1)
         hidden = self._forward(ids, kv.mask_SC[:n, : kv.length + 1], pos, cache)
         kv.length += 1
-        for r in self.rows:
+        routes = self._take_routes(n, 1)
+        for i, r in enumerate(self.rows):
             r.pos += 1
+            if routes is not None:
+                self._add_routes(r, routes, i, 0)
         return self._logits(hidden)
 
     def _prefill(self, new: list[_Row]) -> "torch.Tensor":
@@ -355,8 +397,12 @@ class GenerationCore:
         col0 = kv.length - p_max
         cache = kv.hf_cache(slice(n0, n0 + k), column_offset=col0, length=0)
         hidden = self._forward(ids, amask, pos, cache)
+        routes = self._take_routes(k, p_max)
         now = time.monotonic()
         for i, (r, s) in enumerate(zip(new, seqs)):
+            if routes is not None:
+                # positions recorded before a retraction keep the route that sampled their next token
+                self._add_routes(r, routes, i, p_max - len(s) + r.routes_n)
             kv.clear_row_prefix(n0 + i, kv.length - len(s))
             r.pos = len(s)
             if r.t_admit is None:
@@ -442,4 +488,36 @@ class GenerationCore:
             interrupted_at=r.interrupted_at,
             submitted_version=r.req.submitted_version,
             timings={"queue_s": admit - r.t_submit, "generate_s": now - admit},
+            routes=self._routes(r),
         )
+
+    def _routes(self, r: _Row) -> "Routes | None":
+        """The row's recorded routes as a `Routes` (positions 0..routes_n-1), or None."""
+        if not self._routers:
+            return None
+        torch = self._torch
+        L, K = len(self._routers), self._routers[0].top_k
+        if not r.routes:
+            return Routes(num_layers=L, topk=K, expert_ids=[], weights=[], versions=[])
+        ids = torch.cat([c[0] for c in r.routes])
+        w = torch.cat([c[1] for c in r.routes])
+        versions = [v for c in r.routes for v in [c[2]] * c[0].shape[0]]
+        return Routes(num_layers=L, topk=K, expert_ids=ids.flatten().tolist(), weights=w.flatten().tolist(),
+                      versions=versions)
+
+
+def moe_layers(model: Any) -> list[tuple[int, Any]]:
+    """(layer index, router module) of the MoE layers of an HF causal LM, in layer order (HF Llama-4:
+    `feed_forward.router` of the layers whose `feed_forward` is a `Llama4TextMoe`); [] if dense."""
+    layers = getattr(getattr(model, "model", model), "layers", [])
+    out = []
+    for i, layer in enumerate(layers):
+        router = getattr(getattr(layer, "feed_forward", None), "router", None)
+        if router is not None and hasattr(router, "top_k"):
+            out.append((i, router))
+    return out
+
+
+def moe_routers(model: Any) -> list:
+    """The MoE router modules of an HF causal LM in layer order (`moe_layers`)."""
+    return [router for _, router in moe_layers(model)]

@@ -67,6 +67,8 @@ GENERATE_RESPONSE_OBJECT = {
                 "weight_version": {"type": ["string", "null"]},
                 "weight_versions": {"type": "array", "items": {"$ref": "#/components/schemas/WeightVersionSpan"}},
                 "e2e_latency": {"type": ["number", "null"]},
+                # base64 of little-endian int32 [tokens - 1, layers, top-k] (tokenizer_manager)
+                "routed_experts": {"type": "string"},
             },
         },
     },

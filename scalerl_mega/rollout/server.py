@@ -32,6 +32,9 @@ class ServeSpec:
     model: Any  # rollout.local.LocalModelSpec
     core: Any  # rollout.core.CoreConfig
     threads: int = 1
+    return_routed_experts: bool = False
+    """Answer `return_routed_experts` (SGLang's --enable-return-routed-experts): the trainer config's MoE
+    model with `moe.record_routes`, or the --enable-return-routed-experts flag with --hf-dir."""
 
 
 def spec_from_overrides(overrides: list[str]) -> ServeSpec:
@@ -59,7 +62,7 @@ def spec_from_overrides(overrides: list[str]) -> ServeSpec:
         model=LocalModelSpec(arch=arch, config=hf_kwargs, init_seed=int(cfg.seed)),
         core=CoreConfig(max_batch=cfg.rollout.max_batch_size, max_seq_len=max_seq,
                         fp32_lm_head=cfg.precision.name == "fp32_head", eos_token_ids=list(task.stop_token_ids)),
-        threads=int(cfg.rollout.engine_threads))
+        threads=int(cfg.rollout.engine_threads), return_routed_experts=build.sglang_route_layout(cfg) is not None)
 
 
 def spec_from_hf_dir(path: str, *, max_seq_len: int, max_batch: int, fp32_lm_head: bool, threads: int) -> ServeSpec:
@@ -99,7 +102,8 @@ def serve(spec: ServeSpec, *, host: str, port: int, stop: threading.Event) -> No
         # SGLangTestServer binds 127.0.0.1 only; serving other hosts needs a `host` parameter there
         raise ValueError(f"--host {host}: this server binds the loopback interface only ({LOOPBACK}); "
                          "run it on the trainer's node (single-node jobs)")
-    server = SGLangTestServer(build_model(spec.model), core_config=spec.core, port=port)
+    server = SGLangTestServer(build_model(spec.model), core_config=spec.core, port=port,
+                              return_routed_experts=spec.return_routed_experts)
     url = server.start()
     print(f"scalerl rollout server: serving {url}", flush=True)
     try:
@@ -118,6 +122,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-batch", type=int, default=256, help="with --hf-dir: concurrent sequences")
     p.add_argument("--bf16-head", action="store_true", help="with --hf-dir: no FP32 LM head")
     p.add_argument("--threads", type=int, default=1, help="with --hf-dir: torch threads")
+    p.add_argument("--enable-return-routed-experts", action="store_true",
+                   help="with --hf-dir: answer return_routed_experts requests (MoE routes)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides selecting the model (experiment=demo ...)")
     a = p.parse_args(argv)
     if a.hf_dir is not None and a.overrides:
@@ -132,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.hf_dir is not None:
         spec = spec_from_hf_dir(a.hf_dir, max_seq_len=a.max_seq_len, max_batch=a.max_batch,
                                 fp32_lm_head=not a.bf16_head, threads=a.threads)
+        spec.return_routed_experts = a.enable_return_routed_experts
     else:
         spec = spec_from_overrides(list(a.overrides))
     stop = threading.Event()

@@ -21,6 +21,17 @@ Weight update (SGLang 0.5.23's HTTP API, tests/data/sglang-0.5.23-openapi.json),
 
 Forced interruption is done client-side in two requests: generate up to `interruption_at`
 tokens; if the budget ran out, resend prompt + output + phrase for `answer_budget` more tokens.
+
+MoE routes (rollout routing replay, issue #19): with `SGLangEngineConfig.routes` set, requests carry
+`return_routed_experts: true` (SGLang 0.5.23 `GenerateReqInput`; the server must run with
+`--enable-return-routed-experts`, `SGLangServerConfig.return_routed_experts`) and the response's
+`meta_info.routed_experts` is decoded: base64 of a little-endian int32 C-order array
+[prompt + output tokens - 1, num_hidden_layers, top-k] of global expert ids (SGLang's
+`tokenizer_manager` encodes the capturer's host buffer with `pybase64.b64encode(t.numpy().tobytes())`).
+The MoE layers' columns become `Completion.routes` (expert ids only: SGLang returns no gate weights,
+so `moe.routing_replay=ids_and_weights` is refused with rollout=sglang). After an interruption the
+second request's routes are used only for the positions the first one did not cover (each position
+keeps the route of the forward that sampled its next token, as in the local engine).
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.rollout.core import GenRequest
 from scalerl_mega.rollout.weight_sync import BucketMeta, WeightSyncConfig, WeightSyncError
-from scalerl_mega.types import Completion, FinishReason
+from scalerl_mega.types import Completion, FinishReason, Routes
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -69,6 +80,8 @@ class SGLangServerConfig:
     fp32_lm_head: bool = True
     """Pass --enable-fp32-lm-head (pair it with FP32 logits in the trainer; paper Sec. 3.2)."""
     skip_tokenizer_init: bool = True
+    return_routed_experts: bool = False
+    """Pass --enable-return-routed-experts (the server then answers `return_routed_experts` requests)."""
     weight_version: str = "0"
     base_gpu_id: int = 0
     extra_args: list[str] = field(default_factory=list)
@@ -108,6 +121,8 @@ def launch_command(cfg: SGLangServerConfig) -> list[str]:
         cmd.append("--skip-tokenizer-init")
     if cfg.fp32_lm_head:
         cmd.append("--enable-fp32-lm-head")
+    if cfg.return_routed_experts:
+        cmd.append("--enable-return-routed-experts")
     return cmd + list(cfg.extra_args)
 
 
@@ -222,15 +237,46 @@ class GenerateResult:
     logprobs: list[float]
     versions: list[int]
     finish: dict[str, Any]
+    routed: list[int] | None = None
+    """Decoded MoE expert ids, flat [input + output - 1, MoE layers, top-k] (`decode_routed_experts`)."""
 
     @property
     def finish_type(self) -> str:
         return self.finish.get("type", "") if self.finish else ""
 
 
-def parse_generate_response(body: dict[str, Any], *, initial_version: int = 0) -> GenerateResult:
+@dataclass(frozen=True, kw_only=True)
+class RouteLayout:
+    """How to read `meta_info.routed_experts`: the HF model's layer count (SGLang's buffer has one
+    column per hidden layer), its top-k, and the 0-based indices of its MoE layers (the columns kept,
+    in this order: the trainer's route columns, `trainer/megatron/routing.py`)."""
+
+    num_hidden_layers: int
+    topk: int
+    moe_layers: tuple[int, ...]
+
+
+def decode_routed_experts(b64: str, *, positions: int, layout: RouteLayout) -> list[int]:
+    """SGLang's base64 little-endian int32 [positions, num_hidden_layers, topk] routes -> the MoE
+    layers' expert ids, flat [positions, len(moe_layers), topk]."""
+    import base64
+
+    import numpy as np
+
+    raw = np.frombuffer(base64.b64decode(b64), dtype="<i4")
+    per_pos = layout.num_hidden_layers * layout.topk
+    if raw.size != positions * per_pos:
+        raise SGLangError(f"meta_info.routed_experts has {raw.size} ids, expected {positions} positions x "
+                          f"{layout.num_hidden_layers} layers x top-{layout.topk} = {positions * per_pos}")
+    arr = raw.reshape(positions, layout.num_hidden_layers, layout.topk)[:, list(layout.moe_layers)]
+    return arr.astype(np.int64).ravel().tolist()
+
+
+def parse_generate_response(body: dict[str, Any], *, initial_version: int = 0, routes: RouteLayout | None = None,
+                            input_len: int = 0) -> GenerateResult:
     """Pull output ids, output_token_logprobs ([logprob, token_id, text]), finish_reason and the
-    per-token weight versions out of one /generate response object."""
+    per-token weight versions out of one /generate response object; with `routes`, also the decoded
+    `meta_info.routed_experts` of the `input_len` + output - 1 positions."""
     meta = body.get("meta_info") or {}
     ids = body.get("output_ids")
     lps = meta.get("output_token_logprobs")
@@ -238,11 +284,18 @@ def parse_generate_response(body: dict[str, Any], *, initial_version: int = 0) -
         raise SGLangError("generate response lacks output_ids or meta_info.output_token_logprobs")
     if [int(e[1]) for e in lps] != list(ids):
         raise SGLangError("output_token_logprobs token ids disagree with output_ids")
+    routed = None
+    if routes is not None:
+        if not meta.get("routed_experts"):
+            raise SGLangError("generate response lacks meta_info.routed_experts (requested with "
+                              "return_routed_experts): launch the server with --enable-return-routed-experts")
+        routed = decode_routed_experts(meta["routed_experts"], positions=input_len + len(ids) - 1, layout=routes)
     return GenerateResult(
         output_ids=list(ids),
         logprobs=[float(e[0]) for e in lps],
         versions=versions_per_token(meta, len(ids), initial=initial_version),
         finish=meta.get("finish_reason") or {},
+        routed=routed,
     )
 
 
@@ -290,10 +343,13 @@ class SGLangClient:
     def model_info(self) -> dict[str, Any]:
         return self._call("GET", "/model_info")
 
-    def generate(self, *, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None) -> dict:
+    def generate(self, *, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None,
+                 return_routed_experts: bool = False) -> dict:
         body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": True}
         if rid is not None:
             body["rid"] = rid
+        if return_routed_experts:
+            body["return_routed_experts"] = True
         return self._call("POST", "/generate", body)
 
     def pause_generation(self, mode: str) -> Any:
@@ -360,6 +416,8 @@ class SGLangEngineConfig:
     seed: int = 0
     initial_version: int = 0
     max_restarts: int = 3
+    routes: RouteLayout | None = None
+    """Request and decode the MoE routes of every sample (`Completion.routes`); None: not requested."""
 
     def __post_init__(self) -> None:
         if self.pause_mode not in PAUSE_MODES:
@@ -588,14 +646,16 @@ class SGLangRolloutEngine:
         interrupt = sp.interruption_at is not None and sp.interruption_at <= sp.max_new_tokens
         if interrupt:
             think_budget = sp.interruption_at
+        layout = self.config.routes
         first = parse_generate_response(
             client.generate(
                 input_ids=req.prompt_ids,
                 sampling_params=sglang_sampling_params(sp, seed=req.seed, max_new_tokens=think_budget),
-                rid=req.rid,
+                rid=req.rid, return_routed_experts=layout is not None,
             ),
-            initial_version=init,
+            initial_version=init, routes=layout, input_len=len(req.prompt_ids),
         )
+        routed = first.routed
         ids, lps, vers = first.output_ids, first.logprobs, first.versions
         mask = [1] * len(ids)
         reason = _finish(first.finish_type)
@@ -611,10 +671,13 @@ class SGLangRolloutEngine:
                     client.generate(
                         input_ids=req.prompt_ids + ids,
                         sampling_params=sglang_sampling_params(sp, seed=req.seed, max_new_tokens=sp.answer_budget),
-                        rid=req.rid + "/answer",
+                        rid=req.rid + "/answer", return_routed_experts=layout is not None,
                     ),
-                    initial_version=init,
+                    initial_version=init, routes=layout, input_len=len(req.prompt_ids) + len(ids),
                 )
+                if layout is not None:  # positions the first request covered keep its routes
+                    kept = len(routed)
+                    routed = routed + second.routed[kept:]
                 ids, lps = ids + second.output_ids, lps + second.logprobs
                 vers, mask = vers + second.versions, mask + [1] * len(second.output_ids)
                 answer_end = _finish(second.finish_type)
@@ -631,7 +694,18 @@ class SGLangRolloutEngine:
             interrupted_at=interrupted_at,
             submitted_version=req.submitted_version,
             timings={"generate_s": time.monotonic() - t0},
+            routes=None if layout is None else _routes(routed, layout, prompt_len=len(req.prompt_ids), versions=vers,
+                                                       initial=init),
         )
+
+
+def _routes(ids: list[int], layout: RouteLayout, *, prompt_len: int, versions: list[int], initial: int) -> Routes:
+    """`Routes` (ids only) of prompt_len + len(versions) - 1 positions: prompt positions before the last
+    one get the first output token's version (the prefill's), position prompt_len - 1 + j the version
+    of output token j."""
+    first = versions[0] if versions else initial
+    return Routes(num_layers=len(layout.moe_layers), topk=layout.topk, expert_ids=ids, weights=[],
+                  versions=[first] * (prompt_len - 1) + list(versions))
 
 
 def _finish(kind: str) -> FinishReason:

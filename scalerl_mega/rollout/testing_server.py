@@ -15,7 +15,11 @@ real server enforces, so the production client code drives real generation:
 * `/init_weights_update_group` blocks until the trainer joins the group (with a deadline);
 * `/pause_generation` modes: abort (running requests return with finish_reason abort), retract
   (KV dropped, recomputed on continue), in_place (requests keep their stale KV);
-* `meta_info.weight_versions` spans report the weight version of every output token.
+* `meta_info.weight_versions` spans report the weight version of every output token;
+* `return_routed_experts: true` (honoured when the server was started with `return_routed_experts`,
+  SGLang's `--enable-return-routed-experts`): `meta_info.routed_experts` is base64 of a little-endian
+  int32 [prompt + output - 1, num_hidden_layers, top-k] array of expert ids (dense layers 0), the
+  core's recorded routes, as SGLang 0.5.23's tokenizer manager encodes its capturer's buffer.
 
 Every handled call is appended to `events` (endpoint names, in order) for sequence checks.
 """
@@ -63,8 +67,18 @@ class SGLangTestServer:
         request_timeout_s: float = 300.0,
         port: int = 0,
         step_delay_s: float = 0.0,
+        return_routed_experts: bool = False,
     ) -> None:
+        import dataclasses
+
+        from scalerl_mega.rollout.core import moe_layers
+
+        self.return_routed_experts = return_routed_experts
+        if return_routed_experts:
+            core_config = dataclasses.replace(core_config, record_routes=True)
         self.core = GenerationCore(model, config=core_config)
+        self.moe_layer_ids = [i for i, _ in moe_layers(model)]
+        self.num_hidden_layers = int(model.config.num_hidden_layers)
         self.validator = request_validator
         self.model_path = model_path
         self.sync_timeout_s = sync_timeout_s
@@ -309,7 +323,8 @@ class SGLangTestServer:
             if batch and isinstance(rids, str):
                 rid = f"{rid}-{i}"
             jobs.append(self._submit(p, params, seed=seed, rid=rid))
-        out = [self._response(job) for job in jobs]
+        routed = bool(body.get("return_routed_experts")) and self.return_routed_experts
+        out = [self._response(job, routed_experts=routed) for job in jobs]
         return 200, out if batch else out[0]
 
     def _submit(self, prompt: list[int], sp: SamplingParams, *, seed: int, rid: str):
@@ -332,7 +347,17 @@ class SGLangTestServer:
             raise _HTTPError(500, {"error": f"request {rid} timed out"})
         return box[0]
 
-    def _response(self, job) -> dict[str, Any]:
+    def _routed_experts(self, c: Completion) -> str:
+        import base64
+
+        import numpy as np
+
+        r = c.routes
+        arr = np.zeros((r.num_positions, self.num_hidden_layers, r.topk), dtype="<i4")
+        arr[:, self.moe_layer_ids] = np.asarray(r.expert_ids, dtype="<i4").reshape(r.num_positions, r.num_layers, r.topk)
+        return base64.b64encode(arr.tobytes()).decode("utf-8")
+
+    def _response(self, job, *, routed_experts: bool = False) -> dict[str, Any]:
         key, ev, box, n_prompt = job
         if not ev.wait(self.request_timeout_s):
             raise _HTTPError(500, {"error": f"request {key} timed out"})
@@ -354,9 +379,11 @@ class SGLangTestServer:
                 spans.append({"version": name, "start": i, "end": i + 1})
         if not spans:
             spans = [{"version": self.version_names[self.core.version], "start": 0, "end": 0}]
+        extra = {"routed_experts": self._routed_experts(c)} if routed_experts and c.routes is not None else {}
         return {
             "output_ids": c.output_ids,
             "meta_info": {
+                **extra,
                 "id": key.split("#")[0],
                 "finish_reason": finish,
                 "prompt_tokens": n_prompt,

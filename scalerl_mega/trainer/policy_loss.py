@@ -35,6 +35,10 @@ def batch_tensors(batch: Any) -> dict[str, Any]:
            "token_weights": batch.token_weights_BT}
     if batch.weight_version_BT is not None:
         out["weight_version"] = batch.weight_version_BT
+    if batch.route_ids_BTLK is not None:
+        out.update(route_ids=batch.route_ids_BTLK, route_mask=batch.route_mask_BT)
+        if batch.route_weights_BTLK is not None:
+            out["route_weights"] = batch.route_weights_BTLK
     if batch.policy_version is not None:
         out["trainer_version"] = torch.tensor(int(batch.policy_version))
     return out
@@ -54,14 +58,14 @@ def pad_batch(data: dict[str, Any], *, rows_multiple: int = 1, cols_multiple: in
     out = dict(data)
     if extra_c:
         for key, value in data.items():
-            if not (torch.is_tensor(value) and value.dim() == 2 and tuple(value.shape) == (rows, cols)):
+            if not (torch.is_tensor(value) and value.dim() >= 2 and tuple(value.shape[:2]) == (rows, cols)):
                 continue
             if key == "position_ids":
                 fill = value[:, -1:] + torch.arange(1, extra_c + 1, dtype=value.dtype, device=value.device)
             elif key == "weight_version":
                 fill = torch.full((rows, extra_c), -1, dtype=value.dtype, device=value.device)
-            else:
-                fill = torch.zeros((rows, extra_c), dtype=value.dtype, device=value.device)
+            else:  # per-position fields ([rows, cols, ...], e.g. MoE routes) padded with zeros
+                fill = torch.zeros((rows, extra_c, *value.shape[2:]), dtype=value.dtype, device=value.device)
             out[key] = torch.cat([value, fill], dim=1)
     extra_r = (-rows) % rows_multiple
     if extra_r:

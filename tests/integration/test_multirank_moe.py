@@ -136,3 +136,18 @@ def test_kill_nine_follower_exits_and_rerun_resumes(tmp_path, moe_init):
     got, want = records(out), records(ref)
     assert [r["step"] for r in got] == [1, 2, 3, 4, 5]
     assert [r["prompt_ids"] for r in got] == [r["prompt_ids"] for r in want]
+
+
+@pytest.mark.slow
+def test_ep2_routing_replay_agrees_on_every_token(tmp_path):
+    """2 ranks, EP=2 (each rank holds 2 of the 4 experts; DP=2 for the rest): the generator's global
+    expert ids are replayed on both ranks; agreement is 100% and counted over exactly the trained
+    tokens of the whole batch (both DP shards, no double count)."""
+    out = tmp_path / "ep2_replay"
+    run_job(out, [*COMMON, "sft.steps=0", "filter=none", "train.steps=2", "train.save_every=0",
+                  "moe.routing_replay=ids", "parallel.ep=2"], nproc=2)
+    recs = records(out)
+    assert len(recs) == 2
+    for r in recs:
+        assert r["train/routing_agreement"] == 1.0
+        assert r["train/routing_tokens"] == r["batch_tokens_trained"] > 0

@@ -15,7 +15,7 @@ import requests
 import torch
 
 from scalerl_mega.rollout.core import CoreConfig
-from scalerl_mega.rollout.local import LocalModelSpec, build_model
+from scalerl_mega.rollout.local import LocalModelSpec, build_model, make_requests
 from scalerl_mega.rollout.openapi_check import OpenAPIValidator
 from scalerl_mega.rollout.sglang import (
     SGLangClient,
@@ -438,3 +438,81 @@ def test_crashed_server_restart_requeue_and_resync(schema, model_dir):
     finally:
         engine.close()
         srv.stop()
+
+
+# ---- MoE routes (rollout routing replay) ------------------------------------------------------------
+LLAMA4_MOE = dict(vocab_size=53, hidden_size=32, intermediate_size=32, intermediate_size_mlp=64, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+                  num_experts_per_tok=1, interleave_moe_layer_step=2, no_rope_layers=[1, 1, 1, 0],
+                  attention_chunk_size=64, max_position_embeddings=256, tie_word_embeddings=False)
+
+
+def test_decode_routed_experts_hand_worked():
+    import base64
+    import struct
+
+    from scalerl_mega.rollout.sglang import RouteLayout, decode_routed_experts
+
+    # 2 positions x 3 layers x top-2, little-endian int32; MoE layers 0 and 2
+    vals = [1, 2, 9, 9, 3, 0, 4, 5, 9, 9, 7, 6]
+    b64 = base64.b64encode(struct.pack("<12i", *vals)).decode()
+    layout = RouteLayout(num_hidden_layers=3, topk=2, moe_layers=(0, 2))
+    assert decode_routed_experts(b64, positions=2, layout=layout) == [1, 2, 3, 0, 4, 5, 7, 6]
+    with pytest.raises(SGLangError, match="expected 3 positions"):
+        decode_routed_experts(b64, positions=3, layout=layout)
+    assert "--enable-return-routed-experts" in launch_command(SGLangServerConfig(model_path="/m", return_routed_experts=True))
+    assert "--enable-return-routed-experts" not in launch_command(SGLangServerConfig(model_path="/m"))
+
+
+def test_routed_experts_requested_parsed_and_positioned(schema):
+    """Llama-4 with MoE layers 1 and 3 of 4: the client requests `return_routed_experts` (valid per the
+    0.5.23 schema), decodes the MoE columns of the response (checked against the schema contract) and
+    the routes equal a full-sequence forward's, for an interrupted sample (two requests) too."""
+    from scalerl_mega.rollout.core import moe_routers
+    from scalerl_mega.rollout.sglang import RouteLayout
+
+    model = build_model(LocalModelSpec(arch="llama4", config=LLAMA4_MOE, init_seed=0))
+    with torch.no_grad():
+        for r in moe_routers(model):
+            r.weight.mul_(20.0)
+    server = SGLangTestServer(model, core_config=CoreConfig(max_batch=8, max_seq_len=96),
+                              request_validator=lambda ep, body, method: schema.validate_request(ep, body, method),
+                              return_routed_experts=True)
+    server.start()
+    layout = RouteLayout(num_hidden_layers=4, topk=1, moe_layers=(1, 3))
+    rec = Recorder(schema)
+    engine = SGLangRolloutEngine([SGLangServer.attach(server.url)], body_hook=rec,
+                                 config=SGLangEngineConfig(sync=WeightSyncConfig(backend="gloo"), routes=layout))
+    try:
+        engine.submit(_prompt("r", [3, 4, 5]), SamplingParams(max_new_tokens=8, seed=2), n=1, version=0)
+        sp = SamplingParams(max_new_tokens=20, seed=1, interruption_at=4, interruption_ids=[50, 51], answer_budget=3)
+        engine.submit(_prompt("i", [3, 4]), sp, n=1, version=0)
+        out = {c.prompt_id: c for c in _collect(engine, 2)}
+        assert ("/generate", "response") in rec.seen
+        for c in out.values():
+            seq = c.prompt_ids + c.output_ids
+            assert c.routes.num_positions == len(seq) - 1 and c.routes.weights == []
+            assert c.routes.versions == [0] * (len(seq) - 1)
+            logits = []
+            hooks = [r.register_forward_hook(lambda m, a, o: logits.append(o[1])) for r in moe_routers(model)]
+            with torch.no_grad():
+                model(torch.tensor([seq[:-1]]))
+            for h in hooks:
+                h.remove()
+            ref = torch.stack(logits, dim=1).argmax(-1)  # [N, MoE layers]
+            assert c.routes.expert_ids == ref.flatten().tolist()
+        assert out["i"].interrupted_at == 4 and len(out["i"].output_ids) == 9
+    finally:
+        engine.close()
+        server.stop()
+    # a server without the flag answers without routes: the client says how to fix it
+    plain = _server(schema)
+    engine = SGLangRolloutEngine([SGLangServer.attach(plain.url)],
+                                 config=SGLangEngineConfig(sync=WeightSyncConfig(backend="gloo"), routes=layout))
+    try:
+        with pytest.raises(SGLangError, match="--enable-return-routed-experts"):
+            engine._generate(engine._clients[0], make_requests(_prompt("x", [3]), SamplingParams(max_new_tokens=2),
+                                                               n=1, version=0, base_seed=0)[0])
+    finally:
+        engine.close()
+        plain.stop()

@@ -370,6 +370,9 @@ class MegatronConfig:
     """Accumulate and reduce gradients in an FP32 buffer (`main_grad`) even with bf16 params."""
     recompute: str = "none"
     """Activation recompute: none | selective (core attention) | full (every layer, uniform)."""
+    routing_replay: str = "none"
+    """MoE rollout routing replay (`moe.routing_replay`, trainer/megatron/routing.py): none | ids |
+    ids_and_weights."""
 
     @property
     def bf16(self) -> bool:
@@ -395,6 +398,18 @@ class MegatronConfig:
         self.optim.validate()
         _choice("precision", "params_dtype", self.params_dtype, PARAMS_DTYPES)
         _choice("train", "recompute", self.recompute, RECOMPUTE)
+        _choice("moe", "routing_replay", self.routing_replay, ("none", "ids", "ids_and_weights"))
+        if self.routing_replay != "none":
+            if not self.model.is_moe:
+                raise ValueError(f"moe: routing_replay={self.routing_replay!r} needs an MoE model (model "
+                                 f"'{self.model.name}' is dense); use moe.routing_replay=none")
+            if self.recompute == "full":
+                raise ValueError(f"moe: routing_replay={self.routing_replay!r} with train.recompute='full': the "
+                                 "recomputed routers would need Megatron's REPLAY_BACKWARD queue; use "
+                                 "train.recompute=selective or none")
+            if self.parallel.cp > 1:
+                raise ValueError(f"moe: routing_replay={self.routing_replay!r} with parallel.cp="
+                                 f"{self.parallel.cp}: context-parallel token layouts are not mapped; use cp=1")
         if self.mixed_dtype_params and self.optim.use_distributed_optimizer is False:
             raise ValueError("optim: use_distributed_optimizer=False with bf16 params and the FP32 head "
                              "(precision.params_dtype=bfloat16, model.fp32_lm_head=True): Megatron's "

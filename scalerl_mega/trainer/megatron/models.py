@@ -71,6 +71,9 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, *, params_d
             moe_token_dispatcher_type=parallel.moe_token_dispatcher,
             moe_grouped_gemm=False,
             moe_router_dtype="fp32",
+            # a RouterReplay per router (inactive until routing.RouteTracker sets an action), so
+            # moe.routing_replay can replay the generator's routes (Megatron-Core 0.16.1 router_replay.py)
+            moe_enable_routing_replay=True,
         )
     return TransformerConfig(
         num_layers=model.num_layers,

@@ -261,8 +261,13 @@ def lm_head(gpt, hidden_SBH) -> LMHead:
 # ----------------------------------------------------------------------------- step
 def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: ParallelConfig,
                      forward_only: bool = False, collect_logprobs: bool = False,
-                     head_loss_fn: HeadLossFn | None = None, micro_batch_tokens: int | None = None) -> dict:
+                     head_loss_fn: HeadLossFn | None = None, micro_batch_tokens: int | None = None,
+                     routes: Any = None) -> dict:
     """Run the pipeline schedule over this rank's micro-batches.
+
+    `routes` (a `routing.RouteTracker`, MoE models): each micro-batch's forward runs inside its
+    `scope` (generator routes replayed per `moe.routing_replay`, agreement counted); its global
+    agreement metrics are added to the returned metrics.
 
     With `head_loss_fn` (and not `collect_logprobs`) the last stage skips the output layer and the
     loss comes from `head_loss_fn(LMHead, mb)`; otherwise from `loss_fn(logp_BT, mb)` on full logits.
@@ -304,11 +309,13 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
     def forward_step(data_iterator: Iterator, model):
         mb = _to_device(next(data_iterator), device)
         gpt = unwrap_gpt(model)
+        replay = routes.scope(mb) if routes is not None else contextlib.nullcontext()
         if fused and gpt.post_process:
-            with hidden_states_only(gpt):
+            with hidden_states_only(gpt), replay:
                 output = model(mb["input_ids"], mb["position_ids"], None)
             return output, partial(head_loss_func, mb, gpt)
-        output = model(mb["input_ids"], mb["position_ids"], None)
+        with replay:
+            output = model(mb["input_ids"], mb["position_ids"], None)
         return output, partial(loss_func, mb, dtype=head_dtype(gpt))
 
     seq_len = batch["input_ids"].shape[1]
@@ -321,7 +328,10 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
         micro_batch_size=int(mbs[0]["input_ids"].shape[0]),
         forward_only=forward_only,
     )
-    return _reduce_metrics(store, collect_logprobs=collect_logprobs, device=device)
+    out = _reduce_metrics(store, collect_logprobs=collect_logprobs, device=device)
+    if routes is not None:
+        out.update(routes.reduce())
+    return out
 
 
 def _reduce_metrics(store: list, *, collect_logprobs: bool, device) -> dict:
@@ -369,14 +379,16 @@ def _reduce_metrics(store: list, *, collect_logprobs: bool, device) -> dict:
 
 def train_step(chunks: list, optimizer, batch: dict, *, step: int, optim: OptimConfig,
                parallel: ParallelConfig, loss_fn: LossFn = next_token_ce_loss,
-               head_loss_fn: HeadLossFn | None = None, micro_batch_tokens: int | None = None) -> dict[str, float]:
+               head_loss_fn: HeadLossFn | None = None, micro_batch_tokens: int | None = None,
+               routes: Any = None) -> dict[str, float]:
     """Zero grads, forward/backward over all micro-batches, clip + AdamW step. Returns metrics.
-    `head_loss_fn` selects the fused head (no logits); `micro_batch_tokens` the token-budget split."""
+    `head_loss_fn` selects the fused head (no logits); `micro_batch_tokens` the token-budget split;
+    `routes` the MoE routing replay (`forward_backward`)."""
     for chunk in chunks:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
     metrics = forward_backward(chunks, batch, loss_fn=loss_fn, parallel=parallel, head_loss_fn=head_loss_fn,
-                               micro_batch_tokens=micro_batch_tokens)
+                               micro_batch_tokens=micro_batch_tokens, routes=routes)
     lr = set_lr(optimizer, optim, step)
     ok, grad_norm, _ = optimizer.step()
     metrics.update(lr=lr, grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
@@ -384,9 +396,11 @@ def train_step(chunks: list, optimizer, batch: dict, *, step: int, optim: OptimC
     return metrics
 
 
-def compute_logprobs(chunks: list, batch: dict, *, parallel: ParallelConfig, micro_batch_tokens: int | None = None):
+def compute_logprobs(chunks: list, batch: dict, *, parallel: ParallelConfig, micro_batch_tokens: int | None = None,
+                     routes: Any = None):
     """Forward-only FP32 log-probs of `batch["targets"]`: this DP rank's rows [B/dp, T] on the last
-    pipeline stage (None on other stages)."""
+    pipeline stage (None on other stages); with `routes`, also the routing agreement metrics:
+    returns (logp, metrics) then."""
     import torch
 
     def no_loss(logp_BT, mb):
@@ -394,5 +408,7 @@ def compute_logprobs(chunks: list, batch: dict, *, parallel: ParallelConfig, mic
 
     with torch.no_grad():
         out = forward_backward(chunks, batch, loss_fn=no_loss, parallel=parallel, forward_only=True,
-                               collect_logprobs=True, micro_batch_tokens=micro_batch_tokens)
-    return out["logp_BT"]
+                               collect_logprobs=True, micro_batch_tokens=micro_batch_tokens, routes=routes)
+    if routes is None:
+        return out["logp_BT"]
+    return out.pop("logp_BT"), out

@@ -39,6 +39,9 @@ class MegatronPolicyTrainer:
         step.configure_schedule(self.tcfg, self.chunks)
         self.optimizer = wrap.build_optimizer(self.chunks, cfg)
         self.step = 0
+        self.routing_replay = cfg.routing_replay
+        """MoE routing replay mode of the next steps (none | ids | ids_and_weights); may be changed
+        between steps (the model always carries Megatron's RouterReplay)."""
 
     def _data(self, batch) -> dict:
         """A TrainBatch (or an SFT batch dict) as the step's dict, padded with rows that train nothing
@@ -61,15 +64,25 @@ class MegatronPolicyTrainer:
         data = self._data(batch)
         metrics = step.train_step(self.chunks, self.optimizer, data, step=self.step, optim=self.cfg.optim,
                                   parallel=self.cfg.parallel, loss_fn=self.loss_fn,
-                                  head_loss_fn=self.head_loss_fn, micro_batch_tokens=self.micro_batch_tokens)
+                                  head_loss_fn=self.head_loss_fn, micro_batch_tokens=self.micro_batch_tokens,
+                                  routes=self._routes())
         metrics = finalize_train_metrics(metrics)
         self.step += 1
         metrics["step"] = float(self.step)
         return metrics
 
-    def logprobs(self, batch):
+    def _routes(self):
+        """A fresh `routing.RouteTracker` for one step (MoE models), else None."""
+        if not self.cfg.model.is_moe:
+            return None
+        from scalerl_mega.trainer.megatron.routing import RouteTracker
+
+        return RouteTracker(self.chunks, self.cfg.model, mode=self.routing_replay)
+
+    def logprobs(self, batch, *, with_metrics: bool = False):
         """FP32 log-probs of the batch targets (this DP rank's rows, including padding rows, of the
-        batch's T positions; last pipeline stage, None elsewhere)."""
+        batch's T positions; last pipeline stage, None elsewhere). `with_metrics`: (logp, routing
+        agreement metrics) -- the forward replays routes per `routing_replay` like a training step."""
         from scalerl_mega.trainer.megatron import step
 
         data = self._data(batch)
@@ -77,9 +90,12 @@ class MegatronPolicyTrainer:
         for chunk in self.chunks:
             chunk.eval()
         try:
-            logp = step.compute_logprobs(self.chunks, data, parallel=self.cfg.parallel,
-                                         micro_batch_tokens=self.micro_batch_tokens)
-            return None if logp is None else logp[:, :seq_len]
+            routes = self._routes()
+            out = step.compute_logprobs(self.chunks, data, parallel=self.cfg.parallel,
+                                        micro_batch_tokens=self.micro_batch_tokens, routes=routes)
+            logp, metrics = out if routes is not None else (out, {})
+            logp = None if logp is None else logp[:, :seq_len]
+            return (logp, metrics) if with_metrics else logp
         finally:
             for chunk in self.chunks:
                 chunk.train()
