@@ -43,13 +43,15 @@ def _expected_padding(plan: list[list[int]], lengths: list[int], *, packed: bool
     return 1.0 - real / executed
 
 
+def _launch(out: Path, nproc: int, mode: str) -> dict:
+    procs = start(HERE, nproc, [str(out), mode], logdir=out, log_name=mode)
+    wait(procs, logdir=out, log_name=mode, what=mode, timeout=600)
+    return json.loads((out / f"{mode}.json").read_text())
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("packing")
-    for nproc, mode in ((1, "single"), (2, "dp2")):
-        procs = start(HERE, nproc, [str(out), mode], logdir=out, log_name=mode)
-        wait(procs, logdir=out, log_name=mode, what=mode, timeout=600)
-    return {mode: json.loads((out / f"{mode}.json").read_text()) for mode in ("single", "dp2")}
+    return {"single": _launch(tmp_path_factory.mktemp("packing"), 1, "single")}
 
 
 @pytest.mark.parametrize("preset", ["tiny_dense", "tiny_moe"])
@@ -90,8 +92,9 @@ def test_padding_fraction_is_the_executed_one(runs, preset):
     assert r["batch_padding_fraction"] == pytest.approx(steps["U_logits"]["padding_fraction"], abs=1e-12)
 
 
-def test_two_dp_ranks_aggregate_padding_and_match_one_rank(runs):
-    one, two = runs["single"]["tiny_dense"], runs["dp2"]["tiny_dense"]
+@pytest.mark.slow
+def test_two_dp_ranks_aggregate_padding_and_match_one_rank(runs, tmp_path):
+    one, two = runs["single"]["tiny_dense"], _launch(tmp_path, 2, "dp2")["tiny_dense"]
     lengths, plan = two["lengths"], two["plan"]
     assert len(plan) == 3  # odd: rank 1 runs a one-token filler micro-batch
     for kind in ("U", "P"):

@@ -369,7 +369,7 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
     return out
 
 
-def _reduce_metrics(store: list, *, collect_logprobs: bool, device, shape: tuple[int, int]) -> dict:
+def _reduce_metrics(store: list, *, collect_logprobs: bool, device, shape: tuple[int, int] | None = None) -> dict:
     """Sum the micro-batch metric shares on the last stage (keys ending in `_max`: take their max),
     all-reduce them over DP (sum; MAX for `_max` keys) and broadcast
     them over the pipeline group, so every rank returns the same global values. The reduced tensor
