@@ -21,7 +21,8 @@ time is the steadier of the two.
 from __future__ import annotations
 
 import argparse
-import time
+
+from rounds import best_of_rounds
 
 
 def _old_head_fn(eps_high: float):
@@ -86,21 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     variants = {"two_pass": _old_head_fn(5.0),
                 "one_pass_no_entropy": make_cispo_head_loss_fn(eps_low=None, eps_high=5.0, with_entropy=False),
                 "one_pass": make_cispo_head_loss_fn(eps_low=None, eps_high=5.0)}
-    best = {k: float("inf") for k in variants}
-    best_cpu = {k: float("inf") for k in variants}
-    last = {}
-    for r in range(args.rounds + 1):  # round 0 warms up
-        names = list(variants)
-        for name in names[r % 3:] + names[: r % 3]:  # rotate the order: no variant always runs first
-            fn = variants[name]
-            t0, c0 = time.perf_counter(), time.process_time()
-            m = step.train_step(chunks, optimizer, batch, step=r, optim=cfg.optim, parallel=parallel,
-                                head_loss_fn=fn, micro_batch_tokens=B * T)
-            dt, dc = time.perf_counter() - t0, time.process_time() - c0
-            if r:
-                best[name] = min(best[name], dt)
-                best_cpu[name] = min(best_cpu[name], dc)
-            last[name] = finalize_train_metrics(m)
+    def run_one(name: str, r: int) -> dict:
+        return finalize_train_metrics(step.train_step(chunks, optimizer, batch, step=r, optim=cfg.optim,
+                                                      parallel=parallel, head_loss_fn=variants[name],
+                                                      micro_batch_tokens=B * T))
+
+    best, best_cpu, last = best_of_rounds(list(variants), run_one, rounds=args.rounds)
     print(f"torch threads {torch.get_num_threads()}; model hidden {args.hidden} x {args.layers} layers, vocab "
           f"{args.vocab}; batch {B} x {T} ({int(mask.sum())} trained tokens); best of {args.rounds} rounds")
     for name in variants:

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
+
+from rounds import best_of_rounds
 
 
 def old_plan(rows: int, longest: int, max_tokens: int) -> list[list[int]]:
@@ -133,22 +134,14 @@ def main(argv: list[str] | None = None) -> int:
                  "sorted": MicroBatchPlan(micro_batches=pack_micro_batches(lengths, max_tokens=budget), lengths=lengths),
                  "packed": MicroBatchPlan(micro_batches=pack_micro_batches(lengths, max_tokens=budget, pack=True),
                                           lengths=lengths, packed=True)}
-        best = {k: float("inf") for k in plans}
-        best_cpu = {k: float("inf") for k in plans}
-        last: dict = {}
-        for r in range(args.rounds + 1):  # round 0 warms up
-            names = list(plans)
-            for v in names[r % 3:] + names[: r % 3]:
-                with torch.no_grad():  # every step from the same weights: the losses must agree
-                    for key, value in params.items():
-                        value.copy_(init[key])
-                t0, c0 = time.perf_counter(), time.process_time()
-                m = step.train_step(chunks, optimizer, batch, step=r, optim=cfg.optim, parallel=parallel,
-                                    loss_fn=loss_fn, plan=plans[v])
-                dt, dc = time.perf_counter() - t0, time.process_time() - c0
-                if r:
-                    best[v], best_cpu[v] = min(best[v], dt), min(best_cpu[v], dc)
-                last[v] = finalize_train_metrics(m)
+        def run_one(v: str, r: int, batch=batch, plans=plans) -> dict:
+            with torch.no_grad():  # every step from the same weights: the losses must agree
+                for key, value in params.items():
+                    value.copy_(init[key])
+            return finalize_train_metrics(step.train_step(chunks, optimizer, batch, step=r, optim=cfg.optim,
+                                                          parallel=parallel, loss_fn=loss_fn, plan=plans[v]))
+
+        best, best_cpu, last = best_of_rounds(list(plans), run_one, rounds=args.rounds)
         real = sum(lengths)
         print(f"\n{name}: {len(rows)} rows, {real} tokens (longest {T}, median {sorted(lengths)[len(lengths) // 2]}), "
               f"micro_batch_tokens {budget}")
