@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 
-from rounds import best_of_rounds
+from single_rank import best_of_rounds, single_rank_model
 
 
 def _old_head_fn(eps_high: float):
@@ -58,20 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     from scalerl_mega.objective.losses import token_weights
-    from scalerl_mega.trainer.megatron import models, parallel as par, step
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.trainer.megatron import parallel as par, step
+    from scalerl_mega.trainer.megatron.config import load_model_preset
     from scalerl_mega.trainer.policy_loss import finalize_train_metrics, make_cispo_head_loss_fn
 
     model_cfg = load_model_preset("tiny_dense", overrides=dict(
         vocab_size=args.vocab, hidden_size=args.hidden, ffn_hidden_size=2 * args.hidden, num_layers=args.layers,
         max_position_embeddings=max(512, args.seq)))
-    parallel = ParallelConfig()
-    cfg = MegatronConfig(model=model_cfg, parallel=parallel, optim=OptimConfig(lr=1e-6, warmup_steps=0))
-    par.init_parallel(parallel, model=cfg.model, seed=1)
-    model, tcfg = models.build_model(cfg.model, parallel)
-    chunks = [step.wrap_ddp(model, tcfg, use_distributed_optimizer=False)]
-    step.configure_schedule(tcfg, chunks)
-    optimizer = step.build_optimizer(chunks, cfg.optim)
+    cfg, parallel, model, chunks, optimizer = single_rank_model(model_cfg)
 
     B, T = args.rows, args.seq
     g = torch.Generator().manual_seed(0)

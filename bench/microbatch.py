@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import random
 
-from rounds import best_of_rounds
+from single_rank import best_of_rounds, single_rank_model
 
 
 def old_plan(rows: int, longest: int, max_tokens: int) -> list[list[int]]:
@@ -107,19 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     from scalerl_mega.batch import pack_micro_batches
-    from scalerl_mega.trainer.megatron import models, parallel as par, step
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.trainer.megatron import parallel as par, step
+    from scalerl_mega.trainer.megatron.config import load_model_preset
     from scalerl_mega.trainer.microbatch import MicroBatchPlan
     from scalerl_mega.trainer.policy_loss import finalize_train_metrics, make_policy_loss_fn
 
     model_cfg = load_model_preset("tiny_dense")
-    parallel = ParallelConfig()
-    cfg = MegatronConfig(model=model_cfg, parallel=parallel, optim=OptimConfig(lr=1e-6, warmup_steps=0))
-    par.init_parallel(parallel, model=cfg.model, seed=1)
-    model, tcfg = models.build_model(cfg.model, parallel)
-    chunks = [step.wrap_ddp(model, tcfg, use_distributed_optimizer=False)]
-    step.configure_schedule(tcfg, chunks)
-    optimizer = step.build_optimizer(chunks, cfg.optim)
+    cfg, parallel, model, chunks, optimizer = single_rank_model(model_cfg)
     params = dict(model.named_parameters())
     init = {k: v.detach().clone() for k, v in params.items()}
     loss_fn = make_policy_loss_fn(loss_type="cispo", eps_low=None, eps_high=5.0, aggregation="prompt")
