@@ -21,7 +21,8 @@ time is the steadier of the two.
 from __future__ import annotations
 
 import argparse
-import time
+
+from single_rank import best_of_rounds, single_rank_model
 
 
 def _old_head_fn(eps_high: float):
@@ -57,20 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     from scalerl_mega.objective.losses import token_weights
-    from scalerl_mega.trainer.megatron import models, parallel as par, step
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.trainer.megatron import parallel as par, step
+    from scalerl_mega.trainer.megatron.config import load_model_preset
     from scalerl_mega.trainer.policy_loss import finalize_train_metrics, make_cispo_head_loss_fn
 
     model_cfg = load_model_preset("tiny_dense", overrides=dict(
         vocab_size=args.vocab, hidden_size=args.hidden, ffn_hidden_size=2 * args.hidden, num_layers=args.layers,
         max_position_embeddings=max(512, args.seq)))
-    parallel = ParallelConfig()
-    cfg = MegatronConfig(model=model_cfg, parallel=parallel, optim=OptimConfig(lr=1e-6, warmup_steps=0))
-    par.init_parallel(parallel, model=cfg.model, seed=1)
-    model, tcfg = models.build_model(cfg.model, parallel)
-    chunks = [step.wrap_ddp(model, tcfg, use_distributed_optimizer=False)]
-    step.configure_schedule(tcfg, chunks)
-    optimizer = step.build_optimizer(chunks, cfg.optim)
+    cfg, parallel, model, chunks, optimizer = single_rank_model(model_cfg)
 
     B, T = args.rows, args.seq
     g = torch.Generator().manual_seed(0)
@@ -86,21 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     variants = {"two_pass": _old_head_fn(5.0),
                 "one_pass_no_entropy": make_cispo_head_loss_fn(eps_low=None, eps_high=5.0, with_entropy=False),
                 "one_pass": make_cispo_head_loss_fn(eps_low=None, eps_high=5.0)}
-    best = {k: float("inf") for k in variants}
-    best_cpu = {k: float("inf") for k in variants}
-    last = {}
-    for r in range(args.rounds + 1):  # round 0 warms up
-        names = list(variants)
-        for name in names[r % 3:] + names[: r % 3]:  # rotate the order: no variant always runs first
-            fn = variants[name]
-            t0, c0 = time.perf_counter(), time.process_time()
-            m = step.train_step(chunks, optimizer, batch, step=r, optim=cfg.optim, parallel=parallel,
-                                head_loss_fn=fn, micro_batch_tokens=B * T)
-            dt, dc = time.perf_counter() - t0, time.process_time() - c0
-            if r:
-                best[name] = min(best[name], dt)
-                best_cpu[name] = min(best_cpu[name], dc)
-            last[name] = finalize_train_metrics(m)
+    def run_one(name: str, r: int) -> dict:
+        return finalize_train_metrics(step.train_step(chunks, optimizer, batch, step=r, optim=cfg.optim,
+                                                      parallel=parallel, head_loss_fn=variants[name],
+                                                      micro_batch_tokens=B * T))
+
+    best, best_cpu, last = best_of_rounds(list(variants), run_one, rounds=args.rounds)
     print(f"torch threads {torch.get_num_threads()}; model hidden {args.hidden} x {args.layers} layers, vocab "
           f"{args.vocab}; batch {B} x {T} ({int(mask.sum())} trained tokens); best of {args.rounds} rounds")
     for name in variants:

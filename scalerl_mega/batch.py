@@ -11,8 +11,9 @@ For one optimizer step:
    expert ids and gate weights + a [B, T] mask; rollout routing replay);
 5. token weights for the loss aggregation, computed once on the whole batch
    (`TrainBatch.token_weights_BT`), so that micro-batch losses sum to the full-batch loss;
-6. packing: sequences are sorted by length and cut into micro-batches whose padded size
-   (rows x longest row) fits `micro_batch_tokens` (`TrainBatch.micro_batches`: lists of row indices).
+6. the micro-batch plan the trainer executes (`pack_micro_batches`): sequences sorted by length and
+   cut into micro-batches whose padded size (rows x their own longest row) fits `micro_batch_tokens`,
+   or, with `pack_sequences`, packed several to a row (`TrainBatch.micro_batches`: row indices).
 
 Pure tensor code: no I/O, no config objects.
 """
@@ -39,26 +40,73 @@ class BatchResult:
     """Indices (into the input list) of the groups that entered the batch."""
 
 
-def pack_micro_batches(lengths: Sequence[int], *, max_tokens: int) -> list[list[int]]:
-    """Split rows into micro-batches with rows x max(length) <= max_tokens (a row longer than the
-    budget gets a micro-batch of its own). Rows are taken longest first, so rows of similar length
-    share a micro-batch and padding stays small. Returns lists of row indices."""
+def micro_batch_overhead_tokens(max_tokens: int) -> int:
+    """The fixed cost the planner charges per micro-batch, in padded tokens: 1/32 of the budget. Without
+    it the cheapest plan for rows of distinct lengths would be one row per micro-batch (no padding, but
+    a launch, a pipeline fill and a gradient-accumulation step per row)."""
+    return max(1, max_tokens // 32)
+
+
+def pack_micro_batches(lengths: Sequence[int], *, max_tokens: int, pack: bool = False) -> list[list[int]]:
+    """THE micro-batch plan of a batch (the trainer executes it as is): lists of row indices, in order
+    of decreasing length.
+
+    `pack=False`: each micro-batch is a [rows, longest of its rows] tensor with rows x longest <=
+    `max_tokens` (a row longer than the budget gets a micro-batch of its own). The rows are sorted
+    by length and cut into consecutive runs by dynamic programming, minimising the padded tokens
+    plus `micro_batch_overhead_tokens` per micro-batch (a greedy cut lets one long row pull short
+    rows up to its length).
+    `pack=True`: each micro-batch is ONE packed row holding its samples back to back (attention
+    masked per sample by the trainer), first-fit decreasing with sum of lengths <= `max_tokens`;
+    only the trainer's rounding of the packed length (sequence parallelism) is padding.
+    """
     if max_tokens <= 0:
         raise ValueError(f"max_tokens={max_tokens} must be > 0")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    if pack:
+        bins: list[list[int]] = []
+        room: list[int] = []
+        for i in order:
+            for b, free in enumerate(room):
+                if lengths[i] <= free:
+                    bins[b].append(i)
+                    room[b] -= lengths[i]
+                    break
+            else:
+                bins.append([i])
+                room.append(max_tokens - lengths[i])
+        return bins
+    overhead = micro_batch_overhead_tokens(max_tokens)
+    n = len(order)
+    # cost[j]: cheapest plan of the j longest rows; cut[j]: start of its last micro-batch. A run
+    # order[i:j] is padded to lengths[order[i]] (its longest row).
+    cost = [0] + [0] * n
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        best, best_i = None, j - 1
+        for i in range(j - 1, -1, -1):
+            longest = lengths[order[i]]
+            if i < j - 1 and longest * (j - i) > max_tokens:
+                break
+            c = cost[i] + longest * (j - i) + overhead
+            if best is None or c <= best:
+                best, best_i = c, i
+        cost[j], cut[j] = best, best_i
     out: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order:
-        longest_if_added = max(longest, lengths[i])
-        if current and longest_if_added * (len(current) + 1) > max_tokens:
-            out.append(current)
-            current, longest_if_added = [], lengths[i]
-        current.append(i)
-        longest = longest_if_added
-    if current:
-        out.append(current)
-    return out
+    j = n
+    while j > 0:
+        out.append(order[cut[j]:j])
+        j = cut[j]
+    return out[::-1]
+
+
+def plan_padding_fraction(lengths: Sequence[int], micro_batches: Sequence[Sequence[int]], *, pack: bool) -> float:
+    """Padded share of the tokens the plan executes: 1 - real tokens / (sum over micro-batches of
+    rows x longest row, or of the packed length when `pack`)."""
+    real = sum(lengths[i] for mb in micro_batches for i in mb)
+    executed = sum(sum(lengths[i] for i in mb) if pack else len(mb) * max(lengths[i] for i in mb)
+                   for mb in micro_batches)
+    return 1.0 - real / float(executed) if executed else 0.0
 
 
 def build_train_batch(
@@ -69,6 +117,7 @@ def build_train_batch(
     aggregation: str,
     filter_zero_variance: bool,
     micro_batch_tokens: int,
+    pack_sequences: bool = False,
     pad_id: int = 0,
     policy_version: int | None = None,
 ) -> BatchResult:
@@ -133,11 +182,10 @@ def build_train_batch(
     targets_BT = targets_BT * (loss_mask_BT > 0)
 
     weights_BT = token_weights(loss_mask_BT, prompt_index_B, aggregation)
-    micro = pack_micro_batches(lengths, max_tokens=micro_batch_tokens)
+    micro = pack_micro_batches(lengths, max_tokens=micro_batch_tokens, pack=pack_sequences)
     metrics["batch_tokens_trained"] = float(loss_mask_BT.sum())
     metrics["micro_batches"] = float(len(micro))
-    metrics["padding_fraction"] = 1.0 - sum(lengths) / float(
-        sum(len(mb) * max(lengths[i] for i in mb) for mb in micro))
+    metrics["padding_fraction"] = plan_padding_fraction(lengths, micro, pack=pack_sequences)
     metrics["advantage_abs_mean"] = float(adv_B.abs().mean())
     batch = TrainBatch(
         input_ids_BT=input_ids_BT,
@@ -155,6 +203,7 @@ def build_train_batch(
         policy_version=policy_version,
         micro_batches=micro,
         lengths_B=lengths,
+        packed=pack_sequences,
         prompt_ids=[groups[g].prompt.prompt_id for g in kept_groups],
     )
     return BatchResult(batch=batch, metrics=metrics, kept_groups=kept_groups)

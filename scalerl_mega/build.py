@@ -178,7 +178,8 @@ def build_trainer(cfg: Any):
     head_loss_fn = (make_cispo_head_loss_fn(eps_low=cfg.loss.eps_low, eps_high=cfg.loss.eps_high)
                     if use_fused_cispo(cfg) else None)
     return MegatronPolicyTrainer(megatron_config(cfg), loss_fn=loss_fn, head_loss_fn=head_loss_fn,
-                                 micro_batch_tokens=int(cfg.train.micro_batch_tokens))
+                                 micro_batch_tokens=int(cfg.train.micro_batch_tokens),
+                                 pack_sequences=bool(cfg.train.pack_sequences))
 
 
 def init_trainer_from_hf(trainer: Any, cfg: Any) -> list[str]:

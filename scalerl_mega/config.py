@@ -254,7 +254,12 @@ class TrainLoopConfig:
     generations_per_prompt: int = 16
     """G: completions per prompt."""
     micro_batch_tokens: int = 16384
-    """Token budget of one packed Megatron micro-batch."""
+    """Token budget of one Megatron micro-batch: rows x its own longest row (or the packed length)."""
+    pack_sequences: bool = False
+    """Pack several samples into each micro-batch row, attention masked per sample (Megatron THD
+    packed sequences with Transformer Engine on GPU, a block-diagonal causal mask otherwise). Off by
+    default: length-sorted micro-batches trimmed to their own longest row already execute little
+    padding (README "Micro-batches"), and the mask path's attention is quadratic in the packed length."""
     fused_cispo: bool = True
     """loss=cispo with the FP32 head: compute the head and CISPO from the last hidden states chunk by
     chunk (objective.fused_logprob.cispo_from_hidden), never materialising [N, V] logits."""
@@ -430,6 +435,9 @@ def validate(cfg: Any) -> None:
         raise ValueError("moe.routing_replay='ids_and_weights' with rollout.name='sglang': SGLang 0.5.23 returns "
                          "the routed expert ids only (meta_info.routed_experts), no gate weights; use "
                          "moe.routing_replay=ids")
+    if cfg.moe.routing_replay != "none" and cfg.train.pack_sequences:
+        raise ValueError(f"moe.routing_replay={cfg.moe.routing_replay!r} with train.pack_sequences=true: the "
+                         "generator's routes are per sample and are not packed; use train.pack_sequences=false")
     if cfg.moe.routing_replay != "none" and not cfg.moe.record_routes:
         raise ValueError(f"moe.routing_replay={cfg.moe.routing_replay!r} needs the generator's routes: "
                          "moe.record_routes=false")
@@ -454,6 +462,9 @@ def validate(cfg: Any) -> None:
             "(group-relative advantages need at least two samples)"
         )
     _positive("train.micro_batch_tokens", cfg.train.micro_batch_tokens)
+    if cfg.train.pack_sequences and int(getattr(cfg.parallel, "cp", 1)) > 1:
+        raise ValueError(f"train.pack_sequences=true with parallel.cp={cfg.parallel.cp}: packed rows are not "
+                         "split for context parallelism")
     _positive("train.val_every", cfg.train.val_every, allow_zero=True)
     _positive("train.save_every", cfg.train.save_every, allow_zero=True)
     _positive("data.val_prompts", cfg.data.val_prompts, allow_zero=True)

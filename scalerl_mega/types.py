@@ -214,10 +214,14 @@ class TrainBatch:
     """Weight version of the policy being trained (the loop's step): completions generated entirely
     by it are on-policy, where trainer and generator log-probs must agree."""
     micro_batches: list[list[int]] = field(default_factory=list)
-    """Row indices of each packed micro-batch (`batch.pack_micro_batches`: length-sorted, padded
-    size within the token budget)."""
+    """The micro-batch plan the trainer executes: row indices of each micro-batch
+    (`batch.pack_micro_batches`: length-sorted, each trimmed to its own longest row, padded size
+    within the token budget). Empty: the trainer plans with the same function."""
     lengths_B: list[int] = field(default_factory=list)
     """Unpadded length (prompt + output) of each row."""
+    packed: bool = False
+    """Each micro-batch of `micro_batches` is one packed row of its samples (attention masked per
+    sample), not a [rows, longest] tensor."""
     prompt_ids: list[str] = field(default_factory=list)
     """Prompt id of each group index 0..P-1."""
 

@@ -44,13 +44,11 @@ def batch_tensors(batch: Any) -> dict[str, Any]:
     return out
 
 
-def pad_batch(data: dict[str, Any], *, rows_multiple: int = 1, cols_multiple: int = 1) -> dict[str, Any]:
-    """Pad a batch dict with positions and rows that train nothing, so the row count divides
-    `rows_multiple` (the data-parallel size: every DP rank takes an equal contiguous share) and the
-    sequence length divides `cols_multiple` (the TP size under sequence parallelism, which splits
-    the sequence across TP ranks). Padded positions and rows have loss mask, token weights,
-    advantages and log-probs zero (weight version -1), so their loss and gradient contributions are
-    exactly zero; padded rows repeat the first row's tokens, padded positions continue the positions."""
+def pad_batch(data: dict[str, Any], *, cols_multiple: int = 1) -> dict[str, Any]:
+    """Pad a batch dict with positions that train nothing, so the sequence length divides
+    `cols_multiple` (a micro-batch's width: the TP size under sequence parallelism, which splits the
+    sequence across TP ranks). Padded positions have loss mask, token weights and log-probs zero
+    (weight version -1), so their loss and gradient contributions are exactly zero; positions continue."""
     import torch
 
     rows, cols = (int(n) for n in data["input_ids"].shape[:2])
@@ -67,18 +65,6 @@ def pad_batch(data: dict[str, Any], *, rows_multiple: int = 1, cols_multiple: in
             else:  # per-position fields ([rows, cols, ...], e.g. MoE routes) padded with zeros
                 fill = torch.zeros((rows, extra_c, *value.shape[2:]), dtype=value.dtype, device=value.device)
             out[key] = torch.cat([value, fill], dim=1)
-    extra_r = (-rows) % rows_multiple
-    if extra_r:
-        for key, value in list(out.items()):
-            if not (torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == rows):
-                continue
-            if key in ("input_ids", "position_ids", "prompt_index"):
-                fill = value[:1].expand(extra_r, *value.shape[1:])
-            elif key == "weight_version":
-                fill = torch.full((extra_r, *value.shape[1:]), -1, dtype=value.dtype, device=value.device)
-            else:
-                fill = torch.zeros((extra_r, *value.shape[1:]), dtype=value.dtype, device=value.device)
-            out[key] = torch.cat([value, fill], dim=0)
     return out
 
 

@@ -40,7 +40,7 @@ def main() -> None:
     batch = TrainBatch(input_ids_BT=ids, position_ids_BT=torch.arange(T).expand(B, T).contiguous(),
                        loss_mask_BT=mask, targets_BT=torch.roll(ids, -1, 1) * (mask > 0).long(),
                        gen_logp_BT=torch.zeros(B, T), advantages_B=torch.zeros(B),
-                       prompt_index_B=torch.arange(B))
+                       prompt_index_B=torch.arange(B), token_weights_BT=mask / mask.sum())
     res = {}
     trainer.train_step(batch)
     logp = trainer.logprobs(batch)  # [B, T] at dp=1

@@ -165,6 +165,7 @@ def _diagnostics_reference(model, batch: dict, eps_high: float) -> tuple[dict, d
 def _worker(out: Path) -> None:
     import torch
     import torch.distributed as dist
+    from megatron.core import parallel_state as ps
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from scalerl_mega.trainer.policy_loss import finalize_train_metrics, make_cispo_head_loss_fn, make_policy_loss_fn
@@ -222,10 +223,10 @@ def _worker(out: Path) -> None:
         res["C_microbatches"] = (B // dp)
         # clip fraction of the reference batch, from the logits path's own log-probs
         logp = step.compute_logprobs(chunks, rl, parallel=parallel, micro_batch_tokens=whole)
-        rows = slice(par.parallel_info().dp_rank * (B // dp), (par.parallel_info().dp_rank + 1) * (B // dp))
-        m = rl["loss_mask"][rows] > 0
+        dist.all_reduce(logp, group=ps.get_data_parallel_group())  # each row from the DP rank that ran it
+        m = rl["loss_mask"] > 0
         # logp above is of the *updated* weights; the clip fraction only has to show truncation happens
-        clipped = ((logp - rl["gen_logp"][rows]).exp() > eps_high)[m].float().mean()
+        clipped = ((logp - rl["gen_logp"]).exp() > eps_high)[m].float().mean()
         res["A"]["clip_fraction_ref"] = float(clipped)
         results[name] = res
         par.teardown_parallel(destroy_process_group=False)

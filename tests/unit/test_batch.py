@@ -100,15 +100,22 @@ def test_all_zero_variance_gives_no_batch():
     assert res.batch is None and res.kept_groups == [] and res.metrics["batch_prompts"] == 0
 
 
-def test_pack_micro_batches_hand_worked():
-    # lengths of the 5 rows above; budget 8 tokens per micro-batch (rows x longest row).
-    assert pack_micro_batches([5, 3, 4, 3, 2], max_tokens=8) == [[0], [2, 1], [3, 4]]
-    assert pack_micro_batches([9, 1], max_tokens=8) == [[0], [1]]  # an oversize row stands alone
+def test_batch_carries_the_plan_and_its_padding():
+    # lengths of the 5 rows above: [5, 3, 4, 3, 2]; budget 8 tokens per micro-batch (rows x longest row):
+    # the plan of tests/unit/test_microbatch.py (no padding), and with packing two packed rows
     res = _build(_groups())
-    assert res.batch.micro_batches == [[0], [2, 1], [3, 4]]
+    assert res.batch.lengths_B == [5, 3, 4, 3, 2] and not res.batch.packed
+    assert res.batch.micro_batches == pack_micro_batches([5, 3, 4, 3, 2], max_tokens=8) == [[0], [2], [1, 3], [4]]
+    assert res.metrics["micro_batches"] == 4 and res.metrics["padding_fraction"] == 0.0
+    # packed, first-fit decreasing into 8-token rows: [5, 3] (rows 0, 1), [4, 3] (rows 2, 3), [2] (row 4)
+    res = _build(_groups(), pack_sequences=True)
+    assert res.batch.packed and res.batch.micro_batches == [[0, 1], [2, 3], [4]]
+    assert res.metrics["padding_fraction"] == 0.0
+    # a budget that forces padding: 10 tokens, overhead 1: [5, 4] (10) + [3, 3, 2] (9) costs 19 + 2 = 21
+    # (2 padded tokens of 19 executed) against [5] [4] [3, 3, 2] at 5 + 4 + 9 + 3 = 21: a tie keeps fewer
+    res = _build(_groups(), micro_batch_tokens=10)
+    assert res.batch.micro_batches == [[0, 2], [1, 3, 4]]
     assert res.metrics["padding_fraction"] == pytest.approx(1 - 17 / 19)
-    with pytest.raises(ValueError, match="max_tokens"):
-        pack_micro_batches([1], max_tokens=0)
 
 
 def test_length_mismatch_is_rejected():

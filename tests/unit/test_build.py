@@ -12,7 +12,6 @@ import pytest
 from scalerl_mega.hf_config import hf_config_from_model
 from scalerl_mega.loop import _sample_prompt, _split_sample_id, sampling_params
 from scalerl_mega.sft import sft_batch, warm_start
-from scalerl_mega.trainer.megatron.step import plan_microbatches
 from scalerl_mega.trainer.megatron.config import ModelConfig, OptimConfig
 from scalerl_mega.types import Prompt
 
@@ -63,26 +62,6 @@ def test_hf_config_refuses_what_hf_llama4_cannot_express():
         hf_config_from_model(ModelConfig(**{**DEMO_MOE, "shared_expert_ffn": 128}))
     with pytest.raises(ValueError, match="MoE needs arch: llama4"):
         hf_config_from_model(ModelConfig(**{**DEMO_MOE, "arch": "llama"}))
-
-
-@pytest.mark.parametrize("rows,seq,max_tokens,equal,expected", [
-    (24, 40, 8192, True, [24]),          # everything fits one micro-batch
-    (24, 100, 1000, True, [8] * 3),      # divisors of 24: 1,2,3,4,6,8,12,24; 8*100 <= 1000 < 12*100
-    (24, 100, 1000, False, [8] * 3),     # 10 rows fit: ceil(24/10) = 3 micro-batches of 8
-    (7, 10, 30, True, [1] * 7),          # prime row count, equal sizes: only 1 fits
-    (7, 10, 30, False, [3, 2, 2]),       # 3 rows fit: ceil(7/3) = 3 micro-batches, sizes 3+2+2
-    (37, 10, 100, False, [10, 9, 9, 9]),  # 10 fit: 4 micro-batches, 37 = 10+9+9+9
-    (64, 50, 10, True, [1] * 64),        # a single row longer than the budget still gets a micro-batch
-    (64, 50, 10, False, [1] * 64),
-])
-def test_plan_microbatches(rows, seq, max_tokens, equal, expected):
-    sizes = plan_microbatches(rows, seq, micro_batch_tokens=max_tokens, equal=equal)
-    assert sizes == expected and sum(sizes) == rows
-
-
-def test_plan_microbatches_rejects_bad_budget():
-    with pytest.raises(ValueError, match="micro_batch_tokens=0"):
-        plan_microbatches(4, 8, micro_batch_tokens=0, equal=False)
 
 
 def test_sft_batch_layout():

@@ -85,23 +85,25 @@ def run_logits_path(data, logits64, loss_type: str, sizes: list[int]) -> dict[st
 
 
 @pytest.mark.parametrize("loss_type", ["cispo", "dapo", "grpo", "gspo"])
-def test_padding_micro_batch_trains_nothing_and_keeps_the_aggregates(single_rank, loss_type):
-    """A micro-batch of data-parallel padding rows (trainer/policy_loss.pad_batch: no trained token) has loss 0,
-    zero gradient, and the same metric keys; the aggregates are unchanged."""
+def test_filler_micro_batch_trains_nothing_and_keeps_the_aggregates(single_rank, loss_type):
+    """The filler micro-batch a data-parallel rank short of one runs (trainer/microbatch.cut_micro_batch with
+    no rows: no trained token) has loss 0, zero gradient, and the same metric keys; the aggregates are
+    unchanged."""
     from scalerl_mega.trainer.megatron import step
-    from scalerl_mega.trainer.policy_loss import pad_batch
+    from scalerl_mega.trainer.microbatch import cut_micro_batch
 
     data, _, _, logits64 = make_batch(3)
-    padded = pad_batch(data, rows_multiple=B + 2)
-    assert padded["input_ids"].shape[0] == B + 2 and not padded["loss_mask"][B:].any()
+    filler = cut_micro_batch(data, [], [int(data["input_ids"].shape[1])] * B, packed=False)
+    assert filler["input_ids"].shape == (1, 1) and not filler["loss_mask"].any()
     loss_fn = make_policy_loss_fn(loss_type=loss_type, eps_low=None, eps_high=None, aggregation="prompt")
-    logits = torch.cat([logits64, logits64[:2]]).float().requires_grad_(True)
-    logp = torch.log_softmax(logits, -1).gather(-1, padded["targets"][..., None])[..., 0]
+    logits = logits64.float().requires_grad_(True)
     store, losses = [], []
-    for rows in (slice(0, 7), slice(7, B), slice(B, B + 2)):
-        mb = {k: v[rows] for k, v in padded.items()}
-        mb["entropy"] = step.token_entropy(logits[rows].detach(), mb["loss_mask"])
-        loss, metrics = loss_fn(logp[rows], mb)
+    for rows, mb in ((slice(0, 7), None), (slice(7, B), None), (slice(0, 1), filler)):
+        mb_logits = logits[rows] if mb is None else logits[rows, :1]
+        mb = {k: v[rows] for k, v in data.items()} if mb is None else mb
+        logp = torch.log_softmax(mb_logits, -1).gather(-1, mb["targets"][..., None])[..., 0]
+        mb["entropy"] = step.token_entropy(mb_logits.detach(), mb["loss_mask"])
+        loss, metrics = loss_fn(logp, mb)
         store.append(metrics)
         losses.append(loss)
     assert set(store[2]) == set(store[0]) and float(losses[2].detach()) == 0.0

@@ -131,6 +131,21 @@ def test_5_checkpoint_preload_synchronize():
         torch.cuda.Stream()
 
 
+def test_5_pipeline_shape_exchange_synchronize():
+    """Micro-batches of different shapes under PP (`variable_seq_lengths`): the shape exchange ends with
+    `torch.cuda.synchronize()`. Without anything to exchange it returns zero shapes once patched."""
+    from types import SimpleNamespace
+
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator as P
+
+    comm = SimpleNamespace(config=SimpleNamespace(use_ring_exchange_p2p=False))
+    cpu_compat.revert(only=(5,))
+    with pytest.raises(AssertionError, match=CUDA_MSG):
+        P._communicate_shapes(comm, None, None, False, False)
+    cpu_compat.apply(only=(5,))
+    assert P._communicate_shapes(comm, None, None, False, False) == ([0, 0, 0], [0, 0, 0])
+
+
 def test_6_clip_grads_type_check():
     from megatron.core.optimizer import optimizer as mopt
 

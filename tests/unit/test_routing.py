@@ -65,13 +65,19 @@ def test_routes_all_or_none_and_shape_checked():
         _build(_groups(_routes(4), _routes(2, L=3)))
 
 
-def test_pad_batch_pads_route_tensors_with_unrouted_positions_and_rows():
+def test_pad_batch_and_micro_batch_cut_carry_route_tensors():
+    from scalerl_mega.trainer.microbatch import cut_micro_batch
+
     data = batch_tensors(_build(_groups(_routes(4), _routes(2))))
-    out = pad_batch(data, rows_multiple=4, cols_multiple=4)
-    assert out["route_ids"].shape == (4, 8, 2, 1) and out["route_mask"].shape == (4, 8)
-    assert torch.equal(out["route_ids"][:2, :5], data["route_ids"])
-    assert out["route_mask"][:, 5:].sum() == 0 and out["route_mask"][2:].sum() == 0
-    assert out["route_ids"][2:].abs().sum() == 0
+    out = pad_batch(data, cols_multiple=4)
+    assert out["route_ids"].shape == (2, 8, 2, 1) and out["route_mask"].shape == (2, 8)
+    assert torch.equal(out["route_ids"][:, :5], data["route_ids"])
+    assert out["route_mask"][:, 5:].sum() == 0 and out["route_ids"][:, 5:].abs().sum() == 0
+    # a micro-batch of row 1 trimmed to 3 columns, then widened to a multiple of 4 (sequence parallel)
+    mb = cut_micro_batch(data, [1], [3], packed=False, cols_multiple=4)
+    assert mb["route_ids"].shape == (1, 4, 2, 1)
+    assert torch.equal(mb["route_ids"][0, :3], data["route_ids"][1, :3])
+    assert torch.equal(mb["route_mask"][0, :3], data["route_mask"][1, :3]) and mb["route_mask"][0, 3] == 0
 
 
 def test_moe_columns_follow_the_moe_layers():

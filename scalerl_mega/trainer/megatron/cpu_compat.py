@@ -19,9 +19,11 @@ Each is fixed here by the narrowest change found, listed failure by failure:
    Fix: the dispatcher's `__init__` and `_maybe_dtoh_and_synchronize` run with a stand-in stream
    (`torch.cuda.Stream/current_stream/stream/synchronize` swapped only for the duration of those
    two methods). The same stand-ins cover `torch.cuda.synchronize()` in dist-checkpointing's
-   `FileSystemWriterAsync.preload_tensors` ("Torch not compiled with CUDA enabled" on every save).
-   (Pipeline p2p also calls `torch.cuda.synchronize()` after batched isend/irecv; that is avoided
-   without a patch: `models.transformer_config` sets `batch_p2p_sync=False` on CPU.)
+   `FileSystemWriterAsync.preload_tensors` ("Torch not compiled with CUDA enabled" on every save)
+   and in the pipeline's `P2PCommunicator._communicate_shapes` (micro-batches of different shapes:
+   `variable_seq_lengths`, set by step.py under PP). (Pipeline p2p also calls
+   `torch.cuda.synchronize()` after batched isend/irecv; that is avoided without a patch:
+   `models.transformer_config` sets `batch_p2p_sync=False` on CPU.)
 6. Optimizer dtype checks `param.grad.type() == 'torch.cuda.FloatTensor'` (clip_grads, distributed
    optimizer param groups) fail with a bare AssertionError. Fix: inside the same scoped mode as 3,
    `Tensor.type()` without arguments reports the cuda type name. Only the functions that perform
@@ -250,11 +252,12 @@ def _patches() -> list[_Patch]:
 
     def p5():
         from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync as W
+        from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator as P
         from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as D
 
         scoped = lambda orig: _scoped(orig, _fake_cuda_streams)  # noqa: E731
         return [(D, "__init__", scoped), (D, "_maybe_dtoh_and_synchronize", scoped),
-                (W, "preload_tensors", scoped)]
+                (W, "preload_tensors", scoped), (P, "_communicate_shapes", scoped)]
 
     def p6():
         from megatron.core.optimizer import distrib_optimizer, optimizer

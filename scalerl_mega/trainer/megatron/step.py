@@ -1,8 +1,8 @@
 """Training step on Megatron-Core: DDP + Megatron optimizer + pipeline schedules + pluggable loss.
 
 Batches are dicts of [B, T] tensors (the global batch, identical on every rank): `input_ids`,
-`position_ids`, `targets`, `loss_mask`, plus anything the loss needs. Each DP rank takes its
-B/dp rows and splits them into micro-batches of `micro_batch_size` rows.
+`position_ids`, `targets`, `loss_mask`, plus anything the loss needs. Each DP rank executes its share
+of the batch's micro-batch plan (below).
 
 Loss contract: `loss_fn(logp_BT, mb) -> (loss, metrics)` where `logp_BT` are FP32 log-probs of
 `mb["targets"]` and `loss` is this micro-batch's share of the *global* objective (e.g. a token sum
@@ -18,19 +18,27 @@ hidden states and this rank's (vocab-parallel) output-layer weight shard, so a l
 `objective.fused_logprob.cispo_from_hidden` computes the FP32 head chunk by chunk and no [N, V]
 logits exist. Same loss contract as above.
 
-Micro-batches: `micro_batch_size` rows each, or, given `micro_batch_tokens`, as many rows as fit that
-token budget (rows x padded length); see `plan_microbatches`.
+Micro-batches: the batch's plan (`microbatch.MicroBatchPlan`, from `batch.pack_micro_batches`: rows
+sorted by length, each micro-batch trimmed to its own longest row, or packed several samples to a
+row) split over DP ranks (`microbatch.rank_share`); without a plan, `micro_batch_size` rows each or,
+given `micro_batch_tokens`, planned by the same function. Packed rows (`plan.packed`) attend per
+sample: Megatron's THD `PackedSeqParams` (cu_seqlens) with Transformer Engine on GPU, else a
+block-diagonal causal attention mask with per-sample RoPE positions (`packed_inputs`). Every step
+returns the executed `padding_fraction` (padded share of the model's input tokens, over all
+micro-batches and DP ranks) and `executed_tokens`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Iterator
 
 from scalerl_mega.trainer.megatron.config import OptimConfig, ParallelConfig
 from scalerl_mega.trainer.megatron.models import head_dtype
+from scalerl_mega.trainer.microbatch import MicroBatchPlan, plan_of, unpack
 from scalerl_mega.trainer.policy_loss import next_token_ce_loss
 
 LossFn = Callable[[Any, dict], tuple[Any, dict]]
@@ -152,58 +160,21 @@ def configure_schedule(tcfg, chunks: list) -> None:
 
 
 # ----------------------------------------------------------------------------- batches
-def plan_microbatches(rows: int, seq_len: int, *, micro_batch_tokens: int, equal: bool) -> list[int]:
-    """Row counts of the micro-batches of one rank's `rows` rows (each `seq_len` padded tokens) under a
-    token budget: the fewest micro-batches whose rows x seq_len fit `micro_batch_tokens` (one row at
-    least, even if a single row exceeds the budget), sizes differing by at most one row. `equal`: all
-    micro-batches the same size (pipeline parallelism needs one tensor shape), i.e. the largest divisor
-    of `rows` that fits.
-    """
-    if rows < 1 or seq_len < 1:
-        raise ValueError(f"plan_microbatches: rows={rows} and seq_len={seq_len} must be >= 1")
-    if micro_batch_tokens < 1:
-        raise ValueError(f"micro_batch_tokens={micro_batch_tokens} must be >= 1")
-    fit = max(1, micro_batch_tokens // seq_len)
-    if equal:
-        size = max(d for d in range(1, rows + 1) if rows % d == 0 and d <= fit)
-        return [size] * (rows // size)
-    n = -(-rows // fit)
-    base, extra = divmod(rows, n)
-    return [base + 1] * extra + [base] * (n - extra)
-
-
-def local_microbatches(batch: dict, *, micro_batch_size: int, micro_batch_tokens: int | None = None,
-                       equal: bool = True) -> list[dict]:
-    """This DP rank's rows of the global batch, split into micro-batches (dicts of tensors): of
-    `micro_batch_size` rows, or planned from `micro_batch_tokens` when given (`plan_microbatches`)."""
+def local_microbatches(batch: dict, plan: MicroBatchPlan, *, cols_multiple: int = 1) -> list[dict]:
+    """This DP rank's micro-batches of `plan` (`microbatch.rank_share`: the same count on every DP
+    rank, fillers where the plan runs short), cut from the global batch (`microbatch.cut_micro_batch`)."""
     from megatron.core import parallel_state as ps
 
-    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
-    rows, seq_len = batch["input_ids"].shape[:2]
-    if micro_batch_tokens is None:
-        if rows % (dp * micro_batch_size):
-            raise ValueError(f"batch: {rows} rows are not divisible by dp*micro_batch_size="
-                             f"{dp}*{micro_batch_size}")
-        sizes = [micro_batch_size] * (rows // (dp * micro_batch_size))
-    else:
-        if rows % dp:
-            raise ValueError(f"batch: {rows} rows are not divisible by the data-parallel size dp={dp}")
-        sizes = plan_microbatches(rows // dp, int(seq_len), micro_batch_tokens=micro_batch_tokens, equal=equal)
+    from scalerl_mega.trainer.microbatch import cut_micro_batch, rank_share
+
+    share = rank_share(plan.micro_batches, dp=ps.get_data_parallel_world_size(), dp_rank=ps.get_data_parallel_rank())
     global_tokens = batch["loss_mask"].float().sum().clamp_min(1.0)
     out = []
-    start = dp_rank * (rows // dp)
-    for size in sizes:
-        mb = {k: (v[start:start + size] if _is_rowwise(v, rows) else v) for k, v in batch.items()}
+    for rows in share:
+        mb = cut_micro_batch(batch, rows, plan.lengths, packed=plan.packed, cols_multiple=cols_multiple)
         mb["global_tokens"] = global_tokens
         out.append(mb)
-        start += size
     return out
-
-
-def _is_rowwise(value: Any, rows: int) -> bool:
-    import torch
-
-    return torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == rows
 
 
 def _to_device(mb: dict, device) -> dict:
@@ -259,11 +230,60 @@ def lm_head(gpt, hidden_SBH) -> LMHead:
 
 
 # ----------------------------------------------------------------------------- step
+def packed_inputs(gpt, mb: dict) -> tuple[dict, Any]:
+    """Model keyword arguments for a micro-batch, and a context for its forward.
+
+    Unpacked: no attention mask (Megatron's causal default). Packed (`cu_seqlens` in `mb`, one row
+    [1, L]): with Transformer Engine, THD `PackedSeqParams` (TE restarts RoPE and the causal mask at
+    every cu_seqlens boundary); otherwise (CPU, local attention) the block-diagonal causal mask
+    `microbatch.block_causal_mask` and per-sample RoPE: Megatron's `RotaryEmbedding` embeds positions
+    0..L-1 whatever `position_ids` say, so a forward hook replaces its output by the rows of
+    `mb["position_ids"]` (restarting at 0 per sample) for the duration of the forward.
+    MoE models get `padding_mask` (routing and the auxiliary loss skip padded positions)."""
+    import torch
+
+    kwargs: dict[str, Any] = {}
+    if getattr(gpt.config, "num_moe_experts", None):
+        kwargs["padding_mask"] = mb["padding_mask"]
+    if "cu_seqlens" not in mb:
+        return kwargs, contextlib.nullcontext()
+    from scalerl_mega.trainer.megatron.models import te_available
+    from scalerl_mega.trainer.microbatch import block_causal_mask
+
+    if torch.cuda.is_available() and te_available():
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        cu = mb["cu_seqlens"].to(device=mb["input_ids"].device, dtype=torch.int32)
+        kwargs["packed_seq_params"] = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                                      max_seqlen_q=int(mb["max_seqlen"]),
+                                                      max_seqlen_kv=int(mb["max_seqlen"]))
+        return kwargs, contextlib.nullcontext()
+    L = int(mb["input_ids"].shape[1])
+    kwargs["attention_mask"] = block_causal_mask(mb["cu_seqlens"], L, device=mb["input_ids"].device)
+    return kwargs, _rope_at(gpt, mb["position_ids"][0])
+
+
+@contextlib.contextmanager
+def _rope_at(gpt, positions_L):
+    """During the forward: `gpt.rotary_pos_emb(...)` returns the embeddings of `positions_L` (see
+    `packed_inputs`) instead of those of 0..L-1."""
+    rotary = getattr(gpt, "rotary_pos_emb", None)
+    if rotary is None:
+        yield
+        return
+    handle = rotary.register_forward_hook(lambda module, args, out: out[positions_L.to(out.device)])
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: ParallelConfig,
                      forward_only: bool = False, collect_logprobs: bool = False,
                      head_loss_fn: HeadLossFn | None = None, micro_batch_tokens: int | None = None,
-                     routes: Any = None) -> dict:
-    """Run the pipeline schedule over this rank's micro-batches.
+                     routes: Any = None, plan: MicroBatchPlan | None = None) -> dict:
+    """Run the pipeline schedule over this rank's micro-batches of `plan` (default: `microbatch.plan_of`
+    the batch's rows by `micro_batch_tokens` or `parallel.micro_batch_size`).
 
     `routes` (a `routing.RouteTracker`, MoE models): each micro-batch's forward runs inside its
     `scope` (generator routes replayed per `moe.routing_replay`, agreement counted); its global
@@ -271,74 +291,97 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
 
     With `head_loss_fn` (and not `collect_logprobs`) the last stage skips the output layer and the
     loss comes from `head_loss_fn(LMHead, mb)`; otherwise from `loss_fn(logp_BT, mb)` on full logits.
+    Packed micro-batches are unpacked to per-sample rows before either (`microbatch.unpack`).
     Returns summed metrics (all-reduced over DP, broadcast from the last pipeline stage) and, if
-    `collect_logprobs`, this DP rank's log-probs `logp_BT` (last stage only, else None).
+    `collect_logprobs`, `logp_BT`: [B, T] log-probs of the batch's rows this DP rank executed (last
+    stage only, else None; zero in other rows and beyond each micro-batch's width).
     """
     import torch
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.utils import get_model_config
 
-    pp = ps.get_pipeline_model_parallel_world_size()
-    mbs = local_microbatches(batch, micro_batch_size=parallel.micro_batch_size,
-                             micro_batch_tokens=micro_batch_tokens, equal=pp > 1)
+    rows, seq_len = (int(n) for n in batch["input_ids"].shape[:2])
+    if plan is None:
+        plan = plan_of(rows=rows, seq_len=seq_len, micro_batch_tokens=micro_batch_tokens,
+                       micro_batch_size=parallel.micro_batch_size)
+    pp, tp = ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()
+    if pp > 1:  # micro-batches differ in shape: the p2p exchanges each one's shape first
+        get_model_config(chunks[0]).variable_seq_lengths = True
+    mbs = local_microbatches(batch, plan, cols_multiple=tp if parallel.sequence_parallel and tp > 1 else 1)
     n_mb = len(mbs)
     dp = ps.get_data_parallel_world_size()
     device = next(chunks[0].parameters()).device
     scale = float(n_mb * dp)
     fused = head_loss_fn is not None and not collect_logprobs
 
-    def _metrics(metrics: dict) -> dict:
-        return {k: (v.detach().double() if torch.is_tensor(v) else torch.tensor(float(v), dtype=torch.float64,
-                                                                                   device=device))
-                for k, v in metrics.items()}
+    def _metrics(metrics: dict, mb: dict) -> dict:
+        out = {k: (v.detach().double() if torch.is_tensor(v) else torch.tensor(float(v), dtype=torch.float64,
+                                                                                  device=device))
+               for k, v in metrics.items()}
+        out.update(executed_tokens=mb["executed_tokens"], real_tokens=mb["real_tokens"])
+        return out
 
     def loss_func(mb, output, dtype=None):
-        logp = token_logprobs(output, mb["targets"], dtype=dtype)
+        packed = "unpack_index" in mb
+        logp = token_logprobs(output, mb["packed_targets" if packed else "targets"], dtype=dtype)
+        if packed:
+            logp = unpack(logp, mb["unpack_index"])
         if not forward_only and "advantages" in mb:  # RL loss diagnostics (policy_loss.py)
-            mb = {**mb, "entropy": token_entropy(output, mb["loss_mask"])}
+            entropy = token_entropy(output, mb["packed_loss_mask" if packed else "loss_mask"])
+            mb = {**mb, "entropy": unpack(entropy, mb["unpack_index"]) if packed else entropy}
         loss, metrics = loss_fn(logp, mb)
-        metrics = _metrics(metrics)
+        metrics = _metrics(metrics, mb)
         if collect_logprobs:
             metrics["__logp"] = logp.detach()
+            metrics["__rows"] = mb["rows"]
         return loss * scale, metrics
 
     def head_loss_func(mb, gpt, output):
-        loss, metrics = head_loss_fn(lm_head(gpt, output), mb)
-        return loss * scale, _metrics(metrics)
+        head = lm_head(gpt, output)
+        if "unpack_index" in mb:
+            head = dataclasses.replace(head, hidden_BTH=unpack(head.hidden_BTH, mb["unpack_index"]))
+        loss, metrics = head_loss_fn(head, mb)
+        return loss * scale, _metrics(metrics, mb)
 
     def forward_step(data_iterator: Iterator, model):
         mb = _to_device(next(data_iterator), device)
         gpt = unwrap_gpt(model)
+        kwargs, ctx = packed_inputs(gpt, mb)
         replay = routes.scope(mb) if routes is not None else contextlib.nullcontext()
         if fused and gpt.post_process:
-            with hidden_states_only(gpt), replay:
-                output = model(mb["input_ids"], mb["position_ids"], None)
+            with hidden_states_only(gpt), ctx, replay:
+                output = model(mb["input_ids"], mb["position_ids"], kwargs.pop("attention_mask", None), **kwargs)
             return output, partial(head_loss_func, mb, gpt)
-        with replay:
-            output = model(mb["input_ids"], mb["position_ids"], None)
+        with ctx, replay:
+            output = model(mb["input_ids"], mb["position_ids"], kwargs.pop("attention_mask", None), **kwargs)
         return output, partial(loss_func, mb, dtype=head_dtype(gpt))
 
-    seq_len = batch["input_ids"].shape[1]
     store = get_forward_backward_func()(
         forward_step_func=forward_step,
         data_iterator=iter(mbs) if len(chunks) == 1 else [iter(mbs) for _ in chunks],
         model=chunks if len(chunks) > 1 else chunks[0],
         num_microbatches=n_mb,
-        seq_length=seq_len,
+        seq_length=int(mbs[0]["input_ids"].shape[1]),
         micro_batch_size=int(mbs[0]["input_ids"].shape[0]),
         forward_only=forward_only,
     )
-    out = _reduce_metrics(store, collect_logprobs=collect_logprobs, device=device)
+    out = _reduce_metrics(store, collect_logprobs=collect_logprobs, device=device, shape=(rows, seq_len))
+    executed = out.pop("executed_tokens", 0.0)
+    real = out.pop("real_tokens", 0.0)
+    if executed:
+        out.update(executed_tokens=executed, padding_fraction=1.0 - real / executed)
     if routes is not None:
         out.update(routes.reduce())
     return out
 
 
-def _reduce_metrics(store: list, *, collect_logprobs: bool, device) -> dict:
+def _reduce_metrics(store: list, *, collect_logprobs: bool, device, shape: tuple[int, int] | None = None) -> dict:
     """Sum the micro-batch metric shares on the last stage (keys ending in `_max`: take their max),
     all-reduce them over DP (sum; MAX for `_max` keys) and broadcast
     them over the pipeline group, so every rank returns the same global values. The reduced tensor
-    lives on the model's device (NCCL groups take only CUDA tensors; gloo takes CPU ones)."""
+    lives on the model's device (NCCL groups take only CUDA tensors; gloo takes CPU ones).
+    `__logp` / `__rows` entries (collect_logprobs) are scattered into a [B, T] = `shape` tensor."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
@@ -347,9 +390,14 @@ def _reduce_metrics(store: list, *, collect_logprobs: bool, device) -> dict:
     logp = None
     keys: list[str] = []
     if last and store:
-        keys = sorted(k for k in store[0] if k != "__logp")
+        keys = sorted(k for k in store[0] if not k.startswith("__"))
         if collect_logprobs:
-            logp = torch.cat([m["__logp"] for m in store], dim=0)
+            logp = torch.zeros(shape, dtype=torch.float32, device=device)
+            for m in store:
+                rows = m["__rows"].to(device)
+                if rows.numel():
+                    width = min(int(m["__logp"].shape[1]), shape[1])
+                    logp[rows, :width] = m["__logp"][:, :width].float()
     # the metric key list lives on the last stage; share it with the pipeline group
     holder = [keys]
     if ps.get_pipeline_model_parallel_world_size() > 1:
@@ -380,15 +428,15 @@ def _reduce_metrics(store: list, *, collect_logprobs: bool, device) -> dict:
 def train_step(chunks: list, optimizer, batch: dict, *, step: int, optim: OptimConfig,
                parallel: ParallelConfig, loss_fn: LossFn = next_token_ce_loss,
                head_loss_fn: HeadLossFn | None = None, micro_batch_tokens: int | None = None,
-               routes: Any = None) -> dict[str, float]:
+               routes: Any = None, plan: MicroBatchPlan | None = None) -> dict[str, float]:
     """Zero grads, forward/backward over all micro-batches, clip + AdamW step. Returns metrics.
-    `head_loss_fn` selects the fused head (no logits); `micro_batch_tokens` the token-budget split;
-    `routes` the MoE routing replay (`forward_backward`)."""
+    `head_loss_fn` selects the fused head (no logits); `plan` the micro-batches (default: planned by
+    `micro_batch_tokens`, see `forward_backward`); `routes` the MoE routing replay (`forward_backward`)."""
     for chunk in chunks:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
     metrics = forward_backward(chunks, batch, loss_fn=loss_fn, parallel=parallel, head_loss_fn=head_loss_fn,
-                               micro_batch_tokens=micro_batch_tokens, routes=routes)
+                               micro_batch_tokens=micro_batch_tokens, routes=routes, plan=plan)
     lr = set_lr(optimizer, optim, step)
     ok, grad_norm, _ = optimizer.step()
     metrics.update(lr=lr, grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
@@ -397,10 +445,10 @@ def train_step(chunks: list, optimizer, batch: dict, *, step: int, optim: OptimC
 
 
 def compute_logprobs(chunks: list, batch: dict, *, parallel: ParallelConfig, micro_batch_tokens: int | None = None,
-                     routes: Any = None):
-    """Forward-only FP32 log-probs of `batch["targets"]`: this DP rank's rows [B/dp, T] on the last
-    pipeline stage (None on other stages); with `routes`, also the routing agreement metrics:
-    returns (logp, metrics) then."""
+                     routes: Any = None, plan: MicroBatchPlan | None = None):
+    """Forward-only FP32 log-probs of `batch["targets"]`: [B, T], filled in the rows this DP rank
+    executed (all rows at dp=1), on the last pipeline stage (None on other stages); with `routes`,
+    also the routing agreement metrics: returns (logp, metrics) then."""
     import torch
 
     def no_loss(logp_BT, mb):
@@ -408,7 +456,8 @@ def compute_logprobs(chunks: list, batch: dict, *, parallel: ParallelConfig, mic
 
     with torch.no_grad():
         out = forward_backward(chunks, batch, loss_fn=no_loss, parallel=parallel, forward_only=True,
-                               collect_logprobs=True, micro_batch_tokens=micro_batch_tokens, routes=routes)
+                               collect_logprobs=True, micro_batch_tokens=micro_batch_tokens, routes=routes,
+                               plan=plan)
     if routes is None:
         return out["logp_BT"]
     return out.pop("logp_BT"), out

@@ -6,7 +6,7 @@ from typing import Any, Iterator, Optional
 
 from scalerl_mega.trainer.megatron.config import MegatronConfig
 from scalerl_mega.trainer.megatron.step import HeadLossFn, LossFn, next_token_ce_loss
-from scalerl_mega.trainer.policy_loss import batch_tensors, finalize_train_metrics, pad_batch
+from scalerl_mega.trainer.policy_loss import batch_tensors, finalize_train_metrics
 
 
 class MegatronPolicyTrainer:
@@ -17,12 +17,15 @@ class MegatronPolicyTrainer:
     replaces it in training steps: the output layer is skipped and the loss computes the FP32 head
     itself without [N, V] logits (e.g. fused CISPO); `logprobs` keeps the logits path.
     `micro_batch_tokens`: split each step's rows into micro-batches by this token budget instead of
-    `cfg.parallel.micro_batch_size` rows (RL batches have a variable number of rows).
+    `cfg.parallel.micro_batch_size` rows (RL batches have a variable number of rows), for batches that
+    do not carry their own plan (a TrainBatch from `batch.build_train_batch` does). `pack_sequences`:
+    plan such batches with several samples per packed row.
     Construct inside `if __name__ == "__main__":` (checkpoint saves spawn a multiprocessing Manager).
     """
 
     def __init__(self, cfg: MegatronConfig, *, loss_fn: LossFn = next_token_ce_loss,
-                 head_loss_fn: HeadLossFn | None = None, micro_batch_tokens: int | None = None) -> None:
+                 head_loss_fn: HeadLossFn | None = None, micro_batch_tokens: int | None = None,
+                 pack_sequences: bool = False) -> None:
         from scalerl_mega.trainer.megatron import models, parallel, step, wrap
 
         cfg.validate(world_size=parallel.world_size_from_env())  # before any process group starts
@@ -32,6 +35,10 @@ class MegatronPolicyTrainer:
         self.loss_fn = loss_fn
         self.head_loss_fn = head_loss_fn
         self.micro_batch_tokens = micro_batch_tokens
+        self.pack_sequences = bool(pack_sequences)
+        if pack_sequences and cfg.model.arch == "llama4" and cfg.model.llama4_features():
+            raise ValueError(f"train.pack_sequences=true with model '{cfg.model.name}': its Llama-4 attention "
+                             f"({cfg.model.llama4_features()[0]}) takes no per-sample mask")
         self.info = parallel.init_parallel(cfg.parallel, model=cfg.model, seed=cfg.optim.seed)
         model, self.tcfg = models.build_model(cfg.model, cfg.parallel, params_dtype=cfg.params_dtype,
                                               recompute=cfg.recompute)
@@ -43,58 +50,69 @@ class MegatronPolicyTrainer:
         """MoE routing replay mode of the next steps (none | ids | ids_and_weights); may be changed
         between steps (the model always carries Megatron's RouterReplay)."""
 
-    def _data(self, batch) -> dict:
-        """A TrainBatch (or an SFT batch dict) as the step's dict, padded with rows that train nothing
-        so every data-parallel rank takes an equal contiguous share (the deterministic DP split), and,
-        under sequence parallelism, with positions that train nothing up to a multiple of the TP size."""
-        from megatron.core import parallel_state as ps
+    def _data(self, batch) -> tuple[dict, Any]:
+        """A TrainBatch (or an SFT batch dict) as the step's dict of [B, T] tensors, and the micro-batch
+        plan to execute: the TrainBatch's own (`batch.pack_micro_batches`, logged by the loop), or,
+        for a batch without one, planned by the same function from `micro_batch_tokens` (or
+        `micro_batch_size` rows at a time). Each DP rank executes its share (`microbatch.rank_share`)."""
+        from scalerl_mega.trainer.microbatch import plan_of
 
-        data = batch if isinstance(batch, dict) else batch_tensors(batch)
-        per_rank = 1 if self.micro_batch_tokens is not None else self.cfg.parallel.micro_batch_size
-        tp = ps.get_tensor_model_parallel_world_size()
-        return pad_batch(data, rows_multiple=ps.get_data_parallel_world_size() * per_rank,
-                         cols_multiple=tp if self.cfg.parallel.sequence_parallel and tp > 1 else 1)
+        if isinstance(batch, dict):  # SFT: rows of the batch width, never packed
+            data, micro, lengths, packed = batch, None, None, False
+        else:
+            data, micro, lengths = batch_tensors(batch), batch.micro_batches, batch.lengths_B
+            packed = batch.packed if micro else self.pack_sequences
+        rows, seq_len = (int(n) for n in data["input_ids"].shape[:2])
+        plan = plan_of(rows=rows, seq_len=seq_len, micro_batches=micro, lengths=lengths, packed=packed,
+                       micro_batch_tokens=self.micro_batch_tokens, micro_batch_size=self.cfg.parallel.micro_batch_size)
+        if plan.packed and self.cfg.parallel.cp > 1:
+            raise ValueError(f"train.pack_sequences with parallel.cp={self.cfg.parallel.cp}: packed rows are not "
+                             "split for context parallelism; use cp=1 or pack_sequences=false")
+        return data, plan
 
     def train_step(self, batch) -> dict[str, float]:
-        """One optimizer step on the global batch (identical on every rank; each trains its DP rows).
-        Returns the global metrics, the same on every rank: shares summed over micro-batches and DP
-        ranks, turned into the logged diagnostics by `policy_loss.finalize_train_metrics`."""
+        """One optimizer step on the global batch (identical on every rank; each trains its DP share of
+        the micro-batch plan). Returns the global metrics, the same on every rank: shares summed over
+        micro-batches and DP ranks, turned into the logged diagnostics by
+        `policy_loss.finalize_train_metrics`, plus the executed `padding_fraction`."""
         from scalerl_mega.trainer.megatron import step
 
-        data = self._data(batch)
+        data, plan = self._data(batch)
         metrics = step.train_step(self.chunks, self.optimizer, data, step=self.step, optim=self.cfg.optim,
                                   parallel=self.cfg.parallel, loss_fn=self.loss_fn,
-                                  head_loss_fn=self.head_loss_fn, micro_batch_tokens=self.micro_batch_tokens,
-                                  routes=self._routes())
+                                  head_loss_fn=self.head_loss_fn, plan=plan, routes=self._routes(plan))
         metrics = finalize_train_metrics(metrics)
         self.step += 1
         metrics["step"] = float(self.step)
         return metrics
 
-    def _routes(self):
-        """A fresh `routing.RouteTracker` for one step (MoE models), else None."""
+    def _routes(self, plan):
+        """A fresh `routing.RouteTracker` for one step (MoE models), else None. Packed micro-batches
+        (`train.pack_sequences`) carry no per-row routes: refused with routing replay on, untracked off."""
         if not self.cfg.model.is_moe:
+            return None
+        if plan.packed:
+            if self.routing_replay != "none":
+                raise ValueError(f"moe.routing_replay={self.routing_replay!r} with train.pack_sequences=true: "
+                                 "routes are not packed; use train.pack_sequences=false")
             return None
         from scalerl_mega.trainer.megatron.routing import RouteTracker
 
         return RouteTracker(self.chunks, self.cfg.model, mode=self.routing_replay)
 
     def logprobs(self, batch, *, with_metrics: bool = False):
-        """FP32 log-probs of the batch targets (this DP rank's rows, including padding rows, of the
-        batch's T positions; last pipeline stage, None elsewhere). `with_metrics`: (logp, routing
-        agreement metrics) -- the forward replays routes per `routing_replay` like a training step."""
+        """FP32 log-probs of the batch targets [B, T] (the rows this DP rank executed, all at dp=1; last
+        pipeline stage, None elsewhere). `with_metrics`: (logp, routing agreement metrics) -- the
+        forward replays routes per `routing_replay` like a training step."""
         from scalerl_mega.trainer.megatron import step
 
-        data = self._data(batch)
-        seq_len = int((batch if isinstance(batch, dict) else batch_tensors(batch))["input_ids"].shape[1])
+        data, plan = self._data(batch)
         for chunk in self.chunks:
             chunk.eval()
         try:
-            routes = self._routes()
-            out = step.compute_logprobs(self.chunks, data, parallel=self.cfg.parallel,
-                                        micro_batch_tokens=self.micro_batch_tokens, routes=routes)
+            routes = self._routes(plan)
+            out = step.compute_logprobs(self.chunks, data, parallel=self.cfg.parallel, plan=plan, routes=routes)
             logp, metrics = out if routes is not None else (out, {})
-            logp = None if logp is None else logp[:, :seq_len]
             return (logp, metrics) if with_metrics else logp
         finally:
             for chunk in self.chunks:
