@@ -154,16 +154,17 @@ def megatron_config(cfg: Any):
     optim = OptimConfig(**{**vars(cfg.optim), "seed": int(cfg.optim.seed) + int(cfg.seed)})
     return MegatronConfig(model=cfg.model, parallel=cfg.parallel, optim=optim, params_dtype=cfg.precision.params_dtype,
                           grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32, recompute=cfg.train.recompute,
-                          routing_replay=cfg.moe.routing_replay)
+                          routing_replay=cfg.moe.routing_replay, logit_temperature=float(cfg.rollout.temperature))
 
 
 def use_fused_cispo(cfg: Any) -> bool:
     """The fused FP32 CISPO head (`train.fused_cispo`, on by default) applies to loss=cispo with the
     FP32 head (paper Sec. 3.2) without an IS correction (`loss.is_correction`: its masks need the
-    trainer's log-probs before the loss; objective/is_correction.py); every other combination keeps
-    the logits path."""
+    trainer's log-probs before the loss; objective/is_correction.py) at sampling temperature 1 (the
+    fused head computes softmax(logits); the logits path divides by `rollout.temperature`); every other
+    combination keeps the logits path."""
     return (bool(cfg.train.fused_cispo) and cfg.loss.name == "cispo" and cfg.precision.name == "fp32_head"
-            and cfg.loss.is_correction == "none")
+            and cfg.loss.is_correction == "none" and float(cfg.rollout.temperature) == 1.0)
 
 
 def build_trainer(cfg: Any):

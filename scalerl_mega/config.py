@@ -474,12 +474,6 @@ def validate(cfg: Any) -> None:
     _validate_sft(cfg)
     _positive("rollout.num_engines", cfg.rollout.num_engines)
     _positive("rollout.temperature", cfg.rollout.temperature)
-    if cfg.rollout.temperature != 1.0:
-        raise ValueError(
-            f"rollout.temperature={cfg.rollout.temperature!r} is refused: the engine samples from, and returns the "
-            "log-probs of, softmax(logits / T) while the trainer's log-probs are softmax(logits), which biases "
-            "every importance ratio by a factor that grows with the logit scale; the paper trains at T=1 "
-            "(README 'Train/inference consistency'). Use rollout.temperature=1.0")
     if not 0.0 < cfg.rollout.top_p <= 1.0:
         raise ValueError(f"rollout.top_p={cfg.rollout.top_p!r} must be in (0, 1]")
     if cfg.rollout.top_p < 1.0:

@@ -236,7 +236,6 @@ def test_broken_tokenizer_file_is_a_named_error(tmp_path):
         (["metrics.max_logprob_mismatch=0"], r"metrics\.max_logprob_mismatch=0\.0 must be > 0"),
         (["rollout.top_p=0.9"], r"rollout\.top_p=0\.9 is refused: .*Use rollout\.top_p=1\.0"),
         (["moe.routing_replay=ids", "train.pack_sequences=true"], r"moe\.routing_replay='ids' with train\.pack_sequences=true"),
-        (["rollout.temperature=0.7"], r"rollout\.temperature=0\.7 is refused: .*Use rollout\.temperature=1\.0"),
     ],
 )
 def test_consistency_settings_are_validated_with_the_key(overrides, key):

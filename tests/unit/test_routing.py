@@ -74,7 +74,7 @@ def test_pad_batch_and_micro_batch_cut_carry_route_tensors():
     assert torch.equal(out["route_ids"][:, :5], data["route_ids"])
     assert out["route_mask"][:, 5:].sum() == 0 and out["route_ids"][:, 5:].abs().sum() == 0
     # a micro-batch of row 1 trimmed to 3 columns, then widened to a multiple of 4 (sequence parallel)
-    mb = cut_micro_batch(data, [1], [3], packed=False, cols_multiple=4)
+    mb = cut_micro_batch(data, [1], [5, 3], packed=False, cols_multiple=4)
     assert mb["route_ids"].shape == (1, 4, 2, 1)
     assert torch.equal(mb["route_ids"][0, :3], data["route_ids"][1, :3])
     assert torch.equal(mb["route_mask"][0, :3], data["route_mask"][1, :3]) and mb["route_mask"][0, 3] == 0

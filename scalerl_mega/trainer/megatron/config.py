@@ -373,6 +373,10 @@ class MegatronConfig:
     routing_replay: str = "none"
     """MoE rollout routing replay (`moe.routing_replay`, trainer/megatron/routing.py): none | ids |
     ids_and_weights."""
+    logit_temperature: float = 1.0
+    """The generator's sampling temperature (`rollout.temperature`): RL log-probs are those of
+    softmax(logits / T), the distribution the samples were drawn from and whose log-probs the engine
+    returns, so every importance ratio compares like with like. SFT batches always use T=1."""
 
     @property
     def bf16(self) -> bool:
@@ -398,6 +402,9 @@ class MegatronConfig:
         self.optim.validate()
         _choice("precision", "params_dtype", self.params_dtype, PARAMS_DTYPES)
         _choice("train", "recompute", self.recompute, RECOMPUTE)
+        if not self.logit_temperature > 0:
+            raise ValueError(f"rollout.temperature={self.logit_temperature!r} must be > 0 (the trainer's logit "
+                             "temperature)")
         _choice("moe", "routing_replay", self.routing_replay, ("none", "ids", "ids_and_weights"))
         if self.routing_replay != "none":
             if not self.model.is_moe:

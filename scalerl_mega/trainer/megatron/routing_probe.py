@@ -60,9 +60,9 @@ def engine_core(trainer: Any, *, dtype: str, router_noise: float, max_seq_len: i
 
 
 def sample_batch(core: Any, prompts: list[list[int]], *, samples: int, max_new_tokens: int, version: int,
-                 seed: int = 0) -> Any:
-    """G samples per prompt from `core`, as a TrainBatch (rewards random +-1, so no prompt is filtered;
-    they do not enter the log-probs)."""
+                 seed: int = 0, temperature: float = 1.0) -> Any:
+    """G samples per prompt from `core` at `temperature`, as a TrainBatch (rewards random +-1, so no
+    prompt is filtered; they do not enter the log-probs)."""
     from scalerl_mega.batch import build_train_batch
     from scalerl_mega.rollout.core import GenRequest
     from scalerl_mega.types import Group, Prompt, SamplingParams, ScoredCompletion
@@ -70,7 +70,7 @@ def sample_batch(core: Any, prompts: list[list[int]], *, samples: int, max_new_t
     for p, ids in enumerate(prompts):
         for i in range(samples):
             core.add(GenRequest(rid=f"{p}/{i}", prompt_id=str(p), sample_index=i, prompt_ids=list(ids),
-                                sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0),
+                                sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
                                 seed=seed * 1_000_003 + p * 101 + i, submitted_version=version))
     done = core.run_until_done()
     rng = random.Random(seed)

@@ -324,6 +324,8 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
 
     def loss_func(mb, output, dtype=None):
         packed = "unpack_index" in mb
+        if "logit_temperature" in mb:  # RL at the generator's sampling temperature: softmax(logits / T)
+            output = output / mb["logit_temperature"]
         logp = token_logprobs(output, mb["packed_targets" if packed else "targets"], dtype=dtype)
         if packed:
             logp = unpack(logp, mb["unpack_index"])

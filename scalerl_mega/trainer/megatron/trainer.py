@@ -62,6 +62,11 @@ class MegatronPolicyTrainer:
         else:
             data, micro, lengths = batch_tensors(batch), batch.micro_batches, batch.lengths_B
             packed = batch.packed if micro else self.pack_sequences
+            if self.cfg.logit_temperature != 1.0:  # RL: the sampling distribution's log-probs
+                if self.head_loss_fn is not None:
+                    raise ValueError(f"rollout.temperature={self.cfg.logit_temperature!r}: the fused CISPO head "
+                                     "computes T=1 log-probs; use train.fused_cispo=false")
+                data = {**data, "logit_temperature": float(self.cfg.logit_temperature)}
         rows, seq_len = (int(n) for n in data["input_ids"].shape[:2])
         plan = plan_of(rows=rows, seq_len=seq_len, micro_batches=micro, lengths=lengths, packed=packed,
                        micro_batch_tokens=self.micro_batch_tokens, micro_batch_size=self.cfg.parallel.micro_batch_size)

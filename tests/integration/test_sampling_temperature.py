@@ -1,0 +1,74 @@
+"""Sampling temperature end to end: the local engine core samples at T=0.7 and returns the log-probs
+of softmax(logits / T); the Megatron trainer built with `logit_temperature=0.7` (`rollout.temperature`
+through `build.megatron_config`) computes the same log-probs of those tokens, while a T=1 trainer's
+differ, so a ratio against the engine's log-probs would be biased without it. The worker runs in a
+subprocess (Megatron's global state)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+T = 0.7
+
+
+def worker(out: str) -> None:
+    import random
+
+    import torch
+
+    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.trainer.megatron.routing_probe import engine_core, sample_batch
+    from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
+
+    torch.set_num_threads(1)
+    cfg = MegatronConfig(model=load_model_preset("tiny_moe"), parallel=ParallelConfig(), optim=OptimConfig(lr=1e-2),
+                         logit_temperature=T)
+    trainer = MegatronPolicyTrainer(cfg)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(cfg.model.vocab_size) for _ in range(rng.randrange(3, 9))] for _ in range(6)]
+    core = engine_core(trainer, dtype="float32", router_noise=0.0, max_seq_len=64)
+    batch = sample_batch(core, prompts, samples=4, max_new_tokens=16, version=trainer.step, temperature=T)
+    on = batch.loss_mask_BT > 0
+    report = {"tokens": int(on.sum())}
+    try:
+        for name, temp in (("at_T", T), ("at_1", 1.0)):
+            trainer.cfg = dataclasses.replace(trainer.cfg, logit_temperature=temp)
+            logp = trainer.logprobs(batch)
+            diff = (logp[: batch.num_rows].double() - batch.gen_logp_BT.double()).abs()[on]
+            report[name] = {"mean": float(diff.mean()), "max": float(diff.max())}
+        trainer.cfg = dataclasses.replace(trainer.cfg, logit_temperature=T)
+        report["train_step"] = trainer.train_step(batch)
+    finally:
+        trainer.close()
+    with open(out, "w") as f:
+        json.dump(report, f)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_trainer_logprobs_follow_the_sampling_temperature(tmp_path):
+    out = str(tmp_path / "report.json")
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", out], env=env,
+                          capture_output=True, text=True, timeout=550)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(out) as f:
+        report = json.load(f)
+    assert report["tokens"] > 100
+    assert report["at_T"]["max"] <= 1e-5, report  # the engine's softmax(logits / T), reproduced
+    assert report["at_1"]["mean"] > 1e-2, report  # a T=1 trainer would bias every ratio
+    # on-policy at T: every CISPO ratio is 1 to rounding, nothing is truncated
+    assert report["train_step"]["rho_max"] == pytest.approx(1.0, abs=1e-4)
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":
+    worker(sys.argv[2])
