@@ -103,7 +103,7 @@ class Run(megatron_worker.Run):
         return {"optimizers": sorted({type(o).__name__ for o in subs}),
                 "wrapper": type(self.chunks[0].module).__name__,
                 "body_dtype": str(self.gpt.decoder.layers[0].mlp.linear_fc1.weight.dtype),
-                "head_dtype": str(self.gpt.output_layer.weight.dtype),
+                "head_dtype": str(self.gpt.output_layer.weight.dtype) if hasattr(self.gpt, "output_layer") else None,
                 "grad_dtypes": sorted({str(b.grad_dtype) for b in self.chunks[0].buffers}),
                 "dp": self.info.dp, "tp": self.info.tp}
 
