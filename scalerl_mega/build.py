@@ -330,12 +330,16 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
     """SGLang servers (one per engine, consecutive ports) and the client engine over them; with
     `rollout.engine_urls` set, attach to those running servers instead (e.g. the generator job steps
     of slurm/common.sh) -- the loop pushes the trainer's weights before the first request."""
-    from scalerl_mega.trainer.megatron.parallel import world_size_from_env
+    from scalerl_mega.hf_config import hf_config_from_model
+    from scalerl_mega.rollout.local import LocalModelSpec
     from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
     from scalerl_mega.rollout.weight_sync import WeightSyncConfig
+    from scalerl_mega.trainer.megatron.parallel import world_size_from_env
 
     pause = "in_place" if cfg.off_policy.name == "pipeline_rl" else "retract"
     routes = sglang_route_layout(cfg)
+    arch, hf_kwargs = hf_config_from_model(cfg.model)
+    served = LocalModelSpec(arch=arch, config=hf_kwargs)  # its names/shapes: every push is checked before sending
     if cfg.rollout.engine_urls:
         backend = "nccl" if cfg.cluster.device == "cuda" else "gloo"
         servers = [SGLangServer.attach(u, tp_size=cfg.rollout.sglang_tp_size) for u in cfg.rollout.engine_urls]
@@ -343,7 +347,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
             s.wait_healthy(timeout_s=cfg.rollout.startup_timeout_s)
         log.info("attached to %d SGLang server(s): %s", len(servers), ", ".join(s.url for s in servers))
         return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
-            pause_mode=pause, seed=int(cfg.seed), master_address=sync_master_address(cfg), routes=routes,
+            pause_mode=pause, seed=int(cfg.seed), master_address=sync_master_address(cfg), routes=routes, model=served,
             sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend=backend)))
     path = write_hf_checkpoint(cfg, task, trainer, Path(cfg.output_dir) / "hf_init")
     servers = []
@@ -357,7 +361,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
             dtype="float32" if cfg.precision.params_dtype == "float32" else "bfloat16")
         servers.append(SGLangServer.launch(scfg))
     return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
-        pause_mode=pause, seed=int(cfg.seed), routes=routes,
+        pause_mode=pause, seed=int(cfg.seed), routes=routes, model=served,
         sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend="nccl")))
 
 

@@ -268,6 +268,8 @@ class TrainLoopConfig:
     save_every: int = 100
     """Checkpoint cadence in steps; 0 disables checkpoints."""
     keep_checkpoints: int = 2
+    """Retention: the newest N complete checkpoints are kept (the one `latest` names always); 0 keeps
+    all. With 1 there is no previous checkpoint to fall back to when the latest is found damaged."""
     poll_timeout_s: float = 0.05
     sigterm_grace_s: float = 120.0
     """On SIGTERM (Slurm preemption / time limit) the run checkpoints at its next safe point and exits
@@ -467,6 +469,7 @@ def validate(cfg: Any) -> None:
                          "split for context parallelism")
     _positive("train.val_every", cfg.train.val_every, allow_zero=True)
     _positive("train.save_every", cfg.train.save_every, allow_zero=True)
+    _positive("train.keep_checkpoints", cfg.train.keep_checkpoints, allow_zero=True)
     _positive("data.val_prompts", cfg.data.val_prompts, allow_zero=True)
     _positive("data.val_samples", cfg.data.val_samples)
     _positive("sft.steps", cfg.sft.steps, allow_zero=True)

@@ -288,6 +288,9 @@ def save_state(comps: LoopComponents, cfg: Any, *, state: LoopState, outstanding
         "numpy_rng": np.random.get_state(),
     }
     comps.trainer.save(str(_ckpt_root(cfg)), extra_state=extra)
+    from scalerl_mega.trainer.megatron.checkpoint import prune_checkpoints
+
+    prune_checkpoints(_ckpt_root(cfg), keep=int(cfg.train.keep_checkpoints))
 
 
 def _prompt_dict(p: Prompt) -> dict[str, Any]:

@@ -14,7 +14,11 @@ The engine applies a weight update between two decode steps: it stops stepping a
 bucket, applies them all at "weights_end" and resumes with the new version; running requests keep
 their KV cache (PipelineRL). A tensor with an unknown name or a wrong shape rejects the whole update:
 nothing is applied, the engine keeps serving (and reporting) its previous version, and
-`update_weights` raises WeightSyncError naming the tensor.
+`update_weights` raises WeightSyncError naming the tensor. The trainer side checks the whole update
+against the engine model's names and shapes (`model_manifest`, a meta-device instantiation) before the
+first bucket is sent, so such an update normally never reaches the engine; the engine's own staged
+check remains the second line, and a tensor source that fails mid-update ("weights_abort") also
+leaves the engine on its previous weights.
 Every wait in either process has a deadline; an engine-side failure is sent back and re-raised by
 the trainer as `EngineError`. The engine exits by itself (code `ORPHAN_EXIT_CODE`) within about
 `LocalEngineConfig.parent_check_s` once the process that started it is gone (e.g. the trainer was
@@ -36,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest
-from scalerl_mega.rollout.weight_sync import BucketMeta, WeightSyncConfig, WeightSyncError
+from scalerl_mega.rollout.weight_sync import BucketMeta, WeightManifest, WeightSyncConfig, WeightSyncError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -85,19 +89,45 @@ def build_model(spec: LocalModelSpec, *, device: str = "cpu") -> Any:
 
         model = AutoModelForCausalLM.from_pretrained(spec.path, dtype=dtype, attn_implementation="sdpa")
     else:
-        if spec.arch == "llama":
-            from transformers import LlamaConfig as Cfg
-            from transformers import LlamaForCausalLM as Model
-        else:
-            from transformers import Llama4ForCausalLM as Model
-            from transformers import Llama4TextConfig as Cfg
-        cfg = Cfg(**spec.config)
-        cfg._attn_implementation = "sdpa"
+        model_cls, cfg = _class_and_config(spec)
         with torch.random.fork_rng():
             torch.manual_seed(spec.init_seed)
-            model = Model(cfg)
+            model = model_cls(cfg)
         model = model.to(dtype)
     return model.to(device).eval()
+
+
+def _class_and_config(spec: LocalModelSpec) -> tuple[Any, Any]:
+    """(HF model class, its config) for a spec given by config kwargs."""
+    if spec.arch == "llama":
+        from transformers import LlamaConfig as Cfg
+        from transformers import LlamaForCausalLM as Model
+    else:
+        from transformers import Llama4ForCausalLM as Model
+        from transformers import Llama4TextConfig as Cfg
+    cfg = Cfg(**spec.config)
+    cfg._attn_implementation = "sdpa"
+    return Model, cfg
+
+
+def model_manifest(spec: LocalModelSpec) -> "WeightManifest":
+    """The parameter names and shapes of the model `spec` describes (`weight_sync.WeightManifest`),
+    from its HF class instantiated on the meta device: no weights are read or allocated."""
+    import torch
+
+    from scalerl_mega.rollout.weight_sync import WeightManifest
+
+    with torch.device("meta"):
+        if spec.path is not None:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(spec.path))
+            source = f"HF model at {spec.path}"
+        else:
+            model_cls, cfg = _class_and_config(spec)
+            model = model_cls(cfg)
+            source = f"{model_cls.__name__} from its config"
+    return WeightManifest.of_module(model, source=source)
 
 
 @dataclass(kw_only=True)
@@ -308,6 +338,9 @@ class _EngineLoop:
                         rejected = f"bucket {meta.index}: {e}"
                         staged.clear()
                 self.out_q.put(("ack", ("bucket", meta.index)))
+            elif msg[0] == "weights_abort":  # the trainer's tensor source failed: discard the update
+                self.out_q.put(("ack", ("weights_abort", msg[1])))
+                return
             elif msg[0] == "weights_end":
                 if rejected is None:
                     self.core.load_weights((n, t) for n, _, t in staged)
@@ -335,6 +368,10 @@ class _PipeAnnouncer:
             self.engine._wait_ack(("bucket", meta.index), timeout_s=timeout_s)
 
         return wait
+
+    def abort(self, version: int) -> None:
+        self.engine._send(("weights_abort", version))
+        self.engine._wait_ack(("weights_abort", version), timeout_s=self.engine.config.sync.timeout_s)
 
     def end(self, version: int) -> None:
         self.engine._send(("weights_end", version))
@@ -369,6 +406,7 @@ class LocalRolloutEngine:
         self._stats: dict[int, dict[str, float]] = {}
         self._stats_seq = 0
         self._rejected: dict[int, str] = {}
+        self._manifest: WeightManifest | None = None
         self._wait_for(lambda m: m[0] == "ready", what="engine start", timeout_s=config.start_timeout_s)
 
     @property
@@ -396,9 +434,14 @@ class LocalRolloutEngine:
         return out
 
     def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]], *, version: int) -> None:
-        """Broadcast HF-named weights to the engine process (bucketed, over gloo/NCCL)."""
-        from scalerl_mega.rollout.weight_sync import DistWeightSender
+        """Broadcast HF-named weights to the engine process (bucketed, over gloo/NCCL). The whole
+        update is first checked against the engine model's names and shapes (`model_manifest`): a
+        mismatch raises WeightSyncError naming the tensor before anything is sent."""
+        from scalerl_mega.rollout.weight_sync import DistWeightSender, checked_update
 
+        if self._manifest is None:
+            self._manifest = model_manifest(self.config.model)
+        named_tensors = checked_update(named_tensors, self._manifest, version=version)
         if self._sender is None:
             self._init_group()
             self._sender = DistWeightSender(self._group, announcer=_PipeAnnouncer(self), config=self.config.sync)

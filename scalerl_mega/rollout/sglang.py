@@ -13,11 +13,16 @@ Weight update (SGLang 0.5.23's HTTP API, tests/data/sglang-0.5.23-openapi.json),
                                 `names` order, then wait for both; flush_cache only when not in_place
                                 (a flush is refused while requests sit in the running batch)
   /end_weight_update            always, also after a failure
-  /continue_generation          after a successful update, and after a rejected one (WeightSyncError,
-                                e.g. an unknown name or a wrong shape, named in the error): the
-                                servers are never left paused. SGLang applies each bucket as it
-                                arrives, so buckets before the rejected one stay applied; the
-                                engine's `version` is not advanced and the error is raised.
+  /continue_generation          after a successful update, and after a failed one (WeightSyncError):
+                                the servers are never left paused.
+
+Before any of this, the whole update is checked against the served model's parameter names and
+shapes (`weight_sync.WeightManifest`, from `SGLangEngineConfig.model` or the `model_path` the
+server reports when it is a local HF directory, instantiated on the meta device): an unknown name,
+a wrong shape or a missing parameter raises WeightSyncError naming the tensor, and the servers are
+not even paused. This matters because SGLang applies each bucket as it arrives: a tensor the server
+rejected itself (no manifest available, or a dtype the server refuses) leaves the buckets before it
+applied; then the engine's `version` is not advanced, generation is resumed and the error raised.
 
 Forced interruption is done client-side in two requests: generate up to `interruption_at`
 tokens; if the budget ran out, resend prompt + output + phrase for `answer_budget` more tokens.
@@ -418,6 +423,11 @@ class SGLangEngineConfig:
     max_restarts: int = 3
     routes: RouteLayout | None = None
     """Request and decode the MoE routes of every sample (`Completion.routes`); None: not requested."""
+    model: Any = None
+    """`rollout.local.LocalModelSpec` of the model the servers serve (HF config kwargs or a local HF
+    directory): the names and shapes every update is checked against before the first bucket. None:
+    the `model_path` of a launched server, or the one an attached server reports (/model_info) if it
+    is a local directory with a config.json; without either there is no pre-send check."""
 
     def __post_init__(self) -> None:
         if self.pause_mode not in PAUSE_MODES:
@@ -489,6 +499,8 @@ class SGLangRolloutEngine:
         self._stale: set[int] = set()
         self.version = config.initial_version
         self.last_sync_stats = None
+        self._manifest: Any = None
+        self._manifest_known = False
 
     # ---- RolloutEngine ---------------------------------------------------------------------------
     def submit(self, prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int) -> None:
@@ -519,8 +531,10 @@ class SGLangRolloutEngine:
         return out
 
     def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]], *, version: int) -> None:
-        from scalerl_mega.rollout.weight_sync import DistWeightSender
+        from scalerl_mega.rollout.weight_sync import DistWeightSender, checked_update
 
+        # checked whole before the servers are paused: a rejected update never pauses generation
+        named_tensors = checked_update(named_tensors, self.manifest(), version=version)
         mode = self.config.pause_mode
         t = self.config.control_timeout_s
         self._fan_out(lambda c: c.pause_generation(mode), what=f"pause_generation({mode})", timeout_s=t)
@@ -545,6 +559,28 @@ class SGLangRolloutEngine:
         self._fan_out(lambda c: c.continue_generation(), what="continue_generation", timeout_s=t)
         self.version = version
         self._stale.clear()
+
+    def manifest(self) -> Any:
+        """The served model's `WeightManifest` (cached), or None when it cannot be known here."""
+        import logging
+        import os
+
+        from scalerl_mega.rollout.local import LocalModelSpec, model_manifest
+
+        if not self._manifest_known:
+            spec = self.config.model
+            if spec is None:
+                s0 = self.servers[0]
+                path = s0.config.model_path if s0.config is not None else self._ctl_clients[0].model_info().get("model_path")
+                if path and os.path.isfile(os.path.join(str(path), "config.json")):
+                    spec = LocalModelSpec(path=str(path))
+            if spec is None:
+                logging.getLogger(__name__).warning(
+                    "SGLang engine: the served model is unknown here (no SGLangEngineConfig.model, no local model_path); "
+                    "weight updates are not checked before sending, a wrong tensor can leave earlier buckets applied")
+            self._manifest = model_manifest(spec) if spec is not None else None
+            self._manifest_known = True
+        return self._manifest
 
     def pause(self, mode: str | None = None) -> None:
         m = mode or self.config.pause_mode

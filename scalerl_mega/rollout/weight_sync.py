@@ -18,6 +18,7 @@ Every wait has a deadline; failures raise `WeightSyncError` naming the bucket, t
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -32,7 +33,8 @@ FLATTENED_BUCKET = "flattened_bucket"
 
 
 class WeightSyncError(RuntimeError):
-    """A weight sync step failed or timed out; the engine's weights may be partially updated."""
+    """A weight sync step failed or timed out; the engine's weights may be partially updated
+    (except for a rejection by the manifest check, which happens before anything is sent)."""
 
 
 @dataclass(kw_only=True)
@@ -120,6 +122,142 @@ def weights_sha256(named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> str:
         h.update(f"{name}|{dtype_name(t.dtype)}|{list(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()
+
+
+# ---- manifest: what the generator accepts, checked before the first bucket ---------------------
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of an update (or of a generator's model): HF name, shape, dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str | None = None
+    """torch dtype name; None = any (the receiver casts on load, as SGLang and the local engine do)."""
+
+    def describe(self) -> str:
+        return f"{self.dtype or ''}{list(self.shape)}"
+
+
+class WeightManifest:
+    """The tensors a generator's model holds: HF name -> TensorSpec; `aliases` maps a tied name to the
+    name it shares storage with (`lm_head.weight` -> `model.embed_tokens.weight` under tied embeddings).
+
+    `problems(plan)` compares a whole update with it before anything is sent: every tensor must be a
+    parameter (or an alias) with the model's shape (and dtype, where the manifest fixes one), and the
+    update must cover every parameter (a full weight push; a parameter left out would silently keep
+    its old value). SGLang applies each bucket as it arrives, so this check is what keeps a wrong name
+    or shape from leaving a generator half-updated.
+    """
+
+    def __init__(self, specs: Iterable[TensorSpec], *, aliases: dict[str, str] | None = None, source: str) -> None:
+        self.specs = {s.name: s for s in specs}
+        self.aliases = dict(aliases or {})
+        self.source = source
+
+    @classmethod
+    def of_module(cls, model: Any, *, source: str) -> "WeightManifest":
+        """From a torch module's parameters (a meta-device model is enough); tied parameters become
+        aliases of the first name they appear under."""
+        first: dict[int, str] = {}
+        specs, aliases = [], {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            owner = first.setdefault(id(p), name)
+            if owner == name:
+                specs.append(TensorSpec(name, tuple(p.shape)))
+            else:
+                aliases[name] = owner
+        return cls(specs, aliases=aliases, source=source)
+
+    def problems(self, plan: Iterable[TensorSpec]) -> list[str]:
+        import difflib
+
+        out: list[str] = []
+        covered: set[str] = set()
+        for s in plan:
+            key = self.aliases.get(s.name, s.name)
+            exp = self.specs.get(key)
+            if exp is None:
+                near = difflib.get_close_matches(s.name, list(self.specs) + list(self.aliases), n=1)
+                out.append(f"{s.name!r} is not a parameter of the generator's model"
+                           + (f" (closest: {near[0]!r})" if near else ""))
+                continue
+            covered.add(key)
+            if tuple(s.shape) != exp.shape or (exp.dtype is not None and s.dtype != exp.dtype):
+                out.append(f"{s.name!r}: the update has {s.describe()}, the generator expects {exp.describe()}")
+        missing = [n for n in self.specs if n not in covered]
+        if missing:
+            out.append(f"{len(missing)} parameter(s) of the generator's model are not in the update and would keep "
+                       f"their old weights: {', '.join(repr(n) for n in missing[:5])}{', ...' if len(missing) > 5 else ''}")
+        return out
+
+    def check(self, plan: Iterable[TensorSpec], *, version: int) -> None:
+        """Raise WeightSyncError naming every offending tensor (first 8) if `plan` does not fit."""
+        problems = self.problems(plan)
+        if problems:
+            more = f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
+            raise WeightSyncError(
+                f"weight update v{version} rejected before the first bucket was sent, nothing was applied (the "
+                f"generator keeps serving its previous weights): {'; '.join(problems[:8])}{more} "
+                f"[manifest: {self.source}]"
+            )
+
+
+class PlannedTensors:
+    """`(name, tensor)` pairs that announce their names, shapes and dtypes up front (`plan`), so a
+    generator's manifest is checked before the first tensor is produced (the trainer's lazy export:
+    its tensors are gathered one group at a time and never all resident). Single use, like the
+    iterator it wraps; `follow_plan` checks that the stream keeps to its plan."""
+
+    def __init__(self, source: Iterable[tuple[str, "torch.Tensor"]], *, plan: list[TensorSpec]) -> None:
+        self.source = source
+        self.plan = plan
+
+    def __iter__(self) -> Iterator[tuple[str, "torch.Tensor"]]:
+        return iter(self.source)
+
+
+def spec_of(name: str, t: "torch.Tensor") -> TensorSpec:
+    return TensorSpec(name, tuple(t.shape), dtype_name(t.dtype))
+
+
+def follow_plan(named_tensors: Iterable[tuple[str, "torch.Tensor"]], plan: list[TensorSpec]
+                ) -> Iterator[tuple[str, "torch.Tensor"]]:
+    """Yield `named_tensors`, raising WeightSyncError as soon as one differs from `plan` (unplanned
+    name, other shape or dtype, repeated) or, at the end, when planned ones never came. Order-free:
+    a pipeline-parallel export yields stage by stage."""
+    want = {s.name: s for s in plan}
+    seen: set[str] = set()
+    for name, t in named_tensors:
+        s = want.get(name)
+        got = spec_of(name, t)
+        if s is None or name in seen or got.shape != tuple(s.shape) or (s.dtype is not None and got.dtype != s.dtype):
+            why = ("is not in the plan" if s is None else "came twice" if name in seen
+                   else f"is {got.describe()}, the plan said {s.describe()}")
+            raise WeightSyncError(f"weight stream left its announced plan: {name!r} {why}")
+        seen.add(name)
+        yield name, t
+    if len(seen) != len(want):
+        left = [n for n in want if n not in seen]
+        raise WeightSyncError(f"weight stream ended without {len(left)} planned tensor(s), e.g. {left[0]!r}")
+
+
+def checked_update(named_tensors: Iterable[tuple[str, "torch.Tensor"]], manifest: WeightManifest | None, *,
+                   version: int) -> Iterable[tuple[str, "torch.Tensor"]]:
+    """Check a whole update against `manifest` before anything is sent; return what to send.
+
+    A `PlannedTensors` is checked by its plan and streamed (`follow_plan` guards the stream); any
+    other iterable is first collected into a list (its tensors exist already, or are produced now),
+    so every tensor is checked before the first bucket. `manifest=None`: no check (the receivers
+    still reject a wrong tensor when it arrives, which SGLang does after applying earlier buckets).
+    """
+    if manifest is None:
+        return named_tensors
+    plan = getattr(named_tensors, "plan", None)
+    if plan is None:
+        named_tensors = list(named_tensors)
+        plan = [spec_of(n, t) for n, t in named_tensors]
+    manifest.check(plan, version=version)
+    return follow_plan(named_tensors, plan)
 
 
 # ---- group setup --------------------------------------------------------------------------------
@@ -277,6 +415,10 @@ class BucketAnnouncer(Protocol):
 
     def end(self, version: int) -> None: ...
 
+    def abort(self, version: int) -> None:
+        """The source of the tensors failed between two buckets: receivers that stage the update
+        discard it (the local engine); SGLang has applied the earlier buckets already."""
+
 
 class DistWeightSender:
     """Rank-0 side: `send(named_tensors, version)` streams buckets to all engines in `group`."""
@@ -294,7 +436,17 @@ class DistWeightSender:
         stats = SendStats(version=version)
         t0 = time.perf_counter()
         self.announcer.begin(version)
-        for index, bucket in enumerate(iter_buckets(named_tensors, bucket_bytes=cfg.bucket_bytes)):
+        buckets = iter_buckets(named_tensors, bucket_bytes=cfg.bucket_bytes)
+        for index in itertools.count():
+            try:
+                bucket = next(buckets)
+            except StopIteration:
+                break
+            except BaseException:  # the source failed (e.g. it left its plan) between two buckets
+                abort = getattr(self.announcer, "abort", None)
+                if abort is not None:
+                    abort(version)
+                raise
             tb = time.perf_counter()
             meta = bucket_meta(bucket, version=version, index=index, flattened=cfg.flattened)
             waiter = self.announcer.announce(meta)

@@ -129,6 +129,14 @@ def worker(root: str, out: str) -> None:
             res["all_bad_error"] = ""
         except ValueError as exc:
             res["all_bad_error"] = str(exc)
+
+        # retention on real checkpoints: keep 1 leaves the latest, which still loads
+        from scalerl_mega.trainer.megatron.checkpoint import prune_checkpoints
+
+        res["pruned"] = [p.name for p in prune_checkpoints(ck, keep=1)]
+        res["dirs_after_prune"] = sorted(p.name for p in ck.iterdir())
+        res["marker_after_prune"] = t.load(str(ck))["marker"]
+        res["w_after_prune"] = _weights(t)
     finally:
         t.close()
     Path(out).write_text(json.dumps(res))
@@ -184,7 +192,80 @@ def test_every_checkpoint_damaged_names_each(scenario):
     assert "does not match its recorded sha256" in err or "bytes," in err
 
 
+def test_retention_on_real_checkpoints_keeps_a_loadable_latest(scenario):
+    assert scenario["pruned"] == ["step_00000001"]
+    assert scenario["dirs_after_prune"] == ["latest", "step_00000002"]
+    assert scenario["marker_after_prune"] == 2 and scenario["w_after_prune"] == scenario["w2"]
+
+
 # ---------------------------------------------------------------- without Megatron
+def _fake_ckpts(root: Path, steps, *, latest: int | None, incomplete=()) -> None:
+    for step in steps:
+        d = root / f"step_{step:08d}"
+        d.mkdir(parents=True)
+        (d / "COMPLETE").write_text(json.dumps({"step": step}))
+        (d / "__0_0.distcp").write_bytes(b"x")
+    for step in incomplete:
+        (root / f"step_{step:08d}").mkdir(parents=True)
+    if latest is not None:
+        (root / "latest").write_text(f"step_{latest:08d}")
+
+
+def _names(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir())
+
+
+def test_retention_keeps_the_newest_n_and_always_latest(tmp_path):
+    from scalerl_mega.trainer.megatron.checkpoint import prune_checkpoints
+
+    a = tmp_path / "a"
+    _fake_ckpts(a, [1, 2, 3, 4, 10], latest=10, incomplete=[11])
+    (a / ".tmp-step_00000012").mkdir()
+    assert [p.name for p in prune_checkpoints(a, keep=2)] == ["step_00000003", "step_00000002", "step_00000001"]
+    assert _names(a) == [".tmp-step_00000012", "latest", "step_00000004", "step_00000010", "step_00000011"]
+    assert prune_checkpoints(a, keep=2) == []  # idempotent
+
+    b = tmp_path / "b"  # latest names an older checkpoint (e.g. a resave): it survives keep=1 too
+    _fake_ckpts(b, [1, 2, 3], latest=2)
+    assert [p.name for p in prune_checkpoints(b, keep=1)] == ["step_00000001"]
+    assert _names(b) == ["latest", "step_00000002", "step_00000003"]
+
+    c = tmp_path / "c"  # keep=0: keep all
+    _fake_ckpts(c, [1, 2, 3], latest=3)
+    assert prune_checkpoints(c, keep=0) == [] and len(_names(c)) == 4
+
+    d = tmp_path / "d"  # latest names no complete checkpoint: nothing is deleted (the last good one stays)
+    _fake_ckpts(d, [1, 2], latest=3, incomplete=[3])
+    assert prune_checkpoints(d, keep=1) == [] and _names(d) == ["latest", "step_00000001", "step_00000002",
+                                                                "step_00000003"]
+    e = tmp_path / "e"  # no latest at all (nothing ever completed there): nothing is deleted
+    _fake_ckpts(e, [1, 2], latest=None)
+    assert prune_checkpoints(e, keep=1) == [] and len(_names(e)) == 2
+
+
+def test_loop_save_applies_train_keep_checkpoints(tmp_path):
+    """`loop.save_state` prunes with `train.keep_checkpoints` after each completed save."""
+    import random
+
+    from scalerl_mega.loop import LoopState, save_state
+
+    class Trainer:
+        step = 0
+
+        def save(self, root, *, extra_state):  # the checkpoint layout `save_checkpoint` writes
+            self.step += 1
+            _fake_ckpts(Path(root), [self.step], latest=None)
+            (Path(root) / "latest").write_text(f"step_{self.step:08d}")
+
+    class State:
+        def state_dict(self):
+            return {}
+
+    comps = SimpleNamespace(trainer=Trainer(), sampler=State())
+    cfg = SimpleNamespace(output_dir=str(tmp_path), train=SimpleNamespace(keep_checkpoints=2))
+    for _ in range(4):
+        save_state(comps, cfg, state=LoopState(), outstanding=[], compute=State(), rng=random.Random(0))
+    assert _names(tmp_path / "checkpoints") == ["latest", "step_00000003", "step_00000004"]
 
 
 def test_leftover_tmp_from_a_killed_first_save_means_fresh_start(tmp_path):

@@ -196,7 +196,8 @@ def test_generate_update_and_in_flight_versions(schema, model_dir):
         n_buckets = engine.last_sync_stats.buckets
         assert n_buckets > 1
         assert ev == (
-            ["/pause_generation", "/begin_weight_update", "/init_weights_update_group"]
+            ["/model_info"]  # first update only: the served model's path, for the pre-send manifest check
+            + ["/pause_generation", "/begin_weight_update", "/init_weights_update_group"]
             + ["/update_weights_from_distributed"] * n_buckets
             + ["/end_weight_update", "/continue_generation"]
         )

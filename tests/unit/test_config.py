@@ -123,6 +123,7 @@ def test_schema_rejects_unknown_key():
         (("rollout", "top_p"), 1.5, "rollout.top_p"),
         (("curriculum", "pass_rate_threshold"), 0.0, "curriculum.pass_rate_threshold"),
         (("loss", "eps_high"), -1.0, "loss.eps_high"),
+        (("train", "keep_checkpoints"), -1, "train.keep_checkpoints"),
     ],
 )
 def test_validate_names_the_key(path, value, key):

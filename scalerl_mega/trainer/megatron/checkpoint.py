@@ -29,7 +29,19 @@ every checkpoint tried and why. Load failures of a checkpoint that verified are 
 model shape that does not match) and are raised naming the checkpoint, without fallback. A
 checkpoint directory given explicitly (not a root) is verified and never substituted. A failed save
 (any error, including ENOSPC) removes its `.tmp-*` directory and leaves `latest` and every earlier
-checkpoint untouched.
+checkpoint untouched. Retention (`prune_checkpoints`, `train.keep_checkpoints`) keeps the newest N
+complete checkpoints and never the one `latest` names.
+
+Optimizer formats (`optim.checkpoint_format`, recorded in the common state, so a load always uses the
+format the checkpoint was written in): `dp_reshardable` (default) writes the distributed optimizer's
+flat buffers as they are -- fully parallel, no gather -- and reshards over DP only; loading it under
+another TP/PP/EP layout raises ValueError naming the key. `fully_reshardable` gathers the state on
+each data-parallel rank 0 (gloo) into model space: per parameter, FP32 main weight and Adam moments
+shaped and sharded like the parameter itself, so it loads under any TP/PP/EP/DP layout (dist-
+checkpointing reshards it with the model); the cost is that gather at save time, and each rank
+reading its whole TP/PP shard of the state (not only its DP slice) at load time. Non-distributed
+optimizers keep their state in model space in either format. megatron-core 0.16.1 cannot load
+`fully_reshardable` with torch Adam (KeyError 'step'); `_adam_step_kept` is the scoped fix.
 
 Note: Megatron's save starts a spawn-based multiprocessing Manager, so entry scripts need an
 `if __name__ == "__main__":` guard.
@@ -37,6 +49,7 @@ Note: Megatron's save starts a spawn-based multiprocessing Manager, so entry scr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -54,7 +67,20 @@ CHECKSUMS_FORMAT = "scalerl-mega/checksums/1"
 TMP_PREFIX = ".tmp-"
 
 log = logging.getLogger(__name__)
-OPTIM_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+OPTIM_FORMATS = ("dp_reshardable", "fully_reshardable")
+"""How the distributed optimizer's state is written (`optim.checkpoint_format`; module doc)."""
+
+
+def optim_metadata(fmt: str) -> dict[str, Any]:
+    """Megatron `sharded_state_dict` metadata for optimizer format `fmt`. fully_reshardable gathers with
+    gloo onto data-parallel rank 0 (the "mem_efficient" variant: its all-ranks variant gathers over
+    NCCL, i.e. needs CUDA, and holds the whole state on every rank)."""
+    if fmt not in OPTIM_FORMATS:
+        raise ValueError(f"optim.checkpoint_format={fmt!r} must be one of {OPTIM_FORMATS}")
+    meta: dict[str, Any] = {"distrib_optim_sharding_type": fmt}
+    if fmt == "fully_reshardable":
+        meta["distrib_optim_fully_reshardable_mem_efficient"] = True
+    return meta
 
 
 def step_dirname(step: int) -> str:
@@ -103,11 +129,13 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimizer=None,
-                    extra_state: Optional[dict[str, Any]] = None, model_config=None) -> Path:
+                    extra_state: Optional[dict[str, Any]] = None, model_config=None,
+                    optimizer_format: str = "dp_reshardable") -> Path:
     """Collectively save model (+ optimizer) + `extra_state` (picklable, from rank 0) as step `step`.
 
     `model_config`: the trainer `ModelConfig` recorded in the `model_config.json` sidecar (None: no
-    sidecar; such a checkpoint cannot be converted to HF without its config).
+    sidecar; such a checkpoint cannot be converted to HF without its config). `optimizer_format`:
+    `OPTIM_FORMATS` (module doc).
 
     Returns the final directory. On any error the partial `.tmp-*` directory is removed (best
     effort) and the error re-raised; `latest` is untouched.
@@ -129,9 +157,11 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
     # load ("optimizer.state.exp_avg... not in state dict"). Record it as fresh instead.
     fresh = optimizer is not None and _optimizer_is_fresh(optimizer)
     state: dict[str, Any] = {"model": model_sd, "extra_state": dict(extra_state or {}),
-                             "has_optimizer": optimizer is not None and not fresh, "optimizer_fresh": fresh}
+                             "has_optimizer": optimizer is not None and not fresh, "optimizer_fresh": fresh,
+                             "optimizer_format": optimizer_format, "layout": _layout()}
     if state["has_optimizer"]:
-        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=False, metadata=OPTIM_METADATA)
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=False,
+                                                          metadata=optim_metadata(optimizer_format))
     try:
         dist_checkpointing.save(state, str(tmp), validate_access_integrity=True)
         _barrier()
@@ -258,6 +288,77 @@ def candidates(path: str | os.PathLike) -> list[Path]:
     others = sorted((p for p in path.glob("step_*") if (p / COMPLETE).is_file() and p not in named),
                     key=_step_of, reverse=True)
     return named + others
+
+
+def prune_checkpoints(root: str | os.PathLike, *, keep: int) -> list[Path]:
+    """Retention (`train.keep_checkpoints`): delete the complete `step_*` checkpoints under `root`
+    beyond the `keep` newest steps; `keep <= 0` keeps all. The checkpoint `latest` names is never
+    deleted, and nothing is deleted while `latest` does not name a complete checkpoint (so the last
+    good one always survives). Incomplete directories are left to `clean_incomplete`. Call it on one
+    rank after a save has completed; returns what was removed. Keep >= 2 to have a fallback when
+    `latest` is found damaged on resume (`load_checkpoint`)."""
+    root = Path(root)
+    if keep <= 0 or not (root / LATEST).is_file():
+        return []
+    latest = root / (root / LATEST).read_text().strip()
+    if not (latest / COMPLETE).is_file():
+        log.warning("checkpoint retention skipped: %s names no complete checkpoint", root / LATEST)
+        return []
+    complete = sorted((p for p in root.glob("step_*") if (p / COMPLETE).is_file()), key=_step_of, reverse=True)
+    doomed = [p for p in complete[keep:] if p != latest]
+    for p in doomed:
+        log.info("checkpoint retention (keep %d): removing %s", keep, p)
+        # the marker first: a removal cut short leaves an incomplete directory, never a damaged candidate
+        (p / COMPLETE).unlink(missing_ok=True)
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed
+
+
+def _layout() -> dict[str, int]:
+    """The model-parallel layout the state is saved under (what dp_reshardable cannot change)."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return {}
+    return {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
+            "ep": ps.get_expert_model_parallel_world_size(), "etp": ps.get_expert_tensor_parallel_world_size()}
+
+
+def _is_distributed(optimizer) -> bool:
+    subs = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    return any(type(o).__name__ == "DistributedOptimizer" for o in subs)
+
+
+@contextlib.contextmanager
+def _adam_step_kept(optimizer):
+    """Scoped fix for loading a `fully_reshardable` distributed-optimizer state (megatron-core 0.16.1).
+
+    `DistributedOptimizer.load_parameter_state_from_fully_reshardable` leaves torch Adam's per-parameter
+    'step' out of the tensors it hands to `_set_main_param_and_optimizer_states` (the step comes from
+    the saved param_groups and `load_state_dict` has just set it), but that method copies every key of
+    the parameter's optimizer state, 'step' included, and fails with KeyError 'step'. While loading,
+    each instance's method is wrapped to pass the parameter's own (already restored) step along.
+    """
+    patched = []
+    for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        orig = getattr(sub, "_set_main_param_and_optimizer_states", None)
+        if orig is None:
+            continue
+
+        def fixed(model_param, tensors, _orig=orig, _sub=sub):
+            group, order = _sub.model_param_group_index_map[model_param]
+            state = _sub.optimizer.state.get(_sub.optimizer.param_groups[group]["params"][order], {})
+            if "step" in state and "step" not in tensors:
+                tensors = {**tensors, "step": state["step"]}
+            return _orig(model_param, tensors)
+
+        sub._set_main_param_and_optimizer_states = fixed  # instance attribute: shadows the method
+        patched.append(sub)
+    try:
+        yield
+    finally:
+        for sub in patched:
+            del sub._set_main_param_and_optimizer_states
 
 
 def _optimizer_is_fresh(optimizer) -> bool:
@@ -417,15 +518,23 @@ def _load_verified(ckpt: Path, common: dict[str, Any], *, chunks: list, optimize
     if with_opt:
         if not common.get("has_optimizer", False):
             raise ValueError(f"checkpoint {ckpt}: has no optimizer state (saved with optimizer=None)")
+        fmt = common.get("optimizer_format", "dp_reshardable")
+        saved, now = common.get("layout") or {}, _layout()
+        if fmt == "dp_reshardable" and saved and saved != now and _is_distributed(optimizer):
+            raise ValueError(
+                f"checkpoint {ckpt}: its distributed-optimizer state was saved as dp_reshardable under "
+                f"{saved}, which reshards over data parallelism only; this run is {now}. Resume under the "
+                "saved layout (and save again with optim.checkpoint_format=fully_reshardable), or load "
+                "the model without the optimizer state")
         primed = _prime_fresh_optimizer(optimizer)
-        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=OPTIM_METADATA)
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=optim_metadata(fmt))
     try:
         loaded = dist_checkpointing.load(state, str(ckpt))
     except Exception as exc:
         raise RuntimeError(f"checkpoint {ckpt}: load failed ({type(exc).__name__}: {str(exc)[:300]})") from exc
     _unwrap(chunks[0]).load_state_dict(loaded["model"])
     if with_opt:
-        with torch.no_grad():
+        with torch.no_grad(), _adam_step_kept(optimizer):
             optimizer.load_state_dict(loaded["optimizer"])
             if primed:
                 _restore_adam_step(optimizer, loaded["optimizer"])

@@ -315,6 +315,10 @@ class OptimConfig:
     """Overlap the DP gradient reduce-scatter/all-reduce with the backward pass (Megatron DDP)."""
     overlap_param_gather: bool = False
     """Overlap the distributed optimizer's parameter all-gather with the next forward."""
+    checkpoint_format: str = "dp_reshardable"
+    """How checkpoints store the distributed optimizer's state: "dp_reshardable" (flat buffers, fully
+    parallel, resumable under another DP size only) or "fully_reshardable" (model space, gathered on
+    each DP rank 0 at save: resumable under any TP/PP/EP/DP layout). trainer/megatron/checkpoint.py."""
     seed: int = 1234
 
     def distributed_optimizer_on(self, dp: int) -> bool:
@@ -341,6 +345,9 @@ class OptimConfig:
             raise ValueError(f"{where}: adam_eps={self.adam_eps} must be > 0")
         if self.weight_decay < 0 or self.clip_grad < 0:
             raise ValueError(f"{where}: weight_decay={self.weight_decay} and clip_grad={self.clip_grad} must be >= 0")
+        if self.checkpoint_format not in ("dp_reshardable", "fully_reshardable"):
+            raise ValueError(f"{where}: checkpoint_format={self.checkpoint_format!r} must be 'dp_reshardable' or "
+                             "'fully_reshardable'")
         if self.overlap_param_gather and self.use_distributed_optimizer is False:
             raise ValueError(f"{where}: overlap_param_gather=True needs the distributed optimizer "
                              "(use_distributed_optimizer is False)")

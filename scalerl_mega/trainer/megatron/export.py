@@ -114,6 +114,23 @@ def export_hf_weights(model, model_cfg, *, dtype: torch.dtype | str | None = Non
             del full
 
 
+def export_plan(model_cfg, *, dtype: torch.dtype | str | None = None) -> list:
+    """What `export_to_rank0` will yield, without gathering anything: a `weight_sync.TensorSpec` per HF
+    tensor (name, full shape from the model dimensions, dtype after the cast; None where the
+    parameter's own dtype is kept). A receiver checks it against its model before the first bucket."""
+    from scalerl_mega.convert import tables
+    from scalerl_mega.convert.model_config import dims_from_model_config
+    from scalerl_mega.rollout.weight_sync import TensorSpec, dtype_name
+
+    dims = dims_from_model_config(model_cfg)
+    dtype = _as_dtype(dtype)
+    keep_head = bool(getattr(model_cfg, "fp32_lm_head", False))
+    tied = bool(getattr(model_cfg, "tie_embeddings", False))
+    return [TensorSpec(n, tables.expected_hf_shape(n, dims),
+                       None if dtype is None or (keep_head and is_head_weight(n, tied=tied)) else dtype_name(dtype))
+            for n in tables.hf_names(dims)]
+
+
 def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype

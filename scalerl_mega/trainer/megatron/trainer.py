@@ -127,10 +127,13 @@ class MegatronPolicyTrainer:
         """HF-named full tensors of the whole model, on the training device, cast to `dtype` (a torch
         dtype name such as "bfloat16": the generator's), yielded on global rank 0; every rank must
         exhaust the iterator (TP/EP gathers inside each pipeline stage, later stages relayed to rank 0;
-        `export.export_to_rank0`)."""
+        `export.export_to_rank0`). The stream announces its names/shapes/dtypes up front
+        (`weight_sync.PlannedTensors`), so an engine checks them before the first bucket is sent."""
+        from scalerl_mega.rollout.weight_sync import PlannedTensors
         from scalerl_mega.trainer.megatron import export
 
-        return export.export_to_rank0(self.chunks, self.cfg.model, dtype=dtype)
+        return PlannedTensors(export.export_to_rank0(self.chunks, self.cfg.model, dtype=dtype),
+                              plan=export.export_plan(self.cfg.model, dtype=dtype))
 
     def reset_optimizer(self) -> None:
         """Fresh optimizer state and step counter (e.g. after an SFT warm start, before RL)."""
@@ -146,7 +149,8 @@ class MegatronPolicyTrainer:
 
         state = {"step": self.step, "torch_rng_state": torch.get_rng_state(), **(extra_state or {})}
         checkpoint.save_checkpoint(path, step=self.step, chunks=self.chunks, optimizer=self.optimizer,
-                                   extra_state=state, model_config=self.cfg.model)
+                                   extra_state=state, model_config=self.cfg.model,
+                                   optimizer_format=self.cfg.optim.checkpoint_format)
 
     def load(self, path: str) -> dict[str, Any]:
         import torch
