@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scalerl_mega.scaling.fit import PAPER_FIT_FROM, FitOptions, relative_grids
+from scalerl_mega.scaling.fit import PAPER_FIT_FROM, FitOptions, relative_options
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,18 +87,7 @@ def _options(args, series) -> tuple[FitOptions, str, str]:
 
 
 def _opts_for(series, opts: FitOptions, grid: str) -> FitOptions:
-    if grid != "relative":
-        return opts
-    c = series.compute
-    m = c > 0
-    if opts.fit_from is not None:
-        m &= c >= opts.fit_from
-    if opts.fit_to is not None:
-        m &= c <= opts.fit_to
-    if not m.any():
-        return opts  # the fit itself reports the empty window
-    a, cm = relative_grids(float(c[m].min()), float(c[m].max()))
-    return replace(opts, a_grid=tuple(a), cmid_grid=tuple(cm))
+    return relative_options(series.compute, opts) if grid == "relative" else opts
 
 
 def _compact(v: float) -> str:
