@@ -37,11 +37,11 @@ def recipe_name(run_name: str) -> str:
 
 def sweep_command(*, sweep_dir: str, seeds: str, recipes: str, extra: list[str] | None = None) -> list[str]:
     """The Hydra multirun of the sweep: seed-major, skip-done, fixed point directories
-    `<sweep_dir>/<run_name>/seed<N>` (so a second invocation finds the finished ones), one shared warm
-    start per seed in `<sweep_dir>/sft/seed<N>` (`sft.checkpoint`)."""
+    `<sweep_dir>/<run_name>/seed<N>` (so a second invocation finds the finished ones), one warm start
+    shared by every point in `<sweep_dir>/sft` (`sft.checkpoint`, `sft.any_seed` in the overlays)."""
     return [sys.executable, "-m", "scalerl_mega.train", "-m", f"seed={seeds}", f"experiment={recipes}",
             "hydra/sweeper=skip_done", "hydra/launcher=basic", f"hydra.sweep.dir={sweep_dir}",
-            "hydra.sweep.subdir=${run_name}/seed${seed}", f"sft.checkpoint={sweep_dir}/sft/seed${{seed}}",
+            "hydra.sweep.subdir=${run_name}/seed${seed}", f"sft.checkpoint={sweep_dir}/sft",
             *(extra or [])]
 
 

@@ -186,7 +186,7 @@ def sft_fingerprint(config: Any) -> dict[str, Any]:
     model = asdict(config.model)
     if config.precision.params_dtype == "float32":
         model.pop("fp32_lm_head", None)
-    sft = {k: v for k, v in asdict(config.sft).items() if k not in ("checkpoint", "eval_every")}
+    sft = {k: v for k, v in asdict(config.sft).items() if k not in ("checkpoint", "eval_every", "any_seed")}
     fp = {"seed": int(config.seed), "model": model, "data": asdict(config.data), "optim": asdict(config.optim),
           "sft": sft, "params_dtype": config.precision.params_dtype,
           "micro_batch_tokens": int(config.train.micro_batch_tokens)}
@@ -226,13 +226,15 @@ def _warm_start_or_load(config: Any, task: Any, trainer: Any, *, out: Path | Non
     if channel is not None:  # the controller's view of the directory decides for every rank
         ready = channel.share(ready)
     if ready:
-        diff = fingerprint_diff(json.loads(fp_path.read_text()), mine)
+        theirs = json.loads(fp_path.read_text())
+        diff = [k for k in fingerprint_diff(theirs, mine) if not (k == "seed" and config.sft.any_seed)]
         if diff:
             raise ValueError(f"sft.checkpoint={config.sft.checkpoint!r} was written by a warm start with other "
                              f"settings: {', '.join(diff)} differ (delete it or point sft.checkpoint elsewhere)")
         trainer.load(str(root))
         trainer.reset_optimizer()
-        log.info("sft: loaded the shared warm start from %s (%d steps not rerun)", root, config.sft.steps)
+        log.info("sft: loaded the shared warm start from %s (%d steps of seed %s not rerun)", root, config.sft.steps,
+                 theirs.get("seed"))
         return
     _warm_start(config, task, trainer, out=out)
     if out is not None:

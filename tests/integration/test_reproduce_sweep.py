@@ -1,5 +1,5 @@
 """`python -m scalerl_mega.reproduce sweep` (what `make reproduce-sweep` runs) on two tiny points of one seed:
-the first recipe runs the warm start and saves it to <sweep>/sft/seed0, the second loads it; an identical
+the first recipe runs the warm start and saves it to <sweep>/sft, the second loads it; an identical
 second invocation launches nothing (skip-done) and both invocations are recorded in provenance.jsonl.
 Then `analyse` collects both runs. Slow: two real trainer + engine runs."""
 
