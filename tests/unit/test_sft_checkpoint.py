@@ -1,9 +1,16 @@
-"""`sft.checkpoint`: the fingerprint that decides whether a shared warm start may be reused."""
+"""`sft.checkpoint`: the fingerprint that decides whether a shared warm start may be reused, and the
+load-or-run-and-save decision of `train._warm_start_or_load` (the warm start itself is replaced by a
+recorder here; tests/integration/test_reproduce_sweep.py runs the real one)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
+import pytest
+
+from scalerl_mega import train
 from scalerl_mega.config import TrainConfig
 from scalerl_mega.train import fingerprint_diff, sft_fingerprint
 
@@ -52,3 +59,71 @@ def test_head_precision_counts_for_16_bit_params_only():
     a = sft_fingerprint(_cfg(precision=fp32, model__fp32_lm_head=True))
     b = sft_fingerprint(_cfg(precision=fp32, model__fp32_lm_head=False))
     assert fingerprint_diff(a, b) == []
+
+
+class FakeTrainer:
+    """Records the calls `_warm_start_or_load` makes; `save` writes what `checkpoint.latest_step` reads
+    (`latest` -> step dir with a COMPLETE marker), as the Megatron trainer's collective save does."""
+
+    def __init__(self):
+        self.calls = []
+
+    def save(self, path, *, extra_state=None):
+        root = Path(path)
+        (root / "step_00000000").mkdir(parents=True, exist_ok=True)
+        (root / "step_00000000" / "COMPLETE").write_text(json.dumps({"step": 0}))
+        (root / "latest").write_text("step_00000000")
+        self.calls.append(("save", str(root)))
+
+    def load(self, path):
+        self.calls.append(("load", str(path)))
+        return {}
+
+    def reset_optimizer(self):
+        self.calls.append(("reset_optimizer",))
+
+
+@pytest.fixture
+def warm_starts(monkeypatch):
+    ran = []
+    monkeypatch.setattr(train, "_warm_start", lambda config, task, trainer, *, out: ran.append(int(config.seed)))
+    return ran
+
+
+def _run(cfg, tmp_path):
+    t = FakeTrainer()
+    train._warm_start_or_load(cfg, None, t, out=tmp_path / "run", channel=None)
+    return t.calls
+
+
+def test_first_run_writes_the_warm_start_the_next_loads_it(tmp_path, warm_starts):
+    ck = str(tmp_path / "sft")
+    cfg = _cfg(sft__steps=5, sft__checkpoint=ck)
+    assert _run(cfg, tmp_path) == [("save", ck)] and warm_starts == [0]
+    assert json.loads((tmp_path / "sft" / train.SFT_FINGERPRINT).read_text()) == sft_fingerprint(cfg)
+    # another recipe, same seed: loaded, fresh optimizer, no warm start
+    assert _run(_cfg(sft__steps=5, sft__checkpoint=ck, loss__name="dapo"), tmp_path) == \
+        [("load", ck), ("reset_optimizer",)]
+    assert warm_starts == [0]
+
+
+def test_mismatch_is_an_error_naming_the_keys_unless_only_the_seed_and_any_seed(tmp_path, warm_starts):
+    ck = str(tmp_path / "sft")
+    _run(_cfg(sft__steps=5, sft__checkpoint=ck), tmp_path)
+    with pytest.raises(ValueError, match=r"sft\.checkpoint=.*: seed differ"):
+        _run(_cfg(seed=1, sft__steps=5, sft__checkpoint=ck), tmp_path)
+    with pytest.raises(ValueError, match=r"sft\.lr differ"):
+        _run(_cfg(seed=1, sft__steps=5, sft__lr=5e-4, sft__checkpoint=ck, sft__any_seed=True), tmp_path)
+    assert _run(_cfg(seed=1, sft__steps=5, sft__checkpoint=ck, sft__any_seed=True), tmp_path) == \
+        [("load", ck), ("reset_optimizer",)]
+    assert warm_starts == [0]
+
+
+def test_a_save_without_its_complete_checkpoint_is_redone(tmp_path, warm_starts):
+    ck = tmp_path / "sft"
+    ck.mkdir()
+    (ck / train.SFT_FINGERPRINT).write_text("{}")  # killed after the fingerprint, before the save completed
+    assert _run(_cfg(sft__steps=5, sft__checkpoint=str(ck)), tmp_path) == [("save", str(ck))]
+    assert warm_starts == [0]
+    # no sft.checkpoint: the plain warm start, nothing saved
+    assert _run(_cfg(sft__steps=5), tmp_path) == [] and warm_starts == [0, 0]
