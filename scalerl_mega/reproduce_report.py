@@ -300,7 +300,7 @@ def analyse(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
     for rec, seeds in runs.items():
         for seed, d in seeds.items():
             s = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
-            sft = f"ran ({s.get('sft_s', 0):.0f} s)" if (d / "sft.jsonl").is_file() else "shared"
+            sft = "ran here" if (d / "sft.jsonl").is_file() else "loaded"
             summaries[f"{rec}/seed{seed}"] = {"wall_s": s.get("wall_s"), "rl_s": s.get("rl_s"), "sft_s": s.get("sft_s"),
                                               "steps": s.get("steps"), "sft": sft}
     prov_path = out_dir / "provenance.jsonl"
