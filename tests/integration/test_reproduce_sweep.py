@@ -20,6 +20,7 @@ TINY = ["sft.steps=3", "train.steps=2", "train.val_every=1", "train.save_every=0
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # two real runs and two Hydra launches: ~4 min alone, far more on a loaded machine
 def test_sweep_shares_the_warm_start_and_skips_finished_points(tmp_path):
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "scalerl_mega.reproduce", "sweep", "--sweep-dir", str(sweep), "--seeds", "0",
