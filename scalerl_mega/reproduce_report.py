@@ -178,6 +178,28 @@ def _fit_axis(runs: dict[str, dict[int, Path]], axis: Axis) -> dict[str, Any]:
             "mean_curves": mean_curves, "mean_fits": mean_fits, "loo_mean": loo_mean}
 
 
+FINAL_POINTS = 3
+"""The model-free check averages the last validation points of a run (steps 40, 45, 50 in the sweep)."""
+
+
+def final_pass_rates(runs: dict[str, dict[int, Path]], series: dict[str, Any]) -> dict[str, Any]:
+    """Per recipe: each seed's mean pass rate over its last `FINAL_POINTS` validations, and the variant vs
+    reference `seeds.compare_means` (no fit involved: it still compares where A is not identified)."""
+    from scalerl_mega.scaling.seeds import compare_means
+
+    per = {rec: [float(np.mean(series[f"{rec}/seed{s}"][1][-FINAL_POINTS:])) for s in seeds]
+           for rec, seeds in runs.items()}
+    out = {}
+    for rec, vals in per.items():
+        row: dict[str, Any] = {"per_seed": vals, "mean": float(np.mean(vals)),
+                               "sd": float(np.std(vals, ddof=1)) if len(vals) > 1 else None}
+        if rec != REFERENCE:
+            m = compare_means(per[REFERENCE], vals)
+            row.update(delta=m.delta, se=None if math.isnan(m.se) else m.se, outcome=m.outcome)
+        out[rec] = row
+    return out
+
+
 def _plots(res: dict[str, Any], out_dir: Path) -> list[Path]:
     from scalerl_mega.scaling.plot import CurvePlot, plot_loo, plot_scaling
 
@@ -257,16 +279,25 @@ def _markdown(results: dict[str, Any], by_axis: dict[str, dict[str, Any]], missi
             lines.append(f"| {r.label}{' (best B)' if r.label == lm.best else ''} | "
                          f"{_f(r.fit.A if r.fit.identified else None, '.3f')} | {_f(r.A_offset, '+.3f')} | "
                          f"{_f(r.B, '.2f')} | {_f(r.C_mid, '.3g')} |")
+    fin = results["final_pass_rate"]
+    lines += ["", f"### Model-free check: final pass rate (mean of the last {FINAL_POINTS} validations per run)", "",
+              "| recipe | per seed | mean +- sd | delta vs reference | 2 x SE | outcome |", "|---|---|---|---|---|---|"]
+    for rec, r in fin.items():
+        lines.append(f"| {rec} | {', '.join(f'{v:.3f}' for v in r['per_seed'])} | {r['mean']:.3f} +- "
+                     f"{_f(r['sd'], '.3f')} | {_f(r.get('delta'), '+.3f')} | "
+                     f"{_f(None if r.get('se') is None else 2 * r['se'], '.3f')} | {r.get('outcome', 'reference')} |")
     lines += ["", "### Verdicts (tokens axis)", "",
-              "| finding | paper | outcome here | verdict | wall-clock axis |", "|---|---|---|---|---|"]
+              "| finding | paper | outcome here (A, then B at the common A) | verdict | wall-clock axis | "
+              "final pass rate (model-free) |", "|---|---|---|---|---|---|"]
     for rec, f in FINDINGS.items():
         r = tok["recipes"].get(rec)
         if r is None:
-            lines.append(f"| {f.title} ({rec}) | {f.paper} | no finished run | - | - |")
+            lines.append(f"| {f.title} ({rec}) | {f.paper} | no finished run | - | - | - |")
             continue
         w = wall["recipes"][rec]
+        q = fin[rec]
         lines.append(f"| {f.title} ({rec}) | {f.paper} | {r['comparison']['reason']} | **{r['verdict']}** | "
-                     f"{w['verdict']} |")
+                     f"{w['verdict']} | {q['outcome']} ({_f(q['delta'], '+.3f')}) |")
     lines += ["", "Plots: " + ", ".join(f"[{p}]({p})" for p in results["plots"]), "", END]
     return "\n".join(lines)
 
@@ -306,6 +337,7 @@ def analyse(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
     prov_path = out_dir / "provenance.jsonl"
     prov = [json.loads(x) for x in prov_path.read_text().splitlines() if x.strip()] if prov_path.is_file() else []
     results = {"reference": REFERENCE, "missing": missing, "provenance": prov, "summaries": summaries, "plots": plots,
+               "final_pass_rate": final_pass_rates(runs, by_axis["tokens"]["series"]),
                "axes": {slug: {"x": res["axis"].key, "unit": res["axis"].unit, "runs": res["per_run"],
                                "recipes": res["recipes"], "common_A": res["loo"].A_mean,
                                "loo_seed_means": {"A_mean": res["loo_mean"].A_mean, "best": res["loo_mean"].best,

@@ -11,7 +11,8 @@ measured instead of assumed:
   difference (Welch: sqrt(s_a^2 / n_a + s_b^2 / n_b), sample standard deviations over seeds).
 
 `compare_recipe` returns "reference better", "variant better" or "not separable within noise" with the
-numbers it decided on. Pure math: no I/O.
+numbers it decided on; `compare_means` is its B rule on any per-seed quantity (e.g. the final pass rate,
+a model-free check where A is not identified). Pure math: no I/O.
 """
 
 from __future__ import annotations
@@ -55,6 +56,33 @@ def half_range(values: Sequence[float]) -> float:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MeanComparison:
+    """Difference of two seed means against `z` Welch standard errors."""
+
+    outcome: str
+    delta: float
+    """mean(variant) - mean(reference)."""
+    se: float
+    """sqrt(s_ref^2 / n_ref + s_var^2 / n_var) with sample standard deviations (nan below 2 seeds a side)."""
+
+
+def compare_means(ref: Sequence[float], var: Sequence[float], *, z: float = 2.0) -> MeanComparison:
+    """Variant vs reference by their seed means: `variant better` / `reference better` when the difference
+    exceeds `z` Welch standard errors, else not separable (also with fewer than 2 values on a side).
+    NaN values are left out."""
+    a = [float(x) for x in ref if not math.isnan(float(x))]
+    b = [float(x) for x in var if not math.isnan(float(x))]
+    if len(a) < 2 or len(b) < 2:
+        d = float(np.mean(b) - np.mean(a)) if a and b else math.nan
+        return MeanComparison(outcome=NOT_SEPARABLE, delta=d, se=math.nan)
+    d = float(np.mean(b) - np.mean(a))
+    se = float(math.sqrt(np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b)))
+    if abs(d) > z * se:
+        return MeanComparison(outcome=VARIANT_BETTER if d > 0 else REFERENCE_BETTER, delta=d, se=se)
+    return MeanComparison(outcome=NOT_SEPARABLE, delta=d, se=se)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RecipeComparison:
     """A variant against the reference recipe over seeds (module docstring)."""
 
@@ -83,8 +111,6 @@ def compare_recipe(*, A_ref: Sequence[float], A_var: Sequence[float], B_ref: Seq
     Welch standard errors. Needs `min_seeds` identified seeds per recipe to decide anything."""
     a_ref = [float(a) for a in A_ref if not math.isnan(float(a))]
     a_var = [float(a) for a in A_var if not math.isnan(float(a))]
-    b_ref = [float(b) for b in B_ref if not math.isnan(float(b))]
-    b_var = [float(b) for b in B_var if not math.isnan(float(b))]
     nan = math.nan
     if len(a_ref) < min_seeds or len(a_var) < min_seeds:
         return RecipeComparison(outcome=NOT_SEPARABLE, decided_by="", delta_A=nan, noise_A=nan, delta_B=nan,
@@ -94,10 +120,8 @@ def compare_recipe(*, A_ref: Sequence[float], A_var: Sequence[float], B_ref: Seq
     dA = float(np.mean(a_var) - np.mean(a_ref))
     noise = max(margin, half_range(a_ref), half_range(a_var))
     common = dict(delta_A=dA, noise_A=noise, n_ref=len(a_ref), n_var=len(a_var))
-    dB, se = nan, nan
-    if len(b_ref) >= 2 and len(b_var) >= 2:
-        dB = float(np.mean(b_var) - np.mean(b_ref))
-        se = float(math.sqrt(np.var(b_ref, ddof=1) / len(b_ref) + np.var(b_var, ddof=1) / len(b_var)))
+    mb = compare_means(B_ref, B_var, z=z)
+    dB, se = (mb.delta, mb.se) if not math.isnan(mb.se) else (nan, nan)
     common.update(delta_B=dB, se_B=se)
     if abs(dA) > noise:
         outcome = VARIANT_BETTER if dA > 0 else REFERENCE_BETTER
@@ -107,9 +131,8 @@ def compare_recipe(*, A_ref: Sequence[float], A_var: Sequence[float], B_ref: Seq
         return RecipeComparison(outcome=NOT_SEPARABLE, decided_by="", **common,
                                 reason=f"delta A {dA:+.3f} within {noise:.3f}; B at the common A needs 2 refit "
                                        "seeds per recipe")
-    if abs(dB) > z * se:
-        outcome = VARIANT_BETTER if dB > 0 else REFERENCE_BETTER
-        return RecipeComparison(outcome=outcome, decided_by="B at the common A", **common,
+    if mb.outcome != NOT_SEPARABLE:
+        return RecipeComparison(outcome=mb.outcome, decided_by="B at the common A", **common,
                                 reason=f"delta A {dA:+.3f} within {noise:.3f}; delta B {dB:+.3f} beyond "
                                        f"{z:g} x SE {se:.3f}")
     return RecipeComparison(outcome=NOT_SEPARABLE, decided_by="", **common,

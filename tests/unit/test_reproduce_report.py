@@ -84,6 +84,13 @@ def test_verdicts(analysed):
     assert rec["no_fp32_head"]["verdict"] == "control: not separable, as expected"
     assert rec["scalerl"]["A_half_range"] <= 0.02 and rec["scalerl"]["within_seed_margin"]
     assert res["missing"] == []
+    # model-free: no_npr (A 0.70) ends lower; the runs end at 0.5M tokens where the true curves give
+    fin = res["final_pass_rate"]
+    last3 = [eq1(s * TOKENS_PER_STEP, A=A, B=B, C_mid=C_MID).mean() for A, B in (TRUTH["scalerl"], TRUTH["no_npr"])
+                      for s in [np.array([40, 45, 50])]]
+    assert fin["scalerl"]["mean"] == pytest.approx(last3[0], abs=0.003)
+    assert fin["no_npr"]["delta"] == pytest.approx(last3[1] - last3[0], abs=0.003)
+    assert fin["no_npr"]["outcome"] == "reference better" and fin["no_zvf"]["outcome"] == "not separable within noise"
 
 
 def test_readme_section_replaced_and_plots_written(analysed):

@@ -63,3 +63,14 @@ def test_unidentified_seeds_are_left_out():
     c = compare_recipe(A_ref=[0.7, 0.7, math.nan], A_var=[0.75, 0.76, 0.74], B_ref=[2, 2, math.nan],
                        B_var=[1, 1, 1])
     assert c.outcome == VARIANT_BETTER and c.n_ref == 2  # +0.05 beyond 0.02
+
+
+def test_compare_means_welch_rule():
+    from scalerl_mega.scaling.seeds import compare_means
+
+    # ref 0.70 +- 0.01 (sd 0.01), var 0.78 +- 0.01: delta 0.08, SE sqrt(2e-4/3) = 0.00816
+    m = compare_means([0.69, 0.70, 0.71], [0.77, 0.78, 0.79])
+    assert m.outcome == VARIANT_BETTER and m.delta == pytest.approx(0.08) and m.se == pytest.approx(math.sqrt(2e-4 / 3))
+    assert compare_means([0.69, 0.70, 0.71], [0.70, 0.71, 0.72]).outcome == NOT_SEPARABLE  # 0.01 < 2 x 0.0082
+    one = compare_means([0.7], [0.9, 0.8])
+    assert one.outcome == NOT_SEPARABLE and one.delta == pytest.approx(0.15) and math.isnan(one.se)
