@@ -298,7 +298,7 @@ def _markdown(results: dict[str, Any], by_axis: dict[str, dict[str, Any]], missi
         q = fin[rec]
         lines.append(f"| {f.title} ({rec}) | {f.paper} | {r['comparison']['reason']} | **{r['verdict']}** | "
                      f"{w['verdict']} | {q['outcome']} ({_f(q['delta'], '+.3f')}) |")
-    lines += ["", "Plots: " + ", ".join(f"[{p}]({p})" for p in results["plots"]), "", END]
+    lines += ["", "### Plots", ""] + [f"![{p}]({p})" for p in results["plots"]] + ["", END]
     return "\n".join(lines)
 
 

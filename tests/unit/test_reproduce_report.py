@@ -100,7 +100,7 @@ def test_readme_section_replaced_and_plots_written(analysed):
     assert "old" not in text.split(BEGIN)[1].split(END)[0].splitlines()
     assert "| dapo/seed2 |" in text and "**reproduced at toy scale**" in text
     for name in ("scaling_tokens.png", "loo_tokens.png", "runs_tokens.png", "scaling_wallclock.png"):
-        assert (out / name).stat().st_size > 1000 and name in res["plots"]
+        assert (out / name).stat().st_size > 1000 and name in res["plots"] and f"![{name}]({name})" in text
 
 
 def test_collect_takes_finished_runs_only_and_partial_is_labelled(tmp_path):
