@@ -7,7 +7,8 @@ PYTEST := $(PY) -m pytest
 # Default suite: everything but slow / slurm / gpu tests, two workers (2-core CI).
 TEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: setup test test-slow test-slurm test-gpu bench-gpu gpu-wheels demo demo-seeds bench clean
+.PHONY: setup test test-slow test-slurm test-gpu bench-gpu gpu-wheels demo demo-seeds reproduce reproduce-sweep \
+	reproduce-analysis bench clean
 
 setup: $(STAMP)
 
@@ -67,6 +68,17 @@ demo: setup
 
 demo-seeds: setup
 	$(PYTEST) -m slow tests/integration/test_demo_seeds.py
+
+# The leave-one-out reproduction (reproduction/README.md): 5 recipes x 3 seeds of the resized demo
+# (conf/experiment/repro_*.yaml), one after another, seed-major, skipping finished points (hydra/sweeper=skip_done)
+# so re-running continues; then the analysis, which rewrites reproduction/ from outputs/reproduce/.
+reproduce: reproduce-sweep reproduce-analysis
+
+reproduce-sweep: setup
+	$(PY) -m scalerl_mega.reproduce sweep --sweep-dir outputs/reproduce
+
+reproduce-analysis: setup
+	$(PY) -m scalerl_mega.reproduce analyse --sweep-dir outputs/reproduce --out reproduction
 
 bench: setup
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

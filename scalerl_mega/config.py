@@ -295,6 +295,14 @@ class SFTConfig:
     warmup_steps: int = 50
     batch_size: int = 64
     eval_every: int = 100
+    checkpoint: str = ""
+    """A shared warm-start checkpoint directory (e.g. one per seed for a sweep whose recipes differ only
+    in RL): a fresh run loads it instead of running the warm start when it holds a complete checkpoint
+    whose fingerprint (`train.sft_fingerprint`: seed, model, data, optim, sft, params dtype) matches,
+    else runs the warm start and writes it there. Empty: no sharing."""
+    any_seed: bool = False
+    """Accept a `checkpoint` written by a run with another seed: every seed then starts RL from the same
+    weights, as the paper's seeds all start from one SFT checkpoint (their spread is RL noise only)."""
 
 
 @dataclass

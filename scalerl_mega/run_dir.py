@@ -27,9 +27,10 @@ RESUMABLE = (
     "train.keep_checkpoints", "train.poll_timeout_s", "metrics.", "forecast.", "rollout.engine_urls",
     "rollout.sync_master_address", "rollout.startup_timeout_s", "rollout.sglang_host", "rollout.sglang_port",
     "rollout.engine_threads", "cluster.partition", "cluster.account", "cluster.time_min", "cluster.cpus_per_task",
-    "cluster.mem_gb", "cluster.trainer_threads",
+    "cluster.mem_gb", "cluster.trainer_threads", "sft.checkpoint", "sft.any_seed",
 )
-"""Keys (or `group.` prefixes) that may differ when a run is resumed."""
+"""Keys (or `group.` prefixes) that may differ when a run is resumed (`sft.checkpoint` / `sft.any_seed` only
+say where a fresh run finds its warm start; a resumed run skips the warm start)."""
 
 
 def flat_config(config: Any) -> dict[str, Any]:

@@ -122,7 +122,7 @@ def run_job(config: Any) -> dict[str, Any]:
             build.init_trainer_from_hf(trainer, config)
         t0 = time.monotonic()
         if config.sft.steps and not resumed:
-            _warm_start(config, task, trainer, out=out if controller else None)
+            _warm_start_or_load(config, task, trainer, out=out if controller else None, channel=channel)
         summary["sft_s"] = time.monotonic() - t0
         if not controller:
             steps = serve(trainer, channel)
@@ -169,6 +169,81 @@ def run_job(config: Any) -> dict[str, Any]:
         log.info("validation pass rate: first %.3f -> last %.3f; wall %.0f s", summary["first_val_pass_rate"],
                  summary["last_val_pass_rate"], summary["wall_s"])
     return summary
+
+
+SFT_FINGERPRINT = "sft_fingerprint.json"
+
+
+def sft_fingerprint(config: Any) -> dict[str, Any]:
+    """What the warm-started weights depend on (JSON-normalised): seed, model, data (the SFT examples
+    and the held-out split), optim (SFT swaps only lr and warmup), the sft schedule, params dtype and
+    micro-batching. Recipe groups used only by RL (loss, filter, curriculum, ...) are left out, so
+    the recipes of a leave-one-out sweep share one warm start per seed. `model.fp32_lm_head` counts
+    only for 16-bit params: an FP32 model's head is FP32 either way (`models.head_dtype`)."""
+    import json
+    from dataclasses import asdict
+
+    model = asdict(config.model)
+    if config.precision.params_dtype == "float32":
+        model.pop("fp32_lm_head", None)
+    sft = {k: v for k, v in asdict(config.sft).items() if k not in ("checkpoint", "eval_every", "any_seed")}
+    fp = {"seed": int(config.seed), "model": model, "data": asdict(config.data), "optim": asdict(config.optim),
+          "sft": sft, "params_dtype": config.precision.params_dtype,
+          "micro_batch_tokens": int(config.train.micro_batch_tokens)}
+    return json.loads(json.dumps(fp, default=str))
+
+
+def fingerprint_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts (missing on one side counts)."""
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += fingerprint_diff(va, vb, f"{prefix}{k}.")
+        elif va != vb or (k in a) != (k in b):
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def _warm_start_or_load(config: Any, task: Any, trainer: Any, *, out: Path | None, channel: Any) -> None:
+    """The warm start, or with `sft.checkpoint` set: load it from there when a complete checkpoint
+    with a matching fingerprint exists (a mismatch is an error naming the differing keys), else run
+    it and save it there (fingerprint first, then the checkpoint: only a complete save counts). The
+    loaded weights get a fresh optimizer, as after a warm start (`sft.warm_start`)."""
+    import json
+    import logging
+
+    from scalerl_mega.trainer.megatron.checkpoint import latest_step
+
+    log = logging.getLogger("scalerl_mega.train")
+    if not config.sft.checkpoint:
+        _warm_start(config, task, trainer, out=out)
+        return
+    root = Path(config.sft.checkpoint)
+    fp_path = root / SFT_FINGERPRINT
+    mine = sft_fingerprint(config)
+    ready = root.is_dir() and latest_step(root) is not None and fp_path.is_file()
+    if channel is not None:  # the controller's view of the directory decides for every rank
+        ready = channel.share(ready)
+    if ready:
+        theirs = json.loads(fp_path.read_text())
+        diff = [k for k in fingerprint_diff(theirs, mine) if not (k == "seed" and config.sft.any_seed)]
+        if diff:
+            raise ValueError(f"sft.checkpoint={config.sft.checkpoint!r} was written by a warm start with other "
+                             f"settings: {', '.join(diff)} differ (delete it or point sft.checkpoint elsewhere)")
+        trainer.load(str(root))
+        trainer.reset_optimizer()
+        log.info("sft: loaded the shared warm start from %s (%d steps of seed %s not rerun)", root, config.sft.steps,
+                 theirs.get("seed"))
+        return
+    _warm_start(config, task, trainer, out=out)
+    if out is not None:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = fp_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(mine, indent=1, sort_keys=True) + "\n")
+        tmp.replace(fp_path)
+    trainer.save(str(root))
+    log.info("sft: saved the warm start to %s", root)
 
 
 def _warm_start(config: Any, task: Any, trainer: Any, *, out: Path | None) -> None:

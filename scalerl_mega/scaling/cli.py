@@ -25,14 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
-from scalerl_mega.scaling.fit import PAPER_FIT_FROM, FitOptions, relative_grids
+from scalerl_mega.scaling.fit import PAPER_FIT_FROM, FitOptions, relative_options
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="scalerl-fit", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", help="run directories, metrics.jsonl files or CSV files")
-    p.add_argument("--x", default="compute_gpu_hours", help="compute key/column (default compute_gpu_hours)")
+    p.add_argument("--x", default="compute_gpu_hours",
+                   help="compute key/column (default compute_gpu_hours); in a metrics.jsonl, sum:<key> is the "
+                        "running sum of <key> over earlier lines, e.g. sum:batch/tokens (rollout tokens so far)")
     p.add_argument("--y", default="val_pass_rate", help="reward key/column (default val_pass_rate)")
     p.add_argument("--label", nargs="*", default=None, help="names for the runs (default: directory/file names)")
     p.add_argument("--domains", action="store_true",
@@ -87,18 +89,7 @@ def _options(args, series) -> tuple[FitOptions, str, str]:
 
 
 def _opts_for(series, opts: FitOptions, grid: str) -> FitOptions:
-    if grid != "relative":
-        return opts
-    c = series.compute
-    m = c > 0
-    if opts.fit_from is not None:
-        m &= c >= opts.fit_from
-    if opts.fit_to is not None:
-        m &= c <= opts.fit_to
-    if not m.any():
-        return opts  # the fit itself reports the empty window
-    a, cm = relative_grids(float(c[m].min()), float(c[m].max()))
-    return replace(opts, a_grid=tuple(a), cmid_grid=tuple(cm))
+    return relative_options(series.compute, opts) if grid == "relative" else opts
 
 
 def _compact(v: float) -> str:
@@ -291,7 +282,8 @@ def _plots(args, series, fits, extraps, loo=None) -> list[Path]:
 
     out_dir = Path(args.plot_dir)
     xlabel = {"compute_gpu_hours": "Compute (GPU-hours)",
-              "compute_device_hours": "Compute (device-hours)"}.get(args.x, args.x)
+              "compute_device_hours": "Compute (device-hours)",
+              "sum:batch/tokens": "Rollout tokens trained on (cumulative)"}.get(args.x, args.x)
     ylabel = {"val_pass_rate": "Validation pass rate"}.get(args.y, args.y)
     written = []
     curves = [CurvePlot(label=s.name, compute=s.compute, reward=s.reward, fit=f) for s, f in zip(series, fits)]

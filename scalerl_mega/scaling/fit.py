@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal, Sequence
 
 import numpy as np
@@ -789,3 +789,18 @@ class FitOptions:
     def refit_fixed_A(self, compute, reward, *, A: float) -> SigmoidFit:
         return refit_fixed_A(compute, reward, A=A, r0=self.r0, fit_from=self.fit_from, fit_to=self.fit_to,
                              method=self.method, cmid_grid=self.cmid_grid, refine=True, widen=self.widen)
+
+
+def relative_options(compute, options: FitOptions) -> FitOptions:
+    """`options` with `relative_grids` over the series' compute inside its fit window (C > 0, fit_from/fit_to);
+    unchanged when no point is inside (the fit itself then reports the empty window)."""
+    c = np.asarray(compute, dtype=np.float64)
+    m = c > 0
+    if options.fit_from is not None:
+        m &= c >= options.fit_from
+    if options.fit_to is not None:
+        m &= c <= options.fit_to
+    if not m.any():
+        return options
+    a, cm = relative_grids(float(c[m].min()), float(c[m].max()))
+    return replace(options, a_grid=tuple(a), cmid_grid=tuple(cm))

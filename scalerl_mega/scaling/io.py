@@ -5,6 +5,9 @@ y key (e.g. "val_pass_rate", written by validation lines such as
 `{"kind": "validation", "step": 100, "compute_gpu_hours": 1.2, "compute_device_hours": 0.4,
 "val_pass_rate": 0.31}`) with a non-null value is a point; its x key must then be present.
 CSV: a header row naming the columns; rows with an empty y cell are skipped.
+A jsonl x key `sum:<key>` is cumulative: the sum of `<key>` over every earlier line carrying it (e.g.
+`sum:batch/tokens`, the rollout tokens of the steps trained so far on `train` lines) -- a compute axis
+that, unlike wall-clock device-hours, does not depend on what else the machine was running.
 A run directory is read through its `metrics.jsonl`, else its single `*.csv`, else its single `*.jsonl`.
 
 Every problem is a ValueError whose message starts with `<file>:<line>:` (or `<file>:`), e.g. NaN values,
@@ -65,8 +68,13 @@ def _resolve(path: Path) -> Path:
     raise ValueError(f"{path}: directory has no metrics.jsonl, *.csv or *.jsonl file")
 
 
+CUMULATIVE_PREFIX = "sum:"
+
+
 def _read_jsonl(path: Path, *, x: str, y: str) -> tuple[list[float], list[float], list[int], set[str]]:
     xs, ys, lines, keys = [], [], [], set()
+    summed = x[len(CUMULATIVE_PREFIX):] if x.startswith(CUMULATIVE_PREFIX) else None
+    total, seen = 0.0, False
     with path.open(encoding="utf-8") as fh:
         for lineno, raw in enumerate(fh, start=1):
             raw = raw.strip()
@@ -80,13 +88,21 @@ def _read_jsonl(path: Path, *, x: str, y: str) -> tuple[list[float], list[float]
             if not isinstance(obj, dict):
                 raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
             keys.update(obj)
+            if summed is not None and obj.get(summed) is not None:
+                total += _number(obj[summed], where=where, key=summed)
+                seen = True
             if obj.get(y) is None:
                 continue
-            if obj.get(x) is None:
+            if summed is not None:
+                xs.append(total)
+            elif obj.get(x) is None:
                 raise ValueError(f"{where}: row has {y!r} but no {x!r}")
-            xs.append(_number(obj[x], where=where, key=x))
+            else:
+                xs.append(_number(obj[x], where=where, key=x))
             ys.append(_number(obj[y], where=where, key=y))
             lines.append(lineno)
+    if summed is not None and not seen:
+        raise ValueError(f"{path}: no line carries {summed!r} (for --x {x})")
     return xs, ys, lines, keys
 
 
@@ -118,6 +134,8 @@ def read_series(path: str | Path, *, x: str = "compute_gpu_hours", y: str = "val
     """Read one run (directory, .jsonl or .csv). Checks: at least one row, compute non-decreasing."""
     p = _resolve(Path(path))
     if p.suffix.lower() == ".csv":
+        if x.startswith(CUMULATIVE_PREFIX):
+            raise ValueError(f"{p}: x = {x!r}: cumulative keys ({CUMULATIVE_PREFIX}<key>) need a metrics.jsonl")
         xs, ys, lines, keys = _read_csv(p, x=x, y=y)
     else:
         xs, ys, lines, keys = _read_jsonl(p, x=x, y=y)

@@ -39,6 +39,18 @@ EXPECTED = {
 }
 
 
+# `make reproduce` (conf/experiment/repro_*.yaml): the demo's recipe with one axis reverted each.
+DEMO = ("cispo", None, 5.0, "prompt", "batch", "pipeline_rl", 2, "interruption", "no_positive_resampling",
+        "zero_variance", "fp32_head", 32)
+REPRO = {
+    "repro_scalerl": DEMO,
+    "repro_dapo": ("dapo", 0.2, 0.26) + DEMO[3:],
+    "repro_no_zvf": DEMO[:9] + ("none",) + DEMO[10:],
+    "repro_no_fp32_head": DEMO[:10] + ("bf16_head", 32),
+    "repro_no_npr": DEMO[:8] + ("uniform",) + DEMO[9:],
+}
+
+
 def _compose(*overrides: str):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -61,7 +73,22 @@ def _recipe(c) -> tuple:
 
 def test_every_experiment_file_is_covered():
     on_disk = {p.stem for p in (CONF / "experiment").glob("*.yaml")}
-    assert on_disk == set(EXPECTED) | {"demo", "smollm2_cpu"}
+    assert on_disk == set(EXPECTED) | set(REPRO) | {"demo", "smollm2_cpu"}
+
+
+@pytest.mark.parametrize("name", sorted(REPRO))
+def test_reproduce_overlays_revert_one_axis_of_the_demo(name):
+    """Same sizes as each other (only the recipe differs), FP32 body, one shared warm start per seed."""
+    from scalerl_mega.config import validate
+    from scalerl_mega.train import sft_fingerprint
+
+    c = _compose(f"experiment={name}", "seed=2")
+    validate(c)
+    assert _recipe(c) == REPRO[name] and c.run_name == name
+    assert (c.train.steps, c.train.val_every, c.data.val_prompts, c.data.val_samples, c.sft.steps) == (50, 5, 100, 4, 250)
+    assert c.precision.params_dtype == "float32"
+    assert c.sft.checkpoint == "outputs/reproduce/sft" and c.sft.any_seed
+    assert sft_fingerprint(c) == sft_fingerprint(_compose("experiment=repro_scalerl", "seed=2"))
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

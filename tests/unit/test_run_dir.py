@@ -40,6 +40,8 @@ def test_resume_with_other_loss_is_refused_and_force_overrides(tmp_path):
     assert check_resume(first) == [] and (tmp_path / SAVED).is_file()  # fresh run: recorded
     _fake_checkpoint(tmp_path)
     assert check_resume(_config(tmp_path, "train.steps=500")) == []  # extending a run is fine
+    # where a fresh run would find its warm start does not matter to a resumed one (it skips the warm start)
+    assert check_resume(_config(tmp_path, "sft.checkpoint=/elsewhere", "sft.any_seed=true")) == []
     with pytest.raises(ValueError) as e:
         check_resume(_config(tmp_path, "loss=dapo", "optim.lr=0.001"))
     msg = str(e.value)

@@ -142,3 +142,50 @@ def test_cli_seeds_and_bootstrap(tmp_path, capsys):
     assert data["seeds"]["half_range_A"] == pytest.approx((max(per) - min(per)) / 2)
     bp = data["runs"][0]["bootstrap_points"]
     assert bp["seed_margin_A"] == 0.02 and bp["A"][0] <= bp["A"][1]
+
+
+def write_token_run(d: Path, *, A, B, cm_tokens, tokens_per_step, steps=50, every=5, r0=0.3, noise=0.0, seed=0):
+    """A run logged like the loop: one `train` line per step with batch/tokens, a `validation` line every
+    `every` steps whose pass rate is Eq. 1 at the cumulative tokens so far (+ noise)."""
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    total = 0.0
+    with (d / "metrics.jsonl").open("w") as fh:
+        for step in range(steps + 1):
+            if step:
+                total += tokens_per_step[step - 1]
+                fh.write(json.dumps({"kind": "train", "step": step, "batch/tokens": tokens_per_step[step - 1],
+                                     "compute_device_hours": 0.001 * step}) + "\n")
+            if step % every == 0:
+                r = float(eq1([total], A, B, cm_tokens, r0)[0]) + (rng.normal(0, noise) if step else 0.0)
+                fh.write(json.dumps({"kind": "validation", "step": step, "val_pass_rate": r,
+                                     "compute_device_hours": 0.001 * step + 0.0005}) + "\n")
+    return d
+
+
+def test_cumulative_x_key_sums_earlier_lines(tmp_path):
+    tokens = [1000.0 + 10 * k for k in range(50)]  # uneven steps: the sum is not steps x constant
+    d = write_token_run(tmp_path / "run", A=0.8, B=2.0, cm_tokens=15000.0, tokens_per_step=tokens)
+    s = read_series(d, x="sum:batch/tokens")
+    np.testing.assert_allclose(s.compute, [sum(tokens[:k]) for k in range(0, 51, 5)])
+    with pytest.raises(ValueError, match="no line carries 'nope'"):
+        read_series(d, x="sum:nope")
+    csv = tmp_path / "r.csv"
+    csv.write_text("compute_gpu_hours,val_pass_rate\n1,0.5\n")
+    with pytest.raises(ValueError, match="cumulative keys"):
+        read_series(csv, x="sum:batch/tokens")
+
+
+def test_cli_fits_on_cumulative_tokens(tmp_path, capsys):
+    """Known parameters in token units are recovered through `--x sum:batch/tokens` (the wall-clock key of the
+    same file would give another curve)."""
+    tokens = [1000.0 + 10 * (k % 7) for k in range(60)]
+    d = write_token_run(tmp_path / "run", A=0.8, B=2.0, cm_tokens=15000.0, tokens_per_step=tokens, steps=60,
+                        every=3)
+    assert main([str(d), "--x", "sum:batch/tokens", "--grid", "relative", "--json", "--holdout", "0",
+                 "--refine"]) == 0
+    row = json.loads(capsys.readouterr().out)["runs"][0]
+    assert row["identified"]
+    assert row["refined"]["A"] == pytest.approx(0.8, abs=0.005)
+    assert row["refined"]["B"] == pytest.approx(2.0, rel=0.02)
+    assert row["refined"]["C_mid"] == pytest.approx(15000.0, rel=0.02)

@@ -1,0 +1,48 @@
+"""`python -m scalerl_mega.reproduce sweep` (what `make reproduce-sweep` runs) on two tiny points of one seed:
+the first recipe runs the warm start and saves it to <sweep>/sft, the second loads it; an identical
+second invocation launches nothing (skip-done) and both invocations are recorded in provenance.jsonl.
+Then `analyse` collects both runs. Slow: two real trainer + engine runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["sft.steps=3", "train.steps=2", "train.val_every=1", "train.save_every=0", "data.val_prompts=8",
+        "data.val_samples=2", "train.prompts_per_step=4", "train.generations_per_prompt=2",
+        "rollout.max_batch_size=8", "metrics.tensorboard=false"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)  # two real runs and two Hydra launches: ~4 min alone, far more on a loaded machine
+def test_sweep_shares_the_warm_start_and_skips_finished_points(tmp_path):
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "scalerl_mega.reproduce", "sweep", "--sweep-dir", str(sweep), "--seeds", "0",
+           "--recipes", "repro_scalerl,repro_dapo", *TINY]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="1")
+    first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
+    log = first.stdout + first.stderr
+    assert first.returncode == 0, log[-6000:]
+    assert "sft: saved the warm start to" in log and "sft: loaded the shared warm start from" in log
+    assert (sweep / "repro_scalerl" / "seed0" / "sft.jsonl").is_file()
+    assert not (sweep / "repro_dapo" / "seed0" / "sft.jsonl").exists()  # loaded, not rerun
+    for rec in ("repro_scalerl", "repro_dapo"):
+        assert json.loads((sweep / rec / "seed0" / "summary.json").read_text())["steps"] == 2
+    mtimes = {p: p.stat().st_mtime_ns for p in sweep.glob("repro_*/seed0/metrics.jsonl")}
+
+    second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-6000:]
+    assert (second.stdout + second.stderr).count("skip seed=0") == 2
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
+    prov = [json.loads(x) for x in (sweep / "provenance.jsonl").read_text().splitlines()]
+    assert [p["rc"] for p in prov] == [0, 0] and all("experiment=repro_scalerl,repro_dapo" in p["command"] for p in prov)
+
+    from scalerl_mega.reproduce_report import collect
+
+    assert collect(sweep, tmp_path / "out" / "runs") == ["scalerl/seed0", "dapo/seed0"]

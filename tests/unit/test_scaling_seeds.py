@@ -1,0 +1,76 @@
+"""scaling/seeds.py: the seed-mean curve and the seed-aware leave-one-out rule, on hand-worked numbers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from scalerl_mega.scaling.seeds import (NOT_SEPARABLE, REFERENCE_BETTER, VARIANT_BETTER, compare_recipe, half_range,
+                                        seed_mean_curve)
+
+
+def test_seed_mean_curve_is_pointwise_and_cut_to_the_shortest():
+    x, y = seed_mean_curve([([0.0, 1.0, 2.0, 3.0], [0.1, 0.2, 0.3, 0.4]), ([0.0, 3.0, 4.0], [0.3, 0.4, 0.5])])
+    np.testing.assert_allclose(x, [0.0, 2.0, 3.0])
+    np.testing.assert_allclose(y, [0.2, 0.3, 0.4])
+
+
+def test_seed_mean_curve_rejects_bad_input():
+    with pytest.raises(ValueError, match="at least one"):
+        seed_mean_curve([])
+    with pytest.raises(ValueError, match="compute has 2 points but reward 1"):
+        seed_mean_curve([([0.0, 1.0], [0.1])])
+
+
+def test_half_range():
+    assert half_range([0.60, 0.63, 0.61]) == pytest.approx(0.015)
+    assert half_range([0.5]) == 0.0
+
+
+def test_A_beyond_the_margin_decides():
+    # mean A: reference 0.70, variant 0.64 -> -0.06; noise max(0.02, 0.01, 0.01) = 0.02
+    c = compare_recipe(A_ref=[0.69, 0.70, 0.71], A_var=[0.63, 0.64, 0.65], B_ref=[1, 1, 1], B_var=[2, 2, 2])
+    assert c.outcome == REFERENCE_BETTER and c.decided_by == "A"
+    assert c.delta_A == pytest.approx(-0.06) and c.noise_A == pytest.approx(0.02)
+
+
+def test_seed_spread_widens_the_margin():
+    # same -0.06 difference, but the variant's seeds span 0.58..0.70 (half-range 0.06): not beyond it
+    c = compare_recipe(A_ref=[0.69, 0.70, 0.71], A_var=[0.58, 0.64, 0.70], B_ref=[2.0, 2.1, 1.9],
+                       B_var=[2.0, 2.1, 1.9])
+    assert c.outcome == NOT_SEPARABLE and c.noise_A == pytest.approx(0.06)
+    assert c.delta_B == pytest.approx(0.0, abs=1e-12)
+
+
+def test_B_at_the_common_A_against_welch_se():
+    # A equal; B ref 2.0 +- 0.1 (sd 0.1), variant 1.5 +- 0.1: dB = -0.5, SE = sqrt(0.01/3 + 0.01/3) = 0.0816
+    c = compare_recipe(A_ref=[0.7, 0.7, 0.7], A_var=[0.7, 0.71, 0.69], B_ref=[1.9, 2.0, 2.1], B_var=[1.4, 1.5, 1.6])
+    assert c.outcome == REFERENCE_BETTER and c.decided_by == "B at the common A"
+    assert c.delta_B == pytest.approx(-0.5) and c.se_B == pytest.approx(math.sqrt(0.02 / 3))
+    # the variant better in B
+    c = compare_recipe(A_ref=[0.7, 0.7, 0.7], A_var=[0.7, 0.7, 0.7], B_ref=[1.4, 1.5, 1.6], B_var=[1.9, 2.0, 2.1])
+    assert c.outcome == VARIANT_BETTER
+    # dB = -0.1 < 2 x 0.0816: not separable
+    c = compare_recipe(A_ref=[0.7, 0.7, 0.7], A_var=[0.7, 0.7, 0.7], B_ref=[1.9, 2.0, 2.1], B_var=[1.8, 1.9, 2.0])
+    assert c.outcome == NOT_SEPARABLE and "within 2 x SE" in c.reason
+
+
+def test_unidentified_seeds_are_left_out():
+    c = compare_recipe(A_ref=[0.7, math.nan, math.nan], A_var=[0.6, 0.6, 0.6], B_ref=[2, 2, 2], B_var=[1, 1, 1])
+    assert c.outcome == NOT_SEPARABLE and c.n_ref == 1 and "identified for 1 reference" in c.reason
+    c = compare_recipe(A_ref=[0.7, 0.7, math.nan], A_var=[0.75, 0.76, 0.74], B_ref=[2, 2, math.nan],
+                       B_var=[1, 1, 1])
+    assert c.outcome == VARIANT_BETTER and c.n_ref == 2  # +0.05 beyond 0.02
+
+
+def test_compare_means_welch_rule():
+    from scalerl_mega.scaling.seeds import compare_means
+
+    # ref 0.70 +- 0.01 (sd 0.01), var 0.78 +- 0.01: delta 0.08, SE sqrt(2e-4/3) = 0.00816
+    m = compare_means([0.69, 0.70, 0.71], [0.77, 0.78, 0.79])
+    assert m.outcome == VARIANT_BETTER and m.delta == pytest.approx(0.08) and m.se == pytest.approx(math.sqrt(2e-4 / 3))
+    assert compare_means([0.69, 0.70, 0.71], [0.70, 0.71, 0.72]).outcome == NOT_SEPARABLE  # 0.01 < 2 x 0.0082
+    one = compare_means([0.7], [0.9, 0.8])
+    assert one.outcome == NOT_SEPARABLE and one.delta == pytest.approx(0.15) and math.isnan(one.se)
