@@ -120,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     from scalerl_mega.data.tasks.word_problems import write_word_problems
     from scalerl_mega.gguf_import import import_gguf
 
+    taken = [str(args.out / f"seed{s}") for s in args.seeds if (args.out / f"seed{s}").exists()]
+    if taken:
+        print(f"demo-real: {', '.join(taken)} exist(s): remove, or choose another --out (runs are not resumed)")
+        return 2
     ckpt = import_gguf()
     args.out.mkdir(parents=True, exist_ok=True)
     data = write_word_problems(args.out / "problems.jsonl", args.problems, seed=0)
