@@ -32,6 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 def val_curve(metrics_path: Path) -> list[tuple[int, float]]:
     """(step, validation pass rate) of each validation record in a run's metrics.jsonl, in file order."""
     out = []
+    if not Path(metrics_path).is_file():
+        return out
     for line in Path(metrics_path).read_text().splitlines():
         if line.strip():
             rec = json.loads(line)
@@ -41,7 +43,8 @@ def val_curve(metrics_path: Path) -> list[tuple[int, float]]:
 
 
 def summary_table(rows: Sequence[dict]) -> str:
-    """Markdown table of per-seed results: each row has seed, curve [(step, rate)], wall_s."""
+    """Markdown table of per-seed results: each row has seed, curve [(step, rate)], wall_s. The rise (last minus
+    first validation) needs two validations."""
     lines = ["| seed | RL steps | validations | first val pass rate | last val pass rate | rise | wall (s) |",
              "|---|---|---|---|---|---|---|"]
     rises = []
@@ -50,10 +53,11 @@ def summary_table(rows: Sequence[dict]) -> str:
         if not curve:
             lines.append(f"| {r['seed']} | - | 0 | - | - | - | {r['wall_s']:.0f} |")
             continue
-        rise = curve[-1][1] - curve[0][1]
-        rises.append(rise)
+        rise = curve[-1][1] - curve[0][1] if len(curve) > 1 else None
+        if rise is not None:
+            rises.append(rise)
         lines.append(f"| {r['seed']} | {curve[-1][0]} | {len(curve)} | {curve[0][1]:.3f} | {curve[-1][1]:.3f} | "
-                     f"{rise:+.3f} | {r['wall_s']:.0f} |")
+                     f"{'-' if rise is None else f'{rise:+.3f}'} | {r['wall_s']:.0f} |")
     if rises:
         lines.append(f"\nmean rise over {len(rises)} seed(s): {sum(rises) / len(rises):+.3f}; "
                      f"smallest: {min(rises):+.3f}")
@@ -114,12 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-min", type=float, default=30.0, help="wall-clock budget per run (SIGTERM after it)")
     p.add_argument("--problems", type=int, default=4000, help="generated word problems (validation included)")
     p.add_argument("--sequential", action="store_true", help="one seed after the other (default: in parallel)")
+    p.add_argument("--report-only", action="store_true", help="only (re)write the table and plot of <out>/seed*")
     p.add_argument("overrides", nargs="*", help="more scalerl-train overrides (after --)")
     args = p.parse_args(argv)
 
     from scalerl_mega.data.tasks.word_problems import write_word_problems
     from scalerl_mega.gguf_import import import_gguf
 
+    if args.report_only:
+        return _report(args.out, args.seeds, walls={})
     taken = [str(args.out / f"seed{s}") for s in args.seeds if (args.out / f"seed{s}").exists()]
     if taken:
         print(f"demo-real: {', '.join(taken)} exist(s): remove, or choose another --out (runs are not resumed)")
@@ -137,17 +144,23 @@ def main(argv: list[str] | None = None) -> int:
         _wait_with_budget(procs, t0=t0, budget_s=budget_s)
         for s, proc in zip(group, procs):
             walls[s] = time.monotonic() - t0
-            if proc.returncode != 0:
+            if proc.returncode != 0:  # 143: no safe point within train.sigterm_grace_s after the budget's SIGTERM
                 print(f"seed {s}: scalerl-train exited {proc.returncode}; see {args.out / f'seed{s}' / 'console.log'}")
-                return 1
-    rows = [{"seed": s, "curve": val_curve(args.out / f"seed{s}" / "metrics.jsonl"), "wall_s": walls[s]}
-            for s in args.seeds]
+    return _report(args.out, args.seeds, walls=walls)
+
+
+def _report(out: Path, seeds: Sequence[int], *, walls: dict[int, float]) -> int:
+    rows = []
+    for s in seeds:
+        summary = out / f"seed{s}" / "summary.json"
+        wall = walls.get(s, json.loads(summary.read_text())["wall_s"] if summary.is_file() else float("nan"))
+        rows.append({"seed": s, "curve": val_curve(out / f"seed{s}" / "metrics.jsonl"), "wall_s": wall})
     table = summary_table(rows)
-    png = plot_curves(rows, args.out / "demo_real.png")
-    (args.out / "demo_real.md").write_text(f"# demo-real\n\n{table}\n![validation]({png.name})\n")
+    png = plot_curves(rows, out / "demo_real.png")
+    (out / "demo_real.md").write_text(f"# demo-real\n\n{table}\n![validation]({png.name})\n")
     print(table)
     print(f"plot: {png}")
-    return 0
+    return 0 if all(r["curve"] for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -25,16 +25,18 @@ def test_val_curve_keeps_only_validation_records_in_order(tmp_path):
         {"step": 0, "val_pass_rate": 0.25}, {"step": 1, "pass_rate": 0.9}, {"step": 5, "val_pass_rate": 0.3125},
         {"step": 10, "val_pass_rate": 0.375, "val_seconds": 12.0}, {"step": 10}])
     assert demo_real.val_curve(m) == [(0, 0.25), (5, 0.3125), (10, 0.375)]
+    assert demo_real.val_curve(tmp_path / "absent.jsonl") == []
 
 
 def test_summary_table_rises_and_their_mean_and_minimum():
     rows = [{"seed": 0, "curve": [(0, 0.25), (10, 0.375)], "wall_s": 1799.6},
             {"seed": 1, "curve": [(0, 0.5), (5, 0.5), (8, 0.5625)], "wall_s": 1800.2},
-            {"seed": 2, "curve": [], "wall_s": 3.0}]
+            {"seed": 2, "curve": [], "wall_s": 3.0}, {"seed": 3, "curve": [(0, 0.125)], "wall_s": 60.0}]
     table = demo_real.summary_table(rows)
     assert "| 0 | 10 | 2 | 0.250 | 0.375 | +0.125 | 1800 |" in table
     assert "| 1 | 8 | 3 | 0.500 | 0.562 | +0.062 | 1800 |" in table  # 0.5625 - 0.5 = 0.0625
     assert "| 2 | - | 0 | - | - | - | 3 |" in table
+    assert "| 3 | 0 | 1 | 0.125 | 0.125 | - | 60 |" in table  # one validation: no rise
     assert "mean rise over 2 seed(s): +0.094; smallest: +0.062" in table  # (0.125 + 0.0625) / 2 = 0.09375
 
 
