@@ -45,3 +45,19 @@ def test_plot_curves_writes_a_png(tmp_path):
     path = demo_real.plot_curves(rows, tmp_path / "sub" / "p.png")
     assert path == tmp_path / "sub" / "p.png"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_smollm2_cpu_forced_box_interruption_is_what_the_math_reward_reads():
+    """make demo-real's settings: an interrupted answer ends in the forced box, which the reward scores."""
+    from omegaconf import OmegaConf
+
+    from scalerl_mega.rewards.math import score_math
+
+    cfg = OmegaConf.load(ROOT / "conf/experiment/smollm2_cpu.yaml")
+    phrase = cfg.length.interruption_phrase
+    assert phrase == "\nThe final answer is \\boxed{"
+    assert cfg.data.template.format(problem="P?") == "P?\nThink briefly, then put the final answer in \\boxed{}."
+    assert cfg.length.interruption_max + cfg.length.answer_budget <= cfg.length.max_new_tokens
+    assert score_math("Tom has 4 + 8 = 12 stick" + phrase + "12}", "12", require_think=False).passed
+    # the box decides, not a number written before the interruption
+    assert not score_math("Tom has 4 + 8 = 12 stick" + phrase + "13}", "12", require_think=False).passed
