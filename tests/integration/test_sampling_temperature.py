@@ -26,11 +26,13 @@ def worker(out: str) -> None:
     from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.routing_probe import engine_core, sample_batch
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
+    from scalerl_mega.trainer.policy_loss import make_policy_loss_fn
 
     torch.set_num_threads(1)
     cfg = MegatronConfig(model=load_model_preset("tiny_moe"), parallel=ParallelConfig(), optim=OptimConfig(lr=1e-2),
                          logit_temperature=T)
-    trainer = MegatronPolicyTrainer(cfg)
+    loss_fn = make_policy_loss_fn(loss_type="cispo", eps_low=None, eps_high=5.0, aggregation="prompt")
+    trainer = MegatronPolicyTrainer(cfg, loss_fn=loss_fn)  # the logits path (no fused head at T != 1)
     rng = random.Random(0)
     prompts = [[rng.randrange(cfg.model.vocab_size) for _ in range(rng.randrange(3, 9))] for _ in range(6)]
     core = engine_core(trainer, dtype="float32", router_noise=0.0, max_seq_len=64)

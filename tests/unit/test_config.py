@@ -287,3 +287,14 @@ def test_corrections_and_mismatch_guard_are_off_by_default_and_compose():
                      "metrics.mismatch_mode=assert")
         validate(c)
         assert not use_fused_cispo(c)  # the masks need the trainer's log-probs: logits path
+
+
+def test_sampling_temperature_reaches_the_trainer_and_turns_off_the_fused_head():
+    from scalerl_mega.build import megatron_config, use_fused_cispo
+    from scalerl_mega.config import validate
+
+    c = _compose("experiment=demo", "rollout.temperature=0.7")
+    validate(c)
+    assert megatron_config(c).logit_temperature == 0.7 and not use_fused_cispo(c)
+    c = _compose("experiment=demo")
+    assert megatron_config(c).logit_temperature == 1.0 and use_fused_cispo(c)
