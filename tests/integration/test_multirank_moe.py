@@ -18,7 +18,12 @@ import pytest
 from multirank_util import (COMMON, REPO, TORCHRUN, assert_same_run, convert, hf_digest, records, run_job,
                             warm_hf_checkpoint)
 
-STEPS = ["sft.steps=0", "train.steps=3", "train.save_every=3", "metrics.weights_digest=true"]
+# Aux loss off: Megatron weights the MoE load-balancing loss per micro-batch (1/num_microbatches on each
+# rank), and a rank one micro-batch short runs a one-token filler (trainer/microbatch.py) whose aux loss is
+# not zero, so with an odd micro-batch count EP2/DP2 and 1 rank differ by ~0.2% in grad norm (measured:
+# 1.9111 vs 1.9148 at step 1). Known gap, README "Micro-batches"; the RL loss itself is exact.
+STEPS = ["sft.steps=0", "train.steps=3", "train.save_every=3", "metrics.weights_digest=true",
+         "model.moe_aux_loss_coeff=0"]
 
 
 @pytest.fixture(scope="module")
