@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mp_launch import run_single_worker  # noqa: E402
+
 T = 0.7
 
 
@@ -56,15 +57,7 @@ def worker(out: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_trainer_logprobs_follow_the_sampling_temperature(tmp_path):
-    out = str(tmp_path / "report.json")
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", out], env=env,
-                          capture_output=True, text=True, timeout=550)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    with open(out) as f:
-        report = json.load(f)
+    report = run_single_worker(__file__, tmp_path / "report.json")
     assert report["tokens"] > 100
     assert report["at_T"]["max"] <= 1e-5, report  # the engine's softmax(logits / T), reproduced
     assert report["at_1"]["mean"] > 1e-2, report  # a T=1 trainer would bias every ratio
