@@ -26,7 +26,7 @@ def worker(out: str) -> None:
     import torch
 
     from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
-    from scalerl_mega.trainer.megatron.routing_probe import engine_core, sample_batch
+    from scalerl_mega.trainer.megatron.routing_probe import abs_log_ratio, engine_core, sample_batch
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
     torch.set_num_threads(1)
@@ -44,8 +44,8 @@ def worker(out: str) -> None:
             trainer.routing_replay = mode
             logp, metrics = trainer.logprobs(batch, with_metrics=True)
             # |log pi_trainer - log pi_engine| on on-policy trained tokens, in float64
-            diff = (logp[: batch.num_rows].double() - batch.gen_logp_BT.double()).abs()[on]
-            report["modes"][mode] = {"mean": float(diff.mean()), "max": float(diff.max()), **metrics}
+            mean, worst = abs_log_ratio(logp, batch, on)
+            report["modes"][mode] = {"mean": mean, "max": worst, **metrics}
         trainer.routing_replay = "ids"
         report["train_step"] = trainer.train_step(batch)
     finally:

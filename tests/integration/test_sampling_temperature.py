@@ -25,7 +25,7 @@ def worker(out: str) -> None:
     import torch
 
     from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
-    from scalerl_mega.trainer.megatron.routing_probe import engine_core, sample_batch
+    from scalerl_mega.trainer.megatron.routing_probe import abs_log_ratio, engine_core, sample_batch
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
     from scalerl_mega.trainer.policy_loss import make_policy_loss_fn
 
@@ -44,8 +44,8 @@ def worker(out: str) -> None:
         for name, temp in (("at_T", T), ("at_1", 1.0)):
             trainer.cfg = dataclasses.replace(trainer.cfg, logit_temperature=temp)
             logp = trainer.logprobs(batch)
-            diff = (logp[: batch.num_rows].double() - batch.gen_logp_BT.double()).abs()[on]
-            report[name] = {"mean": float(diff.mean()), "max": float(diff.max())}
+            mean, worst = abs_log_ratio(logp, batch, on)
+            report[name] = {"mean": mean, "max": worst}
         trainer.cfg = dataclasses.replace(trainer.cfg, logit_temperature=T)
         report["train_step"] = trainer.train_step(batch)
     finally:

@@ -85,6 +85,13 @@ def sample_batch(core: Any, prompts: list[list[int]], *, samples: int, max_new_t
                              micro_batch_tokens=1 << 30, policy_version=version).batch
 
 
+def abs_log_ratio(logp_BT: Any, batch: Any, select_BT: Any) -> tuple[float, float]:
+    """Mean and max of |log pi_trainer - log pi_engine| (float64) over the `select_BT` tokens of `batch`;
+    `logp_BT` is the trainer's [>= B, T] log-probs (its first `batch.num_rows` rows are the batch's)."""
+    diff = (logp_BT[: batch.num_rows].double() - batch.gen_logp_BT.double()).abs()[select_BT]
+    return float(diff.mean()), float(diff.max())
+
+
 def probe(trainer: Any, batch: Any, *, modes: tuple[str, ...] = REPLAY_MODES) -> list[ProbeResult]:
     """The trainer's log-probs of `batch` under each routing-replay mode vs the generator's: |log-ratio|
     mean and max over on-policy trained tokens, and the routing agreement metrics."""
@@ -94,10 +101,9 @@ def probe(trainer: Any, batch: Any, *, modes: tuple[str, ...] = REPLAY_MODES) ->
         for mode in modes:
             trainer.routing_replay = mode
             logp, metrics = trainer.logprobs(batch, with_metrics=True)
-            B = batch.num_rows
             on = (batch.loss_mask_BT > 0) & (batch.weight_version_BT == batch.policy_version)
-            diff = (logp[:B].double() - batch.gen_logp_BT.double()).abs()[on]
-            out.append(ProbeResult(mode=mode, abs_log_ratio_mean=float(diff.mean()), abs_log_ratio_max=float(diff.max()),
+            mean, worst = abs_log_ratio(logp, batch, on)
+            out.append(ProbeResult(mode=mode, abs_log_ratio_mean=mean, abs_log_ratio_max=worst,
                                    tokens=int(on.sum()), routing=metrics))
     finally:
         trainer.routing_replay = saved
