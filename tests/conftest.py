@@ -18,3 +18,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Run the test with one intra-op torch thread, restoring the old count after.
+
+    The rollout tests compare tokens and log-probs computed in different processes and threads;
+    one thread keeps their reductions in one order and keeps a loaded 2-core CI box responsive.
+    """
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

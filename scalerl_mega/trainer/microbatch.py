@@ -71,6 +71,22 @@ def rank_share(micro_batches: list[list[int]], *, dp: int, dp_rank: int) -> list
     return mine + [[] for _ in range(per_rank - len(mine))]
 
 
+def aux_loss_weight(*, n_micro_batches: int, dp: int, filler: bool) -> float:
+    """Factor on the MoE auxiliary-loss coefficient for one executed micro-batch, so the step's
+    auxiliary loss is the mean over the plan's `n_micro_batches` real micro-batches whatever `dp`.
+
+    Megatron scales each micro-batch's auxiliary-loss gradient by 1 / (micro-batches on this rank)
+    and DDP averages over the dp ranks: with fillers (`rank_share`) every rank runs ceil(n / dp), so
+    a real micro-batch weighs 1 / (dp * ceil(n / dp)) where one rank gives it 1 / n, and the filler
+    adds its own one-token auxiliary loss. The factor dp * ceil(n / dp) / n restores 1 / n for real
+    micro-batches; a filler gets 0 (its router still runs: expert-parallel all-to-alls need it)."""
+    if n_micro_batches < 1 or dp < 1:
+        raise ValueError(f"aux_loss_weight: n_micro_batches={n_micro_batches}, dp={dp} must be >= 1")
+    if filler:
+        return 0.0
+    return dp * -(-n_micro_batches // dp) / n_micro_batches
+
+
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 

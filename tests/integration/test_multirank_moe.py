@@ -18,12 +18,11 @@ import pytest
 from multirank_util import (COMMON, REPO, TORCHRUN, assert_same_run, convert, hf_digest, records, run_job,
                             warm_hf_checkpoint)
 
-# Aux loss off: Megatron weights the MoE load-balancing loss per micro-batch (1/num_microbatches on each
-# rank), and a rank one micro-batch short runs a one-token filler (trainer/microbatch.py) whose aux loss is
-# not zero, so with an odd micro-batch count EP2/DP2 and 1 rank differ by ~0.2% in grad norm (measured:
-# 1.9111 vs 1.9148 at step 1). Known gap, README "Micro-batches"; the RL loss itself is exact.
-STEPS = ["sft.steps=0", "train.steps=3", "train.save_every=3", "metrics.weights_digest=true",
-         "model.moe_aux_loss_coeff=0"]
+# The MoE aux loss stays on: a rank one micro-batch short runs a one-token filler whose aux loss is weighted
+# 0 and real micro-batches 1 / (plan's micro-batches) (microbatch.aux_loss_weight), as on one rank. Before
+# that weighting, with an odd micro-batch count EP2/DP2 and 1 rank differed by ~0.2% in grad norm (1.9111 vs
+# 1.9148 at step 1).
+STEPS = ["sft.steps=0", "train.steps=3", "train.save_every=3", "metrics.weights_digest=true"]
 
 
 @pytest.fixture(scope="module")
@@ -154,5 +153,25 @@ def test_ep2_routing_replay_agrees_on_every_token(tmp_path):
     recs = records(out)
     assert len(recs) == 2
     for r in recs:
+        assert r["train/routing_agreement"] == 1.0
+        assert r["train/routing_tokens"] == r["batch_tokens_trained"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [["parallel.pp=2"], ["parallel.tp=2", "parallel.sequence_parallel=true"]],
+                         ids=["pp2", "tp2_sp"])
+def test_routing_replay_under_pp_and_sp_matches_one_rank(tmp_path, moe_init, moe_single, layout):
+    """Replay maps the generator's columns to the right layers and tokens on every stage / TP chunk.
+
+    PPO-off-policy-1 with an FP32 engine: the generator's routes are the trainer's own, so a correct
+    replay (`ids`) changes nothing and the run equals the 1-rank run without replay. A wrong layer
+    column (stage 2 replaying stage 1's layers: the demo MoE has 4 MoE layers, 2 per stage) or a wrong
+    token order (another TP chunk's tokens under sequence parallelism) forces other experts and moves
+    the loss by far more than REL_TOL."""
+    out = tmp_path / "replay"
+    run_job(out, [*COMMON, *STEPS, f"init_from_hf={moe_init}", "moe.routing_replay=ids", *layout], nproc=2)
+    multi = records(out)
+    assert_same_run(moe_single, multi)
+    for r in multi:
         assert r["train/routing_agreement"] == 1.0
         assert r["train/routing_tokens"] == r["batch_tokens_trained"] > 0

@@ -49,12 +49,7 @@ def _collect(engine, n, timeout_s=120.0):
 P = Prompt(prompt_id="p", text="", task="synthetic", gold="0", token_ids=[3, 4, 5])
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_engine_process_generates_and_syncs_weights():

@@ -48,12 +48,7 @@ def schema():
     return OpenAPIValidator.from_file(str(DATA / "sglang-0.5.23-openapi.json"))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class Recorder:

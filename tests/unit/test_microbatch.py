@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from scalerl_mega.batch import micro_batch_overhead_tokens, pack_micro_batches, plan_padding_fraction
-from scalerl_mega.trainer.microbatch import block_causal_mask, cut_micro_batch, plan_of, rank_share, unpack
+from scalerl_mega.trainer.microbatch import (aux_loss_weight, block_causal_mask, cut_micro_batch, plan_of, rank_share,
+                                             unpack)
 
 
 def test_issue_example_one_long_row_and_31_short_rows():
@@ -91,6 +92,24 @@ def test_rank_share_pads_with_fillers():
     assert rank_share(plan, dp=2, dp_rank=0) == [[0], [3], [5]]
     assert rank_share(plan, dp=2, dp_rank=1) == [[1, 2], [4], []]
     assert rank_share(plan, dp=1, dp_rank=0) == plan
+
+
+@pytest.mark.parametrize("n,dp", [(5, 2), (6, 2), (7, 4), (1, 3), (9, 1)])
+def test_aux_loss_weight_gives_every_real_micro_batch_one_over_n(n, dp):
+    # Megatron: per-micro-batch aux gradient scale 1 / (micro-batches on the rank); DDP: mean over dp.
+    # Effective weight of a real micro-batch = aux_loss_weight / (dp * per_rank); one rank gives 1 / n.
+    plan = [[i] for i in range(n)]
+    per_rank = len(rank_share(plan, dp=dp, dp_rank=0))
+    total = 0.0
+    for r in range(dp):
+        for rows in rank_share(plan, dp=dp, dp_rank=r):
+            w = aux_loss_weight(n_micro_batches=n, dp=dp, filler=not rows) / (dp * per_rank)
+            assert w == pytest.approx(0.0 if not rows else 1.0 / n, abs=1e-15)
+            total += w
+    assert total == pytest.approx(1.0, abs=1e-12)
+    assert aux_loss_weight(n_micro_batches=5, dp=2, filler=False) == 6 / 5  # hand-worked: 2 * 3 / 5
+    with pytest.raises(ValueError, match="n_micro_batches=0"):
+        aux_loss_weight(n_micro_batches=0, dp=2, filler=False)
 
 
 def test_plan_of_defaults_and_checks():

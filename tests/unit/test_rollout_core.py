@@ -46,12 +46,7 @@ LLAMA4 = dict(
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _model(arch="llama", seed=0, cfg=None):

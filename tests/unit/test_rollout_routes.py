@@ -20,12 +20,7 @@ LLAMA4 = dict(vocab_size=61, hidden_size=32, intermediate_size=32, intermediate_
               max_position_embeddings=256, tie_word_embeddings=False)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _model(seed=0):

@@ -165,16 +165,35 @@ def local_microbatches(batch: dict, plan: MicroBatchPlan, *, cols_multiple: int 
     rank, fillers where the plan runs short), cut from the global batch (`microbatch.cut_micro_batch`)."""
     from megatron.core import parallel_state as ps
 
-    from scalerl_mega.trainer.microbatch import cut_micro_batch, rank_share
+    from scalerl_mega.trainer.microbatch import aux_loss_weight, cut_micro_batch, rank_share
 
-    share = rank_share(plan.micro_batches, dp=ps.get_data_parallel_world_size(), dp_rank=ps.get_data_parallel_rank())
+    dp = ps.get_data_parallel_world_size()
+    share = rank_share(plan.micro_batches, dp=dp, dp_rank=ps.get_data_parallel_rank())
     global_tokens = batch["loss_mask"].float().sum().clamp_min(1.0)
     out = []
     for rows in share:
         mb = cut_micro_batch(batch, rows, plan.lengths, packed=plan.packed, cols_multiple=cols_multiple)
         mb["global_tokens"] = global_tokens
+        mb["aux_loss_weight"] = aux_loss_weight(n_micro_batches=len(plan.micro_batches), dp=dp, filler=not rows)
         out.append(mb)
     return out
+
+
+@contextlib.contextmanager
+def aux_loss_scaled(config, weight: float):
+    """During one micro-batch's forward, the MoE auxiliary-loss coefficient(s) of `config` (the
+    TransformerConfig its routers read at call time) times `weight` (`microbatch.aux_loss_weight`).
+    The auxiliary loss enters the graph with the coefficient already applied, so the weighting holds
+    whichever backward runs next (pipeline schedules interleave them). Dense models: no-op."""
+    base = getattr(config, "moe_aux_loss_coeff", None)
+    if not getattr(config, "num_moe_experts", None) or base is None or weight == 1.0:
+        yield
+        return
+    config.moe_aux_loss_coeff = [c * weight for c in base] if isinstance(base, list) else base * weight
+    try:
+        yield
+    finally:
+        config.moe_aux_loss_coeff = base
 
 
 def _to_device(mb: dict, device) -> dict:
@@ -351,11 +370,12 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
         gpt = unwrap_gpt(model)
         kwargs, ctx = packed_inputs(gpt, mb)
         replay = routes.scope(mb) if routes is not None else contextlib.nullcontext()
+        aux = aux_loss_scaled(gpt.config, mb["aux_loss_weight"])
         if fused and gpt.post_process:
-            with hidden_states_only(gpt), ctx, replay:
+            with hidden_states_only(gpt), ctx, replay, aux:
                 output = model(mb["input_ids"], mb["position_ids"], kwargs.pop("attention_mask", None), **kwargs)
             return output, partial(head_loss_func, mb, gpt)
-        with ctx, replay:
+        with ctx, replay, aux:
             output = model(mb["input_ids"], mb["position_ids"], kwargs.pop("attention_mask", None), **kwargs)
         return output, partial(loss_func, mb, dtype=head_dtype(gpt))
 
