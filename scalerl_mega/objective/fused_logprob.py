@@ -355,8 +355,8 @@ def cispo_from_hidden(
     batch, flattened; 0 for untrained tokens). `eps_high` is the absolute cap on rho, `eps_low` an optional
     absolute floor (as in `losses.policy_loss`). Equals `policy_loss(..., loss_type="cispo")` on the same
     tokens and weights. Metrics as in `policy_loss` (over tokens with weight > 0), including `entropy` when
-    `with_entropy` and the backend is torch (computed in the same chunked pass from the softmax buffer;
-    the Triton kernels do not compute it); `sums=True` returns them as `losses.diagnostic_sums` shares
+    `with_entropy` (computed in the same pass: from the softmax buffer of each chunk on torch, from
+    the kernel's online sums on Triton); `sums=True` returns them as `losses.diagnostic_sums` shares
     (`policy_loss(..., sums=True)`). `return_logp=True`: returns (loss, metrics, logp [N]) with the
     per-token fp32 log-probs of the pass (detached), so callers need no second head pass.
 
@@ -382,7 +382,9 @@ def cispo_from_hidden(
     if backend == "triton":
         from scalerl_mega.objective.triton.fused_logprob import triton_logprob
 
-        logp = triton_logprob(hidden, weight, targets)
+        logp, entropy = triton_logprob(hidden, weight, targets, with_entropy=True)
+        if with_entropy:
+            stats["entropy"] = entropy
         coef = coef_scale * torch.exp(logp.detach() - gen_logp.float()).clamp(min=eps_low, max=eps_high)
         loss = -(coef * logp).sum()
         stats["logp"] = logp.detach()

@@ -141,7 +141,9 @@ def test_cispo_backends_agree_on_gpu():
         loss, metrics = cispo_from_hidden(h, W, y, gen, A, w, eps_high=EPS_HIGH, backend=backend)
         loss.backward()
         res[backend] = (loss.detach().double(), h.grad.double(), W.grad.double(), metrics["clip_fraction"])
+        res[backend + "_entropy"] = metrics["entropy"]
     (la, gha, gwa, ca), (lt, ght, gwt, ct) = res["auto"], res["torch"]
+    assert res["auto_entropy"] == pytest.approx(res["torch_entropy"], rel=1e-4)  # the kernel's online entropy
     assert abs(float(la - lt)) <= 1e-4 * abs(float(lt))
     assert float((gha - ght).norm() / ght.norm()) <= 8e-3
     assert float((gwa - gwt).norm() / gwt.norm()) <= 8e-3

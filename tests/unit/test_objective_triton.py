@@ -46,6 +46,21 @@ SCRIPT = textwrap.dedent(r"""
         (lp * up).sum().backward()
         out[str(dtype)] = dict(logp=rel(lp, ref), gh=rel(h2.grad.float(), h1.grad), gw=rel(W2.grad.float(), W1.grad),
                                gdtype=str(h2.grad.dtype))
+        # entropy of each token's softmax vs float64, over 3 splits and over 6 (two of them hold no vocabulary:
+        # V = 200 is 4 blocks of 64), with logits shifted by +40 (a centring error shows as cancellation)
+        z64 = h.double() @ W.double().t()
+        ent_ref = -(z64.softmax(-1) * z64.log_softmax(-1)).sum(-1)
+        for splits in (3, 6):
+            lp_e, ent = triton_logprob(h, W, y, block_n=16, block_v=64, block_h=16, v_splits=splits,
+                                       with_entropy=True)
+            out[str(dtype)][f"ent{splits}"] = float((ent.double() - ent_ref).abs().max())
+            out[str(dtype)][f"ent{splits}_logp"] = bool(torch.equal(lp_e, lp.detach()) or splits != 3)
+            out[str(dtype)][f"ent{splits}_grad"] = ent.requires_grad
+        hb = torch.cat([h.float(), torch.ones(N, 1)], 1).to(dtype)
+        Wb = torch.cat([W.float(), torch.full((V, 1), 40.0)], 1).to(dtype)
+        _, ent = triton_logprob(hb, Wb, y, block_n=16, block_v=64, block_h=16, v_splits=3, with_entropy=True)
+        out[str(dtype)]["ent_shift"] = float((ent.double() - ent_ref).abs().max())
+        out[str(dtype)]["ent_range"] = [float(ent_ref.min()), float(ent_ref.max())]
     # CISPO through the kernel vs the torch reference formula
     h = torch.randn(N, H, generator=g); W = torch.randn(V, H, generator=g) * 0.3
     y = torch.randint(0, V, (N,), generator=g)
@@ -61,8 +76,10 @@ SCRIPT = textwrap.dedent(r"""
     h3, W3 = h.clone().requires_grad_(True), W.clone().requires_grad_(True)
     loss3, met = cispo_from_hidden(h3, W3, y, gen, A, w, eps_high=1.2, backend="triton")
     loss3.backward()
+    _, met_torch = cispo_from_hidden(h, W, y, gen, A, w, eps_high=1.2, backend="torch")
     out["backend"] = dict(loss=abs(float(loss3.detach()) - float(ref.detach())) / abs(float(ref.detach())),
-                          gh=rel(h3.grad, h1.grad), gw=rel(W3.grad, W1.grad), clip=met["clip_fraction"])
+                          gh=rel(h3.grad, h1.grad), gw=rel(W3.grad, W1.grad), clip=met["clip_fraction"],
+                          entropy=met.get("entropy"), entropy_torch=met_torch["entropy"])
     out["cispo"] = dict(loss=abs(float(loss.detach()) - float(ref.detach())) / abs(float(ref.detach())), gh=rel(h2.grad, h1.grad),
                         gw=rel(W2.grad, W1.grad))
     print(json.dumps(out))
@@ -81,6 +98,13 @@ def test_triton_kernel_under_interpreter_matches_torch():
         tol = 1e-5 if k == "logp" else 8e-3
         assert res["torch.bfloat16"][k] < tol, (k, res)
     assert res["torch.bfloat16"]["gdtype"] == "torch.bfloat16"
+    for dtype in ("torch.float32", "torch.bfloat16"):
+        r = res[dtype]
+        assert 1.0 < r["ent_range"][0] < r["ent_range"][1] < 5.3, r  # non-trivial entropies (log 200 = 5.3)
+        for k in ("ent3", "ent6", "ent_shift"):  # nats, float64 reference
+            assert r[k] < 2e-5, (dtype, k, r)
+        assert r["ent3_logp"] and not r["ent3_grad"] and not r["ent6_grad"], r
+    assert res["backend"]["entropy"] == pytest.approx(res["backend"]["entropy_torch"], rel=1e-5)
     for k in ("loss", "gh", "gw"):
         assert res["cispo"][k] < 1e-5, (k, res)
         assert res["backend"][k] < 1e-5, (k, res)  # cispo_from_hidden(backend="triton")
@@ -214,7 +238,7 @@ AOT = textwrap.dedent(r"""
     from scalerl_mega.objective.triton.aot import compile_kernel
 
     @triton.jit
-    def plain_fp32_dot(h_ptr, w_ptr, y_ptr, m_ptr, s_ptr, t_ptr, N, V, H, stride_h, stride_w,
+    def plain_fp32_dot(h_ptr, w_ptr, y_ptr, m_ptr, s_ptr, t_ptr, z_ptr, N, V, H, stride_h, stride_w,
                        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr,
                        PRECISION: tl.constexpr):
         r = tl.arange(0, BLOCK_N)

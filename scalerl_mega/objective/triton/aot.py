@@ -42,7 +42,8 @@ class CompileReport:
 def _signature(kernel: str, dtype: str) -> dict[str, str]:
     ph, pw = (_PTR["bf16"], _PTR["fp32"]) if dtype == "bf16+fp32" else (_PTR[dtype], _PTR[dtype])
     if kernel == "logprob_fwd_kernel":
-        ptrs = {"h_ptr": ph, "w_ptr": pw, "y_ptr": "*i64", "m_ptr": "*fp32", "s_ptr": "*fp32", "t_ptr": "*fp32"}
+        ptrs = {"h_ptr": ph, "w_ptr": pw, "y_ptr": "*i64", "m_ptr": "*fp32", "s_ptr": "*fp32", "t_ptr": "*fp32",
+                "z_ptr": "*fp32"}
         ints = ("N", "V", "H", "stride_h", "stride_w")
     elif kernel == "dlogits_kernel":
         ptrs = {"h_ptr": ph, "w_ptr": pw, "y_ptr": "*i64", "lse_ptr": "*fp32", "g_ptr": "*fp32", "d_ptr": pw}

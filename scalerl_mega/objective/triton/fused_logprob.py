@@ -4,7 +4,8 @@ Forward (`_kernels.logprob_fwd_kernel`): the grid is (row blocks of BLOCK_N, voc
 program streams its share of the vocabulary in BLOCK_V tiles, computes each [BLOCK_N, BLOCK_V] logits tile
 with tl.dot over BLOCK_H slices of H (FP32 accumulator) and keeps an online max / sum-exp and the target
 logit. The splits (more programs than row blocks alone at N=4k on 132 SMs) are merged here in a fixed order:
-lse = M + log sum_s s_s exp(m_s - M). [N, V] logits never exist; lse [N] is saved.
+lse = M + log sum_s s_s exp(m_s - M). [N, V] logits never exist; lse [N] is saved. The same pass keeps
+z = sum exp(logit - m)(logit - m) per split, so the entropy log S - z / S (S, z merged at M) comes free.
 
 Backward (no atomics, deterministic): rows are processed in chunks of C rows (`bwd_chunk_rows`, default: a
 512 MiB [C, V] buffer). For each chunk `_kernels.dlogits_kernel` recomputes the logits tiles and writes
@@ -152,20 +153,26 @@ class _TritonLogProb(torch.autograd.Function):
         if v_splits is None:
             sms = torch.cuda.get_device_properties(h.device).multi_processor_count if h.is_cuda else None
             v_splits = default_v_splits(N, V, sm_count=sms)
-        m, s, t = (torch.empty(v_splits, N, dtype=torch.float32, device=h.device) for _ in range(3))
+        m, s, t, z = (torch.empty(v_splits, N, dtype=torch.float32, device=h.device) for _ in range(4))
         _launch("logprob_fwd_kernel", lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), v_splits),
-                (h, w, y, m, s, t, N, V, H, h.stride(0), w.stride(0)), blocks=blocks, upcast=upcast,
+                (h, w, y, m, s, t, z, N, V, H, h.stride(0), w.stride(0)), blocks=blocks, upcast=upcast,
                 precision=precision)
         m_max = m.amax(dim=0)
-        lse = m_max + (s * torch.exp(m - m_max)).sum(dim=0).log()
+        alpha = torch.exp(m - m_max)  # 0 for a split with no vocabulary (m = -inf, s = 0)
+        sum_exp = (s * alpha).sum(dim=0)
+        lse = m_max + sum_exp.log()
         logp = t.sum(dim=0) - lse
+        # entropy = log S - (1/S) sum_v exp(x_v - M)(x_v - M), each split's z re-centred from m to M
+        centred = (alpha * (z + torch.where(s > 0, m - m_max, 0.0) * s)).sum(dim=0)
+        entropy = sum_exp.log() - centred / sum_exp
+        ctx.mark_non_differentiable(entropy)
         ctx.save_for_backward(h, w, y, lse)
         ctx.blocks, ctx.upcast, ctx.chunk_rows, ctx.precision = blocks, upcast, chunk_rows, precision
         ctx.dtypes = (hidden.dtype, weight.dtype)
-        return logp
+        return logp, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp):
+    def backward(ctx, grad_logp, _grad_entropy):
         triton, _ = _kernels()
         h, w, y, lse = ctx.saved_tensors
         N, H = h.shape
@@ -206,8 +213,11 @@ def triton_logprob(
     v_splits: int | None = None,
     bwd_chunk_rows: int | None = None,
     fp32_precision: str = "ieee",
-) -> torch.Tensor:
-    """Per-token fp32 log pi(target | hidden) [N] (same contract as `fused_logprob.chunked_logprob`).
+    with_entropy: bool = False,
+):
+    """Per-token fp32 log pi(target | hidden) [N] (same contract as `fused_logprob.chunked_logprob`);
+    with `with_entropy`, (logp [N], entropy [N]): the FP32 entropy of each token's softmax from the same
+    forward pass (no gradient).
 
     Block sizes must be powers of two (>= 16 for tl.dot on GPUs). If none is given: autotuned on a CUDA
     device, `INTERPRET_BLOCKS` otherwise (missing ones are filled from `INTERPRET_BLOCKS` when some are
@@ -231,7 +241,8 @@ def triton_logprob(
             raise ValueError(f"{name}={v} must be >= 1")
     if fp32_precision not in FP32_PRECISIONS:
         raise ValueError(f"fp32_precision={fp32_precision!r} is not one of {list(FP32_PRECISIONS)}")
-    return _TritonLogProb.apply(hidden, weight, targets, blocks, v_splits, bwd_chunk_rows, fp32_precision)
+    logp, entropy = _TritonLogProb.apply(hidden, weight, targets, blocks, v_splits, bwd_chunk_rows, fp32_precision)
+    return (logp, entropy) if with_entropy else logp
 
 
 def triton_cispo_from_hidden(
