@@ -382,9 +382,10 @@ def cispo_from_hidden(
     if backend == "triton":
         from scalerl_mega.objective.triton.fused_logprob import triton_logprob
 
-        logp, entropy = triton_logprob(hidden, weight, targets, with_entropy=True)
         if with_entropy:
-            stats["entropy"] = entropy
+            logp, stats["entropy"] = triton_logprob(hidden, weight, targets, with_entropy=True)
+        else:
+            logp = triton_logprob(hidden, weight, targets)
         coef = coef_scale * torch.exp(logp.detach() - gen_logp.float()).clamp(min=eps_low, max=eps_high)
         loss = -(coef * logp).sum()
         stats["logp"] = logp.detach()

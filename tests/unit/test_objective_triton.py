@@ -240,7 +240,7 @@ AOT = textwrap.dedent(r"""
     @triton.jit
     def plain_fp32_dot(h_ptr, w_ptr, y_ptr, m_ptr, s_ptr, t_ptr, z_ptr, N, V, H, stride_h, stride_w,
                        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr,
-                       PRECISION: tl.constexpr):
+                       PRECISION: tl.constexpr, WITH_ENTROPY: tl.constexpr):
         r = tl.arange(0, BLOCK_N)
         c = tl.arange(0, BLOCK_V)
         k = tl.arange(0, BLOCK_H)
@@ -252,6 +252,7 @@ AOT = textwrap.dedent(r"""
     for kernel in ("logprob_fwd_kernel", "dlogits_kernel"):
         out[kernel + ":bf16"] = compile_kernel(kernel, "bf16", (128, 128, 64, 8, 3))
         out[kernel + ":fp32"] = compile_kernel(kernel, "fp32", (64, 128, 32, 8, 3))
+    out["entropy:bf16"] = compile_kernel("logprob_fwd_kernel", "bf16", (128, 128, 64, 8, 3), with_entropy=True)
     out["control"] = compile_kernel("logprob_fwd_kernel", "fp32", (64, 64, 32, 4, 3), fn=plain_fp32_dot)
     print(json.dumps({k: dataclasses.asdict(v) for k, v in out.items()}))
 """)
@@ -276,3 +277,5 @@ def test_kernels_compile_for_sm90_with_ieee_fp32_and_tensor_core_bf16(tmp_path):
         assert not fp32["wgmma"] and not fp32["mma_sync"] and not fp32["tf32"], fp32
         assert fp32["fma_f32"] >= 1024, fp32  # 64x128 tile x 32-deep slice / 256 threads, unrolled
     assert res["control"]["wgmma"] and res["control"]["tf32"], res["control"]
+    e = res["entropy:bf16"]  # the WITH_ENTROPY variant: still wgmma, no spills in the largest bf16 config
+    assert e["wgmma"] and not e["tf32"] and e["spill_bytes"] == 0 and 0 < e["registers"] <= 255, e

@@ -13,8 +13,8 @@ which is why the kernels and their helpers live at module level here.
   "ieee" unless the caller asks for "tf32x3": Triton's default for FP32 dots on tensor-core GPUs is TF32
   (10-bit mantissa inputs). 16-bit operands keep the default (exact products, FP32 accumulation).
 - `logprob_fwd_kernel`: grid (row blocks, vocab splits). Each program streams its share of the vocabulary
-  and writes the online max m, sum exp(logit - m) s, z = sum exp(logit - m) (logit - m) (for the entropy
-  log s - z / s) and the target logit t (0 if the target is not in its share) for its rows; the caller
+  and writes the online max m, sum exp(logit - m) s, with WITH_ENTROPY z = sum exp(logit - m) (logit - m)
+  (the entropy is log s - z / s; a separate compilation, as it costs registers) and the target logit t (0 if the target is not in its share) for its rows; the caller
   combines the splits (deterministic, fixed order).
 - `dlogits_kernel`: grid (row blocks, vocab blocks) of a row chunk. Each program recomputes one logits
   tile and writes dL/dlogits = g * (onehot - softmax) for the upstream gradient g = dL/dlogp, so that
@@ -67,7 +67,7 @@ def logits_tile(h_ptr, w_ptr, offs_n, offs_v, row_ok, col_ok, H, stride_h, strid
 @triton.jit
 def logprob_fwd_kernel(h_ptr, w_ptr, y_ptr, m_ptr, s_ptr, t_ptr, z_ptr, N, V, H, stride_h, stride_w,
                        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                       UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                       UPCAST: tl.constexpr, PRECISION: tl.constexpr, WITH_ENTROPY: tl.constexpr):
     offs_n = block_index(tl.program_id(0), BLOCK_N)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -89,10 +89,11 @@ def logprob_fwd_kernel(h_ptr, w_ptr, y_ptr, m_ptr, s_ptr, t_ptr, z_ptr, N, V, H,
         acc = tl.where(col_ok[None, :], acc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(acc, 1))
         alpha = tl.exp(m_i - m_new)
-        shift = tl.where(s_i > 0, m_i - m_new, 0.0)  # m_i is -inf only while s_i == 0
         p = tl.exp(acc - m_new[:, None])
-        # z = sum exp(x - m) (x - m) about the running max m: re-centred on m_new as s is
-        z_i = alpha * (z_i + shift * s_i) + tl.sum(tl.where(col_ok[None, :], p * (acc - m_new[:, None]), 0.0), 1)
+        if WITH_ENTROPY:  # a separate compilation: the plain log-prob kernel keeps its registers
+            shift = tl.where(s_i > 0, m_i - m_new, 0.0)  # m_i is -inf only while s_i == 0
+            # z = sum exp(x - m) (x - m) about the running max m: re-centred on m_new as s is
+            z_i = alpha * (z_i + shift * s_i) + tl.sum(tl.where(col_ok[None, :], p * (acc - m_new[:, None]), 0.0), 1)
         s_i = s_i * alpha + tl.sum(p, 1)
         m_i = m_new
         t_i += tl.sum(tl.where(offs_v[None, :] == tgt[:, None], acc, 0.0), 1)
@@ -100,7 +101,8 @@ def logprob_fwd_kernel(h_ptr, w_ptr, y_ptr, m_ptr, s_ptr, t_ptr, z_ptr, N, V, H,
     tl.store(m_ptr + out, m_i, mask=row_ok)
     tl.store(s_ptr + out, s_i, mask=row_ok)
     tl.store(t_ptr + out, t_i, mask=row_ok)
-    tl.store(z_ptr + out, z_i, mask=row_ok)
+    if WITH_ENTROPY:
+        tl.store(z_ptr + out, z_i, mask=row_ok)
 
 
 @triton.jit

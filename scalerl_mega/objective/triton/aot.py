@@ -50,15 +50,17 @@ def _signature(kernel: str, dtype: str) -> dict[str, str]:
         ints = ("N", "V", "H", "stride_h", "stride_w", "stride_d")
     else:
         raise ValueError(f"unknown kernel {kernel!r}")
-    return {**ptrs, **{n: "i32" for n in ints},
-            **{n: "constexpr" for n in ("BLOCK_N", "BLOCK_V", "BLOCK_H", "UPCAST", "PRECISION")}}
+    flags = ("BLOCK_N", "BLOCK_V", "BLOCK_H", "UPCAST", "PRECISION")
+    if kernel == "logprob_fwd_kernel":
+        flags += ("WITH_ENTROPY",)
+    return {**ptrs, **{n: "i32" for n in ints}, **{n: "constexpr" for n in flags}}
 
 
 def compile_kernel(kernel: str, dtype: str, config: tuple[int, int, int, int, int], *, arch: int = 90,
-                   precision: str = "ieee", fn=None) -> CompileReport:
+                   precision: str = "ieee", fn=None, with_entropy: bool = False) -> CompileReport:
     """Compile `_kernels.<kernel>` (or `fn`, with the same signature) for sm_<arch> with `config` =
     (BLOCK_N, BLOCK_V, BLOCK_H, num_warps, num_stages); UPCAST as the launcher sets it (FP32 operands),
-    `precision` the FP32 dot mode ("ieee" or "tf32x3")."""
+    `precision` the FP32 dot mode ("ieee" or "tf32x3"), `with_entropy` the forward's WITH_ENTROPY."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
@@ -69,9 +71,10 @@ def compile_kernel(kernel: str, dtype: str, config: tuple[int, int, int, int, in
     bn, bv, bh, warps, stages = config
     sig = _signature(kernel, dtype)
     attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t != "constexpr"}
-    src = ASTSource(fn=fn or getattr(_kernels, kernel), signature=sig, attrs=attrs,
-                    constexprs={"BLOCK_N": bn, "BLOCK_V": bv, "BLOCK_H": bh, "UPCAST": "fp32" in dtype,
-                                "PRECISION": precision})
+    constexprs = {"BLOCK_N": bn, "BLOCK_V": bv, "BLOCK_H": bh, "UPCAST": "fp32" in dtype, "PRECISION": precision}
+    if "WITH_ENTROPY" in sig:
+        constexprs["WITH_ENTROPY"] = with_entropy
+    src = ASTSource(fn=fn or getattr(_kernels, kernel), signature=sig, attrs=attrs, constexprs=constexprs)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": warps, "num_stages": stages})
     ptx = compiled.asm["ptx"]
@@ -95,17 +98,19 @@ def compile_kernel(kernel: str, dtype: str, config: tuple[int, int, int, int, in
 def main() -> int:
     from scalerl_mega.objective.triton.fused_logprob import AUTOTUNE_CONFIGS, config_kind
 
-    print(f"{'kernel':<20} {'dtype':<17} {'config (BN,BV,BH,warps,stages)':<32} {'regs':>4} {'spill B':>7} "
+    print(f"{'kernel':<26} {'dtype':<17} {'config (BN,BV,BH,warps,stages)':<32} {'regs':>4} {'spill B':>7} "
           f"{'smem KiB':>8}  dots")
     for dtype, precision in (("bf16", "ieee"), ("fp32", "ieee"), ("fp32", "tf32x3"), ("bf16+fp32", "ieee"),
                              ("bf16+fp32", "tf32x3")):
-        for kernel in ("logprob_fwd_kernel", "dlogits_kernel"):
+        for kernel, with_entropy in (("logprob_fwd_kernel", False), ("logprob_fwd_kernel", True),
+                                     ("dlogits_kernel", False)):
             for config in AUTOTUNE_CONFIGS[config_kind("fp32" in dtype, precision)]:
-                r = compile_kernel(kernel, dtype, config, precision=precision)
+                r = compile_kernel(kernel, dtype, config, precision=precision, with_entropy=with_entropy)
                 dots = ("wgmma" if r.wgmma else "") + (" mma.sync" if r.mma_sync else "") + \
                     (" tf32" if r.tf32 else "") + (f" fma.f32 x{r.fma_f32}" if r.fma_f32 > 16 else "")
                 name = dtype if "fp32" not in dtype else f"{dtype}/{precision}"
-                print(f"{kernel:<20} {name:<17} {str(config):<32} {r.registers:>4} {r.spill_bytes:>7} "
+                label = kernel + ("+entropy" if with_entropy else "")
+                print(f"{label:<26} {name:<17} {str(config):<32} {r.registers:>4} {r.spill_bytes:>7} "
                       f"{r.shared_bytes / 1024:8.0f}  {dots.strip()}", flush=True)
     return 0
 

@@ -96,16 +96,20 @@ def _tuned(name: str, kind: str):
     triton, k = _kernels()
     configs = [triton.Config(dict(BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh), num_warps=w, num_stages=s)
                for bn, bv, bh, w, s in AUTOTUNE_CONFIGS[kind]]
-    return triton.autotune(configs=configs, key=["H", "V"])(getattr(k, name))
+    kernel = getattr(k, name)
+    # tuned per shape and per compiled variant (the entropy variant has other register pressure)
+    key = ["H", "V", *(["WITH_ENTROPY"] if "WITH_ENTROPY" in kernel.arg_names else [])]
+    return triton.autotune(configs=configs, key=key)(kernel)
 
 
 def _launch(name: str, grid, args: tuple, *, blocks: tuple[int, int, int] | None, upcast: bool,
-            precision: str) -> None:
+            precision: str, **constexprs) -> None:
     """Launch `_kernels.<name>`: autotuned when `blocks` is None, else with these (BLOCK_N, BLOCK_V, BLOCK_H).
 
-    `grid(meta) -> tuple` receives the block sizes (as Triton's autotuner passes them)."""
+    `grid(meta) -> tuple` receives the block sizes (as Triton's autotuner passes them); `constexprs`: the
+    kernel's other compile-time flags (e.g. WITH_ENTROPY)."""
     _, k = _kernels()
-    flags = dict(UPCAST=upcast, PRECISION=precision)
+    flags = dict(UPCAST=upcast, PRECISION=precision, **constexprs)
     if blocks is None:
         _tuned(name, config_kind(upcast, precision))[grid](*args, **flags)
         return
@@ -143,7 +147,7 @@ def _accumulate_wgrad(gw: torch.Tensor, d: torch.Tensor, h: torch.Tensor) -> Non
 
 class _TritonLogProb(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, blocks, v_splits, chunk_rows, precision):
+    def forward(ctx, hidden, weight, targets, blocks, v_splits, chunk_rows, precision, with_entropy):
         triton, _ = _kernels()
         N, H = hidden.shape
         V = weight.shape[0]
@@ -153,18 +157,21 @@ class _TritonLogProb(torch.autograd.Function):
         if v_splits is None:
             sms = torch.cuda.get_device_properties(h.device).multi_processor_count if h.is_cuda else None
             v_splits = default_v_splits(N, V, sm_count=sms)
-        m, s, t, z = (torch.empty(v_splits, N, dtype=torch.float32, device=h.device) for _ in range(4))
+        m, s, t = (torch.empty(v_splits, N, dtype=torch.float32, device=h.device) for _ in range(3))
+        z = torch.empty_like(m) if with_entropy else m  # not written without WITH_ENTROPY
         _launch("logprob_fwd_kernel", lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), v_splits),
                 (h, w, y, m, s, t, z, N, V, H, h.stride(0), w.stride(0)), blocks=blocks, upcast=upcast,
-                precision=precision)
+                precision=precision, WITH_ENTROPY=bool(with_entropy))
         m_max = m.amax(dim=0)
         alpha = torch.exp(m - m_max)  # 0 for a split with no vocabulary (m = -inf, s = 0)
         sum_exp = (s * alpha).sum(dim=0)
         lse = m_max + sum_exp.log()
         logp = t.sum(dim=0) - lse
-        # entropy = log S - (1/S) sum_v exp(x_v - M)(x_v - M), each split's z re-centred from m to M
-        centred = (alpha * (z + torch.where(s > 0, m - m_max, 0.0) * s)).sum(dim=0)
-        entropy = sum_exp.log() - centred / sum_exp
+        if with_entropy:  # log S - (1/S) sum_v exp(x_v - M)(x_v - M), each split's z re-centred from m to M
+            centred = (alpha * (z + torch.where(s > 0, m - m_max, 0.0) * s)).sum(dim=0)
+            entropy = sum_exp.log() - centred / sum_exp
+        else:
+            entropy = torch.empty(0, dtype=torch.float32, device=h.device)
         ctx.mark_non_differentiable(entropy)
         ctx.save_for_backward(h, w, y, lse)
         ctx.blocks, ctx.upcast, ctx.chunk_rows, ctx.precision = blocks, upcast, chunk_rows, precision
@@ -199,7 +206,7 @@ class _TritonLogProb(torch.autograd.Function):
                     gh[c0:c1] = torch.mm(d, w_g)
             if need_w:
                 _accumulate_wgrad(gw, d, h_c if h_c.dtype == gemm_dtype else h_c.to(gemm_dtype))
-        return gh, (gw.to(ctx.dtypes[1]) if need_w else None), None, None, None, None, None
+        return gh, (gw.to(ctx.dtypes[1]) if need_w else None), None, None, None, None, None, None
 
 
 def triton_logprob(
@@ -217,7 +224,10 @@ def triton_logprob(
 ):
     """Per-token fp32 log pi(target | hidden) [N] (same contract as `fused_logprob.chunked_logprob`);
     with `with_entropy`, (logp [N], entropy [N]): the FP32 entropy of each token's softmax from the same
-    forward pass (no gradient).
+    forward pass (no gradient; a separately compiled kernel variant with one more accumulator: on sm_90,
+    `python -m scalerl_mega.objective.triton.aot`, the bf16 configurations go from 164-252 to 168-255
+    registers with no spills, and the FP32 (128, 64) configuration spills 20 bytes where the plain one does
+    not).
 
     Block sizes must be powers of two (>= 16 for tl.dot on GPUs). If none is given: autotuned on a CUDA
     device, `INTERPRET_BLOCKS` otherwise (missing ones are filled from `INTERPRET_BLOCKS` when some are
@@ -241,7 +251,8 @@ def triton_logprob(
             raise ValueError(f"{name}={v} must be >= 1")
     if fp32_precision not in FP32_PRECISIONS:
         raise ValueError(f"fp32_precision={fp32_precision!r} is not one of {list(FP32_PRECISIONS)}")
-    logp, entropy = _TritonLogProb.apply(hidden, weight, targets, blocks, v_splits, bwd_chunk_rows, fp32_precision)
+    logp, entropy = _TritonLogProb.apply(hidden, weight, targets, blocks, v_splits, bwd_chunk_rows, fp32_precision,
+                                         with_entropy)
     return (logp, entropy) if with_entropy else logp
 
 
