@@ -158,18 +158,21 @@ def test_ep2_routing_replay_agrees_on_every_token(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [["parallel.pp=2"], ["parallel.tp=2", "parallel.sequence_parallel=true"]],
-                         ids=["pp2", "tp2_sp"])
-def test_routing_replay_under_pp_and_sp_matches_one_rank(tmp_path, moe_init, moe_single, layout):
+@pytest.mark.parametrize("layout,mode", [(["parallel.pp=2"], "ids"),
+                                         (["parallel.tp=2", "parallel.sequence_parallel=true"], "ids"),
+                                         (["parallel.pp=2"], "ids_and_weights"),
+                                         (["parallel.tp=2", "parallel.sequence_parallel=true"], "ids_and_weights")],
+                         ids=["pp2-ids", "tp2_sp-ids", "pp2-weights", "tp2_sp-weights"])
+def test_routing_replay_under_pp_and_sp_matches_one_rank(tmp_path, moe_init, moe_single, layout, mode):
     """Replay maps the generator's columns to the right layers and tokens on every stage / TP chunk.
 
-    PPO-off-policy-1 with an FP32 engine: the generator's routes are the trainer's own, so a correct
-    replay (`ids`) changes nothing and the run equals the 1-rank run without replay. A wrong layer
+    PPO-off-policy-1 with an FP32 engine: the generator's routes (and gate weights) are the trainer's own,
+    so a correct replay (`ids`, or `ids_and_weights`: the engine's gate weights too) changes nothing and the run equals the 1-rank run without replay. A wrong layer
     column (stage 2 replaying stage 1's layers: the demo MoE has 4 MoE layers, 2 per stage) or a wrong
     token order (another TP chunk's tokens under sequence parallelism) forces other experts and moves
     the loss by far more than REL_TOL."""
     out = tmp_path / "replay"
-    run_job(out, [*COMMON, *STEPS, f"init_from_hf={moe_init}", "moe.routing_replay=ids", *layout], nproc=2)
+    run_job(out, [*COMMON, *STEPS, f"init_from_hf={moe_init}", f"moe.routing_replay={mode}", *layout], nproc=2)
     multi = records(out)
     assert_same_run(moe_single, multi)
     for r in multi:
