@@ -92,6 +92,7 @@ CFG_PRECISION=fp32_head
 CFG_PARAMS_DTYPE=bfloat16
 CFG_SEED=0
 CFG_ROUTED_EXPERTS=0
+CFG_SIGTERM_GRACE_S=120
 
 scalerl_log() { printf '[scalerl %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 scalerl_die() { printf '[scalerl] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -193,6 +194,7 @@ scalerl_validate_config() {
       PARAMS_DTYPE) CFG_PARAMS_DTYPE=$value ;;
       SEED) CFG_SEED=$value ;;
       ROUTED_EXPERTS) CFG_ROUTED_EXPERTS=$value ;;
+      SIGTERM_GRACE_S) CFG_SIGTERM_GRACE_S=$value ;;
     esac
   done <<<"$out"
   line="precision=$CFG_PRECISION params_dtype=$CFG_PARAMS_DTYPE seed=$CFG_SEED"
@@ -200,11 +202,14 @@ scalerl_validate_config() {
 }
 
 # Hook: the trainer command (run once per trainer node by one srun step) -> CMD.
+# On SIGTERM torchrun forwards it to the ranks and SIGKILLs them after --shutdown-timeout (default 30 s):
+# give them the trainer's own train.sigterm_grace_s to reach a safe point and checkpoint, plus 30 s.
 scalerl_trainer_cmd() {
   local nnodes=${#TRAIN_NODES[@]} nproc=$GPUS_PER_NODE
   ((nproc > 0)) || nproc=$CPU_RANKS
   CMD=("$SCALERL_PYTHON" -m torch.distributed.run --nnodes "$nnodes" --nproc-per-node "$nproc"
        --rdzv-backend c10d --rdzv-endpoint "${TRAIN_NODES[0]}:$MASTER_PORT" --rdzv-id "${SLURM_JOB_ID:-0}"
+       --shutdown-timeout "$((CFG_SIGTERM_GRACE_S + 30))"
        -m scalerl_mega.train "${OVERRIDES[@]}")
 }
 

@@ -6,6 +6,8 @@ steps must agree on as shell-sourceable `KEY=value` lines:
     PARAMS_DTYPE=bfloat16      (SGLang --dtype)
     SEED=0                     (SGLang --random-seed)
     ROUTED_EXPERTS=1           (SGLang --enable-return-routed-experts: MoE model and moe.record_routes)
+    SIGTERM_GRACE_S=120        (train.sigterm_grace_s, whole seconds rounded up: torchrun --shutdown-timeout
+                                is set above it, else torchrun SIGKILLs the ranks after its default 30 s)
     RUN_NAME=scalerl
 
 A config error prints one line naming the key (`config error: <key>=<value> ...`) and exits 2, so a
@@ -17,6 +19,7 @@ exist on this node.
 
 from __future__ import annotations
 
+import math
 import sys
 
 
@@ -57,7 +60,8 @@ def compose(overrides: list[str], *, check_files: bool = False):
 def settings(cfg) -> dict[str, str]:
     return {"PRECISION": str(cfg.precision.name), "PARAMS_DTYPE": str(cfg.precision.params_dtype),
             "SEED": str(int(cfg.seed)), "RUN_NAME": str(cfg.run_name),
-            "ROUTED_EXPERTS": "1" if cfg.moe.record_routes and cfg.model.is_moe else "0"}
+            "ROUTED_EXPERTS": "1" if cfg.moe.record_routes and cfg.model.is_moe else "0",
+            "SIGTERM_GRACE_S": str(math.ceil(cfg.train.sigterm_grace_s))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,6 +72,9 @@ def test_scout_dry_run_80_gpus():
     assert "--nodes=4" in targv and "--ntasks=4" in targv and "--gres=gpu:4" in targv
     assert targv[targv.index("--nnodes") + 1] == "4" and targv[targv.index("--nproc-per-node") + 1] == "4"
     assert targv[targv.index("--rdzv-endpoint") + 1] == "gb017:29500"
+    # torchrun waits train.sigterm_grace_s (120 s default) + 30 s before SIGKILL, not its default 30 s
+    assert targv[targv.index("--shutdown-timeout") + 1] == "150"
+    assert targv.index("--shutdown-timeout") < targv.index("scalerl_mega.train")
     assert "scalerl_mega.train" in targv
     for ov in ("experiment=scalerl", "model=scout_17b16e", "rollout=sglang", "cluster=slurm", "parallel.tp=4",
                "parallel.pp=1", "parallel.ep=16", "cluster.trainer_devices=16", "cluster.generator_devices=64",
@@ -85,8 +88,8 @@ def test_scout_dry_run_80_gpus():
 
 
 def test_dense_dry_run_and_extra_overrides():
-    lines = _dry("train_dense.sh", "gpu[1-4],gpu[10-11]", TRAINER_NODES="2", EXTRA_OVERRIDES="seed=3 train.steps=5",
-                 TRAIN_FILES="/data/p.jsonl")
+    lines = _dry("train_dense.sh", "gpu[1-4],gpu[10-11]", TRAINER_NODES="2",
+                 EXTRA_OVERRIDES="seed=3 train.steps=5 train.sigterm_grace_s=200.5", TRAIN_FILES="/data/p.jsonl")
     steps = _steps(lines)
     gens = sorted(k for k in steps if k.startswith("gen"))
     assert len(gens) == 16  # 4 generator nodes x 4 servers of TP 1
@@ -94,7 +97,8 @@ def test_dense_dry_run_and_extra_overrides():
     assert "<MODEL_PATH>" in steps["gen0"][1]  # placeholder in DRY_RUN when MODEL_PATH is unset
     tnode, targv = steps["trainer"]
     assert tnode == "gpu10,gpu11"
-    assert targv[-2:] == ["seed=3", "train.steps=5"]
+    assert targv[-3:] == ["seed=3", "train.steps=5", "train.sigterm_grace_s=200.5"]
+    assert targv[targv.index("--shutdown-timeout") + 1] == "231"  # ceil(200.5) + 30: the override's grace
     assert "model=llama3_8b" in targv and "parallel.tp=1" in targv and "cluster.trainer_devices=8" in targv
     assert "rollout.sglang_tp_size=1" in targv and "rollout.num_engines=16" in targv
     assert "cluster.generator_devices=16" in targv and "data.train_files=[/data/p.jsonl]" in targv
