@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import glob
-import re
+import struct
 
 import pytest
 
@@ -30,11 +30,41 @@ def test_wandb_offline_and_mlflow_local_receive_the_records(tmp_path, monkeypatc
     assert [(m.step, m.value) for m in client.get_metric_history(ml.run_id, "validation/val_pass_rate")] == [(2, 0.75)]
     assert client.get_metric_history(ml.run_id, "train/filtered") == []  # booleans are not metrics
     assert client.get_run(ml.run_id).data.params["loss.name"] == "cispo"
-    # W&B offline: the run file holds the history items (key, JSON value) in step order
-    data = open(glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))[0], "rb").read()
-    values = [v.decode() for v in re.findall(rb"train/loss\x82\x01.([0-9.]+)", data)]
-    assert values and set(values) == {"0.5", "0.25"} and values.index("0.5") < values.index("0.25")
-    assert b"validation/val_pass_rate" in data and b"train/filtered" not in data
+    # W&B offline: the run file's history records, decoded with W&B's own protobuf schema
+    path = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))[0]
+    history = []
+    for r in _wandb_records(path):
+        if r.WhichOneof("record_type") == "history":
+            items = {i.key or "/".join(i.nested_key): i.value_json for i in r.history.item}
+            history.append((r.history.step.num, {k: v for k, v in items.items() if not k.startswith("_")}))
+    # one history row per step (W&B merges the step's records); booleans are not metrics
+    assert history == [(1, {"train/loss": "0.5"}), (2, {"train/loss": "0.25", "validation/val_pass_rate": "0.75"})]
+
+
+def _wandb_records(path):
+    """The records of a W&B offline run file: a LevelDB-style log (7-byte file header ':W&B' + magic 0xBEE1 +
+    version 0, then 32 KiB blocks of chunks with a 7-byte header crc32/length/type, FULL=1 FIRST=2 MIDDLE=3
+    LAST=4), each record a `wandb_internal_pb2.Record`."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B" and struct.unpack("<HB", data[4:7]) == (0xBEE1, 0), data[:7]
+    block, pos, buf, out = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _crc, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + n], pos + 7 + n
+        if kind == 0:  # zero padding
+            continue
+        buf = chunk if kind in (1, 2) else buf + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(buf)
+            out.append(record)
+            buf = b""
+    return out
 
 
 @pytest.mark.parametrize("loggers, match", [(["tensorboardx"], r"metrics.loggers: 'tensorboardx' is not one of")])
