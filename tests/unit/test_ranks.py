@@ -62,7 +62,7 @@ class _Recorder:
         return {}
 
 
-def _worker(rank: int, port: int, q, mode: str):
+def _worker(rank: int, port: int, q, done, mode: str):
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -87,14 +87,15 @@ def _worker(rank: int, port: int, q, mode: str):
         else:  # the controller never sends: the follower gives up after its timeout, naming the key
             if ch.is_controller:
                 q.put(("controller", "idle"))
-                import time
-                time.sleep(8)
+                done.wait(120)  # stay up (sending nothing) until the follower has timed out
             else:
                 try:
                     ch.recv()
                     q.put(("follower", "no error"))
                 except RankFailure as exc:
                     q.put(("follower", str(exc)))
+                finally:
+                    done.set()
     finally:
         dist.destroy_process_group()
 
@@ -103,9 +104,9 @@ def _run(mode: str) -> dict:
     from scalerl_mega.trainer.megatron.parallel import free_port
 
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
+    q, done = ctx.Queue(), ctx.Event()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, q, mode)) for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, port, q, done, mode)) for r in range(2)]
     for p in procs:
         p.start()
     out = {}
