@@ -63,7 +63,7 @@ def test_cispo_from_hidden_matches_float64_reference(chunk, eps_low):
     h2, W2 = h.clone().requires_grad_(True), W.clone().requires_grad_(True)
     loss, met = cispo_from_hidden(h2, W2, y, gen, A, w, eps_high=1.3, eps_low=eps_low, chunk_size=chunk)
     loss.backward()
-    assert abs(float(loss) - float(ref)) / abs(float(ref)) < 1e-5
+    assert abs(loss.item() - ref.item()) / abs(ref.item()) < 1e-5
     assert rel_err(h2.grad, h64.grad) < 1e-5
     assert rel_err(W2.grad, W64.grad) < 1e-5
     rho = torch.exp(naive_logprob(h, W, y) - gen)[w > 0]
@@ -89,7 +89,7 @@ def test_fused_equals_policy_loss_on_batch_layout_with_prompt_aggregation():
     loss, met = cispo_from_hidden(hB, WB, y, gen.flatten(), adv.repeat_interleave(T), wts.flatten(),
                                   eps_high=1.25, chunk_size=8)
     loss.backward()
-    assert abs(float(loss) - float(ref)) < 1e-5 * abs(float(ref))
+    assert abs(loss.item() - ref.item()) < 1e-5 * abs(ref.item())
     assert rel_err(hB.grad, hA.grad) < 1e-5 and rel_err(WB.grad, WA.grad) < 1e-5
     for k in ("clip_fraction", "rho_mean", "rho_max", "approx_kl", "num_tokens"):
         assert met[k] == pytest.approx(ref_met[k], rel=1e-4, abs=1e-6), k
@@ -106,7 +106,7 @@ def test_bf16_inputs_use_fp32_logits_and_return_input_dtype_grads():
     loss, _ = cispo_from_hidden(h2, W2, y, gen, A, w, eps_high=2.0, chunk_size=16)
     loss.backward()
     assert h2.grad.dtype == torch.bfloat16 and W2.grad.dtype == torch.bfloat16
-    assert abs(float(loss) - float(ref)) / abs(float(ref)) < 1e-5  # logits exact in fp32 from bf16 inputs
+    assert abs(loss.item() - ref.item()) / abs(ref.item()) < 1e-5  # logits exact in fp32 from bf16 inputs
     assert rel_err(h2.grad.double(), h64.grad) < 1e-2  # bf16 rounding of the returned gradient
 
 
@@ -123,7 +123,7 @@ def test_grad_output_scaling_and_no_grad_forward():
     torch.testing.assert_close(h2.grad, 3.0 * h1.grad)
     with torch.no_grad():
         l3, _ = cispo_from_hidden(h, W, y, gen, A, w)
-    assert float(l3) == pytest.approx(float(loss), rel=1e-6)
+    assert l3.item() == pytest.approx(loss.item(), rel=1e-6)
 
 
 def test_default_chunk_size_is_bounded():
