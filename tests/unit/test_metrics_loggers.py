@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import struct
+import zlib
 
 import pytest
 
@@ -44,7 +45,7 @@ def test_wandb_offline_and_mlflow_local_receive_the_records(tmp_path, monkeypatc
 def _wandb_records(path):
     """The records of a W&B offline run file: a LevelDB-style log (7-byte file header ':W&B' + magic 0xBEE1 +
     version 0, then 32 KiB blocks of chunks with a 7-byte header crc32/length/type, FULL=1 FIRST=2 MIDDLE=3
-    LAST=4), each record a `wandb_internal_pb2.Record`."""
+    LAST=4, checksum crc32(type + data)), each record a `wandb_internal_pb2.Record`."""
     from wandb.proto import wandb_internal_pb2
 
     data = open(path, "rb").read()
@@ -54,10 +55,11 @@ def _wandb_records(path):
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
             continue
-        _crc, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        crc, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
         chunk, pos = data[pos + 7 : pos + 7 + n], pos + 7 + n
         if kind == 0:  # zero padding
             continue
+        assert zlib.crc32(bytes([kind]) + chunk) == crc, f"bad chunk checksum at byte {pos - 7 - n} of {path}"
         buf = chunk if kind in (1, 2) else buf + chunk
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
