@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import os
 import struct
 import zlib
 
@@ -10,7 +11,7 @@ import pytest
 
 
 def test_wandb_offline_and_mlflow_local_receive_the_records(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     mlflow = pytest.importorskip("mlflow")
     monkeypatch.setenv("WANDB_SILENT", "true")
     from scalerl_mega.config import MetricsConfig, TrainConfig
@@ -23,6 +24,10 @@ def test_wandb_offline_and_mlflow_local_receive_the_records(tmp_path, monkeypatc
         w.write("train", 1, {"loss": 0.5, "filtered": True})
         w.write("train", 2, {"loss": 0.25})
         w.write("validation", 2, {"val_pass_rate": 0.75})
+    # run.finish() can return before W&B's service has finished writing the run file: read right away, we saw
+    # a chunk failing its checksum or no history at all (~1 in 5 reads). teardown() waits for the service,
+    # as a process's exit does in W&B's atexit hook (a spawned trainer-like process kept all 199 of 199 steps).
+    wandb.teardown()
     # MLflow: a local file store under the run dir, read back through its own client
     ml = loggers[1]
     client = mlflow.MlflowClient(tracking_uri=ml.tracking_uri)
@@ -40,6 +45,43 @@ def test_wandb_offline_and_mlflow_local_receive_the_records(tmp_path, monkeypatc
             history.append((r.history.step.num, {k: v for k, v in items.items() if not k.startswith("_")}))
     # one history row per step (W&B merges the step's records); booleans are not metrics
     assert history == [(1, {"train/loss": "0.5"}), (2, {"train/loss": "0.25", "validation/val_pass_rate": "0.75"})]
+
+
+_EXITING_RUN = """
+import multiprocessing as mp, sys
+from scalerl_mega.config import MetricsConfig, TrainConfig
+from scalerl_mega.metrics.loggers import build_loggers
+from scalerl_mega.metrics.writer import MetricsWriter
+
+if __name__ == "__main__":
+    child = mp.get_context("spawn").Process(target=print)  # a trainer has engine/reward processes
+    child.start()
+    cfg = TrainConfig(output_dir=sys.argv[1], run_name="t", metrics=MetricsConfig(loggers=["wandb"]))
+    with MetricsWriter(sys.argv[1], loggers=build_loggers(cfg)) as w:
+        for step in range(1, 51):
+            w.write("train", step, {"loss": 1.0 / step})
+    child.join()
+"""
+
+
+def test_wandb_run_file_is_complete_when_the_process_exits(tmp_path):
+    """What `wandb sync` later uploads: every step, in order, once the training process has exited."""
+    pytest.importorskip("wandb")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "run.py"
+    script.write_text(_EXITING_RUN)
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "WANDB_SILENT": "true", "PYTHONPATH": repo}
+    subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, check=True, timeout=300,
+                   capture_output=True)
+    path = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))[0]
+    history = [(r.history.step.num, {i.key or "/".join(i.nested_key): i.value_json for i in r.history.item})
+               for r in _wandb_records(path) if r.WhichOneof("record_type") == "history"]
+    assert [step for step, _ in history] == list(range(1, 51))
+    assert all(float(items["train/loss"]) == 1.0 / step for step, items in history)
 
 
 def _wandb_records(path):
