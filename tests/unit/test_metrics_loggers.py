@@ -37,12 +37,7 @@ def test_wandb_offline_and_mlflow_local_receive_the_records(tmp_path, monkeypatc
     assert client.get_metric_history(ml.run_id, "train/filtered") == []  # booleans are not metrics
     assert client.get_run(ml.run_id).data.params["loss.name"] == "cispo"
     # W&B offline: the run file's history records, decoded with W&B's own protobuf schema
-    path = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))[0]
-    history = []
-    for r in _wandb_records(path):
-        if r.WhichOneof("record_type") == "history":
-            items = {i.key or "/".join(i.nested_key): i.value_json for i in r.history.item}
-            history.append((r.history.step.num, {k: v for k, v in items.items() if not k.startswith("_")}))
+    history = _wandb_history(tmp_path)
     # one history row per step (W&B merges the step's records); booleans are not metrics
     assert history == [(1, {"train/loss": "0.5"}), (2, {"train/loss": "0.25", "validation/val_pass_rate": "0.75"})]
 
@@ -77,11 +72,21 @@ def test_wandb_run_file_is_complete_when_the_process_exits(tmp_path):
     env = {**os.environ, "WANDB_SILENT": "true", "PYTHONPATH": repo}
     subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, check=True, timeout=300,
                    capture_output=True)
-    path = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))[0]
-    history = [(r.history.step.num, {i.key or "/".join(i.nested_key): i.value_json for i in r.history.item})
-               for r in _wandb_records(path) if r.WhichOneof("record_type") == "history"]
+    history = _wandb_history(tmp_path)
     assert [step for step, _ in history] == list(range(1, 51))
     assert all(float(items["train/loss"]) == 1.0 / step for step, items in history)
+
+
+def _wandb_history(run_dir) -> list[tuple[int, dict[str, str]]]:
+    """(step, {metric: JSON value}) per history record of the one W&B offline run under `run_dir`, W&B's own
+    `_runtime`/`_timestamp`/`_step` left out."""
+    path = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))[0]
+    history = []
+    for r in _wandb_records(path):
+        if r.WhichOneof("record_type") == "history":
+            items = {i.key or "/".join(i.nested_key): i.value_json for i in r.history.item}
+            history.append((r.history.step.num, {k: v for k, v in items.items() if not k.startswith("_")}))
+    return history
 
 
 def _wandb_records(path):
