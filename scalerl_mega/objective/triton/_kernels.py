@@ -13,9 +13,10 @@ which is why the kernels and their helpers live at module level here.
   "ieee" unless the caller asks for "tf32x3": Triton's default for FP32 dots on tensor-core GPUs is TF32
   (10-bit mantissa inputs). 16-bit operands keep the default (exact products, FP32 accumulation).
 - `logprob_fwd_kernel`: grid (row blocks, vocab splits). Each program streams its share of the vocabulary
-  and writes the online max m, sum exp(logit - m) s, with WITH_ENTROPY z = sum exp(logit - m) (logit - m)
-  (the entropy is log s - z / s; a separate compilation, as it costs registers) and the target logit t (0 if the target is not in its share) for its rows; the caller
-  combines the splits (deterministic, fixed order).
+  and writes, for its rows, the online max m, sum exp(logit - m) s and the target logit t (0 if the target
+  is not in its share); with WITH_ENTROPY (a separate compilation, as it costs registers) also
+  z = sum exp(logit - m) (logit - m), so that the entropy is log s - z / s. The caller combines the splits
+  (deterministic, fixed order).
 - `dlogits_kernel`: grid (row blocks, vocab blocks) of a row chunk. Each program recomputes one logits
   tile and writes dL/dlogits = g * (onehot - softmax) for the upstream gradient g = dL/dlogp, so that
   grad_h = dlogits @ W and grad_W = dlogits^T @ h are plain GEMMs on the written chunk (see
