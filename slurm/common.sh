@@ -34,8 +34,13 @@
 #   MASTER_PORT         torchrun rendezvous port (default 29500)
 #   HEALTH_TIMEOUT      seconds to wait for every server (default 900)
 #   MEM_FRACTION        SGLang --mem-fraction-static (default 0.85)
+#   GPU_MEM_BYTES       GPU memory the trainer layout must fit (default: read by nvidia-ml-py on the batch
+#                       node; no reading: not checked). A layout that does not fit exits 2 naming one that does
 #   EXTRA_OVERRIDES     extra Hydra overrides (whitespace separated)
-#   SCALERL_PYTHON      python with scalerl_mega installed (default: REPO/.venv/bin/python)
+#   SCALERL_PYTHON      python with scalerl_mega installed: the trainer env (default: REPO/.venv/bin/python)
+#   SGLANG_PYTHON       python of the generator env (SGLang and its own torch; default: SCALERL_PYTHON).
+#                       Both envs must load the same NCCL: GPU launches check it before any step
+#                       (python -m scalerl_mega.cluster.gpu_envs nccl; docs/cluster_install.md)
 # Hooks a script may redefine after sourcing: scalerl_generator_cmd, scalerl_trainer_cmd,
 # scalerl_health_url.
 
@@ -45,6 +50,7 @@ SCALERL_REPO=${SCALERL_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 if [[ -z ${SCALERL_PYTHON:-} ]]; then
   if [[ -x $SCALERL_REPO/.venv/bin/python ]]; then SCALERL_PYTHON=$SCALERL_REPO/.venv/bin/python; else SCALERL_PYTHON=python3; fi
 fi
+SGLANG_PYTHON=${SGLANG_PYTHON:-$SCALERL_PYTHON}
 DRY_RUN=${DRY_RUN:-0}
 GPUS_PER_NODE=${GPUS_PER_NODE:-0}
 TRAINER_NODES=${TRAINER_NODES:-1}
@@ -139,7 +145,7 @@ scalerl_generator_cmd() {
     [[ $DRY_RUN == 1 ]] || scalerl_die "MODEL_PATH is not set (HF checkpoint for the SGLang servers)"
     path='<MODEL_PATH>'
   fi
-  CMD=("$SCALERL_PYTHON" -m sglang.launch_server --model-path "$path" --tp-size "$GEN_TP"
+  CMD=("$SGLANG_PYTHON" -m sglang.launch_server --model-path "$path" --tp-size "$GEN_TP"
        --host 0.0.0.0 --port "$port" --mem-fraction-static "$MEM_FRACTION"
        --dtype "$CFG_PARAMS_DTYPE" --random-seed "$CFG_SEED")
   # the generator half of the FP32 LM head (paper Sec. 3.2); the trainer's half is precision=fp32_head
@@ -184,6 +190,8 @@ scalerl_overrides() {
 scalerl_validate_config() {
   local out line check=(--check-files)
   if [[ $DRY_RUN == 1 ]]; then check=(); fi
+  # GPU runs: the layout's planned peak must fit this node's GPUs (nvidia-ml-py; GPU_MEM_BYTES overrides)
+  if ((GPUS_PER_NODE > 0)); then check+=(--gpu-mem-bytes "${GPU_MEM_BYTES:-auto}"); fi
   if ! out=$("$SCALERL_PYTHON" -m scalerl_mega.cluster.launch_config "${check[@]}" "${OVERRIDES[@]}"); then
     scalerl_log "the trainer config does not validate (see the error above); no step started"
     exit 2
@@ -199,6 +207,22 @@ scalerl_validate_config() {
   done <<<"$out"
   line="precision=$CFG_PRECISION params_dtype=$CFG_PARAMS_DTYPE seed=$CFG_SEED"
   if [[ $DRY_RUN == 1 ]]; then printf 'config: %s\n' "$line"; else scalerl_log "config validated: $line"; fi
+}
+
+# The trainer's and the generators' envs must load the same NCCL (weight pushes form one NCCL group;
+# NCCL refuses mismatched versions at communicator init). GPU runs only; exit 2 before any step.
+scalerl_check_nccl() {
+  ((GPUS_PER_NODE > 0)) || return 0
+  local check=("$SCALERL_PYTHON" -m scalerl_mega.cluster.gpu_envs nccl --trainer-python "$SCALERL_PYTHON"
+               --generator-python "$SGLANG_PYTHON")
+  if [[ $DRY_RUN == 1 ]]; then
+    printf 'nccl check: %s\n' "$(scalerl_quote "${check[@]}")"
+    return 0
+  fi
+  if ! PYTHONPATH="$SCALERL_REPO${PYTHONPATH:+:$PYTHONPATH}" "${check[@]}"; then
+    scalerl_log "the trainer and generator environments do not share one NCCL (see above); no step started"
+    exit 2
+  fi
 }
 
 # Hook: the trainer command (run once per trainer node by one srun step) -> CMD.
@@ -324,6 +348,7 @@ scalerl_main() {
   done
   scalerl_overrides
   scalerl_validate_config
+  scalerl_check_nccl
   local idx=0
   for node in "${GEN_NODES[@]}"; do
     for ((s = 0; s < per_node; s++)); do
