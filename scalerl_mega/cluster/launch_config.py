@@ -9,6 +9,8 @@ steps must agree on as shell-sourceable `KEY=value` lines:
     SIGTERM_GRACE_S=120        (train.sigterm_grace_s, whole seconds rounded up: torchrun --shutdown-timeout
                                 is set above it, else torchrun SIGKILLs the ranks after its default 30 s)
     RUN_NAME=scalerl
+    SEQUENCE_PARALLEL=1        (resolved parallel.sequence_parallel: the trainer step gets
+                                CUDA_DEVICE_MAX_CONNECTIONS=1, which Megatron needs for SP/TP overlap)
 
 A config error prints one line naming the key (`config error: <key>=<value> ...`) and exits 2, so a
 bad sweep point or typo fails in seconds instead of after the servers loaded their weights.
@@ -68,7 +70,8 @@ def settings(cfg) -> dict[str, str]:
     return {"PRECISION": str(cfg.precision.name), "PARAMS_DTYPE": str(cfg.precision.params_dtype),
             "SEED": str(int(cfg.seed)), "RUN_NAME": str(cfg.run_name),
             "ROUTED_EXPERTS": "1" if cfg.moe.record_routes and cfg.model.is_moe else "0",
-            "SIGTERM_GRACE_S": str(math.ceil(cfg.train.sigterm_grace_s))}
+            "SIGTERM_GRACE_S": str(math.ceil(cfg.train.sigterm_grace_s)),
+            "SEQUENCE_PARALLEL": "1" if cfg.parallel.sequence_parallel_on(cfg.model) else "0"}
 
 
 def gpu_memory_bytes() -> int | None:
