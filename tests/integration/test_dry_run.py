@@ -123,7 +123,8 @@ def test_startup_net_every_experiment_at_the_slurm_layouts(tmp_path):
                                "sequence_parallel": True, "distributed_optimizer": True}
     assert scout["ranks"]["15"]["ep_rank"] == 15
     # the bf16-head ablation really builds a bf16 output layer: 2 bytes less per head parameter
-    for script, head in (("train_dense.sh", LLAMA_HEAD), ("train_scout.sh", 202048 * 5120 // 4)):
+    for script, head in (("train_dense.sh", LLAMA_HEAD // layouts["train_dense.sh"]["tp"]),
+                         ("train_scout.sh", 202048 * 5120 // layouts["train_scout.sh"]["tp"])):
         fp32 = results[f"scalerl@{script}"]["ranks"]["0"]["params_bytes"]
         bf16 = results[f"loo_fp32@{script}"]["ranks"]["0"]["params_bytes"]
         assert fp32 - bf16 == 2 * head, script

@@ -241,3 +241,25 @@ def test_layout_that_does_not_fit_the_gpus_is_refused_naming_one_that_does():
     assert r.returncode == 0, r.stderr
     trainer = _steps(r.stdout.splitlines())["trainer"][1]
     assert "parallel.tp=1" in trainer and not any("CUDA_DEVICE_MAX_CONNECTIONS" in a for a in trainer)
+
+
+def test_gpu_memory_is_read_by_nvml_smallest_gpu(monkeypatch):
+    """`--gpu-mem-bytes auto`: NVML's total of this node's smallest GPU; None without NVML."""
+    import types
+
+    from scalerl_mega.cluster import launch_config
+
+    totals = [150_000_000_000, 143_771_000_000]
+    calls = []
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetCount=lambda: len(totals), nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=totals[h]))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert launch_config.gpu_memory_bytes() == 143_771_000_000 and calls == ["init", "shutdown"]
+
+    def no_driver():
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_driver))
+    assert launch_config.gpu_memory_bytes() is None
