@@ -139,3 +139,14 @@ def test_both_gpu_envs_resolve_against_the_index(tmp_path):
     assert "trainer env resolves:" in r.stdout and "torch 2.13.0," in r.stdout
     assert "generator env resolves:" in r.stdout and "torch 2.14.1," in r.stdout and "sglang 0.5.23" in r.stdout
     assert f"both envs install {G.NCCL_WHEEL}=={G.NCCL_VERSION}" in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_the_old_single_environment_does_not_resolve(tmp_path):
+    """The pre-issue-26 install (sglang next to this project's torch 2.13.0 in one env) is a conflict that
+    the resolution reports, naming the environment and the packages."""
+    with pytest.raises(SystemExit) as exc:
+        G.pip_resolve(["torch==2.13.0", G.SGLANG_REQUIREMENT], label="single", fast_deps=True, workdir=tmp_path)
+    msg = str(exc.value)
+    assert "the single environment does not resolve" in msg and "torch" in msg and "sglang" in msg
