@@ -95,7 +95,9 @@ def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget
                   "|---|---|---|---|---|---|---|---|"]
         for d in domains:
             pts = [(float(r[key]), float(r[domain_key(d)])) for r in val if domain_key(d) in r]
-            da, _ = _assess([c for c, _ in pts], [y for _, y in pts], n_samples=None, gpu_hours=gpu,
+            dn = [r.get(f"val/{d}_samples") for r in val if domain_key(d) in r]
+            da, _ = _assess([c for c, _ in pts], [y for _, y in pts],
+                            n_samples=None if any(v is None for v in dn) else dn, gpu_hours=gpu,
                             cut_fraction=cut_fraction, fit_from=fit_from)
             if da is not None:
                 cells = [f"{da.fit.A:.3f}" if da.identified else "not identified",

@@ -15,7 +15,8 @@ A fit of Eq. 1 (paper Sec. 2.1, App. A.5) reports A as a number only when all of
 3. **The fit's own checks pass** (`SigmoidFit.identified`): optimum inside the grid, data past C_mid and
    past 70% of the fitted gain.
 4. **No misfit**: fit on all but the last `HOLDOUT_FRACTION` (>= 2 points) of the window, predict the
-   held-out tail; the mean absolute error must be at most `MISFIT_RATIO` = 2x the noise floor
+   held-out tail with that fit's continuous refit (`refine=True`: the grid's 0.005 step in A would itself
+   exceed the noise floor of a large run); the mean absolute error must be at most `MISFIT_RATIO` = 2x the noise floor
    sqrt(2/pi) x mean binomial SE sqrt(p (1 - p) / N) of the held-out points (p: the full fit's value,
    N: validation samples per point, `val_prompts x val_samples_per_prompt` of each validation line).
    When N is unknown the residual std of the full fit stands in (and the reason says so).
@@ -167,9 +168,10 @@ def holdout_check(compute, reward, *, fit: SigmoidFit, options: FitOptions, n_sa
     if idx.size - k < 4:
         raise ValueError(f"{idx.size} points in the window leave {idx.size - k} to fit after holding out {k}")
     split = float(c[idx[-k - 1]])
-    part = options.fit(c, r, r0=fit.R0, fit_to=split)
+    part = options.fit(c, r, r0=fit.R0, fit_to=split, refine=True)
     held = idx[-k:]
-    err = np.abs(part.predict(c[held]) - r[held])
+    # the continuous refit predicts: the grid's 0.005 step in A alone can exceed a large run's noise floor
+    err = np.abs(part.predict(c[held], refined=True) - r[held])
     if n_samples is None:
         s = math.sqrt(fit.sse / max(fit.n_points - 3, 1))
         floor, src = math.sqrt(2.0 / math.pi) * s, "residual std of the full fit (validation sample count unknown)"
