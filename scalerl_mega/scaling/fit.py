@@ -66,10 +66,10 @@ PROFILE_LEVEL = 0.95
 def profile_factor(n: int, n_params: int = 3, level: float = PROFILE_LEVEL) -> float:
     """SSE_max / SSE_min of the profile interval: 1 + F_level(1, n - n_params) / (n - n_params) (the F-test
     for one parameter with the noise variance estimated from the residuals; n - n_params >= 1)."""
-    from scipy.stats import f as f_dist
+    from scipy.special import fdtri  # the F quantile; scipy.special, not scipy.stats (seconds to import)
 
     dof = max(n - n_params, 1)
-    return 1.0 + float(f_dist.ppf(level, 1, dof)) / dof
+    return 1.0 + float(fdtri(1, dof, level)) / dof
 
 
 def sigmoid_law(compute, *, A: float, B: float, C_mid: float, R0: float) -> np.ndarray:
@@ -661,9 +661,15 @@ def _finish(
             if not (math.isfinite(b0) and b0 > 0):
                 return math.inf
             a_k = float(gr.a_grid[k])
-            return _refine(prep.C, prep.R, prep.R0, A0=a_k, B0=b0, cm0=float(gr.cm_grid[jk]), fixed_A=a_k)[3]
+            try:
+                return _refine(prep.C, prep.R, prep.R0, A0=a_k, B0=b0, cm0=float(gr.cm_grid[jk]), fixed_A=a_k)[3]
+            except (OverflowError, ValueError):  # the refit ran off (C_mid -> inf): keep the grid value
+                return math.inf
 
-        best_exact = _refine(prep.C, prep.R, prep.R0, A0=A, B0=B, cm0=cm, fixed_A=None)[3] if B > 0 else None
+        try:
+            best_exact = _refine(prep.C, prep.R, prep.R0, A0=A, B0=B, cm0=cm, fixed_A=None)[3] if B > 0 else None
+        except (OverflowError, ValueError):
+            best_exact = None
         prof = _profile_interval(gr, n, n_params, exact=exact, best_exact=best_exact)
     if not fixed_A and gr.a_grid.size > 1 and prof[1] >= gr.a_grid[-1] - 1e-12 and not gr.on_edge:
         reasons.append(f"A's 95% profile range {prof[0]:.3f}..{prof[1]:.3f} reaches the grid's upper edge: "

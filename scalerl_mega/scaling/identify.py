@@ -228,8 +228,9 @@ def assess(compute, reward, *, options: FitOptions, n_samples=None, min_points: 
     if n < min_points:
         reasons.append(f"{n} points after the cut (fit from {'-' if options.fit_from is None else f'{options.fit_from:.4g}'}; "
                        f"need >= {min_points})")
-    if not fit.identified:
-        reasons.append(fit.reason)
+    if not fit.identified:  # its grid-only profile-range note is superseded by the interval check below
+        own = [x for x in fit.reason.split("; ") if x and not x.startswith("A's 95% profile range")]
+        reasons += own
     ho = None
     try:
         ho = holdout_check(c, r, fit=fit, options=options, n_samples=n_samples, holdout_fraction=holdout_fraction,

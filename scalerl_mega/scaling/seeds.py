@@ -171,7 +171,7 @@ def compare_paired(ref: dict[int, float], var: dict[int, float], *, level: float
                    margin: float = SEED_MARGIN_A) -> PairedComparison:
     """Variant vs reference by per-seed differences (module docstring): `ref` and `var` map seed -> value
     (NaN = missing). Fewer than 2 common seeds: not separable (no variance estimate)."""
-    from scipy.stats import t as t_dist
+    from scipy.special import stdtrit  # the Student t quantile (scipy.special imports fast)
 
     seeds = tuple(sorted(s for s in ref if s in var and math.isfinite(float(ref[s])) and math.isfinite(float(var[s]))))
     d = np.array([float(var[s]) - float(ref[s]) for s in seeds], dtype=np.float64)
@@ -183,7 +183,7 @@ def compare_paired(ref: dict[int, float], var: dict[int, float], *, level: float
                                 sd=math.nan, dof=max(k - 1, 0), t_crit=math.nan, half_width=math.nan,
                                 margin_rule=margin_rule)
     sd = float(d.std(ddof=1))
-    t_crit = float(t_dist.ppf(0.5 + level / 2.0, k - 1))
+    t_crit = float(stdtrit(k - 1, 0.5 + level / 2.0))
     hw = t_crit * sd / math.sqrt(k)
     outcome = NOT_SEPARABLE if abs(mean) <= hw else (VARIANT_BETTER if mean > 0 else REFERENCE_BETTER)
     return PairedComparison(outcome=outcome, seeds=seeds, differences=tuple(d.tolist()), mean=mean, sd=sd, dof=k - 1,
