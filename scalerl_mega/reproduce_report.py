@@ -404,7 +404,8 @@ def analyse(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
     prov = [json.loads(x) for x in prov_path.read_text().splitlines() if x.strip()] if prov_path.is_file() else []
     epochs = last_epochs(runs)
     results = {"reference": REFERENCE, "missing": missing, "last_epochs": epochs,
-               "untestable": {rec: why for rec in FINDINGS if rec in runs and (why := untestable(rec, runs, epochs))}, "provenance": prov, "summaries": summaries, "plots": plots,
+               "untestable": {rec: why for rec in FINDINGS if rec in runs and (why := untestable(rec, runs, epochs))},
+               "provenance": prov, "summaries": summaries, "plots": plots,
                "final_pass_rate": final_pass_rates(runs, by_axis["tokens"]["series"]),
                "axes": {slug: {"x": res["axis"].key, "unit": res["axis"].unit, "runs": res["per_run"],
                                "recipes": res["recipes"], "common_A": res["loo"].A_mean,

@@ -8,9 +8,9 @@ The fit and the verdict are `scaling.identify.assess`, the same function `scaler
 use, with the same options (`identify.options_for`): on a GPU-hour axis that reaches the paper's scale
 (`gpu_hours=True`, compute >= 1.5k) the paper's grids and cut (App. A.5/A.7); otherwise `relative_grids`
 over the points after the cut, the cut being `cut_fraction` (default 0.1) x the compute so far, or
-`fit_from` when given. `method="fast"` (grid widening on, as in `scalerl-fit`), tens of milliseconds a refit. A and the reward at the budget are
-reported only when A is identified (identify.py's rule); otherwise they are NaN, and the interval and
-the reason are given.
+`fit_from` when given. `method="fast"` (grid widening on, as in `scalerl-fit`), well under a second a
+refit. A and the reward at the budget are reported only when A is identified (identify.py's rule);
+otherwise they are NaN, and the interval and the reason are given.
 """
 
 from __future__ import annotations

@@ -226,8 +226,8 @@ def assess(compute, reward, *, options: FitOptions, n_samples=None, min_points: 
     reasons = []
     n = fit.n_points
     if n < min_points:
-        reasons.append(f"{n} points after the cut (fit from {'-' if options.fit_from is None else f'{options.fit_from:.4g}'}; "
-                       f"need >= {min_points})")
+        cut = "-" if options.fit_from is None else f"{options.fit_from:.4g}"
+        reasons.append(f"{n} points after the cut (fit from {cut}; need >= {min_points})")
     if not fit.identified:  # its grid-only profile-range note is superseded by the interval check below
         own = [x for x in fit.reason.split("; ") if x and not x.startswith("A's 95% profile range")]
         reasons += own

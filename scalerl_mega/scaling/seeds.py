@@ -177,7 +177,8 @@ def compare_paired(ref: dict[int, float], var: dict[int, float], *, level: float
     d = np.array([float(var[s]) - float(ref[s]) for s in seeds], dtype=np.float64)
     k = d.size
     mean = float(d.mean()) if k else math.nan
-    margin_rule = NOT_SEPARABLE if not (k and abs(mean) > margin) else (VARIANT_BETTER if mean > 0 else REFERENCE_BETTER)
+    margin_rule = (NOT_SEPARABLE if not (k and abs(mean) > margin + 1e-12)
+                   else VARIANT_BETTER if mean > 0 else REFERENCE_BETTER)
     if k < 2:
         return PairedComparison(outcome=NOT_SEPARABLE, seeds=seeds, differences=tuple(d.tolist()), mean=mean,
                                 sd=math.nan, dof=max(k - 1, 0), t_crit=math.nan, half_width=math.nan,

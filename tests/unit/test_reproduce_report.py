@@ -145,3 +145,20 @@ def test_npr_untestable_within_the_first_epoch(tmp_path):
     assert untestable("dapo", runs, ep) == ""  # not an epoch-dependent finding
     ep["no_npr/seed0"] = 1  # one run got into its second pass: testable
     assert untestable("no_npr", runs, ep) == ""
+
+
+def test_cli_reading_hint_reproduces_the_committed_fits(capsys):
+    """reproduction/README.md: `scalerl-fit reproduction/runs/<recipe>/seed<N> --x sum:batch/tokens --json` gives
+    the committed fits.json row (the analysis works in millions of tokens, the CLI in tokens: C_mid x 1e6)."""
+    from scalerl_mega.scaling.cli import main
+
+    root = Path(__file__).resolve().parents[2] / "reproduction"
+    committed = json.loads((root / "fits.json").read_text())
+    for key in ("no_npr/seed0", "scalerl/seed0"):
+        assert main([str(root / "runs" / key), "--x", "sum:batch/tokens", "--json", "--holdout", "0"]) == 0
+        row = json.loads(capsys.readouterr().out)["runs"][0]
+        want = committed[key]
+        assert row["identified"] == want["identified"] and row["reason"] == want["reason"] and row["A"] == want["A"]
+        assert row["A_interval"] == pytest.approx(want["A_interval"], abs=1e-9)
+        assert row["B"] == pytest.approx(want["B"], rel=1e-6)  # golden-section tolerance on log B
+        assert row["C_mid"] == pytest.approx(want["C_mid"] * 1e6, rel=1e-6)
