@@ -21,7 +21,8 @@ from scalerl_mega.scaling.identify import MAX_A_WIDTH, MIN_POINTS, assess, holdo
 def eq1(C, *, A, B, C_mid, R0):
     """Eq. 1 (paper Sec. 2.1), written out independently of scaling.fit."""
     C = np.asarray(C, dtype=np.float64)
-    return np.where(C > 0, R0 + (A - R0) / (1.0 + (C_mid / np.where(C > 0, C, 1.0)) ** B), R0)
+    with np.errstate(over="ignore"):  # far-off (B, C_mid) tried by the optimiser: (C_mid / C)^B -> inf, R -> R0
+        return np.where(C > 0, R0 + (A - R0) / (1.0 + (C_mid / np.where(C > 0, C, 1.0)) ** B), R0)
 
 
 # name -> (compute, true pass rate per point, true A, validation samples per point, paper-scale GPU-hours?)
@@ -68,13 +69,16 @@ def calibrate(name: str, reps: int, seed: int = 0) -> dict:
     return {"coverage": cover / reps, "overclaim": over / reps, "identified": ident / reps}
 
 
-DEFAULT_REPS = {"toy": 3, "toy_long": 8, "paper": 6, "transient": 5, "truncated": 3, "collapse": 5, "powerlaw": 5,
-                "noisy": 4}
+DEFAULT_REPS = {"toy": 3, "toy_long": 8, "paper": 6, "transient": 5, "truncated": 3, "collapse": 5, "noisy": 4}
+"""Replicates per shape in the default suite. The power-law shape is in the slow set only: its measured rate of
+"identified with |A_hat - A| > 0.02" (8 of 200, 4.0%: of the 9 identified replicates 8 were off by 0.02-0.035)
+is too close to the 5% limit for a handful of replicates to check anything but luck."""
 
 
-@pytest.mark.parametrize("name", SHAPES)
+@pytest.mark.parametrize("name", sorted(DEFAULT_REPS))
 def test_calibration_few_replicates(name):
-    r = calibrate(name, DEFAULT_REPS[name])
+    """The first few replicates of the slow test (same seed, same draws)."""
+    r = calibrate(name, DEFAULT_REPS[name], seed=1)
     assert r["coverage"] >= 0.9, r
     assert r["overclaim"] <= 0.05, r
 
