@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from scalerl_mega.scaling.fit import FitOptions, profile_factor
+from scalerl_mega.scaling.fit import profile_factor
 from scalerl_mega.scaling.identify import MAX_A_WIDTH, MIN_POINTS, assess, holdout_check, options_for
 
 
