@@ -52,7 +52,8 @@ def main() -> None:
     mask[:, -1] = 0.0
     batch = TrainBatch(input_ids_BT=ids, position_ids_BT=torch.arange(T).expand(B, T).contiguous(),
                        loss_mask_BT=mask, targets_BT=torch.roll(ids, -1, 1) * (mask > 0).long(),
-                       gen_logp_BT=torch.zeros(B, T), advantages_B=torch.zeros(B), prompt_index_B=torch.arange(B))
+                       gen_logp_BT=torch.zeros(B, T), advantages_B=torch.zeros(B), prompt_index_B=torch.arange(B),
+                       token_weights_BT=mask / mask.sum())
     steps = [trainer.train_step(batch) for _ in range(STEPS)]
     res["loss"] = [m["loss"] for m in steps]
     res["grad_norm"] = [m["grad_norm"] for m in steps]
