@@ -383,9 +383,14 @@ def build_engine(cfg: Any, task: Task, trainer: Any):
 
 def engine_weight_dtype(cfg: Any) -> str:
     """The dtype the generators hold their weights in, which every weight push is cast to on the
-    training device (an FP32 LM head stays FP32, `export.is_head_weight`): SGLang serves and the local
-    engine builds its model in `precision.params_dtype`."""
-    return str(cfg.precision.params_dtype)
+    training device (`export.weight_dtypes`): SGLang serves and the local engine builds its model in
+    `precision.params_dtype`. SGLang holds its LM head in that dtype too (a pushed FP32 head is
+    rounded on load; `--enable-fp32-lm-head` upcasts at compute), so its push sends the head in it;
+    the local engine keeps an FP32 copy of the pushed head (rollout/core.py): "+fp32_head"."""
+    from scalerl_mega.trainer.megatron.export import FP32_HEAD
+
+    dtype = str(cfg.precision.params_dtype)
+    return dtype + FP32_HEAD if cfg.rollout.name != "sglang" and cfg.model.fp32_lm_head else dtype
 
 
 def allocation_devices(cfg: Any, *, world_size: int) -> int:
