@@ -94,6 +94,12 @@ def _same(a: Any, b: Any, *, rel_tol: float) -> bool:
     return a == b
 
 
+def _dims_diff(theirs: Any, ours: Any, *, rel_tol: float) -> list[tuple[str, Any, Any]]:
+    theirs, ours = _normalised(theirs), _normalised(ours)
+    return [(f.name, getattr(theirs, f.name), getattr(ours, f.name)) for f in dataclasses.fields(theirs)
+            if not _same(getattr(theirs, f.name), getattr(ours, f.name), rel_tol=rel_tol)]
+
+
 def model_mismatches(model: Any, hf_cfg: Mapping[str, Any], *, rel_tol: float = REL_TOL,
                      where: str = "config.json") -> list[str]:
     """Every architecture field where trainer `model` and HF `hf_cfg` differ, one line each:
@@ -101,14 +107,20 @@ def model_mismatches(model: Any, hf_cfg: Mapping[str, Any], *, rel_tol: float = 
     from scalerl_mega.convert.dims import dims_from_hf_config
     from scalerl_mega.convert.model_config import dims_from_model_config
 
-    theirs = _normalised(dims_from_hf_config(hf_text_config(hf_cfg), where=where))
-    ours = _normalised(dims_from_model_config(model))
-    out = []
-    for f in dataclasses.fields(theirs):
-        a, b = getattr(theirs, f.name), getattr(ours, f.name)
-        if not _same(a, b, rel_tol=rel_tol):
-            out.append(f"{f.name}={a!r} in {where} but {ARCH_KEY.get(f.name, 'model.' + f.name)} gives {b!r}")
-    return out
+    theirs = dims_from_hf_config(hf_text_config(hf_cfg), where=where)
+    return [f"{name}={a!r} in {where} but {ARCH_KEY.get(name, 'model.' + name)} gives {b!r}"
+            for name, a, b in _dims_diff(theirs, dims_from_model_config(model), rel_tol=rel_tol)]
+
+
+def config_mismatches(theirs: Mapping[str, Any], ours: Mapping[str, Any], *, rel_tol: float = REL_TOL,
+                      where: str = "config.json") -> list[str]:
+    """Every architecture field where two HF config dicts differ (either may be a multimodal Llama-4
+    file): `<field>=<value in theirs> in <where> but <value in ours> expected`."""
+    from scalerl_mega.convert.dims import dims_from_hf_config
+
+    a_dims = dims_from_hf_config(hf_text_config(theirs), where=where)
+    b_dims = dims_from_hf_config(hf_text_config(ours), where="expected config")
+    return [f"{name}={a!r} in {where} but {b!r} expected" for name, a, b in _dims_diff(a_dims, b_dims, rel_tol=rel_tol)]
 
 
 def check_model_matches_hf(model: Any, path: str | Path, *, key: str = "init_from_hf") -> None:
