@@ -15,6 +15,7 @@ is the converter's job, scalerl_mega/convert/).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -52,16 +53,32 @@ def read_hf_config(path: str | Path, *, key: str = "init_from_hf") -> dict[str, 
     if not f.is_file():
         raise ValueError(f"{key}={str(path)!r}: no config.json there (expected a Hugging Face checkpoint dir)")
     try:
-        return json.loads(f.read_text())
+        cfg = json.loads(f.read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"{key}={str(path)!r}: config.json is not readable JSON ({exc})") from exc
+    if not isinstance(cfg, Mapping):
+        raise ValueError(f"{key}={str(path)!r}: config.json holds a JSON {type(cfg).__name__}, not an object")
+    return cfg
 
 
 def hf_text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """The decoder's config: multimodal Llama-4 (`model_type: llama4`) keeps it under `text_config`."""
-    if cfg.get("model_type") == "llama4" and isinstance(cfg.get("text_config"), Mapping):
+    if cfg.get("model_type") == "llama4":
+        if not isinstance(cfg.get("text_config"), Mapping):
+            raise ValueError("config.json: model_type='llama4' (multimodal) without a text_config object")
         return {"model_type": "llama4_text", **cfg["text_config"]}
     return cfg
+
+
+@contextlib.contextmanager
+def _naming(key: str, path: str | Path):
+    """ValueErrors raised inside name `<key>=<path>` (the one-line config error says which checkpoint)."""
+    try:
+        yield
+    except ValueError as exc:
+        if str(exc).startswith(f"{key}="):
+            raise
+        raise ValueError(f"{key}={str(path)!r}: {exc}") from exc
 
 
 def model_from_hf_dir(path: str | Path, *, base: Any = None, key: str = "init_from_hf"):
@@ -69,8 +86,9 @@ def model_from_hf_dir(path: str | Path, *, base: Any = None, key: str = "init_fr
     `KEEP_FROM_COMPOSED` keys. Raises ValueError naming `key` and the offending config.json field."""
     from scalerl_mega.convert.model_config import model_config_from_hf
 
-    cfg = hf_text_config(read_hf_config(path, key=key))
-    model = model_config_from_hf(cfg, name=HF_MODEL_NAME, where=f"{key}={str(path)!r}: config.json")
+    with _naming(key, path):
+        cfg = hf_text_config(read_hf_config(path, key=key))
+        model = model_config_from_hf(cfg, name=HF_MODEL_NAME, where=f"{key}={str(path)!r}: config.json")
     if base is not None:
         model = dataclasses.replace(model, **{k: getattr(base, k) for k in KEEP_FROM_COMPOSED})
     return model.validate()
@@ -125,7 +143,8 @@ def config_mismatches(theirs: Mapping[str, Any], ours: Mapping[str, Any], *, rel
 
 def check_model_matches_hf(model: Any, path: str | Path, *, key: str = "init_from_hf") -> None:
     """ValueError listing every mismatching field when `model` cannot hold `<path>`'s weights."""
-    bad = model_mismatches(model, read_hf_config(path, key=key), where="config.json")
+    with _naming(key, path):  # an unusable config.json (unsupported model_type, missing key, ...)
+        bad = model_mismatches(model, read_hf_config(path, key=key), where="config.json")
     if bad:
         raise ValueError(f"{key}={str(path)!r} does not match model '{model.name}' ({len(bad)} field(s)): "
                          + "; ".join(bad) + ". Use model=hf to take the shapes from the checkpoint, or fix model.*")
