@@ -17,7 +17,6 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 WORKER = Path(__file__).with_name("megatron_bf16_worker.py")
-RESUME_WORKER = Path(__file__).with_name("megatron_resume_worker.py")
 RESUME_REL_TOL = 2e-6
 """Resumed vs uninterrupted loss, relative: the same kernels on the same inputs and weights give the
 same float32 loss up to reduction-order noise (a couple of ulps); a lost Adam state moves it ~1e-3."""
@@ -29,23 +28,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(worker: Path, out: Path, name: str) -> dict:
+def _run(mode: str, out: Path, name: str) -> dict:
     env = dict(os.environ, WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(_free_port()))
-    proc = subprocess.run([sys.executable, str(worker), "--out", str(out)], capture_output=True, text=True,
-                          env=env, timeout=600)
+    proc = subprocess.run([sys.executable, str(WORKER), "--out", str(out), "--mode", mode], capture_output=True,
+                          text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     return json.loads((out / name).read_text())
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
-    return _run(WORKER, tmp_path_factory.mktemp("megatron_bf16"), "result.json")
+    return _run("step", tmp_path_factory.mktemp("megatron_bf16"), "result.json")
 
 
 @pytest.fixture(scope="module")
 def resume(tmp_path_factory) -> dict:
-    return _run(RESUME_WORKER, tmp_path_factory.mktemp("megatron_resume"), "resume.json")
+    return _run("resume", tmp_path_factory.mktemp("megatron_resume"), "resume.json")
 
 
 def test_bf16_training_step_over_nccl(result):

@@ -7,7 +7,8 @@ same contract: one integer 'step' per param group, and per-parameter state only 
 look every per-parameter key up there, so a per-parameter 'step' raises KeyError: 'step' (the crash a
 first restart or 24 h requeue hit). Megatron is switched to it the way it selects TE at import time
 (`megatron.core.optimizer.Adam`, `USING_PYTORCH_OPTIMIZER`, and distrib_optimizer's `Adam`,
-`HAVE_APEX_OR_TE` / `USING_TE_OPTIMIZER`), in a subprocess so the switch dies with it.
+`HAVE_APEX_OR_TE` / `USING_TE_OPTIMIZER`), in one subprocess (both optimizer kinds) so the switch
+dies with it.
 
 The run: 1 step, save, 1 more step (reference); a fresh trainer loads the checkpoint and takes the
 same second step. Equal loss and bit-identical weights mean the Adam moments and the step (bias
@@ -17,10 +18,14 @@ correction) came back.
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mp_launch import run_single_worker  # noqa: E402
 
 
 
@@ -99,13 +104,12 @@ def _use_contract_optimizer() -> type:
     return cls
 
 
-def worker(ckpt: str, out: str, distopt: bool) -> None:
+def _round_trip(ckpt: str, distopt: bool) -> dict:
     import torch
 
     from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
-    torch.set_num_threads(1)
     cls = _use_contract_optimizer()
     cfg = MegatronConfig(model=load_model_preset("tiny_dense"), parallel=ParallelConfig(),
                          optim=OptimConfig(lr=1e-2, use_distributed_optimizer=distopt))
@@ -114,9 +118,8 @@ def worker(ckpt: str, out: str, distopt: bool) -> None:
     batch = {"input_ids": ids[:, :-1], "position_ids": torch.arange(12).expand(4, 12).contiguous(),
              "targets": ids[:, 1:], "loss_mask": torch.ones(4, 12)}
 
-    def inner_types(t) -> list[str]:
-        subs = getattr(t.optimizer, "chained_optimizers", None) or [t.optimizer]
-        return sorted({type(s.optimizer).__name__ for s in subs} | {type(s).__name__ for s in subs})
+    def subs(t) -> list:
+        return getattr(t.optimizer, "chained_optimizers", None) or [t.optimizer]
 
     def weights(t) -> dict:
         return {n: p.detach().clone() for n, p in t.chunks[0].named_parameters()}
@@ -124,7 +127,7 @@ def worker(ckpt: str, out: str, distopt: bool) -> None:
     res: dict = {}
     a = MegatronPolicyTrainer(cfg)
     try:
-        res["types"] = inner_types(a)
+        res["types"] = sorted({type(s.optimizer).__name__ for s in subs(a)} | {type(s).__name__ for s in subs(a)})
         a.train_step(batch)
         a.save(ckpt)
         res["loss_ref"] = a.train_step(batch)["loss"]
@@ -134,37 +137,45 @@ def worker(ckpt: str, out: str, distopt: bool) -> None:
     b = MegatronPolicyTrainer(cfg)
     try:
         b.load(ckpt)
-        subs = getattr(b.optimizer, "chained_optimizers", None) or [b.optimizer]
-        res["keys_after_load"] = sorted(set().union(*(set(k for st in s.optimizer.state.values() for k in st)
-                                                      for s in subs)))
-        res["group_steps_after_load"] = sorted({grp.get("step") for s in subs for grp in s.optimizer.param_groups
+        res["keys_after_load"] = sorted({k for s in subs(b) for st in s.optimizer.state.values() for k in st})
+        res["group_steps_after_load"] = sorted({grp.get("step") for s in subs(b) for grp in s.optimizer.param_groups
                                                 if grp["params"]})
         res["loss_resumed"] = b.train_step(batch)["loss"]
         got = weights(b)
         res["max_weight_diff"] = max(float((got[n] - ref[n]).abs().max()) for n in ref)
-        res["keys_checked"] = sorted(set().union(*(s.optimizer.state_keys_seen for s in subs
-                                                   if isinstance(s.optimizer, cls))))
+        res["keys_checked"] = sorted({k for s in subs(b) if isinstance(s.optimizer, cls)
+                                      for k in s.optimizer.state_keys_seen})
     finally:
         b.close()
-    with open(out, "w") as f:
-        json.dump(res, f)
+    return res
+
+
+def worker(out: str) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    res = {name: _round_trip(str(Path(out).with_name(f"ckpt_{name}")), distopt)
+           for name, distopt in (("fp32-optimizer", False), ("distributed-optimizer", True))}
+    Path(out).write_text(json.dumps(res))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    return run_single_worker(__file__, tmp_path_factory.mktemp("fused_adam") / "res.json")
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("distopt", [False, True], ids=["fp32-optimizer", "distributed-optimizer"])
-def test_resume_under_fused_adam_contract_is_exact(tmp_path, distopt):
-    out = tmp_path / "res.json"
-    here = __file__.rsplit("/", 1)[0]
-    code = (f"import sys; sys.path.insert(0, {here!r}); import test_megatron_fused_adam_checkpoint as t; "
-            f"t.worker({str(tmp_path / 'ckpt')!r}, {str(out)!r}, {distopt!r})")
-    proc = subprocess.run([sys.executable, "-c", f"if __name__ == '__main__':\n    {code}"], capture_output=True,
-                          text=True, timeout=500)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(out.read_text())
+@pytest.mark.parametrize("name", ["fp32-optimizer", "distributed-optimizer"])
+def test_resume_under_fused_adam_contract_is_exact(runs, name):
+    res = runs[name]
     assert "FusedAdamContract" in res["types"], res["types"]
-    assert ("DistributedOptimizer" in res["types"]) is distopt, res["types"]
+    assert ("DistributedOptimizer" in res["types"]) is (name == "distributed-optimizer"), res["types"]
     assert res["keys_after_load"] == ["exp_avg", "exp_avg_sq"]  # no per-parameter 'step'
     assert res["group_steps_after_load"] == [1]  # the saved step, restored into the param groups
     assert res["keys_checked"] == ["exp_avg", "exp_avg_sq"]  # the contract was exercised
     assert res["loss_resumed"] == res["loss_ref"]
     assert res["max_weight_diff"] == 0.0
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":
+    worker(sys.argv[2])

@@ -9,14 +9,20 @@ Worker: a CPU world-1 MegatronPolicyTrainer (bf16 body, FP32 head) in a subproce
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mp_launch import run_single_worker  # noqa: E402
 
-def worker(out: str, specs: list[str]) -> None:
+
+SPECS = ("bfloat16", "bfloat16+fp32_head")  # checked against build.engine_weight_dtype in the test
+
+
+def worker(out: str) -> None:
     import torch
 
     from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
@@ -29,7 +35,7 @@ def worker(out: str, specs: list[str]) -> None:
     res: dict = {"num_params": cfg.model.num_params()["total"]}
     pushed = {}
     try:
-        for spec in specs:
+        for spec in SPECS:
             stream = trainer.export_hf_weights(dtype=spec)
             plan = {s.name: s.dtype for s in stream.plan}
             tensors = {n: t.detach().clone() for n, t in stream}
@@ -39,11 +45,10 @@ def worker(out: str, specs: list[str]) -> None:
                          "numel": sum(t.numel() for t in tensors.values())}
     finally:
         trainer.close()
-    sg, loc = pushed[specs[0]], pushed[specs[1]]
+    sg, loc = (pushed[s] for s in SPECS)
     res["head_rounded_equal"] = bool(torch.equal(sg["lm_head.weight"], loc["lm_head.weight"].to(torch.bfloat16)))
     res["body_equal"] = all(torch.equal(sg[n], loc[n]) for n in sg if n != "lm_head.weight")
-    with open(out, "w") as f:
-        json.dump(res, f)
+    Path(out).write_text(json.dumps(res))
 
 
 @pytest.mark.timeout(600)
@@ -55,15 +60,8 @@ def test_sglang_push_sends_the_head_in_bf16_and_the_local_push_keeps_it_fp32(tmp
 
     sglang = engine_weight_dtype(_compose("experiment=scalerl", "rollout=sglang"))
     local = engine_weight_dtype(_compose("experiment=scalerl", "rollout=local"))
-    assert (sglang, local) == ("bfloat16", "bfloat16+fp32_head")
-    out = tmp_path / "res.json"
-    here = __file__.rsplit("/", 1)[0]
-    code = (f"import sys; sys.path.insert(0, {here!r}); import test_weight_push_dtypes as t; "
-            f"t.worker({str(out)!r}, {[sglang, local]!r})")
-    proc = subprocess.run([sys.executable, "-c", f"if __name__ == '__main__':\n    {code}"], capture_output=True,
-                          text=True, timeout=500)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(out.read_text())
+    assert (sglang, local) == SPECS
+    res = run_single_worker(__file__, tmp_path / "res.json")
     n, head = res["num_params"], 256 * 64  # tiny_dense: vocab 256 x hidden 64, untied
     s, loc = res[sglang], res[local]
     assert set(s["dtypes"].values()) == {"bfloat16"} and set(s["plan"].values()) == {"bfloat16"}
@@ -72,3 +70,7 @@ def test_sglang_push_sends_the_head_in_bf16_and_the_local_push_keeps_it_fp32(tmp
     assert loc["dtypes"]["lm_head.weight"] == "float32" and loc["plan"]["lm_head.weight"] is None
     assert loc["bytes"] == 2 * n + 2 * head  # the FP32 head costs 2 more bytes per element
     assert res["head_rounded_equal"] and res["body_equal"]
+
+
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":
+    worker(sys.argv[2])

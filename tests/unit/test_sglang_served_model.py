@@ -73,19 +73,21 @@ def _engine(url: str, preset: str):
     return SGLangRolloutEngine([SGLangServer.attach(url)], config=SGLangEngineConfig(model=spec, control_timeout_s=10)), spec
 
 
-def _served(tmp_path: Path, cfg: dict) -> str:
+def _served(tmp_path: Path, cfg: dict | str) -> str:
+    """A checkpoint directory whose config.json is `cfg` (a dict, or a file name under PUBLISHED)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    if isinstance(cfg, str):
+        shutil.copy(PUBLISHED / cfg, tmp_path / "config.json")
+    else:
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
     return str(tmp_path)
 
 
 def test_server_on_another_checkpoint_is_refused_before_anything_is_sent(tmp_path, stub_factory):
     from scalerl_mega.rollout.weight_sync import WeightSyncError
 
-    path = tmp_path / "llama8b"
-    path.mkdir()
-    shutil.copy(PUBLISHED / "Llama-3.1-8B.config.json", path / "config.json")
-    stub = stub_factory(str(path))
+    path = _served(tmp_path / "llama8b", "Llama-3.1-8B.config.json")
+    stub = stub_factory(path)
     engine, _ = _engine(stub.url, "tiny_dense")
     try:
         with pytest.raises(WeightSyncError) as e:
@@ -114,10 +116,7 @@ def test_server_on_the_trainers_architecture_passes(tmp_path, stub_factory):
         engine.close()
     assert stub.requests == ["/model_info"]
 
-    scout_dir = tmp_path / "scout"
-    scout_dir.mkdir()
-    shutil.copy(PUBLISHED / "Llama-4-Scout-17B-16E-Instruct.config.json", scout_dir / "config.json")
-    scout_stub = stub_factory(str(scout_dir))
+    scout_stub = stub_factory(_served(tmp_path / "scout", "Llama-4-Scout-17B-16E-Instruct.config.json"))
     engine, spec = _engine(scout_stub.url, "scout_17b16e")
     try:
         engine._check_served_models(spec)  # no error: the multimodal file's text_config is Scout's
