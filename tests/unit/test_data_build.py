@@ -140,15 +140,16 @@ def test_synthetic_prompts_are_held_to_max_prompt_tokens():
     from scalerl_mega.build import build_task
     from scalerl_mega.data.tasks.tokenizer import build_arith_tokenizer
 
-    base = build_task(_compose("experiment=demo"))
+    small = ("experiment=demo", "data.synthetic_num_prompts=1000", "data.val_prompts=100")  # seconds, not tens
+    base = build_task(_compose(*small))
     tok = build_arith_tokenizer()
     lens = sorted(len(tok(p.text)["input_ids"]) for p in base.train_prompts)  # counted independently
     assert all(p.token_ids == tok(p.text)["input_ids"] for p in base.train_prompts[:20])
     limit = lens[len(lens) // 2]
     assert limit < lens[-1]  # some prompts are longer than the limit
-    cut = build_task(_compose("experiment=demo", f"data.max_prompt_tokens={limit}"))
+    cut = build_task(_compose(*small, f"data.max_prompt_tokens={limit}"))
     assert len(cut.train_prompts) == sum(n <= limit for n in lens) < len(lens)
     assert max(len(p.token_ids) for p in cut.train_prompts) <= limit
     with pytest.raises(ValueError, match=rf"no prompt fits data\.max_prompt_tokens=2: the \d+ prompts are "
                                          rf"{lens[0]}-{lens[-1]} tokens \(data\.name=synthetic"):
-        build_task(_compose("experiment=demo", "data.max_prompt_tokens=2"))
+        build_task(_compose(*small, "data.max_prompt_tokens=2"))
