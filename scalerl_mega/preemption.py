@@ -54,7 +54,8 @@ def shielded() -> Iterator[None]:
     `child_setup`. A signal for this process meanwhile is not lost: another thread takes it, or it
     is delivered when the block ends. Children that Python forks here without exec (multiprocessing's
     "fork" context, e.g. Megatron's checkpoint writers) also get PR_SET_PDEATHSIG: they die with
-    this thread (`set_pdeathsig`)."""
+    this thread (`set_pdeathsig`); they keep SIGTERM blocked, so their creator must join or SIGKILL
+    them (Megatron joins its writers within the save)."""
     global _FORK_PARENT
     _prctl()  # resolved here: the forked child must not take the dynamic loader's lock
     old = signal.pthread_sigmask(signal.SIG_BLOCK, GROUP_SIGNALS)
