@@ -153,6 +153,26 @@ def _prctl() -> Any:
     return ctypes.CDLL(None, use_errno=True).prctl
 
 
+def is_running(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited (a zombie, exited but not yet reaped, has)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def describe_process(pid: int) -> str:
+    """`pid <n>: <command line>` (for messages naming a process)."""
+    import psutil
+
+    try:
+        return f"pid {pid}: {' '.join(psutil.Process(pid).cmdline())[:300]}"
+    except psutil.Error:
+        return f"pid {pid}: (gone)"
+
+
 def kill_process_tree(pid: int | None = None) -> int:
     """SIGKILL every descendant of `pid` (default: this process); returns how many were signalled."""
     import psutil

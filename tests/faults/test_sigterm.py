@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from scalerl_mega.preemption import describe_process, is_running
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
     "experiment=demo", "sft.steps=0", "filter=none", "off_policy.k=2", "data.synthetic_num_prompts=400",
@@ -83,7 +85,7 @@ def test_group_sigterm_checkpoints_exits_zero_resumes_and_kill_9_leaves_no_proce
     assert (out / "checkpoints" / f"step_{stopped:08d}").is_dir()  # save_every=0: only the SIGTERM save
     assert json.loads((out / "summary.json").read_text())["preempted"] is True
     deadline = time.monotonic() + 30  # a reaped child may take a moment to vanish on a loaded machine
-    while (alive := [p for p in children if _running(p)]) and time.monotonic() < deadline:
+    while (alive := [p for p in children if is_running(p)]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive, f"processes left running 30 s after the trainer exited on SIGTERM: {alive}"
 
@@ -92,17 +94,17 @@ def test_group_sigterm_checkpoints_exits_zero_resumes_and_kill_9_leaves_no_proce
     job, children = _start([*cmd, "train.save_every=1"], tmp_path / "rerun.log", out,
                            steps_before=lambda steps: len(steps) > stopped and saved.is_dir())
     try:
-        names = " ".join(_cmdline(p) for p in children if _running(p))
+        names = " ".join(describe_process(p) for p in children if is_running(p))
         assert "resource_tracker" in names and names.count("spawn_main") >= 3, names  # engine, reward, manager
         job.kill()
         killed = time.monotonic()
         job.wait(timeout=30)
-        while (alive := [p for p in children if _running(p)]) and time.monotonic() < killed + 5.0:
+        while (alive := [p for p in children if is_running(p)]) and time.monotonic() < killed + 5.0:
             time.sleep(0.05)
-        assert not alive, f"still running 5 s after the trainer's kill -9: {[_cmdline(p) for p in alive]}"
+        assert not alive, f"still running 5 s after the trainer's kill -9: {[describe_process(p) for p in alive]}"
     finally:
         for pid in children:  # whatever survived: we started it
-            if _running(pid):
+            if is_running(pid):
                 os.kill(pid, signal.SIGKILL)
         _kill_group(job)
     rerun = (tmp_path / "rerun.log").read_text()
@@ -110,20 +112,3 @@ def test_group_sigterm_checkpoints_exits_zero_resumes_and_kill_9_leaves_no_proce
     steps = _train_steps(out)
     assert steps == list(range(1, len(steps) + 1)) and len(steps) > stopped  # nothing lost, nothing repeated
 
-
-def _running(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _cmdline(pid: int) -> str:
-    import psutil
-
-    try:
-        return " ".join(psutil.Process(pid).cmdline())
-    except psutil.Error:
-        return f"pid {pid} (gone)"

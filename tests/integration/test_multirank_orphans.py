@@ -14,26 +14,13 @@ import psutil
 import pytest
 
 from multirank_util import COMMON, REPO, TORCHRUN, records
+from scalerl_mega.preemption import describe_process, is_running
 
 pytestmark = pytest.mark.slow  # ~60-80 s on 2 cores; tests/unit/test_preemption_children.py is the fast check
 
 BOUND_S = 10.0
 """Rank watch (1 s) -> the controller's children's watch (<= 1 s) -> resource trackers (pipe EOF), with
 margin for a loaded 2-core machine."""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return " ".join(psutil.Process(pid).cmdline())[:200]
-    except psutil.Error:
-        return f"pid {pid} (gone)"
 
 
 def test_kill_nine_torchrun_agent_leaves_no_rank_or_child(tmp_path):
@@ -52,17 +39,17 @@ def test_kill_nine_torchrun_agent_leaves_no_rank_or_child(tmp_path):
             assert time.monotonic() < deadline, "the run did not save step 1"
             time.sleep(0.2)
         tree = [c.pid for c in psutil.Process(agent.pid).children(recursive=True)]
-        names = " ".join(_cmdline(p) for p in tree)
+        names = " ".join(describe_process(p) for p in tree)
         assert names.count("scalerl_mega.train") >= 2 and "resource_tracker" in names, names  # 2 ranks + helpers
         agent.kill()
         killed = time.monotonic()
         agent.wait(timeout=30)
-        while (alive := [p for p in tree if _alive(p)]) and time.monotonic() < killed + BOUND_S:
+        while (alive := [p for p in tree if is_running(p)]) and time.monotonic() < killed + BOUND_S:
             time.sleep(0.1)
-        assert not alive, f"alive {BOUND_S:g} s after the agent's kill -9: {[_cmdline(p) for p in alive]}"
+        assert not alive, f"alive {BOUND_S:g} s after the agent's kill -9: {[describe_process(p) for p in alive]}"
     finally:
         for pid in tree:
-            if _alive(pid):
+            if is_running(pid):
                 os.kill(pid, signal.SIGKILL)
         if agent.poll() is None:
             agent.kill()

@@ -12,8 +12,9 @@ import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+
+from scalerl_mega.preemption import describe_process, is_running
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,16 +71,9 @@ def _line(proc: subprocess.Popen, timeout_s: float = 120.0) -> str:
     return proc.stdout.readline()
 
 
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def _wait_gone(pids: list[int], *, within_s: float) -> list[int]:
     deadline = time.monotonic() + within_s
-    while (alive := [p for p in pids if not _gone(p)]) and time.monotonic() < deadline:
+    while (alive := [p for p in pids if is_running(p)]) and time.monotonic() < deadline:
         time.sleep(0.05)
     return alive
 
@@ -99,7 +93,7 @@ def parent(tmp_path):
         yield proc, kids
     finally:
         for pid in [proc.pid, *kids]:
-            if not _gone(pid):
+            if is_running(pid):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
 
@@ -112,7 +106,7 @@ def test_group_sigterm_and_sigint_leave_the_child_running(parent):
     assert _line(proc) == "parent got SIGINT\n"
     proc.stdin.write("ping\n")
     assert _line(proc) == "('pong', 1)\n"  # answered after both signals had been sent
-    assert not _gone(child)
+    assert is_running(child)
 
 
 def test_kill_9_of_the_parent_takes_spawned_and_forked_children_within_5_s(parent):
@@ -121,7 +115,7 @@ def test_kill_9_of_the_parent_takes_spawned_and_forked_children_within_5_s(paren
     assert _line(proc) == "parent got SIGTERM\n"
     proc.kill()
     proc.wait()
-    assert not _wait_gone(kids, within_s=5.0), [psutil.Process(p).cmdline() for p in kids if not _gone(p)]
+    assert not _wait_gone(kids, within_s=5.0), [describe_process(p) for p in kids if is_running(p)]
 
 
 def test_parent_exit_without_close_does_not_hang_and_kills_the_child(parent):

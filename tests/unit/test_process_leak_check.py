@@ -13,8 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
+
+from scalerl_mega.preemption import is_running
 
 CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 
@@ -31,13 +32,6 @@ CLEAN = '''
 def test_clean():
     assert 1 + 1 == 2
 '''
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @pytest.mark.parametrize("xdist", [["-p", "no:xdist"], ["-n", "2", "--dist", "loadfile"]], ids=["plain", "xdist"])
@@ -59,8 +53,8 @@ def test_leaked_process_fails_the_session_and_is_killed(tmp_path, xdist):
         assert leaks == [next(x for x in leaks if f"pid {pid}: sleep 300" in x)], out  # only the sleep
         if xdist[0] == "-n":
             assert leaks[0].startswith("[gw"), out  # reported by the worker that ran the leaky file
-        assert not _alive(pid), "the check did not kill the leaked process"
+        assert not is_running(pid), "the check did not kill the leaked process"
     finally:
-        if pid is not None and _alive(pid):
+        if pid is not None and is_running(pid):
             os.kill(pid, signal.SIGKILL)
 
