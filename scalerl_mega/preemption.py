@@ -102,10 +102,9 @@ def _kill_started() -> None:
             proc.join(5)
 
 
-def child_setup(parent_pid: int, name: str = "child", every_s: float = 0.5) -> None:
+def child_setup(parent_pid: int, *, name: str, every_s: float = 0.5) -> None:
     """First call in the entry of a process the trainer started: ignore SIGTERM/SIGINT (the trainer
-    coordinates shutdown) and exit when `parent_pid` is no longer the parent (`watch_parent`).
-    Positional arguments: usable as a multiprocessing `initializer`."""
+    coordinates shutdown) and exit when `parent_pid` is no longer the parent (`watch_parent`)."""
     for sig in GROUP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, GROUP_SIGNALS)

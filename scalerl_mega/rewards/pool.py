@@ -101,7 +101,7 @@ def warm_up_rewards() -> None:
 
 def _worker_main(conn: Connection, score_fn: Callable[[Any], RewardResult], init_fn: Callable[[], None] | None,
                  parent_pid: int) -> None:
-    child_setup(parent_pid, "reward worker")  # the trainer coordinates SIGTERM; exit if it is gone
+    child_setup(parent_pid, name="reward worker")  # the trainer coordinates SIGTERM; exit if it is gone
     if init_fn is not None:
         init_fn()
     conn.send("ready")

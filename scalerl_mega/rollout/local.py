@@ -190,7 +190,7 @@ def make_requests(
 
 # ---- engine process ---------------------------------------------------------------------------
 def _engine_main(config: LocalEngineConfig, cmd_q: Any, out_q: Any, parent_pid: int) -> None:
-    child_setup(parent_pid, "local engine", config.parent_check_s)
+    child_setup(parent_pid, name="local engine", every_s=config.parent_check_s)
     try:
         _EngineLoop(config, cmd_q, out_q, parent_pid=parent_pid).run()
     except BaseException as e:  # noqa: BLE001 - reported to the trainer, then the process exits

@@ -29,7 +29,7 @@ PARENT = textwrap.dedent('''
 
 
     def child(parent_pid, conn):
-        child_setup(parent_pid, "test child", 0.2)
+        child_setup(parent_pid, name="test child", every_s=0.2)
         while True:
             conn.send(("pong", conn.recv()))
 

@@ -57,6 +57,7 @@ initializer: it ignores that SIGTERM too and exits when the trainer is gone, eve
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -215,7 +216,8 @@ def _own_results_queue() -> None:
 
     manager = SyncManager(ctx=mp.get_context("spawn"))
     with shielded():
-        manager.start(initializer=child_setup, initargs=(os.getpid(), "checkpoint results-queue manager"))
+        manager.start(initializer=functools.partial(child_setup, os.getpid(),
+                                                    name="checkpoint results-queue manager"))
     _MANAGER = manager
     filesystem_async._results_queue = manager.Queue()
 
