@@ -8,17 +8,168 @@ workers it started and returns, and `scalerl-train` exits 0, so a requeued job r
 watchdog kills every process this one started and exits with 143 (128 + SIGTERM): the previous
 checkpoint stays the newest complete one. Follower ranks of a multi-rank job install it too: they keep
 serving the controller's commands (its checkpoint save is collective) until it releases them.
+
+Slurm signals every process of the step (`scancel`, the time limit; a terminal's Ctrl-C or
+`kill -TERM -<pgid>` signals the whole process group), not only the trainer. The processes the
+trainer starts -- local engine, reward workers, Megatron's checkpoint writers and its results-queue
+manager -- therefore ignore SIGTERM and SIGINT and leave the decision to the trainer, which stops them
+after its checkpoint. They are created under `shielded()` (SIGTERM/SIGINT blocked in the creating
+thread, so the child starts with them blocked: no window before its entry runs; `start_child`) and their entry
+calls `child_setup` first (SIG_IGN for both, then unblock: a signal that arrived meanwhile is
+dropped) -- the same scheme as CPython's multiprocessing resource tracker. `child_setup` also
+starts `watch_parent`: the child exits (ORPHAN_EXIT_CODE) within `every_s` of its parent's death,
+even when the parent was `kill -9`ed and no cleanup code ran there. It polls `os.getppid()` rather
+than using PR_SET_PDEATHSIG, which fires when the parent *thread* that created the child exits;
+`set_pdeathsig` is for a child forked by a thread that lives as long as its process (the reward
+workers' math-verify children, `rewards/deadline.py`).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
 import logging
 import os
 import signal
+import sys
 import threading
+import time
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
 log = logging.getLogger("scalerl_mega.preemption")
+
+ORPHAN_EXIT_CODE = 3
+"""Exit code of a process that noticed its parent (the trainer, or a rank's launcher) is gone."""
+GROUP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""What a child of the trainer leaves to the trainer (module doc)."""
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """Create child processes inside this block: SIGTERM and SIGINT are blocked in the calling thread,
+    so children start with them blocked (the mask survives fork and exec) until their entry runs
+    `child_setup`. A signal for this process meanwhile is not lost: another thread takes it, or it
+    is delivered when the block ends. Children that Python forks here without exec (multiprocessing's
+    "fork" context, e.g. Megatron's checkpoint writers) also get PR_SET_PDEATHSIG: they die with
+    this thread (`set_pdeathsig`); they keep SIGTERM blocked, so their creator must join or SIGKILL
+    them (Megatron joins its writers within the save)."""
+    global _FORK_PARENT
+    _prctl()  # resolved here: the forked child must not take the dynamic loader's lock
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, GROUP_SIGNALS)
+    outer, _FORK_PARENT = _FORK_PARENT, os.getpid()
+    try:
+        yield
+    finally:
+        _FORK_PARENT = outer
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+_FORK_PARENT: int | None = None
+
+
+def _after_fork_in_child() -> None:
+    if _FORK_PARENT is not None:
+        set_pdeathsig(_FORK_PARENT)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+_STARTED: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def start_child(proc: Any) -> None:
+    """`proc.start()` for a multiprocessing Process whose target calls `child_setup` first: under
+    `shielded()`, and SIGKILLed at interpreter exit if still running -- multiprocessing's own exit
+    handler would `terminate()` (SIGTERM, which such a child ignores) and then wait for it forever.
+    (atexit runs handlers last-registered first: ours is registered after multiprocessing's.)"""
+    with shielded():
+        proc.start()
+    if not _STARTED:
+        atexit.unregister(_kill_started)
+        atexit.register(_kill_started)
+    _STARTED.add(proc)
+
+
+def _kill_started() -> None:
+    for proc in list(_STARTED):
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+
+
+def child_setup(parent_pid: int, *, name: str, every_s: float = 0.5) -> None:
+    """First call in the entry of a process the trainer started: ignore SIGTERM/SIGINT (the trainer
+    coordinates shutdown) and exit when `parent_pid` is no longer the parent (`watch_parent`)."""
+    for sig in GROUP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, GROUP_SIGNALS)
+    watch_parent(parent_pid, name=name, every_s=every_s)
+
+
+def watch_parent(parent_pid: int, *, name: str, every_s: float = 0.5) -> threading.Thread:
+    """A daemon thread that exits this process (`os._exit(ORPHAN_EXIT_CODE)`, no cleanup: nobody reads
+    its pipes any more) once `os.getppid()` differs from `parent_pid`: the parent died and this one
+    was re-parented (the old pid is never our parent again, even if reused)."""
+    if every_s <= 0:
+        raise ValueError(f"watch_parent every_s={every_s} must be > 0")
+
+    def run() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(every_s)
+        print(f"scalerl {name} {os.getpid()}: parent {parent_pid} is gone, exiting", file=sys.stderr, flush=True)
+        os._exit(ORPHAN_EXIT_CODE)
+
+    thread = threading.Thread(target=run, name=f"scalerl-parent-watch-{parent_pid}", daemon=True)
+    thread.start()
+    return thread
+
+
+def set_pdeathsig(parent_pid: int) -> None:
+    """Linux: SIGKILL this process when the thread that forked it exits (PR_SET_PDEATHSIG), and exit
+    now if `parent_pid` already died before the call. Call right after fork; a no-op elsewhere."""
+    prctl = _prctl()
+    if prctl is None:
+        return
+    PR_SET_PDEATHSIG = 1
+    if prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:  # pragma: no cover
+        return
+    if os.getppid() != parent_pid:
+        os._exit(ORPHAN_EXIT_CODE)
+
+
+@functools.cache
+def _prctl() -> Any:
+    """libc's prctl (Linux), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def is_running(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited (a zombie, exited but not yet reaped, has)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def describe_process(pid: int) -> str:
+    """`pid <n>: <command line>` (for messages naming a process)."""
+    import psutil
+
+    try:
+        return f"pid {pid}: {' '.join(psutil.Process(pid).cmdline())[:300]}"
+    except psutil.Error:
+        return f"pid {pid}: (gone)"
 
 
 def kill_process_tree(pid: int | None = None) -> int:

@@ -81,12 +81,13 @@ def run_job(config: Any) -> dict[str, Any]:
     and write nothing.
     """
     import json
+    import os
     import time
 
     from scalerl_mega import build
     from scalerl_mega.loop import latest_checkpoint, run_rl
     from scalerl_mega.metrics.compute import ComputeCounter
-    from scalerl_mega.preemption import Preemption
+    from scalerl_mega.preemption import Preemption, watch_parent
     from scalerl_mega.report import write_report
     from scalerl_mega.trainer.megatron.parallel import world_size_from_env
     from scalerl_mega.trainer.ranks import ControlChannel, ControllerTrainer, serve
@@ -100,6 +101,8 @@ def run_job(config: Any) -> dict[str, Any]:
 
         torch.set_num_threads(config.cluster.trainer_threads)
     world = world_size_from_env()
+    if world > 1:  # a rank whose launcher (torchrun agent, srun) is gone exits (trainer/ranks.py "Failure")
+        watch_parent(os.getppid(), name=f"trainer rank {os.environ.get('RANK', '?')}", every_s=1.0)
     if config.cluster.trainer_devices and config.cluster.trainer_devices != world:
         raise ValueError(f"cluster.trainer_devices={config.cluster.trainer_devices} but this trainer job has "
                          f"WORLD_SIZE={world} ranks (set cluster.trainer_devices={world}, or 0 to take it "

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from scalerl_mega.preemption import _prctl, set_pdeathsig
+
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -40,10 +42,13 @@ def call_in_child(
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     limit = _vm_bytes() + extra_memory_mb * 2**20
     r, w = os.pipe()
+    parent = os.getpid()
+    _prctl()  # resolved before the fork (see set_pdeathsig)
     pid = os.fork()
     if pid == 0:  # child: never return into the caller's stack
         code = 0
         try:
+            set_pdeathsig(parent)  # nobody would enforce the deadline after the caller died
             os.close(r)
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
             try:

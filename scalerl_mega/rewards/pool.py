@@ -4,7 +4,9 @@
 trainer's threads and CUDA state never leak into them). Every item has a hard deadline: a worker that
 exceeds it is SIGKILLed and replaced, and the item scores incorrect with reason "pool_timeout"; a
 worker that dies (segfault, os._exit, OOM kill) is replaced and its item scores "worker_died". The
-pool never raises because of an item. `TaskRewardFn` is the `RewardFn` seam (interfaces.py): it
+pool never raises because of an item. Workers ignore SIGTERM/SIGINT (the trainer closes them after
+its preemption checkpoint) and exit within a second of the pool's process dying, even by `kill -9`
+(`preemption.child_setup`). `TaskRewardFn` is the `RewardFn` seam (interfaces.py): it
 dispatches on `Prompt.task` ("math" and "synthetic" -> math verifier, "code" -> sandboxed tests);
 math items that the string fast path decides (think/box checks, equal strings, plain integers) are
 scored in the caller's process, and only the rest go to the pool.
@@ -13,12 +15,14 @@ scored in the caller's process, and only the rest go to the pool.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from scalerl_mega.preemption import child_setup, start_child
 from scalerl_mega.rewards.result import RewardResult, RewardValues
 
 
@@ -95,7 +99,9 @@ def warm_up_rewards() -> None:
     _warm_up()
 
 
-def _worker_main(conn: Connection, score_fn: Callable[[Any], RewardResult], init_fn: Callable[[], None] | None) -> None:
+def _worker_main(conn: Connection, score_fn: Callable[[Any], RewardResult], init_fn: Callable[[], None] | None,
+                 parent_pid: int) -> None:
+    child_setup(parent_pid, name="reward worker")  # the trainer coordinates SIGTERM; exit if it is gone
     if init_fn is not None:
         init_fn()
     conn.send("ready")
@@ -117,8 +123,8 @@ def _worker_main(conn: Connection, score_fn: Callable[[Any], RewardResult], init
 class _Worker:
     def __init__(self, ctx, score_fn, init_fn) -> None:
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child, score_fn, init_fn), daemon=True)
-        self.proc.start()
+        self.proc = ctx.Process(target=_worker_main, args=(child, score_fn, init_fn, os.getpid()), daemon=True)
+        start_child(self.proc)
         child.close()
         self.ready = False
         """Set when the worker has started (imports, warm-up): deadlines start only then."""

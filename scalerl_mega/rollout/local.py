@@ -22,7 +22,10 @@ leaves the engine on its previous weights.
 Every wait in either process has a deadline; an engine-side failure is sent back and re-raised by
 the trainer as `EngineError`. The engine exits by itself (code `ORPHAN_EXIT_CODE`) within about
 `LocalEngineConfig.parent_check_s` once the process that started it is gone (e.g. the trainer was
-`kill -9`ed): it polls its parent pid in its loop, also while decoding and inside weight updates.
+`kill -9`ed): it polls its parent pid in its loop, also while decoding and inside weight updates, and
+in a watch thread (model build, blocking receives). It ignores SIGTERM and SIGINT (Slurm and a
+terminal signal the whole step / process group): the trainer checkpoints first and then closes it
+(`preemption.child_setup`).
 
 Continuous batching: a slot KV cache (see `kv_cache.py`); finished requests free their slot and
 waiting ones are prefilled into it at the next step.
@@ -39,6 +42,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from scalerl_mega.preemption import ORPHAN_EXIT_CODE, child_setup, start_child
 from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest
 from scalerl_mega.rollout.weight_sync import BucketMeta, WeightManifest, WeightSyncConfig, WeightSyncError
 
@@ -49,8 +53,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 ARCHS = ("llama", "llama4")
 PAUSE_MODES = ("in_place", "retract", "abort")
-ORPHAN_EXIT_CODE = 3
-"""Exit code of an engine process whose parent (the trainer) died."""
 
 
 class EngineError(RuntimeError):
@@ -188,6 +190,7 @@ def make_requests(
 
 # ---- engine process ---------------------------------------------------------------------------
 def _engine_main(config: LocalEngineConfig, cmd_q: Any, out_q: Any, parent_pid: int) -> None:
+    child_setup(parent_pid, name="local engine", every_s=config.parent_check_s)
     try:
         _EngineLoop(config, cmd_q, out_q, parent_pid=parent_pid).run()
     except BaseException as e:  # noqa: BLE001 - reported to the trainer, then the process exits
@@ -396,7 +399,7 @@ class LocalRolloutEngine:
             target=_engine_main, args=(config, self._cmd_q, self._out_q, os.getpid()), name="scalerl-local-engine",
             daemon=True
         )
-        self._proc.start()
+        start_child(self._proc)
         self._done: list[Completion] = []
         self._acks: list[Any] = []
         self._group = None

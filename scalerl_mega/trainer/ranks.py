@@ -23,7 +23,11 @@ call returns the global values.
 
 Failure: if the controller dies, followers see their gloo connection close and exit non-zero naming
 rank 0; if a follower dies, the controller's next collective fails (gloo) and, under torchrun, the
-elastic agent stops every rank and names the failed one. Nothing waits without a deadline.
+elastic agent stops every rank and names the failed one. If the launcher itself dies (the torchrun
+agent `kill -9`ed, a test's subprocess timeout), every rank of a multi-rank job exits within about a
+second (`preemption.watch_parent`, started by `train.run_job`), and the processes the controller
+started follow it: nothing waits out `train.follower_timeout_s` as an orphan. Nothing waits without
+a deadline.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ multi-process integration tests. Not a test module."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -25,12 +26,13 @@ def start(worker: Path, nproc: int, args: list[str], *, logdir: Path, log_name: 
                    RANK=str(rank), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
         log = open(logdir / f"{log_name}_rank{rank}.log", "w")
         procs.append((subprocess.Popen([sys.executable, str(worker), *args], env=env, stdout=log,
-                                       stderr=subprocess.STDOUT), log))
+                                       stderr=subprocess.STDOUT, start_new_session=True), log))
     return procs
 
 
 def wait(procs: list, *, logdir: Path, log_name: str, what: str, timeout: float = 600) -> None:
-    """Wait for all ranks; kill the stragglers (by pid) on failure or timeout; raise with rank 0's log tail."""
+    """Wait for all ranks; on failure or timeout kill the stragglers and whatever they started (each rank
+    leads its own process group: Megatron's checkpoint helpers included); raise with rank 0's log tail."""
     failed = []
     try:
         for rank, (proc, _) in enumerate(procs):
@@ -41,7 +43,7 @@ def wait(procs: list, *, logdir: Path, log_name: str, what: str, timeout: float 
     finally:
         for proc, log in procs:
             if proc.poll() is None:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             log.close()
     if failed:

@@ -117,15 +117,20 @@ def test_kill_nine_follower_exits_and_rerun_resumes(tmp_path, moe_init):
     cmd = [*TORCHRUN, "--standalone", "--nproc-per-node=2", "-m", "scalerl_mega.train", *overrides]
     with open(tmp_path / "killed.log", "w") as log:  # a file, not a pipe: nothing can hold it open
         job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 400
-        while not ((out / "metrics.jsonl").exists() and len(records(out)) >= 2):
-            assert job.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the run did not reach step 2"
-            time.sleep(0.2)
-        victim = _rank_pid(job.pid, 1)
-        assert victim is not None
-        os.kill(victim, signal.SIGKILL)
-        rc = job.wait(timeout=60)  # bounded: a hang fails here
+        try:
+            deadline = time.monotonic() + 400
+            while not ((out / "metrics.jsonl").exists() and len(records(out)) >= 2):
+                assert job.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the run did not reach step 2"
+                time.sleep(0.2)
+            victim = _rank_pid(job.pid, 1)
+            assert victim is not None
+            os.kill(victim, signal.SIGKILL)
+            rc = job.wait(timeout=60)  # bounded: a hang fails here
+        finally:
+            if job.poll() is None:  # its ranks exit when the agent is gone (train.run_job watches it)
+                job.kill()
+                job.wait()
     text = (tmp_path / "killed.log").read_text()
     assert rc != 0
     assert "rank      : 1 (local_rank: 1)" in text and "exitcode  : -9" in text, text[-3000:]

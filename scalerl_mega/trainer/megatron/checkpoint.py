@@ -45,11 +45,19 @@ optimizers keep their state in model space in either format. megatron-core 0.16.
 
 Note: Megatron's save starts a spawn-based multiprocessing Manager, so entry scripts need an
 `if __name__ == "__main__":` guard.
+
+Preemption (scalerl_mega/preemption.py): the save runs under `preemption.shielded()`, so the writer
+processes Megatron forks for it ignore a SIGTERM sent to the whole step or process group (the
+trainer decides when to stop, after the save), and Megatron's results-queue manager -- a server
+process that lives as long as the trainer -- is started here with `preemption.child_setup` as its
+initializer: it ignores that SIGTERM too and exits when the trainer is gone, even after `kill -9`
+(Megatron's own would run forever).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -57,6 +65,8 @@ import os
 import shutil
 from pathlib import Path
 from typing import Any, Optional
+
+from scalerl_mega.preemption import child_setup, shielded
 
 COMPLETE = "COMPLETE"
 MODEL_CONFIG = "model_config.json"
@@ -163,7 +173,9 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
         state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=False,
                                                           metadata=optim_metadata(optimizer_format))
     try:
-        dist_checkpointing.save(state, str(tmp), validate_access_integrity=True)
+        _own_results_queue()
+        with shielded():  # Megatron's writer processes leave SIGTERM to this process (module doc)
+            dist_checkpointing.save(state, str(tmp), validate_access_integrity=True)
         _barrier()
         if _rank() == 0 and sidecar is not None:
             _write_atomic(tmp / MODEL_CONFIG, sidecar)
@@ -184,6 +196,30 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
         _write_atomic(root / LATEST, final.name)
     _barrier()
     return final
+
+
+_MANAGER: Any = None
+
+
+def _own_results_queue() -> None:
+    """Start the manager behind Megatron's write-results queue (megatron-core 0.16.1:
+    `filesystem_async._get_write_results_queue`, created on first use and kept for the process's
+    life) ourselves, as a child that ignores the group SIGTERM and exits with this process (module
+    doc). A no-op once the queue exists or where Megatron no longer has that global."""
+    global _MANAGER
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", False) is not None:
+        return
+    import multiprocessing as mp
+    from multiprocessing.managers import SyncManager
+
+    manager = SyncManager(ctx=mp.get_context("spawn"))
+    with shielded():
+        manager.start(initializer=functools.partial(child_setup, os.getpid(),
+                                                    name="checkpoint results-queue manager"))
+    _MANAGER = manager
+    filesystem_async._results_queue = manager.Queue()
 
 
 def _file_digest(path: Path) -> dict[str, Any]:
