@@ -41,6 +41,7 @@ keeps the route of the forward that sampled its next token, as in the local engi
 
 from __future__ import annotations
 
+import queue
 import subprocess
 import sys
 import threading
@@ -304,6 +305,35 @@ def parse_generate_response(body: dict[str, Any], *, initial_version: int = 0, r
     )
 
 
+def generate_body(*, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None,
+                  return_routed_experts: bool) -> dict[str, Any]:
+    """The /generate request body (SGLang 0.5.23 `GenerateReqInput`)."""
+    body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": True}
+    if rid is not None:
+        body["rid"] = rid
+    if return_routed_experts:
+        body["return_routed_experts"] = True
+    return body
+
+
+def _reply(method: str, url: str, endpoint: str, *, status: int, content: bytes, body_hook: BodyHook | None) -> Any:
+    """An HTTP answer -> its JSON body (text if not JSON); SGLangError on a non-200 status or
+    `success: false`. Shared by the blocking control client and the pooled /generate client."""
+    import json
+
+    try:
+        data = json.loads(content) if content else None
+    except ValueError:
+        data = content.decode("utf-8", errors="replace")
+    if body_hook is not None and status == 200:
+        body_hook(endpoint, "response", data)
+    if status != 200:
+        raise SGLangError(f"{method} {url}{endpoint} -> HTTP {status}: {data}")
+    if isinstance(data, dict) and data.get("success") is False:
+        raise SGLangError(f"{method} {url}{endpoint} failed: {data.get('message')}")
+    return data
+
+
 class SGLangClient:
     """One server's HTTP endpoints. Every call has a timeout; errors raise SGLangError/ServerDown."""
 
@@ -326,17 +356,7 @@ class SGLangClient:
             )
         except (requests.ConnectionError, requests.Timeout) as e:
             raise ServerDown(f"{method} {self.url}{endpoint}: {e}") from e
-        try:
-            data = r.json() if r.content else None
-        except ValueError:
-            data = r.text
-        if self.body_hook is not None and r.status_code == 200:
-            self.body_hook(endpoint, "response", data)
-        if r.status_code != 200:
-            raise SGLangError(f"{method} {self.url}{endpoint} -> HTTP {r.status_code}: {data}")
-        if isinstance(data, dict) and data.get("success") is False:
-            raise SGLangError(f"{method} {self.url}{endpoint} failed: {data.get('message')}")
-        return data
+        return _reply(method, self.url, endpoint, status=r.status_code, content=r.content, body_hook=self.body_hook)
 
     def health_generate(self, *, timeout_s: float = 30.0) -> bool:
         try:
@@ -350,12 +370,8 @@ class SGLangClient:
 
     def generate(self, *, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None,
                  return_routed_experts: bool = False) -> dict:
-        body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": True}
-        if rid is not None:
-            body["rid"] = rid
-        if return_routed_experts:
-            body["return_routed_experts"] = True
-        return self._call("POST", "/generate", body)
+        return self._call("POST", "/generate", generate_body(input_ids=input_ids, sampling_params=sampling_params,
+                                                           rid=rid, return_routed_experts=return_routed_experts))
 
     def pause_generation(self, mode: str) -> Any:
         if mode not in PAUSE_MODES:
@@ -407,6 +423,94 @@ class SGLangClient:
         return self._call("POST", "/update_weights_from_distributed", body)
 
 
+# ---- pooled /generate client ----------------------------------------------------------------------
+class AsyncHttp:
+    """One asyncio event loop on one daemon thread and one `httpx.AsyncClient` whose pool keeps at
+    most `max_connections` keep-alive connections: it carries every /generate request of an engine,
+    so N requests in flight cost N sockets and N coroutines, not N threads. `close()` cancels what is
+    still running, closes every socket and joins the thread."""
+
+    def __init__(self, *, max_connections: int, timeout_s: float, name: str = "sglang-gen") -> None:
+        import asyncio
+
+        if max_connections < 1:
+            raise ValueError(f"AsyncHttp max_connections={max_connections} must be >= 1")
+        self.loop = asyncio.new_event_loop()
+        self._closed = False
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+        self.client = self.submit(self._open(max_connections, timeout_s)).result()
+
+    @staticmethod
+    async def _open(max_connections: int, timeout_s: float):
+        import httpx
+
+        # timeout_s bounds connect, each read and write, and the wait for a pooled connection (as
+        # `requests`' timeout bounds connect and each read)
+        return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections))
+
+    def submit(self, coro) -> Future:
+        """Run `coro` on the loop; a concurrent Future of its result (cancel() cancels the task)."""
+        import asyncio
+
+        if self._closed:
+            coro.close()
+            raise RuntimeError("AsyncHttp is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self, *, timeout_s: float = 30.0) -> None:
+        import asyncio
+
+        if self._closed:
+            return
+
+        async def shutdown() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.client.aclose()
+
+        try:
+            self.submit(shutdown()).result(timeout=timeout_s)
+        finally:
+            self._closed = True
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout_s)
+            if not self.thread.is_alive():
+                self.loop.close()
+
+
+class AsyncGenerateClient:
+    """One server's /generate on an engine's shared `AsyncHttp`, at most `max_inflight` requests at a
+    time (the rest wait on a semaphore, not in a thread). Same bodies, body hook and errors as
+    `SGLangClient.generate`: a refused or dropped connection or a timeout raises ServerDown, an
+    error answer SGLangError."""
+
+    def __init__(self, url: str, *, http: AsyncHttp, max_inflight: int, body_hook: BodyHook | None = None) -> None:
+        import asyncio
+
+        self.url = url.rstrip("/")
+        self.http = http
+        self.body_hook = body_hook
+        self.slots = asyncio.Semaphore(max_inflight)
+
+    async def generate(self, *, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None,
+                       return_routed_experts: bool = False) -> dict:
+        import httpx
+
+        body = generate_body(input_ids=input_ids, sampling_params=sampling_params, rid=rid,
+                             return_routed_experts=return_routed_experts)
+        if self.body_hook is not None:
+            self.body_hook("/generate", "request", body)
+        try:
+            r = await self.http.client.post(self.url + "/generate", json=body)
+        except httpx.TransportError as e:  # connect/read/write errors, timeouts, a dropped connection
+            raise ServerDown(f"POST {self.url}/generate: {type(e).__name__}: {e}") from e
+        return _reply("POST", self.url, "/generate", status=r.status_code, content=r.content, body_hook=self.body_hook)
+
+
 # ---- the RolloutEngine ----------------------------------------------------------------------------
 @dataclass(kw_only=True)
 class SGLangEngineConfig:
@@ -414,8 +518,10 @@ class SGLangEngineConfig:
     """in_place for PipelineRL; retract or abort for PPO-off-policy."""
     sync: WeightSyncConfig = field(default_factory=lambda: WeightSyncConfig(backend="nccl"))
     master_address: str = "127.0.0.1"
-    max_concurrency: int = 256
-    """Concurrent /generate requests over all servers."""
+    max_inflight_per_server: int = 256
+    """/generate requests kept in flight on each server (`rollout.max_batch_size`): the engine keeps
+    up to servers x this many in flight (the fleet's running batch: 64 generators x 256 = 16,384),
+    each a pooled connection on one event-loop thread; the rest wait client-side."""
     request_timeout_s: float = 3600.0
     control_timeout_s: float = 300.0
     seed: int = 0
@@ -432,6 +538,10 @@ class SGLangEngineConfig:
     def __post_init__(self) -> None:
         if self.pause_mode not in PAUSE_MODES:
             raise ValueError(f"SGLangEngineConfig.pause_mode={self.pause_mode!r} must be one of {PAUSE_MODES}")
+        if isinstance(self.max_inflight_per_server, bool) or not (
+                isinstance(self.max_inflight_per_server, int) and self.max_inflight_per_server >= 1):
+            raise ValueError(f"SGLangEngineConfig.max_inflight_per_server={self.max_inflight_per_server!r} "
+                             "(rollout.max_batch_size) must be an integer >= 1")
 
 
 class _HttpAnnouncer:
@@ -484,14 +594,21 @@ class SGLangRolloutEngine:
         self.servers = servers
         self.config = config
         self.body_hook = body_hook
-        self._clients = [SGLangClient(s.url, timeout_s=config.request_timeout_s, body_hook=body_hook) for s in servers]
+        self.max_concurrency = config.max_inflight_per_server * len(servers)
+        """/generate requests in flight at most: servers x `max_inflight_per_server`."""
+        _ensure_open_files(self.max_concurrency + 256, what=f"{len(servers)} server(s) x "
+                           f"SGLangEngineConfig.max_inflight_per_server={config.max_inflight_per_server} "
+                           "(rollout.max_batch_size) connections")
         self._ctl_clients = [
             SGLangClient(s.url, timeout_s=config.control_timeout_s, body_hook=body_hook) for s in servers
         ]
-        self._pool = ThreadPoolExecutor(max_workers=config.max_concurrency, thread_name_prefix="sglang-gen")
+        self._http = AsyncHttp(max_connections=self.max_concurrency, timeout_s=config.request_timeout_s)
+        self._clients = [AsyncGenerateClient(s.url, http=self._http, max_inflight=config.max_inflight_per_server,
+                                             body_hook=body_hook) for s in servers]
         self._ctl_pool = ThreadPoolExecutor(max_workers=max(4, 2 * len(servers)), thread_name_prefix="sglang-ctl")
         self._lock = threading.Lock()
         self._inflight: dict[Future, tuple[int, GenRequest]] = {}
+        self._finished: queue.SimpleQueue[Future] = queue.SimpleQueue()
         self._load = [0] * len(servers)
         self._done: list[Completion] = []
         self._group = None
@@ -510,15 +627,21 @@ class SGLangRolloutEngine:
             self._dispatch(req)
 
     def poll(self, timeout_s: float = 0.0) -> list[Completion]:
-        from concurrent.futures import FIRST_COMPLETED, wait
-
+        finished = []
         with self._lock:
-            pending = list(self._inflight)
-        if pending and not self._done:
-            wait(pending, timeout=timeout_s, return_when=FIRST_COMPLETED)
+            busy = bool(self._inflight)
+        if busy and not self._done and timeout_s > 0:
+            try:  # requests finish in the loop thread, which queues their futures (`_dispatch`)
+                finished.append(self._finished.get(timeout=timeout_s))
+            except queue.Empty:
+                pass
+        while True:
+            try:
+                finished.append(self._finished.get_nowait())
+            except queue.Empty:
+                break
         with self._lock:
-            finished = [f for f in self._inflight if f.done()]
-            items = [(f, self._inflight.pop(f)) for f in finished]
+            items = [(f, self._inflight.pop(f)) for f in finished if f in self._inflight]
             for _, (si, _) in items:
                 self._load[si] -= 1
         for f, (si, req) in items:
@@ -592,7 +715,7 @@ class SGLangRolloutEngine:
     def close(self) -> None:
         from scalerl_mega.rollout.weight_sync import destroy_group
 
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._http.close()  # cancels the requests still in flight, closes their sockets, joins the loop thread
         self._ctl_pool.shutdown(wait=False, cancel_futures=True)
         if self._group is not None:
             destroy_group(self._group)
@@ -654,8 +777,9 @@ class SGLangRolloutEngine:
             live = [i for i in range(len(self.servers)) if i not in self._stale] or list(range(len(self.servers)))
             si = min(live, key=lambda i: self._load[i])
             self._load[si] += 1
-            fut = self._pool.submit(self._generate, self._clients[si], req)
+            fut = self._http.submit(self._agenerate(self._clients[si], req))
             self._inflight[fut] = (si, req)
+        fut.add_done_callback(self._finished.put)
 
     def _recover(self, si: int) -> None:
         """A request failed with a dead connection: restart the server if we launched it (its
@@ -674,7 +798,15 @@ class SGLangRolloutEngine:
             self._regroup = True
             self._stale.add(si)
 
-    def _generate(self, client: SGLangClient, req: GenRequest) -> Completion:
+    def _generate(self, client: AsyncGenerateClient, req: GenRequest) -> Completion:
+        """One sample, blocking (on the engine's loop thread): what `submit` runs for each request."""
+        return self._http.submit(self._agenerate(client, req)).result()
+
+    async def _agenerate(self, client: AsyncGenerateClient, req: GenRequest) -> Completion:
+        async with client.slots:  # held across both requests of an interrupted sample
+            return await self._sample(client, req)
+
+    async def _sample(self, client: AsyncGenerateClient, req: GenRequest) -> Completion:
         sp = req.sampling
         t0 = time.monotonic()
         init = self.config.initial_version
@@ -684,7 +816,7 @@ class SGLangRolloutEngine:
             think_budget = sp.interruption_at
         layout = self.config.routes
         first = parse_generate_response(
-            client.generate(
+            await client.generate(
                 input_ids=req.prompt_ids,
                 sampling_params=sglang_sampling_params(sp, seed=req.seed, max_new_tokens=think_budget),
                 rid=req.rid, return_routed_experts=layout is not None,
@@ -704,7 +836,7 @@ class SGLangRolloutEngine:
             reason = FinishReason.LENGTH  # no answer budget: truncated (types.FinishReason)
             if sp.answer_budget > 0:
                 second = parse_generate_response(
-                    client.generate(
+                    await client.generate(
                         input_ids=req.prompt_ids + ids,
                         sampling_params=sglang_sampling_params(sp, seed=req.seed, max_new_tokens=sp.answer_budget),
                         rid=req.rid + "/answer", return_routed_experts=layout is not None,
@@ -733,6 +865,21 @@ class SGLangRolloutEngine:
             routes=None if layout is None else _routes(routed, layout, prompt_len=len(req.prompt_ids), versions=vers,
                                                        initial=init),
         )
+
+
+def _ensure_open_files(needed: int, *, what: str) -> None:
+    """Raise this process's soft RLIMIT_NOFILE to `needed` (up to the hard limit): every request in
+    flight holds a socket, and 1024 (a common soft default) is below a fleet's concurrency. ValueError
+    naming `what` if the hard limit is lower."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise ValueError(f"{what} need about {needed} open files, above this process's hard limit "
+                         f"RLIMIT_NOFILE={hard} (`ulimit -Hn`): lower rollout.max_batch_size or raise the limit")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
 def _routes(ids: list[int], layout: RouteLayout, *, prompt_len: int, versions: list[int], initial: int) -> Routes:
