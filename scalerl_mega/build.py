@@ -348,6 +348,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
         log.info("attached to %d SGLang server(s): %s", len(servers), ", ".join(s.url for s in servers))
         return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
             pause_mode=pause, seed=int(cfg.seed), master_address=sync_master_address(cfg), routes=routes, model=served,
+            max_inflight_per_server=int(cfg.rollout.max_batch_size),
             sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend=backend)))
     path = write_hf_checkpoint(cfg, task, trainer, Path(cfg.output_dir) / "hf_init")
     servers = []
@@ -362,6 +363,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
         servers.append(SGLangServer.launch(scfg))
     return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
         pause_mode=pause, seed=int(cfg.seed), routes=routes, model=served,
+        max_inflight_per_server=int(cfg.rollout.max_batch_size),
         sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend="nccl")))
 
 

@@ -189,7 +189,8 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_batch_size: int = 256
-    """Max concurrent sequences per engine (local engine decode batch)."""
+    """Max concurrent sequences per engine: the local engine's decode batch; rollout=sglang: the
+    /generate requests kept in flight on each server (num servers x this in all, pooled connections)."""
     weight_sync_bucket_mb: int = 64
     engine_threads: int = 1
     """torch threads in each local engine process."""
@@ -484,6 +485,7 @@ def validate(cfg: Any) -> None:
     _validate_sizes(cfg)
     _validate_sft(cfg)
     _positive("rollout.num_engines", cfg.rollout.num_engines)
+    _positive("rollout.max_batch_size", cfg.rollout.max_batch_size)
     _positive("rollout.temperature", cfg.rollout.temperature)
     if not 0.0 < cfg.rollout.top_p <= 1.0:
         raise ValueError(f"rollout.top_p={cfg.rollout.top_p!r} must be in (0, 1]")
