@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--servers", type=int, default=8)
     ap.add_argument("--requests", type=int, default=4096)
     ap.add_argument("--per-server", type=int, default=256, help="rollout.max_batch_size")
-    ap.add_argument("--delays", type=float, nargs="+", default=[0.5, 0.0])
+    ap.add_argument("--delays", type=float, nargs="+", default=[5.0, 0.0])
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     reqs = _requests(args.requests)

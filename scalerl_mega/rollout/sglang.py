@@ -56,6 +56,7 @@ from scalerl_mega.rollout.weight_sync import BucketMeta, WeightSyncConfig, Weigh
 from scalerl_mega.types import Completion, FinishReason, Routes
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
     import torch
 
     from scalerl_mega.types import Prompt, SamplingParams
@@ -243,7 +244,7 @@ class GenerateResult:
     logprobs: list[float]
     versions: list[int]
     finish: dict[str, Any]
-    routed: list[int] | None = None
+    routed: Any = None
     """Decoded MoE expert ids, flat [input + output - 1, MoE layers, top-k] (`decode_routed_experts`)."""
 
     @property
@@ -260,14 +261,20 @@ class RouteLayout:
     num_hidden_layers: int
     topk: int
     moe_layers: tuple[int, ...]
+    num_experts: int = 0
+    """Routed experts per MoE layer: ids are checked against it and kept as `route_id_dtype`
+    (uint8 up to 256); 0: unknown (int32, unchecked)."""
 
 
-def decode_routed_experts(b64: str, *, positions: int, layout: RouteLayout) -> list[int]:
+def decode_routed_experts(b64: str, *, positions: int, layout: RouteLayout) -> "np.ndarray":
     """SGLang's base64 little-endian int32 [positions, num_hidden_layers, topk] routes -> the MoE
-    layers' expert ids, flat [positions, len(moe_layers), topk]."""
+    layers' expert ids, a flat [positions, len(moe_layers), topk] numpy array of
+    `route_id_dtype(layout.num_experts)` (decoded in numpy: no Python int per id)."""
     import base64
 
     import numpy as np
+
+    from scalerl_mega.types import route_id_dtype
 
     raw = np.frombuffer(base64.b64decode(b64), dtype="<i4")
     per_pos = layout.num_hidden_layers * layout.topk
@@ -275,7 +282,10 @@ def decode_routed_experts(b64: str, *, positions: int, layout: RouteLayout) -> l
         raise SGLangError(f"meta_info.routed_experts has {raw.size} ids, expected {positions} positions x "
                           f"{layout.num_hidden_layers} layers x top-{layout.topk} = {positions * per_pos}")
     arr = raw.reshape(positions, layout.num_hidden_layers, layout.topk)[:, list(layout.moe_layers)]
-    return arr.astype(np.int64).ravel().tolist()
+    if layout.num_experts and arr.size and not 0 <= int(arr.min()) <= int(arr.max()) < layout.num_experts:
+        raise SGLangError(f"meta_info.routed_experts has expert ids in [{arr.min()}, {arr.max()}], outside "
+                          f"0..{layout.num_experts - 1} (num_experts={layout.num_experts}): a different model?")
+    return arr.astype(route_id_dtype(layout.num_experts)).ravel()
 
 
 def parse_generate_response(body: dict[str, Any], *, initial_version: int = 0, routes: RouteLayout | None = None,
@@ -908,8 +918,9 @@ class SGLangRolloutEngine:
                     initial_version=init, routes=layout, input_len=len(req.prompt_ids) + len(ids),
                 )
                 if layout is not None:  # positions the first request covered keep its routes
-                    kept = len(routed)
-                    routed = routed + second.routed[kept:]
+                    import numpy as np
+
+                    routed = np.concatenate([routed, second.routed[len(routed):]])
                 ids, lps = ids + second.output_ids, lps + second.logprobs
                 vers, mask = vers + second.versions, mask + [1] * len(second.output_ids)
                 answer_end = _finish(second.finish_type)
@@ -946,7 +957,7 @@ def _ensure_open_files(needed: int, *, what: str) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
-def _routes(ids: list[int], layout: RouteLayout, *, prompt_len: int, versions: list[int], initial: int) -> Routes:
+def _routes(ids: Any, layout: RouteLayout, *, prompt_len: int, versions: list[int], initial: int) -> Routes:
     """`Routes` (ids only) of prompt_len + len(versions) - 1 positions: prompt positions before the last
     one get the first output token's version (the prefill's), position prompt_len - 1 + j the version
     of output token j."""
