@@ -1,7 +1,10 @@
 """SGLang 0.5.23 backend: server launch/attach, HTTP client, and the weight-update sequence.
 
-Plain HTTP (`requests`) + torch.distributed; sglang itself is never imported (it cannot even be
-installed on CPU machines; SGLang 0.5.23's server arguments).
+Plain HTTP + torch.distributed; sglang itself is never imported (it cannot even be installed on CPU
+machines; SGLang 0.5.23's server arguments). `/generate` runs on one asyncio event-loop thread over
+keep-alive connections pooled per server (`AsyncHttp`), at most servers x
+`SGLangEngineConfig.max_inflight_per_server` (`rollout.max_batch_size`) in flight, the rest waiting
+client-side: no thread per request. The control endpoints use blocking `requests` from a small pool.
 
 Weight update (SGLang 0.5.23's HTTP API, tests/data/sglang-0.5.23-openapi.json), for every server:
   /pause_generation {mode}      in_place (PipelineRL: keep running requests and their KV) or
