@@ -5,7 +5,8 @@ run in a child process so the client's CPU is measured alone).
 
 Each stub request waits `--delay-s` before answering (a stand-in for the decode time of a real
 generation, where the number in flight is what bounds throughput), then `--delay-s 0` shows the
-per-request client cost alone. Prints one line per (client, delay) and the ratios; `--json PATH`
+per-request client cost alone. Prints one line per (client, delay) with the client process's CPU
+time per request (all its threads; the stubs run in another process) and the ratios; `--json PATH`
 writes them too.
 
     PYTHONPATH=. .venv/bin/python bench/sglang_client_concurrency.py [--servers 8 --requests 4096]
@@ -48,7 +49,7 @@ def _requests(n: int):
     return out
 
 
-def run_old(urls: list[str], reqs) -> float:
+def run_old(urls: list[str], reqs, *, passes: int) -> list[tuple[float, float]]:
     """The pre-issue-26 path: ThreadPoolExecutor(256) of `SGLangClient.generate` (a requests.Session
     per server) + parse, requests spread over the servers least-loaded first (round-robin here)."""
     from scalerl_mega.rollout.sglang import SGLangClient, parse_generate_response, sglang_sampling_params
@@ -61,33 +62,37 @@ def run_old(urls: list[str], reqs) -> float:
                           rid=r.rid)
         return parse_generate_response(body)
 
-    t0 = time.monotonic()
+    out = []
     with ThreadPoolExecutor(max_workers=OLD_THREADS, thread_name_prefix="old-gen") as pool:
-        futs = [pool.submit(one, i, r) for i, r in enumerate(reqs)]
-        wait(futs)
-    dt = time.monotonic() - t0
-    assert all(len(f.result().output_ids) == 16 for f in futs)
-    return dt
+        for _ in range(passes):
+            t0, c0 = time.monotonic(), time.process_time()
+            futs = [pool.submit(one, i, r) for i, r in enumerate(reqs)]
+            wait(futs)
+            out.append((time.monotonic() - t0, time.process_time() - c0))
+            assert all(len(f.result().output_ids) == 16 for f in futs)
+    return out
 
 
-def run_new(urls: list[str], reqs, *, per_server: int) -> float:
+def run_new(urls: list[str], reqs, *, per_server: int, passes: int) -> list[tuple[float, float]]:
     from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer
     from scalerl_mega.rollout.weight_sync import WeightSyncConfig
 
     engine = SGLangRolloutEngine([SGLangServer.attach(u) for u in urls], config=SGLangEngineConfig(
         sync=WeightSyncConfig(backend="gloo"), max_inflight_per_server=per_server))
     try:
-        t0 = time.monotonic()
-        for r in reqs:
-            engine._dispatch(r)
-        done = []
-        while len(done) < len(reqs):
-            done += engine.poll(1.0)
-        dt = time.monotonic() - t0
+        out = []
+        for _ in range(passes):
+            t0, c0 = time.monotonic(), time.process_time()
+            for r in reqs:
+                engine._dispatch(r)
+            done = []
+            while len(done) < len(reqs):
+                done += engine.poll(1.0)
+            out.append((time.monotonic() - t0, time.process_time() - c0))
+            assert all(len(c.output_ids) == 16 for c in done)
     finally:
         engine.close()
-    assert all(len(c.output_ids) == 16 for c in done)
-    return dt
+    return out
 
 
 def main() -> None:
@@ -96,6 +101,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4096)
     ap.add_argument("--per-server", type=int, default=256, help="rollout.max_batch_size")
     ap.add_argument("--delays", type=float, nargs="+", default=[5.0, 0.0])
+    ap.add_argument("--passes", type=int, default=2, help="pass 0 opens the connections, later ones reuse them")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     reqs = _requests(args.requests)
@@ -108,22 +114,27 @@ def main() -> None:
             proc.start()
             try:
                 urls = parent.recv()
-                dt = run_old(urls, reqs) if name == "old" else run_new(urls, reqs, per_server=args.per_server)
+                runs = (run_old(urls, reqs, passes=args.passes) if name == "old"
+                        else run_new(urls, reqs, per_server=args.per_server, passes=args.passes))
                 parent.send("stop")
                 peak = parent.recv()
             finally:
                 proc.join(60)
                 if proc.is_alive():
                     proc.kill()
-            row = {"client": name, "delay_s": delay, "requests": len(reqs), "servers": args.servers,
-                   "seconds": round(dt, 3), "requests_per_s": round(len(reqs) / dt, 1), "peak_in_flight": peak}
-            rows.append(row)
-            print(f"{name:>3} client  delay {delay:.2f}s  {len(reqs)} requests over {args.servers} servers: "
-                  f"{dt:7.2f} s  {len(reqs) / dt:8.1f} req/s  peak in flight {peak}", flush=True)
-        old, new = rows[-2], rows[-1]
-        ratio = new["requests_per_s"] / old["requests_per_s"]
-        rows.append({"delay_s": delay, "ratio_new_over_old": round(ratio, 2)})
-        print(f"    delay {delay:.2f}s: new / old = {ratio:.2f}x", flush=True)
+            for k, (dt, cpu) in enumerate(runs):
+                row = {"client": name, "delay_s": delay, "pass": k, "requests": len(reqs), "servers": args.servers,
+                       "seconds": round(dt, 3), "requests_per_s": round(len(reqs) / dt, 1), "peak_in_flight": peak,
+                       "client_cpu_ms_per_request": round(1e3 * cpu / len(reqs), 3)}
+                rows.append(row)
+                print(f"{name:>3} client  delay {delay:.2f}s  pass {k}  {len(reqs)} requests over {args.servers} "
+                      f"servers: {dt:7.2f} s  {len(reqs) / dt:8.1f} req/s  client CPU {1e3 * cpu / len(reqs):.2f} "
+                      f"ms/request  (stub peak in flight {peak})", flush=True)
+        for k in range(args.passes):
+            old, new = [r for r in rows if r.get("delay_s") == delay and r.get("pass") == k]
+            ratio = new["requests_per_s"] / old["requests_per_s"]
+            rows.append({"delay_s": delay, "pass": k, "ratio_new_over_old": round(ratio, 2)})
+            print(f"    delay {delay:.2f}s pass {k}: new / old = {ratio:.2f}x req/s", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
