@@ -7,7 +7,7 @@ PYTEST := $(PY) -m pytest
 # Default suite: everything but slow / slurm / gpu tests, two workers (2-core CI).
 TEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: setup test test-slow test-slurm test-gpu bench-gpu gpu-wheels demo demo-seeds demo-real reproduce \
+.PHONY: setup test test-slow test-slurm test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-real reproduce \
 	reproduce-sweep reproduce-analysis bench clean
 
 setup: $(STAMP)
@@ -25,7 +25,7 @@ test: setup
 	$(PYTEST) -m "not slow and not slurm and not gpu" $(TEST_ARGS) tests
 
 test-slow: setup
-	$(PYTEST) -m "slow and not slurm" tests
+	$(PYTEST) -m "slow and not slurm and not network" tests
 
 test-slurm: setup
 	$(PYTEST) -m slurm tests
@@ -56,6 +56,12 @@ test-gpu:
 	fi
 	PYTHONPATH=$(CURDIR):$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 \
 	  $(GPU_PY) -m pytest -m gpu -s tests/gpu
+
+# The two GPU environments (docs/cluster_install.md: trainer env + SGLang's env, one NCCL wheel) resolved
+# by pip against the package index for linux x86_64 / CPython 3.11 wheels: metadata only, nothing installed.
+# Fails on any conflict or when the two envs would load different NCCL versions. Needs the index.
+check-gpu-envs: setup
+	PYTHONPATH=$(CURDIR) $(PY) -m scalerl_mega.cluster.gpu_envs resolve
 
 # Fused CISPO benchmark on the GPU (naive / chunked torch / Triton / Liger if importable); JSON in bench/out/.
 bench-gpu:

@@ -57,6 +57,11 @@ class DataConfig:
     """Held-out prompts (paper: 1,000 from Polaris-53K)."""
     val_samples: int = 16
     """Samples per validation prompt (paper: mean@16)."""
+    val_paired_draws: bool = False
+    """false: the validation sampling seeds include the run's `seed`, so seeds draw independent validation
+    noise (runs of different recipes with the same seed still share their draws: paired by seed).
+    true: every run draws the same random numbers whatever its seed (the old behaviour; common random
+    numbers for A/B comparisons of one seed each, but seed spreads then understate the noise)."""
     split_seed: int = 0
     max_prompt_tokens: int = 2048
     tokenizer_path: str = ""
@@ -359,9 +364,14 @@ class ForecastConfig:
     """Compute budget (same unit as the fit's C) at which to report the predicted reward; 0 = 2x
     the compute spent so far."""
     min_points: int = 4
-    """Validation points needed before a fit is attempted."""
+    """Validation points needed before a fit is attempted (A is identified only from
+    `scaling.identify.MIN_POINTS` = 8 points after the cut)."""
     fit_from: float = 0.0
-    """Exclude validation points below this compute (paper: ~1.5k GPU-hours)."""
+    """Exclude validation points below this compute; 0 = the automatic cut: the paper's 1.5k GPU-hours
+    on a GPU-hour axis that reaches it (App. A.5/A.7), else `cut_fraction` x the compute so far."""
+    cut_fraction: float = 0.1
+    """The automatic cut for small runs: points below this share of the compute so far are not fitted
+    (the paper's 1.5k of 16k GPU-hours is 0.094: about one epoch). 0: no cut."""
 
 
 @dataclass
@@ -486,6 +496,8 @@ def validate(cfg: Any) -> None:
         raise ValueError(f"train.pack_sequences=true with parallel.cp={cfg.parallel.cp}: packed rows are not "
                          "split for context parallelism")
     _positive("train.val_every", cfg.train.val_every, allow_zero=True)
+    if not 0.0 <= cfg.forecast.cut_fraction < 1.0:
+        raise ValueError(f"forecast.cut_fraction={cfg.forecast.cut_fraction} must be in [0, 1)")
     _positive("train.save_every", cfg.train.save_every, allow_zero=True)
     _positive("train.keep_checkpoints", cfg.train.keep_checkpoints, allow_zero=True)
     _positive("data.val_prompts", cfg.data.val_prompts, allow_zero=True)

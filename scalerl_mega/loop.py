@@ -220,6 +220,15 @@ def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, cfg: Any) 
 
 
 # ----------------------------------------------------------------------------- validation
+def validation_seed(*, version: int, index: int, run_seed: int, paired: bool) -> int:
+    """Sampling seed of validation prompt `index` at weight `version` (sample i uses seed + i). It includes
+    the run's seed unless `paired` (`data.val_paired_draws`): then every run draws the same numbers."""
+    base = 10_000_019 * (version + 1) + 1000 * index
+    if paired:
+        return base
+    return (base + (int(run_seed) + 1) * 0x9E3779B97F4A7C15) % (1 << 62)
+
+
 def validate(router: _Router, comps: LoopComponents, cfg: Any, *, version: int, rng: random.Random) -> dict[str, float]:
     """Mean pass rate over the held-out prompts, `data.val_samples` samples each, on the same engines,
     and per domain (`val/<domain>_pass_rate`, `metrics.rollout_stats.domain_pass_rates`)."""
@@ -227,7 +236,8 @@ def validate(router: _Router, comps: LoopComponents, cfg: Any, *, version: int, 
     for i, prompt in enumerate(comps.val_prompts):
         if prompt.token_ids is None:
             prompt.token_ids = comps.encode(prompt.text)
-        sp = sampling_params(cfg, comps, rng, seed=10_000_019 * (version + 1) + 1000 * i, n=n)
+        sp = sampling_params(cfg, comps, rng, seed=validation_seed(version=version, index=i, run_seed=cfg.seed,
+                                                                    paired=cfg.data.val_paired_draws), n=n)
         router.submit_val(prompt, sp, version=version)
     t0 = time.monotonic()
     while any(len(router.val[p.prompt_id]) < n for p in comps.val_prompts):
@@ -328,8 +338,9 @@ def run_rl(cfg: Any, comps: LoopComponents, *, compute: ComputeCounter, forecast
         rng.setstate(_as_rng_state(extra["python_rng"]))
         readmit = [Prompt(**d) for d in extra["outstanding"]]
         if forecaster is not None:
+            n_val = len(comps.val_prompts) * cfg.data.val_samples  # what `validate` recorded per point
             for _, c, r in state.val_points:
-                forecaster.add(c, r)
+                forecaster.add(c, r, n_val)
         log.info("resumed from %s at step %d (%d prompts re-admitted)", ckpt, state.step, len(readmit))
     from scalerl_mega.metrics.loggers import build_loggers
 
@@ -534,12 +545,9 @@ def _validation(cfg, comps, router, state, writer, compute, forecaster, rng) -> 
     writer.write("validation", state.step, {**vm, **fields})
     log.info("validation step %d: pass rate %.3f", state.step, vm["val_pass_rate"])
     if forecaster is not None:
-        fc = forecaster.add(x, vm["val_pass_rate"])
-        if fc is not None:
-            writer.write("forecast", state.step, {
-                "ok": fc.ok, "A": fc.A, "B": fc.B, "C_mid": fc.C_mid, "R0": fc.R0, "budget": fc.budget,
-                "predicted_reward_at_budget": fc.predicted_reward_at_budget, "identified": fc.identified,
-                "reason": fc.reason, "n_points": fc.n_points, **fields})
+        fc = forecaster.add(x, vm["val_pass_rate"], vm["val_prompts"] * vm["val_samples_per_prompt"])
+        if fc is not None:  # A and the prediction are null unless identified (scaling/identify.py)
+            writer.write("forecast", state.step, {**fc.summary(), **fields})
 
 
 def _as_rng_state(state: Any) -> tuple:

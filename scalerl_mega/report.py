@@ -1,8 +1,10 @@
 """Final run report: `report.md` + `scaling.png` with the fitted sigmoid (paper Eq. sigmoid_law).
 
-Reads the run's metrics.jsonl (validation lines), fits R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) on
-all validation points with compute > 0 (scaling/fit.py, relative grids: a CPU run's compute is far
-below the paper's GPU-hour grid), draws it (scaling/plot.py) and writes a short markdown summary.
+Reads the run's metrics.jsonl (validation lines), fits R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) and
+judges it with `scaling.identify.assess` -- the rule `scalerl-fit` and the live forecast use: the cut
+(the paper's 1.5k GPU-hours on a GPU-hour axis that reaches it, else `cut_fraction` x the final compute),
+A's 95% interval, and A and the reward at the budget only when A is identified -- draws it with the
+interval band and the cut (scaling/plot.py) and writes a short markdown summary.
 Multi-task runs (validation lines with several `val/<domain>_pass_rate`) also get one row and one
 fitted curve per domain (paper Sec. 5: math and code scale differently).
 """
@@ -24,9 +26,12 @@ def compute_key(records: list[dict[str, Any]]) -> str:
 
 
 def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget: float | None = None,
-                 extra: dict[str, str] | None = None) -> Path:
+                 extra: dict[str, str] | None = None, cut_fraction: float | None = None,
+                 fit_from: float | None = None) -> Path:
     """Write <run_dir>/report.md (and scaling.png when a fit is possible); returns the markdown path.
-    `extra`: more "- key: value" summary lines (wall times, ...)."""
+    `extra`: more "- key: value" summary lines (wall times, ...); `cut_fraction`: the fit cut off the
+    paper's GPU-hour scale (default `identify.CUT_FRACTION`, as `forecast.cut_fraction`); `fit_from`: a
+    fixed cut instead (`forecast.fit_from`)."""
     from scalerl_mega.metrics.rollout_stats import domain_key
     from scalerl_mega.scaling.plot import CurvePlot, plot_scaling
 
@@ -52,37 +57,58 @@ def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget
         tail = train[-1]
         lines.append(f"- trainer steps: {tail['step']}; last truncation rate {tail.get('truncation_rate', math.nan):.1%}")
     lines.append("")
-    positive = [(c, r) for c, r, _ in points if c > 0]
-    fit, note = _fit(positive, r0=points[0][1] if points else None, budget=budget)
+    n_samples = [float(r["val_prompts"]) * float(r["val_samples_per_prompt"]) if "val_prompts" in r and
+                 "val_samples_per_prompt" in r else None for r in val]
+    ns = None if any(v is None for v in n_samples) else n_samples
+    gpu = key == "compute_gpu_hours"
+    a, note = _assess([c for c, _, _ in points], [r for _, r, _ in points], n_samples=ns, gpu_hours=gpu,
+                      cut_fraction=cut_fraction, fit_from=fit_from)
     curves = []
     if note:
         lines.append(note)
-    if fit is not None:
-        budget = budget or 2 * max(c for c, _ in positive)
+    if a is not None:
+        from scalerl_mega.scaling.identify import verdict_text
+
+        fit = a.fit
+        budget = budget or 2 * points[-1][0]
+        pred = f"{float(a.predict(budget)):.3f}" if a.identified else "- (A not identified)"
+        lo, hi = a.A_interval
+        cut = "-" if a.fit_from is None else f"{a.fit_from:.4g} {unit}"
         lines += [
             "## Fitted scaling curve (paper Eq. 1)",
             "",
-            "| A | B | C_mid | R0 | predicted at budget | budget | A identified |",
-            "|---|---|---|---|---|---|---|",
-            f"| {fit.A:.3f} | {fit.B:.3f} | {fit.C_mid:.4g} | {fit.R0:.3f} | {float(fit.predict(budget)):.3f} | "
-            f"{budget:.4g} {unit} | {fit.identified} |",
+            "| A | A 95% interval | B | C_mid | R0 | predicted at budget | budget | fit from | points | A identified |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+            f"| {f'{fit.A:.3f}' if a.identified else 'not identified'} | {lo:.3f}..{hi:.3f} | {fit.B:.3f} | "
+            f"{fit.C_mid:.4g} | {fit.R0:.3f} | {pred} | {budget:.4g} {unit} | {cut} | {a.n_points} | "
+            f"{a.identified} |",
+            "",
+            f"Verdict: {verdict_text(a)}.",
             "",
         ]
-        curves.append(CurvePlot(label=title, compute=[c for c, _ in positive], reward=[r for _, r in positive],
-                                fit=fit))
+        curves.append(CurvePlot(label=title, compute=[c for c, _, _ in points], reward=[r for _, r, _ in points],
+                                fit=fit, assessment=a))
     domains = sorted({k[len("val/"):-len("_pass_rate")] for r in val for k in r
                       if k.startswith("val/") and k.endswith("_pass_rate")})
     if len(domains) > 1:
-        lines += ["## Per domain", "", "| domain | first | last | change | A | B | C_mid |", "|---|---|---|---|---|---|---|"]
+        lines += ["## Per domain", "", "| domain | first | last | change | A | A 95% interval | B | C_mid |",
+                  "|---|---|---|---|---|---|---|---|"]
         for d in domains:
             pts = [(float(r[key]), float(r[domain_key(d)])) for r in val if domain_key(d) in r]
-            dfit, _ = _fit([(c, y) for c, y in pts if c > 0], r0=pts[0][1], budget=budget)
-            cells = [f"{dfit.A:.3f}", f"{dfit.B:.3f}", f"{dfit.C_mid:.4g}"] if dfit is not None else ["-"] * 3
+            dn = [r.get(f"val/{d}_samples") for r in val if domain_key(d) in r]
+            da, _ = _assess([c for c, _ in pts], [y for _, y in pts],
+                            n_samples=None if any(v is None for v in dn) else dn, gpu_hours=gpu,
+                            cut_fraction=cut_fraction, fit_from=fit_from)
+            if da is not None:
+                cells = [f"{da.fit.A:.3f}" if da.identified else "not identified",
+                         f"{da.A_interval[0]:.3f}..{da.A_interval[1]:.3f}", f"{da.fit.B:.3f}", f"{da.fit.C_mid:.4g}"]
+            else:
+                cells = ["-"] * 4
             lines.append(f"| {d} | {pts[0][1]:.3f} | {pts[-1][1]:.3f} | {pts[-1][1] - pts[0][1]:+.3f} | "
                          + " | ".join(cells) + " |")
-            if dfit is not None:
-                curves.append(CurvePlot(label=d, compute=[c for c, y in pts if c > 0],
-                                        reward=[y for c, y in pts if c > 0], fit=dfit))
+            if da is not None:
+                curves.append(CurvePlot(label=d, compute=[c for c, _ in pts], reward=[y for _, y in pts],
+                                        fit=da.fit, assessment=da))
         lines.append("")
     if curves:
         files = plot_scaling(curves, path=run_dir / "scaling", formats=("png",), title=title,
@@ -93,15 +119,19 @@ def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget
     return out
 
 
-def _fit(positive: list[tuple[float, float]], *, r0: float | None, budget: float | None):
-    """(fit, note): the sigmoid fit of (compute > 0, reward) points on relative grids, or None and why."""
-    from scalerl_mega.scaling.fit import fit_sigmoid, relative_grids
+def _assess(compute: list[float], reward: list[float], *, n_samples, gpu_hours: bool, cut_fraction: float | None,
+            fit_from: float | None = None):
+    """(assessment, note): `identify.assess` with the shared options (`identify.options_for`), or None and why."""
+    from scalerl_mega.scaling.fit import FitOptions
+    from scalerl_mega.scaling.identify import CUT_FRACTION, assess, auto_grid, options_for
 
+    positive = [c for c in compute if c > 0]
     if len(positive) < 4:
         return None, f"No fit: {len(positive)} validation point(s) with compute > 0 (need 4)."
-    cs, rs = [c for c, _ in positive], [r for _, r in positive]
-    a_grid, cm_grid = relative_grids(min(cs), max(max(cs), budget or 0.0))
+    grid = auto_grid([max(compute)], gpu_hours=gpu_hours)
+    opts = options_for(compute, grid=grid, cut_fraction=CUT_FRACTION if cut_fraction is None else cut_fraction,
+                       fit_from="auto" if fit_from is None else fit_from, base=FitOptions(method="fast"))
     try:
-        return fit_sigmoid(cs, rs, r0=r0, fit_from=None, method="fast", a_grid=a_grid, cmid_grid=cm_grid), ""
+        return assess(compute, reward, options=opts, n_samples=n_samples), ""
     except ValueError as e:
         return None, f"Fit failed: {e}"

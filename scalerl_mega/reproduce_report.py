@@ -2,7 +2,9 @@
 
 Input: `<sweep>/<run_name>/seed<N>/{metrics.jsonl,summary.json}` of the `repro_*` overlays (only finished
 runs, i.e. with summary.json, are collected) into `<out>/runs/<recipe>/seed<N>/`. Every run is fitted
-with Eq. 1 (`scaling.fit`, scale-free `relative_options` grids, no lower cut) on two compute axes:
+with Eq. 1 and judged by the project's one identification rule (`scaling.identify.assess`: scale-free
+relative grids, the fit cut at 0.1 of each run's compute, A only when its 95% interval is <= 0.04 wide,
+there are >= 8 points after the cut and the hold-out misfit check passes) on two compute axes:
 
 - `tokens`: the cumulative rollout tokens (prompt + generated) of the steps trained so far,
   `sum:batch/tokens` (`scaling.io`), in millions -- independent of what else the machine was running;
@@ -59,6 +61,9 @@ class Finding:
     title: str
     paper: str
     control: bool = False
+    needs_epochs: bool = False
+    """The variant acts only from the second pass over the training prompts (No-Positive-Resampling removes
+    prompts from later epochs): untestable where no run of either recipe got past epoch 0."""
 
 
 FINDINGS = {
@@ -70,7 +75,7 @@ FINDINGS = {
                             "here the body is FP32 too, so the head is FP32 either way: a same-maths control",
                             control=True),
     "no_npr": Finding(title="No-Positive-Resampling", paper="LOO variants reach a similar A; ScaleRL has the "
-                      "highest B at the common A (Sec. 6, Fig. 7)"),
+                      "highest B at the common A (Sec. 6, Fig. 7)", needs_epochs=True),
 }
 
 
@@ -84,6 +89,35 @@ def verdict(outcome: str, *, control: bool) -> str:
     if outcome == REFERENCE_BETTER:
         return "reproduced at toy scale"
     return "not separable within noise" if outcome == NOT_SEPARABLE else "contradicted"
+
+
+EPOCH_KEY = "curriculum/curriculum/epoch"
+"""The `train` line key of the curriculum's epoch (0 = still in the first pass over the training prompts)."""
+
+
+def last_epochs(runs: dict[str, dict[int, Path]]) -> dict[str, int | None]:
+    """`<recipe>/seed<N>` -> the curriculum epoch of the run's last `train` line (None when not logged)."""
+    from scalerl_mega.metrics.writer import read_metrics
+
+    out: dict[str, int | None] = {}
+    for rec, seeds in runs.items():
+        for seed, d in seeds.items():
+            train = [r for r in read_metrics(d / "metrics.jsonl", kind="train") if EPOCH_KEY in r]
+            out[f"{rec}/seed{seed}"] = int(train[-1][EPOCH_KEY]) if train else None
+    return out
+
+
+def untestable(rec: str, runs: dict[str, dict[int, Path]], epochs: dict[str, int | None]) -> str:
+    """Why a finding cannot be tested by this sweep ("" when it can)."""
+    if not FINDINGS[rec].needs_epochs:
+        return ""
+    keys = [f"{r}/seed{s}" for r in (REFERENCE, rec) for s in runs.get(r, {})]
+    ep = [epochs.get(k) for k in keys]
+    if ep and all(e == 0 for e in ep):
+        return (f"untestable here: every {REFERENCE} and {rec} run ended in epoch 0 (the first pass over the "
+                "training prompts); No-Positive-Resampling removes prompts only from later epochs, so both "
+                "recipes trained the same prompts at every step")
+    return ""
 
 
 # ------------------------------------------------------------------------------------------------ collect
@@ -126,26 +160,27 @@ def discover(runs_dir: Path) -> dict[str, dict[int, Path]]:
 # ------------------------------------------------------------------------------------------------ analyse
 def _fit_axis(runs: dict[str, dict[int, Path]], axis: Axis) -> dict[str, Any]:
     from scalerl_mega.scaling.compare import SEED_MARGIN_A, compare_loo
-    from scalerl_mega.scaling.fit import FitOptions, relative_options
+    from scalerl_mega.scaling.fit import FitOptions
+    from scalerl_mega.scaling.identify import assess, options_for
     from scalerl_mega.scaling.io import read_series
-    from scalerl_mega.scaling.seeds import compare_recipe, half_range, seed_mean_curve
+    from scalerl_mega.scaling.seeds import compare_paired, compare_recipe, half_range, seed_mean_curve
 
-    base = FitOptions(fit_from=None)
-    series, opts, fits = {}, {}, {}
+    base = FitOptions(method="fast")
+    series, opts, fits, assessed, n_samples = {}, {}, {}, {}, {}
     for rec, seeds in runs.items():
         for seed, d in seeds.items():
             s = read_series(d, x=axis.key, y="val_pass_rate")
             key = f"{rec}/seed{seed}"
             series[key] = (s.compute * axis.scale, s.reward)
-            opts[key] = relative_options(series[key][0], base)
-            fits[key] = opts[key].fit(*series[key])
+            n_samples[key] = s.n_samples
+            opts[key] = options_for(series[key][0], grid="relative", base=base)
+            assessed[key] = assess(*series[key], options=opts[key], n_samples=s.n_samples)
+            fits[key] = assessed[key].fit
     keys = list(series)
-    loo = compare_loo([series[k] for k in keys], labels=keys, options=[opts[k] for k in keys])
+    loo = compare_loo([series[k] for k in keys], labels=keys, options=[opts[k] for k in keys],
+                      identified=[assessed[k].identified for k in keys])
     loo_by = {r.label: r for r in loo.runs}
-    per_run = {k: {"A": fits[k].A if fits[k].identified else None, "B": fits[k].B, "C_mid": fits[k].C_mid,
-                   "identified": fits[k].identified, "reason": fits[k].reason, "R0": fits[k].R0,
-                   "n_points": fits[k].n_points, "A_profile_interval": list(fits[k].A_profile_interval),
-                   "B_at_common_A": None if math.isnan(loo_by[k].B) else loo_by[k].B,
+    per_run = {k: {**assessed[k].summary(), "B_at_common_A": None if math.isnan(loo_by[k].B) else loo_by[k].B,
                    "last_val_pass_rate": float(series[k][1][-1])} for k in keys}
 
     def seed_values(rec: str, field: str) -> list[float]:
@@ -164,6 +199,9 @@ def _fit_axis(runs: dict[str, dict[int, Path]], axis: Axis) -> dict[str, Any]:
             "B_mean": float(np.mean(b)) if b else None, "B_sd": float(np.std(b, ddof=1)) if len(b) > 1 else None,
         }
         if rec != REFERENCE:
+            pa = compare_paired({sd: v for sd, v in zip(runs[REFERENCE], seed_values(REFERENCE, "A"))},
+                                {sd: v for sd, v in zip(runs[rec], seed_values(rec, "A"))})
+            row["paired_A"] = _json_safe(pa.__dict__)
             cmp = compare_recipe(A_ref=seed_values(REFERENCE, "A"), A_var=seed_values(rec, "A"),
                                  B_ref=seed_values(REFERENCE, "B_at_common_A"), B_var=seed_values(rec, "B_at_common_A"))
             row["comparison"] = {k: (None if isinstance(v, float) and math.isnan(v) else v)
@@ -171,11 +209,18 @@ def _fit_axis(runs: dict[str, dict[int, Path]], axis: Axis) -> dict[str, Any]:
             row["verdict"] = verdict(cmp.outcome, control=FINDINGS[rec].control)
         recipes[rec] = row
     mean_curves = {rec: seed_mean_curve([series[f"{rec}/seed{s}"] for s in runs[rec]]) for rec in runs}
-    mean_opts = {rec: relative_options(c, base) for rec, (c, _) in mean_curves.items()}
-    mean_fits = {rec: mean_opts[rec].fit(*mean_curves[rec]) for rec in runs}
-    loo_mean = compare_loo(list(mean_curves.values()), labels=list(mean_curves), options=list(mean_opts.values()))
-    return {"axis": axis, "series": series, "fits": fits, "per_run": per_run, "loo": loo, "recipes": recipes,
-            "mean_curves": mean_curves, "mean_fits": mean_fits, "loo_mean": loo_mean}
+    mean_opts = {rec: options_for(c, grid="relative", base=base) for rec, (c, _) in mean_curves.items()}
+    mean_assessed = {}
+    for rec in runs:  # a mean of k seeds rests on k times the samples of one
+        ns = [n_samples[f"{rec}/seed{s}"] for s in runs[rec]]
+        m = len(mean_curves[rec][0])
+        total = None if any(v is None for v in ns) else np.sum([v[:m] for v in ns], axis=0)
+        mean_assessed[rec] = assess(*mean_curves[rec], options=mean_opts[rec], n_samples=total)
+    loo_mean = compare_loo(list(mean_curves.values()), labels=list(mean_curves), options=list(mean_opts.values()),
+                           identified=[mean_assessed[rec].identified for rec in mean_curves])
+    return {"axis": axis, "series": series, "fits": fits, "assessed": assessed, "per_run": per_run, "loo": loo,
+            "recipes": recipes, "mean_curves": mean_curves, "mean_assessed": mean_assessed,
+            "mean_fits": {rec: a.fit for rec, a in mean_assessed.items()}, "loo_mean": loo_mean}
 
 
 FINAL_POINTS = 3
@@ -185,7 +230,7 @@ FINAL_POINTS = 3
 def final_pass_rates(runs: dict[str, dict[int, Path]], series: dict[str, Any]) -> dict[str, Any]:
     """Per recipe: each seed's mean pass rate over its last `FINAL_POINTS` validations, and the variant vs
     reference `seeds.compare_means` (no fit involved: it still compares where A is not identified)."""
-    from scalerl_mega.scaling.seeds import compare_means
+    from scalerl_mega.scaling.seeds import compare_means, compare_paired
 
     per = {rec: [float(np.mean(series[f"{rec}/seed{s}"][1][-FINAL_POINTS:])) for s in seeds]
            for rec, seeds in runs.items()}
@@ -196,6 +241,8 @@ def final_pass_rates(runs: dict[str, dict[int, Path]], series: dict[str, Any]) -
         if rec != REFERENCE:
             m = compare_means(per[REFERENCE], vals)
             row.update(delta=m.delta, se=None if math.isnan(m.se) else m.se, outcome=m.outcome)
+            pa = compare_paired(dict(zip(runs[REFERENCE], per[REFERENCE])), dict(zip(runs[rec], vals)))
+            row["paired"] = _json_safe(pa.__dict__)
         out[rec] = row
     return out
 
@@ -206,7 +253,8 @@ def _plots(res: dict[str, Any], out_dir: Path) -> list[Path]:
     axis: Axis = res["axis"]
     written = []
     curves = [CurvePlot(label=f"{rec} (mean of {len(res['recipes'][rec]['seeds'])} seeds)", compute=c, reward=r,
-                        fit=res["mean_fits"][rec]) for rec, (c, r) in res["mean_curves"].items()]
+                        fit=res["mean_fits"][rec], assessment=res["mean_assessed"][rec])
+              for rec, (c, r) in res["mean_curves"].items()]
     written += plot_scaling(curves, path=out_dir / f"scaling_{axis.slug}.png", formats=("png",), xlabel=axis.label,
                             title=f"seed-mean curves and their Eq. 1 fits ({axis.slug} axis)", log_x=False)
     loo = res["loo_mean"]
@@ -217,7 +265,8 @@ def _plots(res: dict[str, Any], out_dir: Path) -> list[Path]:
                       for lab, r in zip(labels, loo.runs) if r.fixed is not None]
         written += plot_loo(loo_curves, path=out_dir / f"loo_{axis.slug}.png", formats=("png",),
                             title=f"leave-one-out at the common A = {loo.A_mean:.3f} ({axis.slug} axis, seed means)")
-    runs = [CurvePlot(label=k, compute=c, reward=r, fit=res["fits"][k]) for k, (c, r) in res["series"].items()]
+    runs = [CurvePlot(label=k, compute=c, reward=r, fit=res["fits"][k], assessment=res["assessed"][k])
+            for k, (c, r) in res["series"].items()]
     written += plot_scaling(runs, path=out_dir / f"runs_{axis.slug}.png", formats=("png",), xlabel=axis.label,
                             title=f"every run and its own fit ({axis.slug} axis)", log_x=False, figsize=(10.0, 7.0))
     return written
@@ -246,18 +295,22 @@ def _markdown(results: dict[str, Any], by_axis: dict[str, dict[str, Any]], missi
               f"Eq. 1 per run; tokens axis (C_mid in {tok['axis'].unit}) and wall-clock axis (C_mid in "
               f"{wall['axis'].unit}). B at the common A: every run refit at the mean A of all identified runs "
               f"(tokens A = {_f(tok['loo'].A_mean, '.3f')}; App. A.5).", "",
-              "| run | A | B | C_mid | identified | B at common A | last pass rate | A (wall clock) | B (wall clock) "
-              "| C_mid (wall clock) | wall s | SFT |", "|" + "---|" * 12]
+              "| run | A | A 95% interval | B | C_mid | identified | B at common A | last pass rate | A (wall clock) "
+              "| B (wall clock) | C_mid (wall clock) | wall s | SFT |", "|" + "---|" * 13]
     for k, row in tok["per_run"].items():
         w = wall["per_run"][k]
         s = results["summaries"][k]
-        lines.append(f"| {k} | {_f(row['A'], '.3f')} | {_f(row['B'], '.2f')} | {_f(row['C_mid'], '.3g')} | "
+        iv = row["A_interval"]
+        lines.append(f"| {k} | {_f(row['A'], '.3f')} | {_f(iv[0], '.3f')}..{_f(iv[1], '.3f')} | "
+                     f"{_f(row['B'], '.2f')} | {_f(row['C_mid'], '.3g')} | "
                      f"{'yes' if row['identified'] else 'NO'} | {_f(row['B_at_common_A'], '.2f')} | "
                      f"{row['last_val_pass_rate']:.3f} | {_f(w['A'], '.3f')} | {_f(w['B'], '.2f')} | "
                      f"{_f(w['C_mid'], '.3g')} | {_f(s.get('wall_s'), '.0f')} | {s.get('sft', '-')} |")
-    unident = [f"{k}: {r['reason']}" for k, r in tok["per_run"].items() if not r["identified"]]
+    unident = [f"- {k}: {r['reason']}" for k, r in tok["per_run"].items() if not r["identified"]]
     if unident:
-        lines += ["", "Not identified (tokens axis): " + "; ".join(unident)]
+        lines += ["", "Not identified (tokens axis; `scaling.identify`: 95% interval <= 0.04 wide, >= 8 points "
+                  "after the cut at 0.1 of the run's compute, hold-out error <= 2x the binomial noise floor):", ""]
+        lines += unident
     for res in (tok, wall):
         ax = res["axis"]
         lines += ["", f"### Recipes against {REFERENCE} ({ax.slug} axis)", "",
@@ -281,23 +334,36 @@ def _markdown(results: dict[str, Any], by_axis: dict[str, dict[str, Any]], missi
                          f"{_f(r.B, '.2f')} | {_f(r.C_mid, '.3g')} |")
     fin = results["final_pass_rate"]
     lines += ["", f"### Model-free check: final pass rate (mean of the last {FINAL_POINTS} validations per run)", "",
-              "| recipe | per seed | mean +- sd | delta vs reference | 2 x SE | outcome |", "|---|---|---|---|---|---|"]
+              "Welch: difference of the seed means against 2 SE. Paired by seed: the mean of the per-seed "
+              "differences (same seed = same warm start and prompt order) against t_0.975(dof) x sd / sqrt(k); "
+              "the paper's +-0.02 rule on that mean next to it.", "",
+              "| recipe | per seed | mean +- sd | delta vs reference | 2 x SE | Welch outcome | paired mean diff | "
+              "t half-width (dof) | paired outcome | +-0.02 rule |", "|" + "---|" * 10]
     for rec, r in fin.items():
+        pa = r.get("paired") or {}
         lines.append(f"| {rec} | {', '.join(f'{v:.3f}' for v in r['per_seed'])} | {r['mean']:.3f} +- "
                      f"{_f(r['sd'], '.3f')} | {_f(r.get('delta'), '+.3f')} | "
-                     f"{_f(None if r.get('se') is None else 2 * r['se'], '.3f')} | {r.get('outcome', 'reference')} |")
+                     f"{_f(None if r.get('se') is None else 2 * r['se'], '.3f')} | {r.get('outcome', 'reference')} | "
+                     f"{_f(pa.get('mean'), '+.3f')} | {_f(pa.get('half_width'), '.3f')} ({pa.get('dof', '-')}) | "
+                     f"{pa.get('outcome', '-')} | {pa.get('margin_rule', '-')} |")
     lines += ["", "### Verdicts (tokens axis)", "",
               "| finding | paper | outcome here (A, then B at the common A) | verdict | wall-clock axis | "
-              "final pass rate (model-free) |", "|---|---|---|---|---|---|"]
+              "final pass rate (model-free, paired by seed) |", "|---|---|---|---|---|---|"]
     for rec, f in FINDINGS.items():
         r = tok["recipes"].get(rec)
         if r is None:
             lines.append(f"| {f.title} ({rec}) | {f.paper} | no finished run | - | - | - |")
             continue
+        why = results["untestable"].get(rec, "")
+        if why:
+            lines.append(f"| {f.title} ({rec}) | {f.paper} | {why} | **untestable here** | - | - |")
+            continue
         w = wall["recipes"][rec]
         q = fin[rec]
+        pa = q.get("paired") or {}
         lines.append(f"| {f.title} ({rec}) | {f.paper} | {r['comparison']['reason']} | **{r['verdict']}** | "
-                     f"{w['verdict']} | {q['outcome']} ({_f(q['delta'], '+.3f')}) |")
+                     f"{w['verdict']} | {pa.get('outcome', '-')} ({_f(pa.get('mean'), '+.3f')} +- "
+                     f"{_f(pa.get('half_width'), '.3f')}) |")
     lines += ["", "### Plots", ""] + [f"![{p}]({p})" for p in results["plots"]] + ["", END]
     return "\n".join(lines)
 
@@ -336,7 +402,10 @@ def analyse(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
                                               "steps": s.get("steps"), "sft": sft}
     prov_path = out_dir / "provenance.jsonl"
     prov = [json.loads(x) for x in prov_path.read_text().splitlines() if x.strip()] if prov_path.is_file() else []
-    results = {"reference": REFERENCE, "missing": missing, "provenance": prov, "summaries": summaries, "plots": plots,
+    epochs = last_epochs(runs)
+    results = {"reference": REFERENCE, "missing": missing, "last_epochs": epochs,
+               "untestable": {rec: why for rec in FINDINGS if rec in runs and (why := untestable(rec, runs, epochs))},
+               "provenance": prov, "summaries": summaries, "plots": plots,
                "final_pass_rate": final_pass_rates(runs, by_axis["tokens"]["series"]),
                "axes": {slug: {"x": res["axis"].key, "unit": res["axis"].unit, "runs": res["per_run"],
                                "recipes": res["recipes"], "common_A": res["loo"].A_mean,
@@ -347,7 +416,8 @@ def analyse(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
                                                            for r in res["loo_mean"].runs]}}
                         for slug, res in by_axis.items()}}
     for slug, name in (("tokens", "fits.json"), ("wallclock", "fits_wallclock.json")):
-        fits = {k: {f: v[f] for f in ("A", "B", "C_mid", "identified")} for k, v in by_axis[slug]["per_run"].items()}
+        fits = {k: {f: v[f] for f in ("A", "B", "C_mid", "A_interval", "identified", "reason")}
+                for k, v in by_axis[slug]["per_run"].items()}
         (out_dir / name).write_text(json.dumps(_json_safe(fits), indent=1) + "\n")
     (out_dir / "results.json").write_text(json.dumps(_json_safe(results), indent=1) + "\n")
     section = _markdown(results, by_axis, missing)

@@ -50,23 +50,24 @@ def run_config(config: Any) -> dict[str, Any]:
 
 class AutoBudgetForecaster:
     """The live forecast of `forecast.*`: no fit before `min_points` validations, then a refit at
-    every validation; budget 0 means twice the compute spent so far (paper Eq. sigmoid_law)."""
+    every validation; budget 0 means twice the compute spent so far (paper Eq. sigmoid_law). The cut
+    and the identification rule are `scaling.identify`'s (the same as `scalerl-fit` and report.md)."""
 
-    def __init__(self, fc_cfg: Any) -> None:
+    def __init__(self, fc_cfg: Any, *, gpu_hours: bool = False) -> None:
         from scalerl_mega.scaling.forecast import LiveForecaster
 
         self.cfg = fc_cfg
         self.live = LiveForecaster(budget=float(fc_cfg.budget) or 1.0, every=1,
-                                   fit_from=float(fc_cfg.fit_from) or None)
+                                   fit_from=float(fc_cfg.fit_from) or None, cut_fraction=float(fc_cfg.cut_fraction),
+                                   gpu_hours=gpu_hours)
 
-    def add(self, compute: float, reward: float):
+    def add(self, compute: float, reward: float, n_samples: float | None = None):
         if not self.cfg.budget:
             self.live.budget = 2.0 * max(compute, 1e-12)
         if len(self.live.compute) + 1 < self.cfg.min_points:
-            self.live.compute.append(float(compute))
-            self.live.reward.append(float(reward))
+            self.live.record(compute, reward, n_samples)
             return None
-        return self.live.add(compute, reward)
+        return self.live.add(compute, reward, n_samples)
 
 
 def run_job(config: Any) -> dict[str, Any]:
@@ -135,7 +136,8 @@ def run_job(config: Any) -> dict[str, Any]:
         summary["engine_start_s"] = time.monotonic() - t0
         compute = ComputeCounter(devices=build.allocation_devices(config, world_size=world),
                                  on_gpu=config.cluster.device == "cuda")
-        forecaster = AutoBudgetForecaster(config.forecast) if config.forecast.enabled else None
+        forecaster = (AutoBudgetForecaster(config.forecast, gpu_hours=config.cluster.device == "cuda")
+                      if config.forecast.enabled else None)
         t0 = time.monotonic()
         state = run_rl(config, comps, compute=compute, forecaster=forecaster,
                        stop_requested=lambda: preemption.requested)
@@ -160,7 +162,7 @@ def run_job(config: Any) -> dict[str, Any]:
         "SFT warm start": f"{summary['sft_s']:.0f} s ({config.sft.steps if not resumed else 0} steps)",
         "RL": f"{summary['rl_s']:.0f} s ({state.step} steps)",
         "trainer ranks": str(world),
-    })
+    }, cut_fraction=float(config.forecast.cut_fraction), fit_from=float(config.forecast.fit_from) or None)
     summary["report"] = str(report)
     summary["trainer_ranks"] = world
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -32,10 +32,21 @@
 #   RUN_DIR             run directory (Hydra run dir; checkpoints; step logs in $RUN_DIR/slurm)
 #   PORT_BASE           first server port (default 30000); server i on a node uses PORT_BASE+i
 #   MASTER_PORT         torchrun rendezvous port (default 29500)
-#   HEALTH_TIMEOUT      seconds to wait for every server (default 900)
+#   HEALTH_TIMEOUT      seconds to wait for every server (default: 600 + 1 per 200 MB of MODEL_PATH's
+#                       *.safetensors; stage the checkpoint on local NVMe first: docs/cluster_install.md)
+#   MEM_PER_GPU         MB of host memory per GPU a step gets (srun --mem = its GPUs x this; default
+#                       SLURM_MEM_PER_NODE / GPUS_PER_NODE; else --mem-per-cpu=SLURM_MEM_PER_CPU): without
+#                       it a step may take the node's whole memory and the next step on it waits
+#   SOCKET_IFNAME       network interface for NCCL and Gloo bootstrap (sets NCCL_SOCKET_IFNAME and
+#                       GLOO_SOCKET_IFNAME unless those are set); every step gets them explicitly
 #   MEM_FRACTION        SGLang --mem-fraction-static (default 0.85)
+#   GPU_MEM_BYTES       GPU memory the trainer layout must fit (default: read by nvidia-ml-py on the batch
+#                       node; no reading: not checked). A layout that does not fit exits 2 naming one that does
 #   EXTRA_OVERRIDES     extra Hydra overrides (whitespace separated)
-#   SCALERL_PYTHON      python with scalerl_mega installed (default: REPO/.venv/bin/python)
+#   SCALERL_PYTHON      python with scalerl_mega installed: the trainer env (default: REPO/.venv/bin/python)
+#   SGLANG_PYTHON       python of the generator env (SGLang and its own torch; default: SCALERL_PYTHON).
+#                       Both envs must load the same NCCL: GPU launches check it before any step
+#                       (python -m scalerl_mega.cluster.gpu_envs nccl; docs/cluster_install.md)
 # Hooks a script may redefine after sourcing: scalerl_generator_cmd, scalerl_trainer_cmd,
 # scalerl_health_url.
 
@@ -45,6 +56,7 @@ SCALERL_REPO=${SCALERL_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 if [[ -z ${SCALERL_PYTHON:-} ]]; then
   if [[ -x $SCALERL_REPO/.venv/bin/python ]]; then SCALERL_PYTHON=$SCALERL_REPO/.venv/bin/python; else SCALERL_PYTHON=python3; fi
 fi
+SGLANG_PYTHON=${SGLANG_PYTHON:-$SCALERL_PYTHON}
 DRY_RUN=${DRY_RUN:-0}
 GPUS_PER_NODE=${GPUS_PER_NODE:-0}
 TRAINER_NODES=${TRAINER_NODES:-1}
@@ -72,7 +84,12 @@ ROLLOUT=${ROLLOUT:-sglang}
 CLUSTER=${CLUSTER:-slurm}
 PORT_BASE=${PORT_BASE:-30000}
 MASTER_PORT=${MASTER_PORT:-29500}
-HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-900}
+HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-}
+MEM_PER_GPU=${MEM_PER_GPU:-}
+if [[ -n ${SOCKET_IFNAME:-} ]]; then
+  NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$SOCKET_IFNAME}
+  GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$SOCKET_IFNAME}
+fi
 MEM_FRACTION=${MEM_FRACTION:-0.85}
 EXTRA_OVERRIDES=${EXTRA_OVERRIDES:-}
 RUN_DIR=${RUN_DIR:-$SCALERL_REPO/outputs/slurm/${SLURM_JOB_NAME:-scalerl}-${SLURM_JOB_ID:-0}}
@@ -86,6 +103,7 @@ STEP_NAMES=()
 STEP_LOGS=()
 STEP_NODES=()
 CMD=()
+MEM_ARGS=()
 OVERRIDES=()
 # What the composed config says (scalerl_validate_config fills these before any step starts)
 CFG_PRECISION=fp32_head
@@ -93,6 +111,7 @@ CFG_PARAMS_DTYPE=bfloat16
 CFG_SEED=0
 CFG_ROUTED_EXPERTS=0
 CFG_SIGTERM_GRACE_S=120
+CFG_SEQUENCE_PARALLEL=0
 
 scalerl_log() { printf '[scalerl %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 scalerl_die() { printf '[scalerl] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -139,7 +158,7 @@ scalerl_generator_cmd() {
     [[ $DRY_RUN == 1 ]] || scalerl_die "MODEL_PATH is not set (HF checkpoint for the SGLang servers)"
     path='<MODEL_PATH>'
   fi
-  CMD=("$SCALERL_PYTHON" -m sglang.launch_server --model-path "$path" --tp-size "$GEN_TP"
+  CMD=("$SGLANG_PYTHON" -m sglang.launch_server --model-path "$path" --tp-size "$GEN_TP"
        --host 0.0.0.0 --port "$port" --mem-fraction-static "$MEM_FRACTION"
        --dtype "$CFG_PARAMS_DTYPE" --random-seed "$CFG_SEED")
   # the generator half of the FP32 LM head (paper Sec. 3.2); the trainer's half is precision=fp32_head
@@ -184,6 +203,8 @@ scalerl_overrides() {
 scalerl_validate_config() {
   local out line check=(--check-files)
   if [[ $DRY_RUN == 1 ]]; then check=(); fi
+  # GPU runs: the layout's planned peak must fit this node's GPUs (nvidia-ml-py; GPU_MEM_BYTES overrides)
+  if ((GPUS_PER_NODE > 0)); then check+=(--gpu-mem-bytes "${GPU_MEM_BYTES:-auto}"); fi
   if ! out=$("$SCALERL_PYTHON" -m scalerl_mega.cluster.launch_config "${check[@]}" "${OVERRIDES[@]}"); then
     scalerl_log "the trainer config does not validate (see the error above); no step started"
     exit 2
@@ -195,10 +216,27 @@ scalerl_validate_config() {
       SEED) CFG_SEED=$value ;;
       ROUTED_EXPERTS) CFG_ROUTED_EXPERTS=$value ;;
       SIGTERM_GRACE_S) CFG_SIGTERM_GRACE_S=$value ;;
+      SEQUENCE_PARALLEL) CFG_SEQUENCE_PARALLEL=$value ;;
     esac
   done <<<"$out"
   line="precision=$CFG_PRECISION params_dtype=$CFG_PARAMS_DTYPE seed=$CFG_SEED"
   if [[ $DRY_RUN == 1 ]]; then printf 'config: %s\n' "$line"; else scalerl_log "config validated: $line"; fi
+}
+
+# The trainer's and the generators' envs must load the same NCCL (weight pushes form one NCCL group;
+# NCCL refuses mismatched versions at communicator init). GPU runs only; exit 2 before any step.
+scalerl_check_nccl() {
+  ((GPUS_PER_NODE > 0)) || return 0
+  local check=("$SCALERL_PYTHON" -m scalerl_mega.cluster.gpu_envs nccl --trainer-python "$SCALERL_PYTHON"
+               --generator-python "$SGLANG_PYTHON")
+  if [[ $DRY_RUN == 1 ]]; then
+    printf 'nccl check: %s\n' "$(scalerl_quote "${check[@]}")"
+    return 0
+  fi
+  if ! PYTHONPATH="$SCALERL_REPO${PYTHONPATH:+:$PYTHONPATH}" "${check[@]}"; then
+    scalerl_log "the trainer and generator environments do not share one NCCL (see above); no step started"
+    exit 2
+  fi
 }
 
 # Hook: the trainer command (run once per trainer node by one srun step) -> CMD.
@@ -215,17 +253,55 @@ scalerl_trainer_cmd() {
 
 scalerl_quote() { printf '%q ' "$@"; }
 
+# HEALTH_TIMEOUT unless set: 600 s + 1 s per 200 MB of MODEL_PATH's safetensors (servers read it all).
+scalerl_health_timeout() {
+  [[ -z $HEALTH_TIMEOUT ]] || return 0
+  local bytes=0
+  if [[ -n $MODEL_PATH && -d $MODEL_PATH ]]; then
+    bytes=$(find "$MODEL_PATH" -maxdepth 1 -name '*.safetensors' -printf '%s\n' | awk '{s += $1} END {printf "%.0f", s}')
+  fi
+  HEALTH_TIMEOUT=$((600 + bytes / 200000000))
+}
+
+# Host memory of a step with `gpus` GPUs -> MEM_ARGS (srun --mem or --mem-per-cpu; none on CPU runs).
+scalerl_mem_args() {
+  local gpus=$1 per_gpu=$MEM_PER_GPU
+  MEM_ARGS=()
+  ((GPUS_PER_NODE > 0 && gpus > 0)) || return 0
+  if [[ -z $per_gpu && -n ${SLURM_MEM_PER_NODE:-} ]]; then per_gpu=$((SLURM_MEM_PER_NODE / GPUS_PER_NODE)); fi
+  if [[ -n $per_gpu ]]; then
+    MEM_ARGS=(--mem="$((gpus * per_gpu))M")
+  elif [[ -n ${SLURM_MEM_PER_CPU:-} ]]; then
+    MEM_ARGS=(--mem-per-cpu="${SLURM_MEM_PER_CPU}M")
+  fi
+}
+
+# Environment every step gets explicitly (srun --export, so a site's SBATCH_EXPORT=NONE cannot drop it):
+# the NCCL/Gloo interface; CUDA_DEVICE_MAX_CONNECTIONS=1 for a sequence-parallel trainer (Megatron's
+# TP/SP communication overlap relies on one hardware queue).
+scalerl_export_arg() {
+  local role=$1 vars=ALL name
+  for name in NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME; do
+    if [[ -n ${!name:-} ]]; then vars+=",$name=${!name}"; fi
+  done
+  if [[ $role == trainer && $CFG_SEQUENCE_PARALLEL == 1 ]]; then vars+=",CUDA_DEVICE_MAX_CONNECTIONS=1"; fi
+  echo "--export=$vars"
+}
+
 # Start one job step in the background: scalerl_step NAME NODES NTASKS GPUS_PER_TASK CPUS_PER_TASK -- command...
 # (Slurm binds the step's GPUs: CUDA_VISIBLE_DEVICES inside the step lists only those.)
 scalerl_step() {
   local name=$1 step_nodes=$2 ntasks=$3 gpus=$4 cpus=$5
   shift 6
-  local nnodes gres=()
+  local nnodes gres=() role=gen
   nnodes=$(awk -F, '{print NF}' <<<"$step_nodes")
   if ((gpus > 0)); then gres=(--gres="gpu:$gpus"); fi
+  if [[ $name == trainer ]]; then role=trainer; fi
+  scalerl_mem_args "$gpus"
   local log="$RUN_DIR/slurm/${SLURM_JOB_ID:-0}.$name.log"
   local srun=(srun --exact --kill-on-bad-exit=1 --job-name="$name" --nodes="$nnodes" --ntasks="$ntasks"
-              --ntasks-per-node=1 --cpus-per-task="$cpus" --nodelist="$step_nodes" --output="$log" "${gres[@]}")
+              --ntasks-per-node=1 --cpus-per-task="$cpus" --nodelist="$step_nodes" --output="$log" "${gres[@]}"
+              "${MEM_ARGS[@]}" "$(scalerl_export_arg "$role")")
   if [[ $DRY_RUN == 1 ]]; then
     printf 'step %s on %s: %s\n' "$name" "$step_nodes" "$(scalerl_quote "${srun[@]}" "$@")"
     return 0
@@ -324,6 +400,9 @@ scalerl_main() {
   done
   scalerl_overrides
   scalerl_validate_config
+  scalerl_check_nccl
+  scalerl_health_timeout
+  if [[ $DRY_RUN == 1 ]]; then printf 'health timeout: %ss\n' "$HEALTH_TIMEOUT"; fi
   local idx=0
   for node in "${GEN_NODES[@]}"; do
     for ((s = 0; s < per_node; s++)); do

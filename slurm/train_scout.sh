@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # Llama-4 Scout 17Bx16E with ScaleRL on 80 GB200 GPUs (paper App. A.3): 16 generator nodes
-# (2 SGLang servers of TP 2 each = 64 GPUs) + 4 trainer nodes (16 GPUs: Megatron TP 4, EP 16, DP 4;
-# `tools/plan.py --model scout_17b16e --device gb200 --tp 4 --dp 4 --ep 16 --gen-tp 2` fits).
+# (2 SGLang servers of TP 2 each = 64 GPUs) + 4 trainer nodes (16 GPUs: Megatron TP 4, EP 16, DP 4,
+# sequence parallel, full recompute: with selective recompute it plans 169.5 GiB, over GB200's budget).
+# Layout per GPU type: planned per-GPU peak of the trainer (meta-device dry run + runtime overheads,
+# cluster/plan.py) within the GPU's memory less 5%; tests/integration/test_dry_run.py checks each line
+# (8-GPU H100/H200 nodes: set `sbatch --nodes` to the generator nodes + TRAINER_NODES):
+#   layout[gb200]: (the defaults)                                             133.2 of 164.6 GiB
+#   layout[h200]: GPUS_PER_NODE=8 TRAINER_NODES=4 TP=8 EP=16 GEN_TP=4 RECOMPUTE=selective  104.3 of 124.8 GiB
+#   layout[h100_80gb]: GPUS_PER_NODE=8 TRAINER_NODES=8 TP=8 PP=2 EP=16 GEN_TP=4 RECOMPUTE=selective  63.7 of 75.7
+# The launch reads the GPUs' memory (nvidia-ml-py) and refuses a layout that does not fit (exit 2,
+# naming one that does).
 # Submit from the repository root:
 #   MODEL_PATH=/ckpt/Llama-4-Scout-17B-16E TRAIN_FILES=/data/polaris.jsonl sbatch slurm/train_scout.sh
 # Environment (slurm/common.sh lists all): MODEL_PATH (HF checkpoint: the servers load it, the trainer
@@ -27,8 +35,9 @@ export TRAINER_NODES=${TRAINER_NODES:-4}
 export GEN_TP=${GEN_TP:-2}
 export TP=${TP:-4} PP=${PP:-1} EP=${EP:-16}
 export EXPERIMENT=${EXPERIMENT:-scalerl} MODEL=${MODEL:-scout_17b16e} ROLLOUT=${ROLLOUT:-sglang}
-# MoE with TP > 1 runs sequence parallel (Megatron requires it for MoE + TP)
-export EXTRA_OVERRIDES="parallel.sequence_parallel=true ${EXTRA_OVERRIDES:-}"
+# MoE with TP > 1 runs sequence parallel (Megatron requires it for MoE + TP); full recompute fits GB200
+export RECOMPUTE=${RECOMPUTE:-full}
+export EXTRA_OVERRIDES="parallel.sequence_parallel=true train.recompute=$RECOMPUTE ${EXTRA_OVERRIDES:-}"
 if [[ -z ${SCALERL_REPO:-} ]]; then
   if [[ -f ${SLURM_SUBMIT_DIR:-}/slurm/common.sh ]]; then SCALERL_REPO=$SLURM_SUBMIT_DIR; else SCALERL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd); fi
 fi

@@ -10,9 +10,18 @@ steps must agree on as shell-sourceable `KEY=value` lines:
     SIGTERM_GRACE_S=120        (train.sigterm_grace_s, whole seconds rounded up: torchrun --shutdown-timeout
                                 is set above it, else torchrun SIGKILLs the ranks after its default 30 s)
     RUN_NAME=scalerl
+    SEQUENCE_PARALLEL=1        (resolved parallel.sequence_parallel: the trainer step gets
+                                CUDA_DEVICE_MAX_CONNECTIONS=1, which Megatron needs for SP/TP overlap)
 
 A config error prints one line naming the key (`config error: <key>=<value> ...`) and exits 2, so a
 bad sweep point or typo fails in seconds instead of after the servers loaded their weights.
+
+`--gpu-mem-bytes N|auto` (GPU launches): the trainer layout's planned per-GPU peak (cluster/plan.py:
+buffers, activations, CUDA context, NCCL, head transients, route tensors, fragmentation; the same
+numbers as the meta-device dry run) must fit in N bytes less the planner's 5% margin, else exit 2
+naming a layout that fits at the same world size (TP/PP/EP and SP, as the Slurm scripts' variables).
+`auto` reads this node's GPUs with nvidia-ml-py (the smallest of them); without NVML or a GPU the
+check is skipped with a note. The trainer nodes are taken to be of the batch node's GPU type.
 `hydra.*` overrides are accepted and ignored (they only place the run directory). `--check-files`
 (what a real submission passes; DRY_RUN does not) also requires `init_from_hf` and the data files to
 exist on this node.
@@ -64,13 +73,80 @@ def settings(cfg) -> dict[str, str]:
     return {"PRECISION": str(cfg.precision.name), "PARAMS_DTYPE": str(cfg.precision.params_dtype),
             "SEED": str(int(cfg.seed)), "RUN_NAME": str(cfg.run_name),
             "ROUTED_EXPERTS": "1" if records_routes(cfg) else "0",
-            "SIGTERM_GRACE_S": str(math.ceil(cfg.train.sigterm_grace_s))}
+            "SIGTERM_GRACE_S": str(math.ceil(cfg.train.sigterm_grace_s)),
+            "SEQUENCE_PARALLEL": "1" if cfg.parallel.sequence_parallel_on(cfg.model) else "0"}
+
+
+def gpu_memory_bytes() -> int | None:
+    """Total memory of this node's smallest GPU by NVML (nvidia-ml-py), None without NVML or GPUs."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver / no GPU
+        return None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        totals = [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total for i in range(count)]
+    finally:
+        pynvml.nvmlShutdown()
+    return min(totals) if totals else None
+
+
+def _layout_vars(lay) -> str:
+    sp = "parallel.sequence_parallel=true" if lay.sequence_parallel and lay.tp > 1 else ""
+    out = f"TP={lay.tp} PP={lay.pp} EP={lay.ep}"
+    if lay.recompute == "full":
+        sp = f"{sp} train.recompute=full".strip()
+    return out + (f" EXTRA_OVERRIDES='{sp}'" if sp else "")
+
+
+def fit_problem(cfg, gpu_mem_bytes: int) -> str | None:
+    """None when the trainer layout's planned peak fits a GPU of `gpu_mem_bytes`, else the reason
+    with a layout that fits at the same world size (from the planner), or the smallest that does."""
+    from dataclasses import replace
+
+    from scalerl_mega.build import megatron_config
+    from scalerl_mega.cluster import plan
+    from scalerl_mega.trainer.megatron.dry_run import model_shape, train_layout
+
+    world = int(cfg.cluster.trainer_devices)
+    if world < 1:
+        return None
+    mcfg = megatron_config(cfg)
+    layout = train_layout(cfg, mcfg, world)
+    shape = model_shape(mcfg.model)
+    dev = plan.Device(name="this node's GPU", capacity_bytes=int(gpu_mem_bytes))
+    rep = plan.trainer_memory(shape, layout, dev)
+    if rep.fits:
+        return None
+    par = mcfg.parallel
+    head = (f"trainer layout parallel.tp={par.tp} parallel.pp={par.pp} parallel.ep={par.ep} "
+            f"(sequence_parallel={layout.sequence_parallel}, train.recompute={layout.recompute}, "
+            f"{world} GPUs = cluster.trainer_devices) plans {rep.total_bytes / plan.GiB:.1f} GiB per GPU, more than "
+            f"{rep.budget_bytes / plan.GiB:.1f} GiB ({gpu_mem_bytes / plan.GiB:.1f} GiB GPU less the "
+            f"{plan.MARGIN_FRACTION:.0%} margin)")
+    for base in (layout, replace(layout, recompute="full")):
+        sug = plan.smallest_trainer_layout(shape, dev, base=base, max_gpus=world, world=world)
+        if sug is not None:
+            got = plan.trainer_memory(shape, sug, dev).total_bytes
+            return f"{head}; a layout that fits at {world} GPUs: {_layout_vars(sug)} ({got / plan.GiB:.1f} GiB)"
+    sug = plan.smallest_trainer_layout(shape, dev, base=replace(layout, recompute="full"), max_gpus=1024)
+    more = f"the smallest that fits: {_layout_vars(sug)} on {sug.world} GPUs" if sug else "no layout up to 1024 GPUs fits"
+    return f"{head}; no layout fits at {world} GPUs; {more}"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     check_files = "--check-files" in args
     args = [a for a in args if a != "--check-files"]
+    gpu_mem = None
+    if "--gpu-mem-bytes" in args:
+        i = args.index("--gpu-mem-bytes")
+        gpu_mem = args[i + 1]
+        del args[i:i + 2]
     try:
         cfg = compose(args, check_files=check_files)
     except ValueError as exc:
@@ -79,6 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - Hydra's composition errors (unknown group option, bad key)
         print(f"config error: {type(exc).__name__}: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
+    if gpu_mem is not None:
+        mem = gpu_memory_bytes() if gpu_mem == "auto" else int(gpu_mem)
+        if mem is None:
+            print("memory check: no GPU memory reading (nvidia-ml-py / NVML unavailable); the layout's fit is "
+                  "not checked", file=sys.stderr)
+        else:
+            problem = fit_problem(cfg, mem)
+            if problem:
+                print(f"config error: {problem}", file=sys.stderr)
+                return 2
     for key, value in settings(cfg).items():
         print(f"{key}={value}")
     return 0

@@ -43,8 +43,29 @@ Byte counts (all per GPU, per parameter held by that GPU):
 Device capacities: H100 SXM 80 GB HBM3 (nvidia-smi reports 81559 MiB); H200 SXM 141 GB HBM3e
 (NVIDIA H200 datasheet: 141 GB); GB200: NVIDIA's GB200 NVL72
 spec gives 13.4 TB HBM3e for 72 GPUs, i.e. 186 GB per GPU (the "192 GB" B200 figure is the raw
-stack size). A fixed ``runtime_reserve`` (CUDA context, NCCL buffers, allocator fragmentation) is
-subtracted before comparing.
+stack size).
+
+Runtime overheads on top of the buffers and activations (``runtime_bytes``; estimates, each stated):
+
+* CUDA context and library workspaces: ``CUDA_CONTEXT_BYTES`` = 1 GiB per process (the context with
+  lazy module loading is ~0.5 GiB on Hopper; cuBLAS/cuBLASLt, cuDNN and TE workspaces the rest).
+* NCCL: ``NCCL_COMM_BYTES`` = 512 MiB per communicator this rank uses (NCCL_BUFFSIZE 4 MiB Simple +
+  ~4.5 MiB LL128 + LL buffers, per channel and ring/tree peer, at 16-32 channels on NVLink/IB; NVLS and
+  p2p (pipeline) connections add more). Communicators: one per parallel group of size > 1 that a training
+  step communicates over (TP, DP, PP, the model-parallel group of the grad-norm when PP > 1; MoE: EP,
+  expert-DP, expert-TP when it differs from TP) plus the weight-sync group of trainer rank 0.
+* The fused LM head's transients on the last stage (objective/triton/fused_logprob.py): the FP32
+  ``grad_W`` accumulator ``4 V_pad/t h``, the FP32 ``dlogits`` buffer ``min(512 MiB, 4 N V_pad/t)``, and
+  the FP32 copies of the head input and its gradient ``2 * 4 N h`` (Float16Module upcasts the last
+  stage's output). Without the fused head only the FP32 input copy ``4 N h``.
+* MoE route tensors per MoE layer and micro-batch in flight: the router's dense routing map (bool)
+  and probabilities (FP32), ``5 N E / t_sp``; the replayed expert ids on the device, ``8 N k / t_sp``
+  per MoE layer (int64).
+* Allocator fragmentation: ``FRAGMENTATION`` = 10% of the dynamic bytes (activations, head transients,
+  route tensors; the caching allocator's reserved-but-unallocated share, typically 5-15%).
+
+A layout fits when all of it stays within ``(1 - MARGIN_FRACTION)`` of the device's memory
+(``MARGIN_FRACTION`` = 5%: headroom for what is not modelled, e.g. kernel autotuning workspaces).
 """
 
 from __future__ import annotations
@@ -53,6 +74,11 @@ import math
 from dataclasses import dataclass, field, replace
 
 GiB = 1024**3
+CUDA_CONTEXT_BYTES = 1 * GiB
+NCCL_COMM_BYTES = 512 * 2**20
+FRAGMENTATION = 0.10
+MARGIN_FRACTION = 0.05
+FUSED_HEAD_DLOGITS_BYTES = 512 * 2**20  # objective/triton/fused_logprob.py DEFAULT_BWD_CHUNK_BYTES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,12 +188,13 @@ MODELS = {m.name: m for m in (LLAMA3_8B, SCOUT_17B16E)}
 class Device:
     name: str
     capacity_bytes: int
-    runtime_reserve_bytes: int = 4 * GiB
+    runtime_reserve_bytes: int = 0  # subtracted on top of the margin (the runtime itself is modelled)
     source: str = ""
+    margin_fraction: float = MARGIN_FRACTION
 
     @property
     def budget_bytes(self) -> int:
-        return self.capacity_bytes - self.runtime_reserve_bytes
+        return int(self.capacity_bytes * (1.0 - self.margin_fraction)) - self.runtime_reserve_bytes
 
 
 H100_80GB = Device(name="h100_80gb", capacity_bytes=81559 * 1024**2, source="nvidia-smi on H100 SXM 80GB: 81559 MiB")
@@ -367,6 +394,38 @@ def stage_activation_bytes(model: ModelShape, layout: TrainLayout, stage: int) -
     return in_flight * per_mb + working + (head if stage == layout.pp - 1 else 0)
 
 
+def communicator_count(model: ModelShape, layout: TrainLayout) -> int:
+    """NCCL communicators a training rank uses (module doc), the weight-sync group included."""
+    groups = [layout.tp, layout.dp, layout.pp, layout.tp * layout.pp if layout.pp > 1 else 1]
+    if model.num_experts:
+        groups += [layout.ep, layout.edp, layout.etp if layout.etp != layout.tp else 1]
+    return sum(1 for g in groups if g > 1) + 1
+
+
+def runtime_bytes(model: ModelShape, layout: TrainLayout, stage: int, *, activations: int) -> dict[str, int]:
+    """CUDA context, NCCL buffers, the fused head's transients, MoE route tensors and allocator
+    fragmentation of one GPU of pipeline stage ``stage`` (module doc gives each formula)."""
+    n, h, t = layout.seq_len * layout.micro_batch, model.hidden, layout.tp
+    vpad = padded_vocab(model.vocab, tp=t, divisible_by=layout.vocab_divisible_by)
+    head = 0
+    if stage == layout.pp - 1:
+        if layout.logits_chunk_tokens is not None:  # the fused head (module doc)
+            head = 4 * vpad // t * h + min(FUSED_HEAD_DLOGITS_BYTES, 4 * n * vpad // t) + 2 * 4 * n * h
+        else:
+            head = 4 * n * h
+    routes = 0
+    if model.num_experts:
+        lps = model.layers // layout.pp
+        moe_per_stage = lps // model.moe_every
+        sp_div = t if layout.sequence_parallel else 1
+        m = layout.pp if layout.num_microbatches is None else layout.num_microbatches
+        in_flight = min(layout.pp - stage, m)
+        routes = in_flight * moe_per_stage * (5 * n * model.num_experts + 8 * n * model.top_k) // sp_div
+    return {"cuda_context": CUDA_CONTEXT_BYTES, "nccl": communicator_count(model, layout) * NCCL_COMM_BYTES,
+            "head_transients": head, "route_tensors": routes,
+            "fragmentation": int(FRAGMENTATION * (activations + head + routes))}
+
+
 def trainer_activation_bytes(model: ModelShape, layout: TrainLayout) -> tuple[int, int]:
     """(first-stage bytes, last-stage bytes) of activations under the 1F1B schedule."""
     return stage_activation_bytes(model, layout, 0), stage_activation_bytes(model, layout, layout.pp - 1)
@@ -384,6 +443,7 @@ def trainer_memory(model: ModelShape, layout: TrainLayout, device: Device) -> Me
             "optimizer_fp32": static["optimizer"],
             "activations": stage_activation_bytes(model, layout, stage),
         }
+        components.update(runtime_bytes(model, layout, stage, activations=components["activations"]))
         sp = stage_params(model, layout, stage)
         notes = [f"pipeline stage {stage}: params/GPU non-expert={sp['body'] + sp['head']:,} "
                  f"(FP32 head {sp['head'] if layout.fp32_head else 0:,}) expert={sp['expert']:,}"]

@@ -43,11 +43,19 @@ def read_header(path: str) -> dict[str, Any]:
     return header
 
 
-def read_tensor(path: str, header: dict[str, Any], name: str) -> torch.Tensor:
+def read_tensor(path: str, header: dict[str, Any], name: str, *, rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """One tensor; `rows=(lo, hi)`: only [lo:hi] of its first dimension (a contiguous byte range)."""
     info = header[name]
     start, end = info["data_offsets"]
     dtype = _DTYPES[info["dtype"]]
-    out = torch.empty(info["shape"], dtype=dtype)
+    shape = list(info["shape"])
+    if rows is not None:
+        lo, hi = rows
+        if not (shape and 0 <= lo < hi <= shape[0]):
+            raise ValueError(f"{path}: rows {rows} out of range for tensor {name!r} of shape {tuple(shape)}")
+        row_bytes = (end - start) // shape[0]
+        start, end, shape[0] = start + lo * row_bytes, start + hi * row_bytes, hi - lo
+    out = torch.empty(shape, dtype=dtype)
     if end > start:
         buf = out.view(-1).view(torch.uint8) if out.dim() else out.reshape(1).view(torch.uint8)
         with open(path, "rb") as f:

@@ -1,12 +1,17 @@
 """`scalerl-fit`: fit Eq. 1 to one or more runs, print a table, write plots (paper Sec. 2.1, App. A.5).
 
     scalerl-fit RUN_DIR_OR_FILE [...] [--x compute_gpu_hours] [--y val_pass_rate] [--grid auto|paper|relative]
-                [--fit-from auto|none|X] [--fit-to X] [--r0 X] [--method fast|grid] [--refine]
-                [--holdout 0.5] [--plot-dir DIR] [--json] [--label NAME ...]
+                [--fit-from auto|none|X] [--cut-fraction 0.1] [--fit-to X] [--r0 X] [--method fast|grid]
+                [--refine] [--val-samples N] [--holdout 0.5] [--plot-dir DIR] [--json] [--label NAME ...]
 
 Grids: `paper` = App. A.5 (A 0.450..0.800 step 0.005, C_mid linspace(100, 40000, 100)) with fit_from 1500;
-`relative` = `fit.relative_grids` over the fitted compute range with no lower cut (small CPU runs);
-`auto` = paper when the largest compute of every run is >= 1500, else relative. The choice is printed.
+`relative` = `fit.relative_grids` over the fitted compute range (small runs, any unit);
+`auto` = paper when the axis is GPU-hours (`--x compute_gpu_hours`) and every run reaches 1500, else
+relative (a token or device-hour axis never gets the GPU-hour grid). The choice is printed.
+The cut (`--fit-from auto`): 1500 on the paper grid, else `--cut-fraction` (0.1) x each run's largest
+compute (`scaling.identify.fit_cut`). Every run gets A, its 95% interval and the verdict of
+`scaling.identify.assess` (the rule report.md and the live forecast use): A is printed only when
+identified; otherwise "not identified", the interval and the reason.
 `--domains` fits one curve per validation domain of each run (`val/math_pass_rate`, `val/code_pass_rate`).
 With several runs, the leave-one-out table of the paper (Sec. 6, App. A.5): A averaged over all runs,
 every run refit at that common A, B compared (runs whose own A is beyond the +-0.02 seed margin of the
@@ -25,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from scalerl_mega.scaling.fit import PAPER_FIT_FROM, FitOptions, relative_options
+from scalerl_mega.scaling.fit import FitOptions
+from scalerl_mega.scaling.identify import CUT_FRACTION, assess, auto_grid, options_for, verdict_text
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,9 +47,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="one curve per validation domain of each run (val/<domain>_pass_rate: e.g. math and "
                         "code of a math+code run, paper Sec. 5) instead of --y")
     p.add_argument("--grid", choices=("auto", "paper", "relative"), default="auto",
-                   help="paper: App. A.5 grids + fit from 1500; relative: scale-free grids, no lower cut; "
-                        "auto: paper when every run reaches 1500 compute units")
-    p.add_argument("--fit-from", default="auto", help="lower compute bound of the fit: auto, none or a number")
+                   help="paper: App. A.5 grids + fit from 1500; relative: scale-free grids; "
+                        "auto: paper when --x is compute_gpu_hours and every run reaches 1500")
+    p.add_argument("--fit-from", default="auto",
+                   help="lower compute bound of the fit: auto (1500 on the paper grid, else --cut-fraction x the "
+                        "largest compute), none or a number")
+    p.add_argument("--cut-fraction", type=float, default=CUT_FRACTION,
+                   help="the auto cut off the paper grid: points below this share of the largest compute are "
+                        f"not fitted (default {CUT_FRACTION:g})")
+    p.add_argument("--val-samples", type=float, default=None, metavar="N",
+                   help="validation samples per point for the noise floor (default: val_prompts x "
+                        "val_samples_per_prompt of the metrics.jsonl lines; unknown for CSV)")
     p.add_argument("--fit-to", type=float, default=None, help="upper compute bound of the fit (cut a collapse)")
     p.add_argument("--r0", type=float, default=None, help="R0 (default: reward at the smallest compute)")
     p.add_argument("--method", choices=("fast", "grid"), default="fast",
@@ -62,8 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _options(args, series) -> tuple[FitOptions, str, str]:
-    """Fit options, the grid kind ("paper"/"relative") and a one-line description of both."""
+def _options(args, series) -> tuple[FitOptions, str, object, str]:
+    """Base fit options, the grid kind ("paper"/"relative"), the fit_from spec and a line describing them."""
     if args.fit_from == "auto":
         fit_from = "auto"
     elif args.fit_from.lower() == "none":
@@ -75,21 +89,26 @@ def _options(args, series) -> tuple[FitOptions, str, str]:
             raise ValueError(f"--fit-from must be auto, none or a number, got {args.fit_from!r}") from None
     grid = args.grid
     if grid == "auto":
-        grid = "paper" if all(float(s.compute.max()) >= PAPER_FIT_FROM for s in series) else "relative"
-    if fit_from == "auto":
-        fit_from = PAPER_FIT_FROM if grid == "paper" else None
-    opts = FitOptions(r0=args.r0, fit_from=fit_from, fit_to=args.fit_to, method=args.method, refine=args.refine)
+        grid = auto_grid([float(s.compute.max()) for s in series], gpu_hours=args.x == "compute_gpu_hours")
+    opts = FitOptions(r0=args.r0, fit_to=args.fit_to, method=args.method, refine=args.refine)
     if grid == "paper":
         desc = "paper (A 0.450..0.800 step 0.005 x C_mid linspace(100, 40000, 100))"
     else:
         desc = "relative (A 0.005..1.000 step 0.005 x C_mid geometric 0.1x..100x of the fitted compute, 200)"
-    desc += f", fit from {'-' if fit_from is None else f'{fit_from:g}'}"
-    desc += f" to {'-' if args.fit_to is None else f'{args.fit_to:g}'}, method {args.method}"
-    return opts, grid, desc
+    if fit_from == "auto":
+        cut = "1500" if grid == "paper" else f"{args.cut_fraction:g} x each run's largest compute"
+    else:
+        cut = "-" if fit_from is None else f"{fit_from:g}"
+    desc += f", fit from {cut} to {'-' if args.fit_to is None else f'{args.fit_to:g}'}, method {args.method}"
+    return opts, grid, fit_from, desc
 
 
-def _opts_for(series, opts: FitOptions, grid: str) -> FitOptions:
-    return relative_options(series.compute, opts) if grid == "relative" else opts
+def _opts_for(series, base: FitOptions, grid: str, fit_from, args) -> FitOptions:
+    return options_for(series.compute, grid=grid, fit_from=fit_from, cut_fraction=args.cut_fraction, base=base)
+
+
+def _n_samples(series, args):
+    return args.val_samples if args.val_samples is not None else series.n_samples
 
 
 def _compact(v: float) -> str:
@@ -120,14 +139,16 @@ def _run(args) -> int:
     else:
         series = [read_series(p, x=args.x, y=args.y, name=labels[k] if labels else None)
                   for k, p in enumerate(args.paths)]
-    base, grid, desc = _options(args, series)
-    rows, fits, extraps = [], [], []
+    base, grid, fit_from, desc = _options(args, series)
+    rows, fits, extraps, assessed = [], [], [], []
     for s in series:
-        opts = _opts_for(s, base, grid)
+        opts = _opts_for(s, base, grid, fit_from, args)
         try:
-            f = opts.fit(s.compute, s.reward)
+            a = assess(s.compute, s.reward, options=opts, n_samples=_n_samples(s, args))
         except ValueError as e:
             raise ValueError(f"{s.source}: {e}") from None
+        f = a.fit
+        assessed.append(a)
         ex, ex_note = None, ""
         if args.holdout > 0:
             try:
@@ -136,7 +157,7 @@ def _run(args) -> int:
                 ex_note = f"extrapolation check skipped: {e}"
         fits.append(f)
         extraps.append(ex)
-        rows.append(_row(s, f, ex, ex_note))
+        rows.append(_row(s, a, ex, ex_note))
         if args.bootstrap > 0:
             bp = bootstrap_points(s.compute, s.reward, options=opts, n_boot=args.bootstrap)
             rows[-1]["bootstrap_points"] = {"n_ok": bp.n_ok, "level": bp.level, "A": list(bp.A), "B": list(bp.B),
@@ -145,17 +166,19 @@ def _run(args) -> int:
     if args.same_config:
         if len(series) < 2:
             raise ValueError("--same-config needs at least 2 runs")
-        bs = bootstrap_seeds([(s.compute, s.reward) for s in series], options=_opts_for(series[0], base, grid),
+        bs = bootstrap_seeds([(s.compute, s.reward) for s in series],
+                             options=_opts_for(series[0], base, grid, fit_from, args),
                              n_boot=args.bootstrap or 100)
         seeds = {"per_seed_A": list(bs.per_seed_A), "half_range_A": bs.seed_half_range, "n_ok": bs.n_ok,
                  "A": list(bs.A), "B": list(bs.B), "C_mid": list(bs.C_mid), "seed_margin_A": SEED_MARGIN_A}
     loo = None
     if len(series) > 1:
         loo = compare_loo([(s.compute, s.reward) for s in series], labels=[s.name for s in series],
-                          options=[_opts_for(s, base, grid) for s in series])
+                          options=[_opts_for(s, base, grid, fit_from, args) for s in series],
+                          identified=[a.identified for a in assessed])
     plots = []
     if args.plot_dir:
-        plots = _plots(args, series, fits, extraps, loo)
+        plots = _plots(args, series, assessed, extraps, loo)
     if args.json:
         print(json.dumps({"grid": desc, "x": args.x, "y": args.y, "runs": rows, "loo": _loo_json(loo),
                           "seeds": seeds, "plots": [str(p) for p in plots]}, indent=2, default=_json_default))
@@ -200,15 +223,17 @@ def _json_default(o):
     raise TypeError(type(o).__name__)
 
 
-def _row(s, f, ex, ex_note) -> dict:
+def _row(s, a, ex, ex_note) -> dict:
+    f = a.fit
     row = {
-        "run": s.name, "source": s.source, "n_points": f.n_points, "identified": f.identified,
-        "reason": f.reason, "A": f.A if f.identified else None,
-        "A_unidentified_grid_optimum": None if f.identified else f.A,
-        "B": f.B, "C_mid": f.C_mid, "R0": f.R0, "r0_source": f.r0_source, "sse": f.sse,
-        "A_profile_interval": list(f.A_profile_interval), "widened": list(f.widened),
-        "compute_range": list(f.compute_range),
+        "run": s.name, "source": s.source, **a.summary(), "verdict": verdict_text(a),
+        "r0_source": f.r0_source, "sse": f.sse, "widened": list(f.widened), "compute_range": list(f.compute_range),
     }
+    if a.holdout is not None:
+        h = a.holdout
+        row["misfit_check"] = {"n_fit": h.n_fit, "n_heldout": h.n_heldout, "split_compute": h.split_compute,
+                               "mae": h.mae, "noise_floor": h.noise_floor, "ratio": h.ratio,
+                               "noise_source": h.noise_source, "passed": h.passed}
     if f.refined is not None:
         row["refined"] = {"A": f.refined.A, "B": f.refined.B, "C_mid": f.refined.C_mid, "sse": f.refined.sse,
                           "differs": f.refined.differs}
@@ -224,14 +249,14 @@ def _row(s, f, ex, ex_note) -> dict:
 
 def _print_table(desc, rows, loo, plots, seeds=None) -> None:
     print(f"grid: {desc}")
-    head = ("run", "n", "A", "B", "C_mid", "identified", "extrap MAE", "noise floor", "dA(half)")
+    head = ("run", "n", "A", "A 95% interval", "B", "C_mid", "identified", "extrap MAE", "noise floor", "dA(half)")
     table = [head]
     notes = []
     for r in rows:
         ex = r.get("extrapolation")
         a = _num(r["A"], ".3f") if r["identified"] else "not identified"
         table.append((
-            r["run"], str(r["n_points"]), a,
+            r["run"], str(r["n_points"]), a, f"{r['A_interval'][0]:.3f}..{r['A_interval'][1]:.3f}",
             _num(r["B"], ".3f") if r["identified"] else "-",
             _num(r["C_mid"], ".4g") if r["identified"] else "-",
             "yes" if r["identified"] else "NO",
@@ -239,8 +264,6 @@ def _print_table(desc, rows, loo, plots, seeds=None) -> None:
             _num(ex["noise_floor"], ".4f") if ex else "-",
             _num(ex["delta_A"], "+.3f") if ex else "-",
         ))
-        if not r["identified"]:
-            notes.append(f"{r['run']}: A not identified: {r['reason']}")
         if r.get("widened"):
             edges = sorted(set(r["widened"]), key=r["widened"].index)
             notes.append(f"{r['run']}: grid widened at {', '.join(edges)} ({len(r['widened'])} step(s))")
@@ -257,8 +280,7 @@ def _print_table(desc, rows, loo, plots, seeds=None) -> None:
             notes.append(f"{r['run']}: the fit on the first {ex['fraction']:g} of compute does not identify A")
         if "extrapolation_note" in r:
             notes.append(f"{r['run']}: {r['extrapolation_note']}")
-        notes.append(f"{r['run']}: R0={r['R0']:.4f} ({r['r0_source']}); "
-                     f"A 95% profile range {r['A_profile_interval'][0]:.3f}..{r['A_profile_interval'][1]:.3f}")
+        notes.append(f"{r['run']}: R0={r['R0']:.4f} ({r['r0_source']}); {r['verdict']}")
     widths = [max(len(str(row[k])) for row in table) for k in range(len(head))]
     for k, row in enumerate(table):
         print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
@@ -277,7 +299,7 @@ def _print_table(desc, rows, loo, plots, seeds=None) -> None:
         print(f"wrote {p}")
 
 
-def _plots(args, series, fits, extraps, loo=None) -> list[Path]:
+def _plots(args, series, assessed, extraps, loo=None) -> list[Path]:
     from scalerl_mega.scaling.plot import CurvePlot, plot_loo, plot_scaling
 
     out_dir = Path(args.plot_dir)
@@ -286,7 +308,8 @@ def _plots(args, series, fits, extraps, loo=None) -> list[Path]:
               "sum:batch/tokens": "Rollout tokens trained on (cumulative)"}.get(args.x, args.x)
     ylabel = {"val_pass_rate": "Validation pass rate"}.get(args.y, args.y)
     written = []
-    curves = [CurvePlot(label=s.name, compute=s.compute, reward=s.reward, fit=f) for s, f in zip(series, fits)]
+    curves = [CurvePlot(label=s.name, compute=s.compute, reward=s.reward, fit=a.fit, assessment=a)
+              for s, a in zip(series, assessed)]
     written += plot_scaling(curves, path=out_dir / "scaling.png", xlabel=xlabel, ylabel=ylabel)
     for s, ex in zip(series, extraps):
         if ex is None:
@@ -303,7 +326,7 @@ def _plots(args, series, fits, extraps, loo=None) -> list[Path]:
                       for s, r in zip(series, loo.runs) if r.fixed is not None]
         written += plot_loo(loo_curves, path=out_dir / "loo.png", title=f"common A = {loo.A_mean:.4f}")
     else:
-        ident = [cv for cv in curves if cv.fit.identified]
+        ident = [cv for cv in curves if cv.assessment.identified]
         if ident:
             written += plot_loo(ident, path=out_dir / "loo.png")
     return written

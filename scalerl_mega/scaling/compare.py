@@ -232,18 +232,25 @@ class LooComparison:
 
 def compare_loo(runs: Sequence[tuple[Sequence[float], Sequence[float]]], *, labels: Sequence[str] | None = None,
                 options: FitOptions | Sequence[FitOptions] = FitOptions(),
-                margin: float = SEED_MARGIN_A) -> LooComparison:
+                margin: float = SEED_MARGIN_A, identified: Sequence[bool] | None = None) -> LooComparison:
     """Average A over all runs, refit every run at that A, compare B (Sec. 6: "we average the asymptotic
     reward A across all runs, re-fit the curves with this fixed A, and then compare slopes"; App. A.5).
 
     `runs` are (compute, reward) series; `options` one FitOptions or one per run. Runs whose A is not
     identified are excluded from the mean and not refit. Each run reports whether its own A is within
-    the seed margin of the mean (outside it, B at the common A is not a like-for-like comparison)."""
+    the seed margin of the mean (outside it, B at the common A is not a like-for-like comparison).
+    `identified`: one verdict per run (`identify.assess`, the project's rule) instead of each fit's own
+    `SigmoidFit.identified`."""
     labels = [f"run{k}" for k in range(len(runs))] if labels is None else list(labels)
     opts = [options] * len(runs) if isinstance(options, FitOptions) else list(options)
     if not runs or len(labels) != len(runs) or len(opts) != len(runs):
         raise ValueError(f"compare_loo: {len(runs)} runs, {len(labels)} labels, {len(opts)} options")
     fits = [o.fit(*r) for o, r in zip(opts, runs)]
+    if identified is not None:
+        if len(identified) != len(fits):
+            raise ValueError(f"compare_loo: {len(runs)} runs but {len(identified)} identified flags")
+        fits = [replace(f, identified=bool(ok), reason=f.reason or ("" if ok else "not identified"))
+                for f, ok in zip(fits, identified)]
     ident = [f.A for f in fits if f.identified]
     A_mean = round(float(np.mean(ident)), 6) if ident else math.nan
     out = []

@@ -20,9 +20,12 @@ Identification: when the optimum lies on the grid's edge the grid is
 widened (flagged in `widened`). `identified=False`, with the reason, when: the optimum is still on the edge
 after widening (e.g. A at its bound 1.0); the data stop before C_mid, or before the fitted curve reached
 MIN_GAIN_FRACTION = 70% of its gain (noise just past C_mid can fake the bend); or A's profile range reaches
-the grid's upper edge (the data do not bound A from above). `A_profile_interval` is the range of grid A
-whose best SSE (over the C_mid grid) is within an approximate 95% likelihood-ratio threshold
-(SSE_min (1 + 3.84 / (n - 3))) of the optimum; the coarse C_mid grid makes it approximate.
+the grid's upper edge (the data do not bound A from above). `A_profile_interval` is the 95% profile
+interval of A: the A whose best SSE (over the C_mid grid, B fitted) is within the small-sample threshold
+SSE_min (1 + F_0.95(1, n - 3) / (n - 3)) of the optimum (the F-test for one parameter of a nonlinear
+least-squares fit with the noise variance estimated from the residuals; at n = 4 the factor is 162, where
+the large-sample chi-square value would give 4.84). Its ends are interpolated linearly between grid A
+values; the coarse C_mid grid makes it approximate. `scaling.identify` decides identification from it.
 
 Scales: the paper's grids and `fit_from=1500` only make sense in GPU-hours at the paper's scale. For other
 scales (tiny CPU runs in device-hours) pass `fit_from=None` (no lower cut; points with C <= 0 are always
@@ -56,7 +59,17 @@ A_BOUNDS = (0.0, 1.0)
 # Fast method: the coarse log-spaced B grid that brackets each cell's minimum over B.
 _FAST_B_LO, _FAST_B_HI, _FAST_N_B = 1e-2, 1e2, 81
 _GOLDEN_ITERS = 52
-_CHI2_1_95 = 3.841458820694124
+PROFILE_LEVEL = 0.95
+"""Confidence level of `A_profile_interval`."""
+
+
+def profile_factor(n: int, n_params: int = 3, level: float = PROFILE_LEVEL) -> float:
+    """SSE_max / SSE_min of the profile interval: 1 + F_level(1, n - n_params) / (n - n_params) (the F-test
+    for one parameter with the noise variance estimated from the residuals; n - n_params >= 1)."""
+    from scipy.special import fdtri  # the F quantile; scipy.special, not scipy.stats (seconds to import)
+
+    dof = max(n - n_params, 1)
+    return 1.0 + float(fdtri(1, dof, level)) / dof
 
 
 def sigmoid_law(compute, *, A: float, B: float, C_mid: float, R0: float) -> np.ndarray:
@@ -398,7 +411,7 @@ def _cells_fast(C, R, R0, a_grid, cm_grid) -> tuple[np.ndarray, np.ndarray]:
     est = np.minimum(est, gk)
     lower = est - 2.0 * (gk - est) - err[:, None]
     # Cells that might beat the best, or lie inside the A-profile threshold (`_profile_interval`), get exact values.
-    prof = 1.0 + _CHI2_1_95 / max(n - len(SIGMOID_PARAMS), 1)
+    prof = profile_factor(n, len(SIGMOID_PARAMS))
     cand = lower <= float((gk + err[:, None]).min()) * prof
     flat_est = est.ravel()
     cand.ravel()[np.argsort(flat_est)[: min(8, flat_est.size)]] = True
@@ -536,13 +549,47 @@ def _search(C, R, R0, a_grid, cm_grid, *, method: str, widen: bool, max_widen: i
     return _GridResult(int(i), int(j), sse, b, a_grid, cm_grid, widened, True, note)
 
 
-def _profile_interval(gr: _GridResult, n: int, n_params: int) -> tuple[float, float]:
+def _profile_interval(gr: _GridResult, n: int, n_params: int, exact=None, best_exact: float | None = None
+                      ) -> tuple[float, float]:
+    """95% profile interval of A (module docstring): grid A within the F threshold, each end moved
+    linearly towards the first grid A outside it (where the profile crosses the threshold).
+
+    `exact(k)`: the continuous profile SSE at grid A index k (min over B and C_mid, no C_mid grid); with it
+    the ends are found on exact values (the C_mid grid's quantisation otherwise moves them when the noise
+    is small), and `best_exact` (the continuous optimum) sets the threshold."""
     prof = gr.sse.min(axis=1)
-    best = float(prof.min())
-    dof = max(n - n_params, 1)
-    thr = best * (1.0 + _CHI2_1_95 / dof) + 1e-15
+    best = float(prof.min()) if best_exact is None else min(float(prof.min()), best_exact)
+    thr = best * profile_factor(n, n_params) + 1e-15
+    ag = gr.a_grid
     ok = np.flatnonzero(prof <= thr)
-    return float(gr.a_grid[ok.min()]), float(gr.a_grid[ok.max()])
+    i0 = int(np.argmin(prof))
+    if ok.size == 0:
+        ok = np.array([i0])
+    i, j = int(ok.min()), int(ok.max())
+    cache: dict[int, float] = {}
+
+    def val(k: int) -> float:
+        if exact is None:
+            return float(prof[k])
+        if k not in cache:
+            cache[k] = min(float(prof[k]), float(exact(k)))
+        return cache[k]
+
+    def end(k: int, step: int) -> float:
+        while 0 <= k + step < ag.size and val(k + step) <= thr:
+            k += step
+        while k != i0 and val(k) > thr:
+            k -= step
+        out = k + step
+        if not 0 <= out < ag.size:
+            return float(ag[k])
+        p_in, p_out = val(k), val(out)
+        if not math.isfinite(p_out) or p_out <= p_in:
+            return float(ag[out])
+        t = (thr - p_in) / (p_out - p_in)
+        return float(ag[k] + min(max(t, 0.0), 1.0) * (ag[out] - ag[k]))
+
+    return end(i, -1), end(j, +1)
 
 
 def _refine(C, R, R0, *, A0, B0, cm0, fixed_A: float | None) -> tuple[float, float, float, float]:
@@ -605,7 +652,25 @@ def _finish(
             f"data stop at {100 * gain_frac:.0f}% of the fitted gain (need >= {100 * MIN_GAIN_FRACTION:.0f}%): "
             "too close to C_mid for A to be more than an extrapolation"
         )
-    prof = (A, A) if fixed_A else _profile_interval(gr, n, n_params)
+    if fixed_A:
+        prof = (A, A)
+    else:
+        def exact(k: int) -> float:
+            jk = int(np.argmin(gr.sse[k]))
+            b0 = float(gr.b[k, jk])
+            if not (math.isfinite(b0) and b0 > 0):
+                return math.inf
+            a_k = float(gr.a_grid[k])
+            try:
+                return _refine(prep.C, prep.R, prep.R0, A0=a_k, B0=b0, cm0=float(gr.cm_grid[jk]), fixed_A=a_k)[3]
+            except (OverflowError, ValueError):  # the refit ran off (C_mid -> inf): keep the grid value
+                return math.inf
+
+        try:
+            best_exact = _refine(prep.C, prep.R, prep.R0, A0=A, B0=B, cm0=cm, fixed_A=None)[3] if B > 0 else None
+        except (OverflowError, ValueError):
+            best_exact = None
+        prof = _profile_interval(gr, n, n_params, exact=exact, best_exact=best_exact)
     if not fixed_A and gr.a_grid.size > 1 and prof[1] >= gr.a_grid[-1] - 1e-12 and not gr.on_edge:
         reasons.append(f"A's 95% profile range {prof[0]:.3f}..{prof[1]:.3f} reaches the grid's upper edge: "
                        "the data do not bound A from above")

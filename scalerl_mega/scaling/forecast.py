@@ -4,11 +4,13 @@
 points (the training loop should not crash on a forecast), it reports `ok=False` with the reason.
 `LiveForecaster` is a small helper that accumulates points and refits every `every` validation points.
 
-Scale: by default the fit has no lower compute cut (`fit_from=None`) and uses `relative_grids` over
-[smallest fitted compute, max(largest compute, budget)] (A in 0.005..1.000 step 0.005, C_mid geometric
-from 0.1x to 100x of that range, 200 values), with `method="fast"` and no grid widening (an optimum on the edge is reported as not identified; the
-relative C_mid grid already reaches 100x the budget): a refit takes tens of milliseconds.
-For paper-scale GPU-hour runs pass `fit_from=1500.0` and the paper's grids (`fit.paper_grids()`).
+The fit and the verdict are `scaling.identify.assess`, the same function `scalerl-fit` and report.md
+use, with the same options (`identify.options_for`): on a GPU-hour axis that reaches the paper's scale
+(`gpu_hours=True`, compute >= 1.5k) the paper's grids and cut (App. A.5/A.7); otherwise `relative_grids`
+over the points after the cut, the cut being `cut_fraction` (default 0.1) x the compute so far, or
+`fit_from` when given. `method="fast"` (grid widening on, as in `scalerl-fit`), well under a second a
+refit. A and the reward at the budget are reported only when A is identified (identify.py's rule);
+otherwise they are NaN, and the interval and the reason are given.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
-from scalerl_mega.scaling.fit import SIGMOID_PARAMS, SigmoidFit, fit_sigmoid, relative_grids
+from scalerl_mega.scaling.fit import SIGMOID_PARAMS, FitOptions, SigmoidFit
+from scalerl_mega.scaling.identify import CUT_FRACTION, Assessment, assess, auto_grid, options_for
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,44 +40,64 @@ class Forecast:
     R0: float
     predicted_reward_at_budget: float
     identified: bool
-    """A is identified: the optimum is inside the grid and the data have passed C_mid."""
+    """A is identified (`scaling.identify`: interval <= 0.04 wide, enough points after the cut, no misfit)."""
     reason: str
     fit: SigmoidFit | None = None
+    A_interval: tuple[float, float] = (math.nan, math.nan)
+    """95% interval of A (given whether or not A is identified)."""
+    fit_from: float | None = None
+    """The cut: points below this compute were not fitted."""
+    assessment: Assessment | None = None
+
+    def summary(self) -> dict:
+        """The fields of a `forecast` line in metrics.jsonl (A and the prediction None unless identified)."""
+        def num(v: float):
+            return None if isinstance(v, float) and math.isnan(v) else v
+
+        return {"ok": self.ok, "A": num(self.A), "B": num(self.B), "C_mid": num(self.C_mid), "R0": num(self.R0),
+                "A_interval": [num(float(v)) for v in self.A_interval], "identified": self.identified,
+                "reason": self.reason, "budget": self.budget,
+                "predicted_reward_at_budget": num(self.predicted_reward_at_budget), "n_points": self.n_points,
+                "fit_from": self.fit_from}
 
 
 def forecast(compute: Sequence[float], reward: Sequence[float], *, budget: float, r0: float | None = None,
-             fit_from: float | None = None, a_grid: Sequence[float] | None = None,
-             cmid_grid: Sequence[float] | None = None) -> Forecast:
-    """Fit Eq. 1 to the points so far (method="fast") and predict the reward at `budget` compute."""
+             fit_from: float | None = None, cut_fraction: float = CUT_FRACTION, gpu_hours: bool = False,
+             n_samples=None) -> Forecast:
+    """Fit Eq. 1 to the points so far, judge it (`identify.assess`) and, only when A is identified, predict
+    the reward at `budget` compute. `n_samples`: validation samples behind each point (noise floor)."""
     c = np.asarray(compute, dtype=np.float64)
     r = np.asarray(reward, dtype=np.float64)
     n = int(c.size)
     so_far = float(c.max()) if n else 0.0
     nan = math.nan
 
-    def fail(msg: str) -> Forecast:
+    def fail(msg: str, cut=None) -> Forecast:
         return Forecast(ok=False, n_points=n, compute_so_far=so_far, budget=float(budget), A=nan, B=nan, C_mid=nan,
-                        R0=nan, predicted_reward_at_budget=nan, identified=False, reason=msg)
+                        R0=nan, predicted_reward_at_budget=nan, identified=False, reason=msg, fit_from=cut)
 
     if not (budget > 0 and math.isfinite(budget)):
         return fail(f"budget must be a positive number, got {budget}")
+    if n == 0:
+        return fail(f"0 point(s) in the fit window; need at least {len(SIGMOID_PARAMS) + 1}")
+    grid = auto_grid([so_far], gpu_hours=gpu_hours)
+    opts = options_for(c, grid=grid, fit_from="auto" if fit_from is None else fit_from, cut_fraction=cut_fraction,
+                       base=FitOptions(r0=r0, method="fast"))
     mask = c > 0
-    if fit_from is not None:
-        mask &= c >= fit_from
+    if opts.fit_from is not None:
+        mask &= c >= opts.fit_from
     if int(mask.sum()) <= len(SIGMOID_PARAMS):
-        return fail(f"{int(mask.sum())} point(s) in the fit window; need at least {len(SIGMOID_PARAMS) + 1}")
-    if a_grid is None or cmid_grid is None:
-        ra, rc = relative_grids(float(c[mask].min()), max(float(c[mask].max()), float(budget)))
-        a_grid = ra if a_grid is None else a_grid
-        cmid_grid = rc if cmid_grid is None else cmid_grid
+        return fail(f"{int(mask.sum())} point(s) in the fit window; need at least {len(SIGMOID_PARAMS) + 1}",
+                    opts.fit_from)
     try:
-        f = fit_sigmoid(c, r, r0=r0, fit_from=fit_from, method="fast", a_grid=a_grid, cmid_grid=cmid_grid,
-                        widen=False)
+        a = assess(c, r, options=opts, n_samples=n_samples)
     except ValueError as e:
-        return fail(str(e))
-    return Forecast(ok=True, n_points=n, compute_so_far=so_far, budget=float(budget), A=f.A, B=f.B, C_mid=f.C_mid,
-                    R0=f.R0, predicted_reward_at_budget=float(f.predict(float(budget))), identified=f.identified,
-                    reason=f.reason, fit=f)
+        return fail(str(e), opts.fit_from)
+    f = a.fit
+    pred = float(a.predict(float(budget))) if a.identified else nan
+    return Forecast(ok=True, n_points=n, compute_so_far=so_far, budget=float(budget), A=f.A if a.identified else nan,
+                    B=f.B, C_mid=f.C_mid, R0=f.R0, predicted_reward_at_budget=pred, identified=a.identified,
+                    reason=a.reason, fit=f, A_interval=a.A_interval, fit_from=opts.fit_from, assessment=a)
 
 
 @dataclass(kw_only=True)
@@ -85,21 +108,33 @@ class LiveForecaster:
     every: int = 5
     r0: float | None = None
     fit_from: float | None = None
+    """Fixed cut; None: the `cut_fraction` rule (or the paper's cut on a paper-scale GPU-hour axis)."""
+    cut_fraction: float = CUT_FRACTION
+    gpu_hours: bool = False
     compute: list[float] = field(default_factory=list)
     reward: list[float] = field(default_factory=list)
+    n_samples: list[float] = field(default_factory=list)
     latest: Forecast | None = None
 
     def __post_init__(self) -> None:
         if self.every < 1:
             raise ValueError(f"every must be >= 1, got {self.every}")
 
-    def add(self, compute: float, reward: float) -> Forecast | None:
-        """Record one validation point; return a new Forecast when this point triggers a refit, else None."""
+    def record(self, compute: float, reward: float, n_samples: float | None = None) -> None:
+        """Append one validation point without refitting."""
         if self.compute and compute < self.compute[-1]:
             raise ValueError(f"compute went backwards: {compute} after {self.compute[-1]}")
         self.compute.append(float(compute))
         self.reward.append(float(reward))
+        self.n_samples.append(math.nan if n_samples is None else float(n_samples))
+
+    def add(self, compute: float, reward: float, n_samples: float | None = None) -> Forecast | None:
+        """Record one validation point (with the number of samples behind it, when known); return a new
+        Forecast when this point triggers a refit, else None."""
+        self.record(compute, reward, n_samples)
         if len(self.compute) % self.every != 0:
             return None
-        self.latest = forecast(self.compute, self.reward, budget=self.budget, r0=self.r0, fit_from=self.fit_from)
+        ns = None if any(math.isnan(v) for v in self.n_samples) else list(self.n_samples)
+        self.latest = forecast(self.compute, self.reward, budget=self.budget, r0=self.r0, fit_from=self.fit_from,
+                               cut_fraction=self.cut_fraction, gpu_hours=self.gpu_hours, n_samples=ns)
         return self.latest

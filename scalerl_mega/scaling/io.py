@@ -8,6 +8,9 @@ CSV: a header row naming the columns; rows with an empty y cell are skipped.
 A jsonl x key `sum:<key>` is cumulative: the sum of `<key>` over every earlier line carrying it (e.g.
 `sum:batch/tokens`, the rollout tokens of the steps trained so far on `train` lines) -- a compute axis
 that, unlike wall-clock device-hours, does not depend on what else the machine was running.
+Validation samples per point (`Series.n_samples`, for the binomial noise floor of `scaling.identify`):
+`val_prompts` x `val_samples_per_prompt` of each jsonl row when y is `val_pass_rate`, `val/<domain>_samples`
+when y is `val/<domain>_pass_rate`, if every row has them; else None (CSV files, other keys).
 A run directory is read through its `metrics.jsonl`, else its single `*.csv`, else its single `*.jsonl`.
 
 Every problem is a ValueError whose message starts with `<file>:<line>:` (or `<file>:`), e.g. NaN values,
@@ -36,6 +39,8 @@ class Series:
     compute: np.ndarray
     reward: np.ndarray
     lines: np.ndarray
+    n_samples: np.ndarray | None = None
+    """Validation samples behind each point (module docstring), or None when not recorded."""
 
 
 def _number(v, *, where: str, key: str) -> float:
@@ -71,8 +76,23 @@ def _resolve(path: Path) -> Path:
 CUMULATIVE_PREFIX = "sum:"
 
 
-def _read_jsonl(path: Path, *, x: str, y: str) -> tuple[list[float], list[float], list[int], set[str]]:
+N_SAMPLES_KEYS = ("val_prompts", "val_samples_per_prompt")
+"""Validation-line keys whose product is the number of samples behind `val_pass_rate` (loop.validate)."""
+
+
+def samples_keys(y: str) -> tuple[str, ...] | None:
+    """The keys whose product counts the samples behind reward key `y` (module docstring), or None."""
+    if y == "val_pass_rate":
+        return N_SAMPLES_KEYS
+    if y.startswith("val/") and y.endswith("_pass_rate"):
+        return (y[: -len("_pass_rate")] + "_samples",)
+    return None
+
+
+def _read_jsonl(path: Path, *, x: str, y: str, counts: list | None = None
+                ) -> tuple[list[float], list[float], list[int], set[str]]:
     xs, ys, lines, keys = [], [], [], set()
+    count_keys = samples_keys(y)
     summed = x[len(CUMULATIVE_PREFIX):] if x.startswith(CUMULATIVE_PREFIX) else None
     total, seen = 0.0, False
     with path.open(encoding="utf-8") as fh:
@@ -101,6 +121,11 @@ def _read_jsonl(path: Path, *, x: str, y: str) -> tuple[list[float], list[float]
                 xs.append(_number(obj[x], where=where, key=x))
             ys.append(_number(obj[y], where=where, key=y))
             lines.append(lineno)
+            if counts is not None:
+                vals = [obj.get(k) for k in count_keys]
+                counts.append(math.prod(float(v) for v in vals) if all(isinstance(v, (int, float)) and
+                                                                       not isinstance(v, bool) for v in vals)
+                              else math.nan)
     if summed is not None and not seen:
         raise ValueError(f"{path}: no line carries {summed!r} (for --x {x})")
     return xs, ys, lines, keys
@@ -133,12 +158,16 @@ def read_series(path: str | Path, *, x: str = "compute_gpu_hours", y: str = "val
                 name: str | None = None) -> Series:
     """Read one run (directory, .jsonl or .csv). Checks: at least one row, compute non-decreasing."""
     p = _resolve(Path(path))
+    counts: list[float] = []
     if p.suffix.lower() == ".csv":
         if x.startswith(CUMULATIVE_PREFIX):
             raise ValueError(f"{p}: x = {x!r}: cumulative keys ({CUMULATIVE_PREFIX}<key>) need a metrics.jsonl")
         xs, ys, lines, keys = _read_csv(p, x=x, y=y)
     else:
-        xs, ys, lines, keys = _read_jsonl(p, x=x, y=y)
+        xs, ys, lines, keys = _read_jsonl(p, x=x, y=y, counts=counts if samples_keys(y) else None)
+    ns = np.asarray(counts, dtype=np.float64) if counts else None
+    if ns is not None and not (np.all(np.isfinite(ns)) and np.all(ns >= 1)):
+        ns = None
     if not xs:
         raise ValueError(f"{p}: no rows with {y!r} (keys seen: {sorted(keys)[:20]})")
     for k in range(1, len(xs)):
@@ -151,7 +180,7 @@ def read_series(path: str | Path, *, x: str = "compute_gpu_hours", y: str = "val
         raise ValueError(f"{p}:{lines[0]}: {x} = {xs[0]:g} is negative")
     label = name or (Path(path).name if Path(path).is_dir() else p.stem if p.name != "metrics.jsonl" else p.parent.name)
     return Series(name=label, source=str(p), x_key=x, y_key=y, compute=np.asarray(xs, dtype=np.float64),
-                  reward=np.asarray(ys, dtype=np.float64), lines=np.asarray(lines, dtype=np.int64))
+                  reward=np.asarray(ys, dtype=np.float64), lines=np.asarray(lines, dtype=np.int64), n_samples=ns)
 
 
 def domain_keys(path: str | Path) -> list[str]:

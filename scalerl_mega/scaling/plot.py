@@ -3,7 +3,9 @@
 Conventions (Fig. 2 caption): evaluation points are stars, the fitted curve is solid over the range used
 for fitting and dashed where it extrapolates (dotted, thin, below the fit window), points held out of the
 fit are crosses; several runs share one axis with A annotated (in the legend, and a dotted line at each
-identified A). `plot_loo` draws Fig. 7's log F vs log C.
+identified A). With an `identify.Assessment` attached, A's 95% interval is a shaded band, the fit cut a
+vertical dotted line, and a curve whose A is not identified is drawn over its data only (no
+extrapolation: no forecast without an identified A). `plot_loo` draws Fig. 7's log F vs log C.
 
 No pyplot: figures are built with `matplotlib.figure.Figure` and an explicit Agg canvas inside the
 functions, so importing this module or plotting never touches global backend state.
@@ -19,6 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from scalerl_mega.scaling.fit import SigmoidFit, loo_transform
+from scalerl_mega.scaling.identify import Assessment
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
@@ -33,6 +36,8 @@ class CurvePlot:
     fit: SigmoidFit
     heldout_from: float | None = None
     """Points with compute above this were held out of the fit: drawn as crosses."""
+    assessment: Assessment | None = None
+    """The verdict of `identify.assess` for `fit`: band, cut line and identification come from it."""
 
 
 def _new_figure(figsize: tuple[float, float], dpi: int):
@@ -84,12 +89,22 @@ def plot_scaling(curves: Sequence[CurvePlot], *, path: str | Path, formats: Sequ
         lo, hi = f.compute_range
         grid_lo = c_min if log_x else 0.0
         xs_in = np.geomspace(lo, hi, 200) if lo > 0 else np.linspace(lo, hi, 200)
-        if f.identified:
+        a = cv.assessment
+        identified = f.identified if a is None else a.identified
+        if identified:
             label = f"{cv.label}: A={f.A:.3f}, B={f.B:.2f}, C_mid={f.C_mid:.4g}"
         else:
             label = f"{cv.label}: A not identified"
+        if a is not None:
+            a_lo, a_hi = a.A_interval
+            label = label.replace(f"A={f.A:.3f}", f"A={f.A:.3f} [{a_lo:.3f}, {a_hi:.3f}]") if identified else \
+                f"{label} (95% interval {a_lo:.3f}..{a_hi:.3f})"
+            ax.axhspan(a_lo, a_hi, color=color, alpha=0.12, lw=0, zorder=1)
+            if a.fit_from is not None and (a.fit_from > 0 or not log_x):
+                ax.axvline(a.fit_from, color=color, lw=0.9, ls=":", alpha=0.8, zorder=2,
+                           label=f"{cv.label}: fit cut {a.fit_from:.4g}")
         ax.plot(xs_in, f.predict(xs_in), "-", color=color, lw=2.0, label=label, zorder=3)
-        if c_max > hi:
+        if c_max > hi and identified:
             xs_out = np.geomspace(hi, c_max, 120) if log_x else np.linspace(hi, c_max, 120)
             ax.plot(xs_out, f.predict(xs_out), "--", color=color, lw=1.8, zorder=3,
                     label=f"{cv.label}: extrapolated" if len(curves) == 1 else None)
@@ -101,7 +116,7 @@ def plot_scaling(curves: Sequence[CurvePlot], *, path: str | Path, formats: Sequ
         if held.any():
             ax.plot(c[held & shown], r[held & shown], "x", color=color, ms=6, mew=1.3, alpha=0.6, linestyle="none",
                     label=f"{cv.label}: held out")
-        if f.identified:
+        if identified:
             ax.axhline(f.A, color=color, lw=0.9, ls=(0, (1, 3)), alpha=0.9)
             y_top = max(y_top, f.A)
         y_top = max(y_top, float(r.max()))

@@ -123,7 +123,8 @@ def test_startup_net_every_experiment_at_the_slurm_layouts(tmp_path):
                                "sequence_parallel": True, "distributed_optimizer": True}
     assert scout["ranks"]["15"]["ep_rank"] == 15
     # the bf16-head ablation really builds a bf16 output layer: 2 bytes less per head parameter
-    for script, head in (("train_dense.sh", LLAMA_HEAD), ("train_scout.sh", 202048 * 5120 // 4)):
+    for script, head in (("train_dense.sh", LLAMA_HEAD // layouts["train_dense.sh"]["tp"]),
+                         ("train_scout.sh", 202048 * 5120 // layouts["train_scout.sh"]["tp"])):
         fp32 = results[f"scalerl@{script}"]["ranks"]["0"]["params_bytes"]
         bf16 = results[f"loo_fp32@{script}"]["ranks"]["0"]["params_bytes"]
         assert fp32 - bf16 == 2 * head, script
@@ -163,3 +164,93 @@ def test_planner_matches_the_dry_run_within_5_percent(tmp_path):
                 assert rank[ours] == pytest.approx(planned[theirs], rel=0.05), (name, rank["role"], ours)
             chunked = replace(lay, logits_chunk_tokens=res["activations"]["logits_chunk_tokens"])  # fused CISPO head
             assert rank["activations_bytes"] == P.stage_activation_bytes(model, chunked, rank["pp_rank"])
+
+
+# ----------------------------------------------------------------------------- documented layouts per GPU type
+def documented_layouts(script: str) -> list[tuple[str, dict[str, str]]]:
+    """The `layout[<device>]: VAR=value ...` lines of a slurm/train_*.sh header (its per-GPU-type table)."""
+    out = []
+    for line in (REPO / "slurm" / script).read_text().splitlines():
+        m = re.match(r"#\s+layout\[(\w+)\]:\s*(.*)$", line)
+        if m:
+            out.append((m.group(1), dict(re.findall(r"\b([A-Z_]+)=(\S*)", m.group(2)))))
+    return out
+
+
+def layout_overrides(script: str, env: dict[str, str]) -> list[str]:
+    """What the script launches under `env` (its defaults otherwise): the same rules as the script text."""
+    lay = slurm_layout(script)
+    nodes = int(env.get("TRAINER_NODES", 4)) if "TRAINER_NODES" in env else None
+    world = nodes * int(env.get("GPUS_PER_NODE", 4)) if nodes else lay["world"]
+    tp, pp, ep = (int(env.get(k, lay[k.lower()])) for k in ("TP", "PP", "EP"))
+    ovs = [f"model={lay['model']}", "cluster=slurm", f"cluster.trainer_devices={world}", f"parallel.tp={tp}",
+           f"parallel.pp={pp}", f"parallel.ep={ep}"]
+    if tp > 1:  # both scripts add sequence parallel for TP > 1
+        ovs.append("parallel.sequence_parallel=true")
+    if script == "train_scout.sh":
+        ovs.append(f"train.recompute={env.get('RECOMPUTE', 'full')}")
+    return ovs
+
+
+def planned_layout(script: str, env: dict[str, str]) -> tuple[P.ModelShape, P.TrainLayout]:
+    """cluster/plan.py's view of `layout_overrides` (the fused head's chunk as the trainer sizes it)."""
+    from scalerl_mega.objective.fused_logprob import default_chunk_size
+
+    ovs = dict(o.split("=", 1) for o in layout_overrides(script, env))
+    model = P.MODELS[ovs["model"]]
+    tp, pp, ep, world = (int(ovs[k]) for k in ("parallel.tp", "parallel.pp", "parallel.ep", "cluster.trainer_devices"))
+    lay = P.TrainLayout(tp=tp, pp=pp, ep=ep, dp=world // (tp * pp), sequence_parallel=tp > 1,
+                        recompute=ovs.get("train.recompute", "selective"),
+                        logits_chunk_tokens=default_chunk_size(model.vocab // tp))
+    return model, lay
+
+
+def test_documented_layouts_fit_by_the_planner():
+    """Fast twin of the dry-run test below: every `layout[device]` line fits that device by cluster/plan.py,
+    and the layout TP 1 for 8B fits neither H100 nor H200."""
+    for script in ("train_dense.sh", "train_scout.sh"):
+        for device, env in documented_layouts(script):
+            model, lay = planned_layout(script, env)
+            rep = P.trainer_memory(model, lay, P.DEVICES[device])
+            assert rep.fits, (script, device, env, rep.total_bytes / P.GiB, rep.budget_bytes / P.GiB)
+    model, lay = planned_layout("train_dense.sh", {"TP": "1"})
+    assert [P.trainer_memory(model, lay, P.DEVICES[d]).fits for d in ("h100_80gb", "h200", "gb200")] == \
+        [False, False, True]
+
+
+@pytest.mark.slow
+def test_each_script_documents_a_fitting_layout_per_gpu_type(tmp_path):
+    """Every `layout[device]` line of the scripts fits that device by the dry run's planned peak (buffers as
+    built, activations, CUDA context, NCCL, head transients, route tensors, fragmentation, 5% margin); the
+    defaults are among them; 8B at TP 1 (119.7 GiB of buffers + activations) fits neither H100 nor H200."""
+    cases, expect = {}, {}
+    for script in ("train_dense.sh", "train_scout.sh"):
+        docs = documented_layouts(script)
+        assert {d for d, _ in docs} == {"h100_80gb", "h200", "gb200"}, script
+        assert any(not env for _, env in docs), f"{script}: its defaults are not documented"
+        for i, (device, env) in enumerate(docs):
+            name = f"{script}#{i}"
+            cases[name], expect[name] = layout_overrides(script, env), device
+    cases["8b_tp1"] = layout_overrides("train_dense.sh", {"TP": "1"})
+    results = run_worker(tmp_path, cases)
+    for name, device in expect.items():
+        res = results[name]
+        assert "error" not in res, (name, res)
+        peak = max(e["peak_bytes"] for e in res["ranks"].values())
+        assert res["devices"][device]["fits"], (name, cases[name], peak / P.GiB, res["devices"][device])
+        for e in res["ranks"].values():  # peak = the parts, each runtime term as planned
+            assert e["peak_bytes"] == sum(e[c] for c in ("params_bytes", "grads_bytes", "optimizer_bytes",
+                                                         "activations_bytes")) + sum(e["runtime_bytes"].values())
+    tp1 = results["8b_tp1"]
+    rank = tp1["ranks"]["0"]
+    assert (rank["params_bytes"] + rank["grads_bytes"] + rank["optimizer_bytes"] + rank["activations_bytes"]) / P.GiB \
+        == pytest.approx(119.71, abs=0.01)
+    assert not tp1["devices"]["h100_80gb"]["fits"] and not tp1["devices"]["h200"]["fits"]
+    assert tp1["devices"]["gb200"]["fits"]
+    # the runtime terms by hand for 8B TP1 DP16 (cluster/plan.py module doc): 1 GiB context; NCCL for DP and
+    # the weight-sync group; grad_W 4*V*h + the 512 MiB dlogits buffer + FP32 hidden and its grad 2*4*N*h
+    rt = rank["runtime_bytes"]
+    n, h, v = 16384, 4096, 128256
+    assert rt["cuda_context"] == P.GiB and rt["nccl"] == 2 * 512 * 2**20 and rt["route_tensors"] == 0
+    assert rt["head_transients"] == 4 * v * h + 512 * 2**20 + 8 * n * h
+    assert rt["fragmentation"] == int(0.10 * (rank["activations_bytes"] + rt["head_transients"]))

@@ -26,8 +26,12 @@ def test_report_fits_known_curve(tmp_path):
     assert "first validation (step 0): pass rate 0.200" in md
     row = [line for line in md.splitlines() if line.startswith("| 0.")][0].split("|")
     assert float(row[1]) == pytest.approx(A, abs=0.02)
-    assert float(row[2]) == pytest.approx(B, rel=0.15)
+    lo, hi = (float(v) for v in row[2].split(".."))
+    assert lo <= A <= hi and hi - lo <= 0.04  # noise-free: the interval is tight and holds the truth
+    assert float(row[3]) == pytest.approx(B, rel=0.15)
     assert "device-hours" in md
+    # the cut: 0.1 x the final compute 0.06 (identify.CUT_FRACTION), 11 of the 12 points with compute > 0
+    assert "| 0.006 device-hours | 11 | True |" in md and f"Verdict: A = {float(row[1]):.3f} (95% interval" in md
 
 
 def test_report_without_enough_points(tmp_path):

@@ -67,10 +67,10 @@ def test_megatron_bytes_per_param_table(dp):
     lay = P.TrainLayout(dp=dp, seq_len=8, fp32_head=False)
     n_params = sum(P.trainer_params_per_gpu(TINY, lay))
     rep = P.trainer_memory(TINY, lay, BIG_DEVICE)
-    static = rep.total_bytes - rep.components["activations"]
-    assert static == n_params * 6 + n_params * 12 // dp
+    static = ("weights_bf16", "grads_fp32", "optimizer_fp32")
+    assert sum(rep.components[c] for c in static) == n_params * 6 + n_params * 12 // dp
     rep2 = P.trainer_memory(TINY, replace(lay, distributed_optimizer=False), BIG_DEVICE)
-    assert rep2.total_bytes - rep2.components["activations"] == 18 * n_params
+    assert sum(rep2.components[c] for c in static) == 18 * n_params
 
 
 def test_tiny_moe_expert_sharding_by_hand():
@@ -178,3 +178,24 @@ def test_cli_refuses_with_exit_2_and_suggestion():
     ok = subprocess.run([sys.executable, str(ROOT / "tools/plan.py"), "--model", "llama3_8b", "--device", "gb200",
                          "--tp", "1", "--dp", "16"], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_runtime_overheads_by_hand():
+    """cluster/plan.py module doc: context, NCCL per communicator, fused-head transients on the last stage,
+    MoE route tensors, 10% fragmentation of the dynamic bytes; the budget keeps a 5% margin."""
+    moe = P.ModelShape(name="tmoe", hidden=32, layers=2, heads=2, kv_heads=2, head_dim=16, ffn=64, vocab=256,
+                       num_experts=4, top_k=1, expert_ffn=48, shared_expert_ffn=48)
+    lay = P.TrainLayout(tp=2, pp=2, dp=2, ep=4, etp=1, seq_len=8, micro_batch=2, logits_chunk_tokens=4)
+    n, h, v, t = 16, 32, 256, 2
+    # TP, DP, PP, model-parallel (TP x PP), EP, expert-TP 1 != TP 2 but size 1, edp = 4/4 = 1; + weight sync
+    assert P.communicator_count(moe, lay) == 5 + 1
+    last = P.runtime_bytes(moe, lay, 1, activations=1000)
+    head = 4 * v // t * h + min(512 * 2**20, 4 * n * v // t) + 2 * 4 * n * h  # grad_W, dlogits, hidden + grad
+    routes = 1 * 1 * (5 * n * 4 + 8 * n * 1) // t  # 1 micro-batch in flight on the last stage, 1 MoE layer
+    assert last == {"cuda_context": P.GiB, "nccl": 6 * 512 * 2**20, "head_transients": head, "route_tensors": routes,
+                    "fragmentation": int(0.1 * (1000 + head + routes))}
+    first = P.runtime_bytes(moe, lay, 0, activations=1000)
+    assert first["head_transients"] == 0 and first["route_tensors"] == 2 * routes  # pp = 2 micro-batches in flight
+    rep = P.trainer_memory(moe, lay, BIG_DEVICE)
+    assert rep.total_bytes == sum(rep.components.values()) and "fragmentation" in rep.components
+    assert P.H100_80GB.budget_bytes == int(81559 * 2**20 * 0.95)

@@ -21,7 +21,7 @@ def eq1(c, *, A, B, C_mid, R0=0.3):
     return np.where(c > 0, R0 + (A - R0) / (1.0 + (C_mid / np.where(c > 0, c, 1.0)) ** B), R0)
 
 
-def write_run(d: Path, *, A: float, B: float, noise_seed: int, steps: int = 50, every: int = 5) -> None:
+def write_run(d: Path, *, A: float, B: float, noise_seed: int, steps: int = 100, every: int = 5) -> None:
     """A finished run as the loop logs it: train lines with batch/tokens, validation lines every `every` steps."""
     d.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(noise_seed)
@@ -33,6 +33,7 @@ def write_run(d: Path, *, A: float, B: float, noise_seed: int, steps: int = 50, 
             if step % every == 0:
                 r = float(eq1(step * TOKENS_PER_STEP, A=A, B=B, C_mid=C_MID)) + (rng.normal(0, 0.002) if step else 0)
                 fh.write(json.dumps({"kind": "validation", "step": step, "val_pass_rate": r,
+                                     "val_prompts": 10000.0, "val_samples_per_prompt": 4.0,  # binomial SE ~0.002
                                      "compute_device_hours": 0.002 * step + 0.001}) + "\n")
     (d / "summary.json").write_text(json.dumps({"steps": steps, "wall_s": 100.0, "sft_s": 1.0, "rl_s": 90.0}))
 
@@ -62,7 +63,8 @@ def test_fits_json_recovers_known_parameters(analysed):
     assert sorted(fits) == sorted(f"{r}/seed{s}" for r in TRUTH for s in range(3))
     for key, f in fits.items():
         A, B = TRUTH[key.split("/")[0]]
-        assert set(f) == {"A", "B", "C_mid", "identified"}
+        assert set(f) == {"A", "B", "C_mid", "A_interval", "identified", "reason"}
+        assert f["A_interval"][0] <= A <= f["A_interval"][1]
         assert f["identified"] is True
         assert f["A"] == pytest.approx(A, abs=0.02)  # grid step 0.005, noise 0.002
         assert f["B"] == pytest.approx(B, rel=0.15)
@@ -84,13 +86,19 @@ def test_verdicts(analysed):
     assert rec["no_fp32_head"]["verdict"] == "control: not separable, as expected"
     assert rec["scalerl"]["A_half_range"] <= 0.02 and rec["scalerl"]["within_seed_margin"]
     assert res["missing"] == []
-    # model-free: no_npr (A 0.70) ends lower; the runs end at 0.5M tokens where the true curves give
+    # model-free: no_npr (A 0.70) ends lower; the runs end at 1M tokens where the true curves give
     fin = res["final_pass_rate"]
     last3 = [eq1(s * TOKENS_PER_STEP, A=A, B=B, C_mid=C_MID).mean() for A, B in (TRUTH["scalerl"], TRUTH["no_npr"])
-                      for s in [np.array([40, 45, 50])]]
+                      for s in [np.array([90, 95, 100])]]
     assert fin["scalerl"]["mean"] == pytest.approx(last3[0], abs=0.003)
     assert fin["no_npr"]["delta"] == pytest.approx(last3[1] - last3[0], abs=0.003)
     assert fin["no_npr"]["outcome"] == "reference better" and fin["no_zvf"]["outcome"] == "not separable within noise"
+    # paired by seed: no_zvf repeats the reference's points exactly (differences 0); no_npr is 0.1 lower in A
+    assert fin["no_zvf"]["paired"]["differences"] == [0.0, 0.0, 0.0]
+    assert fin["no_zvf"]["paired"]["outcome"] == "not separable within noise"
+    assert fin["no_npr"]["paired"]["dof"] == 2 and fin["no_npr"]["paired"]["t_crit"] == pytest.approx(4.302653, rel=1e-6)
+    assert fin["no_npr"]["paired"]["mean"] == pytest.approx(last3[1] - last3[0], abs=0.003)
+    assert fin["no_npr"]["paired"]["margin_rule"] == "reference better"
 
 
 def test_readme_section_replaced_and_plots_written(analysed):
@@ -117,3 +125,40 @@ def test_collect_takes_finished_runs_only_and_partial_is_labelled(tmp_path):
     assert "**Partial results**" in text and "commit `abc`" in text
     # one dapo seed: too few identified seeds to decide
     assert res["axes"]["tokens"]["recipes"]["dapo"]["verdict"] == "not separable within noise"
+
+
+def test_npr_untestable_within_the_first_epoch(tmp_path):
+    """No-Positive-Resampling acts from the second pass over the prompts: with every run of both recipes in
+    epoch 0 at its last train line, the finding is reported as untestable, not given a verdict."""
+    from scalerl_mega.reproduce_report import EPOCH_KEY, last_epochs, untestable
+
+    runs = {}
+    for rec, epoch in (("scalerl", 0), ("no_npr", 0), ("dapo", 1)):
+        d = tmp_path / rec / "seed0"
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1, EPOCH_KEY: 0.0}) + "\n"
+                                         + json.dumps({"kind": "train", "step": 2, EPOCH_KEY: float(epoch)}) + "\n")
+        runs[rec] = {0: d}
+    ep = last_epochs(runs)
+    assert ep == {"scalerl/seed0": 0, "no_npr/seed0": 0, "dapo/seed0": 1}
+    assert "untestable here" in untestable("no_npr", runs, ep) and "epoch 0" in untestable("no_npr", runs, ep)
+    assert untestable("dapo", runs, ep) == ""  # not an epoch-dependent finding
+    ep["no_npr/seed0"] = 1  # one run got into its second pass: testable
+    assert untestable("no_npr", runs, ep) == ""
+
+
+def test_cli_reading_hint_reproduces_the_committed_fits(capsys):
+    """reproduction/README.md: `scalerl-fit reproduction/runs/<recipe>/seed<N> --x sum:batch/tokens --json` gives
+    the committed fits.json row (the analysis works in millions of tokens, the CLI in tokens: C_mid x 1e6)."""
+    from scalerl_mega.scaling.cli import main
+
+    root = Path(__file__).resolve().parents[2] / "reproduction"
+    committed = json.loads((root / "fits.json").read_text())
+    for key in ("no_npr/seed0", "scalerl/seed0"):
+        assert main([str(root / "runs" / key), "--x", "sum:batch/tokens", "--json", "--holdout", "0"]) == 0
+        row = json.loads(capsys.readouterr().out)["runs"][0]
+        want = committed[key]
+        assert row["identified"] == want["identified"] and row["reason"] == want["reason"] and row["A"] == want["A"]
+        assert row["A_interval"] == pytest.approx(want["A_interval"], abs=1e-9)
+        assert row["B"] == pytest.approx(want["B"], rel=1e-6)  # golden-section tolerance on log B
+        assert row["C_mid"] == pytest.approx(want["C_mid"] * 1e6, rel=1e-6)

@@ -189,3 +189,35 @@ def test_cli_fits_on_cumulative_tokens(tmp_path, capsys):
     assert row["refined"]["A"] == pytest.approx(0.8, abs=0.005)
     assert row["refined"]["B"] == pytest.approx(2.0, rel=0.02)
     assert row["refined"]["C_mid"] == pytest.approx(15000.0, rel=0.02)
+
+
+def test_grid_auto_is_relative_off_the_gpu_hour_axis(tmp_path, capsys):
+    """A token axis reaching far beyond 1,500 units must not get the GPU-hour grid and cut (issue 28)."""
+    tokens = [1000.0] * 60
+    d = write_token_run(tmp_path / "run", A=0.8, B=2.0, cm_tokens=15000.0, tokens_per_step=tokens, steps=60, every=3)
+    assert main([str(d), "--x", "sum:batch/tokens", "--json", "--holdout", "0"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["grid"].startswith("relative") and "fit from 0.1 x each run's largest compute" in data["grid"]
+    row = data["runs"][0]
+    assert row["fit_from"] == pytest.approx(6000.0)  # 0.1 x 60,000 tokens
+    # every run carries A, B, C_mid, A_interval, identified and the reason (noise-free here: identified)
+    assert {"A", "B", "C_mid", "A_interval", "identified", "reason"} <= set(row)
+    assert row["identified"] and row["reason"] == "" and row["A_interval"][0] <= 0.8 <= row["A_interval"][1]
+    # the GPU-hour axis of a large run still gets the paper grid and its 1.5k cut
+    a = scalerl_run(tmp_path)
+    assert main([str(a), "--json", "--holdout", "0"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["grid"].startswith("paper") and data["runs"][0]["fit_from"] == 1500.0
+
+
+def test_json_not_identified_has_interval_and_no_A(tmp_path, capsys):
+    C = np.linspace(0.0, 0.8 * 2542.0, 60)
+    R = eq1(C, 0.61, 1.92, 2542.0) + np.random.default_rng(0).normal(0, 0.0075, C.size)
+    d = write_run(tmp_path / "trunc", C, R)
+    assert main([str(d), "--grid", "relative", "--json", "--val-samples", "4000"]) == 0
+    r = json.loads(capsys.readouterr().out)["runs"][0]
+    assert r["identified"] is False and r["A"] is None and "wide (need <= 0.04" in r["reason"]
+    lo, hi = r["A_interval"]
+    assert lo <= 0.61 <= hi and hi - lo > 0.04
+    assert r["misfit_check"]["noise_source"] == "binomial SE of each held-out point"
+    assert r["verdict"].startswith(f"A not identified (95% interval {lo:.3f}..{hi:.3f})")

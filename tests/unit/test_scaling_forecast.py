@@ -56,3 +56,16 @@ def test_live_forecaster_refits_every_n_points():
     assert lf.latest is outs[29] and lf.latest.n_points == 30
     with pytest.raises(ValueError, match="backwards"):
         lf.add(0.5, 0.3)
+
+
+def test_forecast_cut_gpu_hours_and_small_runs():
+    """The cut (scaling.identify.fit_cut): the paper's 1.5k on a GPU-hour axis that reaches it, else 0.1 x the
+    compute so far; on a GPU-hour run below 1.5k the relative rule applies."""
+    C = np.linspace(0.0, 12000.0, 49)
+    R = eq1(C, 0.61, 1.92, 2542.0, 0.3) + np.random.default_rng(0).normal(0.0, 0.004, C.size)
+    f = forecast(C, R, budget=24000.0, gpu_hours=True, n_samples=16000)
+    assert f.ok and f.fit_from == 1500.0 and f.assessment.n_points == int(np.sum(C >= 1500.0))
+    small = forecast(C / 100.0, R, budget=240.0, gpu_hours=True)
+    assert small.fit_from == pytest.approx(12.0)  # 0.1 x 120 GPU-hours
+    fixed = forecast(C, R, budget=24000.0, fit_from=3000.0)
+    assert fixed.fit_from == 3000.0 and fixed.assessment.n_points == int(np.sum(C >= 3000.0))

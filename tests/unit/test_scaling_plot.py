@@ -39,3 +39,22 @@ def test_loo_plot(tmp_path):
     paths = plot_loo(_curves(), path=tmp_path / "loo", formats=("png",), figsize=(6.0, 4.0), dpi=50)
     assert paths == [tmp_path / "loo.png"]
     assert png_size(paths[0]) == (300, 200)
+
+
+def test_scaling_plot_with_interval_band_and_cut(tmp_path):
+    """With an identify.Assessment the band, the cut line and (when not identified) no extrapolation are drawn;
+    the image differs from the plain one (the band and the cut line add pixels)."""
+    from dataclasses import replace
+
+    from scalerl_mega.scaling.identify import assess, options_for
+
+    plain = _curves()[:1]
+    cv = plain[0]
+    a = assess(cv.compute, cv.reward, options=options_for(cv.compute, grid="paper"), n_samples=16000)
+    with_band = [replace(cv, assessment=replace(a, identified=True, reason=""))]
+    p1 = plot_scaling(plain, path=tmp_path / "plain", formats=("png",))[0]
+    p2 = plot_scaling(with_band, path=tmp_path / "band", formats=("png",))[0]
+    assert png_size(p2) == (800, 500) and p1.read_bytes() != p2.read_bytes()
+    not_ident = [replace(cv, assessment=replace(a, identified=False, reason="test"))]
+    p3 = plot_scaling(not_ident, path=tmp_path / "nid", formats=("png",))[0]
+    assert p3.read_bytes() != p2.read_bytes()  # no dashed extrapolation, no A line, another legend

@@ -74,3 +74,25 @@ def test_compare_means_welch_rule():
     assert compare_means([0.69, 0.70, 0.71], [0.70, 0.71, 0.72]).outcome == NOT_SEPARABLE  # 0.01 < 2 x 0.0082
     one = compare_means([0.7], [0.9, 0.8])
     assert one.outcome == NOT_SEPARABLE and one.delta == pytest.approx(0.15) and math.isnan(one.se)
+
+
+def test_compare_paired_uses_t_at_the_actual_dof():
+    from scalerl_mega.scaling.seeds import compare_paired
+
+    # hand-worked: d = (0.03, 0.05, 0.04): mean 0.04, sd 0.01, t_0.975(2) = 4.3027, half-width 0.02484
+    ref = {0: 0.70, 1: 0.72, 2: 0.71, 7: 0.5}
+    var = {0: 0.73, 1: 0.77, 2: 0.75, 3: 0.9}
+    c = compare_paired(ref, var)
+    assert c.seeds == (0, 1, 2) and c.dof == 2
+    assert c.mean == pytest.approx(0.04) and c.sd == pytest.approx(0.01)
+    assert c.t_crit == pytest.approx(4.302653, rel=1e-6)
+    assert c.half_width == pytest.approx(4.302653 * 0.01 / math.sqrt(3), rel=1e-6)
+    assert c.outcome == VARIANT_BETTER and c.margin_rule == VARIANT_BETTER
+    # the same mean with a spread of differences: the t rule no longer separates, the +-0.02 rule still does
+    wide = compare_paired({0: 0.70, 1: 0.72, 2: 0.71}, {0: 0.69, 1: 0.82, 2: 0.74})
+    assert wide.mean == pytest.approx(0.04) and wide.half_width > 0.04
+    assert wide.outcome == NOT_SEPARABLE and wide.margin_rule == VARIANT_BETTER
+    # one common seed: no variance, not separable; NaN values are missing
+    one = compare_paired({0: 0.7, 1: math.nan}, {0: 0.6, 1: 0.8})
+    assert one.outcome == NOT_SEPARABLE and one.seeds == (0,) and math.isnan(one.t_crit)
+    assert one.margin_rule == REFERENCE_BETTER

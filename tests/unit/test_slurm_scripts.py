@@ -99,7 +99,8 @@ def test_dense_dry_run_and_extra_overrides():
     assert tnode == "gpu10,gpu11"
     assert targv[-3:] == ["seed=3", "train.steps=5", "train.sigterm_grace_s=200.5"]
     assert targv[targv.index("--shutdown-timeout") + 1] == "231"  # ceil(200.5) + 30: the override's grace
-    assert "model=llama3_8b" in targv and "parallel.tp=1" in targv and "cluster.trainer_devices=8" in targv
+    assert "model=llama3_8b" in targv and "parallel.tp=2" in targv and "cluster.trainer_devices=8" in targv
+    assert "parallel.sequence_parallel=true" in targv  # the dense default: TP 2 with SP (fits H100)
     assert "rollout.sglang_tp_size=1" in targv and "rollout.num_engines=16" in targv
     assert "cluster.generator_devices=16" in targv and "data.train_files=[/data/p.jsonl]" in targv
     gargv = steps["gen0"][1]
@@ -179,3 +180,86 @@ def test_split_nodes():
     assert split_nodes(["x"], trainer_nodes=1).shared
     with pytest.raises(ValueError, match="no generator node"):
         split_nodes(["a", "b"], trainer_nodes=2)
+
+
+def _source(script: str, **env) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    e.update(SCALERL_REPO=str(ROOT), SCALERL_PYTHON=sys.executable, **env)
+    return subprocess.run(["bash", "-c", f"source {ROOT}/slurm/common.sh; {script}"], env=e, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_scout_steps_get_memory_interface_env_and_their_own_pythons():
+    """Per-step host memory (a share of the node's), the NCCL/Gloo interface and, for the sequence-parallel
+    trainer only, CUDA_DEVICE_MAX_CONNECTIONS=1, all as explicit srun arguments; servers from SGLANG_PYTHON."""
+    lines = _dry("train_scout.sh", "gb[001-020]", TRAIN_FILES="/data/a.jsonl", SLURM_MEM_PER_NODE="491520",
+                 SOCKET_IFNAME="ib0", SGLANG_PYTHON="/opt/sglang/bin/python")
+    steps = _steps(lines)
+    gen, trainer = steps["gen0"][1], steps["trainer"][1]
+    assert "--mem=245760M" in gen and "--mem=491520M" in trainer  # GEN_TP 2 and 4 GPUs of a 4-GPU node
+    assert "--export=ALL,NCCL_SOCKET_IFNAME=ib0,GLOO_SOCKET_IFNAME=ib0" in gen
+    assert "--export=ALL,NCCL_SOCKET_IFNAME=ib0,GLOO_SOCKET_IFNAME=ib0,CUDA_DEVICE_MAX_CONNECTIONS=1" in trainer
+    assert gen[gen.index("-m") - 1] == "/opt/sglang/bin/python" and trainer[trainer.index("-m") - 1] == sys.executable
+    check = next(x for x in lines if x.startswith("nccl check: "))
+    assert "--trainer-python" in check and "--generator-python /opt/sglang/bin/python" in check
+    assert "train.recompute=full" in trainer  # the GB200 default (selective plans 169.5 GiB)
+    # no interface configured: nothing extra; the job's memory per CPU when there is no per-node figure
+    r = _source('GPUS_PER_NODE=4; CFG_SEQUENCE_PARALLEL=0; scalerl_mem_args 1; echo "${MEM_ARGS[*]}"; '
+                "scalerl_export_arg trainer", SLURM_MEM_PER_CPU="8000")
+    assert r.stdout.splitlines() == ["--mem-per-cpu=8000M", "--export=ALL"], r.stderr
+    r = _source('GPUS_PER_NODE=0; scalerl_mem_args 0; echo "[${MEM_ARGS[*]}]"', SLURM_MEM_PER_NODE="1000")
+    assert r.stdout.strip() == "[]"  # CPU runs: no --mem
+
+
+def test_health_timeout_scales_with_the_checkpoint(tmp_path):
+    ck = tmp_path / "ckpt"
+    ck.mkdir()
+    for i in range(2):  # 2 x 8 GB of (sparse) shards, like Llama-3.1-8B's 16 GB
+        with open(ck / f"model-0000{i + 1}-of-00002.safetensors", "wb") as f:
+            f.truncate(8_000_000_000)
+    (ck / "config.json").write_text("{}")
+    r = _source("scalerl_health_timeout; echo $HEALTH_TIMEOUT", MODEL_PATH=str(ck))
+    assert r.stdout.strip() == str(600 + 16_000_000_000 // 200_000_000), r.stderr  # 680 s
+    assert _source("scalerl_health_timeout; echo $HEALTH_TIMEOUT", MODEL_PATH=str(ck),
+                   HEALTH_TIMEOUT="50").stdout.strip() == "50"
+    assert _source("scalerl_health_timeout; echo $HEALTH_TIMEOUT").stdout.strip() == "600"
+
+
+def test_layout_that_does_not_fit_the_gpus_is_refused_naming_one_that_does():
+    """8B at TP 1 (DP 16) on 80 GB H100s (the GPU memory injected as nvidia-ml-py would read it): exit 2 before
+    any step, naming TP 2 with SP; on 186 GB GB200s the same layout starts."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    e.update(DRY_RUN="1", SLURM_JOB_NODELIST="gb[001-020]", SCALERL_PYTHON=sys.executable, TRAIN_FILES="/d/p.jsonl",
+             TP="1", GPU_MEM_BYTES=str(81559 * 2**20))
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "plans 131.8 GiB per GPU, more than 75.7 GiB" in r.stderr
+    assert "a layout that fits at 16 GPUs: TP=2 PP=1 EP=1 EXTRA_OVERRIDES='parallel.sequence_parallel=true'" in r.stderr
+    assert not [x for x in r.stdout.splitlines() if x.startswith("step ")]
+    e["GPU_MEM_BYTES"] = str(186 * 10**9)
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    trainer = _steps(r.stdout.splitlines())["trainer"][1]
+    assert "parallel.tp=1" in trainer and not any("CUDA_DEVICE_MAX_CONNECTIONS" in a for a in trainer)
+
+
+def test_gpu_memory_is_read_by_nvml_smallest_gpu(monkeypatch):
+    """`--gpu-mem-bytes auto`: NVML's total of this node's smallest GPU; None without NVML."""
+    import types
+
+    from scalerl_mega.cluster import launch_config
+
+    totals = [150_000_000_000, 143_771_000_000]
+    calls = []
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetCount=lambda: len(totals), nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=totals[h]))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert launch_config.gpu_memory_bytes() == 143_771_000_000 and calls == ["init", "shutdown"]
+
+    def no_driver():
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_driver))
+    assert launch_config.gpu_memory_bytes() is None

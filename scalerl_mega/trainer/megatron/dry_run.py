@@ -16,7 +16,12 @@ Per rank it reports the bytes of
   allocates those at the first step),
 * activations: an estimate (cluster/plan.py, Korthikanti et al. 2022) at the configured micro-batch
   (`train.micro_batch_tokens` tokens of rows up to prompt + generation length) with `train.recompute`,
-and the generator's weights + KV cache for one prompt's group of full-length sequences.
+* runtime: CUDA context, NCCL communicator buffers, the fused LM head's transients (FP32 grad_W
+  [V/tp, H], the dlogits buffer, FP32 hidden copies), MoE route tensors and allocator fragmentation
+  (`cluster.plan.runtime_bytes`: the formulas are in cluster/plan.py's module doc),
+and the generator's weights + KV cache for one prompt's group of full-length sequences. `peak_bytes` is
+the sum; `devices` says for H100 80 GB, H200 141 GB and GB200 186 GB whether the largest rank's peak stays
+within the device's memory less the planner's margin (`plan.MARGIN_FRACTION`).
 
 Output (interface read by outside tooling): `output_dir/dry_run.json` =
 `{"world_size": W, "ranks": {"<rank>": {"params", "params_bytes", "grads_bytes", "optimizer_bytes",
@@ -35,6 +40,7 @@ from typing import Any, Iterator
 
 GiB = 1024**3
 EXIT_BAD_LAYOUT = 2
+PEAK_PARTS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
 
 
 class LayoutError(ValueError):
@@ -282,7 +288,7 @@ def dry_run(cfg, *, cache: dict | None = None) -> dict[str, Any]:
     Raises LayoutError (naming the keys) when the layout cannot initialise.
     """
     from scalerl_mega.build import megatron_config
-    from scalerl_mega.cluster.plan import stage_activation_bytes
+    from scalerl_mega.cluster.plan import DEVICES, runtime_bytes, stage_activation_bytes
 
     from scalerl_mega.trainer.megatron.parallel import world_size_from_env
 
@@ -307,6 +313,8 @@ def dry_run(cfg, *, cache: dict | None = None) -> dict[str, Any]:
             if cache is not None:
                 cache[key] = dict(entry)
         entry["activations_bytes"] = stage_activation_bytes(shape, layout, role.pp_rank)
+        entry["runtime_bytes"] = runtime_bytes(shape, layout, role.pp_rank, activations=entry["activations_bytes"])
+        entry["peak_bytes"] = sum(entry[c] for c in PEAK_PARTS) + sum(entry["runtime_bytes"].values())
         ranks[str(role.rank)] = entry
     par = mcfg.parallel
     return {
@@ -322,7 +330,13 @@ def dry_run(cfg, *, cache: dict | None = None) -> dict[str, Any]:
         "activations": {"recompute": mcfg.recompute, "seq_len": layout.seq_len, "micro_batch": layout.micro_batch,
                         "logits_chunk_tokens": layout.logits_chunk_tokens},
         "generator": generator_estimate(cfg),
+        "devices": device_fit(max(e["peak_bytes"] for e in ranks.values()), DEVICES.values()),
     }
+
+
+def device_fit(peak: int, devices) -> dict[str, dict[str, Any]]:
+    """{device name: {"budget_bytes", "fits"}} for a planned per-GPU peak (plan.Device.budget_bytes)."""
+    return {d.name: {"budget_bytes": d.budget_bytes, "fits": peak <= d.budget_bytes} for d in devices}
 
 
 def _model_label(model) -> str:
@@ -342,13 +356,16 @@ def format_table(result: dict[str, Any]) -> str:
             f"sp={lay['sequence_parallel']} distopt={lay['distributed_optimizer']} "
             f"params={result['precision']['params_dtype']} fp32_head={result['precision']['fp32_lm_head']} "
             f"recompute={result['activations']['recompute']}")
-    cols = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+    cols = PEAK_PARTS
     lines = [head, f"{'rank':>6} {'role':<18} {'params':>14} " + " ".join(f"{c[:-6] + ' GiB':>14}" for c in cols)
-             + f" {'total GiB':>10}"]
+             + f" {'runtime GiB':>12} {'peak GiB':>10}"]
     for rank, e in result["ranks"].items():
-        total = sum(e[c] for c in cols)
         lines.append(f"{rank:>6} {e['role']:<18} {e['params']:>14,} "
-                     + " ".join(f"{e[c] / GiB:>14.2f}" for c in cols) + f" {total / GiB:>10.2f}")
+                     + " ".join(f"{e[c] / GiB:>14.2f}" for c in cols)
+                     + f" {sum(e['runtime_bytes'].values()) / GiB:>12.2f} {e['peak_bytes'] / GiB:>10.2f}")
+    lines.append("runtime = CUDA context + NCCL buffers + fused-head transients + MoE route tensors + fragmentation "
+                 "(cluster/plan.py); fits (peak within memory less a 5% margin): "
+                 + ", ".join(f"{name} {'yes' if d['fits'] else 'NO'}" for name, d in result["devices"].items()))
     g = result["generator"]
     lines.append(f"generator (tp={g['tp']}): weights {g['weights_bytes'] / GiB:.2f} GiB + KV "
                  f"{g['kv_cache_bytes'] / GiB:.2f} GiB ({g['kv_sequences']} x {g['seq_len']} tokens) per GPU")
