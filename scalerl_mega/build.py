@@ -59,8 +59,30 @@ def build_task(cfg: Any) -> Task:
     interruption_ids = list(tok(phrase, add_special_tokens=False)["input_ids"])
     if tok.unk_token_id in interruption_ids:
         raise ValueError(f"length.interruption_phrase={phrase!r} has characters outside the task vocabulary")
-    return Task(tokenizer=tok, train_prompts=train, val_prompts=val, stop_token_ids=[tok.eos_token_id],
+    task = Task(tokenizer=tok, train_prompts=[], val_prompts=[], stop_token_ids=[tok.eos_token_id],
                 interruption_ids=interruption_ids)
+    where = f"data.name=synthetic, data.synthetic_max_digits={int(cfg.data.synthetic_max_digits)}"
+    task.train_prompts = prompts_within_limit(task, train, cfg.data, where=where)
+    task.val_prompts = prompts_within_limit(task, val, cfg.data, where=where, allow_none=True)
+    return task
+
+
+def prompts_within_limit(task: Task, prompts: list, data: Any, *, where: str, allow_none: bool = False) -> list:
+    """`prompts` tokenised by `task` (`token_ids` set) and kept when within `data.max_prompt_tokens`;
+    drops are logged. ValueError naming the key (and the prompt lengths) when none fits, unless
+    `allow_none` (or there were none)."""
+    limit = int(data.max_prompt_tokens)
+    for p in prompts:
+        p.token_ids = task.encode(p.text)
+    kept = [p for p in prompts if len(p.token_ids) <= limit]
+    if len(kept) < len(prompts):
+        log.warning("dropped %d of %d prompts longer than data.max_prompt_tokens=%d", len(prompts) - len(kept),
+                    len(prompts), limit)
+    if prompts and not kept and not allow_none:
+        lens = [len(p.token_ids) for p in prompts]
+        raise ValueError(f"no prompt fits data.max_prompt_tokens={limit}: the {len(prompts)} prompts are "
+                         f"{min(lens)}-{max(lens)} tokens ({where})")
+    return kept
 
 
 def load_tokenizer(path: str, *, key: str = "data.tokenizer_path") -> Any:
@@ -112,17 +134,9 @@ def build_dataset_task(cfg: Any) -> Task:
             prompts += load_prompts(f, schema=schema, tokenizer=tok if chat else None).prompts
     task = Task(tokenizer=tok, train_prompts=[], val_prompts=[], stop_token_ids=[int(tok.eos_token_id)],
                 interruption_ids=[], add_special_tokens=not chat)
-    kept = []
-    for p in prompts:
-        p.token_ids = task.encode(p.text)
-        if len(p.token_ids) <= int(data.max_prompt_tokens):
-            kept.append(p)
-    if len(kept) < len(prompts):
-        log.warning("dropped %d of %d prompts longer than data.max_prompt_tokens=%d", len(prompts) - len(kept),
-                    len(prompts), int(data.max_prompt_tokens))
+    kept = prompts_within_limit(task, prompts, data, where=f"files: {[f for _, fs, _ in sources for f in fs]}")
     if not kept:
-        raise ValueError(f"no prompt fits data.max_prompt_tokens={int(data.max_prompt_tokens)} "
-                         f"(files: {[f for _, fs, _ in sources for f in fs]})")
+        raise ValueError(f"no prompt in files {[f for _, fs, _ in sources for f in fs]}")
     task.train_prompts, task.val_prompts = held_out_split(kept, num_val=int(data.val_prompts),
                                                           seed=int(data.split_seed))
     task.interruption_ids = list(tok(cfg.length.interruption_phrase, add_special_tokens=False)["input_ids"])
@@ -388,9 +402,14 @@ def build_engine(cfg: Any, task: Task, trainer: Any):
 
 def engine_weight_dtype(cfg: Any) -> str:
     """The dtype the generators hold their weights in, which every weight push is cast to on the
-    training device (an FP32 LM head stays FP32, `export.is_head_weight`): SGLang serves and the local
-    engine builds its model in `precision.params_dtype`."""
-    return str(cfg.precision.params_dtype)
+    training device (`export.weight_dtypes`): SGLang serves and the local engine builds its model in
+    `precision.params_dtype`. SGLang holds its LM head in that dtype too (a pushed FP32 head is
+    rounded on load; `--enable-fp32-lm-head` upcasts at compute), so its push sends the head in it;
+    the local engine keeps an FP32 copy of the pushed head (rollout/core.py): "+fp32_head"."""
+    from scalerl_mega.trainer.megatron.export import FP32_HEAD
+
+    dtype = str(cfg.precision.params_dtype)
+    return dtype + FP32_HEAD if cfg.rollout.name != "sglang" and cfg.model.fp32_lm_head else dtype
 
 
 def allocation_devices(cfg: Any, *, world_size: int) -> int:

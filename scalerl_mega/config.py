@@ -647,6 +647,49 @@ def validate_machine(cfg: Any) -> None:
             if path:
                 check_tokenizer_dir(path, key=key)
                 break
+    if cfg.cluster.name == "local" and cfg.cluster.device == "cpu" and cfg.precision.params_dtype == "bfloat16":
+        warn_cpu_bf16()
+
+
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+"""/proc/cpuinfo flags of native bf16 arithmetic: x86 AVX512-BF16 and AMX-BF16, AArch64 BF16 (`Features`)."""
+_cpu_bf16_warned = False
+
+
+def cpu_native_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU computes bf16 natively (`CPU_BF16_FLAGS` among the flags of `cpuinfo`, default
+    /proc/cpuinfo); None when that cannot be read (not Linux)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return None
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features"):
+            flags.update(value.split())
+    return any(f in flags for f in CPU_BF16_FLAGS)
+
+
+def warn_cpu_bf16(*, cpuinfo: str | None = None) -> bool:
+    """Warn (once per process, rank 0 only) that bf16 parameters on a CPU without native bf16 run
+    emulated: several times slower than FP32 (4.7x on the reproduction config, measured on an AVX2-only
+    machine; issue 26). Returns whether it warned."""
+    import logging
+    import os
+
+    global _cpu_bf16_warned
+    if _cpu_bf16_warned or os.environ.get("RANK", "0") != "0" or cpu_native_bf16(cpuinfo) is not False:
+        return False
+    _cpu_bf16_warned = True
+    logging.getLogger("scalerl_mega.config").warning(
+        "precision.params_dtype=bfloat16 with cluster.device=cpu: this CPU has no native bf16 (none of %s in "
+        "/proc/cpuinfo), so bf16 matmuls are emulated and run several times slower than FP32 (4.7x measured on "
+        "the reproduction config). Override with precision.params_dtype=float32 (the FP32 head stays on).",
+        "/".join(CPU_BF16_FLAGS))
+    return True
 
 
 def check_tokenizer_dir(path: str, *, key: str) -> None:

@@ -15,6 +15,7 @@ is the converter's job, scalerl_mega/convert/).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -52,16 +53,32 @@ def read_hf_config(path: str | Path, *, key: str = "init_from_hf") -> dict[str, 
     if not f.is_file():
         raise ValueError(f"{key}={str(path)!r}: no config.json there (expected a Hugging Face checkpoint dir)")
     try:
-        return json.loads(f.read_text())
+        cfg = json.loads(f.read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"{key}={str(path)!r}: config.json is not readable JSON ({exc})") from exc
+    if not isinstance(cfg, Mapping):
+        raise ValueError(f"{key}={str(path)!r}: config.json holds a JSON {type(cfg).__name__}, not an object")
+    return cfg
 
 
 def hf_text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """The decoder's config: multimodal Llama-4 (`model_type: llama4`) keeps it under `text_config`."""
-    if cfg.get("model_type") == "llama4" and isinstance(cfg.get("text_config"), Mapping):
+    if cfg.get("model_type") == "llama4":
+        if not isinstance(cfg.get("text_config"), Mapping):
+            raise ValueError("config.json: model_type='llama4' (multimodal) without a text_config object")
         return {"model_type": "llama4_text", **cfg["text_config"]}
     return cfg
+
+
+@contextlib.contextmanager
+def _naming(key: str, path: str | Path):
+    """ValueErrors raised inside name `<key>=<path>` (the one-line config error says which checkpoint)."""
+    try:
+        yield
+    except ValueError as exc:
+        if str(exc).startswith(f"{key}="):
+            raise
+        raise ValueError(f"{key}={str(path)!r}: {exc}") from exc
 
 
 def model_from_hf_dir(path: str | Path, *, base: Any = None, key: str = "init_from_hf"):
@@ -69,8 +86,9 @@ def model_from_hf_dir(path: str | Path, *, base: Any = None, key: str = "init_fr
     `KEEP_FROM_COMPOSED` keys. Raises ValueError naming `key` and the offending config.json field."""
     from scalerl_mega.convert.model_config import model_config_from_hf
 
-    cfg = hf_text_config(read_hf_config(path, key=key))
-    model = model_config_from_hf(cfg, name=HF_MODEL_NAME, where=f"{key}={str(path)!r}: config.json")
+    with _naming(key, path):
+        cfg = hf_text_config(read_hf_config(path, key=key))
+        model = model_config_from_hf(cfg, name=HF_MODEL_NAME, where=f"{key}={str(path)!r}: config.json")
     if base is not None:
         model = dataclasses.replace(model, **{k: getattr(base, k) for k in KEEP_FROM_COMPOSED})
     return model.validate()
@@ -94,6 +112,12 @@ def _same(a: Any, b: Any, *, rel_tol: float) -> bool:
     return a == b
 
 
+def _dims_diff(theirs: Any, ours: Any, *, rel_tol: float) -> list[tuple[str, Any, Any]]:
+    theirs, ours = _normalised(theirs), _normalised(ours)
+    return [(f.name, getattr(theirs, f.name), getattr(ours, f.name)) for f in dataclasses.fields(theirs)
+            if not _same(getattr(theirs, f.name), getattr(ours, f.name), rel_tol=rel_tol)]
+
+
 def model_mismatches(model: Any, hf_cfg: Mapping[str, Any], *, rel_tol: float = REL_TOL,
                      where: str = "config.json") -> list[str]:
     """Every architecture field where trainer `model` and HF `hf_cfg` differ, one line each:
@@ -101,19 +125,26 @@ def model_mismatches(model: Any, hf_cfg: Mapping[str, Any], *, rel_tol: float = 
     from scalerl_mega.convert.dims import dims_from_hf_config
     from scalerl_mega.convert.model_config import dims_from_model_config
 
-    theirs = _normalised(dims_from_hf_config(hf_text_config(hf_cfg), where=where))
-    ours = _normalised(dims_from_model_config(model))
-    out = []
-    for f in dataclasses.fields(theirs):
-        a, b = getattr(theirs, f.name), getattr(ours, f.name)
-        if not _same(a, b, rel_tol=rel_tol):
-            out.append(f"{f.name}={a!r} in {where} but {ARCH_KEY.get(f.name, 'model.' + f.name)} gives {b!r}")
-    return out
+    theirs = dims_from_hf_config(hf_text_config(hf_cfg), where=where)
+    return [f"{name}={a!r} in {where} but {ARCH_KEY.get(name, 'model.' + name)} gives {b!r}"
+            for name, a, b in _dims_diff(theirs, dims_from_model_config(model), rel_tol=rel_tol)]
+
+
+def config_mismatches(theirs: Mapping[str, Any], ours: Mapping[str, Any], *, rel_tol: float = REL_TOL,
+                      where: str = "config.json") -> list[str]:
+    """Every architecture field where two HF config dicts differ (either may be a multimodal Llama-4
+    file): `<field>=<value in theirs> in <where> but <value in ours> expected`."""
+    from scalerl_mega.convert.dims import dims_from_hf_config
+
+    a_dims = dims_from_hf_config(hf_text_config(theirs), where=where)
+    b_dims = dims_from_hf_config(hf_text_config(ours), where="expected config")
+    return [f"{name}={a!r} in {where} but {b!r} expected" for name, a, b in _dims_diff(a_dims, b_dims, rel_tol=rel_tol)]
 
 
 def check_model_matches_hf(model: Any, path: str | Path, *, key: str = "init_from_hf") -> None:
     """ValueError listing every mismatching field when `model` cannot hold `<path>`'s weights."""
-    bad = model_mismatches(model, read_hf_config(path, key=key), where="config.json")
+    with _naming(key, path):  # an unusable config.json (unsupported model_type, missing key, ...)
+        bad = model_mismatches(model, read_hf_config(path, key=key), where="config.json")
     if bad:
         raise ValueError(f"{key}={str(path)!r} does not match model '{model.name}' ({len(bad)} field(s)): "
                          + "; ".join(bad) + ". Use model=hf to take the shapes from the checkpoint, or fix model.*")

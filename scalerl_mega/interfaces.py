@@ -100,5 +100,6 @@ class LoopComponents:
     stop_token_ids: list[int]
     interruption_ids: list[int] = field(default_factory=list)
     weight_dtype: str | None = None
-    """dtype the generators hold their weights in ("bfloat16", "float32"): exports are cast to it
-    on the training device before they are sent. None keeps the trainer's dtype."""
+    """dtype the generators hold their weights in ("bfloat16", "float32"; "bfloat16+fp32_head" keeps an
+    FP32 LM head FP32, `export.weight_dtypes`): exports are cast to it on the training device before
+    they are sent. None keeps the trainer's dtype."""

@@ -760,8 +760,37 @@ class SGLangRolloutEngine:
         self.version = version
         self._stale.clear()
 
+    def _check_served_models(self, spec: Any) -> None:
+        """Attached servers: compare the architecture in the config.json of the checkpoint each one
+        reports serving (`/model_info` `model_path`, when readable here) with the model the updates are
+        built for (`spec`, the trainer's twin); WeightSyncError naming the server and every differing
+        field before anything is sent. Unreadable paths are logged and skipped."""
+        import json
+        import logging
+        import os
+
+        from scalerl_mega.hf_model_config import config_mismatches
+        from scalerl_mega.rollout.weight_sync import WeightSyncError
+
+        ours = {"model_type": "llama" if spec.arch == "llama" else "llama4_text", **spec.config}
+        for server, client in zip(self.servers, self._ctl_clients):
+            if server.config is not None:  # launched here from the trainer's own export
+                continue
+            path = str(client.model_info().get("model_path") or "")
+            cfg_file = os.path.join(path, "config.json")
+            if not os.path.isfile(cfg_file):
+                logging.getLogger(__name__).info("SGLang server %s serves %r: no config.json readable here, its "
+                                                 "architecture is not checked against the trainer's", server.url, path)
+                continue
+            with open(cfg_file) as f:
+                bad = config_mismatches(json.load(f), ours, where=cfg_file)
+            if bad:
+                raise WeightSyncError(f"SGLang server {server.url} serves {path}, not the trainer's model "
+                                      f"({len(bad)} field(s)): " + "; ".join(bad) + "; nothing was sent")
+
     def manifest(self) -> Any:
-        """The served model's `WeightManifest` (cached), or None when it cannot be known here."""
+        """The served model's `WeightManifest` (cached), or None when it cannot be known here. With
+        `config.model` given, attached servers are first checked to serve that architecture."""
         import logging
         import os
 
@@ -769,6 +798,8 @@ class SGLangRolloutEngine:
 
         if not self._manifest_known:
             spec = self.config.model
+            if spec is not None and spec.config is not None:
+                self._check_served_models(spec)
             if spec is None:
                 s0 = self.servers[0]
                 path = s0.config.model_path if s0.config is not None else self._ctl_clients[0].model_info().get("model_path")

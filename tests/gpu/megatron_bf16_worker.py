@@ -1,8 +1,13 @@
 """GPU worker for test_megatron_gpu.py (not a test module): one bf16 MegatronPolicyTrainer step at TP1,
-world size 1 over NCCL, with Megatron's local (non-Transformer-Engine) layer spec; then the HF weight export.
+world size 1 over NCCL, with Megatron's local (non-Transformer-Engine) layer spec; then the HF weight export
+(--mode step, writes --out/result.json). --mode resume: save -> load -> next steps (writes --out/resume.json):
+the trainer takes STEPS steps, saves and takes two more (the reference); a fresh trainer loads the
+checkpoint and takes the same two; a control loads only the model (fresh Adam state). Megatron's inner
+optimizer is whatever it selects here: TransformerEngine's FusedAdam when TE is installed (the optimizer a
+resume used to crash with KeyError 'step', checkpoint._prime_fresh_optimizer).
 
-Writes --out/result.json. Run by the test in a subprocess so that the NCCL process group and Megatron's
-global state live and die with it.
+Run by the test in a subprocess so that the NCCL process group and Megatron's global state live and die
+with it.
 """
 
 from __future__ import annotations
@@ -18,10 +23,71 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 STEPS = 3
 
 
+def _batch(vocab: int, *, seed: int, prompt_len: int):
+    import torch
+
+    from scalerl_mega.types import TrainBatch
+
+    g = torch.Generator().manual_seed(seed)
+    B, T = 4, 64
+    ids = torch.randint(0, vocab, (B, T), generator=g)
+    mask = torch.ones(B, T)
+    mask[:, :prompt_len] = 0.0
+    mask[:, -1] = 0.0
+    return TrainBatch(input_ids_BT=ids, position_ids_BT=torch.arange(T).expand(B, T).contiguous(),
+                      loss_mask_BT=mask, targets_BT=torch.roll(ids, -1, 1) * (mask > 0).long(),
+                      gen_logp_BT=torch.zeros(B, T), advantages_B=torch.zeros(B), prompt_index_B=torch.arange(B),
+                      token_weights_BT=mask / mask.sum())
+
+
+def resume(out: Path) -> None:
+    from scalerl_mega.trainer.megatron import checkpoint, models
+    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
+
+    models.te_available = lambda: False  # local layer spec (the optimizer is still Megatron's choice)
+    cfg = MegatronConfig(model=load_model_preset("tiny_dense"), parallel=ParallelConfig(micro_batch_size=2),
+                         optim=OptimConfig(lr=5e-3, adam_eps=1e-4), params_dtype="bfloat16")
+    batch = _batch(cfg.model.vocab_size, seed=5, prompt_len=0)
+    ckpt = str(out / "ckpt")
+    a = MegatronPolicyTrainer(cfg)
+    subs = getattr(a.optimizer, "chained_optimizers", None) or [a.optimizer]
+    res: dict = {"inner_optimizers": sorted({f"{type(s.optimizer).__module__}.{type(s.optimizer).__name__}"
+                                             for s in subs})}
+    try:
+        import transformer_engine  # noqa: F401
+
+        res["te_installed"] = True
+    except ImportError:
+        res["te_installed"] = False
+    for _ in range(STEPS):
+        a.train_step(batch)
+    a.save(ckpt)
+    res["ref"] = [a.train_step(batch)["loss"] for _ in range(2)]
+    a.close()
+
+    b = MegatronPolicyTrainer(cfg)
+    b.load(ckpt)
+    res["resumed"] = [b.train_step(batch)["loss"] for _ in range(2)]
+    b.close()
+
+    c = MegatronPolicyTrainer(cfg)
+    checkpoint.load_checkpoint(ckpt, chunks=c.chunks)  # model only: fresh Adam moments and step
+    c.step = STEPS
+    res["fresh_optimizer"] = [c.train_step(batch)["loss"] for _ in range(2)]
+    c.close()
+    (out / "resume.json").write_text(json.dumps(res))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    out = Path(ap.parse_args().out)
+    ap.add_argument("--mode", choices=["step", "resume"], default="step")
+    args = ap.parse_args()
+    out = Path(args.out)
+    if args.mode == "resume":
+        resume(out)
+        return
 
     import torch
     import torch.distributed as dist
@@ -30,7 +96,6 @@ def main() -> None:
     from scalerl_mega.trainer.megatron import models
     from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
-    from scalerl_mega.types import TrainBatch
 
     models.te_available = lambda: False  # the local spec even where Transformer Engine is installed
     model = load_model_preset("tiny_dense")
@@ -44,15 +109,7 @@ def main() -> None:
     res["body_dtypes"] = sorted({str(p.dtype) for n, p in gpt.named_parameters() if "output_layer" not in n})
     res["param_devices"] = sorted({p.device.type for p in gpt.parameters()})
 
-    g = torch.Generator().manual_seed(3)
-    B, T = 4, 64
-    ids = torch.randint(0, model.vocab_size, (B, T), generator=g)
-    mask = torch.ones(B, T)
-    mask[:, :16] = 0.0
-    mask[:, -1] = 0.0
-    batch = TrainBatch(input_ids_BT=ids, position_ids_BT=torch.arange(T).expand(B, T).contiguous(),
-                       loss_mask_BT=mask, targets_BT=torch.roll(ids, -1, 1) * (mask > 0).long(),
-                       gen_logp_BT=torch.zeros(B, T), advantages_B=torch.zeros(B), prompt_index_B=torch.arange(B))
+    batch = _batch(model.vocab_size, seed=3, prompt_len=16)
     steps = [trainer.train_step(batch) for _ in range(STEPS)]
     res["loss"] = [m["loss"] for m in steps]
     res["grad_norm"] = [m["grad_norm"] for m in steps]

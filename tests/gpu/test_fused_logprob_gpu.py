@@ -1,15 +1,17 @@
 """The Triton fused FP32 LM-head kernel on a GPU against a float64 reference (skipped without CUDA).
 
 Shapes N=4096, H=4096, V=32768 and 131072. Inputs: bf16 hidden and weight (bf16 operands); FP32 hidden and
-weight in IEEE mode and in the optional 3xTF32 mode (whose error this measures against the same bounds); bf16
-hidden with an FP32 weight (the `fp32_lm_head` trainer case: FP32 operands). The loss is CISPO (Eq. (cispo))
+weight (the trainer's FP32 head: Float16Module upcasts the last stage's output, so the head sees FP32 hidden
+and FP32 weight) in the default mode on CUDA (3xTF32, `resolve_fp32_precision`), explicitly in 3xTF32 and in
+IEEE mode; bf16 hidden with an FP32 weight (FP32 operands) in both modes. The loss is CISPO (Eq. (cispo))
 through `triton_cispo_from_hidden`; the reference is formed in float64 from the same (rounded) inputs, by hand
 (no autograd graph, to keep the [N, V] float64 buffer to one: 4 GiB at 128k).
 
 Tolerances, and why:
 - logp (max abs error) <= 1e-4: logits are FP32 accumulations of exact products (bf16 x bf16, or FP32 x FP32
-  in IEEE mode), about 1e-6 here. TF32 dots would give about 1e-3 (inputs rounded to 10-bit mantissas, logits
-  of std 2 summed over 4096 terms), so this bound also catches a fall-back to TF32.
+  in IEEE mode), about 1e-6 here; 3xTF32 drops only the lo*lo term (relative 2^-22 per product) and is held
+  to the same bound, as is the default mode. Plain TF32 dots would give about 1e-3 (inputs rounded to 10-bit
+  mantissas, logits of std 2 summed over 4096 terms), so this bound also catches a fall-back to TF32.
 - loss (relative) <= 1e-4.
 - each gradient, ||got - ref|| / ||ref||: <= 2e-5 when it is FP32 (dlogits FP32, IEEE GEMMs), <= 8e-3 when it
   is bf16 (returned in bf16; with bf16 operands dlogits is rounded to bf16 before the GEMMs too: about 2^-9
@@ -26,11 +28,13 @@ SHAPES = [(4096, 4096, 32768), (4096, 4096, 131072)]
 EPS_HIGH = 1.2
 TOL_LOGP = TOL_LOSS = 1e-4
 TOL_GRAD = {"float32": 2e-5, "bfloat16": 8e-3}
-CASES = [  # (hidden dtype, weight dtype, fp32_precision)
+CASES = [  # (hidden dtype, weight dtype, fp32_precision; None = the default, 3xTF32 on CUDA)
     ("bfloat16", "bfloat16", "ieee"),
+    ("float32", "float32", None),
     ("float32", "float32", "ieee"),
     ("float32", "float32", "tf32x3"),
     ("bfloat16", "float32", "ieee"),
+    ("bfloat16", "float32", "tf32x3"),
 ]
 
 
@@ -148,3 +152,17 @@ def test_cispo_backends_agree_on_gpu():
     assert float((gha - ght).norm() / ght.norm()) <= 8e-3
     assert float((gwa - gwt).norm() / gwt.norm()) <= 8e-3
     assert 0 < ct < 1 and abs(ca - ct) <= 2.0 / N
+
+
+def test_default_fp32_mode_on_cuda_is_tf32x3():
+    """The FP32 head's default on a GPU is the 3xTF32 mode: bit-identical to asking for it, not IEEE's result."""
+    import torch
+
+    from scalerl_mega.objective.triton.fused_logprob import resolve_fp32_precision, triton_logprob
+
+    h, W, y, *_ = _inputs(2048, 4096, 32768, torch.float32, seed=3)
+    assert resolve_fp32_precision(None, h) == "tf32x3"
+    blocks = dict(block_n=64, block_v=64, block_h=32)  # one configuration for all three calls
+    default = triton_logprob(h, W, y, **blocks)
+    assert torch.equal(default, triton_logprob(h, W, y, fp32_precision="tf32x3", **blocks))
+    assert not torch.equal(default, triton_logprob(h, W, y, fp32_precision="ieee", **blocks))

@@ -124,3 +124,32 @@ def test_errors_name_the_key_or_file(tmp_path):
         build_task(_cfg(train_files=[good], tokenizer_path=tok_dir, max_prompt_tokens=1))
     with pytest.raises(ValueError, match="data.name='gsm8k'"):
         build_task(_cfg(name="gsm8k", train_files=[good], tokenizer_path=tok_dir))
+
+
+def test_synthetic_prompts_are_held_to_max_prompt_tokens():
+    """Issue 26 item 10: the synthetic task used to ignore data.max_prompt_tokens (every prompt longer than
+    2 tokens still trained). Prompts over the limit are dropped; none fitting is refused when the task is
+    built (`train.run_job` builds it first, before the trainer and any step), naming the key and the
+    prompts' lengths. (Not at compose time: building the 20,000 demo prompts takes seconds.)"""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_hf_model_config import _compose
+
+    from scalerl_mega.build import build_task
+    from scalerl_mega.data.tasks.tokenizer import build_arith_tokenizer
+
+    small = ("experiment=demo", "data.synthetic_num_prompts=1000", "data.val_prompts=100")  # seconds, not tens
+    base = build_task(_compose(*small))
+    tok = build_arith_tokenizer()
+    lens = sorted(len(tok(p.text)["input_ids"]) for p in base.train_prompts)  # counted independently
+    assert all(p.token_ids == tok(p.text)["input_ids"] for p in base.train_prompts[:20])
+    limit = lens[len(lens) // 2]
+    assert limit < lens[-1]  # some prompts are longer than the limit
+    cut = build_task(_compose(*small, f"data.max_prompt_tokens={limit}"))
+    assert len(cut.train_prompts) == sum(n <= limit for n in lens) < len(lens)
+    assert max(len(p.token_ids) for p in cut.train_prompts) <= limit
+    with pytest.raises(ValueError, match=rf"no prompt fits data\.max_prompt_tokens=2: the \d+ prompts are "
+                                         rf"{lens[0]}-{lens[-1]} tokens \(data\.name=synthetic"):
+        build_task(_compose(*small, "data.max_prompt_tokens=2"))

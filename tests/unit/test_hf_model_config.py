@@ -159,3 +159,39 @@ def test_smollm2_cpu_experiment_validates(tmp_path):
     validate(c)
     assert (c.model.name, c.model.hidden_size, c.data.name, c.rollout.name, c.reward.require_think) == (
         "hf", 576, "polaris", "local", False)
+
+
+UNUSABLE = {  # config.json contents a user could point init_from_hf at, and what the error says about them
+    "qwen": ({"model_type": "qwen2", "hidden_size": 8}, "model_type='qwen2' is not supported"),
+    "no_hidden": ({"model_type": "llama"}, "config key 'hidden_size' is missing"),
+    "json_list": ([1, 2], "config.json holds a JSON list, not an object"),
+    "mm_without_text": ({"model_type": "llama4", "text_config": "x"}, "model_type='llama4' (multimodal) without a "
+                                                                       "text_config object"),
+    "bias": ({"model_type": "llama", "attention_bias": True}, "attention_bias=True is not supported"),
+}
+
+
+@pytest.mark.parametrize("model", ["hf", "llama3_8b"])
+@pytest.mark.parametrize("case", sorted(UNUSABLE))
+def test_unusable_config_json_is_one_line_naming_init_from_hf(tmp_path, capsys, case, model):
+    """Issue 26 item 10: an unusable config.json under an explicit preset said only `config.json: ...`
+    (and a JSON list raised AttributeError); now `scalerl-train` exits 2 with one line naming the key."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from scalerl_mega.config import register_configs
+    from scalerl_mega.run_dir import EXIT_CONFIG_ERROR, config_or_exit
+
+    content, why = UNUSABLE[case]
+    path = _ckpt(tmp_path, content)
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"output_dir={tmp_path / 'out'}", "experiment=scalerl",
+                                                      f"model={model}", f"init_from_hf={path}"])
+    with pytest.raises(SystemExit) as e:
+        config_or_exit(cfg, validate_only=True)
+    assert e.value.code == EXIT_CONFIG_ERROR == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"config error: init_from_hf={path!r}: "), lines
+    assert why in lines[0]

@@ -25,6 +25,12 @@ def _manifest_and_plan(preset: str, *, tie: bool, dtype: str | None = "bfloat16"
     return m, model_manifest(LocalModelSpec(arch=arch, config=kw)), export_plan(m, dtype=dtype)
 
 
+def export_plan_of(m, dtype):
+    from scalerl_mega.trainer.megatron.export import export_plan
+
+    return export_plan(m, dtype=dtype)
+
+
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
 @pytest.mark.parametrize("preset", ["tiny_dense", "tiny_moe", "llama3_8b", "scout_17b16e"])
 def test_export_plan_matches_the_generator_model(preset, tie):
@@ -39,7 +45,12 @@ def test_export_plan_matches_the_generator_model(preset, tie):
     assert q.shape == (m.num_attention_heads * m.kv_channels, m.hidden_size) and q.dtype == "bfloat16"
     head = next(s for s in plan if s.name == ("model.embed_tokens.weight" if tie else "lm_head.weight"))
     assert head.shape == (m.vocab_size, m.hidden_size)
-    assert head.dtype == (None if m.fp32_lm_head else "bfloat16")  # an FP32 head keeps its parameter dtype
+    assert head.dtype == "bfloat16"  # the generator's dtype, head included (SGLang rounds it on load anyway)
+    # "+fp32_head" (the local engine, which keeps an FP32 head copy): an FP32 head keeps its parameter dtype
+    head_kept = next(s for s in export_plan_of(m, "bfloat16+fp32_head") if s.name == head.name)
+    assert head_kept.dtype == (None if m.fp32_lm_head else "bfloat16")
+    assert [s for s in export_plan_of(m, "bfloat16+fp32_head") if s.name != head.name] == [
+        s for s in plan if s.name != head.name]
 
 
 def test_every_kind_of_mismatch_is_named():

@@ -17,9 +17,13 @@ configuration are bit-identical. (The earlier design accumulated grad_W with FP3
 row block: ~1.3e11 atomics per 16k-token micro-batch at 8B, and run-to-run nondeterministic.) FLOPs: 4 GEMMs
 of 2NHV (forward logits, recomputed logits, grad_h, grad_W).
 
-Precision: FP32 operands use tl.dot(input_precision="ieee") (Triton's default on tensor-core GPUs is TF32,
-i.e. 10-bit input mantissas), or "tf32x3" on request (`fp32_precision`: tensor cores, three TF32 products per
-term, error measured by tests/gpu); bf16 operands give exact products with FP32 accumulation. The bf16 backward
+Precision: FP32 operands (the trainer's FP32 head: Float16Module hands the last stage FP32 hidden states,
+and the head weight is FP32) use tl.dot(input_precision="tf32x3") on a CUDA device by default (tensor
+cores, three TF32 products per term, hi*hi + hi*lo + lo*hi: about FP32 accuracy, bounds in
+tests/gpu/test_fused_logprob_gpu.py), or "ieee" on request (exact FP32 products on CUDA-core FMAs: several
+times slower on H100, where FP32 FMA peaks near 67 TFLOP/s against ~495 for dense TF32). Never plain TF32
+(Triton's default for FP32 dots on tensor-core GPUs, 10-bit input mantissas). Off CUDA (the interpreter)
+the default is "ieee". bf16 operands give exact products with FP32 accumulation. The bf16 backward
 rounds dlogits to bf16 before the gradient GEMMs (like Liger's FLCE), so bf16 gradients carry about 2^-8
 relative error; logp and lse are FP32 either way.
 
@@ -64,8 +68,19 @@ AUTOTUNE_CONFIGS = {
     ),
 }
 FP32_PRECISIONS = ("ieee", "tf32x3")
-"""FP32-operand dot modes: "ieee" (exact FP32 products, CUDA-core FMA; the default) or "tf32x3" (tensor cores,
-error near FP32's, see the GPU test); never plain TF32."""
+"""FP32-operand dot modes: "ieee" (exact FP32 products, CUDA-core FMA; the default off CUDA) or "tf32x3"
+(tensor cores, error near FP32's, see the GPU test; the default on CUDA); never plain TF32."""
+DEFAULT_CUDA_FP32_PRECISION = "tf32x3"
+
+
+def resolve_fp32_precision(precision: str | None, hidden: torch.Tensor) -> str:
+    """`precision` if given, else `DEFAULT_CUDA_FP32_PRECISION` for CUDA inputs outside the interpreter and
+    "ieee" otherwise. ValueError naming `fp32_precision` for an unknown mode."""
+    if precision is None:
+        precision = DEFAULT_CUDA_FP32_PRECISION if hidden.is_cuda and not _interpreting() else "ieee"
+    if precision not in FP32_PRECISIONS:
+        raise ValueError(f"fp32_precision={precision!r} is not one of {list(FP32_PRECISIONS)}")
+    return precision
 INTERPRET_BLOCKS = (32, 64, 32)
 """Fixed (BLOCK_N, BLOCK_V, BLOCK_H) when no block size is given and no GPU autotuning is possible."""
 DEFAULT_BWD_CHUNK_BYTES = 512 * 2**20
@@ -219,7 +234,7 @@ def triton_logprob(
     block_h: int | None = None,
     v_splits: int | None = None,
     bwd_chunk_rows: int | None = None,
-    fp32_precision: str = "ieee",
+    fp32_precision: str | None = None,
     with_entropy: bool = False,
 ):
     """Per-token fp32 log pi(target | hidden) [N] (same contract as `fused_logprob.chunked_logprob`);
@@ -233,8 +248,8 @@ def triton_logprob(
     device, `INTERPRET_BLOCKS` otherwise (missing ones are filled from `INTERPRET_BLOCKS` when some are
     given). `v_splits`: vocabulary splits of the forward grid (default `default_v_splits`);
     `bwd_chunk_rows`: rows per backward chunk (default `bwd_chunk_rows(...)`, a 512 MiB buffer).
-    `fp32_precision`: dot mode when an operand is FP32 (`FP32_PRECISIONS`; the FP32 backward GEMMs follow
-    torch's `torch.backends.cuda.matmul` setting instead).
+    `fp32_precision`: dot mode when an operand is FP32 (`FP32_PRECISIONS`; None: `resolve_fp32_precision`,
+    "tf32x3" on CUDA; the FP32 backward GEMMs follow torch's `torch.backends.cuda.matmul` setting instead).
     """
     from scalerl_mega.objective.fused_logprob import _validate
 
@@ -249,8 +264,7 @@ def triton_logprob(
     for name, v in (("v_splits", v_splits), ("bwd_chunk_rows", bwd_chunk_rows)):
         if v is not None and v < 1:
             raise ValueError(f"{name}={v} must be >= 1")
-    if fp32_precision not in FP32_PRECISIONS:
-        raise ValueError(f"fp32_precision={fp32_precision!r} is not one of {list(FP32_PRECISIONS)}")
+    fp32_precision = resolve_fp32_precision(fp32_precision, hidden)
     logp, entropy = _TritonLogProb.apply(hidden, weight, targets, blocks, v_splits, bwd_chunk_rows, fp32_precision,
                                          with_entropy)
     return (logp, entropy) if with_entropy else logp

@@ -367,20 +367,37 @@ def _optimizer_is_fresh(optimizer) -> bool:
     return all(len(getattr(getattr(o, "optimizer", o), "state", {})) == 0 for o in subs)
 
 
+def _keeps_per_param_step(inner) -> bool:
+    """True for torch's Adam/AdamW, which keep a per-parameter 'step' tensor in their state.
+
+    Megatron's inner optimizer is torch's only without TransformerEngine and Apex
+    (megatron/core/optimizer/__init__.py imports `transformer_engine.pytorch.optimizers.FusedAdam`
+    first). TE's FusedAdam keeps one 'step' per param group, and its `state_dict()` /
+    `load_state_dict()` map every per-parameter state key through `name_to_dtype_map`, which has
+    only 'exp_avg', 'exp_avg_sq' and 'master_param': a per-parameter 'step' is a KeyError there.
+    """
+    import torch
+
+    return isinstance(inner, (torch.optim.Adam, torch.optim.AdamW))
+
+
 def _prime_fresh_optimizer(optimizer) -> bool:
-    """Give a never-stepped optimizer zero Adam moments and step 0 before loading into it.
+    """Give a never-stepped torch Adam(W) zero moments and step 0 before loading into it.
 
     Megatron builds the state dict to load into from the optimizer's current state, and the
     distributed optimizer with torch's Adam asserts one common 'step' over it
     (`DistributedOptimizer.state_dict`: `assert len(steps) == 1`), which fails when there is no state
-    yet. The load overwrites all of it.
+    yet. The load overwrites all of it. Any other inner optimizer (TE/Apex FusedAdam on GPU) is left
+    as it is: Megatron reads its step from the param groups and allocates its state while loading
+    (`DistributedOptimizer.load_state_dict`), and a primed per-parameter 'step' would break it
+    (`_keeps_per_param_step`).
     """
     import torch
 
     primed = False
     for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
         inner, init = getattr(sub, "optimizer", None), getattr(sub, "init_state_fn", None)
-        if inner is None or init is None or len(inner.state):
+        if inner is None or init is None or len(inner.state) or not _keeps_per_param_step(inner):
             continue
         init(inner, sub.config)
         for st in inner.state.values():

@@ -9,7 +9,8 @@ before the next group, so at most one group (e.g. one layer's fused expert tenso
 Ranks that do not emit must still exhaust the iterator (the gathers are collective).
 
 Tensors stay on the training device (no host copy: NCCL sends device tensors) and are cast to the
-generator's dtype (``dtype``, e.g. bf16) once gathered; an FP32 LM head stays FP32. ``export_to_rank0`` is the weight push of a
+generator's dtype (``dtype``, e.g. bf16) once gathered, the LM head included unless the spec says
+``+fp32_head`` (``weight_dtypes``). ``export_to_rank0`` is the weight push of a
 multi-rank job: global rank 0 (the controller, the only rank in the weight-sync group) yields its own
 stage's tensors, then receives every later pipeline stage's from that stage's emitting rank by
 point-to-point send/recv over the default group, one tensor at a time (a header object, then the
@@ -51,13 +52,36 @@ def is_head_weight(hf_name: str, *, tied: bool) -> bool:
     return hf_name.endswith("lm_head.weight") or (tied and hf_name.endswith("embed_tokens.weight"))
 
 
+FP32_HEAD = "+fp32_head"
+"""Suffix of a weight dtype spec ("bfloat16+fp32_head"): the LM head keeps its own (FP32) dtype."""
+
+
+def weight_dtypes(spec: torch.dtype | str | None, model_cfg) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """(body dtype, head dtype) of a weight push; None keeps the parameter's own dtype.
+
+    ``spec``: None (every parameter's own dtype); a dtype or its name (every tensor, the LM head
+    included: what an SGLang server holds, since it rounds a pushed head to its serving dtype on
+    load and `--enable-fp32-lm-head` only upcasts that rounded weight and the hidden state at compute,
+    sglang 0.5.23 layers/logits_processor.py; an FP32 push would cost 2x the head's bytes for
+    nothing); or "<dtype>+fp32_head" (the head, i.e. the token embedding when tied, keeps its own
+    dtype when ``model_cfg.fp32_lm_head``: the local engine keeps an FP32 copy of the pushed head,
+    rollout/core.py, so paper Sec. 3.2's FP32 head sees the trainer's weights unrounded there).
+    """
+    if spec is None or isinstance(spec, torch.dtype):
+        return spec, spec
+    name, keep = str(spec), False
+    if name.endswith(FP32_HEAD):
+        name, keep = name[: -len(FP32_HEAD)], bool(getattr(model_cfg, "fp32_lm_head", False))
+    body = _as_dtype(name)
+    return body, (None if keep else body)
+
+
 def export_hf_weights(model, model_cfg, *, dtype: torch.dtype | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, full_tensor)`` for this pipeline stage on its emitting rank (see module doc).
 
     ``model``: a GPTModel, DDP-wrapped model or list of chunks; ``model_cfg``: the trainer
-    ``ModelConfig`` (or a ``convert.dims.ArchDims``); ``dtype``: cast of the yielded tensors (None
-    keeps the parameters' dtype), except the LM head of a model with ``fp32_lm_head``, which stays
-    FP32 (paper Sec. 3.2: the generator's FP32 head gets the trainer's FP32 weights unrounded).
+    ``ModelConfig`` (or a ``convert.dims.ArchDims``); ``dtype``: cast of the yielded tensors, a spec of
+    ``weight_dtypes`` (None keeps the parameters' dtypes; "<dtype>+fp32_head" keeps an FP32 LM head FP32).
     """
     from megatron.core import parallel_state as ps
 
@@ -66,14 +90,12 @@ def export_hf_weights(model, model_cfg, *, dtype: torch.dtype | str | None = Non
     from scalerl_mega.convert.model_config import dims_from_model_config
 
     dims = dims_from_model_config(model_cfg)
-    dtype = _as_dtype(dtype)
-    keep_head = bool(getattr(model_cfg, "fp32_lm_head", False))
+    body_dtype, head_dtype = weight_dtypes(dtype, model_cfg)
     tied = bool(getattr(model_cfg, "tie_embeddings", False))
 
     def cast(name: str, t: torch.Tensor) -> torch.Tensor:
-        if dtype is None or t.dtype == dtype or (keep_head and is_head_weight(name, tied=tied)):
-            return t
-        return t.to(dtype)
+        to = head_dtype if is_head_weight(name, tied=tied) else body_dtype
+        return t if to is None or t.dtype == to else t.to(to)
 
     emit = is_emitting_rank()
     tp_group = ps.get_tensor_model_parallel_group()
@@ -123,12 +145,14 @@ def export_plan(model_cfg, *, dtype: torch.dtype | str | None = None) -> list:
     from scalerl_mega.rollout.weight_sync import TensorSpec, dtype_name
 
     dims = dims_from_model_config(model_cfg)
-    dtype = _as_dtype(dtype)
-    keep_head = bool(getattr(model_cfg, "fp32_lm_head", False))
+    body_dtype, head_dtype = weight_dtypes(dtype, model_cfg)
     tied = bool(getattr(model_cfg, "tie_embeddings", False))
-    return [TensorSpec(n, tables.expected_hf_shape(n, dims),
-                       None if dtype is None or (keep_head and is_head_weight(n, tied=tied)) else dtype_name(dtype))
-            for n in tables.hf_names(dims)]
+
+    def spec_dtype(name: str) -> str | None:
+        to = head_dtype if is_head_weight(name, tied=tied) else body_dtype
+        return None if to is None else dtype_name(to)
+
+    return [TensorSpec(n, tables.expected_hf_shape(n, dims), spec_dtype(n)) for n in tables.hf_names(dims)]
 
 
 def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:

@@ -39,7 +39,7 @@ def engine_core(trainer: Any, *, dtype: str, router_noise: float, max_seq_len: i
     from scalerl_mega.hf_config import hf_config_from_model
     from scalerl_mega.rollout.core import CoreConfig, GenerationCore, moe_routers
     from scalerl_mega.rollout.local import LocalModelSpec, build_model
-    from scalerl_mega.trainer.megatron.export import export_hf_weights
+    from scalerl_mega.trainer.megatron.export import FP32_HEAD, export_hf_weights
 
     mcfg = trainer.cfg.model
     arch, hf_kwargs = hf_config_from_model(mcfg)
@@ -47,7 +47,7 @@ def engine_core(trainer: Any, *, dtype: str, router_noise: float, max_seq_len: i
     core = GenerationCore(model, config=CoreConfig(max_batch=max_batch, max_seq_len=max_seq_len,
                                                    fp32_lm_head=mcfg.fp32_lm_head, record_routes=True,
                                                    eos_token_ids=list(eos_token_ids or [])))
-    core.load_weights(export_hf_weights(trainer.chunks, mcfg, dtype=dtype))
+    core.load_weights(export_hf_weights(trainer.chunks, mcfg, dtype=dtype + FP32_HEAD))  # as the local engine
     if router_noise:
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():

@@ -327,7 +327,10 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
     pp, tp = ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()
     if pp > 1:  # micro-batches differ in shape: the p2p exchanges each one's shape first
         get_model_config(chunks[0]).variable_seq_lengths = True
-    mbs = local_microbatches(batch, plan, cols_multiple=tp if parallel.sequence_parallel and tp > 1 else 1)
+    # the model's resolved SP (`ParallelConfig.sequence_parallel_on`: on for MoE with tp > 1 even when
+    # `parallel.sequence_parallel` is unset), which scatters the sequence over TP: widths must divide
+    sp = bool(get_model_config(chunks[0]).sequence_parallel)
+    mbs = local_microbatches(batch, plan, cols_multiple=tp if sp and tp > 1 else 1)
     n_mb = len(mbs)
     dp = ps.get_data_parallel_world_size()
     device = next(chunks[0].parameters()).device

@@ -125,7 +125,8 @@ class MegatronPolicyTrainer:
 
     def export_hf_weights(self, *, dtype: str | None = None) -> Iterator[tuple[str, Any]]:
         """HF-named full tensors of the whole model, on the training device, cast to `dtype` (a torch
-        dtype name such as "bfloat16": the generator's), yielded on global rank 0; every rank must
+        dtype name such as "bfloat16": the generator's; `export.weight_dtypes` for "+fp32_head"),
+        yielded on global rank 0; every rank must
         exhaust the iterator (TP/EP gathers inside each pipeline stage, later stages relayed to rank 0;
         `export.export_to_rank0`). The stream announces its names/shapes/dtypes up front
         (`weight_sync.PlannedTensors`), so an engine checks them before the first bucket is sent."""

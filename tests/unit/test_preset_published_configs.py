@@ -1,0 +1,64 @@
+"""Every shipped preset that names a published model matches that model's `config.json`.
+
+The fixtures in tests/data/hf_configs/ are the published files' fields (sources in its README);
+the check is the one `scalerl-train init_from_hf=<dir> model=<preset>` runs at compose time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "tests" / "data" / "hf_configs"
+PUBLISHED = {  # preset -> its model's config.json (a new preset for a published model adds a row)
+    "llama3_8b": "Llama-3.1-8B.config.json",
+    "scout_17b16e": "Llama-4-Scout-17B-16E-Instruct.config.json",
+}
+NOT_PUBLISHED = {"tiny_dense", "tiny_moe", "hf"}  # toy shapes; `hf` takes its shapes from the checkpoint
+
+
+def _ckpt_dir(tmp_path: Path, preset: str) -> Path:
+    d = tmp_path / preset
+    d.mkdir()
+    shutil.copy(DATA / PUBLISHED[preset], d / "config.json")
+    return d
+
+
+def test_every_shipped_preset_has_its_published_config():
+    presets = {p.stem for p in (REPO / "conf" / "model").glob("*.yaml")}
+    assert presets - NOT_PUBLISHED == set(PUBLISHED), "add the published config.json of each new preset"
+    for name in PUBLISHED.values():
+        assert (DATA / name).is_file(), name
+
+
+@pytest.mark.parametrize("preset", sorted(PUBLISHED))
+def test_preset_passes_the_compose_time_check_against_its_published_config(tmp_path, preset):
+    from test_hf_model_config import _compose
+
+    from scalerl_mega.hf_model_config import model_mismatches, resolve_model
+
+    d = _ckpt_dir(tmp_path, preset)
+    cfg = _compose("experiment=scalerl", f"model={preset}", f"init_from_hf={d}")
+    assert model_mismatches(cfg.model, json.loads((d / "config.json").read_text())) == []
+    assert resolve_model(cfg) is cfg  # raises ValueError on any mismatch (exit 2 at validate)
+
+
+def test_scout_fixture_is_the_multimodal_layout_and_a_wrong_context_is_caught(tmp_path):
+    """The Scout file keeps the decoder under text_config; 262144 (the old preset value) is named."""
+    from scalerl_mega.hf_model_config import check_model_matches_hf
+    from scalerl_mega.trainer.megatron.config import load_model_preset
+
+    cfg = json.loads((DATA / PUBLISHED["scout_17b16e"]).read_text())
+    assert cfg["model_type"] == "llama4" and cfg["architectures"] == ["Llama4ForConditionalGeneration"]
+    text = cfg["text_config"]
+    assert (text["max_position_embeddings"], text["rope_scaling"]["factor"]) == (10485760, 16.0)
+    assert text["no_rope_layers"].count(0) == 12 and len(text["moe_layers"]) == 48
+    old = dataclasses.replace(load_model_preset("scout_17b16e"), max_position_embeddings=262144)
+    with pytest.raises(ValueError, match=r"max_position_embeddings=10485760 in config.json but "
+                                         r"model.max_position_embeddings gives 262144"):
+        check_model_matches_hf(old, _ckpt_dir(tmp_path, "scout_17b16e"))
