@@ -120,8 +120,10 @@ def build_train_batch(
     pack_sequences: bool = False,
     pad_id: int = 0,
     policy_version: int | None = None,
+    route_weights: bool = True,
 ) -> BatchResult:
-    """Assemble the TrainBatch of one step from `groups` (see module docstring)."""
+    """Assemble the TrainBatch of one step from `groups` (see module docstring). `route_weights`:
+    carry the engines' MoE gate weights (`moe.routing_replay=ids_and_weights` only)."""
     if not groups:
         raise ValueError("build_train_batch: no groups")
     rows = [(gi, s) for gi, g in enumerate(groups) for s in g.samples]
@@ -178,7 +180,7 @@ def build_train_batch(
         gen_logp_BT[b, sl] = torch.tensor(c.gen_logprobs, dtype=torch.float32)
         version_BT[b, sl] = torch.tensor(c.weight_versions, dtype=torch.int64)
     gen_logp_BT = gen_logp_BT * loss_mask_BT
-    routes = route_tensors(comps, T)
+    routes = route_tensors(comps, T, with_weights=route_weights)
     targets_BT = targets_BT * (loss_mask_BT > 0)
 
     weights_BT = token_weights(loss_mask_BT, prompt_index_B, aggregation)
@@ -209,12 +211,17 @@ def build_train_batch(
     return BatchResult(batch=batch, metrics=metrics, kept_groups=kept_groups)
 
 
-def route_tensors(comps: Sequence, T: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
-    """[B, T, L, K] int64 expert ids, [B, T, L, K] float32 gate weights (None unless every completion
-    has them) and the [B, T] float32 mask of positions with a route, from the completions' `routes`
-    (input position t of row b = the prompt + output token at t); None when no completion carries
-    routes. Routes must be all or none, with the same layer count and top-k, covering at most the
-    row's positions."""
+def route_tensors(comps: Sequence, T: int, *, with_weights: bool = True
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
+    """[B, T, L, K] expert ids, [B, T, L, K] float32 gate weights (None unless `with_weights` and every
+    completion has them: only `moe.routing_replay=ids_and_weights` reads them) and the [B, T] float32
+    mask of positions with a route, from the completions' `routes` (input position t of row b = the
+    prompt + output token at t); None when no completion carries routes. The ids keep the engines'
+    compact dtype (`types.route_id_dtype`: uint8 up to 256 experts; int64 if some are plain lists):
+    Megatron's router replay widens them per micro-batch (`trainer/megatron/routing.py`). Routes must be
+    all or none, with the same layer count and top-k, covering at most the row's positions."""
+    import numpy as np
+
     have = [c.routes is not None for c in comps]
     if not any(have):
         return None
@@ -224,10 +231,12 @@ def route_tensors(comps: Sequence, T: int) -> tuple[torch.Tensor, torch.Tensor |
                          "do (a mix of engines with and without route recording)")
     L, K = comps[0].routes.num_layers, comps[0].routes.topk
     B = len(comps)
-    ids = torch.zeros((B, T, L, K), dtype=torch.int64)
-    weights = torch.zeros((B, T, L, K), dtype=torch.float32)
+    dtypes = [c.routes.expert_ids.dtype if isinstance(c.routes.expert_ids, np.ndarray) else np.dtype(np.int64)
+              for c in comps]
+    ids = torch.zeros((B, T, L, K), dtype=torch.from_numpy(np.zeros(0, np.result_type(*dtypes))).dtype)
     mask = torch.zeros((B, T), dtype=torch.float32)
-    with_weights = all(c.routes.weights or not c.routes.num_positions for c in comps)
+    with_weights = with_weights and all(len(c.routes.weights) or not c.routes.num_positions for c in comps)
+    weights = torch.zeros((B, T, L, K), dtype=torch.float32) if with_weights else None
     for b, c in enumerate(comps):
         r, where = c.routes, f"completion {c.prompt_id}/{c.sample_index}"
         r.check(where=where)
@@ -236,8 +245,8 @@ def route_tensors(comps: Sequence, T: int) -> tuple[torch.Tensor, torch.Tensor |
             raise ValueError(f"{where}: routes [{n}, {r.num_layers}, {r.topk}] do not fit [{L}, {K}] routes of "
                              f"{len(c.prompt_ids) + len(c.output_ids)} positions")
         if n:
-            ids[b, :n] = torch.tensor(r.expert_ids, dtype=torch.int64).view(n, L, K)
-            if with_weights:
-                weights[b, :n] = torch.tensor(r.weights, dtype=torch.float32).view(n, L, K)
+            ids[b, :n] = torch.from_numpy(np.asarray(r.expert_ids).reshape(n, L, K))
+            if weights is not None:
+                weights[b, :n] = torch.from_numpy(np.asarray(r.weights, dtype=np.float32).reshape(n, L, K))
             mask[b, :n] = 1.0
-    return ids, weights if with_weights else None, mask
+    return ids, weights, mask

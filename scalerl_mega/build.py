@@ -232,6 +232,7 @@ def engine_max_seq_len(cfg: Any, task: Task) -> int:
 def build_local_engine(cfg: Any, task: Task, *, index: int = 0):
     """One LocalRolloutEngine process holding the HF twin of the trainer's model (random init; the
     loop pushes the trainer's weights before the first request)."""
+    from scalerl_mega.config import records_routes
     from scalerl_mega.hf_config import hf_config_from_model
     from scalerl_mega.rollout.core import CoreConfig
     from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine
@@ -247,7 +248,7 @@ def build_local_engine(cfg: Any, task: Task, *, index: int = 0):
         model=LocalModelSpec(arch=arch, config=hf_kwargs, init_seed=int(cfg.seed), dtype=cfg.precision.params_dtype),
         core=CoreConfig(max_batch=cfg.rollout.max_batch_size, max_seq_len=max_seq,
                         fp32_lm_head=cfg.precision.name == "fp32_head", eos_token_ids=list(task.stop_token_ids),
-                        record_routes=bool(cfg.moe.record_routes) and bool(cfg.model.is_moe)),
+                        record_routes=records_routes(cfg)),
         sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend=backend,
                               group_name=f"weight_update_group_{index}"),
         num_threads=cfg.rollout.engine_threads, seed=int(cfg.seed) + index,
@@ -329,14 +330,16 @@ def sync_master_address(cfg: Any) -> str:
 
 
 def sglang_route_layout(cfg: Any):
-    """The `RouteLayout` of `meta_info.routed_experts` for an MoE model with `moe.record_routes`, else
-    None (routes not requested)."""
+    """The `RouteLayout` of `meta_info.routed_experts` when the generators record routes
+    (`config.records_routes`: an MoE model with replay on or `moe.record_routes=true`), else None
+    (routes not requested)."""
+    from scalerl_mega.config import records_routes
     from scalerl_mega.rollout.sglang import RouteLayout
 
     m = cfg.model
-    if not (cfg.moe.record_routes and m.is_moe):
+    if not records_routes(cfg):
         return None
-    return RouteLayout(num_hidden_layers=m.num_layers, topk=m.moe_topk,
+    return RouteLayout(num_hidden_layers=m.num_layers, topk=m.moe_topk, num_experts=m.num_experts,
                        moe_layers=tuple(i for i in range(m.num_layers) if m.is_moe_layer(i)))
 
 
@@ -362,6 +365,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
         log.info("attached to %d SGLang server(s): %s", len(servers), ", ".join(s.url for s in servers))
         return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
             pause_mode=pause, seed=int(cfg.seed), master_address=sync_master_address(cfg), routes=routes, model=served,
+            max_inflight_per_server=int(cfg.rollout.max_batch_size),
             sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend=backend)))
     path = write_hf_checkpoint(cfg, task, trainer, Path(cfg.output_dir) / "hf_init")
     servers = []
@@ -376,6 +380,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
         servers.append(SGLangServer.launch(scfg))
     return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
         pause_mode=pause, seed=int(cfg.seed), routes=routes, model=served,
+        max_inflight_per_server=int(cfg.rollout.max_batch_size),
         sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend="nccl")))
 
 

@@ -194,7 +194,8 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_batch_size: int = 256
-    """Max concurrent sequences per engine (local engine decode batch)."""
+    """Max concurrent sequences per engine: the local engine's decode batch; rollout=sglang: the
+    /generate requests kept in flight on each server (num servers x this in all, pooled connections)."""
     weight_sync_bucket_mb: int = 64
     engine_threads: int = 1
     """torch threads in each local engine process."""
@@ -347,9 +348,11 @@ class MoEConfig:
     """none: the trainer routes by itself | ids: replay the generator's expert ids (Megatron router
     replay; the trainer recomputes the gate weights) | ids_and_weights: also the generator's gate
     weights (forward value; straight-through gradient)."""
-    record_routes: bool = True
-    """Local engine: record the routes of MoE models (needed by replay; without replay they still give
-    the `train/routing_agreement*` metrics)."""
+    record_routes: Optional[bool] = None
+    """Record the generators' MoE routes (the local engine's router hooks; SGLang's
+    `return_routed_experts` and its `--enable-return-routed-experts`). None: only when
+    `routing_replay` is not none (`records_routes`): on Scout they are ~5 GB a step that nothing
+    reads otherwise. true: also without replay, for the `train/routing_agreement*` metrics."""
 
 
 @dataclass
@@ -412,6 +415,13 @@ class TrainConfig:
     moe: MoEConfig = field(default_factory=MoEConfig)
 
 
+def records_routes(cfg: Any) -> bool:
+    """Whether the generators record MoE routes: an MoE model and `moe.record_routes`, which unset
+    (None) means "when `moe.routing_replay` replays them"."""
+    record = cfg.moe.record_routes
+    return bool(cfg.model.is_moe) and (cfg.moe.routing_replay != "none" if record is None else bool(record))
+
+
 def register_configs() -> None:
     """Store the schema in Hydra's ConfigStore; conf/train.yaml lists it first in its defaults."""
     from hydra.core.config_store import ConfigStore
@@ -458,7 +468,7 @@ def validate(cfg: Any) -> None:
     if cfg.moe.routing_replay != "none" and cfg.train.pack_sequences:
         raise ValueError(f"moe.routing_replay={cfg.moe.routing_replay!r} with train.pack_sequences=true: the "
                          "generator's routes are per sample and are not packed; use train.pack_sequences=false")
-    if cfg.moe.routing_replay != "none" and not cfg.moe.record_routes:
+    if cfg.moe.routing_replay != "none" and cfg.moe.record_routes is False:
         raise ValueError(f"moe.routing_replay={cfg.moe.routing_replay!r} needs the generator's routes: "
                          "moe.record_routes=false")
     if not str(cfg.resume):
@@ -496,6 +506,7 @@ def validate(cfg: Any) -> None:
     _validate_sizes(cfg)
     _validate_sft(cfg)
     _positive("rollout.num_engines", cfg.rollout.num_engines)
+    _positive("rollout.max_batch_size", cfg.rollout.max_batch_size)
     _positive("rollout.temperature", cfg.rollout.temperature)
     if not 0.0 < cfg.rollout.top_p <= 1.0:
         raise ValueError(f"rollout.top_p={cfg.rollout.top_p!r} must be in (0, 1]")

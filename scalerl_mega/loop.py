@@ -424,7 +424,8 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
         res = build_train_batch(groups, adv_norm=cfg.adv_norm.name, adv_eps=cfg.adv_norm.eps,
                                 aggregation=cfg.aggregation.name, filter_zero_variance=cfg.filter.name == "zero_variance",
                                 micro_batch_tokens=cfg.train.micro_batch_tokens,
-                                pack_sequences=cfg.train.pack_sequences, policy_version=s)
+                                pack_sequences=cfg.train.pack_sequences, policy_version=s,
+                                route_weights=cfg.moe.routing_replay == "ids_and_weights")
         metrics.update(res.metrics)
         # 5. optimizer step (the engines keep generating meanwhile)
         engine_busy = router.in_flight > 0

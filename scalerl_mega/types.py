@@ -76,21 +76,31 @@ class SamplingParams:
     (PipelineRL), so a completion deterministically spans two weight versions. None: never held."""
 
 
+def route_id_dtype(num_experts: int) -> str:
+    """The compact integer dtype (numpy/torch name) for expert ids 0..num_experts-1: uint8 up to 256
+    experts (Scout: 16), else int32 (not int16: gloo, which carries the batch to follower ranks,
+    refuses int16 tensors)."""
+    return "uint8" if 0 < num_experts <= 256 else "int32"
+
+
 @dataclass(kw_only=True, slots=True)
 class Routes:
     """MoE routes the generator used (rollout routing replay, issue #19): for each input position of
     the sequence (prompt + output tokens the engine ran a forward on, i.e. all but the last output
     token), each MoE layer (ascending layer index) and each of the top-k slots, the expert id (a
     global id, 0..E-1) and its routing weight (the gate value the engine applied), row-major flat
-    [N, L, K] lists, plus the weight version whose forward produced the position's route.
+    [N, L, K], plus the weight version whose forward produced the position's route. The engines give
+    `expert_ids` as a 1-D numpy array of `route_id_dtype(E)` and `weights` as float32 numpy (no Python
+    int per id: Scout's routes are ~10^9 ids a step); plain lists are accepted too.
 
     Position t's route is the one of the forward whose logits sampled token t + 1, so it aligns with
     the trainer's position t (which predicts `targets[t]` = token t + 1)."""
 
     num_layers: int
     topk: int
-    expert_ids: list[int]
-    weights: list[float]
+    expert_ids: Any
+    """Flat [N, L, K] expert ids: a 1-D integer numpy array (engines) or a list."""
+    weights: Any
     """Empty when the engine reports expert ids only (SGLang 0.5.23 returns no gate weights)."""
     versions: list[int]
     """Weight version of each position's route ([N]). Prompt positions: the prefill's version."""
@@ -201,10 +211,12 @@ class TrainBatch:
     (`objective.losses.token_weights`: prompt / sample / token average), so that the losses of any
     split into micro-batches and data-parallel shards sum to the full-batch loss."""
     route_ids_BTLK: "torch.Tensor | None" = None
-    """[B, T, L, K] int64 expert ids the generator routed input position t to, per MoE layer and top-k
-    slot (`Completion.routes`); 0 where `route_mask_BT` is 0. None: no routes recorded."""
+    """[B, T, L, K] expert ids the generator routed input position t to, per MoE layer and top-k
+    slot (`Completion.routes`), in the engines' compact dtype (`route_id_dtype`: uint8 up to 256
+    experts); 0 where `route_mask_BT` is 0. None: no routes recorded."""
     route_weights_BTLK: "torch.Tensor | None" = None
-    """[B, T, L, K] float32 routing weights matching `route_ids_BTLK` (None if the engine reported ids only)."""
+    """[B, T, L, K] float32 routing weights matching `route_ids_BTLK`: only for
+    `moe.routing_replay=ids_and_weights` (None otherwise, and if the engine reported ids only)."""
     route_mask_BT: "torch.Tensor | None" = None
     """[B, T] float32: 1 where position t has a recorded route (prompt and output positions except the
     last token and padding)."""

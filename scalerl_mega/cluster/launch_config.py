@@ -5,7 +5,8 @@ steps must agree on as shell-sourceable `KEY=value` lines:
     PRECISION=fp32_head        (SGLang --enable-fp32-lm-head when fp32_head: paper Sec. 3.2)
     PARAMS_DTYPE=bfloat16      (SGLang --dtype)
     SEED=0                     (SGLang --random-seed)
-    ROUTED_EXPERTS=1           (SGLang --enable-return-routed-experts: MoE model and moe.record_routes)
+    ROUTED_EXPERTS=1           (SGLang --enable-return-routed-experts: config.records_routes, i.e. an MoE
+                                model with moe.routing_replay on or moe.record_routes=true)
     SIGTERM_GRACE_S=120        (train.sigterm_grace_s, whole seconds rounded up: torchrun --shutdown-timeout
                                 is set above it, else torchrun SIGKILLs the ranks after its default 30 s)
     RUN_NAME=scalerl
@@ -67,9 +68,11 @@ def compose(overrides: list[str], *, check_files: bool = False):
 
 
 def settings(cfg) -> dict[str, str]:
+    from scalerl_mega.config import records_routes
+
     return {"PRECISION": str(cfg.precision.name), "PARAMS_DTYPE": str(cfg.precision.params_dtype),
             "SEED": str(int(cfg.seed)), "RUN_NAME": str(cfg.run_name),
-            "ROUTED_EXPERTS": "1" if cfg.moe.record_routes and cfg.model.is_moe else "0",
+            "ROUTED_EXPERTS": "1" if records_routes(cfg) else "0",
             "SIGTERM_GRACE_S": str(math.ceil(cfg.train.sigterm_grace_s)),
             "SEQUENCE_PARALLEL": "1" if cfg.parallel.sequence_parallel_on(cfg.model) else "0"}
 

@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from scalerl_mega.types import Completion, FinishReason, Routes, SamplingParams
+from scalerl_mega.types import Completion, FinishReason, Routes, SamplingParams, route_id_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -497,13 +497,15 @@ class GenerationCore:
             return None
         torch = self._torch
         L, K = len(self._routers), self._routers[0].top_k
+        id_dtype = getattr(torch, route_id_dtype(int(self._routers[0].weight.shape[0])))  # [E, hidden]
         if not r.routes:
-            return Routes(num_layers=L, topk=K, expert_ids=[], weights=[], versions=[])
-        ids = torch.cat([c[0] for c in r.routes])
-        w = torch.cat([c[1] for c in r.routes])
+            return Routes(num_layers=L, topk=K, expert_ids=torch.zeros(0, dtype=id_dtype).numpy(),
+                          weights=torch.zeros(0).numpy(), versions=[])
+        ids = torch.cat([c[0] for c in r.routes]).to(id_dtype)
+        w = torch.cat([c[1] for c in r.routes]).float()
         versions = [v for c in r.routes for v in [c[2]] * c[0].shape[0]]
-        return Routes(num_layers=L, topk=K, expert_ids=ids.flatten().tolist(), weights=w.flatten().tolist(),
-                      versions=versions)
+        return Routes(num_layers=L, topk=K, expert_ids=ids.flatten().cpu().numpy(),
+                      weights=w.flatten().cpu().numpy(), versions=versions)
 
 
 def moe_layers(model: Any) -> list[tuple[int, Any]]:

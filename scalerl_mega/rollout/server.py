@@ -33,8 +33,8 @@ class ServeSpec:
     core: Any  # rollout.core.CoreConfig
     threads: int = 1
     return_routed_experts: bool = False
-    """Answer `return_routed_experts` (SGLang's --enable-return-routed-experts): the trainer config's MoE
-    model with `moe.record_routes`, or the --enable-return-routed-experts flag with --hf-dir."""
+    """Answer `return_routed_experts` (SGLang's --enable-return-routed-experts): the trainer
+    config records routes (`config.records_routes`), or the --enable-return-routed-experts flag with --hf-dir."""
 
 
 def spec_from_overrides(overrides: list[str]) -> ServeSpec:

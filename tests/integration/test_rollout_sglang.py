@@ -453,9 +453,22 @@ def test_decode_routed_experts_hand_worked():
     vals = [1, 2, 9, 9, 3, 0, 4, 5, 9, 9, 7, 6]
     b64 = base64.b64encode(struct.pack("<12i", *vals)).decode()
     layout = RouteLayout(num_hidden_layers=3, topk=2, moe_layers=(0, 2))
-    assert decode_routed_experts(b64, positions=2, layout=layout) == [1, 2, 3, 0, 4, 5, 7, 6]
+    ids = decode_routed_experts(b64, positions=2, layout=layout)
+    assert ids.tolist() == [1, 2, 3, 0, 4, 5, 7, 6] and ids.dtype == "int32"  # num_experts unknown
     with pytest.raises(SGLangError, match="expected 3 positions"):
         decode_routed_experts(b64, positions=3, layout=layout)
+    # with the model's expert count: one byte per id (uint8 up to 256 experts); ids past it are refused
+    eight = RouteLayout(num_hidden_layers=3, topk=2, moe_layers=(0, 2), num_experts=8)
+    ids = decode_routed_experts(b64, positions=2, layout=eight)
+    assert ids.tolist() == [1, 2, 3, 0, 4, 5, 7, 6] and ids.dtype == "uint8" and ids.nbytes == 8
+    wide = [300, 1, 9, 9, 299, 0, 4, 5, 9, 9, 7, 6]
+    b64w = base64.b64encode(struct.pack("<12i", *wide)).decode()
+    ids = decode_routed_experts(b64w, positions=2, layout=RouteLayout(num_hidden_layers=3, topk=2, moe_layers=(0, 2),
+                                                                        num_experts=301))
+    assert ids.tolist() == [300, 1, 299, 0, 4, 5, 7, 6] and ids.dtype == "int32"
+    with pytest.raises(SGLangError, match=r"expert ids in \[1, 9\], outside 0..7"):
+        decode_routed_experts(b64, positions=2, layout=RouteLayout(num_hidden_layers=3, topk=2, moe_layers=(0, 1),
+                                                                    num_experts=8))
     assert "--enable-return-routed-experts" in launch_command(SGLangServerConfig(model_path="/m", return_routed_experts=True))
     assert "--enable-return-routed-experts" not in launch_command(SGLangServerConfig(model_path="/m"))
 
@@ -475,7 +488,7 @@ def test_routed_experts_requested_parsed_and_positioned(schema):
                               request_validator=lambda ep, body, method: schema.validate_request(ep, body, method),
                               return_routed_experts=True)
     server.start()
-    layout = RouteLayout(num_hidden_layers=4, topk=1, moe_layers=(1, 3))
+    layout = RouteLayout(num_hidden_layers=4, topk=1, moe_layers=(1, 3), num_experts=4)
     rec = Recorder(schema)
     engine = SGLangRolloutEngine([SGLangServer.attach(server.url)], body_hook=rec,
                                  config=SGLangEngineConfig(sync=WeightSyncConfig(backend="gloo"), routes=layout))
@@ -487,7 +500,8 @@ def test_routed_experts_requested_parsed_and_positioned(schema):
         assert ("/generate", "response") in rec.seen
         for c in out.values():
             seq = c.prompt_ids + c.output_ids
-            assert c.routes.num_positions == len(seq) - 1 and c.routes.weights == []
+            assert c.routes.num_positions == len(seq) - 1 and len(c.routes.weights) == 0
+            assert c.routes.expert_ids.dtype == "uint8"  # decoded to one byte per id, no Python list
             assert c.routes.versions == [0] * (len(seq) - 1)
             logits = []
             hooks = [r.register_forward_hook(lambda m, a, o: logits.append(o[1])) for r in moe_routers(model)]
@@ -496,7 +510,7 @@ def test_routed_experts_requested_parsed_and_positioned(schema):
             for h in hooks:
                 h.remove()
             ref = torch.stack(logits, dim=1).argmax(-1)  # [N, MoE layers]
-            assert c.routes.expert_ids == ref.flatten().tolist()
+            assert c.routes.expert_ids.tolist() == ref.flatten().tolist()
         assert out["i"].interrupted_at == 4 and len(out["i"].output_ids) == 9
     finally:
         engine.close()

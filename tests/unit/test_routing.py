@@ -140,3 +140,59 @@ def test_sglang_with_ids_and_weights_is_refused():
     with pytest.raises(ValueError, match="moe.record_routes=false"):
         compose([*base, "moe.routing_replay=ids", "moe.record_routes=false"])
     assert settings(compose(["experiment=demo", "model=tiny_dense"]))["ROUTED_EXPERTS"] == "0"
+
+
+def _np_routes(n, *, E, L=2, K=1, with_weights=True):
+    """Engine-style routes: numpy ids of `route_id_dtype(E)` (expert (7 t + l) % E), float32 weights."""
+    import numpy as np
+
+    from scalerl_mega.types import route_id_dtype
+
+    ids = np.array([(7 * t + l) % E for t in range(n) for l in range(L) for _ in range(K)], dtype=route_id_dtype(E))
+    w = np.full(n * L * K, 0.25, dtype=np.float32) if with_weights else np.zeros(0, np.float32)
+    return Routes(num_layers=L, topk=K, expert_ids=ids, weights=w, versions=[3] * n)
+
+
+def test_batch_keeps_compact_route_ids_and_drops_weights_unless_asked():
+    """Scout (16 experts): uint8 ids, 1 byte per (position, layer, slot); more than 256 experts: int32
+    (gloo refuses int16); the float32 weights tensor only with route_weights=True (ids_and_weights)."""
+    from scalerl_mega.types import route_id_dtype
+
+    assert (route_id_dtype(16), route_id_dtype(256), route_id_dtype(257)) == ("uint8", "uint8", "int32")
+    groups = _groups(_np_routes(4, E=16), _np_routes(2, E=16))
+    b = build_train_batch(groups, adv_norm="none", adv_eps=0.0, aggregation="token", filter_zero_variance=False,
+                          micro_batch_tokens=64, policy_version=3, route_weights=False).batch
+    ids = b.route_ids_BTLK
+    assert ids.dtype == torch.uint8 and ids.shape == (2, 5, 2, 1) and ids.numel() * ids.element_size() == 20
+    assert b.route_weights_BTLK is None and "route_weights" not in batch_tensors(b)
+    assert ids[0, :, :, 0].tolist() == [[0, 1], [7, 8], [14, 15], [5, 6], [0, 0]]  # (7t + l) % 16, row padded
+    assert ids[1, :2, :, 0].tolist() == [[0, 1], [7, 8]]
+    with_w = _build(groups)  # default route_weights=True (the replay probe): weights kept
+    assert with_w.route_weights_BTLK.dtype == torch.float32 and with_w.route_weights_BTLK[0, 3, 1, 0].item() == 0.25
+    wide = _build(_groups(_np_routes(4, E=300), _np_routes(2, E=300)))
+    assert wide.route_ids_BTLK.dtype == torch.int32 and wide.route_ids_BTLK[0, 3, 0, 0].item() == 21
+    # the follower broadcast: the compact dtype round-trips through ranks.py's dtype names
+    from scalerl_mega.rollout.weight_sync import dtype_from_name
+
+    assert dtype_from_name(str(ids.dtype).replace("torch.", "")) == torch.uint8
+
+
+def test_routes_recorded_only_when_replayed():
+    """moe.record_routes unset: routes (SGLang's return_routed_experts / --enable-return-routed-experts,
+    the local engine's hooks) only with replay on; true records them without replay (agreement metrics)."""
+    from scalerl_mega.build import sglang_route_layout
+    from scalerl_mega.cluster.launch_config import compose, settings
+    from scalerl_mega.config import records_routes
+
+    base = ["experiment=demo", "rollout=sglang"]
+    off = compose(base)
+    assert off.moe.routing_replay == "none" and off.moe.record_routes is None
+    assert not records_routes(off) and settings(off)["ROUTED_EXPERTS"] == "0" and sglang_route_layout(off) is None
+    on = compose([*base, "moe.routing_replay=ids"])
+    layout = sglang_route_layout(on)
+    assert records_routes(on) and settings(on)["ROUTED_EXPERTS"] == "1"
+    assert (layout.num_experts, layout.topk) == (on.model.num_experts, on.model.moe_topk)
+    forced = compose([*base, "moe.record_routes=true"])
+    assert records_routes(forced) and settings(forced)["ROUTED_EXPERTS"] == "1"
+    dense = compose(["experiment=demo", "model=tiny_dense", "moe.record_routes=true"])
+    assert not records_routes(dense) and settings(dense)["ROUTED_EXPERTS"] == "0"

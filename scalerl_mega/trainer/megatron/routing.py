@@ -104,7 +104,8 @@ class RouteTracker:
         installed = []
         try:
             for col, router in self.routers:
-                ids_NK = _flat(mb["route_ids"][:, :, col], tokens)
+                # the batch carries compact ids (uint8 up to 256 experts); RouterReplay and scatter index int64
+                ids_NK = _flat(mb["route_ids"][:, :, col], tokens).long()
                 w_NK = _flat(mb["route_weights"][:, :, col], tokens) if "route_weights" in mb else None
                 if self.mode != "none":
                     from megatron.core.transformer.moe.router_replay import RouterReplayAction
