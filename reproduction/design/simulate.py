@@ -8,8 +8,8 @@ Binomial(N, R)/N: independent samples, which understates prompt-level correlatio
 simulated run is assessed exactly as report.py does (relative grid, 10% cut, n_samples=N). Reported per
 design and truth: P(identified) and P(identified and |A_hat - A| > 0.02) (a confidently wrong A).
 
-Usage: python reproduction/design/simulate.py [--reps 20] [--out reproduction/design]
-Writes sim.json and sim.png into --out. Pure CPU, a few minutes at the defaults.
+Usage: python reproduction/design/simulate.py [--reps 10] [--set main|slow] [--out reproduction/design]
+Writes sim[_slow].json and sim[_slow].png into --out. Pure CPU, a few minutes at the defaults.
 """
 
 from __future__ import annotations
@@ -31,6 +31,14 @@ DESIGNS = [
     ("800 steps, val/20, 200x8", 800, 20, 1600),
     ("1200 steps, val/30, 200x8", 1200, 30, 1600),
 ]
+# Follow-up (`--set slow`): for a shallow curve (B = 1.5) that the designs above rarely identify, does more
+# validation (denser points or more samples) help, or only a longer run?
+SLOW_DESIGNS = [
+    ("800 steps, val/10, 200x8", 800, 10, 1600),
+    ("800 steps, val/20, 400x8", 800, 20, 3200),
+    ("1600 steps, val/40, 200x8", 1600, 40, 1600),
+]
+SLOW_TRUTHS = [dict(R0=0.30, A=0.70, B=1.5, C_mid=150.0)]
 # Truths: R0 = start pass rate, A = ceiling, B = steepness, C_mid in steps.
 TRUTHS = [
     dict(R0=0.30, A=0.70, B=1.5, C_mid=150.0),
@@ -64,20 +72,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", choices=["main", "slow"], default="main")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
+    designs, truths = (DESIGNS, TRUTHS) if args.set == "main" else (SLOW_DESIGNS, SLOW_TRUTHS)
+    suffix = "" if args.set == "main" else "_slow"
     rows = []
     t0 = time.perf_counter()
-    for name, steps, every, n in DESIGNS:
-        for truth in TRUTHS:
+    for name, steps, every, n in designs:
+        for truth in truths:
             res = simulate(steps=steps, val_every=every, n=n, truth=truth, reps=args.reps, rng=rng)
             rows.append({"design": name, "steps": steps, "val_every": every, "n": n, "truth": truth, **res})
             print(f"{name:32s} A={truth['A']:.2f} B={truth['B']:.1f} C_mid={truth['C_mid']:5.0f} "
                   f"pts={res['points_after_cut']:3d} P(id)={res['p_identified']:.2f} "
                   f"P(id & |err|>0.02)={res['p_wrong_and_identified']:.2f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sim.json").write_text(json.dumps({"reps": args.reps, "seed": args.seed, "rows": rows,
+    (args.out / f"sim{suffix}.json").write_text(json.dumps({"reps": args.reps, "seed": args.seed, "rows": rows,
                                                    "cpu_seconds": time.perf_counter() - t0}, indent=1) + "\n")
     try:
         import matplotlib
@@ -86,17 +97,17 @@ def main() -> None:
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(8, 4))
-    w = 0.8 / len(TRUTHS)
-    for j, truth in enumerate(TRUTHS):
+    w = 0.8 / len(truths)
+    for j, truth in enumerate(truths):
         ys = [r["p_identified"] for r in rows if r["truth"] is truth]
-        ax.bar(np.arange(len(DESIGNS)) + j * w, ys, w,
+        ax.bar(np.arange(len(designs)) + j * w, ys, w,
                label=f"A={truth['A']} B={truth['B']} C_mid={truth['C_mid']:.0f}")
-    ax.set_xticks(np.arange(len(DESIGNS)) + 0.4 - w / 2, [d[0] for d in DESIGNS], rotation=15, fontsize=7)
+    ax.set_xticks(np.arange(len(designs)) + 0.4 - w / 2, [d[0] for d in designs], rotation=15, fontsize=7)
     ax.set_ylabel("P(A identified)")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.out / "sim.png", dpi=110)
+    fig.savefig(args.out / f"sim{suffix}.png", dpi=110)
 
 
 if __name__ == "__main__":
