@@ -28,11 +28,20 @@ from pathlib import Path
 RECIPE_RUN_NAMES = ("repro_scalerl", "repro_dapo", "repro_no_zvf", "repro_no_fp32_head", "repro_no_npr")
 """The `experiment=` overlays of the sweep; the first is the reference recipe."""
 RUN_PREFIX = "repro_"
+REPRO2_RUN_NAMES = ("repro2_scalerl", "repro2_batch_small", "repro2_batch_large", "repro2_batch_control",
+                    "repro2_no_npr")
+"""Issue 29's sweep (reproduction/DESIGN.md): reference recipe, batch-size axis with its same-maths control,
+No-Positive-Resampling over several passes; the first is the reference recipe."""
+SWEEPS = {"repro": (RECIPE_RUN_NAMES, "outputs/reproduce"), "repro2": (REPRO2_RUN_NAMES, "outputs/reproduce2")}
+"""`--sweep` name -> (its `experiment=` overlays, its default sweep directory)."""
 
 
 def recipe_name(run_name: str) -> str:
-    """`repro_dapo` -> `dapo` (the directory name under reproduction/runs/)."""
-    return run_name[len(RUN_PREFIX):] if run_name.startswith(RUN_PREFIX) else run_name
+    """`repro_dapo` -> `dapo`, `repro2_batch_small` -> `batch_small` (the directory name under runs/)."""
+    for prefix in ("repro2_", RUN_PREFIX):
+        if run_name.startswith(prefix):
+            return run_name[len(prefix):]
+    return run_name
 
 
 def sweep_command(*, sweep_dir: str, seeds: str, recipes: str, extra: list[str] | None = None) -> list[str]:
@@ -56,10 +65,30 @@ def _stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def finished_runs(sweep_dir: Path) -> list[Path]:
+    """The point directories `<sweep_dir>/<run_name>/seed<N>` that hold a `summary.json` (a finished run)."""
+    return sorted(p.parent for p in sweep_dir.glob("*/seed*/summary.json"))
+
+
+def stamp_runs(sweep_dir: Path, record: dict) -> list[Path]:
+    """Write `provenance.json` (this invocation's commit, dirty flag, command, times) into every finished
+    run directory that has none yet: the invocation that finished a run is the one recorded (a run resumed
+    across invocations lists every invocation in `<sweep_dir>/provenance.jsonl`)."""
+    stamped = []
+    for run in finished_runs(sweep_dir):
+        path = run / "provenance.json"
+        if not path.exists():
+            path.write_text(json.dumps(record, indent=1) + "\n")
+            stamped.append(run)
+    return stamped
+
+
 def run_sweep(args: argparse.Namespace) -> int:
-    sweep_dir = Path(args.sweep_dir)
+    recipes_default, dir_default = SWEEPS[args.sweep]
+    sweep_dir = Path(args.sweep_dir or dir_default)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    cmd = sweep_command(sweep_dir=str(sweep_dir), seeds=args.seeds, recipes=args.recipes, extra=args.overrides)
+    recipes = args.recipes or ",".join(recipes_default)
+    cmd = sweep_command(sweep_dir=str(sweep_dir), seeds=args.seeds, recipes=recipes, extra=args.overrides)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
     record = {"started": _stamp(), "commit": _git("rev-parse", "HEAD") or None,
               "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
@@ -67,6 +96,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     rc = subprocess.call(cmd, env=env)
     record.update(finished=_stamp(), wall_s=round(time.monotonic() - t0, 1), rc=rc)
+    stamp_runs(sweep_dir, {k: record[k] for k in ("commit", "dirty", "command", "started", "finished")})
     with open(sweep_dir / "provenance.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
     return rc
@@ -76,9 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m scalerl_mega.reproduce", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sweep", help="run (or continue) the leave-one-out sweep")
-    s.add_argument("--sweep-dir", default="outputs/reproduce")
+    s.add_argument("--sweep", choices=sorted(SWEEPS), default="repro",
+                   help="repro: the leave-one-out sweep; repro2: issue 29's (reproduction/DESIGN.md)")
+    s.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce[2])")
     s.add_argument("--seeds", default="0,1,2")
-    s.add_argument("--recipes", default=",".join(RECIPE_RUN_NAMES))
+    s.add_argument("--recipes", default=None, help="comma-separated experiment= overlays (default: the --sweep's)")
     s.add_argument("overrides", nargs="*", help="extra Hydra overrides for every point")
     a = sub.add_parser("analyse", help="collect the finished runs, fit, compare, write reproduction/")
     a.add_argument("--sweep-dir", default="outputs/reproduce")

@@ -1,0 +1,114 @@
+"""Design simulation for issue 29: how often does the identification rule (scalerl_mega.scaling.identify,
+docs/forecast_identification.md) pin Eq. 1's A at a candidate CPU sweep design?
+
+Synthetic validation curves follow Eq. 1 (paper Sec. 2.1) on the step axis,
+    R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B),
+with binomial noise of N = val_prompts x val_samples samples per point (each point's mean pass rate is
+Binomial(N, R)/N: independent samples, which understates prompt-level correlation; see DESIGN.md). Each
+simulated run is assessed exactly as report.py does (relative grid, 10% cut, n_samples=N). Reported per
+design and truth: P(identified) and P(identified and |A_hat - A| > 0.02) (a confidently wrong A).
+
+Usage: python reproduction/design/simulate.py [--reps 10] [--set main|slow] [--out reproduction/design]
+Writes sim[_slow].json and sim[_slow].png into --out. Pure CPU, a few minutes at the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from scalerl_mega.scaling.fit import sigmoid_law
+from scalerl_mega.scaling.identify import assess, options_for
+
+# (name, steps, val_every, N samples per point)
+DESIGNS = [
+    ("old: 50 steps, val/5, 100x4", 50, 5, 400),
+    ("800 steps, val/20, 100x4", 800, 20, 400),
+    ("800 steps, val/20, 200x8", 800, 20, 1600),
+    ("1200 steps, val/30, 200x8", 1200, 30, 1600),
+]
+# Follow-up (`--set slow`): for a shallow curve (B = 1.5) that the designs above rarely identify, does more
+# validation (denser points or more samples) help, or only a longer run?
+SLOW_DESIGNS = [
+    ("800 steps, val/10, 200x8", 800, 10, 1600),
+    ("800 steps, val/20, 400x8", 800, 20, 3200),
+    ("1600 steps, val/40, 200x8", 1600, 40, 1600),
+]
+SLOW_TRUTHS = [dict(R0=0.30, A=0.70, B=1.5, C_mid=150.0)]
+# Truths: R0 = start pass rate, A = ceiling, B = steepness, C_mid in steps.
+TRUTHS = [
+    dict(R0=0.30, A=0.70, B=1.5, C_mid=150.0),
+    dict(R0=0.30, A=0.70, B=1.5, C_mid=300.0),
+    dict(R0=0.30, A=0.85, B=2.5, C_mid=200.0),
+]
+
+
+def simulate(*, steps: int, val_every: int, n: int, truth: dict, reps: int, rng: np.random.Generator) -> dict:
+    c = np.arange(0, steps + 1, val_every, dtype=np.float64)
+    p = sigmoid_law(np.maximum(c, 1e-9), A=truth["A"], B=truth["B"], C_mid=truth["C_mid"], R0=truth["R0"])
+    p[0] = truth["R0"]
+    ident = wrong = 0
+    errs = []
+    for _ in range(reps):
+        r = rng.binomial(n, p) / n
+        try:
+            a = assess(c, r, options=options_for(c, grid="relative"), n_samples=n)
+        except ValueError:
+            continue
+        if a.identified:
+            ident += 1
+            errs.append(abs(a.A - truth["A"]))
+            wrong += abs(a.A - truth["A"]) > 0.02
+    return {"p_identified": ident / reps, "p_wrong_and_identified": wrong / reps,
+            "median_abs_err_identified": float(np.median(errs)) if errs else None,
+            "points_after_cut": int((c >= 0.1 * c.max()).sum())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", choices=["main", "slow"], default="main")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    args = ap.parse_args()
+    rng = np.random.default_rng(args.seed)
+    designs, truths = (DESIGNS, TRUTHS) if args.set == "main" else (SLOW_DESIGNS, SLOW_TRUTHS)
+    suffix = "" if args.set == "main" else "_slow"
+    rows = []
+    t0 = time.perf_counter()
+    for name, steps, every, n in designs:
+        for truth in truths:
+            res = simulate(steps=steps, val_every=every, n=n, truth=truth, reps=args.reps, rng=rng)
+            rows.append({"design": name, "steps": steps, "val_every": every, "n": n, "truth": truth, **res})
+            print(f"{name:32s} A={truth['A']:.2f} B={truth['B']:.1f} C_mid={truth['C_mid']:5.0f} "
+                  f"pts={res['points_after_cut']:3d} P(id)={res['p_identified']:.2f} "
+                  f"P(id & |err|>0.02)={res['p_wrong_and_identified']:.2f}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"sim{suffix}.json").write_text(json.dumps({"reps": args.reps, "seed": args.seed, "rows": rows,
+                                                   "cpu_seconds": time.perf_counter() - t0}, indent=1) + "\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4))
+    w = 0.8 / len(truths)
+    for j, truth in enumerate(truths):
+        ys = [r["p_identified"] for r in rows if r["truth"] is truth]
+        ax.bar(np.arange(len(designs)) + j * w, ys, w,
+               label=f"A={truth['A']} B={truth['B']} C_mid={truth['C_mid']:.0f}")
+    ax.set_xticks(np.arange(len(designs)) + 0.4 - w / 2, [d[0] for d in designs], rotation=15, fontsize=7)
+    ax.set_ylabel("P(A identified)")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(args.out / f"sim{suffix}.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()
