@@ -6,6 +6,8 @@ steps must agree on as shell-sourceable `KEY=value` lines:
     PARAMS_DTYPE=bfloat16      (SGLang --dtype)
     SEED=0                     (SGLang --random-seed)
     ROUTED_EXPERTS=1           (SGLang --enable-return-routed-experts: MoE model and moe.record_routes)
+    PAUSE_MODE=in_place        (PipelineRL's in-flight updates: SGLang --disable-radix-cache --disable-overlap-schedule,
+                                rollout/sglang.py IN_PLACE_FLAGS; retract otherwise)
     SIGTERM_GRACE_S=120        (train.sigterm_grace_s, whole seconds rounded up: torchrun --shutdown-timeout
                                 is set above it, else torchrun SIGKILLs the ranks after its default 30 s)
     RUN_NAME=scalerl
@@ -61,6 +63,7 @@ def settings(cfg) -> dict[str, str]:
     return {"PRECISION": str(cfg.precision.name), "PARAMS_DTYPE": str(cfg.precision.params_dtype),
             "SEED": str(int(cfg.seed)), "RUN_NAME": str(cfg.run_name),
             "ROUTED_EXPERTS": "1" if cfg.moe.record_routes and cfg.model.is_moe else "0",
+            "PAUSE_MODE": "in_place" if cfg.off_policy.name == "pipeline_rl" else "retract",
             "SIGTERM_GRACE_S": str(math.ceil(cfg.train.sigterm_grace_s))}
 
 

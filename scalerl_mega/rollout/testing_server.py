@@ -224,6 +224,7 @@ class SGLangTestServer:
             ("get", "/health"): self._health,
             ("get", "/health_generate"): self._health_generate,
             ("get", "/model_info"): self._model_info,
+            ("get", "/server_info"): self._server_info,
             ("post", "/generate"): self._generate,
             ("put", "/generate"): self._generate,
             ("post", "/pause_generation"): self._pause,
@@ -291,6 +292,13 @@ class SGLangTestServer:
             "load_format": "auto",
             "architectures": [type(self.core.model).__name__],
         }
+
+    def _server_info(self, body: dict) -> tuple[int, Any]:
+        # the subset of SGLang's server arguments the client reads: this server has no prefix cache and
+        # no overlap scheduler (every token is computed after the previous one, with the weights of its tag)
+        return 200, {"model_path": self.model_path, "disable_radix_cache": True, "disable_overlap_schedule": True,
+                     "skip_tokenizer_init": True, "weight_version": self.version_names[self.core.version],
+                     "enable_return_routed_experts": self.return_routed_experts}
 
     def _generate(self, body: dict) -> tuple[int, Any]:
         from scalerl_mega.rollout.openapi_check import SAMPLING_PARAMS_FIELDS
