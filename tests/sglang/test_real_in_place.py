@@ -61,6 +61,38 @@ def _generate(engine, prompt: list[int], n_tokens: int, *, n: int = 1, seed: int
     return collect(engine, n)
 
 
+def test_emulation_answers_the_scripted_exchange_like_the_real_server(server, llama_dir):
+    """The same script (generate, batch, bad requests, a full weight push, generate, push back, leave the
+    group) against the real server and against the emulation serving the same checkpoint: every field the
+    emulation sends equals the real one (greedy tokens identical, log-probs within 1e-4)."""
+    from scalerl_mega.rollout.core import CoreConfig
+    from scalerl_mega.rollout.local import LocalModelSpec
+    from scalerl_mega.rollout.testing_server import SpawnedTestServer
+    from tests.sglang_support.exchange import compare, scripted_exchange
+
+    emu = SpawnedTestServer(LocalModelSpec(arch="llama", path=llama_dir), model_path=llama_dir,
+                            core_config=CoreConfig(max_batch=8, max_seq_len=256), sync_timeout_s=60.0)
+    try:
+        fake = scripted_exchange(emu.url, old=weights(0), new=weights(1), group_name="scripted-emulation")
+    finally:
+        emu.stop()
+    real = scripted_exchange(server.url, old=weights(0), new=weights(1), group_name="scripted-real")
+    assert [s for s, _, _ in real] == [s for s, _, _ in fake]
+    diffs = []
+    for (step, status, body), (_, fstatus, fbody) in zip(real, fake):
+        if status != fstatus:
+            diffs.append(f"{step}: HTTP {status} != {fstatus} (real {body!r}, emulation {fbody!r})")
+        elif status == 200:
+            diffs += [f"{step}{d}" for d in compare(body, fbody)]
+    assert not diffs, "\n".join(diffs)
+    gen = dict((s, b) for s, _, b in real)
+    # the script is not vacuous: the push changed the served tokens' log-probs, and was undone
+    assert gen["generate_after_update"]["meta_info"]["weight_version"] == "1"
+    assert gen["generate"]["meta_info"]["output_token_logprobs"] != gen["generate_after_update"]["meta_info"][
+        "output_token_logprobs"]
+    assert SGLangClient(server.url).model_info()["weight_version"] == "0"
+
+
 def test_generation_and_logprobs_match_the_trainer(server, engine):
     """/generate log-probs of sampled tokens == the trainer's FP32 forward of the same weights."""
     prompts = [[1, 17, 300, 5], [1, 900, 901, 902, 903, 42]]
@@ -92,14 +124,16 @@ def test_in_place_update_with_a_request_in_flight_tags_the_exact_boundary(server
     first token tagged v1 is the first one computed with the new weights (over the old KV, as in_place
     keeps it). Fails with SGLang's overlap scheduler, which tags one token early."""
     prompt = [1, 44, 45, 46, 47, 48, 49, 50]
+    old, new = weights(0), weights(1)
+    engine.manifest()  # built before the request starts: the update must reach it mid-decode
     engine.submit(_prompt("long", prompt), _sp(120, seed=7), n=1, version=0)
     wait_decoding(server.url, min_tokens=len(prompt) + 10)
     seconds = _update(engine, 1)
     assert engine.version == 1 and engine.last_sync_stats.buckets > 1
     (c,) = collect(engine, 1)
+    assert 1 in c.weight_versions, "the request finished before the update reached the server"
     b = c.weight_versions.index(1)
     assert 10 <= b < 120 and c.weight_versions == [0] * b + [1] * (120 - b), c.weight_versions
-    old, new = weights(0), weights(1)
     assert max_diff(c.gen_logprobs[:b], full_logprobs(old, prompt, c.output_ids)[:b]) < TOL
     assert max_diff(c.gen_logprobs, in_place_logprobs(old, new, prompt, c.output_ids, b)) < TOL
     # the reference tells a boundary one token off apart
