@@ -114,7 +114,7 @@ def test_in_place_without_the_flags_is_refused_and_forcing_it_shows_the_stale_pr
         assert stale > 0.05, stale  # ... but computed over the old weights' KV of the shared prefix
         print(f"stale prefix cache (radix cache on, in_place, no flush): log-probs off by up to {stale:.3f} nats")
         # with a request in flight, the overlap scheduler's boundary: which boundary do the log-probs follow?
-        prompt = [1, 80, 81, 82, 83]
+        prompt = [950, 80, 81, 82, 83]  # shares no prefix with earlier prompts (their cached KV is stale)
         _submit(engine, "overlap", prompt, 120, seed=9)
         wait_decoding(server.url, min_tokens=len(prompt) + 10)
         _update(engine, 4)
