@@ -12,12 +12,12 @@ import time
 
 import pytest
 import requests
-import torch
 
-from scalerl_mega.rollout.sglang import IN_PLACE_FLAGS, SGLangClient, SGLangEngineConfig, SGLangRolloutEngine
-from scalerl_mega.rollout.weight_sync import WeightSyncConfig, WeightSyncError
+from scalerl_mega.rollout.sglang import IN_PLACE_FLAGS, SGLangClient
+from scalerl_mega.rollout.weight_sync import WeightSyncError
 from scalerl_mega.types import FinishReason, Prompt, SamplingParams
 from tests.sglang_support.oracle import collect, full_logprobs, in_place_logprobs, max_diff, wait_decoding, weights
+from tests.sglang_support.real_server import engine_for
 
 pytestmark = [pytest.mark.sglang, pytest.mark.usefixtures("one_torch_thread")]
 TOL = 1e-4  # measured: 4.8e-7 between SGLang's FP32 CPU path and transformers
@@ -43,9 +43,7 @@ def server(llama_dir):
 
 @pytest.fixture(scope="module")
 def engine(server):
-    eng = SGLangRolloutEngine([server], config=SGLangEngineConfig(
-        pause_mode="in_place", control_timeout_s=60.0, request_timeout_s=300.0,
-        sync=WeightSyncConfig(backend="gloo", timeout_s=60.0, bucket_bytes=64 << 10)))
+    eng = engine_for(server, pause_mode="in_place")
     yield eng
     eng.close()
 

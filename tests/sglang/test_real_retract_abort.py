@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from scalerl_mega.rollout.sglang import SGLangError, SGLangEngineConfig, SGLangRolloutEngine
-from scalerl_mega.rollout.weight_sync import WeightSyncConfig
+from scalerl_mega.rollout.sglang import SGLangError
 from scalerl_mega.types import FinishReason, Prompt, SamplingParams
 from tests.sglang_support.oracle import collect, full_logprobs, in_place_logprobs, max_diff, wait_decoding, weights
+from tests.sglang_support.real_server import engine_for
 
 pytestmark = [pytest.mark.sglang, pytest.mark.usefixtures("one_torch_thread")]
 TOL = 1e-4
@@ -32,9 +32,7 @@ def server(llama_dir):
 
 @pytest.fixture(scope="module")
 def engine(server):
-    eng = SGLangRolloutEngine([server], config=SGLangEngineConfig(
-        pause_mode="retract", control_timeout_s=60.0, request_timeout_s=300.0,
-        sync=WeightSyncConfig(backend="gloo", timeout_s=60.0, bucket_bytes=64 << 10)))
+    eng = engine_for(server, pause_mode="retract")
     yield eng
     eng.close()
 

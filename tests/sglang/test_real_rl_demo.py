@@ -41,6 +41,7 @@ def _hf_dir(path: Path) -> Path:
     return path
 
 
+@pytest.mark.timeout(2400)
 def test_demo_recipe_on_real_sglang(tmp_path):
     from tests.sglang_support.real_server import launch
 

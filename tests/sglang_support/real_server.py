@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from scalerl_mega.rollout.sglang import SGLangServer, SGLangServerConfig
-from scalerl_mega.rollout.weight_sync import free_port
+from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
+from scalerl_mega.rollout.weight_sync import WeightSyncConfig, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_PATH = Path(__file__).resolve().parent / "server_path"
@@ -59,3 +59,11 @@ def launch(model_path: str | Path, **kw) -> SGLangServer:
         server.stop()
         raise
     return server
+
+
+def engine_for(server: SGLangServer, *, pause_mode: str) -> SGLangRolloutEngine:
+    """The project's engine over one real server: gloo weight sync in 64 KiB buckets (several per update),
+    60 s deadlines."""
+    return SGLangRolloutEngine([server], config=SGLangEngineConfig(
+        pause_mode=pause_mode, control_timeout_s=60.0, request_timeout_s=300.0,
+        sync=WeightSyncConfig(backend="gloo", timeout_s=60.0, bucket_bytes=64 << 10)))
