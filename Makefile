@@ -7,7 +7,7 @@ PYTEST := $(PY) -m pytest
 # Default suite: everything but slow / slurm / gpu tests, two workers (2-core CI).
 TEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: setup test test-slow test-slurm test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-real reproduce \
+.PHONY: setup test test-slow test-slurm test-sglang test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-real reproduce \
 	reproduce-sweep reproduce-analysis bench clean
 
 setup: $(STAMP)
@@ -22,13 +22,25 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: setup
-	$(PYTEST) -m "not slow and not slurm and not gpu" $(TEST_ARGS) tests
+	$(PYTEST) -m "not slow and not slurm and not gpu and not sglang and not network" $(TEST_ARGS) tests
 
 test-slow: setup
-	$(PYTEST) -m "slow and not slurm and not network" tests
+	$(PYTEST) -m "slow and not slurm and not network and not sglang" tests
 
 test-slurm: setup
 	$(PYTEST) -m slurm tests
+
+# Real SGLang 0.5.23 on CPU (docs/sglang_tests.md): the generator's own environment (.venv-sglang, SGLang's
+# pins; idempotent like .venv), the tiny checkpoints (generated, never downloaded), then the `sglang`-marked
+# tests; each test module launches its real server(s) and stops their process groups before it ends.
+SGLANG_VENV   := .venv-sglang
+SGLANG_MODELS := build/sglang-models
+
+test-sglang: setup
+	tools/sglang_env.sh $(SGLANG_VENV)
+	$(PY) -m tests.sglang_support.tiny_model $(SGLANG_MODELS)
+	SCALERL_SGLANG_PYTHON=$(CURDIR)/$(SGLANG_VENV)/bin/python SCALERL_SGLANG_MODELS=$(CURDIR)/$(SGLANG_MODELS) \
+	  $(PYTEST) -m sglang tests/sglang
 
 # GPU suite (tests/gpu, all `gpu`-marked): one command on a machine with one NVIDIA GPU. It runs under that
 # machine's own Python (GPU_PY, e.g. Python 3.12 with a CUDA torch and Triton; the CPU pins above do not apply

@@ -373,7 +373,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
         scfg = SGLangServerConfig(
             model_path=str(path), host=cfg.rollout.sglang_host, port=cfg.rollout.sglang_port + i,
             tp_size=cfg.rollout.sglang_tp_size, mem_fraction_static=cfg.rollout.sglang_mem_fraction,
-            random_seed=int(cfg.seed), fp32_lm_head=cfg.precision.name == "fp32_head",
+            random_seed=int(cfg.seed), fp32_lm_head=cfg.precision.name == "fp32_head", pause_mode=pause,
             base_gpu_id=(cfg.cluster.trainer_devices or world_size_from_env()) + i * cfg.rollout.sglang_tp_size,
             startup_timeout_s=cfg.rollout.startup_timeout_s, return_routed_experts=routes is not None,
             dtype="float32" if cfg.precision.params_dtype == "float32" else "bfloat16")

@@ -110,6 +110,7 @@ CFG_PRECISION=fp32_head
 CFG_PARAMS_DTYPE=bfloat16
 CFG_SEED=0
 CFG_ROUTED_EXPERTS=0
+CFG_PAUSE_MODE=in_place
 CFG_SIGTERM_GRACE_S=120
 CFG_SEQUENCE_PARALLEL=0
 
@@ -165,6 +166,8 @@ scalerl_generator_cmd() {
   if [[ $CFG_PRECISION == fp32_head ]]; then CMD+=(--enable-fp32-lm-head); fi
   # MoE routes for rollout routing replay (moe.record_routes; scalerl_mega/rollout/sglang.py)
   if [[ $CFG_ROUTED_EXPERTS == 1 ]]; then CMD+=(--enable-return-routed-experts); fi
+  # PipelineRL's in-place updates: no stale prefix cache, exact version tags (rollout/sglang.py IN_PLACE_FLAGS)
+  if [[ $CFG_PAUSE_MODE == in_place ]]; then CMD+=(--disable-radix-cache --disable-overlap-schedule); fi
   : "$node" "$gpu_base"
 }
 
@@ -215,6 +218,7 @@ scalerl_validate_config() {
       PARAMS_DTYPE) CFG_PARAMS_DTYPE=$value ;;
       SEED) CFG_SEED=$value ;;
       ROUTED_EXPERTS) CFG_ROUTED_EXPERTS=$value ;;
+      PAUSE_MODE) CFG_PAUSE_MODE=$value ;;
       SIGTERM_GRACE_S) CFG_SIGTERM_GRACE_S=$value ;;
       SEQUENCE_PARALLEL) CFG_SEQUENCE_PARALLEL=$value ;;
     esac

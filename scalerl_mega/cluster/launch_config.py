@@ -7,6 +7,8 @@ steps must agree on as shell-sourceable `KEY=value` lines:
     SEED=0                     (SGLang --random-seed)
     ROUTED_EXPERTS=1           (SGLang --enable-return-routed-experts: config.records_routes, i.e. an MoE
                                 model with moe.routing_replay on or moe.record_routes=true)
+    PAUSE_MODE=in_place        (PipelineRL's in-flight updates: SGLang --disable-radix-cache --disable-overlap-schedule,
+                                rollout/sglang.py IN_PLACE_FLAGS; retract otherwise)
     SIGTERM_GRACE_S=120        (train.sigterm_grace_s, whole seconds rounded up: torchrun --shutdown-timeout
                                 is set above it, else torchrun SIGKILLs the ranks after its default 30 s)
     RUN_NAME=scalerl
@@ -73,6 +75,7 @@ def settings(cfg) -> dict[str, str]:
     return {"PRECISION": str(cfg.precision.name), "PARAMS_DTYPE": str(cfg.precision.params_dtype),
             "SEED": str(int(cfg.seed)), "RUN_NAME": str(cfg.run_name),
             "ROUTED_EXPERTS": "1" if records_routes(cfg) else "0",
+            "PAUSE_MODE": "in_place" if cfg.off_policy.name == "pipeline_rl" else "retract",
             "SIGTERM_GRACE_S": str(math.ceil(cfg.train.sigterm_grace_s)),
             "SEQUENCE_PARALLEL": "1" if cfg.parallel.sequence_parallel_on(cfg.model) else "0"}
 

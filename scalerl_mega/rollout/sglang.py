@@ -93,6 +93,10 @@ class SGLangServerConfig:
     return_routed_experts: bool = False
     """Pass --enable-return-routed-experts (the server then answers `return_routed_experts` requests)."""
     weight_version: str = "0"
+    pause_mode: str = "in_place"
+    """The pause mode of the engine that updates this server (`SGLangEngineConfig.pause_mode`). For
+    in_place the launch adds `IN_PLACE_FLAGS` (see there): without them SGLang 0.5.23 reuses KV computed
+    with the old weights for prompts sharing a prefix after an update, and tags one token early."""
     base_gpu_id: int = 0
     extra_args: list[str] = field(default_factory=list)
     python: str = sys.executable
@@ -106,10 +110,24 @@ class SGLangServerConfig:
             raise ValueError(f"SGLangServerConfig.mem_fraction_static={self.mem_fraction_static} must be in (0, 1)")
         if self.dtype not in ("auto", "half", "float16", "bfloat16", "float", "float32"):
             raise ValueError(f"SGLangServerConfig.dtype={self.dtype!r} is not an SGLang --dtype choice")
+        if self.pause_mode not in PAUSE_MODES:
+            raise ValueError(f"SGLangServerConfig.pause_mode={self.pause_mode!r} must be one of {PAUSE_MODES}")
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+
+IN_PLACE_FLAGS = {"--disable-radix-cache": "disable_radix_cache", "--disable-overlap-schedule": "disable_overlap_schedule"}
+"""Launch flags (-> their `/server_info` keys) a server updated with `pause_mode=in_place` needs; measured on
+SGLang 0.5.23 itself (docs/sglang_tests.md):
+- --disable-radix-cache: in_place keeps requests in the running batch, so the cache cannot be flushed at the
+  update (`/flush_cache` is refused while requests run) and later prompts sharing a prefix with earlier ones
+  would reuse KV computed with the old weights (their log-probs off by 0.2-27 nats, tagged with the new
+  version). Its cost: prompts shared by a group's samples are prefilled once per sample.
+- --disable-overlap-schedule: with the overlap scheduler the batch after the pause is already launched with
+  the old weights, so `weight_versions` tags one token early (the staleness accounting and routing replay
+  read these tags)."""
 
 
 def launch_command(cfg: SGLangServerConfig) -> list[str]:
@@ -133,6 +151,8 @@ def launch_command(cfg: SGLangServerConfig) -> list[str]:
         cmd.append("--enable-fp32-lm-head")
     if cfg.return_routed_experts:
         cmd.append("--enable-return-routed-experts")
+    if cfg.pause_mode == "in_place":
+        cmd += list(IN_PLACE_FLAGS)
     return cmd + list(cfg.extra_args)
 
 
@@ -166,7 +186,8 @@ class SGLangServer:
         if self.config is None:
             raise SGLangError(f"server {self.url} was attached, not launched: cannot start it")
         env = dict(os.environ, **self.config.env)
-        self.proc = subprocess.Popen(launch_command(self.config), env=env)
+        # its own process group: SGLang forks a scheduler and a detokenizer, `stop` ends them all
+        self.proc = subprocess.Popen(launch_command(self.config), env=env, start_new_session=True)
         if wait:
             self.wait_healthy(timeout_s=self.config.startup_timeout_s)
 
@@ -192,14 +213,30 @@ class SGLangServer:
         self.restarts += 1
         self.start(wait=True)
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+    def stop(self, *, timeout_s: float = 30.0) -> None:
+        """SIGTERM the server's process group, SIGKILL what is left after `timeout_s`, and return once
+        no process of the group remains (SGLang's scheduler and detokenizer included)."""
+        import os
+        import signal
+
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
             try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                self.proc.poll()  # reap the leader
+                try:
+                    os.killpg(pgid, 0)
+                except ProcessLookupError:
+                    self.proc.wait()
+                    return
+                time.sleep(0.2)
+        self.proc.wait(timeout=10)
 
 
 # ---- HTTP client ----------------------------------------------------------------------------------
@@ -380,6 +417,9 @@ class SGLangClient:
 
     def model_info(self) -> dict[str, Any]:
         return self._call("GET", "/model_info")
+
+    def server_info(self) -> dict[str, Any]:
+        return self._call("GET", "/server_info")
 
     def generate(self, *, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None,
                  return_routed_experts: bool = False) -> dict:
@@ -695,6 +735,7 @@ class SGLangRolloutEngine:
         self.last_sync_stats = None
         self._manifest: Any = None
         self._manifest_known = False
+        self._in_place_checked = False
 
     # ---- RolloutEngine ---------------------------------------------------------------------------
     def submit(self, prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int) -> None:
@@ -736,6 +777,8 @@ class SGLangRolloutEngine:
         # checked whole before the servers are paused: a rejected update never pauses generation
         named_tensors = checked_update(named_tensors, self.manifest(), version=version)
         mode = self.config.pause_mode
+        if mode == "in_place" and not self._in_place_checked:
+            self._check_in_place_flags()
         t = self.config.control_timeout_s
         self._fan_out(lambda c: c.pause_generation(mode), what=f"pause_generation({mode})", timeout_s=t)
         self._fan_out(lambda c: c.begin_weight_update(), what="begin_weight_update", timeout_s=t)
@@ -787,6 +830,20 @@ class SGLangRolloutEngine:
             if bad:
                 raise WeightSyncError(f"SGLang server {server.url} serves {path}, not the trainer's model "
                                       f"({len(bad)} field(s)): " + "; ".join(bad) + "; nothing was sent")
+
+    def _check_in_place_flags(self) -> None:
+        """in_place updates need every server launched with `IN_PLACE_FLAGS` (`/server_info`); raise
+        SGLangError naming the server and the missing flags before anything is paused."""
+        infos = self._fan_out(lambda c: c.server_info(), what="server_info", timeout_s=self.config.control_timeout_s)
+        for server, info in zip(self.servers, infos):
+            missing = [flag for flag, key in IN_PLACE_FLAGS.items() if not (info or {}).get(key)]
+            if missing:
+                raise SGLangError(
+                    f"SGLang server {server.url} runs without {' '.join(missing)}: with "
+                    f"SGLangEngineConfig.pause_mode='in_place' its updates would reuse KV of the old weights for "
+                    f"shared prefixes and tag versions one token early; relaunch it with these flags "
+                    f"(SGLangServerConfig.pause_mode='in_place' adds them) or use pause_mode 'retract'")
+        self._in_place_checked = True
 
     def manifest(self) -> Any:
         """The served model's `WeightManifest` (cached), or None when it cannot be known here. With

@@ -41,6 +41,9 @@ RequestValidator = Callable[[str, Any, str], None]
 """validator(endpoint, body, method) raises on an invalid body."""
 
 NO_SESSION = "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
+FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, "
+           "the operation will not be performed.)\n")
+"""SGLang 0.5.23's /flush_cache answer (tests/sglang/test_real_in_place.py compares the two servers)."""
 
 
 class _Killed(Exception):
@@ -133,7 +136,7 @@ class SGLangTestServer:
                 self._send(status, out)
 
             def _send(self, status: int, obj: Any) -> None:
-                data = json.dumps(obj).encode()
+                data = b"" if obj is None else json.dumps(obj).encode()  # SGLang: /health, /abort_request
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -224,6 +227,7 @@ class SGLangTestServer:
             ("get", "/health"): self._health,
             ("get", "/health_generate"): self._health_generate,
             ("get", "/model_info"): self._model_info,
+            ("get", "/server_info"): self._server_info,
             ("post", "/generate"): self._generate,
             ("put", "/generate"): self._generate,
             ("post", "/pause_generation"): self._pause,
@@ -271,7 +275,7 @@ class SGLangTestServer:
         return 200, {}
 
     def _health(self, body: dict) -> tuple[int, Any]:
-        return 200, {}
+        return 200, None
 
     def _health_generate(self, body: dict) -> tuple[int, Any]:
         with self._cv:
@@ -285,12 +289,19 @@ class SGLangTestServer:
     def _model_info(self, body: dict) -> tuple[int, Any]:
         return 200, {
             "model_path": self.model_path,
-            "tokenizer_path": None,
+            "tokenizer_path": self.model_path,  # SGLang: --tokenizer-path defaults to --model-path
             "is_generation": True,
             "weight_version": self.version_names[self.core.version],
             "load_format": "auto",
             "architectures": [type(self.core.model).__name__],
         }
+
+    def _server_info(self, body: dict) -> tuple[int, Any]:
+        # the subset of SGLang's server arguments the client reads: this server has no prefix cache and
+        # no overlap scheduler (every token is computed after the previous one, with the weights of its tag)
+        return 200, {"model_path": self.model_path, "disable_radix_cache": True, "disable_overlap_schedule": True,
+                     "skip_tokenizer_init": True, "weight_version": self.version_names[self.core.version],
+                     "enable_return_routed_experts": self.return_routed_experts}
 
     def _generate(self, body: dict) -> tuple[int, Any]:
         from scalerl_mega.rollout.openapi_check import SAMPLING_PARAMS_FIELDS
@@ -394,7 +405,7 @@ class SGLangTestServer:
                 "weight_version": spans[-1]["version"],
                 "weight_versions": spans,
                 "output_token_logprobs": [[lp, t, None] for lp, t in zip(c.gen_logprobs, c.output_ids)],
-                "input_token_logprobs": None,
+                "input_token_logprobs": [],
                 "output_token_logprobs_length": len(c.output_ids),
             },
         }
@@ -407,13 +418,13 @@ class SGLangTestServer:
             elif mode == "retract":
                 self.core.retract_all()
             self.paused = True
-        return 200, {"success": True, "message": f"paused ({mode})"}
+        return 200, {"message": "Generation paused successfully.", "status": "ok"}
 
     def _continue(self, body: dict) -> tuple[int, Any]:
         with self._cv:
             self.paused = False
             self._cv.notify_all()
-        return 200, {"success": True, "message": "continued"}
+        return 200, {"message": "Generation continued successfully.", "status": "ok"}
 
     def _flush_refused(self) -> bool:
         return self.core.num_running > 0 or (not self.paused and self.core.num_waiting > 0)
@@ -422,7 +433,7 @@ class SGLangTestServer:
         with self._cv:
             if self._flush_refused():
                 raise _HTTPError(400, "Cache not flushed because there are pending requests.")
-        return 200, "Cache flushed."
+        return 200, FLUSHED
 
     def _abort(self, body: dict) -> tuple[int, Any]:
         if body.get("abort_all"):

@@ -201,7 +201,7 @@ def test_sglang_rejected_update_resumes_generation_and_names_the_tensor(tmp_path
         with pytest.raises(WeightSyncError, match=named.replace(".", r"\.")):
             engine.update_weights(update, version=1)
         events = server.state()["events"]
-        assert events[:2] == ["/model_info", "/pause_generation"] and events[-2:] == ["/end_weight_update", "/continue_generation"], events
+        assert events[:3] == ["/model_info", "/server_info", "/pause_generation"] and events[-2:] == ["/end_weight_update", "/continue_generation"], events
         assert engine.version == 0 and server.state()["version"] != 1
         assert len(_generate(engine, 0)) == 2  # generation was resumed: new requests complete
         # the group survived: a good update goes through afterwards

@@ -60,7 +60,7 @@ class Recorder:
         self.lock = threading.Lock()
 
     def __call__(self, endpoint: str, kind: str, body) -> None:
-        method = "get" if endpoint in ("/health_generate", "/model_info") else "post"
+        method = "get" if endpoint in ("/health_generate", "/model_info", "/server_info") else "post"
         if kind == "request":
             self.schema.validate_request(endpoint, body, method)
         else:
@@ -116,6 +116,42 @@ def test_launch_command_flags():
     assert "--enable-fp32-lm-head" not in launch_command(SGLangServerConfig(model_path="/m", fp32_lm_head=False))
     with pytest.raises(ValueError, match="mem_fraction_static"):
         SGLangServerConfig(model_path="/m", mem_fraction_static=1.5)
+
+
+def test_in_place_launch_flags():
+    """A server the engine updates in place gets --disable-radix-cache --disable-overlap-schedule (the two
+    defects real SGLang 0.5.23 shows otherwise: tests/sglang/test_real_in_place.py); retract/abort keep
+    SGLang's defaults (the update flushes the cache there)."""
+    from scalerl_mega.rollout.sglang import IN_PLACE_FLAGS
+
+    assert list(IN_PLACE_FLAGS) == ["--disable-radix-cache", "--disable-overlap-schedule"]
+    cmd = launch_command(SGLangServerConfig(model_path="/m"))  # in_place is the default pause mode
+    assert "--disable-radix-cache" in cmd and "--disable-overlap-schedule" in cmd
+    for mode in ("retract", "abort"):
+        cmd = launch_command(SGLangServerConfig(model_path="/m", pause_mode=mode))
+        assert "--disable-radix-cache" not in cmd and "--disable-overlap-schedule" not in cmd
+    with pytest.raises(ValueError, match="pause_mode"):
+        SGLangServerConfig(model_path="/m", pause_mode="sideways")
+
+
+def test_in_place_update_refused_when_a_server_lacks_the_flags(schema, monkeypatch):
+    """An attached server launched without IN_PLACE_FLAGS: the first in_place update is refused before
+    anything is paused, naming the server and the missing flag."""
+    server = _server(schema)
+    monkeypatch.setattr(SGLangClient, "server_info",
+                        lambda self: {"disable_radix_cache": False, "disable_overlap_schedule": True})
+    engine = SGLangRolloutEngine([SGLangServer.attach(server.url)], config=SGLangEngineConfig(
+        pause_mode="in_place", model=LocalModelSpec(arch="llama", config=CFG),
+        sync=WeightSyncConfig(backend="gloo", timeout_s=5)))
+    try:
+        with pytest.raises(SGLangError, match="--disable-radix-cache") as e:
+            engine.update_weights(list(_model(1).state_dict().items()), version=1)
+        assert server.url in str(e.value) and "--disable-overlap-schedule" not in str(e.value)
+        # nothing was paused or sent (the read-only /model_info of the served-model check may come first)
+        assert [e for e in server.events if e != "/model_info"] == [] and engine.version == 0
+    finally:
+        engine.close()
+        server.stop()
 
 
 def test_no_sglang_import_in_package():
@@ -192,6 +228,7 @@ def test_generate_update_and_in_flight_versions(schema, model_dir):
         assert n_buckets > 1
         assert ev == (
             ["/model_info"]  # first update only: the served model's path, for the pre-send manifest check
+            + ["/server_info"]  # first in_place update only: the server runs with IN_PLACE_FLAGS
             + ["/pause_generation", "/begin_weight_update", "/init_weights_update_group"]
             + ["/update_weights_from_distributed"] * n_buckets
             + ["/end_weight_update", "/continue_generation"]

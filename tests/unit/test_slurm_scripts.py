@@ -64,6 +64,7 @@ def test_scout_dry_run_80_gpus():
     assert gens["gen31"][0] == "gb016"
     for _, gargv in gens.values():  # the generator half of the FP32 LM head, the run's seed and dtype
         assert "--enable-fp32-lm-head" in gargv
+        assert "--disable-radix-cache" in gargv and "--disable-overlap-schedule" in gargv  # PipelineRL: in_place
         assert gargv[gargv.index("--random-seed") + 1] == "0" and gargv[gargv.index("--dtype") + 1] == "bfloat16"
         assert "--cpus-per-task=16" in gargv  # 2 GPUs x CPUS_PER_GPU=8
     tnode, targv = steps["trainer"]

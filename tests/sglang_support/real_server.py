@@ -1,0 +1,69 @@
+"""A real SGLang 0.5.23 server on this machine's CPU, launched through the project's own `SGLangServer`.
+
+The server runs in the generator environment `.venv-sglang` (`tools/sglang_env.sh`; SGLang pins torch
+2.14.1, the trainer 2.13.0): `SCALERL_SGLANG_PYTHON` names another interpreter. What makes SGLang run on
+a CPU without AMX (shared/reference/SGLANG_CPU.md): its opt-in CPU engine (`SGLANG_USE_CPU_ENGINE=1`),
+torch-native attention and sampling, no CUDA graphs, FP32, and the `sgl_kernel` stand-in of
+`server_path/` on the server's PYTHONPATH. Everything else is the project's launch: `launch_command`
+adds --skip-tokenizer-init --enable-fp32-lm-head --weight-version and, for `pause_mode="in_place"`,
+`IN_PLACE_FLAGS`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
+from scalerl_mega.rollout.weight_sync import WeightSyncConfig, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER_PATH = Path(__file__).resolve().parent / "server_path"
+CPU_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
+            "--disable-cuda-graph", "--context-length", "256", "--max-running-requests", "8",
+            "--max-total-tokens", "4096", "--grammar-backend", "none"]
+
+
+def sglang_python() -> str:
+    """The generator environment's interpreter; fails naming the fix when it is missing."""
+    py = os.environ.get("SCALERL_SGLANG_PYTHON") or str(ROOT / ".venv-sglang" / "bin" / "python")
+    if not os.access(py, os.X_OK):
+        raise RuntimeError(f"no SGLang environment at {py}: run `make test-sglang` (it runs tools/sglang_env.sh) "
+                           "or set SCALERL_SGLANG_PYTHON")
+    return py
+
+
+def cpu_server_config(model_path: str | Path, *, pause_mode: str = "in_place", return_routed_experts: bool = False,
+                      extra_args: tuple[str, ...] = ()) -> SGLangServerConfig:
+    """The project's server config with the CPU settings (FP32, one free loopback port)."""
+    env = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_CPU_OMP_THREADS_BIND": os.environ.get("SGLANG_CPU_OMP_THREADS_BIND", "0-1"),
+           "PYTHONPATH": str(SERVER_PATH), "PYTHONUNBUFFERED": "1"}
+    return SGLangServerConfig(
+        model_path=str(model_path), port=free_port(), dtype="float32", pause_mode=pause_mode,
+        return_routed_experts=return_routed_experts, python=sglang_python(), env=env,
+        extra_args=CPU_ARGS + list(extra_args), startup_timeout_s=600.0)
+
+
+LAUNCHED: list[SGLangServer] = []
+"""Every server `launch` started (the session's last teardown stops any still running)."""
+
+
+def launch(model_path: str | Path, **kw) -> SGLangServer:
+    """Start a server and wait for GET /health_generate (a real one-token generation); `stop()` it."""
+    cfg = cpu_server_config(model_path, **kw)
+    server = SGLangServer(url=cfg.url, config=cfg)
+    LAUNCHED.append(server)
+    try:
+        server.start(wait=True)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def engine_for(server: SGLangServer, *, pause_mode: str) -> SGLangRolloutEngine:
+    """The project's engine over one real server: gloo weight sync in 64 KiB buckets (several per update),
+    60 s deadlines."""
+    return SGLangRolloutEngine([server], config=SGLangEngineConfig(
+        pause_mode=pause_mode, control_timeout_s=60.0, request_timeout_s=300.0,
+        sync=WeightSyncConfig(backend="gloo", timeout_s=60.0, bucket_bytes=64 << 10)))
