@@ -34,7 +34,7 @@ TRUE = {"math": dict(A=0.70, B=1.8, C_mid=30.0, R0=0.2), "code": dict(A=0.45, B=
 
 
 def _run_dir(tmp_path):
-    compute = np.geomspace(2.0, 400.0, 14)
+    compute = np.geomspace(2.0, 400.0, 40)  # >= 8 points after the fit cut (scaling.identify)
     lines = []
     for k, c in enumerate(compute):
         rec = {"kind": "validation", "step": 10 * k, "compute_device_hours": float(c), "compute_gpu_hours": 0.0}
