@@ -97,7 +97,7 @@ demo-real: setup
 # so re-running continues; then the analysis, which rewrites reproduction/ from outputs/reproduce/.
 reproduce: reproduce-sweep reproduce-analysis
 
-# SWEEP=repro2: issue 29's sweep (reproduction/DESIGN.md, conf/experiment/repro2_*.yaml) into outputs/reproduce2.
+# SWEEP=repro2: issue 29's sweep (reproduction/design/README.md, conf/experiment/repro2_*.yaml) into outputs/reproduce2.
 SWEEP ?= repro
 reproduce-sweep: setup
 	$(PY) -m scalerl_mega.reproduce sweep --sweep $(SWEEP)

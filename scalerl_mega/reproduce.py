@@ -30,7 +30,7 @@ RECIPE_RUN_NAMES = ("repro_scalerl", "repro_dapo", "repro_no_zvf", "repro_no_fp3
 RUN_PREFIX = "repro_"
 REPRO2_RUN_NAMES = ("repro2_scalerl", "repro2_batch_small", "repro2_batch_large", "repro2_batch_control",
                     "repro2_no_npr")
-"""Issue 29's sweep (reproduction/DESIGN.md): reference recipe, batch-size axis with its same-maths control,
+"""Issue 29's sweep (reproduction/design/README.md): reference recipe, batch-size axis with its same-maths control,
 No-Positive-Resampling over several passes; the first is the reference recipe."""
 SWEEPS = {"repro": (RECIPE_RUN_NAMES, "outputs/reproduce"), "repro2": (REPRO2_RUN_NAMES, "outputs/reproduce2")}
 """`--sweep` name -> (its `experiment=` overlays, its default sweep directory)."""
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sweep", help="run (or continue) the leave-one-out sweep")
     s.add_argument("--sweep", choices=sorted(SWEEPS), default="repro",
-                   help="repro: the leave-one-out sweep; repro2: issue 29's (reproduction/DESIGN.md)")
+                   help="repro: the leave-one-out sweep; repro2: issue 29's (reproduction/design/README.md)")
     s.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce[2])")
     s.add_argument("--seeds", default="0,1,2")
     s.add_argument("--recipes", default=None, help="comma-separated experiment= overlays (default: the --sweep's)")

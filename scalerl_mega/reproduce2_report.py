@@ -1,4 +1,4 @@
-"""Analysis pieces for issue 29's sweep (reproduction/DESIGN.md): the half-fit predictability check of the
+"""Analysis pieces for issue 29's sweep (reproduction/design/README.md): the half-fit predictability check of the
 paper's Fig. 1 / Sec. 6 on one run, read from its `metrics.jsonl`.
 
 `half_fit`: fit Eq. 1 on the validation points in the first half of a run's compute (the identification

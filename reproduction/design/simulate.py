@@ -4,7 +4,7 @@ docs/forecast_identification.md) pin Eq. 1's A at a candidate CPU sweep design?
 Synthetic validation curves follow Eq. 1 (paper Sec. 2.1) on the step axis,
     R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B),
 with binomial noise of N = val_prompts x val_samples samples per point (each point's mean pass rate is
-Binomial(N, R)/N: independent samples, which understates prompt-level correlation; see DESIGN.md). Each
+Binomial(N, R)/N: independent samples, which understates prompt-level correlation; see reproduction/design/README.md). Each
 simulated run is assessed exactly as report.py does (relative grid, 10% cut, n_samples=N). Reported per
 design and truth: P(identified) and P(identified and |A_hat - A| > 0.02) (a confidently wrong A).
 
