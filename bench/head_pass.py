@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from scalerl_mega.objective.losses import token_weights
     from scalerl_mega.trainer.megatron import parallel as par, step
-    from scalerl_mega.trainer.megatron.config import load_model_preset
+    from scalerl_mega.model.config import load_model_preset
     from scalerl_mega.trainer.policy_loss import finalize_train_metrics, make_cispo_head_loss_fn
 
     model_cfg = load_model_preset("tiny_dense", overrides=dict(

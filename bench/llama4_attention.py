@@ -45,7 +45,7 @@ def child(*, mode: str, seq: int, chunk: int, heads: int, head_dim: int) -> None
     import torch
 
     from scalerl_mega.trainer.megatron import llama4, models, parallel
-    from scalerl_mega.trainer.megatron.config import ModelConfig, ParallelConfig
+    from scalerl_mega.model.config import ModelConfig, ParallelConfig
 
     if mode == "full_mask":
         llama4.chunked_core_attention = _full_mask_core

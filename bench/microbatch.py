@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from scalerl_mega.batch import pack_micro_batches
     from scalerl_mega.trainer.megatron import parallel as par, step
-    from scalerl_mega.trainer.megatron.config import load_model_preset
+    from scalerl_mega.model.config import load_model_preset
     from scalerl_mega.trainer.microbatch import MicroBatchPlan
     from scalerl_mega.trainer.policy_loss import finalize_train_metrics, make_policy_loss_fn
 

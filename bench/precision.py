@@ -34,7 +34,7 @@ def child(args: argparse.Namespace) -> dict:
 
     sys.path.insert(0, str(ROOT))
     from scalerl_mega.trainer.megatron import models, parallel, step, wrap
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
 
     torch.set_num_threads(args.threads)
     model = dataclasses.replace(load_model_preset("tiny_dense"), hidden_size=args.hidden, ffn_hidden_size=4 * args.hidden,

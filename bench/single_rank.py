@@ -30,7 +30,7 @@ def single_rank_model(model_cfg: Any, *, lr: float = 1e-6) -> tuple[Any, Any, An
     """`model_cfg`'s Megatron model in a world of one (gloo on CPU), its DDP chunk and AdamW:
     (MegatronConfig, ParallelConfig, model, chunks, optimizer)."""
     from scalerl_mega.trainer.megatron import models, parallel as par, step
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig
 
     parallel = ParallelConfig()
     cfg = MegatronConfig(model=model_cfg, parallel=parallel, optim=OptimConfig(lr=lr, warmup_steps=0))

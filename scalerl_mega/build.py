@@ -163,7 +163,7 @@ def build_reward_fn(cfg: Any, *, num_workers: int | None = None):
 
 # ----------------------------------------------------------------------------- trainer
 def megatron_config(cfg: Any):
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig
 
     optim = OptimConfig(**{**vars(cfg.optim), "seed": int(cfg.optim.seed) + int(cfg.seed)})
     return MegatronConfig(model=cfg.model, parallel=cfg.parallel, optim=optim, params_dtype=cfg.precision.params_dtype,
@@ -201,10 +201,10 @@ def init_trainer_from_hf(trainer: Any, cfg: Any) -> list[str]:
     """Load `init_from_hf` (an HF checkpoint dir) into the trainer's sharded Megatron model.
 
     Each rank converts only the tensor groups it holds (convert/load.py); a config whose shapes differ
-    from `model` fails listing every differing field (hf_model_config.py), before any weight is touched.
+    from `model` fails listing every differing field (model/hf_import.py), before any weight is touched.
     """
     from scalerl_mega.convert.load import load_hf_checkpoint
-    from scalerl_mega.hf_model_config import check_model_matches_hf
+    from scalerl_mega.model.hf_import import check_model_matches_hf
 
     path = str(cfg.init_from_hf)
     check_model_matches_hf(cfg.model, path)
@@ -233,7 +233,7 @@ def build_local_engine(cfg: Any, task: Task, *, index: int = 0):
     """One LocalRolloutEngine process holding the HF twin of the trainer's model (random init; the
     loop pushes the trainer's weights before the first request)."""
     from scalerl_mega.config import records_routes
-    from scalerl_mega.hf_config import hf_config_from_model
+    from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.core import CoreConfig
     from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine
     from scalerl_mega.rollout.weight_sync import WeightSyncConfig
@@ -300,7 +300,7 @@ def write_hf_checkpoint(cfg: Any, task: Task, trainer: Any, path: Path) -> Path:
     what an SGLang server loads at launch."""
     import torch
 
-    from scalerl_mega.hf_config import hf_config_from_model
+    from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.local import LocalModelSpec
     from scalerl_mega.rollout.local import build_model as build_hf
 
@@ -347,7 +347,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
     """SGLang servers (one per engine, consecutive ports) and the client engine over them; with
     `rollout.engine_urls` set, attach to those running servers instead (e.g. the generator job steps
     of slurm/common.sh) -- the loop pushes the trainer's weights before the first request."""
-    from scalerl_mega.hf_config import hf_config_from_model
+    from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.local import LocalModelSpec
     from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
     from scalerl_mega.rollout.weight_sync import WeightSyncConfig

@@ -3,7 +3,7 @@
 One dataclass per ablation axis; each Hydra group under `conf/<group>/` fills one of them, and the
 `experiment/` overlays pick one option per axis (paper Sec. 4, App. A.9 LOO, App. A.15 recipes).
 The model / parallelism / optimizer sections are the Megatron trainer's own dataclasses
-(`scalerl_mega.trainer.megatron.config`), composed here rather than duplicated.
+(`scalerl_mega.model.config`), composed here rather than duplicated.
 
 `register_configs()` puts the schema into Hydra's ConfigStore (call it before composing);
 `validate(cfg)` checks cross-field constraints and raises ValueError naming the offending key;
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from scalerl_mega.rewards.custom import RewardSettings
-from scalerl_mega.trainer.megatron.config import ModelConfig, OptimConfig, ParallelConfig
+from scalerl_mega.model.config import ModelConfig, OptimConfig, ParallelConfig
 
 SCHEMA_NAME = "train_schema"
 

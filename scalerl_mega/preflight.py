@@ -15,7 +15,7 @@ from typing import Any
 def prepare(config: Any) -> Any:
     """`config` (a TrainConfig) with `model=hf` resolved; ValueError naming the key on any problem."""
     from scalerl_mega.data.columns import check_data_files, check_data_keys
-    from scalerl_mega.hf_model_config import resolve_model
+    from scalerl_mega.model.hf_import import resolve_model
     from scalerl_mega.metrics.loggers import check_loggers
     from scalerl_mega.rewards.custom import check_reward_settings
 

@@ -31,7 +31,7 @@ def hf_config_dict(model_cfg) -> dict[str, Any]:
     import torch
     from transformers import Llama4TextConfig, LlamaConfig
 
-    from scalerl_mega.hf_config import hf_config_from_model
+    from scalerl_mega.model.hf_export import hf_config_from_model
 
     arch, kwargs = hf_config_from_model(model_cfg)
     cls, model_cls = (LlamaConfig, "LlamaForCausalLM") if arch == "llama" else (Llama4TextConfig, "Llama4ForCausalLM")
@@ -46,7 +46,7 @@ def convert_dist_checkpoint_to_hf(*, ckpt: str, out: str, expect_arch: str | Non
     from scalerl_mega.convert.model_config import dims_from_model_config
     from scalerl_mega.convert import hf_layout, tables
     from scalerl_mega.trainer.megatron import checkpoint, export, models, parallel
-    from scalerl_mega.trainer.megatron.config import ParallelConfig
+    from scalerl_mega.model.config import ParallelConfig
 
     step_dir = checkpoint.resolve(ckpt)
     model_cfg = checkpoint.read_model_config(step_dir)

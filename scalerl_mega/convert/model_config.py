@@ -29,7 +29,7 @@ def _rope_fields(d: ArchDims) -> dict[str, Any]:
 
 def model_config_from_hf(cfg: Mapping[str, Any], *, name: str = "hf", where: str = "config.json"):
     """``ModelConfig`` (trainer) equivalent to an HF Llama / Llama-4 text config."""
-    from scalerl_mega.trainer.megatron.config import ModelConfig
+    from scalerl_mega.model.config import ModelConfig
 
     d = dims_from_hf_config(cfg, where=where)
     common = dict(

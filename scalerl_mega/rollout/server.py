@@ -44,7 +44,7 @@ def spec_from_overrides(overrides: list[str]) -> ServeSpec:
 
     from scalerl_mega import build
     from scalerl_mega.config import register_configs
-    from scalerl_mega.hf_config import hf_config_from_model
+    from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.core import CoreConfig
     from scalerl_mega.rollout.local import LocalModelSpec
     from scalerl_mega.train import CONF_DIR, to_config

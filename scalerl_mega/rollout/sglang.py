@@ -812,7 +812,7 @@ class SGLangRolloutEngine:
         import logging
         import os
 
-        from scalerl_mega.hf_model_config import config_mismatches
+        from scalerl_mega.model.hf_import import config_mismatches
         from scalerl_mega.rollout.weight_sync import WeightSyncError
 
         ours = {"model_type": "llama" if spec.arch == "llama" else "llama4_text", **spec.config}

@@ -54,7 +54,7 @@ def worker(root: str, out: str) -> None:
     import torch
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
     logs: list[str] = []

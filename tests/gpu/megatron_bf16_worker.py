@@ -42,7 +42,7 @@ def _batch(vocab: int, *, seed: int, prompt_len: int):
 
 def resume(out: Path) -> None:
     from scalerl_mega.trainer.megatron import checkpoint, models
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
     models.te_available = lambda: False  # local layer spec (the optimizer is still Megatron's choice)
@@ -94,7 +94,7 @@ def main() -> None:
 
     from scalerl_mega.convert.load import unwrap
     from scalerl_mega.trainer.megatron import models
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
     models.te_available = lambda: False  # the local spec even where Transformer Engine is installed

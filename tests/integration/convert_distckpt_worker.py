@@ -47,7 +47,7 @@ def run_case(name: str, out: Path) -> None:
     from megatron.core import tensor_parallel
 
     from scalerl_mega.trainer.megatron import parallel
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
     preset, overrides, layout = CASES[name]

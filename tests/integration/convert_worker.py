@@ -57,7 +57,7 @@ def run_layout(spec: str, args, tokens, ref_logits, hf_tensors) -> dict:
     from scalerl_mega.convert.load import load_hf_checkpoint, load_megatron_checkpoint
     from scalerl_mega.convert.model_config import dims_from_model_config, model_config_from_hf
     from scalerl_mega.trainer.megatron import models, parallel
-    from scalerl_mega.trainer.megatron.config import ParallelConfig
+    from scalerl_mega.model.config import ParallelConfig
     from scalerl_mega.trainer.megatron.export import export_hf_weights
 
     from scalerl_mega.convert.pipeline import load_hf_config

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from scalerl_mega.trainer.megatron.config import (  # noqa: E402
+from scalerl_mega.model.config import (  # noqa: E402
     MegatronConfig,
     OptimConfig,
     ParallelConfig,

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import megatron_worker  # noqa: E402
 from megatron_worker import global_batch, write  # noqa: E402
 
-from scalerl_mega.trainer.megatron.config import (  # noqa: E402
+from scalerl_mega.model.config import (  # noqa: E402
     MegatronConfig,
     OptimConfig,
     ParallelConfig,

@@ -23,7 +23,7 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
     from scalerl_mega.types import TrainBatch
 

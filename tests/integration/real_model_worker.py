@@ -16,8 +16,8 @@ def main(hf_dir: str, ids_json: str, out: str) -> None:
     import torch
 
     from scalerl_mega.build import init_trainer_from_hf
-    from scalerl_mega.hf_model_config import model_from_hf_dir
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig
+    from scalerl_mega.model.hf_import import model_from_hf_dir
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
     torch.set_num_threads(1)

@@ -18,7 +18,7 @@ def worker(hf_dir: str, out: str) -> None:
     import torch
 
     from scalerl_mega.build import init_trainer_from_hf
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
     torch.set_num_threads(1)
@@ -60,8 +60,8 @@ def test_policy_initialised_from_hf_checkpoint_matches_transformers(tmp_path, la
     import torch
     from transformers import AutoModelForCausalLM
 
-    from scalerl_mega.hf_config import hf_config_from_model
-    from scalerl_mega.trainer.megatron.config import load_model_preset
+    from scalerl_mega.model.hf_export import hf_config_from_model
+    from scalerl_mega.model.config import load_model_preset
 
     arch, kw = hf_config_from_model(load_model_preset("tiny_moe"))
     assert arch == "llama4"

@@ -13,7 +13,7 @@ import pytest
 def worker(ckpt: str, out: str, roundtrip: bool = True) -> None:
     import torch
 
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
     torch.set_num_threads(1)

@@ -170,7 +170,7 @@ def _worker(out: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from scalerl_mega.trainer.policy_loss import finalize_train_metrics, make_cispo_head_loss_fn, make_policy_loss_fn
     from scalerl_mega.trainer.megatron import models, parallel as par, step
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
 
     torch.set_num_threads(1)
     eps_high = 1.05

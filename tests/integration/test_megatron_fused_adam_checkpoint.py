@@ -107,7 +107,7 @@ def _use_contract_optimizer() -> type:
 def _round_trip(ckpt: str, distopt: bool) -> dict:
     import torch
 
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
     cls = _use_contract_optimizer()

@@ -134,7 +134,7 @@ def _worker(out: Path, mode: str) -> None:
     import torch
 
     sys.path.insert(0, str(HERE.parents[2]))
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
     from scalerl_mega.trainer.policy_loss import make_cispo_head_loss_fn, make_policy_loss_fn
 

@@ -48,7 +48,7 @@ def _reference_logprobs(hf_dir: Path, ids):
 def test_imported_checkpoint_is_smollm2_with_chat_template(smollm2):
     from transformers import AutoTokenizer
 
-    from scalerl_mega.hf_model_config import model_from_hf_dir
+    from scalerl_mega.model.hf_import import model_from_hf_dir
 
     cfg = json.loads((smollm2 / "config.json").read_text())
     assert cfg["model_type"] == "llama" and cfg["tie_word_embeddings"] is True

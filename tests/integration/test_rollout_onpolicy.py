@@ -74,12 +74,12 @@ def worker(preset: str, out: str) -> None:
 
     import torch
 
-    from scalerl_mega.hf_config import hf_config_from_model
+    from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.core import CoreConfig
     from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine
     from scalerl_mega.rollout.weight_sync import WeightSyncConfig
     from scalerl_mega.trainer.megatron.export import export_hf_weights
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
     from scalerl_mega.types import Prompt, SamplingParams
 

@@ -26,7 +26,7 @@ def _worker(out: Path) -> None:
     from megatron_worker import Run
 
     from scalerl_mega.trainer.megatron import parallel as par
-    from scalerl_mega.trainer.megatron.config import ParallelConfig
+    from scalerl_mega.model.config import ParallelConfig
 
     torch.set_num_threads(1)
     res: dict = {}

@@ -25,7 +25,7 @@ SPECS = ("bfloat16", "bfloat16+fp32_head")  # checked against build.engine_weigh
 def worker(out: str) -> None:
     import torch
 
-    from scalerl_mega.trainer.megatron.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
     torch.set_num_threads(1)

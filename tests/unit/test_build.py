@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from scalerl_mega.hf_config import hf_config_from_model
+from scalerl_mega.model.hf_export import hf_config_from_model
 from scalerl_mega.loop import _sample_prompt, _split_sample_id, sampling_params
 from scalerl_mega.sft import sft_batch, warm_start
-from scalerl_mega.trainer.megatron.config import ModelConfig, OptimConfig
+from scalerl_mega.model.config import ModelConfig, OptimConfig
 from scalerl_mega.types import Prompt
 
 DEMO_MOE = dict(name="demo", arch="llama4", vocab_size=48, hidden_size=128, ffn_hidden_size=256, num_layers=4,

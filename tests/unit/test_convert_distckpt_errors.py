@@ -11,7 +11,7 @@ import pytest
 
 from scalerl_mega.convert.pipeline import checkpoint_format, convert_megatron_to_hf
 from scalerl_mega.trainer.megatron import checkpoint
-from scalerl_mega.trainer.megatron.config import ModelConfig
+from scalerl_mega.model.config import ModelConfig
 
 
 def _step_dir(root, *, step=3, model: ModelConfig | None = None, sidecar: str | None = None):

@@ -60,7 +60,7 @@ def _compose(*overrides: str):
 
 
 def test_model_hf_takes_smollm2_shapes_from_config_json(tmp_path):
-    from scalerl_mega.hf_model_config import resolve_model
+    from scalerl_mega.model.hf_import import resolve_model
 
     c = resolve_model(_compose("experiment=scalerl", f"init_from_hf={_ckpt(tmp_path, SMOLLM2_135M)}", "model=hf"))
     m = c.model
@@ -75,7 +75,7 @@ def test_model_hf_takes_smollm2_shapes_from_config_json(tmp_path):
 
 
 def test_llama32_rope_scaling_and_tied_embeddings(tmp_path):
-    from scalerl_mega.hf_model_config import model_from_hf_dir
+    from scalerl_mega.model.hf_import import model_from_hf_dir
 
     m = model_from_hf_dir(_ckpt(tmp_path, LLAMA32_1B))
     assert m.rope_scaling is True and m.rope_scaling_factor == 32.0 and m.tie_embeddings is True
@@ -83,8 +83,8 @@ def test_llama32_rope_scaling_and_tied_embeddings(tmp_path):
 
 
 def test_preset_matching_checkpoint_passes_with_float32_rounded_eps(tmp_path):
-    from scalerl_mega.hf_model_config import model_mismatches
-    from scalerl_mega.trainer.megatron.config import load_model_preset
+    from scalerl_mega.model.hf_import import model_mismatches
+    from scalerl_mega.model.config import load_model_preset
 
     assert model_mismatches(load_model_preset("llama3_8b"), LLAMA31_8B) == []
     # a real relative difference is still caught
@@ -94,10 +94,10 @@ def test_preset_matching_checkpoint_passes_with_float32_rounded_eps(tmp_path):
 
 def test_dense_checkpoint_no_rope_layers_is_not_a_mismatch(tmp_path):
     """A real transformers-written dense Llama checkpoint matches the preset it was made from."""
-    from scalerl_mega.hf_config import hf_config_from_model
-    from scalerl_mega.hf_model_config import check_model_matches_hf
+    from scalerl_mega.model.hf_export import hf_config_from_model
+    from scalerl_mega.model.hf_import import check_model_matches_hf
     from scalerl_mega.rollout.local import LocalModelSpec, build_model
-    from scalerl_mega.trainer.megatron.config import load_model_preset
+    from scalerl_mega.model.config import load_model_preset
 
     preset = load_model_preset("tiny_dense")
     arch, kw = hf_config_from_model(preset)
@@ -108,7 +108,7 @@ def test_dense_checkpoint_no_rope_layers_is_not_a_mismatch(tmp_path):
 def test_explicit_preset_lists_every_mismatch_before_building(tmp_path):
     """experiment=scalerl (the 8B preset) on SmolLM2: one error listing all differing fields,
     raised at compose time (no model is built, so no 'built only on GPU' error)."""
-    from scalerl_mega.hf_model_config import resolve_model
+    from scalerl_mega.model.hf_import import resolve_model
 
     c = _compose("experiment=scalerl", f"init_from_hf={_ckpt(tmp_path, SMOLLM2_135M)}")
     with pytest.raises(ValueError) as e:
@@ -124,9 +124,9 @@ def test_explicit_preset_lists_every_mismatch_before_building(tmp_path):
 
 
 def test_llama4_text_and_multimodal_wrapper(tmp_path):
-    from scalerl_mega.hf_config import hf_config_from_model
-    from scalerl_mega.hf_model_config import model_from_hf_dir, model_mismatches
-    from scalerl_mega.trainer.megatron.config import load_model_preset
+    from scalerl_mega.model.hf_export import hf_config_from_model
+    from scalerl_mega.model.hf_import import model_from_hf_dir, model_mismatches
+    from scalerl_mega.model.config import load_model_preset
 
     scout = load_model_preset("scout_17b16e")
     _, kw = hf_config_from_model(scout)
@@ -141,7 +141,7 @@ def test_llama4_text_and_multimodal_wrapper(tmp_path):
 
 
 def test_model_hf_without_checkpoint_names_the_key():
-    from scalerl_mega.hf_model_config import resolve_model
+    from scalerl_mega.model.hf_import import resolve_model
 
     with pytest.raises(ValueError, match=r"model=hf needs init_from_hf"):
         resolve_model(_compose("experiment=demo", "model=hf"))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from scalerl_mega.trainer.megatron import llama4
-from scalerl_mega.trainer.megatron.rope import Llama3RopeScaling, llama3_inv_freq
+from scalerl_mega.model.rope import Llama3RopeScaling, llama3_inv_freq
 
 
 def test_fold_chunks_hand_worked_and_inverse():
@@ -80,7 +80,7 @@ def test_layer_spec_keeps_the_spec_core_attention_class():
 
 
 def test_no_rope_pattern_is_megatron_convention():
-    from scalerl_mega.trainer.megatron.config import ModelConfig
+    from scalerl_mega.model.config import ModelConfig
 
     cfg = ModelConfig(arch="llama4", num_layers=6, no_rope_freq=4).validate()
     assert llama4.no_rope_pattern(cfg) == [0, 0, 0, 1, 0, 0]  # 6 % 4 != 0: a list, not Megatron's int

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalerl_mega.trainer.megatron.config import (
+from scalerl_mega.model.config import (
     MegatronConfig,
     ModelConfig,
     OptimConfig,

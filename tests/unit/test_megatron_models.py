@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from scalerl_mega.trainer.megatron import models  # noqa: E402
-from scalerl_mega.trainer.megatron.config import ModelConfig  # noqa: E402
+from scalerl_mega.model.config import ModelConfig  # noqa: E402
 
 
 def _classes(spec, out):

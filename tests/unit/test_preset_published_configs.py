@@ -40,7 +40,7 @@ def test_every_shipped_preset_has_its_published_config():
 def test_preset_passes_the_compose_time_check_against_its_published_config(tmp_path, preset):
     from test_hf_model_config import _compose
 
-    from scalerl_mega.hf_model_config import model_mismatches, resolve_model
+    from scalerl_mega.model.hf_import import model_mismatches, resolve_model
 
     d = _ckpt_dir(tmp_path, preset)
     cfg = _compose("experiment=scalerl", f"model={preset}", f"init_from_hf={d}")
@@ -50,8 +50,8 @@ def test_preset_passes_the_compose_time_check_against_its_published_config(tmp_p
 
 def test_scout_fixture_is_the_multimodal_layout_and_a_wrong_context_is_caught(tmp_path):
     """The Scout file keeps the decoder under text_config; 262144 (the old preset value) is named."""
-    from scalerl_mega.hf_model_config import check_model_matches_hf
-    from scalerl_mega.trainer.megatron.config import load_model_preset
+    from scalerl_mega.model.hf_import import check_model_matches_hf
+    from scalerl_mega.model.config import load_model_preset
 
     cfg = json.loads((DATA / PUBLISHED["scout_17b16e"]).read_text())
     assert cfg["model_type"] == "llama4" and cfg["architectures"] == ["Llama4ForConditionalGeneration"]

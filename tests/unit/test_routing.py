@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from scalerl_mega.batch import build_train_batch
-from scalerl_mega.trainer.megatron.config import load_model_preset
+from scalerl_mega.model.config import load_model_preset
 from scalerl_mega.trainer.megatron.routing import _flat, agreement_metrics, moe_columns
 from scalerl_mega.trainer.policy_loss import batch_tensors, pad_batch
 from scalerl_mega.types import Completion, FinishReason, Group, Prompt, Routes, ScoredCompletion
@@ -110,7 +110,7 @@ def test_agreement_metrics_are_ratios_of_global_sums():
 
 
 def test_replay_config_is_validated_naming_the_key():
-    from scalerl_mega.trainer.megatron.config import MegatronConfig
+    from scalerl_mega.model.config import MegatronConfig
 
     moe = load_model_preset("tiny_moe")
     MegatronConfig(model=moe, routing_replay="ids_and_weights").validate(world_size=1)

@@ -63,10 +63,10 @@ def stub_factory():
 
 
 def _engine(url: str, preset: str):
-    from scalerl_mega.hf_config import hf_config_from_model
+    from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.local import LocalModelSpec
     from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer
-    from scalerl_mega.trainer.megatron.config import load_model_preset
+    from scalerl_mega.model.config import load_model_preset
 
     arch, kw = hf_config_from_model(load_model_preset(preset))
     spec = LocalModelSpec(arch=arch, config=kw)
@@ -103,8 +103,8 @@ def test_server_on_another_checkpoint_is_refused_before_anything_is_sent(tmp_pat
 def test_server_on_the_trainers_architecture_passes(tmp_path, stub_factory):
     """The twin's own config served (dense) passes and the manifest is built; so does Meta's multimodal Scout
     config.json against the scout_17b16e preset's twin (the text model is compared)."""
-    from scalerl_mega.hf_config import hf_config_from_model
-    from scalerl_mega.trainer.megatron.config import load_model_preset
+    from scalerl_mega.model.hf_export import hf_config_from_model
+    from scalerl_mega.model.config import load_model_preset
 
     arch, kw = hf_config_from_model(load_model_preset("tiny_dense"))
     stub = stub_factory(_served(tmp_path / "tiny", {"model_type": "llama", **kw}))

@@ -15,9 +15,9 @@ from scalerl_mega.rollout.weight_sync import (PlannedTensors, TensorSpec, Weight
 
 
 def _manifest_and_plan(preset: str, *, tie: bool, dtype: str | None = "bfloat16"):
-    from scalerl_mega.hf_config import hf_config_from_model
+    from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.local import LocalModelSpec, model_manifest
-    from scalerl_mega.trainer.megatron.config import load_model_preset
+    from scalerl_mega.model.config import load_model_preset
     from scalerl_mega.trainer.megatron.export import export_plan
 
     m = dataclasses.replace(load_model_preset(preset), tie_embeddings=tie)

@@ -484,7 +484,7 @@ def _model_config_json(model_config) -> Optional[str]:
 
 def read_model_config(path: str | os.PathLike):
     """The `ModelConfig` recorded with a checkpoint (directory or root with `latest`)."""
-    from scalerl_mega.trainer.megatron.config import model_from_dict
+    from scalerl_mega.model.config import model_from_dict
 
     ckpt = resolve(path)
     side = ckpt / MODEL_CONFIG

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from scalerl_mega.trainer.megatron.config import ModelConfig, ParallelConfig
+from scalerl_mega.model.config import ModelConfig, ParallelConfig
 
 
 def te_available() -> bool:
@@ -163,7 +163,7 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, *, use_te: bool | 
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
-    from scalerl_mega.trainer.megatron.rope import apply_rope_scaling
+    from scalerl_mega.model.rope import apply_rope_scaling
 
     model.validate()
     if use_te is None:

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from scalerl_mega.trainer.megatron.config import ModelConfig, ParallelConfig
+from scalerl_mega.model.config import ModelConfig, ParallelConfig
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -36,7 +36,7 @@ def engine_core(trainer: Any, *, dtype: str, router_noise: float, max_seq_len: i
     perturbed by `router_noise` x (each router weight's std) Gaussian noise."""
     import torch
 
-    from scalerl_mega.hf_config import hf_config_from_model
+    from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.core import CoreConfig, GenerationCore, moe_routers
     from scalerl_mega.rollout.local import LocalModelSpec, build_model
     from scalerl_mega.trainer.megatron.export import FP32_HEAD, export_hf_weights

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Iterator
 
-from scalerl_mega.trainer.megatron.config import OptimConfig, ParallelConfig
+from scalerl_mega.model.config import OptimConfig, ParallelConfig
 from scalerl_mega.trainer.megatron.models import head_dtype
 from scalerl_mega.trainer.microbatch import MicroBatchPlan, plan_of, unpack
 from scalerl_mega.trainer.policy_loss import next_token_ce_loss

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
-from scalerl_mega.trainer.megatron.config import MegatronConfig
+from scalerl_mega.model.config import MegatronConfig
 from scalerl_mega.trainer.megatron.step import HeadLossFn, LossFn, next_token_ce_loss
 from scalerl_mega.trainer.policy_loss import batch_tensors, finalize_train_metrics
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scalerl_mega.trainer.megatron.config import MegatronConfig
+from scalerl_mega.model.config import MegatronConfig
 
 
 def data_parallel_size() -> int:

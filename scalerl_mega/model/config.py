@@ -133,7 +133,7 @@ class ModelConfig:
         if self.rope_theta <= 0:
             raise ValueError(f"{where}: rope_theta={self.rope_theta} must be > 0")
         if self.rope_scaling:
-            from scalerl_mega.trainer.megatron.rope import scaling_of
+            from scalerl_mega.model.rope import scaling_of
 
             scaling_of(self).validate(where)
         if self.norm_eps <= 0:
