@@ -95,7 +95,7 @@ def main() -> None:
             "from scalerl_mega.convert.pipeline import convert_hf_to_megatron as c;"
             f"s=c(hf_dir={hf!r}, out={mc!r}, tp={args.tp}); print(s.tensors)")
         t_bwd, rss_bwd, out_bwd = run_child(
-            "from scalerl_mega.convert.pipeline import convert_megatron_to_hf as c;"
+            "from scalerl_mega.convert.to_hf import convert_megatron_to_hf as c;"
             f"s=c(ckpt={mc!r}, out={back!r}, max_shard_bytes={int(args.shard_gb * (1 << 30))}); print(s.tensors)")
         gb = total / 1e9
         print(f"model: {n / 1e9:.3f}B params bf16, {gb:.2f} GB in {len(shards)} shards, largest shard {largest / 1e9:.3f} GB (generated in {gen_s:.1f} s)")

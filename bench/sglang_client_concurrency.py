@@ -75,7 +75,7 @@ def run_old(urls: list[str], reqs, *, passes: int) -> list[tuple[float, float]]:
 
 def run_new(urls: list[str], reqs, *, per_server: int, passes: int) -> list[tuple[float, float]]:
     from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer
-    from scalerl_mega.rollout.weight_sync import WeightSyncConfig
+    from scalerl_mega.weight_sync import WeightSyncConfig
 
     engine = SGLangRolloutEngine([SGLangServer.attach(u) for u in urls], config=SGLangEngineConfig(
         sync=WeightSyncConfig(backend="gloo"), max_inflight_per_server=per_server))

@@ -20,7 +20,7 @@ def main() -> None:
 
     from scalerl_mega.rollout.core import CoreConfig
     from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine, build_model
-    from scalerl_mega.rollout.weight_sync import DEFAULT_BUCKET_BYTES, WeightSyncConfig
+    from scalerl_mega.weight_sync import DEFAULT_BUCKET_BYTES, WeightSyncConfig
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=12)

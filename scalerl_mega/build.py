@@ -236,7 +236,7 @@ def build_local_engine(cfg: Any, task: Task, *, index: int = 0):
     from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.core import CoreConfig
     from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine
-    from scalerl_mega.rollout.weight_sync import WeightSyncConfig
+    from scalerl_mega.weight_sync import WeightSyncConfig
 
     arch, hf_kwargs = hf_config_from_model(cfg.model)
     max_seq = engine_max_seq_len(cfg, task)
@@ -350,7 +350,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
     from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.local import LocalModelSpec
     from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
-    from scalerl_mega.rollout.weight_sync import WeightSyncConfig
+    from scalerl_mega.weight_sync import WeightSyncConfig
     from scalerl_mega.trainer.megatron.parallel import world_size_from_env
 
     pause = "in_place" if cfg.off_policy.name == "pipeline_rl" else "retract"

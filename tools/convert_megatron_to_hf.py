@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-shard-gb", type=float, default=2.0)
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    from scalerl_mega.convert.pipeline import convert_megatron_to_hf
+    from scalerl_mega.convert.to_hf import convert_megatron_to_hf
 
     try:
         summary = convert_megatron_to_hf(ckpt=args.ckpt, out=args.out, expect_arch=args.arch, progress=not args.no_progress,

@@ -3,7 +3,7 @@
 The trainer env holds this project (torch 2.13.0, transformers 5.23.0, megatron-core, TransformerEngine);
 the generator env holds SGLang 0.5.23 with its own exact pins (its wheel METADATA: `torch==2.14.1`,
 `transformers==5.19.0`), so the two cannot share one interpreter. Weights travel between them over an
-NCCL group (rollout/weight_sync.py), and NCCL refuses communicators whose ranks run different NCCL
+NCCL group (weight_sync.py), and NCCL refuses communicators whose ranks run different NCCL
 versions (at init: "Mismatched NCCL version detected", ncclInvalidUsage), so the first weight push of a
 run would fail. Both environments therefore install the same `nvidia-nccl-cu13` wheel: torch 2.14.1's pin
 (NCCL_VERSION below); the trainer's torch 2.13.0 pins 2.29.7 and is overridden upwards (the NCCL library

@@ -20,36 +20,9 @@ import torch
 
 from scalerl_mega.convert import layout, sharding, tables
 from scalerl_mega.convert.dims import ArchDims
+from scalerl_mega.trainer.megatron.global_names import global_params, unwrap
 
 log = logging.getLogger(__name__)
-
-
-def unwrap(model):
-    """GPTModel chunks from a model, a DDP-wrapped model or a list of them."""
-    chunks = model if isinstance(model, (list, tuple)) else [model]
-    out = []
-    for m in chunks:
-        while hasattr(m, "module") and not hasattr(m, "decoder"):
-            m = m.module
-        out.append(m)
-    return out
-
-
-def rank_offsets(gpt, *, num_experts: int) -> tuple[int, int]:
-    """(global index of this chunk's first layer, global index of this rank's first expert)."""
-    from megatron.core import parallel_state as ps
-
-    layers = gpt.decoder.layers
-    layer_offset = layers[0].layer_number - 1 if len(layers) else 0
-    ep = ps.get_expert_model_parallel_world_size() if num_experts else 1
-    expert_offset = ps.get_expert_model_parallel_rank() * (num_experts // ep) if num_experts else 0
-    return layer_offset, expert_offset
-
-
-def global_params(gpt, dims: ArchDims) -> dict[str, torch.nn.Parameter]:
-    """This rank's parameters under their global table names (deterministic, model order)."""
-    layer_offset, expert_offset = rank_offsets(gpt, num_experts=dims.num_experts)
-    return {sharding.to_global_name(n, layer_offset=layer_offset, expert_offset=expert_offset): p for n, p in gpt.named_parameters()}
 
 
 def _tp(is_expert: bool) -> tuple[int, int]:

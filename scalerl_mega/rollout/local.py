@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.preemption import ORPHAN_EXIT_CODE, child_setup, start_child
 from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest
-from scalerl_mega.rollout.weight_sync import BucketMeta, WeightManifest, WeightSyncConfig, WeightSyncError
+from scalerl_mega.weight_sync import BucketMeta, WeightManifest, WeightSyncConfig, WeightSyncError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -117,7 +117,7 @@ def model_manifest(spec: LocalModelSpec) -> "WeightManifest":
     from its HF class instantiated on the meta device: no weights are read or allocated."""
     import torch
 
-    from scalerl_mega.rollout.weight_sync import WeightManifest
+    from scalerl_mega.weight_sync import WeightManifest
 
     with torch.device("meta"):
         if spec.path is not None:
@@ -257,7 +257,7 @@ class _EngineLoop:
                 if done:
                     self.out_q.put(("done", done))
         if self.group is not None:
-            from scalerl_mega.rollout.weight_sync import destroy_group
+            from scalerl_mega.weight_sync import destroy_group
 
             destroy_group(self.group)
 
@@ -280,7 +280,7 @@ class _EngineLoop:
             self.paused = False
             self.out_q.put(("ack", "resume"))
         elif kind == "init_group":
-            from scalerl_mega.rollout.weight_sync import DistWeightReceiver, init_custom_process_group
+            from scalerl_mega.weight_sync import DistWeightReceiver, init_custom_process_group
 
             args = msg[1]
             self.group = init_custom_process_group(**args)
@@ -293,7 +293,7 @@ class _EngineLoop:
         elif kind == "stats":
             self.out_q.put(("stats", (msg[1], self.core.stats())))
         elif kind == "digest":
-            from scalerl_mega.rollout.weight_sync import weights_sha256
+            from scalerl_mega.weight_sync import weights_sha256
 
             digest = weights_sha256(self.core.model.named_parameters())
             self.out_q.put(("stats", (msg[1], {"weights_sha256": digest, "version": self.core.version})))
@@ -440,7 +440,7 @@ class LocalRolloutEngine:
         """Broadcast HF-named weights to the engine process (bucketed, over gloo/NCCL). The whole
         update is first checked against the engine model's names and shapes (`model_manifest`): a
         mismatch raises WeightSyncError naming the tensor before anything is sent."""
-        from scalerl_mega.rollout.weight_sync import DistWeightSender, checked_update
+        from scalerl_mega.weight_sync import DistWeightSender, checked_update
 
         if self._manifest is None:
             self._manifest = model_manifest(self.config.model)
@@ -486,7 +486,7 @@ class LocalRolloutEngine:
         self._wait_ack("resume", timeout_s=self.config.reply_timeout_s)
 
     def close(self) -> None:
-        from scalerl_mega.rollout.weight_sync import destroy_group
+        from scalerl_mega.weight_sync import destroy_group
 
         if self._proc.is_alive():
             try:
@@ -512,7 +512,7 @@ class LocalRolloutEngine:
     # ---- internals -------------------------------------------------------------------------------
     def _init_group(self) -> None:
         """SGLang order: tell the engine to join (no wait), join as rank 0, then wait for its ack."""
-        from scalerl_mega.rollout.weight_sync import free_port, init_custom_process_group
+        from scalerl_mega.weight_sync import free_port, init_custom_process_group
 
         sync = self.config.sync
         port = free_port()

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.rollout.core import GenRequest
-from scalerl_mega.rollout.weight_sync import BucketMeta, WeightSyncConfig, WeightSyncError
+from scalerl_mega.weight_sync import BucketMeta, WeightSyncConfig, WeightSyncError
 from scalerl_mega.types import Completion, FinishReason, Routes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -772,7 +772,7 @@ class SGLangRolloutEngine:
         return out
 
     def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]], *, version: int) -> None:
-        from scalerl_mega.rollout.weight_sync import DistWeightSender, checked_update
+        from scalerl_mega.weight_sync import DistWeightSender, checked_update
 
         # checked whole before the servers are paused: a rejected update never pauses generation
         named_tensors = checked_update(named_tensors, self.manifest(), version=version)
@@ -813,7 +813,7 @@ class SGLangRolloutEngine:
         import os
 
         from scalerl_mega.model.hf_import import config_mismatches
-        from scalerl_mega.rollout.weight_sync import WeightSyncError
+        from scalerl_mega.weight_sync import WeightSyncError
 
         ours = {"model_type": "llama" if spec.arch == "llama" else "llama4_text", **spec.config}
         for server, client in zip(self.servers, self._ctl_clients):
@@ -878,7 +878,7 @@ class SGLangRolloutEngine:
         self._fan_out(lambda c: c.continue_generation(), what="continue_generation", timeout_s=self.config.control_timeout_s)
 
     def close(self) -> None:
-        from scalerl_mega.rollout.weight_sync import destroy_group
+        from scalerl_mega.weight_sync import destroy_group
 
         self._http.close()  # cancels the requests still in flight, closes their sockets, joins the loop thread
         self._ctl_pool.shutdown(wait=False, cancel_futures=True)
@@ -893,7 +893,7 @@ class SGLangRolloutEngine:
 
     def _destroy_groups(self) -> None:
         """Tear the weight-sync group down everywhere (after a server restart)."""
-        from scalerl_mega.rollout.weight_sync import destroy_group
+        from scalerl_mega.weight_sync import destroy_group
 
         name = self.config.sync.group_name
         futs = [self._ctl_pool.submit(c.destroy_weights_update_group, name) for c in self._ctl_clients]
@@ -909,7 +909,7 @@ class SGLangRolloutEngine:
 
     def _init_group(self) -> None:
         """Fire /init_weights_update_group to all servers (no wait), join as rank 0, then wait."""
-        from scalerl_mega.rollout.weight_sync import engine_rank_offsets, free_port, init_custom_process_group
+        from scalerl_mega.weight_sync import engine_rank_offsets, free_port, init_custom_process_group
 
         sync = self.config.sync
         world_size, offsets = engine_rank_offsets([s.tp_size for s in self.servers])

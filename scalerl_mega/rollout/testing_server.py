@@ -178,7 +178,7 @@ class SGLangTestServer:
         for t in self._threads:
             t.join(timeout=10)
         if self.group is not None:
-            from scalerl_mega.rollout.weight_sync import destroy_group
+            from scalerl_mega.weight_sync import destroy_group
 
             destroy_group(self.group)
             self.group = None
@@ -456,7 +456,7 @@ class SGLangTestServer:
         return 200, {"success": True, "message": "weight update session closed"}
 
     def _init_group(self, body: dict) -> tuple[int, Any]:
-        from scalerl_mega.rollout.weight_sync import DistWeightReceiver, WeightSyncError, init_custom_process_group
+        from scalerl_mega.weight_sync import DistWeightReceiver, WeightSyncError, init_custom_process_group
 
         if self.group is not None:
             raise _HTTPError(400, {"success": False, "message": "weight update group already initialized"})
@@ -477,7 +477,7 @@ class SGLangTestServer:
         return 200, {"success": True, "message": "Succeeded to initialize custom process group."}
 
     def _destroy_group(self, body: dict) -> tuple[int, Any]:
-        from scalerl_mega.rollout.weight_sync import destroy_group
+        from scalerl_mega.weight_sync import destroy_group
 
         if self.group is not None and body.get("group_name", "weight_update_group") == self.group_name:
             destroy_group(self.group)
@@ -485,7 +485,7 @@ class SGLangTestServer:
         return 200, {"success": True, "message": "destroyed"}
 
     def _update_weights(self, body: dict) -> tuple[int, Any]:
-        from scalerl_mega.rollout.weight_sync import BucketMeta, WeightSyncError, dtype_from_name, dtype_name
+        from scalerl_mega.weight_sync import BucketMeta, WeightSyncError, dtype_from_name, dtype_name
 
         def fail(msg: str):
             return _HTTPError(400, {"success": False, "message": msg})

@@ -138,7 +138,7 @@ class ControlChannel:
         import torch
         import torch.distributed as dist
 
-        from scalerl_mega.rollout.weight_sync import dtype_from_name
+        from scalerl_mega.weight_sync import dtype_from_name
 
         holder: list[Any] = [None]
         try:

@@ -15,7 +15,7 @@ import torch
 
 from scalerl_mega.rollout.core import CoreConfig
 from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine, build_model
-from scalerl_mega.rollout.weight_sync import (PlannedTensors, WeightManifest, WeightSyncConfig, WeightSyncError,
+from scalerl_mega.weight_sync import (PlannedTensors, WeightManifest, WeightSyncConfig, WeightSyncError,
                                               spec_of)
 from scalerl_mega.types import Prompt, SamplingParams
 

@@ -92,7 +92,7 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    from scalerl_mega.convert.load import unwrap
+    from scalerl_mega.trainer.megatron.global_names import unwrap
     from scalerl_mega.trainer.megatron import models
     from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer

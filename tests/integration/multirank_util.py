@@ -73,7 +73,7 @@ def hf_digest(hf_dir: Path) -> str:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from scalerl_mega.rollout.weight_sync import weights_sha256
+    from scalerl_mega.weight_sync import weights_sha256
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
     return weights_sha256(model.named_parameters())

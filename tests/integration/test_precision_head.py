@@ -29,7 +29,7 @@ def worker(out: str) -> None:
     from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.core import CoreConfig
     from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine
-    from scalerl_mega.rollout.weight_sync import WeightSyncConfig
+    from scalerl_mega.weight_sync import WeightSyncConfig
     from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
     from scalerl_mega.types import Prompt, SamplingParams

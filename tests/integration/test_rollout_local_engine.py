@@ -13,7 +13,7 @@ import torch
 from scalerl_mega.interfaces import RolloutEngine
 from scalerl_mega.rollout.core import CoreConfig
 from scalerl_mega.rollout.local import EngineError, LocalEngineConfig, LocalModelSpec, LocalRolloutEngine, build_model
-from scalerl_mega.rollout.weight_sync import WeightSyncConfig, WeightSyncError
+from scalerl_mega.weight_sync import WeightSyncConfig, WeightSyncError
 from scalerl_mega.types import FinishReason, Prompt, SamplingParams
 
 CFG = dict(

@@ -58,7 +58,7 @@ def _megatron_logprobs(chunks, batch):
     """FP32 log p(target) from the trainer's Megatron GPTModel forward (TP1: full-vocab logits)."""
     import torch
 
-    from scalerl_mega.convert.load import unwrap
+    from scalerl_mega.trainer.megatron.global_names import unwrap
 
     (gpt,) = unwrap(chunks)
     gpt.eval()
@@ -77,7 +77,7 @@ def worker(preset: str, out: str) -> None:
     from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.core import CoreConfig
     from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine
-    from scalerl_mega.rollout.weight_sync import WeightSyncConfig
+    from scalerl_mega.weight_sync import WeightSyncConfig
     from scalerl_mega.trainer.megatron.export import export_hf_weights
     from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer

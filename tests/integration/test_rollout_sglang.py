@@ -27,7 +27,7 @@ from scalerl_mega.rollout.sglang import (
     launch_command,
 )
 from scalerl_mega.rollout.testing_server import SGLangTestServer
-from scalerl_mega.rollout.weight_sync import WeightSyncConfig, bucket_meta, free_port, init_custom_process_group
+from scalerl_mega.weight_sync import WeightSyncConfig, bucket_meta, free_port, init_custom_process_group
 from scalerl_mega.types import FinishReason, Prompt, SamplingParams
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
@@ -305,7 +305,7 @@ def test_init_blocks_until_trainer_joins(model_dir):
         )  # fmt: skip
         t.join(30)
         assert result["r"]["success"] is True
-        from scalerl_mega.rollout.weight_sync import destroy_group
+        from scalerl_mega.weight_sync import destroy_group
 
         destroy_group(group)
     finally:

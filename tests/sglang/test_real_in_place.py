@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from scalerl_mega.rollout.sglang import IN_PLACE_FLAGS, SGLangClient
-from scalerl_mega.rollout.weight_sync import WeightSyncError
+from scalerl_mega.weight_sync import WeightSyncError
 from scalerl_mega.types import FinishReason, Prompt, SamplingParams
 from tests.sglang_support.oracle import collect, full_logprobs, in_place_logprobs, max_diff, wait_decoding, weights
 from tests.sglang_support.real_server import engine_for

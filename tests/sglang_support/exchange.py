@@ -34,7 +34,7 @@ def _push(url: str, model: Any, *, version: str, group: Any, group_name: str, st
     """pause(retract) -> begin -> one bucket of every tensor -> end -> continue, recording each answer."""
     import torch.distributed as dist
 
-    from scalerl_mega.rollout.weight_sync import dtype_name
+    from scalerl_mega.weight_sync import dtype_name
 
     named = list(model.state_dict().items())
     steps.append(("pause", *_post(url, "/pause_generation", {"mode": "retract"})))
@@ -56,7 +56,7 @@ def _push(url: str, model: Any, *, version: str, group: Any, group_name: str, st
 def scripted_exchange(url: str, *, old: Any, new: Any, group_name: str) -> list[tuple[str, int, Any]]:
     """The script, as (step, HTTP status, JSON body). The server serves `old`; the script pushes `new`
     (version "1"), generates, pushes `old` back (version "0") and leaves the group."""
-    from scalerl_mega.rollout.weight_sync import destroy_group, free_port, init_custom_process_group
+    from scalerl_mega.weight_sync import destroy_group, free_port, init_custom_process_group
 
     greedy = {"max_new_tokens": 8, "temperature": 0.0, "top_p": 1.0, "stop_token_ids": [], "no_stop_trim": True}
     prompt = [1, 11, 12, 13, 14]

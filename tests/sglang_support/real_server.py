@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
-from scalerl_mega.rollout.weight_sync import WeightSyncConfig, free_port
+from scalerl_mega.weight_sync import WeightSyncConfig, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_PATH = Path(__file__).resolve().parent / "server_path"

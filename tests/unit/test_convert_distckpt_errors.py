@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from scalerl_mega.convert.pipeline import checkpoint_format, convert_megatron_to_hf
+from scalerl_mega.convert.to_hf import checkpoint_format, convert_megatron_to_hf
 from scalerl_mega.trainer.megatron import checkpoint
 from scalerl_mega.model.config import ModelConfig
 

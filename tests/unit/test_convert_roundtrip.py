@@ -8,7 +8,8 @@ import os
 import pytest
 import torch
 
-from scalerl_mega.convert.pipeline import convert_hf_to_megatron, convert_megatron_to_hf
+from scalerl_mega.convert.pipeline import convert_hf_to_megatron
+from scalerl_mega.convert.to_hf import convert_megatron_to_hf
 from scalerl_mega.convert.st_io import SafetensorsDir
 from scalerl_mega.convert.tiny import save_tiny_hf
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scalerl_mega.rollout.weight_sync import (
+from scalerl_mega.weight_sync import (
     FLATTENED_BUCKET,
     WeightSyncConfig,
     bucket_meta,

@@ -172,7 +172,7 @@ def test_batch_keeps_compact_route_ids_and_drops_weights_unless_asked():
     wide = _build(_groups(_np_routes(4, E=300), _np_routes(2, E=300)))
     assert wide.route_ids_BTLK.dtype == torch.int32 and wide.route_ids_BTLK[0, 3, 0, 0].item() == 21
     # the follower broadcast: the compact dtype round-trips through ranks.py's dtype names
-    from scalerl_mega.rollout.weight_sync import dtype_from_name
+    from scalerl_mega.weight_sync import dtype_from_name
 
     assert dtype_from_name(str(ids.dtype).replace("torch.", "")) == torch.uint8
 

@@ -84,7 +84,7 @@ def _served(tmp_path: Path, cfg: dict | str) -> str:
 
 
 def test_server_on_another_checkpoint_is_refused_before_anything_is_sent(tmp_path, stub_factory):
-    from scalerl_mega.rollout.weight_sync import WeightSyncError
+    from scalerl_mega.weight_sync import WeightSyncError
 
     path = _served(tmp_path / "llama8b", "Llama-3.1-8B.config.json")
     stub = stub_factory(path)

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from scalerl_mega.rollout.weight_sync import (PlannedTensors, TensorSpec, WeightManifest, WeightSyncError,
+from scalerl_mega.weight_sync import (PlannedTensors, TensorSpec, WeightManifest, WeightSyncError,
                                               checked_update, follow_plan)
 
 

@@ -86,7 +86,7 @@ def export_hf_weights(model, model_cfg, *, dtype: torch.dtype | str | None = Non
     from megatron.core import parallel_state as ps
 
     from scalerl_mega.convert import sharding, tables
-    from scalerl_mega.convert.load import global_params, unwrap
+    from scalerl_mega.trainer.megatron.global_names import global_params, unwrap
     from scalerl_mega.convert.model_config import dims_from_model_config
 
     dims = dims_from_model_config(model_cfg)
@@ -142,7 +142,7 @@ def export_plan(model_cfg, *, dtype: torch.dtype | str | None = None) -> list:
     parameter's own dtype is kept). A receiver checks it against its model before the first bucket."""
     from scalerl_mega.convert import tables
     from scalerl_mega.convert.model_config import dims_from_model_config
-    from scalerl_mega.rollout.weight_sync import TensorSpec, dtype_name
+    from scalerl_mega.weight_sync import TensorSpec, dtype_name
 
     dims = dims_from_model_config(model_cfg)
     body_dtype, head_dtype = weight_dtypes(dtype, model_cfg)
@@ -158,7 +158,7 @@ def export_plan(model_cfg, *, dtype: torch.dtype | str | None = None) -> list:
 def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
-    from scalerl_mega.rollout.weight_sync import dtype_from_name
+    from scalerl_mega.weight_sync import dtype_from_name
 
     return dtype_from_name(str(dtype))
 

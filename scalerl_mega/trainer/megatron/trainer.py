@@ -130,7 +130,7 @@ class MegatronPolicyTrainer:
         exhaust the iterator (TP/EP gathers inside each pipeline stage, later stages relayed to rank 0;
         `export.export_to_rank0`). The stream announces its names/shapes/dtypes up front
         (`weight_sync.PlannedTensors`), so an engine checks them before the first bucket is sent."""
-        from scalerl_mega.rollout.weight_sync import PlannedTensors
+        from scalerl_mega.weight_sync import PlannedTensors
         from scalerl_mega.trainer.megatron import export
 
         return PlannedTensors(export.export_to_rank0(self.chunks, self.cfg.model, dtype=dtype),
