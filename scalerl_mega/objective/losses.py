@@ -45,8 +45,10 @@ import torch
 from scalerl_mega.objective.is_correction import (
     DEFAULT_IS_CAP, DEFAULT_IS_HIGH, DEFAULT_IS_LOW, is_weights)
 
-LOSS_TYPES = ("cispo", "dapo", "grpo", "gspo")
+LOSS_NAMES = ("cispo", "dapo", "grpo", "gspo")
+"""The policy losses (`loss.name`, `policy_loss(loss_type=...)`); the one list of them."""
 AGGREGATIONS = ("prompt", "sample", "token")
+"""Loss aggregations (`loss.aggregation`); the one list of them."""
 DEFAULT_AGGREGATION = {"cispo": "prompt", "dapo": "prompt", "grpo": "sample", "gspo": "sample"}
 DEFAULT_EPS = {  # (eps_low, eps_high)
     "cispo": (None, 5.0),
@@ -108,8 +110,8 @@ def cispo_weight(rho: torch.Tensor, *, eps_low: float | None, eps_high: float) -
 
 
 def _resolve(loss_type: str, aggregation: str | None, eps_low: float | None, eps_high: float | None):
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type={loss_type!r} is unknown; expected one of {LOSS_TYPES}")
+    if loss_type not in LOSS_NAMES:
+        raise ValueError(f"loss_type={loss_type!r} is unknown; expected one of {LOSS_NAMES}")
     aggregation = DEFAULT_AGGREGATION[loss_type] if aggregation is None else aggregation
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation={aggregation!r} is unknown; expected one of {AGGREGATIONS}")
