@@ -25,9 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from scalerl_mega.reproduce_report import RECIPE_RUN_NAMES, RUN_PREFIX, analyse, recipe_name
-
-__all__ = ["RECIPE_RUN_NAMES", "REPRO2_RUN_NAMES", "RUN_PREFIX", "SWEEPS", "main", "recipe_name", "sweep_command"]
+from scalerl_mega.reproduce_report import RECIPE_RUN_NAMES, RUN_PREFIX, analyse, recipe_name  # noqa: F401 (re-exported)
 
 REPRO2_RUN_NAMES = ("repro2_scalerl", "repro2_batch_small", "repro2_batch_large", "repro2_batch_control",
                     "repro2_no_npr")
