@@ -316,6 +316,20 @@ def _resolve_backend(backend: str, hidden: torch.Tensor, group) -> str:
     return "torch"
 
 
+def _check_cispo_inputs(gen_logp: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor, *, n: int,
+                        eps_high: float) -> None:
+    """`cispo_from_hidden`'s per-token inputs are [N] (gen_logp without NaN, finite advantages), eps_high > 0."""
+    for name, t in (("gen_logp", gen_logp), ("advantages", advantages), ("weights", weights)):
+        if t.shape != (n,):
+            raise ValueError(f"{name} must be [N={n}], got shape {tuple(t.shape)} (shape mismatch)")
+    if torch.isnan(gen_logp).any():
+        raise ValueError("gen_logp contains NaN")
+    if not torch.isfinite(advantages).all():
+        raise ValueError("advantages contains NaN or inf")
+    if not eps_high > 0:
+        raise ValueError(f"eps_high={eps_high} must be > 0 (absolute cap of the CISPO ratio)")
+
+
 def cispo_from_hidden(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -351,16 +365,7 @@ def cispo_from_hidden(
     "auto": Triton when the tensors are on a CUDA device, triton imports and `group` is None, else torch.
     """
     validate_head_inputs(hidden, weight, targets, vocab_start)
-    N = hidden.shape[0]
-    for name, t in (("gen_logp", gen_logp), ("advantages", advantages), ("weights", weights)):
-        if t.shape != (N,):
-            raise ValueError(f"{name} must be [N={N}], got shape {tuple(t.shape)} (shape mismatch)")
-    if torch.isnan(gen_logp).any():
-        raise ValueError("gen_logp contains NaN")
-    if not torch.isfinite(advantages).all():
-        raise ValueError("advantages contains NaN or inf")
-    if not eps_high > 0:
-        raise ValueError(f"eps_high={eps_high} must be > 0 (absolute cap of the CISPO ratio)")
+    _check_cispo_inputs(gen_logp, advantages, weights, n=hidden.shape[0], eps_high=eps_high)
     backend = _resolve_backend(backend, hidden, group)
     chunk_size = chunk_size or default_chunk_size(weight.shape[0])
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
