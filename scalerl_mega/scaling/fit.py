@@ -299,6 +299,27 @@ def _refine(C, R, R0, *, A0, B0, cm0, fixed_A: float | None) -> tuple[float, flo
     return float(A), float(B), float(math.exp(lcm)), sse
 
 
+def _a_profile(prep: _Prepared, gr: _GridResult, *, A: float, B: float, cm: float,
+               n_params: int) -> tuple[float, float]:
+    """A's profile interval (`_profile_interval`) with the cells near its threshold refitted exactly."""
+    def exact(k: int) -> float:
+        jk = int(np.argmin(gr.sse[k]))
+        b0 = float(gr.b[k, jk])
+        if not (math.isfinite(b0) and b0 > 0):
+            return math.inf
+        a_k = float(gr.a_grid[k])
+        try:
+            return _refine(prep.C, prep.R, prep.R0, A0=a_k, B0=b0, cm0=float(gr.cm_grid[jk]), fixed_A=a_k)[3]
+        except (OverflowError, ValueError):  # the refit ran off (C_mid -> inf): keep the grid value
+            return math.inf
+
+    try:
+        best_exact = _refine(prep.C, prep.R, prep.R0, A0=A, B0=B, cm0=cm, fixed_A=None)[3] if B > 0 else None
+    except (OverflowError, ValueError):
+        best_exact = None
+    return _profile_interval(gr, prep.C.size, n_params, exact=exact, best_exact=best_exact)
+
+
 def _finish(
     prep: _Prepared,
     gr: _GridResult,
@@ -327,25 +348,7 @@ def _finish(
             f"data stop at {100 * gain_frac:.0f}% of the fitted gain (need >= {100 * MIN_GAIN_FRACTION:.0f}%): "
             "too close to C_mid for A to be more than an extrapolation"
         )
-    if fixed_A:
-        prof = (A, A)
-    else:
-        def exact(k: int) -> float:
-            jk = int(np.argmin(gr.sse[k]))
-            b0 = float(gr.b[k, jk])
-            if not (math.isfinite(b0) and b0 > 0):
-                return math.inf
-            a_k = float(gr.a_grid[k])
-            try:
-                return _refine(prep.C, prep.R, prep.R0, A0=a_k, B0=b0, cm0=float(gr.cm_grid[jk]), fixed_A=a_k)[3]
-            except (OverflowError, ValueError):  # the refit ran off (C_mid -> inf): keep the grid value
-                return math.inf
-
-        try:
-            best_exact = _refine(prep.C, prep.R, prep.R0, A0=A, B0=B, cm0=cm, fixed_A=None)[3] if B > 0 else None
-        except (OverflowError, ValueError):
-            best_exact = None
-        prof = _profile_interval(gr, n, n_params, exact=exact, best_exact=best_exact)
+    prof = (A, A) if fixed_A else _a_profile(prep, gr, A=A, B=B, cm=cm, n_params=n_params)
     if not fixed_A and gr.a_grid.size > 1 and prof[1] >= gr.a_grid[-1] - 1e-12 and not gr.on_edge:
         reasons.append(f"A's 95% profile range {prof[0]:.3f}..{prof[1]:.3f} reaches the grid's upper edge: "
                        "the data do not bound A from above")
@@ -369,15 +372,8 @@ def _finish(
         fit_from=fit_from,
         fit_to=fit_to,
         compute_range=(float(prep.C.min()), c_hi),
-        grid=GridInfo(
-            a_lo=float(ag[0]),
-            a_hi=float(ag[-1]),
-            n_a=int(ag.size),
-            cmid_lo=float(cg[0]),
-            cmid_hi=float(cg[-1]),
-            n_cmid=int(cg.size),
-            cmid_spacing=_spacing(cg),
-        ),
+        grid=GridInfo(a_lo=float(ag[0]), a_hi=float(ag[-1]), n_a=int(ag.size), cmid_lo=float(cg[0]),
+                      cmid_hi=float(cg[-1]), n_cmid=int(cg.size), cmid_spacing=_spacing(cg)),
         on_edge=gr.on_edge,
         widened=tuple(gr.widened),
         A_profile_interval=prof,
