@@ -289,6 +289,56 @@ def _f(v: Any, fmt: str) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
 
+def _axis_lines(res: dict[str, Any]) -> list[str]:
+    """One axis's recipe table against the reference and its seed-mean leave-one-out table."""
+    lines: list[str] = []
+    ax = res["axis"]
+    lines += ["", f"### Recipes against {REFERENCE} ({ax.slug} axis)", "",
+              "| recipe | A per seed | A mean | A half-range (margin 0.02) | B at common A, mean +- sd | "
+              "delta A | noise A | delta B | 2 x SE(delta B) | outcome |", "|" + "---|" * 10]
+    for rec, r in res["recipes"].items():
+        c = r.get("comparison") or {}
+        per = ", ".join(_f(a, ".3f") for a in r["A_per_seed"])
+        lines.append(f"| {rec} | {per} | {_f(r['A_mean'], '.3f')} | {_f(r['A_half_range'], '.3f')} | "
+                     f"{_f(r['B_mean'], '.2f')} +- {_f(r['B_sd'], '.2f')} | {_f(c.get('delta_A'), '+.3f')} | "
+                     f"{_f(c.get('noise_A'), '.3f')} | {_f(c.get('delta_B'), '+.2f')} | "
+                     f"{_f(None if c.get('se_B') is None else 2 * c['se_B'], '.2f')} | "
+                     f"{c.get('outcome', 'reference')} |")
+    lm = res["loo_mean"]
+    lines += ["", f"Seed-mean curves, leave-one-out table at their common A = {_f(lm.A_mean, '.3f')} "
+              f"(paper Fig. 7 view; `loo_{ax.slug}.png`):", "",
+              "| recipe | own A | A - mean | B at common A | C_mid at common A |", "|---|---|---|---|---|"]
+    for r in lm.runs:
+        lines.append(f"| {r.label}{' (best B)' if r.label == lm.best else ''} | "
+                     f"{_f(r.fit.A if r.fit.identified else None, '.3f')} | {_f(r.A_offset, '+.3f')} | "
+                     f"{_f(r.B, '.2f')} | {_f(r.C_mid, '.3g')} |")
+    return lines
+
+
+def _verdict_lines(results: dict[str, Any], *, tok: dict[str, Any], wall: dict[str, Any]) -> list[str]:
+    """The verdict table: one line per finding (tokens axis, the wall-clock verdict and the paired check)."""
+    fin = results["final_pass_rate"]
+    lines = ["", "### Verdicts (tokens axis)", "",
+             "| finding | paper | outcome here (A, then B at the common A) | verdict | wall-clock axis | "
+             "final pass rate (model-free, paired by seed) |", "|---|---|---|---|---|---|"]
+    for rec, f in FINDINGS.items():
+        r = tok["recipes"].get(rec)
+        if r is None:
+            lines.append(f"| {f.title} ({rec}) | {f.paper} | no finished run | - | - | - |")
+            continue
+        why = results["untestable"].get(rec, "")
+        if why:
+            lines.append(f"| {f.title} ({rec}) | {f.paper} | {why} | **untestable here** | - | - |")
+            continue
+        w = wall["recipes"][rec]
+        q = fin[rec]
+        pa = q.get("paired") or {}
+        lines.append(f"| {f.title} ({rec}) | {f.paper} | {r['comparison']['reason']} | **{r['verdict']}** | "
+                     f"{w['verdict']} | {pa.get('outcome', '-')} ({_f(pa.get('mean'), '+.3f')} +- "
+                     f"{_f(pa.get('half_width'), '.3f')}) |")
+    return lines
+
+
 def _markdown(results: dict[str, Any], by_axis: dict[str, dict[str, Any]], missing: list[str]) -> str:
     tok, wall = by_axis["tokens"], by_axis["wallclock"]
     lines = [BEGIN, ""]
@@ -324,26 +374,7 @@ def _markdown(results: dict[str, Any], by_axis: dict[str, dict[str, Any]], missi
                   "after the cut at 0.1 of the run's compute, hold-out error <= 2x the binomial noise floor):", ""]
         lines += unident
     for res in (tok, wall):
-        ax = res["axis"]
-        lines += ["", f"### Recipes against {REFERENCE} ({ax.slug} axis)", "",
-                  "| recipe | A per seed | A mean | A half-range (margin 0.02) | B at common A, mean +- sd | "
-                  "delta A | noise A | delta B | 2 x SE(delta B) | outcome |", "|" + "---|" * 10]
-        for rec, r in res["recipes"].items():
-            c = r.get("comparison") or {}
-            per = ", ".join(_f(a, ".3f") for a in r["A_per_seed"])
-            lines.append(f"| {rec} | {per} | {_f(r['A_mean'], '.3f')} | {_f(r['A_half_range'], '.3f')} | "
-                         f"{_f(r['B_mean'], '.2f')} +- {_f(r['B_sd'], '.2f')} | {_f(c.get('delta_A'), '+.3f')} | "
-                         f"{_f(c.get('noise_A'), '.3f')} | {_f(c.get('delta_B'), '+.2f')} | "
-                         f"{_f(None if c.get('se_B') is None else 2 * c['se_B'], '.2f')} | "
-                         f"{c.get('outcome', 'reference')} |")
-        lm = res["loo_mean"]
-        lines += ["", f"Seed-mean curves, leave-one-out table at their common A = {_f(lm.A_mean, '.3f')} "
-                  f"(paper Fig. 7 view; `loo_{ax.slug}.png`):", "",
-                  "| recipe | own A | A - mean | B at common A | C_mid at common A |", "|---|---|---|---|---|"]
-        for r in lm.runs:
-            lines.append(f"| {r.label}{' (best B)' if r.label == lm.best else ''} | "
-                         f"{_f(r.fit.A if r.fit.identified else None, '.3f')} | {_f(r.A_offset, '+.3f')} | "
-                         f"{_f(r.B, '.2f')} | {_f(r.C_mid, '.3g')} |")
+        lines += _axis_lines(res)
     fin = results["final_pass_rate"]
     lines += ["", f"### Model-free check: final pass rate (mean of the last {FINAL_POINTS} validations per run)", "",
               "Welch: difference of the seed means against 2 SE. Paired by seed: the mean of the per-seed "
@@ -358,24 +389,7 @@ def _markdown(results: dict[str, Any], by_axis: dict[str, dict[str, Any]], missi
                      f"{_f(None if r.get('se') is None else 2 * r['se'], '.3f')} | {r.get('outcome', 'reference')} | "
                      f"{_f(pa.get('mean'), '+.3f')} | {_f(pa.get('half_width'), '.3f')} ({pa.get('dof', '-')}) | "
                      f"{pa.get('outcome', '-')} | {pa.get('margin_rule', '-')} |")
-    lines += ["", "### Verdicts (tokens axis)", "",
-              "| finding | paper | outcome here (A, then B at the common A) | verdict | wall-clock axis | "
-              "final pass rate (model-free, paired by seed) |", "|---|---|---|---|---|---|"]
-    for rec, f in FINDINGS.items():
-        r = tok["recipes"].get(rec)
-        if r is None:
-            lines.append(f"| {f.title} ({rec}) | {f.paper} | no finished run | - | - | - |")
-            continue
-        why = results["untestable"].get(rec, "")
-        if why:
-            lines.append(f"| {f.title} ({rec}) | {f.paper} | {why} | **untestable here** | - | - |")
-            continue
-        w = wall["recipes"][rec]
-        q = fin[rec]
-        pa = q.get("paired") or {}
-        lines.append(f"| {f.title} ({rec}) | {f.paper} | {r['comparison']['reason']} | **{r['verdict']}** | "
-                     f"{w['verdict']} | {pa.get('outcome', '-')} ({_f(pa.get('mean'), '+.3f')} +- "
-                     f"{_f(pa.get('half_width'), '.3f')}) |")
+    lines += _verdict_lines(results, tok=tok, wall=wall)
     lines += ["", "### Plots", ""] + [f"![{p}]({p})" for p in results["plots"]] + ["", END]
     return "\n".join(lines)
 
