@@ -44,11 +44,8 @@ import torch
 
 from scalerl_mega.objective.is_correction import (
     DEFAULT_IS_CAP, DEFAULT_IS_HIGH, DEFAULT_IS_LOW, is_weights)
+from scalerl_mega.objective.names import AGGREGATIONS, LOSS_NAMES
 
-LOSS_NAMES = ("cispo", "dapo", "grpo", "gspo")
-"""The policy losses (`loss.name`, `policy_loss(loss_type=...)`); the one list of them."""
-AGGREGATIONS = ("prompt", "sample", "token")
-"""Loss aggregations (`loss.aggregation`); the one list of them."""
 DEFAULT_AGGREGATION = {"cispo": "prompt", "dapo": "prompt", "grpo": "sample", "gspo": "sample"}
 DEFAULT_EPS = {  # (eps_low, eps_high)
     "cispo": (None, 5.0),
