@@ -25,23 +25,10 @@ def compute_key(records: list[dict[str, Any]]) -> str:
     return "compute_device_hours"
 
 
-def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget: float | None = None,
-                 extra: dict[str, str] | None = None, cut_fraction: float | None = None,
-                 fit_from: float | None = None) -> Path:
-    """Write <run_dir>/report.md (and scaling.png when a fit is possible); returns the markdown path.
-    `extra`: more "- key: value" summary lines (wall times, ...); `cut_fraction`: the fit cut off the
-    paper's GPU-hour scale (default `identify.CUT_FRACTION`, as `forecast.cut_fraction`); `fit_from`: a
-    fixed cut instead (`forecast.fit_from`)."""
-    from scalerl_mega.metrics.rollout_stats import domain_key
-    from scalerl_mega.scaling.plot import CurvePlot, plot_scaling
-
-    run_dir = Path(run_dir)
-    val = read_metrics(run_dir / "metrics.jsonl", kind="validation")
-    train = read_metrics(run_dir / "metrics.jsonl", kind="train")
-    key = compute_key(val)
-    unit = "GPU-hours" if key == "compute_gpu_hours" else "device-hours"
-    points = [(float(r[key]), float(r["val_pass_rate"]), int(r["step"])) for r in val]
-    lines = [f"# {title}", ""]
+def _summary_lines(points: list[tuple[float, float, int]], train: list[dict], *, extra: dict[str, str] | None,
+                   unit: str) -> list[str]:
+    """The report's "- key: value" lines: first/last validation, `extra`, the trainer's last step."""
+    lines = []
     if points:
         first, last = points[0], points[-1]
         lines += [
@@ -56,7 +43,57 @@ def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget
     if train:
         tail = train[-1]
         lines.append(f"- trainer steps: {tail['step']}; last truncation rate {tail.get('truncation_rate', math.nan):.1%}")
-    lines.append("")
+    return lines
+
+
+def _domain_lines(val: list[dict], *, key: str, curves: list, cut_fraction: float | None,
+                  fit_from: float | None) -> list[str]:
+    """The "Per domain" table when validation has more than one domain (each domain's fitted curve is
+    appended to `curves`); [] otherwise."""
+    from scalerl_mega.metrics.rollout_stats import domain_key
+    from scalerl_mega.scaling.plot import CurvePlot
+
+    domains = sorted({k[len("val/"):-len("_pass_rate")] for r in val for k in r
+                      if k.startswith("val/") and k.endswith("_pass_rate")})
+    if len(domains) <= 1:
+        return []
+    lines = ["## Per domain", "", "| domain | first | last | change | A | A 95% interval | B | C_mid |",
+             "|---|---|---|---|---|---|---|---|"]
+    for d in domains:
+        pts = [(float(r[key]), float(r[domain_key(d)])) for r in val if domain_key(d) in r]
+        dn = [r.get(f"val/{d}_samples") for r in val if domain_key(d) in r]
+        da, _ = _assess([c for c, _ in pts], [y for _, y in pts],
+                        n_samples=None if any(v is None for v in dn) else dn, gpu_hours=key == "compute_gpu_hours",
+                        cut_fraction=cut_fraction, fit_from=fit_from)
+        if da is not None:
+            cells = [f"{da.fit.A:.3f}" if da.identified else "not identified",
+                     f"{da.A_interval[0]:.3f}..{da.A_interval[1]:.3f}", f"{da.fit.B:.3f}", f"{da.fit.C_mid:.4g}"]
+        else:
+            cells = ["-"] * 4
+        lines.append(f"| {d} | {pts[0][1]:.3f} | {pts[-1][1]:.3f} | {pts[-1][1] - pts[0][1]:+.3f} | "
+                     + " | ".join(cells) + " |")
+        if da is not None:
+            curves.append(CurvePlot(label=d, compute=[c for c, _ in pts], reward=[y for _, y in pts],
+                                    fit=da.fit, assessment=da))
+    return lines + [""]
+
+
+def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget: float | None = None,
+                 extra: dict[str, str] | None = None, cut_fraction: float | None = None,
+                 fit_from: float | None = None) -> Path:
+    """Write <run_dir>/report.md (and scaling.png when a fit is possible); returns the markdown path.
+    `extra`: more "- key: value" summary lines (wall times, ...); `cut_fraction`: the fit cut off the
+    paper's GPU-hour scale (default `identify.CUT_FRACTION`, as `forecast.cut_fraction`); `fit_from`: a
+    fixed cut instead (`forecast.fit_from`)."""
+    from scalerl_mega.scaling.plot import CurvePlot, plot_scaling
+
+    run_dir = Path(run_dir)
+    val = read_metrics(run_dir / "metrics.jsonl", kind="validation")
+    train = read_metrics(run_dir / "metrics.jsonl", kind="train")
+    key = compute_key(val)
+    unit = "GPU-hours" if key == "compute_gpu_hours" else "device-hours"
+    points = [(float(r[key]), float(r["val_pass_rate"]), int(r["step"])) for r in val]
+    lines = [f"# {title}", "", *_summary_lines(points, train, extra=extra, unit=unit), ""]
     n_samples = [float(r["val_prompts"]) * float(r["val_samples_per_prompt"]) if "val_prompts" in r and
                  "val_samples_per_prompt" in r else None for r in val]
     ns = None if any(v is None for v in n_samples) else n_samples
@@ -88,28 +125,7 @@ def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget
         ]
         curves.append(CurvePlot(label=title, compute=[c for c, _, _ in points], reward=[r for _, r, _ in points],
                                 fit=fit, assessment=a))
-    domains = sorted({k[len("val/"):-len("_pass_rate")] for r in val for k in r
-                      if k.startswith("val/") and k.endswith("_pass_rate")})
-    if len(domains) > 1:
-        lines += ["## Per domain", "", "| domain | first | last | change | A | A 95% interval | B | C_mid |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for d in domains:
-            pts = [(float(r[key]), float(r[domain_key(d)])) for r in val if domain_key(d) in r]
-            dn = [r.get(f"val/{d}_samples") for r in val if domain_key(d) in r]
-            da, _ = _assess([c for c, _ in pts], [y for _, y in pts],
-                            n_samples=None if any(v is None for v in dn) else dn, gpu_hours=gpu,
-                            cut_fraction=cut_fraction, fit_from=fit_from)
-            if da is not None:
-                cells = [f"{da.fit.A:.3f}" if da.identified else "not identified",
-                         f"{da.A_interval[0]:.3f}..{da.A_interval[1]:.3f}", f"{da.fit.B:.3f}", f"{da.fit.C_mid:.4g}"]
-            else:
-                cells = ["-"] * 4
-            lines.append(f"| {d} | {pts[0][1]:.3f} | {pts[-1][1]:.3f} | {pts[-1][1] - pts[0][1]:+.3f} | "
-                         + " | ".join(cells) + " |")
-            if da is not None:
-                curves.append(CurvePlot(label=d, compute=[c for c, _ in pts], reward=[y for _, y in pts],
-                                        fit=da.fit, assessment=da))
-        lines.append("")
+    lines += _domain_lines(val, key=key, curves=curves, cut_fraction=cut_fraction, fit_from=fit_from)
     if curves:
         files = plot_scaling(curves, path=run_dir / "scaling", formats=("png",), title=title,
                              xlabel=f"Compute ({unit})", extend_to=budget)

@@ -25,23 +25,14 @@ import sys
 import time
 from pathlib import Path
 
-RECIPE_RUN_NAMES = ("repro_scalerl", "repro_dapo", "repro_no_zvf", "repro_no_fp32_head", "repro_no_npr")
-"""The `experiment=` overlays of the sweep; the first is the reference recipe."""
-RUN_PREFIX = "repro_"
+from scalerl_mega.reproduce_report import RECIPE_RUN_NAMES, RUN_PREFIX, analyse, recipe_name  # noqa: F401 (re-exported)
+
 REPRO2_RUN_NAMES = ("repro2_scalerl", "repro2_batch_small", "repro2_batch_large", "repro2_batch_control",
                     "repro2_no_npr")
 """Issue 29's sweep (reproduction/design/README.md): reference recipe, batch-size axis with its same-maths control,
 No-Positive-Resampling over several passes; the first is the reference recipe."""
 SWEEPS = {"repro": (RECIPE_RUN_NAMES, "outputs/reproduce"), "repro2": (REPRO2_RUN_NAMES, "outputs/reproduce2")}
 """`--sweep` name -> (its `experiment=` overlays, its default sweep directory)."""
-
-
-def recipe_name(run_name: str) -> str:
-    """`repro_dapo` -> `dapo`, `repro2_batch_small` -> `batch_small` (the directory name under runs/)."""
-    for prefix in ("repro2_", RUN_PREFIX):
-        if run_name.startswith(prefix):
-            return run_name[len(prefix):]
-    return run_name
 
 
 def sweep_command(*, sweep_dir: str, seeds: str, recipes: str, extra: list[str] | None = None) -> list[str]:
@@ -119,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "sweep":
         return run_sweep(args)
-    from scalerl_mega.reproduce_report import analyse
-
     try:
         analyse(sweep_dir=None if args.no_collect else Path(args.sweep_dir), out_dir=Path(args.out))
     except ValueError as e:

@@ -17,9 +17,12 @@ user turn when the tokenizer's chat template is used. Example (conf/data/jsonl.y
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 from scalerl_mega.data.sources import SCHEMAS, SourceSchema
+
+if TYPE_CHECKING:
+    from scalerl_mega.config import DataConfig
 
 DATASET_SCHEMAS = {"polaris": ("polaris",), "deepcoder": ("deepcoder",), "math_code": ("polaris", "deepcoder"),
                    "jsonl": (None,)}
@@ -29,7 +32,7 @@ built from `data.task` and the column keys."""
 TASK_SCHEMA = {"math": "polaris", "code": "deepcoder"}
 
 
-def train_schema(data: Any) -> SourceSchema:
+def train_schema(data: DataConfig) -> SourceSchema:
     """The `SourceSchema` of `data.train_files` after the column / template keys are applied."""
     name = str(data.name)
     if name not in DATASET_SCHEMAS:
@@ -48,7 +51,7 @@ def train_schema(data: Any) -> SourceSchema:
     return _with_template(dataclasses.replace(SCHEMAS[base_name], **changes), data)
 
 
-def _with_template(schema: SourceSchema, data: Any) -> SourceSchema:
+def _with_template(schema: SourceSchema, data: DataConfig) -> SourceSchema:
     template = str(getattr(data, "template", "") or "")
     if not template:
         return schema
@@ -67,7 +70,7 @@ def check_template(template: str, *, key: str = "data.template") -> None:
         raise ValueError(f"{key}={template!r}: must contain {{problem}}")
 
 
-def data_sources(data: Any) -> list[tuple[str, list[str], SourceSchema]]:
+def data_sources(data: DataConfig) -> list[tuple[str, list[str], SourceSchema]]:
     """(config key, files, schema) for every file list the run reads."""
     out = [("data.train_files", list(data.train_files), train_schema(data))]
     if str(data.name) == "math_code":
@@ -75,7 +78,7 @@ def data_sources(data: Any) -> list[tuple[str, list[str], SourceSchema]]:
     return out
 
 
-def check_data_files(data: Any) -> list[tuple[str, list[str], SourceSchema]]:
+def check_data_files(data: DataConfig) -> list[tuple[str, list[str], SourceSchema]]:
     """`data_sources(data)` after checking every list is non-empty and every file exists."""
     from pathlib import Path
 
@@ -89,7 +92,7 @@ def check_data_files(data: Any) -> list[tuple[str, list[str], SourceSchema]]:
     return sources
 
 
-def check_data_keys(data: Any) -> None:
+def check_data_keys(data: DataConfig) -> None:
     """Compose-time checks of the data keys (no file is opened)."""
     if str(data.name) != "synthetic":
         train_schema(data)

@@ -3,14 +3,14 @@ Polaris-53K for math, Deepcoder for code).
 
 A `SourceSchema` names the columns: Polaris-53K has `problem` / `answer`; Deepcoder has `problem` /
 `tests`, where `tests` is a JSON string in the released dataset (LiveCodeBench, PrimeIntellect and
-TACO variants; see `rewards.code.normalize_tests`). Other datasets map their own column names.
+TACO variants; see `jsonvalue.normalize_tests`). Other datasets map their own column names.
 Each row becomes a `Prompt` whose text is formatted for the model: through the tokenizer's chat
 template when it has one, else through the task's plain template.
 
 Every row either loads with its exact value or is reported as `file:line: reason`: bad JSON, not
 UTF-8, over-long line, not an object, missing/null field, wrong type, empty value, non-finite or
 too-large numbers, nesting deeper than `jsonvalue.MAX_DEPTH`, invalid Unicode (lone surrogates),
-malformed or null tests (see `rewards.code.normalize_tests`), and the same prompt appearing with two
+malformed or null tests (see `jsonvalue.normalize_tests`), and the same prompt appearing with two
 different answers ("conflicting_duplicate": every row of that prompt is reported, none is loaded).
 `on_error="raise"` raises the first such RowError (a ValueError); `on_error="skip"` never raises for a
 row and reports the messages in `LoadResult.errors` and the counts per reason in
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalerl_mega.data.jsonvalue import BadValue, check_value, loads_strict
+from scalerl_mega.jsonvalue import BadValue, check_value, loads_strict, normalize_tests
 from scalerl_mega.data.split import prompt_id_for
 from scalerl_mega.types import Prompt
 
@@ -191,8 +191,6 @@ def _gold_from_row(value: Any, *, task: str, where: str, key: str) -> Any:
     (`str(int)` exactly; floats by `repr`); null, booleans and containers are rejected, so no gold
     ever reaches the math reward as a non-string."""
     if task == "code":
-        from scalerl_mega.rewards.code import normalize_tests
-
         try:
             tests = normalize_tests(value)
             check_value(tests)

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import torch
 
+from scalerl_mega.objective.fused_checks import validate_head_inputs
+
 DEFAULT_CHUNK_BYTES = 64 * 2**20
 """Budget of the fp32 [chunk, V] logits buffer used to pick the default chunk size."""
 
@@ -42,24 +44,9 @@ def default_chunk_size(vocab: int, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) ->
     return c
 
 
-def _validate(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_start: int) -> None:
-    if hidden.dim() != 2:
-        raise ValueError(f"hidden must be [N, H], got shape {tuple(hidden.shape)}")
-    if weight.dim() != 2 or weight.shape[1] != hidden.shape[1]:
-        raise ValueError(f"weight must be [V, H={hidden.shape[1]}], got shape {tuple(weight.shape)}")
-    if targets.shape != (hidden.shape[0],):
-        raise ValueError(f"targets must be [N={hidden.shape[0]}], got shape {tuple(targets.shape)}")
-    if hidden.shape[0] == 0:
-        raise ValueError("hidden is empty: empty batch")
-    if targets.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"targets must be int64/int32, got {targets.dtype}")
-    if vocab_start < 0:
-        raise ValueError(f"vocab_start={vocab_start} must be >= 0")
-
-
 def naive_logprob(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Reference: log_softmax(h W^T)[target] with the full [N, V] fp32 logits (autograd does the rest)."""
-    _validate(hidden, weight, targets, 0)
+    validate_head_inputs(hidden, weight, targets, 0)
     logits = hidden.float() @ weight.float().t()
     return torch.log_softmax(logits, dim=-1).gather(1, targets.long()[:, None])[:, 0]
 
@@ -240,7 +227,7 @@ def chunked_logprob(
     reduce_grad_hidden: bool = True,
 ) -> torch.Tensor:
     """Per-token fp32 log pi(target | hidden) [N] from hidden [N, H] and LM-head weight [V(_local), H]."""
-    _validate(hidden, weight, targets, vocab_start)
+    validate_head_inputs(hidden, weight, targets, vocab_start)
     chunk_size = chunk_size or default_chunk_size(weight.shape[0])
     return _ChunkedLogProb.apply(hidden, weight, targets, chunk_size, group, vocab_start, reduce_grad_hidden)
 
@@ -329,6 +316,20 @@ def _resolve_backend(backend: str, hidden: torch.Tensor, group) -> str:
     return "torch"
 
 
+def _check_cispo_inputs(gen_logp: torch.Tensor, advantages: torch.Tensor, weights: torch.Tensor, *, n: int,
+                        eps_high: float) -> None:
+    """`cispo_from_hidden`'s per-token inputs are [N] (gen_logp without NaN, finite advantages), eps_high > 0."""
+    for name, t in (("gen_logp", gen_logp), ("advantages", advantages), ("weights", weights)):
+        if t.shape != (n,):
+            raise ValueError(f"{name} must be [N={n}], got shape {tuple(t.shape)} (shape mismatch)")
+    if torch.isnan(gen_logp).any():
+        raise ValueError("gen_logp contains NaN")
+    if not torch.isfinite(advantages).all():
+        raise ValueError("advantages contains NaN or inf")
+    if not eps_high > 0:
+        raise ValueError(f"eps_high={eps_high} must be > 0 (absolute cap of the CISPO ratio)")
+
+
 def cispo_from_hidden(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -363,17 +364,8 @@ def cispo_from_hidden(
     `backend`: "torch" (chunked, this module), "triton" (`objective.triton`, no vocab parallelism), or
     "auto": Triton when the tensors are on a CUDA device, triton imports and `group` is None, else torch.
     """
-    _validate(hidden, weight, targets, vocab_start)
-    N = hidden.shape[0]
-    for name, t in (("gen_logp", gen_logp), ("advantages", advantages), ("weights", weights)):
-        if t.shape != (N,):
-            raise ValueError(f"{name} must be [N={N}], got shape {tuple(t.shape)} (shape mismatch)")
-    if torch.isnan(gen_logp).any():
-        raise ValueError("gen_logp contains NaN")
-    if not torch.isfinite(advantages).all():
-        raise ValueError("advantages contains NaN or inf")
-    if not eps_high > 0:
-        raise ValueError(f"eps_high={eps_high} must be > 0 (absolute cap of the CISPO ratio)")
+    validate_head_inputs(hidden, weight, targets, vocab_start)
+    _check_cispo_inputs(gen_logp, advantages, weights, n=hidden.shape[0], eps_high=eps_high)
     backend = _resolve_backend(backend, hidden, group)
     chunk_size = chunk_size or default_chunk_size(weight.shape[0])
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)

@@ -44,9 +44,8 @@ import torch
 
 from scalerl_mega.objective.is_correction import (
     DEFAULT_IS_CAP, DEFAULT_IS_HIGH, DEFAULT_IS_LOW, is_weights)
+from scalerl_mega.objective.names import AGGREGATIONS, LOSS_NAMES
 
-LOSS_TYPES = ("cispo", "dapo", "grpo", "gspo")
-AGGREGATIONS = ("prompt", "sample", "token")
 DEFAULT_AGGREGATION = {"cispo": "prompt", "dapo": "prompt", "grpo": "sample", "gspo": "sample"}
 DEFAULT_EPS = {  # (eps_low, eps_high)
     "cispo": (None, 5.0),
@@ -108,8 +107,8 @@ def cispo_weight(rho: torch.Tensor, *, eps_low: float | None, eps_high: float) -
 
 
 def _resolve(loss_type: str, aggregation: str | None, eps_low: float | None, eps_high: float | None):
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type={loss_type!r} is unknown; expected one of {LOSS_TYPES}")
+    if loss_type not in LOSS_NAMES:
+        raise ValueError(f"loss_type={loss_type!r} is unknown; expected one of {LOSS_NAMES}")
     aggregation = DEFAULT_AGGREGATION[loss_type] if aggregation is None else aggregation
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation={aggregation!r} is unknown; expected one of {AGGREGATIONS}")
@@ -133,6 +132,62 @@ def _resolve(loss_type: str, aggregation: str | None, eps_low: float | None, eps
         if not eps_high >= 0:
             raise ValueError(f"eps_high={eps_high} must be >= 0 for {loss_type}")
     return aggregation, eps_low, eps_high
+
+
+def _check_inputs(logp: torch.Tensor, gen_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                  prompt_index: torch.Tensor, *, loss_type: str, is_correction: str, micro_batch: bool) -> None:
+    """`policy_loss`'s argument checks (shapes, finite values where trained, the loss/IS-correction pair)."""
+    if loss_type == "cispo" and is_correction.startswith("tis"):
+        raise ValueError(f"is_correction={is_correction!r} with loss_type='cispo': CISPO's sg(min(rho, eps_high)) "
+                         "already is a token-level truncated IS weight against the generator (eps_high is its "
+                         "cap); only mis_token / mis_seq apply on top of it")
+    # a micro-batch of a global batch (`weights` given) may train no token (e.g. data-parallel padding rows)
+    _validate_mask_index(mask, prompt_index, allow_empty=micro_batch)
+    B, T = mask.shape
+    _check_bt("logp", logp, (B, T))
+    _check_bt("gen_logp", gen_logp, (B, T))
+    _check_bt("advantages", advantages, (B,))
+    m = mask > 0
+    if torch.isnan(gen_logp).any():
+        raise ValueError("gen_logp contains NaN")
+    if not torch.isfinite(gen_logp[m]).all():
+        raise ValueError("gen_logp contains inf at a trained (mask=1) position")
+    if not torch.isfinite(logp.detach()[m]).all():
+        raise ValueError("logp contains NaN or inf at a trained (mask=1) position")
+    if not torch.isfinite(advantages).all():
+        raise ValueError("advantages contains NaN or inf")
+
+
+def _objective(loss_type: str, *, w: torch.Tensor, m: torch.Tensor, logp_m: torch.Tensor, log_ratio: torch.Tensor,
+               clip_log_ratio: torch.Tensor, A_B1: torch.Tensor, eps_low: float | None, eps_high: float,
+               seq_metrics: dict[str, float] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """J of `policy_loss` (module docstring) and the clipped flags of its units (tokens; GSPO: samples).
+    GSPO writes `seq_rho_mean`, `seq_rho_max` into `seq_metrics` when given."""
+    if loss_type == "cispo":
+        rho = log_ratio.detach().exp()
+        term = cispo_weight(rho, eps_low=eps_low, eps_high=eps_high) * A_B1 * logp_m
+        clipped = (rho > eps_high) | ((rho < eps_low) if eps_low is not None else torch.zeros_like(m))
+        return (w * term).sum(), clipped[m]
+    if loss_type in ("dapo", "grpo"):
+        rho = clip_log_ratio.exp()
+        term = torch.minimum(rho * A_B1, rho.clamp(1 - eps_low, 1 + eps_high) * A_B1)
+        J = (w * term).sum()
+        with torch.no_grad():
+            clipped = ((A_B1 > 0) & (rho > 1 + eps_high)) | ((A_B1 < 0) & (rho < 1 - eps_low))
+            return J, clipped[m]
+    # gspo
+    len_B = m.sum(1)
+    s_B = ((clip_log_ratio.sum(1)) / len_B.clamp(min=1)).exp()
+    A_B = A_B1[:, 0]
+    term_B = torch.minimum(s_B * A_B, s_B.clamp(1 - eps_low, 1 + eps_high) * A_B)
+    J = (w.sum(1) * term_B).sum()
+    with torch.no_grad():
+        valid = len_B > 0
+        clipped_u = (((A_B > 0) & (s_B > 1 + eps_high)) | ((A_B < 0) & (s_B < 1 - eps_low)))[valid]
+        if seq_metrics is not None and valid.any():
+            seq_metrics["seq_rho_mean"] = float(s_B[valid].mean())
+            seq_metrics["seq_rho_max"] = float(s_B[valid].max())
+    return J, clipped_u
 
 
 def policy_loss(
@@ -173,25 +228,10 @@ def policy_loss(
     float64 tensor shares of `diagnostic_sums` (no host sync), exact to aggregate over micro-batches.
     """
     aggregation, eps_low, eps_high = _resolve(loss_type, aggregation, eps_low, eps_high)
-    if loss_type == "cispo" and is_correction.startswith("tis"):
-        raise ValueError(f"is_correction={is_correction!r} with loss_type='cispo': CISPO's sg(min(rho, eps_high)) "
-                         "already is a token-level truncated IS weight against the generator (eps_high is its "
-                         "cap); only mis_token / mis_seq apply on top of it")
-    # a micro-batch of a global batch (`weights` given) may train no token (e.g. data-parallel padding rows)
-    _validate_mask_index(mask, prompt_index, allow_empty=weights is not None)
+    _check_inputs(logp, gen_logp, advantages, mask, prompt_index, loss_type=loss_type, is_correction=is_correction,
+                  micro_batch=weights is not None)
     B, T = mask.shape
-    _check_bt("logp", logp, (B, T))
-    _check_bt("gen_logp", gen_logp, (B, T))
-    _check_bt("advantages", advantages, (B,))
     m = mask > 0
-    if torch.isnan(gen_logp).any():
-        raise ValueError("gen_logp contains NaN")
-    if not torch.isfinite(gen_logp[m]).all():
-        raise ValueError("gen_logp contains inf at a trained (mask=1) position")
-    if not torch.isfinite(logp.detach()[m]).all():
-        raise ValueError("logp contains NaN or inf at a trained (mask=1) position")
-    if not torch.isfinite(advantages).all():
-        raise ValueError("advantages contains NaN or inf")
     if weights is None:
         w = token_weights(mask, prompt_index, aggregation, dtype=logp.dtype)
     else:
@@ -215,31 +255,8 @@ def policy_loss(
         clip_log_ratio = torch.where(m, logp - logp.detach(), zero)
 
     metrics: dict[str, float] = {}
-    if loss_type == "cispo":
-        rho = log_ratio.detach().exp()
-        term = cispo_weight(rho, eps_low=eps_low, eps_high=eps_high) * A_B1 * logp_m
-        clipped = (rho > eps_high) | ((rho < eps_low) if eps_low is not None else torch.zeros_like(m))
-        J = (w * term).sum()
-        clipped_u = clipped[m]
-    elif loss_type in ("dapo", "grpo"):
-        rho = clip_log_ratio.exp()
-        term = torch.minimum(rho * A_B1, rho.clamp(1 - eps_low, 1 + eps_high) * A_B1)
-        J = (w * term).sum()
-        with torch.no_grad():
-            clipped = ((A_B1 > 0) & (rho > 1 + eps_high)) | ((A_B1 < 0) & (rho < 1 - eps_low))
-            clipped_u = clipped[m]
-    else:  # gspo
-        len_B = m.sum(1)
-        s_B = ((clip_log_ratio.sum(1)) / len_B.clamp(min=1)).exp()
-        A_B = A_B1[:, 0]
-        term_B = torch.minimum(s_B * A_B, s_B.clamp(1 - eps_low, 1 + eps_high) * A_B)
-        J = (w.sum(1) * term_B).sum()
-        with torch.no_grad():
-            valid = len_B > 0
-            clipped_u = (((A_B > 0) & (s_B > 1 + eps_high)) | ((A_B < 0) & (s_B < 1 - eps_low)))[valid]
-            if not sums and valid.any():
-                metrics["seq_rho_mean"] = float(s_B[valid].mean())
-                metrics["seq_rho_max"] = float(s_B[valid].max())
+    J, clipped_u = _objective(loss_type, w=w, m=m, logp_m=logp_m, log_ratio=log_ratio, clip_log_ratio=clip_log_ratio,
+                              A_B1=A_B1, eps_low=eps_low, eps_high=eps_high, seq_metrics=None if sums else metrics)
     loss = -J
     with torch.no_grad():
         if entropy is not None:

@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from scalerl_mega.data.jsonvalue import BadValue, loads_strict
+from scalerl_mega.jsonvalue import normalize_tests
 from scalerl_mega.rewards.math import strip_thinking
 from scalerl_mega.rewards.result import RewardResult, RewardValues
 from scalerl_mega.rewards.sandbox import Isolation, RunResult, SandboxLimits, run_python
@@ -60,99 +60,6 @@ def extract_code(completion: str, *, require_think: bool = True) -> str | None:
         text = completion
     blocks = _FENCE_RE.findall(text)
     return blocks[-1] if blocks else None
-
-
-def normalize_tests(raw: Any, *, fn_name: str | None = None) -> list[dict[str, Any]]:
-    """Normalize test specs into the two forms above.
-
-    Accepts this module's forms and the Deepcoder variants (`tests` is a JSON string there):
-    a list of `{"input", "output", "testtype": "stdin"|"functional", "metadata": {"func_name"}}`
-    (LiveCodeBench; functional inputs are newline-separated JSON arguments, outputs JSON), a list of
-    `{"input", "output", "type": "stdin_stdout"}` (PrimeIntellect), or a TACO dict
-    `{"inputs": [...], "outputs": [...], "fn_name"?: str}`. Raises ValueError on anything else.
-    """
-    if isinstance(raw, str):
-        try:
-            raw = loads_strict(raw)
-        except BadValue as e:
-            raise ValueError(f"tests: not valid JSON ({e})" if e.kind == "bad_json" else f"tests: {e}") from None
-    if isinstance(raw, dict) and "inputs" in raw and "outputs" in raw:
-        return _normalize_taco(raw, fn_name=fn_name)
-    if isinstance(raw, dict):
-        raw = [raw]
-    if not isinstance(raw, list):
-        raise ValueError(f"tests: expected a list or dict, got {type(raw).__name__}")
-    out: list[dict[str, Any]] = []
-    for i, t in enumerate(raw):
-        if not isinstance(t, dict):
-            raise ValueError(f"tests[{i}]: expected a dict, got {type(t).__name__}")
-        if "fn_name" in t:
-            if not isinstance(t.get("args", []), list):
-                raise ValueError(f"tests[{i}]: args must be a list, got {type(t['args']).__name__}")
-            out.append({"fn_name": str(t["fn_name"]), "args": list(t.get("args", [])),
-                        "expected": _not_null(t.get("expected"), f"tests[{i}].expected")})
-        elif t.get("testtype") == "functional":
-            meta = t.get("metadata") or {}
-            if isinstance(meta, str):
-                meta = json.loads(meta) if meta.strip() else {}
-            name = meta.get("func_name") or fn_name
-            if not name:
-                raise ValueError(f"tests[{i}]: functional test without func_name")
-            inp, outp = _as_text(t.get("input"), f"tests[{i}].input"), _as_text(t.get("output"), f"tests[{i}].output")
-            try:
-                args = [loads_strict(line) for line in inp.split("\n") if line.strip()]
-                expected = loads_strict(outp)
-            except BadValue as e:
-                raise ValueError(f"tests[{i}]: functional input/output: {e}") from None
-            out.append({"fn_name": name, "args": args, "expected": _not_null(expected, f"tests[{i}].output")})
-        elif "input" in t and "output" in t:
-            out.append({"input": _as_text(t["input"], f"tests[{i}].input"),
-                        "output": _as_text(t["output"], f"tests[{i}].output")})
-        else:
-            raise ValueError(f"tests[{i}]: needs input/output or fn_name/args/expected, got keys {sorted(t)}")
-    return out
-
-
-def _normalize_taco(raw: dict, *, fn_name: str | None) -> list[dict[str, Any]]:
-    """TACO `{"inputs": [...], "outputs": [...], "fn_name"?}`. With a function name every input is the
-    list of call arguments and every output the return value, usually wrapped in a one-element list;
-    without one, inputs/outputs are stdin/stdout texts (or lists of lines)."""
-    name = raw.get("fn_name") or fn_name
-    ins, outs = raw["inputs"], raw["outputs"]
-    if not isinstance(ins, list) or not isinstance(outs, list):
-        raise ValueError(f"tests: TACO inputs/outputs must be lists, got {type(ins).__name__}/{type(outs).__name__}")
-    if len(ins) != len(outs):
-        raise ValueError(f"tests: {len(ins)} inputs but {len(outs)} outputs")
-    if not name:
-        return [{"input": _as_text(i, f"tests.inputs[{k}]"), "output": _as_text(o, f"tests.outputs[{k}]")}
-                for k, (i, o) in enumerate(zip(ins, outs))]
-    out = []
-    for k, (i, o) in enumerate(zip(ins, outs)):
-        if not isinstance(i, list):
-            # a bare string would otherwise become one argument per character
-            raise ValueError(f"tests.inputs[{k}]: TACO call arguments must be a list, got {type(i).__name__}")
-        expected = o[0] if isinstance(o, list) and len(o) == 1 else o
-        out.append({"fn_name": str(name), "args": list(i), "expected": _not_null(expected, f"tests.outputs[{k}]")})
-    return out
-
-
-def _not_null(x: Any, where: str) -> Any:
-    if x is None:
-        raise ValueError(f"{where}: null expected output")
-    return x
-
-
-def _as_text(x: Any, where: str = "tests") -> str:
-    """stdin/stdout text: a string, a number, or a list of those (lines). Anything else (null, dicts,
-    booleans) would turn into a wrong test via `str()`, so it is an error."""
-    if isinstance(x, str):
-        return x
-    items = x if isinstance(x, list) else [x]
-    for v in items:
-        if v is None or isinstance(v, bool) or not isinstance(v, (str, int, float)):
-            raise ValueError(f"{where}: expected text (or a list of lines), got {type(v).__name__}"
-                             + (" (null output)" if v is None else ""))
-    return "\n".join(map(str, items))
 
 
 def _tokens_match(a: str, b: str) -> bool:

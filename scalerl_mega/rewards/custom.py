@@ -52,7 +52,7 @@ class RewardSettings:
     """Optional {_target_: dotted.path.to.fn, **kwargs}: replaces the built-in verifiers."""
 
 
-def pool_config(s: Any):
+def pool_config(s: RewardSettings):
     """The `rewards.pool.RewardConfig` of settings `s` (validated there; errors name `reward.<key>`)."""
     from scalerl_mega.rewards.pool import RewardConfig
 
@@ -85,7 +85,7 @@ def resolve_target(target: str):
     return fn
 
 
-def check_reward_settings(s: Any) -> None:
+def check_reward_settings(s: RewardSettings) -> None:
     """Compose-time checks of the reward group (the custom target is imported, not called)."""
     if s.item_timeout_s is not None and not s.item_timeout_s > 0:
         raise ValueError(f"reward.item_timeout_s={s.item_timeout_s!r} must be > 0 (or null)")
@@ -131,7 +131,7 @@ def score_custom_item(item: CustomItem) -> RewardResult:
 class CustomRewardFn:
     """The `RewardFn` seam over a user callable, scored in a `RewardPool` with hard deadlines."""
 
-    def __init__(self, settings: Any, *, start_method: str = "spawn") -> None:
+    def __init__(self, settings: RewardSettings, *, start_method: str = "spawn") -> None:
         from scalerl_mega.rewards.pool import RewardItem, RewardPool, item_deadline
 
         self.config = pool_config(settings)
@@ -158,7 +158,7 @@ class CustomRewardFn:
         self._pool.close()
 
 
-def reward_fn_from_settings(s: Any = None, *, num_workers: int | None = None):
+def reward_fn_from_settings(s: RewardSettings | None = None, *, num_workers: int | None = None):
     """The run's RewardFn from the reward group (`None`: the group's defaults)."""
     from scalerl_mega.rewards.pool import TaskRewardFn
 

@@ -36,11 +36,14 @@ excluded because Eq. 1 pins them to R0) and explicit grids, e.g. `relative_grids
 from __future__ import annotations
 
 import math
-import warnings
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal, Sequence
 
 import numpy as np
+
+from scalerl_mega.scaling.cells import PROFILE_LEVEL, _cells_fast, _cells_grid, _extend, _spacing, profile_factor
+from scalerl_mega.scaling.records import (  # sigmoid_law, power_law: re-exported for `scaling.fit` callers
+    SIGMOID_PARAMS, GridInfo, LooTransform, PowerLawFit, RefinedFit, SigmoidFit, power_law, sigmoid_law)
 
 PAPER_A_GRID: np.ndarray = np.round(np.arange(0.450, 0.800 + 1e-9, 0.005), 3)
 """App. A.5: A in {0.450, 0.455, ..., 0.800} (71 values)."""
@@ -48,146 +51,11 @@ PAPER_CMID_GRID: np.ndarray = np.linspace(100.0, 40000.0, 100)
 """App. A.5: C_mid in [100, 40000], 100 linearly spaced values (GPU-hours)."""
 PAPER_FIT_FROM = 1500.0
 """Sec. 2.1 / App. A.7: fits begin after ~1.5k GPU-hours (about one epoch)."""
-SIGMOID_PARAMS = ("A", "B", "C_mid")
-"""Free parameters of the sigmoid fit (R0 is an input); a fit needs more points than this."""
 MIN_GAIN_FRACTION = 0.7
 """Identification: the fitted curve at the largest fitted compute must have reached this fraction of the
 gain A - R0 (0.5 = C_mid itself). Data that stop just past C_mid can mimic a sigmoid's bend with noise."""
 A_BOUNDS = (0.0, 1.0)
 """Eq. 1: 0 <= A <= 1 (pass rates); the limit of grid widening and of continuous refinement."""
-
-# Fast method: the coarse log-spaced B grid that brackets each cell's minimum over B.
-_FAST_B_LO, _FAST_B_HI, _FAST_N_B = 1e-2, 1e2, 81
-_GOLDEN_ITERS = 52
-PROFILE_LEVEL = 0.95
-"""Confidence level of `A_profile_interval`."""
-
-
-def profile_factor(n: int, n_params: int = 3, level: float = PROFILE_LEVEL) -> float:
-    """SSE_max / SSE_min of the profile interval: 1 + F_level(1, n - n_params) / (n - n_params) (the F-test
-    for one parameter with the noise variance estimated from the residuals; n - n_params >= 1)."""
-    from scipy.special import fdtri  # the F quantile; scipy.special, not scipy.stats (seconds to import)
-
-    dof = max(n - n_params, 1)
-    return 1.0 + float(fdtri(1, dof, level)) / dof
-
-
-def sigmoid_law(compute, *, A: float, B: float, C_mid: float, R0: float) -> np.ndarray:
-    """Eq. 1: R0 + (A - R0) / (1 + (C_mid / C)^B). C = 0 gives R0 (for B > 0)."""
-    c = np.asarray(compute, dtype=np.float64)
-    with np.errstate(divide="ignore", over="ignore"):
-        return R0 + (A - R0) / (1.0 + (C_mid / c) ** B)
-
-
-def power_law(compute, *, A: float, D: float, B: float) -> np.ndarray:
-    """App. A.4: R = A - D / C^B (the pre-training form; Eq. 1's limit for C >> C_mid, D = (A-R0) C_mid^B)."""
-    c = np.asarray(compute, dtype=np.float64)
-    with np.errstate(divide="ignore", over="ignore"):
-        return A - D / c**B
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Result types
-
-
-@dataclass(frozen=True, kw_only=True)
-class GridInfo:
-    """The grid a fit searched (after any widening)."""
-
-    a_lo: float
-    a_hi: float
-    n_a: int
-    cmid_lo: float
-    cmid_hi: float
-    n_cmid: int
-    cmid_spacing: Literal["linear", "geometric", "irregular"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class RefinedFit:
-    """Continuous least-squares refit started at the grid optimum (`refine=True`)."""
-
-    A: float
-    B: float
-    C_mid: float
-    sse: float
-    differs: bool
-    """True when it moved A by >= one grid step (0.005) or B / C_mid by >= 1% relative."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class SigmoidFit:
-    """Result of `fit_sigmoid` / `refit_fixed_A`. A, B, C_mid are the grid optimum (the paper's numbers)."""
-
-    A: float
-    B: float
-    C_mid: float
-    R0: float
-    r0_source: str
-    """"given", or "reward at smallest compute (C=...)" (the step-0 evaluation of the full series)."""
-    sse: float
-    n_points: int
-    """Points inside the fit window (fit_from <= C <= fit_to, C > 0)."""
-    identified: bool
-    reason: str
-    """Why not identified ("" when identified)."""
-    method: str
-    fit_from: float | None
-    fit_to: float | None
-    compute_range: tuple[float, float]
-    """Smallest and largest compute inside the fit window."""
-    grid: GridInfo
-    on_edge: bool
-    """Optimum on the edge of the final (possibly widened) grid."""
-    widened: tuple[str, ...] = ()
-    """Edges the grid was widened at ("A_low", "A_high", "C_mid_low", "C_mid_high"), in order."""
-    A_profile_interval: tuple[float, float] = (math.nan, math.nan)
-    fixed_A: bool = False
-    refined: RefinedFit | None = None
-
-    def predict(self, compute, *, refined: bool = False) -> np.ndarray:
-        """Eq. 1 at `compute` with the grid optimum (or the continuous refit when `refined=True`)."""
-        if refined:
-            if self.refined is None:
-                raise ValueError("predict(refined=True) needs a fit made with refine=True")
-            p = self.refined
-            return sigmoid_law(compute, A=p.A, B=p.B, C_mid=p.C_mid, R0=self.R0)
-        return sigmoid_law(compute, A=self.A, B=self.B, C_mid=self.C_mid, R0=self.R0)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class PowerLawFit:
-    """App. A.4 power law R = A - D / C^B."""
-
-    A: float
-    D: float
-    B: float
-    sse: float
-    n_points: int
-    a_at_bound: bool
-    """A hit `a_max` (the paper's power-law fit on the 100k run predicted A = 1.0)."""
-    fit_from: float | None
-    fit_to: float | None
-
-    def predict(self, compute) -> np.ndarray:
-        return power_law(compute, A=self.A, D=self.D, B=self.B)
-
-
-@dataclass(frozen=True, kw_only=True)
-class LooTransform:
-    """Fig. 7 (LOO): log F(R) vs log C with F(R) = C_mid^B / ((A - R0)/(R - R0) - 1), which equals C^B on Eq. 1.
-
-    Natural logs. Only points with 0 < (R - R0)/(A - R0) < 1 are defined (`valid`). On noisy data the
-    slope is a picture, not an estimator."""
-
-    log_C: np.ndarray
-    log_F: np.ndarray
-    valid: np.ndarray
-    slope: float
-    intercept: float
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -286,200 +154,7 @@ def _check_grid(name: str, g, *, positive: bool) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Per-cell SSE: the paper's curve_fit loop and the exact vectorised equivalent
-
-
-def _cell_model(A: float, C_mid: float, R0: float):
-    """Eq. 1 with A, C_mid, R0 fixed: a function of (C, B) ONLY.
-
-    curve_fit counts the parameters of the model's signature; a lambda with defaulted A/C_mid arguments
-    would silently fit three parameters."""
-
-    def model(C, B):
-        return R0 + (A - R0) / (1.0 + (C_mid / C) ** B)
-
-    return model
-
-
-def _cells_grid(C, R, R0, a_grid, cm_grid, cache: dict) -> tuple[np.ndarray, np.ndarray]:
-    """App. A.5 exactly: curve_fit of B at default init (p0 = 1, Levenberg-Marquardt) in every cell.
-
-    A cell whose curve_fit raises (no convergence) gets SSE = inf. `cache` maps (A, C_mid) -> (sse, B)
-    so that grid widening only fits new cells."""
-    from scipy.optimize import OptimizeWarning, curve_fit
-
-    sse = np.empty((a_grid.size, cm_grid.size))
-    bb = np.empty_like(sse)
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore", OptimizeWarning)
-        warnings.simplefilter("ignore", RuntimeWarning)
-        for i, A in enumerate(a_grid):
-            for j, cm in enumerate(cm_grid):
-                key = (round(float(A), 9), round(float(cm), 6))
-                if key not in cache:
-                    model = _cell_model(float(A), float(cm), R0)
-                    try:
-                        popt, _ = curve_fit(model, C, R)
-                        b = float(popt[0])
-                        s = float(np.sum((R - model(C, b)) ** 2))
-                        cache[key] = (s if math.isfinite(s) else math.inf, b)
-                    except (RuntimeError, ValueError):
-                        cache[key] = (math.inf, math.nan)
-                sse[i, j], bb[i, j] = cache[key]
-    return sse, bb
-
-
-def _sse_cells(x, R, R0, a_k, lcm_k, logb_k) -> np.ndarray:
-    """Exact float64 SSE of K cells at their B: model = R0 + a / (1 + exp(-B (log C - log C_mid))) (= Eq. 1)."""
-    with np.errstate(over="ignore"):
-        s = 1.0 / (1.0 + np.exp(-np.exp(logb_k)[:, None] * (x[None, :] - lcm_k[:, None])))
-    r = R[None, :] - R0 - a_k[:, None] * s
-    return np.einsum("kn,kn->k", r, r)
-
-
-def _golden(x, R, R0, a_k, lcm_k, lo, hi, f_stop, iters: int, keep=None):
-    """Vectorised golden-section search on log B in [lo, hi] per cell (float64, exact SSE).
-
-    After `f_stop` iterations only the cells within a hair of the best value so far continue (the rest are
-    left at their current value, an upper bound of their minimum). Returns (t_best, f_best)."""
-    phi = (math.sqrt(5.0) - 1.0) / 2.0
-    t1 = hi - phi * (hi - lo)
-    t2 = lo + phi * (hi - lo)
-    f1 = _sse_cells(x, R, R0, a_k, lcm_k, t1)
-    f2 = _sse_cells(x, R, R0, a_k, lcm_k, t2)
-    act = np.arange(a_k.size)
-    for it in range(iters):
-        if it == f_stop:
-            fb = np.minimum(f1, f2)
-            act = act[fb[act] <= fb.min() * (1.0 + 1e-6) + 1e-300]
-        l1, l2, lo_a, hi_a = t1[act], t2[act], lo[act], hi[act]
-        g1, g2 = f1[act], f2[act]
-        left = g1 < g2  # the minimum is in [lo, t2]
-        hi_a = np.where(left, l2, hi_a)
-        lo_a = np.where(left, lo_a, l1)
-        n1 = hi_a - phi * (hi_a - lo_a)
-        n2 = lo_a + phi * (hi_a - lo_a)
-        te = np.where(left, n1, n2)
-        fe = _sse_cells(x, R, R0, a_k[act], lcm_k[act], te)
-        f1[act], f2[act] = np.where(left, fe, g2), np.where(left, g1, fe)
-        t1[act], t2[act] = np.where(left, n1, l2), np.where(left, l1, n2)
-        lo[act], hi[act] = lo_a, hi_a
-    better1 = f1 < f2
-    return np.where(better1, t1, t2), np.where(better1, f1, f2)
-
-
-def _cells_fast(C, R, R0, a_grid, cm_grid) -> tuple[np.ndarray, np.ndarray]:
-    """Global minimum over B > 0 in every (A, C_mid) cell that can win, vectorised (see module docstring).
-
-    Stage 1 (float32, through the linearity in a = A - R0): SSE of every (A, C_mid) cell at every B of a
-    log grid over [0.01, 100]; stage 2 (float64, exact SSE): golden-section on log B for the cells whose
-    pessimistic minimum estimate (parabolic estimate, minus twice its gain, minus the float32 error bound)
-    does not exceed the best value known to be achievable (times the A-profile threshold factor, so that
-    `A_profile_interval` sees exact values too). Returns (sse, B) in the layout of `_cells_grid`; other
-    cells keep their stage-1 value (an estimate of an upper bound of their minimum)."""
-    x = np.log(C)
-    y = R - R0
-    a = a_grid - R0  # (nA,)
-    lcm = np.log(cm_grid)  # (nM,)
-    tb = np.linspace(math.log(_FAST_B_LO), math.log(_FAST_B_HI), _FAST_N_B)
-    bs = np.exp(tb)
-    nM, nB, n = lcm.size, tb.size, x.size
-    Sys = np.empty((nM, nB))
-    Sss = np.empty((nM, nB))
-    x32, y32, hb32 = x.astype(np.float32), y.astype(np.float32), (0.5 * bs).astype(np.float32)
-    chunk = max(1, int(2_000_000 // (nB * n)))
-    for j0 in range(0, nM, chunk):
-        d = x32[None, :] - lcm[j0 : j0 + chunk, None].astype(np.float32)  # (m, n)
-        s = np.tanh(hb32[None, :, None] * d[:, None, :])  # expit(z) = (1 + tanh(z / 2)) / 2
-        s += np.float32(1.0)
-        s *= np.float32(0.5)  # (m, nB, n)
-        Sys[j0 : j0 + chunk] = s @ y32
-        Sss[j0 : j0 + chunk] = np.einsum("mbn,mbn->mb", s, s)
-    syy = float(y @ y)
-    # SSE for every (A, C_mid, B-grid) triple through the linearity in a.
-    g = syy - 2.0 * a[:, None, None] * Sys[None] + (a * a)[:, None, None] * Sss[None]  # (nA, nM, nB)
-    err = 64.0 * float(np.finfo(np.float32).eps) * (2.0 * np.abs(a) * float(np.abs(y).sum()) + a * a * n + syy)
-    k = np.argmin(g, axis=2)
-    kc = np.clip(k, 1, nB - 2)
-    gm = np.take_along_axis(g, (kc - 1)[..., None], 2)[..., 0]
-    g0 = np.take_along_axis(g, kc[..., None], 2)[..., 0]
-    gp = np.take_along_axis(g, (kc + 1)[..., None], 2)[..., 0]
-    gk = np.take_along_axis(g, k[..., None], 2)[..., 0]
-    curv = gp - 2.0 * g0 + gm
-    with np.errstate(divide="ignore", invalid="ignore"):
-        est = np.where(curv > 0, g0 - (gp - gm) ** 2 / (8.0 * curv), gk)
-    est = np.minimum(est, gk)
-    lower = est - 2.0 * (gk - est) - err[:, None]
-    # Cells that might beat the best, or lie inside the A-profile threshold (`_profile_interval`), get exact values.
-    prof = profile_factor(n, len(SIGMOID_PARAMS))
-    cand = lower <= float((gk + err[:, None]).min()) * prof
-    flat_est = est.ravel()
-    cand.ravel()[np.argsort(flat_est)[: min(8, flat_est.size)]] = True
-    ii, jj = np.nonzero(cand)
-    kk = k[ii, jj]
-    lo = tb[np.clip(kk - 2, 0, nB - 1)]
-    hi = tb[np.clip(kk + 2, 0, nB - 1)]
-    a_k, lcm_k = a[ii], lcm[jj]
-    t_best, f_best = _golden(x, R, R0, a_k, lcm_k, lo.copy(), hi.copy(), f_stop=20, iters=_GOLDEN_ITERS)
-    # Keep the B-grid end point when the minimum sits there (B -> 0.01 or 100).
-    t_end = tb[kk]
-    f_end = _sse_cells(x, R, R0, a_k, lcm_k, t_end)
-    use_end = f_end < f_best
-    sse = gk.copy()
-    b = bs[k].copy()
-    sse[ii, jj] = np.where(use_end, f_end, f_best)
-    b[ii, jj] = np.exp(np.where(use_end, t_end, t_best))
-    return sse, b
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Grid search with widening
-
-
-def _spacing(g: np.ndarray) -> Literal["linear", "geometric", "irregular"]:
-    if g.size < 2:
-        return "irregular"
-    d = np.diff(g)
-    if np.allclose(d, d[0], rtol=1e-6):
-        return "linear"
-    if g[0] > 0:
-        q = g[1:] / g[:-1]
-        if np.allclose(q, q[0], rtol=1e-6):
-            return "geometric"
-    return "irregular"
-
-
-def _extend(g: np.ndarray, side: str, *, steps: int, lo_limit: float, hi_limit: float) -> np.ndarray | None:
-    """Extend grid `g` by up to `steps` values on `side` ("low"/"high") with its own spacing (geometric
-    grids geometrically, others by their end step), within lo_limit < or <= value <= hi_limit (values must
-    stay > 0 when lo_limit is 0 and the grid is a C_mid grid: callers pass lo_limit=0 and filter). Returns
-    None when there is no room."""
-    eps = 1e-12
-    geometric = _spacing(g) == "geometric"
-    k = np.arange(1, steps + 1, dtype=np.float64)
-    if side == "high":
-        if g[-1] >= hi_limit - eps:
-            return None
-        if geometric:
-            new = g[-1] * (g[-1] / g[-2]) ** k
-        else:
-            new = g[-1] + (g[-1] - g[-2] if g.size > 1 else 0.005) * k
-        new = new[new <= hi_limit + eps]
-        if math.isfinite(hi_limit) and new.size < steps and (new.size == 0 or new[-1] < hi_limit - 1e-9):
-            new = np.append(new, hi_limit)
-        return np.concatenate([g, np.round(new, 9)])
-    if g[0] <= lo_limit + eps:
-        return None
-    if geometric:
-        new = g[0] / (g[1] / g[0]) ** k[::-1]
-    else:
-        new = g[0] - (g[1] - g[0] if g.size > 1 else 0.005) * k[::-1]
-    new = new[new >= lo_limit - eps]
-    if new.size < steps and (new.size == 0 or new[0] > lo_limit + 1e-9) and not geometric:
-        new = np.insert(new, 0, lo_limit)
-    if new.size == 0:
-        return None
-    return np.concatenate([np.round(new, 9), g])
+# Grid search with widening (the grid helpers `_spacing`, `_extend` are in `scaling.cells`)
 
 
 @dataclass
@@ -624,6 +299,27 @@ def _refine(C, R, R0, *, A0, B0, cm0, fixed_A: float | None) -> tuple[float, flo
     return float(A), float(B), float(math.exp(lcm)), sse
 
 
+def _a_profile(prep: _Prepared, gr: _GridResult, *, A: float, B: float, cm: float,
+               n_params: int) -> tuple[float, float]:
+    """A's profile interval (`_profile_interval`) with the cells near its threshold refitted exactly."""
+    def exact(k: int) -> float:
+        jk = int(np.argmin(gr.sse[k]))
+        b0 = float(gr.b[k, jk])
+        if not (math.isfinite(b0) and b0 > 0):
+            return math.inf
+        a_k = float(gr.a_grid[k])
+        try:
+            return _refine(prep.C, prep.R, prep.R0, A0=a_k, B0=b0, cm0=float(gr.cm_grid[jk]), fixed_A=a_k)[3]
+        except (OverflowError, ValueError):  # the refit ran off (C_mid -> inf): keep the grid value
+            return math.inf
+
+    try:
+        best_exact = _refine(prep.C, prep.R, prep.R0, A0=A, B0=B, cm0=cm, fixed_A=None)[3] if B > 0 else None
+    except (OverflowError, ValueError):
+        best_exact = None
+    return _profile_interval(gr, prep.C.size, n_params, exact=exact, best_exact=best_exact)
+
+
 def _finish(
     prep: _Prepared,
     gr: _GridResult,
@@ -652,25 +348,7 @@ def _finish(
             f"data stop at {100 * gain_frac:.0f}% of the fitted gain (need >= {100 * MIN_GAIN_FRACTION:.0f}%): "
             "too close to C_mid for A to be more than an extrapolation"
         )
-    if fixed_A:
-        prof = (A, A)
-    else:
-        def exact(k: int) -> float:
-            jk = int(np.argmin(gr.sse[k]))
-            b0 = float(gr.b[k, jk])
-            if not (math.isfinite(b0) and b0 > 0):
-                return math.inf
-            a_k = float(gr.a_grid[k])
-            try:
-                return _refine(prep.C, prep.R, prep.R0, A0=a_k, B0=b0, cm0=float(gr.cm_grid[jk]), fixed_A=a_k)[3]
-            except (OverflowError, ValueError):  # the refit ran off (C_mid -> inf): keep the grid value
-                return math.inf
-
-        try:
-            best_exact = _refine(prep.C, prep.R, prep.R0, A0=A, B0=B, cm0=cm, fixed_A=None)[3] if B > 0 else None
-        except (OverflowError, ValueError):
-            best_exact = None
-        prof = _profile_interval(gr, n, n_params, exact=exact, best_exact=best_exact)
+    prof = (A, A) if fixed_A else _a_profile(prep, gr, A=A, B=B, cm=cm, n_params=n_params)
     if not fixed_A and gr.a_grid.size > 1 and prof[1] >= gr.a_grid[-1] - 1e-12 and not gr.on_edge:
         reasons.append(f"A's 95% profile range {prof[0]:.3f}..{prof[1]:.3f} reaches the grid's upper edge: "
                        "the data do not bound A from above")
@@ -694,15 +372,8 @@ def _finish(
         fit_from=fit_from,
         fit_to=fit_to,
         compute_range=(float(prep.C.min()), c_hi),
-        grid=GridInfo(
-            a_lo=float(ag[0]),
-            a_hi=float(ag[-1]),
-            n_a=int(ag.size),
-            cmid_lo=float(cg[0]),
-            cmid_hi=float(cg[-1]),
-            n_cmid=int(cg.size),
-            cmid_spacing=_spacing(cg),
-        ),
+        grid=GridInfo(a_lo=float(ag[0]), a_hi=float(ag[-1]), n_a=int(ag.size), cmid_lo=float(cg[0]),
+                      cmid_hi=float(cg[-1]), n_cmid=int(cg.size), cmid_spacing=_spacing(cg)),
         on_edge=gr.on_edge,
         widened=tuple(gr.widened),
         A_profile_interval=prof,

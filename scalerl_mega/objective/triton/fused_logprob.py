@@ -41,6 +41,8 @@ import os
 
 import torch
 
+from scalerl_mega.objective.fused_checks import validate_head_inputs
+
 AUTOTUNE_CONFIGS = {
     # (BLOCK_N, BLOCK_V, BLOCK_H, num_warps, num_stages). BLOCK_H is fixed within a list so that the
     # K-accumulation order does not depend on the choice. Compiled for sm_90 on CPU (`python -m
@@ -251,9 +253,7 @@ def triton_logprob(
     `fp32_precision`: dot mode when an operand is FP32 (`FP32_PRECISIONS`; None: `resolve_fp32_precision`,
     "tf32x3" on CUDA; the FP32 backward GEMMs follow torch's `torch.backends.cuda.matmul` setting instead).
     """
-    from scalerl_mega.objective.fused_logprob import _validate
-
-    _validate(hidden, weight, targets, 0)
+    validate_head_inputs(hidden, weight, targets, 0)
     given = (block_n, block_v, block_h)
     blocks = None
     if any(b is not None for b in given) or not hidden.is_cuda or _interpreting():
