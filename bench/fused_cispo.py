@@ -10,7 +10,7 @@ compute the same quantity; the loss values are printed for a cross-check.
 
     .venv/bin/python bench/fused_cispo.py                 # both shapes, all variants
     .venv/bin/python bench/fused_cispo.py --shapes 2048,512,32768 --rounds 1
-    python3 bench/fused_cispo.py --device cuda            # GPU: README shapes + 16384,4096,131072, bf16
+    python3 bench/fused_cispo.py --device cuda            # GPU: the CPU shapes + 16384,4096,131072, bf16
     python3 bench/fused_cispo.py --device cuda --dtype float32 --fp32-precision tf32x3
 
 Variants: naive (full [N, V] fp32 logits, autograd), chunked (scalerl_mega cispo_from_hidden, torch path),
@@ -225,7 +225,7 @@ def main_cuda(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="*", default=None,
-                    help="N,H,V triples (default: the README shapes; with --device cuda also 16384,4096,131072)")
+                    help="N,H,V triples (default: the two CPU benchmark shapes of docs/running_scalerl.md; with --device cuda also 16384,4096,131072)")
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=VARIANTS)
     ap.add_argument("--rounds", type=int, default=2, help="CPU: alternating rounds (best of)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")

@@ -4,7 +4,7 @@
 Examples:
   tools/plan.py --model llama3_8b --device h100_80gb --tp 4 --dp 4 --gen-tp 1
   tools/plan.py --model scout_17b16e --device gb200 --tp 4 --pp 1 --dp 4 --ep 4 --gen-tp 2
-  tools/plan.py --table            # the README table: both models on both devices
+  tools/plan.py --table            # the table in docs/cluster_and_gpu.md: both models on every device
 
 Exit status: 0 when the layout fits, 2 when it does not (the smallest layout that fits is printed),
 1 on invalid arguments. Byte counts and formulas: scalerl_mega/cluster/plan.py.
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-tp", type=int, default=1)
     ap.add_argument("--mem-fraction-static", type=float, default=0.85)
     ap.add_argument("--min-seqs", type=int, default=16)
-    ap.add_argument("--table", action="store_true", help="print the README table and exit")
+    ap.add_argument("--table", action="store_true", help="print the table of docs/cluster_and_gpu.md and exit")
     ap.add_argument("--trainer-gpus", type=int, default=16, help="for --table: paper App. A.3 uses 16 trainers")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

@@ -96,7 +96,7 @@ def test_three_rl_steps_then_back_to_hf_and_generate(smollm2, tmp_path):
     data = write_word_problems(tmp_path / "problems.jsonl", 24, seed=0)
     run = tmp_path / "run"
     cmd = [sys.executable, "-c", "from scalerl_mega.train import main; main()", "experiment=smollm2_cpu",
-           f"init_from_hf={smollm2}", f"data.train_files=[{data}]",  # the README's command, shrunk:
+           f"init_from_hf={smollm2}", f"data.train_files=[{data}]",  # docs/extending.md's command, shrunk:
            "filter=none", "train.steps=3", "train.prompts_per_step=2", "train.generations_per_prompt=2",
            "train.val_every=0", "train.save_every=3", "train.micro_batch_tokens=4096", "data.val_prompts=2",
            "data.val_samples=1", "length.max_new_tokens=24", "length.interruption_min=12",

@@ -1,4 +1,4 @@
-"""The README and the code's docs cite only files of this repository (a fresh clone has no others)."""
+"""The README, docs/ and the code's docs cite only files of this repository (a fresh clone has no others)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ ABSENT_ON_PURPOSE = {"hydra_plugins/__init__.py", "bench/out/fused_cispo_gpu.jso
 
 
 def _docs() -> list[Path]:
-    files = [REPO / "README.md", REPO / "Makefile", REPO / "setup.py"]
+    files = [REPO / "README.md", REPO / "Makefile", REPO / "setup.py", *sorted((REPO / "docs").glob("*.md"))]
     for top in ("scalerl_mega", "tools", "conf", "bench", "slurm", "hydra_plugins"):
         files += [p for p in (REPO / top).rglob("*") if p.suffix in (".py", ".yaml", ".sh", ".md")]
     return [p for p in files if p.is_file() and "__pycache__" not in p.parts]
