@@ -38,7 +38,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from scalerl_mega.trainer.megatron.config import OptimConfig, ParallelConfig
-from scalerl_mega.trainer.megatron.models import head_dtype
+from scalerl_mega.trainer.megatron.models import head_dtype, unwrap_gpt
 from scalerl_mega.trainer.microbatch import MicroBatchPlan, plan_of, unpack
 from scalerl_mega.trainer.policy_loss import next_token_ce_loss
 
@@ -190,13 +190,6 @@ def _to_device(mb: dict, device) -> dict:
 
 
 # ----------------------------------------------------------------------------- fused head
-def unwrap_gpt(model):
-    """The GPTModel inside DDP / Float16Module wrappers."""
-    while hasattr(model, "module"):
-        model = model.module
-    return model
-
-
 @contextlib.contextmanager
 def hidden_states_only(gpt):
     """Run `gpt.forward` without the output layer: Megatron-Core 0.16 `GPTModel._postprocess` returns
