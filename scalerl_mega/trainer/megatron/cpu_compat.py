@@ -62,7 +62,7 @@ _MARK = "__scalerl_cpu_compat__"
 
 
 # ----------------------------------------------------------------------------- scoped mode (3, 6)
-def _is_cuda_device(device: Any) -> bool:
+def _is_cuda_device(device: object) -> bool:
     import torch
 
     if isinstance(device, torch.device):
@@ -105,10 +105,10 @@ class _FakeEvent:
     def synchronize(self) -> None:
         pass
 
-    def wait(self, stream: Any = None) -> None:
+    def wait(self, stream: _FakeStream | None = None) -> None:
         pass
 
-    def record(self, stream: Any = None) -> None:
+    def record(self, stream: _FakeStream | None = None) -> None:
         pass
 
     def query(self) -> bool:
@@ -118,16 +118,16 @@ class _FakeEvent:
 class _FakeStream:
     """Stand-in for a CUDA stream on CPU: every operation is synchronous, so waits are no-ops."""
 
-    def wait_stream(self, other: Any) -> None:
+    def wait_stream(self, other: _FakeStream) -> None:
         pass
 
-    def wait_event(self, event: Any) -> None:
+    def wait_event(self, event: _FakeEvent) -> None:
         pass
 
     def synchronize(self) -> None:
         pass
 
-    def record_event(self, event: Any = None) -> Any:
+    def record_event(self, event: _FakeEvent | None = None) -> _FakeEvent:
         return event if event is not None else _FakeEvent()
 
 
@@ -149,7 +149,7 @@ def _fake_cuda_streams() -> Iterator[None]:
         torch.cuda.Stream, torch.cuda.current_stream, torch.cuda.stream, torch.cuda.synchronize = saved
 
 
-def _scoped(fn: Any, scope: Callable[[], Any]) -> Any:
+def _scoped(fn: Callable[..., Any] | staticmethod, scope: Callable[[], Any]) -> Any:
     if isinstance(fn, staticmethod):
         wrapped = staticmethod(_scoped(fn.__func__, scope))
         setattr(wrapped, _MARK, True)
@@ -335,7 +335,7 @@ def _patches() -> list[_Patch]:
 _MISSING = object()
 
 
-def _mark(value: Any) -> Any:
+def _mark(value: object) -> object:
     if callable(value):
         try:
             setattr(value, _MARK, True)
@@ -344,7 +344,7 @@ def _mark(value: Any) -> Any:
     return value
 
 
-def _is_marked(owner: Any, attr: str) -> bool:
+def _is_marked(owner: object, attr: str) -> bool:
     value = owner.__dict__.get(attr, _MISSING) if isinstance(owner, type) else getattr(owner, attr, _MISSING)
     if attr == "te_general_gemm":  # patch 4 installs None: applied iff the attribute exists
         return value is not _MISSING
