@@ -29,13 +29,13 @@ def best_of_rounds(names: list[str], run_one: Callable[[str, int], Any], *, roun
 def single_rank_model(model_cfg: Any, *, lr: float = 1e-6) -> tuple[Any, Any, Any, list, Any]:
     """`model_cfg`'s Megatron model in a world of one (gloo on CPU), its DDP chunk and AdamW:
     (MegatronConfig, ParallelConfig, model, chunks, optimizer)."""
-    from scalerl_mega.trainer.megatron import models, parallel as par, step
+    from scalerl_mega.trainer.megatron import models, parallel as par, step, wrap
     from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig
 
     parallel = ParallelConfig()
     cfg = MegatronConfig(model=model_cfg, parallel=parallel, optim=OptimConfig(lr=lr, warmup_steps=0))
     par.init_parallel(parallel, model=cfg.model, seed=1)
     model, tcfg = models.build_model(cfg.model, parallel)
-    chunks = [step.wrap_ddp(model, tcfg, use_distributed_optimizer=False)]
+    chunks = [wrap.wrap_model(model, tcfg, cfg)]
     step.configure_schedule(tcfg, chunks)
-    return cfg, parallel, model, chunks, step.build_optimizer(chunks, cfg.optim)
+    return cfg, parallel, model, chunks, wrap.build_optimizer(chunks, cfg)

@@ -27,7 +27,7 @@ import torch
 
 from scalerl_mega.objective.advantages import compute_advantages, zero_variance_filter
 from scalerl_mega.objective.losses import token_weights
-from scalerl_mega.types import Group, TrainBatch
+from scalerl_mega.types import Completion, Group, ScoredCompletion, TrainBatch
 
 
 @dataclass(kw_only=True)
@@ -128,16 +128,8 @@ def build_train_batch(
         raise ValueError("build_train_batch: no groups")
     rows = [(gi, s) for gi, g in enumerate(groups) for s in g.samples]
     rewards_B = torch.tensor([s.reward for _, s in rows], dtype=torch.float64)
-    passed_B = torch.tensor([s.passed for _, s in rows], dtype=torch.bool)
     group_B = torch.tensor([gi for gi, _ in rows], dtype=torch.int64)
-
-    metrics: dict[str, float] = {}
-    if filter_zero_variance:
-        result = zero_variance_filter(rewards_B, group_B, passed=passed_B)
-        keep_B = result.keep
-        metrics.update(result.metrics())
-    else:
-        keep_B = torch.ones(len(rows), dtype=torch.bool)
+    keep_B, metrics = _kept_rows(rows, rewards_B, group_B, filter_zero_variance=filter_zero_variance)
     kept_groups = sorted({int(g) for g in group_B[keep_B].tolist()})
     metrics["batch_prompts"] = float(len(kept_groups))
     metrics["batch_samples"] = float(int(keep_B.sum()))
@@ -151,67 +143,91 @@ def build_train_batch(
 
     comps = [rows[i][1].completion for i in idx]
     lengths = [len(c.prompt_ids) + len(c.output_ids) for c in comps]
-    B, T = len(comps), max(lengths)
-    input_ids_BT = torch.full((B, T), pad_id, dtype=torch.int64)
-    targets_BT = torch.zeros((B, T), dtype=torch.int64)
-    loss_mask_BT = torch.zeros((B, T), dtype=torch.float32)
-    gen_logp_BT = torch.zeros((B, T), dtype=torch.float32)
-    version_BT = torch.full((B, T), -1, dtype=torch.int64)
-    position_ids_BT = torch.arange(T, dtype=torch.int64).expand(B, T).clone()
-    for b, c in enumerate(comps):
-        P, O = len(c.prompt_ids), len(c.output_ids)
-        if P == 0:
-            raise ValueError(f"completion {c.prompt_id}/{c.sample_index} has no prompt tokens")
-        if not (len(c.gen_logprobs) == len(c.weight_versions) == O):
-            raise ValueError(
-                f"completion {c.prompt_id}/{c.sample_index}: output_ids ({O}), gen_logprobs "
-                f"({len(c.gen_logprobs)}) and weight_versions ({len(c.weight_versions)}) differ in length"
-            )
-        mask = c.mask()
-        if len(mask) != O:
-            raise ValueError(f"completion {c.prompt_id}/{c.sample_index}: loss_mask has {len(mask)} entries, "
-                             f"expected {O}")
-        seq = list(c.prompt_ids) + list(c.output_ids)
-        input_ids_BT[b, : P + O] = torch.tensor(seq, dtype=torch.int64)
-        # Output token j sits at position P + j and is predicted from position P + j - 1.
-        sl = slice(P - 1, P - 1 + O)
-        targets_BT[b, sl] = torch.tensor(c.output_ids, dtype=torch.int64)
-        loss_mask_BT[b, sl] = torch.tensor(mask, dtype=torch.float32)
-        gen_logp_BT[b, sl] = torch.tensor(c.gen_logprobs, dtype=torch.float32)
-        version_BT[b, sl] = torch.tensor(c.weight_versions, dtype=torch.int64)
-    gen_logp_BT = gen_logp_BT * loss_mask_BT
-    routes = route_tensors(comps, T, with_weights=route_weights)
-    targets_BT = targets_BT * (loss_mask_BT > 0)
+    t = _RowTensors.of(comps, T=max(lengths), pad_id=pad_id)
+    routes = route_tensors(comps, max(lengths), with_weights=route_weights)
 
-    weights_BT = token_weights(loss_mask_BT, prompt_index_B, aggregation)
+    weights_BT = token_weights(t.loss_mask_BT, prompt_index_B, aggregation)
     micro = pack_micro_batches(lengths, max_tokens=micro_batch_tokens, pack=pack_sequences)
-    metrics["batch_tokens_trained"] = float(loss_mask_BT.sum())
+    metrics["batch_tokens_trained"] = float(t.loss_mask_BT.sum())
     metrics["micro_batches"] = float(len(micro))
     metrics["padding_fraction"] = plan_padding_fraction(lengths, micro, pack=pack_sequences)
     metrics["advantage_abs_mean"] = float(adv_B.abs().mean())
     batch = TrainBatch(
-        input_ids_BT=input_ids_BT,
-        position_ids_BT=position_ids_BT,
-        loss_mask_BT=loss_mask_BT,
-        targets_BT=targets_BT,
-        gen_logp_BT=gen_logp_BT,
-        advantages_B=adv_B.float(),
-        prompt_index_B=prompt_index_B,
-        token_weights_BT=weights_BT,
-        weight_version_BT=version_BT,
-        route_ids_BTLK=routes[0] if routes else None,
-        route_weights_BTLK=routes[1] if routes else None,
-        route_mask_BT=routes[2] if routes else None,
-        policy_version=policy_version,
-        micro_batches=micro,
-        lengths_B=lengths,
-        packed=pack_sequences,
-        prompt_ids=[groups[g].prompt.prompt_id for g in kept_groups],
+        input_ids_BT=t.input_ids_BT, position_ids_BT=t.position_ids_BT, loss_mask_BT=t.loss_mask_BT,
+        targets_BT=t.targets_BT, gen_logp_BT=t.gen_logp_BT, advantages_B=adv_B.float(),
+        prompt_index_B=prompt_index_B, token_weights_BT=weights_BT, weight_version_BT=t.version_BT,
+        route_ids_BTLK=routes[0] if routes else None, route_weights_BTLK=routes[1] if routes else None,
+        route_mask_BT=routes[2] if routes else None, policy_version=policy_version, micro_batches=micro,
+        lengths_B=lengths, packed=pack_sequences, prompt_ids=[groups[g].prompt.prompt_id for g in kept_groups],
     )
     return BatchResult(batch=batch, metrics=metrics, kept_groups=kept_groups)
 
 
-def route_tensors(comps: Sequence, T: int, *, with_weights: bool = True
+def _kept_rows(rows: Sequence[tuple[int, ScoredCompletion]], rewards_B: torch.Tensor, group_B: torch.Tensor, *,
+               filter_zero_variance: bool) -> tuple[torch.Tensor, dict[str, float]]:
+    """[B] bool mask of the samples that enter the batch (the zero-variance filter, paper Sec. 3.2
+    "effective batch", or all) and the filter's metrics."""
+    if not filter_zero_variance:
+        return torch.ones(len(rows), dtype=torch.bool), {}
+    passed_B = torch.tensor([s.passed for _, s in rows], dtype=torch.bool)
+    result = zero_variance_filter(rewards_B, group_B, passed=passed_B)
+    return result.keep, dict(result.metrics())
+
+
+@dataclass(frozen=True, kw_only=True)
+class _RowTensors:
+    """The right-padded [B, T] row tensors of a batch's completions (step 4 of the module doc)."""
+
+    input_ids_BT: torch.Tensor
+    position_ids_BT: torch.Tensor
+    targets_BT: torch.Tensor
+    loss_mask_BT: torch.Tensor
+    gen_logp_BT: torch.Tensor
+    version_BT: torch.Tensor
+
+    @classmethod
+    def of(cls, comps: Sequence[Completion], *, T: int, pad_id: int) -> _RowTensors:
+        B = len(comps)
+        input_ids_BT = torch.full((B, T), pad_id, dtype=torch.int64)
+        targets_BT = torch.zeros((B, T), dtype=torch.int64)
+        loss_mask_BT = torch.zeros((B, T), dtype=torch.float32)
+        gen_logp_BT = torch.zeros((B, T), dtype=torch.float32)
+        version_BT = torch.full((B, T), -1, dtype=torch.int64)
+        position_ids_BT = torch.arange(T, dtype=torch.int64).expand(B, T).clone()
+        for b, c in enumerate(comps):
+            P, O = len(c.prompt_ids), len(c.output_ids)
+            mask = _checked_mask(c)
+            seq = list(c.prompt_ids) + list(c.output_ids)
+            input_ids_BT[b, : P + O] = torch.tensor(seq, dtype=torch.int64)
+            # Output token j sits at position P + j and is predicted from position P + j - 1.
+            sl = slice(P - 1, P - 1 + O)
+            targets_BT[b, sl] = torch.tensor(c.output_ids, dtype=torch.int64)
+            loss_mask_BT[b, sl] = torch.tensor(mask, dtype=torch.float32)
+            gen_logp_BT[b, sl] = torch.tensor(c.gen_logprobs, dtype=torch.float32)
+            version_BT[b, sl] = torch.tensor(c.weight_versions, dtype=torch.int64)
+        return cls(input_ids_BT=input_ids_BT, position_ids_BT=position_ids_BT,
+                   targets_BT=targets_BT * (loss_mask_BT > 0), loss_mask_BT=loss_mask_BT,
+                   gen_logp_BT=gen_logp_BT * loss_mask_BT, version_BT=version_BT)
+
+
+def _checked_mask(c: Completion) -> list[int]:
+    """The completion's loss mask over its output tokens, after checking that its per-token lists fit."""
+    P, O = len(c.prompt_ids), len(c.output_ids)
+    if P == 0:
+        raise ValueError(f"completion {c.prompt_id}/{c.sample_index} has no prompt tokens")
+    if not (len(c.gen_logprobs) == len(c.weight_versions) == O):
+        raise ValueError(
+            f"completion {c.prompt_id}/{c.sample_index}: output_ids ({O}), gen_logprobs "
+            f"({len(c.gen_logprobs)}) and weight_versions ({len(c.weight_versions)}) differ in length"
+        )
+    mask = c.mask()
+    if len(mask) != O:
+        raise ValueError(f"completion {c.prompt_id}/{c.sample_index}: loss_mask has {len(mask)} entries, "
+                         f"expected {O}")
+    return mask
+
+
+def route_tensors(comps: Sequence[Completion], T: int, *, with_weights: bool = True
                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
     """[B, T, L, K] expert ids, [B, T, L, K] float32 gate weights (None unless `with_weights` and every
     completion has them: only `moe.routing_replay=ids_and_weights` reads them) and the [B, T] float32

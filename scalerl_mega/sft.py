@@ -1,9 +1,9 @@
 """Supervised warm start before RL (the CPU demo): next-token loss on the task's reference traces,
 through the same Megatron trainer that then runs RL.
 
-Batches hold `[B, T]` right-padded prompt + target tensors; the loss mask covers the target tokens
-(including EOS), so the trainer's loss_fn falls back to masked next-token cross-entropy (no
-`advantages` key). The warm start has its own learning rate and linear warmup (`sft.*`); afterwards
+Batches (`types.SftBatch`) hold `[B, T]` right-padded prompt + target tensors; the loss mask covers
+the target tokens (including EOS), and the trainer's `sft_step` trains them with masked next-token
+cross-entropy. The warm start has its own learning rate and linear warmup (`sft.*`); afterwards
 the optimizer state and step counter are reset, so RL starts from fresh AdamW moments.
 """
 
@@ -13,11 +13,16 @@ import dataclasses
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+from scalerl_mega.types import SftBatch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
 
-def sft_batch(pairs: Sequence[tuple[list[int], list[int]]], *, pad_id: int = 0) -> dict[str, Any]:
-    """(prompt ids, target ids) pairs -> the trainer's batch dict. Target token j sits at position
+def sft_batch(pairs: Sequence[tuple[list[int], list[int]]], *, pad_id: int = 0) -> SftBatch:
+    """(prompt ids, target ids) pairs -> the trainer's SFT batch. Target token j sits at position
     P + j and is predicted from position P + j - 1 (same layout as batch.build_train_batch)."""
     import torch
 
@@ -35,11 +40,11 @@ def sft_batch(pairs: Sequence[tuple[list[int], list[int]]], *, pad_id: int = 0) 
         input_ids[b, : P + O] = torch.tensor([*p, *t], dtype=torch.int64)
         targets[b, P - 1 : P - 1 + O] = torch.tensor(t, dtype=torch.int64)
         mask[b, P - 1 : P - 1 + O] = 1.0
-    return {"input_ids": input_ids, "position_ids": torch.arange(T).expand(B, T).contiguous(),
-            "targets": targets, "loss_mask": mask}
+    return SftBatch(input_ids_BT=input_ids, position_ids_BT=torch.arange(T).expand(B, T).contiguous(),
+                    targets_BT=targets, loss_mask_BT=mask)
 
 
-def warm_start(trainer: Any, examples: Sequence[tuple[list[int], list[int]]], *, steps: int, batch_size: int,
+def warm_start(trainer: MegatronPolicyTrainer, examples: Sequence[tuple[list[int], list[int]]], *, steps: int, batch_size: int,
                lr: float, warmup_steps: int, seed: int,
                on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
     """`steps` optimizer steps of next-token loss on shuffled `examples` (epochs reshuffled with
@@ -63,7 +68,7 @@ def warm_start(trainer: Any, examples: Sequence[tuple[list[int], list[int]]], *,
                 order += fresh
             idx, order = order[:batch_size], order[batch_size:]
             t0 = time.monotonic()
-            m = trainer.train_step(sft_batch([examples[i] for i in idx]))
+            m = trainer.sft_step(sft_batch([examples[i] for i in idx]))
             m = {k: float(v) for k, v in m.items()}
             m["step_s"] = time.monotonic() - t0
             history.append(m)

@@ -240,3 +240,23 @@ class TrainBatch:
     @property
     def num_rows(self) -> int:
         return int(self.input_ids_BT.shape[0])
+
+
+@dataclass(kw_only=True)
+class SftBatch:
+    """One step of the supervised warm start (`sft.sft_batch`; the trainer's `sft_step`): B rows of
+    prompt + target tokens, right-padded to T. Same layout as `TrainBatch` without the RL fields: the
+    loss is masked next-token cross-entropy on the target tokens."""
+
+    input_ids_BT: "torch.Tensor"
+    """[B, T] int64 token ids (prompt followed by target)."""
+    position_ids_BT: "torch.Tensor"
+    """[B, T] int64 positions."""
+    targets_BT: "torch.Tensor"
+    """[B, T] int64: target token j at position P + j - 1 (predicted from there); 0 elsewhere."""
+    loss_mask_BT: "torch.Tensor"
+    """[B, T] float32: 1 at the target positions."""
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids_BT.shape[0])

@@ -22,7 +22,10 @@ exact executed `padding_fraction`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 #: keys that carry the loss signal: zeroed in a filler micro-batch (weight version -> -1)
 _LOSS_KEYS = ("loss_mask", "token_weights", "advantages", "gen_logp", "targets")
@@ -91,7 +94,7 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def _rowwise_cut(data: dict, rows_idx: Any, cols: int) -> dict:
+def _rowwise_cut(data: dict, rows_idx: torch.Tensor, cols: int) -> dict:
     """Rows `rows_idx` of every row-wise tensor of `data`, [B, T, ...] ones cut to `cols` columns
     (zero / -1 / continued-position columns appended beyond T, as `policy_loss.pad_batch`)."""
     import torch
@@ -137,7 +140,7 @@ def cut_micro_batch(data: dict, rows: list[int], lengths: list[int], *, packed: 
     return mb
 
 
-def _pack(data: dict, idx: Any, lens: list[int], *, cols_multiple: int) -> dict:
+def _pack(data: dict, idx: torch.Tensor, lens: list[int], *, cols_multiple: int) -> dict:
     """Samples `idx` (lengths `lens`) back to back in one row, with the row-wise loss view."""
     import torch
 
@@ -171,12 +174,13 @@ def _pack(data: dict, idx: Any, lens: list[int], *, cols_multiple: int) -> dict:
     return mb
 
 
-def unpack(packed_1L: Any, unpack_index: Any) -> Any:
+def unpack(packed_1L: torch.Tensor, unpack_index: torch.Tensor) -> torch.Tensor:
     """[1, L, ...] packed values -> [n, longest, ...] per sample (`cut_micro_batch`); differentiable."""
     return packed_1L[0][unpack_index.to(packed_1L.device)]
 
 
-def block_causal_mask(cu_seqlens: Any, length: int, *, device: Any = None) -> Any:
+def block_causal_mask(cu_seqlens: torch.Tensor, length: int, *, device: torch.device | str | None = None
+                      ) -> torch.Tensor:
     """[1, 1, L, L] bool attention mask of a packed row, True where attention is masked out: position q
     attends to k only within its own sample (segments of `cu_seqlens`) and only to k <= q. The mask
     Megatron's local (non-TE) `DotProductAttention` takes instead of its default causal mask."""

@@ -19,12 +19,17 @@ ranks are exact.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from scalerl_mega.types import TrainBatch
 
 LossFn = Callable[[Any, dict], tuple[Any, dict]]
 
 
-def batch_tensors(batch: Any) -> dict[str, Any]:
+def batch_tensors(batch: TrainBatch) -> dict[str, Any]:
     """TrainBatch -> the dict of row-wise tensors (and the policy version) a trainer slices into
     micro-batches; keys are the loss functions' names."""
     import torch
@@ -107,7 +112,7 @@ def make_policy_loss_fn(*, loss_type: str, eps_low: float | None, eps_high: floa
     return loss_fn
 
 
-def next_token_ce_loss(logp_BT: Any, mb: dict) -> tuple[Any, dict]:
+def next_token_ce_loss(logp_BT: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
     """Masked next-token cross-entropy, normalised by the global number of trained tokens
     (`mb["global_tokens"]`, set by the trainer when it splits the batch)."""
     mask = mb["loss_mask"].float()
@@ -115,7 +120,7 @@ def next_token_ce_loss(logp_BT: Any, mb: dict) -> tuple[Any, dict]:
     return loss, {"loss": loss.detach()}
 
 
-def policy_metrics(logp_BT: Any, mb: dict, loss: Any) -> dict:
+def policy_metrics(logp_BT: torch.Tensor, mb: dict, loss: torch.Tensor) -> dict:
     """Micro-batch shares of the IS metrics (see `make_policy_loss_fn`)."""
     import torch
 
@@ -152,7 +157,7 @@ def make_cispo_head_loss_fn(*, eps_low: float | None, eps_high: float | None,
     eps_low = d_low if eps_low is None else eps_low
     eps_high = d_high if eps_high is None else eps_high
 
-    def head_loss_fn(head: Any, mb: dict):
+    def head_loss_fn(head: Any, mb: dict) -> tuple[torch.Tensor, dict]:  # step.LMHead (no import circle)
         import torch
 
         from scalerl_mega.objective.fused_logprob import cispo_from_hidden

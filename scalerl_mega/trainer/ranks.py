@@ -34,8 +34,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from scalerl_mega.interfaces import PolicyTrainer
+    from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
+    from scalerl_mega.types import TrainBatch
 
 log = logging.getLogger("scalerl_mega.ranks")
 
@@ -54,7 +62,7 @@ class _TensorSlot:
     dtype: str
 
 
-def _map(obj: Any, leaf: Any, fn: Any) -> Any:
+def _map(obj: object, leaf: type, fn: Callable[[Any], object]) -> Any:
     """`obj` with every value of type `leaf` replaced by `fn(value)`, through dicts, lists, tuples and
     dataclass instances (rebuilt with `dataclasses.replace`)."""
     if isinstance(obj, leaf):
@@ -69,7 +77,7 @@ def _map(obj: Any, leaf: Any, fn: Any) -> Any:
     return obj
 
 
-def _split(obj: Any, tensors: list) -> Any:
+def _split(obj: object, tensors: list[torch.Tensor]) -> Any:
     """obj with every tensor replaced by a `_TensorSlot` (tensors appended to `tensors`)."""
     import torch
 
@@ -80,11 +88,11 @@ def _split(obj: Any, tensors: list) -> Any:
     return _map(obj, torch.Tensor, slot)
 
 
-def _join(obj: Any, tensors: list) -> Any:
+def _join(obj: object, tensors: list[torch.Tensor]) -> Any:
     return _map(obj, _TensorSlot, lambda s: tensors[s.index])
 
 
-def _slots(obj: Any) -> list[_TensorSlot]:
+def _slots(obj: object) -> list[_TensorSlot]:
     out: list[_TensorSlot] = []
     _map(obj, _TensorSlot, out.append)
     return sorted(out, key=lambda s: s.index)
@@ -108,7 +116,7 @@ class ControlChannel:
     def is_controller(self) -> bool:
         return self.rank == CONTROLLER
 
-    def share(self, value: Any) -> Any:
+    def share(self, value: object) -> Any:
         """Every rank returns the controller's `value` (a small picklable object), e.g. whether the
         run resumes, so that all ranks take the same branch."""
         import torch.distributed as dist
@@ -117,7 +125,7 @@ class ControlChannel:
         dist.broadcast_object_list(holder, src=CONTROLLER, group=self.group)
         return holder[0]
 
-    def send(self, command: str, payload: Any = None) -> None:
+    def send(self, command: str, payload: object = None) -> None:
         """Controller: broadcast `command` and its payload (tensors sent one broadcast each)."""
         import torch.distributed as dist
 
@@ -157,23 +165,25 @@ class ControlChannel:
 
 class ControllerTrainer:
     """The PolicyTrainer the controller's loop drives: every call is first broadcast to the followers
-    (which run it on their shards, `serve`), then run on the controller's own shard."""
+    (which run it on their shards, `serve`), then run on the controller's own shard.
 
-    def __init__(self, trainer: Any, channel: ControlChannel) -> None:
+    Its surface is declared, not forwarded: `interfaces.PolicyTrainer` (`train_step`,
+    `export_hf_weights`, `save`, `load`, one command each) plus `stop_followers` and `close`. Anything
+    else of the trainer (a collective such as `logprobs` included) would run on the controller's shard
+    alone while the followers wait for a command, so it is reached only explicitly via `.trainer`."""
+
+    def __init__(self, trainer: MegatronPolicyTrainer, channel: ControlChannel) -> None:
         if not channel.is_controller:
             raise ValueError(f"ControllerTrainer on rank {channel.rank}: only rank {CONTROLLER} is the controller")
         self.trainer = trainer
         self.channel = channel
         self._closed = False
 
-    def __getattr__(self, name: str) -> Any:  # cfg, chunks, optimizer, step, logprobs, ...
-        return getattr(self.trainer, name)
-
-    def train_step(self, batch: Any) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
         self.channel.send("train_step", batch)
         return self.trainer.train_step(batch)
 
-    def export_hf_weights(self, *, dtype: str | None = None) -> Iterator[tuple[str, Any]]:
+    def export_hf_weights(self, *, dtype: str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         self.channel.send("export", dtype)
         return self.trainer.export_hf_weights(dtype=dtype)
 
@@ -196,7 +206,7 @@ class ControllerTrainer:
         self.trainer.close()
 
 
-def serve(trainer: Any, channel: ControlChannel) -> int:
+def serve(trainer: PolicyTrainer, channel: ControlChannel) -> int:
     """Follower main loop: execute the controller's commands until "stop"; returns the number of
     train steps taken. Raises RankFailure when the controller is gone (the caller exits non-zero)."""
     if channel.is_controller:

@@ -56,6 +56,7 @@ def worker(root: str, out: str) -> None:
 
     from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
+    from scalerl_mega.types import SftBatch
 
     logs: list[str] = []
 
@@ -69,16 +70,16 @@ def worker(root: str, out: str) -> None:
     t = MegatronPolicyTrainer(cfg)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.model.vocab_size, (4, 13), generator=g)
-    batch = {"input_ids": ids[:, :-1], "position_ids": torch.arange(12).expand(4, 12).contiguous(),
-             "targets": ids[:, 1:], "loss_mask": torch.ones(4, 12)}
+    batch = SftBatch(input_ids_BT=ids[:, :-1], position_ids_BT=torch.arange(12).expand(4, 12).contiguous(),
+                     targets_BT=ids[:, 1:], loss_mask_BT=torch.ones(4, 12))
     res: dict = {}
     base = Path(root)
     try:
         ck = base / "ckpt"
-        t.train_step(batch)
+        t.sft_step(batch)
         t.save(str(ck), extra_state={"marker": 1})
         res["w1"] = _weights(t)
-        t.train_step(batch)
+        t.sft_step(batch)
         t.save(str(ck), extra_state={"marker": 2})
         res["w2"] = _weights(t)
         res["files_step2"] = sorted(p.name for p in (ck / "step_00000002").iterdir())
@@ -94,7 +95,7 @@ def worker(root: str, out: str) -> None:
                 raise OSError(errno.ENOSPC, "No space left on device (simulated)")
             return original(*args, **kwargs)
 
-        t.train_step(batch)
+        t.sft_step(batch)
         filesystem_async._write_item = full_disk
         try:
             t.save(str(ck), extra_state={"marker": 3})
@@ -116,7 +117,7 @@ def worker(root: str, out: str) -> None:
             (copy / ".tmp-step_00000003").mkdir()  # and a leftover of a killed save
             (copy / ".tmp-step_00000003" / "__0_0.distcp").write_bytes(b"half")
             logs.clear()
-            t.train_step(batch)  # move the weights away from both checkpoints
+            t.sft_step(batch)  # move the weights away from both checkpoints
             res[f"{mode}_marker"] = t.load(str(copy))["marker"]
             res[f"{mode}_w"] = _weights(t)
             res[f"{mode}_logs"] = list(logs)

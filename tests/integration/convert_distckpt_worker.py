@@ -30,15 +30,17 @@ CASES = {
 }
 
 
-def batch(vocab: int, seed: int) -> dict:
+def batch(vocab: int, seed: int):
     import torch
+
+    from scalerl_mega.types import SftBatch
 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (B, T), generator=g)
     mask = torch.ones(B, T)
     mask[:, -1] = 0.0
-    return {"input_ids": ids, "position_ids": torch.arange(T).expand(B, T).contiguous(),
-            "targets": torch.roll(ids, -1, dims=1), "loss_mask": mask}
+    return SftBatch(input_ids_BT=ids, position_ids_BT=torch.arange(T).expand(B, T).contiguous(),
+                    targets_BT=torch.roll(ids, -1, dims=1), loss_mask_BT=mask)
 
 
 def run_case(name: str, out: Path) -> None:
@@ -54,7 +56,7 @@ def run_case(name: str, out: Path) -> None:
     cfg = MegatronConfig(model=load_model_preset(preset, overrides=overrides), parallel=ParallelConfig(**layout),
                          optim=OptimConfig(lr=1e-2, warmup_steps=0, adam_eps=1e-4))
     trainer = MegatronPolicyTrainer(cfg)
-    metrics = trainer.train_step(batch(cfg.model.vocab_size, seed=1))
+    metrics = trainer.sft_step(batch(cfg.model.vocab_size, seed=1))
     trainer.save(str(out / name / "ckpt"))
     probe = batch(cfg.model.vocab_size, seed=2)
     logits = None
@@ -63,14 +65,14 @@ def run_case(name: str, out: Path) -> None:
         model.eval()
         with torch.no_grad():
             logits = tensor_parallel.gather_from_tensor_model_parallel_region(
-                model(probe["input_ids"], probe["position_ids"], None)).float()
+                model(probe.input_ids_BT, probe.position_ids_BT, None)).float()
     else:
         logp_BT = trainer.logprobs(probe)  # collective; the last stage (dp=1 here) holds all rows
         if trainer.info.is_last_stage and trainer.info.tp_rank == 0:
-            torch.save({"input_ids": probe["input_ids"], "targets": probe["targets"], "logp": logp_BT.float()},
+            torch.save({"input_ids": probe.input_ids_BT, "targets": probe.targets_BT, "logp": logp_BT.float()},
                        out / name / "logprobs.pt")
     if dist.get_rank() == 0:
-        torch.save({"input_ids": probe["input_ids"], "logits": logits, "loss": metrics["loss"],
+        torch.save({"input_ids": probe.input_ids_BT, "logits": logits, "loss": metrics["loss"],
                     "model": dataclasses.asdict(cfg.model)}, out / name / "trainer.pt")
     parallel.teardown_parallel(destroy_process_group=False)
 

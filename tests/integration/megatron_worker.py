@@ -64,7 +64,7 @@ class Run:
     """Model + DDP + optimizer for one layout (process group already up)."""
 
     def __init__(self, preset: str, parallel: ParallelConfig, distopt: bool, init_dir: str | None):
-        from scalerl_mega.trainer.megatron import checkpoint, models, parallel as par, step
+        from scalerl_mega.trainer.megatron import checkpoint, models, parallel as par, step, wrap
 
         self.cfg = MegatronConfig(model=load_model_preset(preset), parallel=parallel, optim=optim_cfg(distopt))
         self.cfg.validate(world_size=par.world_size_from_env())
@@ -72,9 +72,9 @@ class Run:
         model, self.tcfg = models.build_model(self.cfg.model, parallel)
         if init_dir is not None:
             checkpoint.load_checkpoint(init_dir, chunks=[model])
-        self.chunks = [step.wrap_ddp(model, self.tcfg, use_distributed_optimizer=distopt)]
+        self.chunks = [wrap.wrap_model(model, self.tcfg, self.cfg)]  # training's builders (trainer.py)
         step.configure_schedule(self.tcfg, self.chunks)
-        self.optimizer = step.build_optimizer(self.chunks, self.cfg.optim)
+        self.optimizer = wrap.build_optimizer(self.chunks, self.cfg)
         self.batch = global_batch(self.cfg.model.vocab_size)
         self.steps_done = 0
 

@@ -19,6 +19,7 @@ def main(hf_dir: str, ids_json: str, out: str) -> None:
     from scalerl_mega.model.hf_import import model_from_hf_dir
     from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
+    from scalerl_mega.types import SftBatch
 
     torch.set_num_threads(1)
     tp = int(os.environ.get("WORLD_SIZE", "1"))
@@ -27,8 +28,8 @@ def main(hf_dir: str, ids_json: str, out: str) -> None:
     try:
         ids = torch.tensor(json.loads(open(ids_json).read()))
         n, t = ids.shape[0], ids.shape[1] - 1
-        batch = {"input_ids": ids[:, :-1].contiguous(), "position_ids": torch.arange(t).expand(n, t).contiguous(),
-                 "targets": ids[:, 1:].contiguous(), "loss_mask": torch.ones(n, t)}
+        batch = SftBatch(input_ids_BT=ids[:, :-1].contiguous(), position_ids_BT=torch.arange(t).expand(n, t).contiguous(),
+                         targets_BT=ids[:, 1:].contiguous(), loss_mask_BT=torch.ones(n, t))
         init_trainer_from_hf(trainer, SimpleNamespace(init_from_hf=hf_dir, model=model))
         lp = trainer.logprobs(batch)
         if int(os.environ.get("RANK", "0")) == 0:

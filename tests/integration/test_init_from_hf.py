@@ -20,6 +20,7 @@ def worker(hf_dir: str, out: str) -> None:
     from scalerl_mega.build import init_trainer_from_hf
     from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
+    from scalerl_mega.types import SftBatch
 
     torch.set_num_threads(1)
     model = load_model_preset("tiny_moe")
@@ -27,8 +28,8 @@ def worker(hf_dir: str, out: str) -> None:
     try:
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(0, model.vocab_size, (3, 17), generator=g)
-        batch = {"input_ids": ids[:, :-1], "position_ids": torch.arange(16).expand(3, 16).contiguous(),
-                 "targets": ids[:, 1:], "loss_mask": torch.ones(3, 16)}
+        batch = SftBatch(input_ids_BT=ids[:, :-1], position_ids_BT=torch.arange(16).expand(3, 16).contiguous(),
+                         targets_BT=ids[:, 1:], loss_mask_BT=torch.ones(3, 16))
         before = trainer.logprobs(batch)
         loaded = init_trainer_from_hf(trainer, SimpleNamespace(init_from_hf=hf_dir, model=model))
         after = trainer.logprobs(batch)

@@ -15,20 +15,21 @@ def worker(ckpt: str, out: str, roundtrip: bool = True) -> None:
 
     from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
+    from scalerl_mega.types import SftBatch
 
     torch.set_num_threads(1)
     cfg = MegatronConfig(model=load_model_preset("tiny_dense"), parallel=ParallelConfig(), optim=OptimConfig(lr=1e-3))
     t = MegatronPolicyTrainer(cfg)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.model.vocab_size, (4, 13), generator=g)
-    batch = {"input_ids": ids[:, :-1], "position_ids": torch.arange(12).expand(4, 12).contiguous(),
-             "targets": ids[:, 1:], "loss_mask": torch.ones(4, 12)}
+    batch = SftBatch(input_ids_BT=ids[:, :-1], position_ids_BT=torch.arange(12).expand(4, 12).contiguous(),
+                     targets_BT=ids[:, 1:], loss_mask_BT=torch.ones(4, 12))
     try:
         extra = {}
         if roundtrip:
             t.save(ckpt, extra_state={"marker": 7})  # no optimizer step taken yet
             extra = t.load(ckpt)
-        losses = [t.train_step(batch)["loss"] for _ in range(2)]
+        losses = [t.sft_step(batch)["loss"] for _ in range(2)]
     finally:
         t.close()
     with open(out, "w") as f:

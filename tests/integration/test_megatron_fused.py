@@ -169,7 +169,7 @@ def _worker(out: Path) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from scalerl_mega.trainer.policy_loss import finalize_train_metrics, make_cispo_head_loss_fn, make_policy_loss_fn
-    from scalerl_mega.trainer.megatron import models, parallel as par, step
+    from scalerl_mega.trainer.megatron import models, parallel as par, step, wrap
     from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
 
     torch.set_num_threads(1)
@@ -182,11 +182,12 @@ def _worker(out: Path) -> None:
     for name, pkw in CASES.items():
         parallel = ParallelConfig(**pkw)
         cfg = MegatronConfig(model=load_model_preset("tiny_dense"), parallel=parallel,
-                             optim=OptimConfig(lr=1e-3, warmup_steps=0, adam_eps=1e-4, clip_grad=0.0))
+                             optim=OptimConfig(lr=1e-3, warmup_steps=0, adam_eps=1e-4, clip_grad=0.0,
+                                               use_distributed_optimizer=False))
         cfg.validate(world_size=par.world_size_from_env())
         par.init_parallel(parallel, model=cfg.model, seed=1234)
         model, tcfg = models.build_model(cfg.model, parallel)
-        chunks = [step.wrap_ddp(model, tcfg, use_distributed_optimizer=False)]
+        chunks = [wrap.wrap_model(model, tcfg, cfg)]
         step.configure_schedule(tcfg, chunks)
         params = dict(model.named_parameters())
         init = {k: v.detach().clone() for k, v in params.items()}
@@ -198,7 +199,7 @@ def _worker(out: Path) -> None:
             with torch.no_grad():
                 for k, v in params.items():
                     v.copy_(init[k])
-            optimizer = step.build_optimizer(chunks, cfg.optim)
+            optimizer = wrap.build_optimizer(chunks, cfg)
             m = step.train_step(chunks, optimizer, batch, step=0, optim=cfg.optim, parallel=parallel,
                                 loss_fn=fn, head_loss_fn=head_fn if head else None,
                                 micro_batch_tokens=tokens)

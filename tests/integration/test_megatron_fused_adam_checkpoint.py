@@ -109,14 +109,15 @@ def _round_trip(ckpt: str, distopt: bool) -> dict:
 
     from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
+    from scalerl_mega.types import SftBatch
 
     cls = _use_contract_optimizer()
     cfg = MegatronConfig(model=load_model_preset("tiny_dense"), parallel=ParallelConfig(),
                          optim=OptimConfig(lr=1e-2, use_distributed_optimizer=distopt))
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.model.vocab_size, (4, 13), generator=g)
-    batch = {"input_ids": ids[:, :-1], "position_ids": torch.arange(12).expand(4, 12).contiguous(),
-             "targets": ids[:, 1:], "loss_mask": torch.ones(4, 12)}
+    batch = SftBatch(input_ids_BT=ids[:, :-1], position_ids_BT=torch.arange(12).expand(4, 12).contiguous(),
+                     targets_BT=ids[:, 1:], loss_mask_BT=torch.ones(4, 12))
 
     def subs(t) -> list:
         return getattr(t.optimizer, "chained_optimizers", None) or [t.optimizer]
@@ -128,9 +129,9 @@ def _round_trip(ckpt: str, distopt: bool) -> dict:
     a = MegatronPolicyTrainer(cfg)
     try:
         res["types"] = sorted({type(s.optimizer).__name__ for s in subs(a)} | {type(s).__name__ for s in subs(a)})
-        a.train_step(batch)
+        a.sft_step(batch)
         a.save(ckpt)
-        res["loss_ref"] = a.train_step(batch)["loss"]
+        res["loss_ref"] = a.sft_step(batch)["loss"]
         ref = weights(a)
     finally:
         a.close()
@@ -140,7 +141,7 @@ def _round_trip(ckpt: str, distopt: bool) -> dict:
         res["keys_after_load"] = sorted({k for s in subs(b) for st in s.optimizer.state.values() for k in st})
         res["group_steps_after_load"] = sorted({grp.get("step") for s in subs(b) for grp in s.optimizer.param_groups
                                                 if grp["params"]})
-        res["loss_resumed"] = b.train_step(batch)["loss"]
+        res["loss_resumed"] = b.sft_step(batch)["loss"]
         got = weights(b)
         res["max_weight_diff"] = max(float((got[n] - ref[n]).abs().max()) for n in ref)
         res["keys_checked"] = sorted({k for s in subs(b) if isinstance(s.optimizer, cls)

@@ -140,3 +140,33 @@ def test_unknown_command_refused():
     with pytest.raises(ValueError, match="unknown trainer command 'train'"):
         _Ch().send("train")
 
+
+
+def test_controller_trainer_declares_its_surface():
+    """The proxy forwards only the PolicyTrainer calls (each broadcast first), nothing else by name:
+    a collective such as `logprobs` on the controller alone would leave the followers waiting."""
+    from scalerl_mega.interfaces import PolicyTrainer
+    from scalerl_mega.trainer.ranks import ControllerTrainer
+
+    class _Ch:
+        rank, is_controller = 0, True
+
+        def __init__(self):
+            self.sent = []
+
+        def send(self, command, payload=None):
+            self.sent.append((command, payload))
+
+    class _WithLogprobs(_Recorder):
+        def logprobs(self, batch):
+            return None
+
+    ch, rec = _Ch(), _WithLogprobs()
+    handle = ControllerTrainer(rec, ch)
+    assert isinstance(handle, PolicyTrainer)
+    with pytest.raises(AttributeError):
+        handle.logprobs  # noqa: B018 - not part of the declared surface
+    handle.train_step("b")
+    handle.save("/ckpt", extra_state={"loop": 1})
+    assert ch.sent == [("train_step", "b"), ("save", "/ckpt")]  # the loop's extras stay on the controller
+    assert rec.calls == [("train_step", "b"), ("save", "/ckpt", {"loop": 1})]

@@ -1,10 +1,10 @@
-"""loop.calibration_fields: the per-step fields the cluster simulator's calibration reads."""
+"""metrics.calibration.calibration_fields: the per-step fields the cluster simulator's calibration reads."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from scalerl_mega.loop import calibration_fields
+from scalerl_mega.metrics.calibration import calibration_fields
 from scalerl_mega.types import Completion, FinishReason, Group, Prompt, ScoredCompletion
 
 

@@ -238,7 +238,7 @@ def _my_share(names: list[str]) -> list[str]:
     return names[dist.get_rank()::dist.get_world_size()]
 
 
-def _gather(obj: Any) -> list[Any]:
+def _gather(obj: object) -> list[Any]:
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -442,7 +442,7 @@ def _prime_fresh_optimizer(optimizer) -> bool:
     return primed
 
 
-def _restore_adam_step(optimizer, loaded: Any) -> None:
+def _restore_adam_step(optimizer, loaded: object) -> None:
     """After loading into a primed optimizer: the distributed optimizer's dp_reshardable load copies
     each parameter's 'step' from the *local* (non-persistent) value, i.e. the 0 of the priming, so
     Adam's bias correction would restart. Set every state's step to the saved common step (the
@@ -451,7 +451,7 @@ def _restore_adam_step(optimizer, loaded: Any) -> None:
 
     steps: set[float] = set()
 
-    def walk(node: Any) -> None:
+    def walk(node: object) -> None:
         if isinstance(node, dict):
             for group in node.get("param_groups", []) if isinstance(node.get("param_groups"), list) else []:
                 if isinstance(group, dict) and "step" in group:

@@ -62,7 +62,7 @@ _MARK = "__scalerl_cpu_compat__"
 
 
 # ----------------------------------------------------------------------------- scoped mode (3, 6)
-def _is_cuda_device(device: Any) -> bool:
+def _is_cuda_device(device: object) -> bool:
     import torch
 
     if isinstance(device, torch.device):
@@ -105,10 +105,10 @@ class _FakeEvent:
     def synchronize(self) -> None:
         pass
 
-    def wait(self, stream: Any = None) -> None:
+    def wait(self, stream: _FakeStream | None = None) -> None:
         pass
 
-    def record(self, stream: Any = None) -> None:
+    def record(self, stream: _FakeStream | None = None) -> None:
         pass
 
     def query(self) -> bool:
@@ -118,16 +118,16 @@ class _FakeEvent:
 class _FakeStream:
     """Stand-in for a CUDA stream on CPU: every operation is synchronous, so waits are no-ops."""
 
-    def wait_stream(self, other: Any) -> None:
+    def wait_stream(self, other: _FakeStream) -> None:
         pass
 
-    def wait_event(self, event: Any) -> None:
+    def wait_event(self, event: _FakeEvent) -> None:
         pass
 
     def synchronize(self) -> None:
         pass
 
-    def record_event(self, event: Any = None) -> Any:
+    def record_event(self, event: _FakeEvent | None = None) -> _FakeEvent:
         return event if event is not None else _FakeEvent()
 
 
@@ -149,7 +149,7 @@ def _fake_cuda_streams() -> Iterator[None]:
         torch.cuda.Stream, torch.cuda.current_stream, torch.cuda.stream, torch.cuda.synchronize = saved
 
 
-def _scoped(fn: Any, scope: Callable[[], Any]) -> Any:
+def _scoped(fn: Callable[..., Any] | staticmethod, scope: Callable[[], Any]) -> Any:
     if isinstance(fn, staticmethod):
         wrapped = staticmethod(_scoped(fn.__func__, scope))
         setattr(wrapped, _MARK, True)
@@ -197,132 +197,145 @@ def _cpu_tracker_class():
 
 
 # ----------------------------------------------------------------------------- patch registry
+_Targets = list[tuple[Any, str, Callable[[Any], Any]]]
+"""(owner, attribute, make_replacement(original)) triples of one patch."""
+
+
 @dataclass
 class _Patch:
     number: int
     failure: str
-    targets: Callable[[], list[tuple[Any, str, Callable[[Any], Any]]]]
-    """Returns (owner, attribute, make_replacement(original)) triples."""
+    targets: Callable[[], _Targets]
+    """Returns the patch's (owner, attribute, make_replacement(original)) triples."""
+
+
+def _targets_1() -> _Targets:
+    import torch
+
+    def current_device():
+        return "cpu"
+
+    return [(torch.cuda, "current_device", lambda orig: current_device)]
+
+
+def _targets_2() -> _Targets:
+    from megatron.core.tensor_parallel import random as mrandom
+
+    tracker_cls = _cpu_tracker_class()
+
+    def make(orig):
+        def initialize_rng_tracker(use_te_rng_tracker=False, inference_rng_tracker=False,
+                                   use_cudagraphable_rng=False, force_reset=False):
+            if force_reset or not mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED:
+                mrandom._CUDA_RNG_STATE_TRACKER = tracker_cls()
+                mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+
+        return initialize_rng_tracker
+
+    return [(mrandom, "initialize_rng_tracker", make)]
+
+
+def _targets_3() -> _Targets:
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.transformer.moe import moe_utils, router
+
+    scoped = lambda orig: _scoped(orig, _cuda_to_cpu_mode)  # noqa: E731
+    return [
+        (fused_softmax, "get_default_causal_mask", scoped),
+        (schedules, "forward_backward_no_pipelining", scoped),
+        (schedules, "forward_backward_pipelining_without_interleaving", scoped),
+        (schedules, "forward_backward_pipelining_with_interleaving", scoped),
+        (moe_utils, "save_to_aux_losses_tracker", scoped),
+        (router, "save_to_aux_losses_tracker", scoped),
+    ]
+
+
+def _targets_4() -> _Targets:
+    from megatron.core.transformer.moe import moe_utils
+
+    return [(moe_utils, "te_general_gemm", lambda orig: None)]
+
+
+def _targets_5() -> _Targets:
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync as W
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator as P
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as D
+
+    scoped = lambda orig: _scoped(orig, _fake_cuda_streams)  # noqa: E731
+    return [(D, "__init__", scoped), (D, "_maybe_dtoh_and_synchronize", scoped),
+            (W, "preload_tensors", scoped), (P, "_communicate_shapes", scoped)]
+
+
+def _targets_6() -> _Targets:
+    from megatron.core.optimizer import distrib_optimizer, optimizer
+
+    scoped = lambda orig: _scoped(orig, _cuda_to_cpu_mode)  # noqa: E731
+    return [
+        (optimizer, "get_grad_norm_fp32", scoped),
+        (optimizer, "clip_grad_by_total_norm_fp32", scoped),
+        (optimizer, "count_zeros_fp32", scoped),
+        (optimizer.FP32Optimizer, "__init__", scoped),
+        (distrib_optimizer.DistributedOptimizer, "__init__", scoped),
+    ]
+
+
+def _targets_9() -> _Targets:
+    from megatron.core.tensor_parallel import random as mrandom
+
+    def get_state(*args, **kwargs):
+        return None
+
+    def set_state(*args, **kwargs):
+        return None
+
+    return [(mrandom, "_get_cuda_rng_state", lambda orig: get_state),
+            (mrandom, "_set_cuda_rng_state", lambda orig: set_state)]
+
+
+def _targets_10() -> _Targets:
+    from megatron.core.optimizer import optimizer
+
+    scoped = lambda orig: _scoped(orig, _cuda_to_cpu_mode)  # noqa: E731
+    return [(optimizer.Float16OptimizerWithFloat16Params, "__init__", scoped)]
+
+
+def _targets_8() -> _Targets:
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    def make(orig):
+        import torch
+
+        def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):
+            if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+                return tensor.numpy()
+            return orig(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+        return maybe_move_tensor_to_cpu
+
+    return [(moe_utils, "maybe_move_tensor_to_cpu", make),
+            (token_dispatcher, "maybe_move_tensor_to_cpu", make)]
 
 
 def _patches() -> list[_Patch]:
-    def p1():
-        import torch
-
-        def current_device():
-            return "cpu"
-
-        return [(torch.cuda, "current_device", lambda orig: current_device)]
-
-    def p2():
-        from megatron.core.tensor_parallel import random as mrandom
-
-        tracker_cls = _cpu_tracker_class()
-
-        def make(orig):
-            def initialize_rng_tracker(use_te_rng_tracker=False, inference_rng_tracker=False,
-                                       use_cudagraphable_rng=False, force_reset=False):
-                if force_reset or not mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED:
-                    mrandom._CUDA_RNG_STATE_TRACKER = tracker_cls()
-                    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
-
-            return initialize_rng_tracker
-
-        return [(mrandom, "initialize_rng_tracker", make)]
-
-    def p3():
-        from megatron.core.fusions import fused_softmax
-        from megatron.core.pipeline_parallel import schedules
-        from megatron.core.transformer.moe import moe_utils, router
-
-        scoped = lambda orig: _scoped(orig, _cuda_to_cpu_mode)  # noqa: E731
-        return [
-            (fused_softmax, "get_default_causal_mask", scoped),
-            (schedules, "forward_backward_no_pipelining", scoped),
-            (schedules, "forward_backward_pipelining_without_interleaving", scoped),
-            (schedules, "forward_backward_pipelining_with_interleaving", scoped),
-            (moe_utils, "save_to_aux_losses_tracker", scoped),
-            (router, "save_to_aux_losses_tracker", scoped),
-        ]
-
-    def p4():
-        from megatron.core.transformer.moe import moe_utils
-
-        return [(moe_utils, "te_general_gemm", lambda orig: None)]
-
-    def p5():
-        from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync as W
-        from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator as P
-        from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as D
-
-        scoped = lambda orig: _scoped(orig, _fake_cuda_streams)  # noqa: E731
-        return [(D, "__init__", scoped), (D, "_maybe_dtoh_and_synchronize", scoped),
-                (W, "preload_tensors", scoped), (P, "_communicate_shapes", scoped)]
-
-    def p6():
-        from megatron.core.optimizer import distrib_optimizer, optimizer
-
-        scoped = lambda orig: _scoped(orig, _cuda_to_cpu_mode)  # noqa: E731
-        return [
-            (optimizer, "get_grad_norm_fp32", scoped),
-            (optimizer, "clip_grad_by_total_norm_fp32", scoped),
-            (optimizer, "count_zeros_fp32", scoped),
-            (optimizer.FP32Optimizer, "__init__", scoped),
-            (distrib_optimizer.DistributedOptimizer, "__init__", scoped),
-        ]
-
-    def p9():
-        from megatron.core.tensor_parallel import random as mrandom
-
-        def get_state(*args, **kwargs):
-            return None
-
-        def set_state(*args, **kwargs):
-            return None
-
-        return [(mrandom, "_get_cuda_rng_state", lambda orig: get_state),
-                (mrandom, "_set_cuda_rng_state", lambda orig: set_state)]
-
-    def p10():
-        from megatron.core.optimizer import optimizer
-
-        scoped = lambda orig: _scoped(orig, _cuda_to_cpu_mode)  # noqa: E731
-        return [(optimizer.Float16OptimizerWithFloat16Params, "__init__", scoped)]
-
-    def p8():
-        from megatron.core.transformer.moe import moe_utils, token_dispatcher
-
-        def make(orig):
-            import torch
-
-            def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):
-                if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
-                    return tensor.numpy()
-                return orig(tensor, as_numpy=as_numpy, record_stream=record_stream)
-
-            return maybe_move_tensor_to_cpu
-
-        return [(moe_utils, "maybe_move_tensor_to_cpu", make),
-                (token_dispatcher, "maybe_move_tensor_to_cpu", make)]
-
     return [
-        _Patch(1, "torch.cuda.current_device: Torch not compiled with CUDA enabled", p1),
-        _Patch(2, "CudaRNGStatesTracker.add: torch.cuda.get_rng_state", p2),
-        _Patch(3, "literal device='cuda' allocations", p3),
-        _Patch(4, "moe_utils: name 'te_general_gemm' is not defined", p4),
-        _Patch(5, "token_dispatcher: torch.cuda.Stream requires CUDA support", p5),
-        _Patch(6, "param.grad.type() == 'torch.cuda.FloatTensor'", p6),
+        _Patch(1, "torch.cuda.current_device: Torch not compiled with CUDA enabled", _targets_1),
+        _Patch(2, "CudaRNGStatesTracker.add: torch.cuda.get_rng_state", _targets_2),
+        _Patch(3, "literal device='cuda' allocations", _targets_3),
+        _Patch(4, "moe_utils: name 'te_general_gemm' is not defined", _targets_4),
+        _Patch(5, "token_dispatcher: torch.cuda.Stream requires CUDA support", _targets_5),
+        _Patch(6, "param.grad.type() == 'torch.cuda.FloatTensor'", _targets_6),
         # 7 is not a patch: see SequenceParallelTorchNorm (used by models.py).
-        _Patch(8, "all_to_all_single(): incompatible function arguments (tensor split sizes)", p8),
-        _Patch(9, "activation recompute: CUDA RNG state get/set", p9),
-        _Patch(10, "Float16OptimizerWithFloat16Params: param.type() == 'torch.cuda.BFloat16Tensor'", p10),
+        _Patch(8, "all_to_all_single(): incompatible function arguments (tensor split sizes)", _targets_8),
+        _Patch(9, "activation recompute: CUDA RNG state get/set", _targets_9),
+        _Patch(10, "Float16OptimizerWithFloat16Params: param.type() == 'torch.cuda.BFloat16Tensor'", _targets_10),
     ]
 
 
 _MISSING = object()
 
 
-def _mark(value: Any) -> Any:
+def _mark(value: object) -> object:
     if callable(value):
         try:
             setattr(value, _MARK, True)
@@ -331,7 +344,7 @@ def _mark(value: Any) -> Any:
     return value
 
 
-def _is_marked(owner: Any, attr: str) -> bool:
+def _is_marked(owner: object, attr: str) -> bool:
     value = owner.__dict__.get(attr, _MISSING) if isinstance(owner, type) else getattr(owner, attr, _MISSING)
     if attr == "te_general_gemm":  # patch 4 installs None: applied iff the attribute exists
         return value is not _MISSING

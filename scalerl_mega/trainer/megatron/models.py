@@ -10,9 +10,13 @@ The output layer computes logits in FP32 (paper Sec. 3.2, "FP32 Precision for LL
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.model.config import ModelConfig, ParallelConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from megatron.core.models.gpt import GPTModel
 
 
 def te_available() -> bool:
@@ -230,3 +234,10 @@ def ensure_fp32_lm_head(gpt) -> None:
 
     layer.register_forward_pre_hook(upcast, with_kwargs=True)
     layer._scalerl_fp32 = True
+
+
+def unwrap_gpt(model: torch.nn.Module) -> GPTModel:
+    """The GPTModel inside DDP / Float16Module wrappers."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model

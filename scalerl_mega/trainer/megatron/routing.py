@@ -38,7 +38,15 @@ Activation recompute `full` re-runs the routers in backward; it is refused with 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable
+
+    import torch
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    from scalerl_mega.trainer.megatron.config import ModelConfig
 
 REPLAY_MODES = ("none", "ids", "ids_and_weights")
 
@@ -46,15 +54,15 @@ SELECTIONS = ("", "_onpolicy")
 """Metric suffixes: all trained positions with a route; those of on-policy completions."""
 
 
-def moe_columns(model_cfg: Any) -> dict[int, int]:
+def moe_columns(model_cfg: ModelConfig) -> dict[int, int]:
     """0-based global layer index -> column of that MoE layer in the generator's routes."""
     layers = [i for i in range(model_cfg.num_layers) if model_cfg.is_moe_layer(i)]
     return {layer: j for j, layer in enumerate(layers)}
 
 
-def local_routers(chunks: list, model_cfg: Any) -> list[tuple[int, Any]]:
+def local_routers(chunks: list, model_cfg: ModelConfig) -> list[tuple[int, TopKRouter]]:
     """(route column, TopKRouter) of every MoE layer this rank holds, in layer order."""
-    from scalerl_mega.trainer.megatron.step import unwrap_gpt
+    from scalerl_mega.trainer.megatron.models import unwrap_gpt
 
     cols = moe_columns(model_cfg)
     out = []
@@ -72,7 +80,7 @@ class RouteTracker:
     layers and tokens); `reduce()` sums them over the data-parallel, pipeline and (under sequence
     parallelism) tensor-parallel groups and returns the metrics."""
 
-    def __init__(self, chunks: list, model_cfg: Any, *, mode: str) -> None:
+    def __init__(self, chunks: list, model_cfg: ModelConfig, *, mode: str) -> None:
         import torch
 
         if mode not in REPLAY_MODES:
@@ -124,7 +132,8 @@ class RouteTracker:
                     router.router_replay.clear_router_replay_action()
                     router.router_replay.clear_indices()
 
-    def _wrap(self, router: Any, col: int, ids_NK: Any, w_NK: Any, select_SN: Any):
+    def _wrap(self, router: TopKRouter, col: int, ids_NK: torch.Tensor, w_NK: torch.Tensor | None,
+              select_SN: torch.Tensor) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
         import torch
 
         original = type(router).routing.__get__(router)
@@ -175,7 +184,7 @@ class RouteTracker:
         return agreement_metrics(counts.cpu())
 
 
-def agreement_metrics(counts_LS3: Any) -> dict[str, float]:
+def agreement_metrics(counts_LS3: torch.Tensor) -> dict[str, float]:
     """[layer, selection, (agree, natural_agree, tokens)] global sums -> `routing_agreement[_onpolicy]`
     (routes the trainer used == the generator's), `routing_agreement_natural[_onpolicy]` (the
     trainer router's own top-k == the generator's), each the fraction of (token, MoE layer) pairs; per
@@ -225,7 +234,7 @@ def _token_layout(mb: dict, *, sequence_parallel: bool) -> dict[str, Any]:
     return tokens
 
 
-def _flat(x_BT: Any, tokens: dict) -> Any:
+def _flat(x_BT: torch.Tensor, tokens: dict) -> torch.Tensor:
     """[B, T, ...] -> this rank's [S_local * B, ...] in the router's sequence-major token order."""
     x = x_BT[:, tokens["lo"]:tokens["hi"]].transpose(0, 1)
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()

@@ -1,4 +1,5 @@
-"""Training step on Megatron-Core: DDP + Megatron optimizer + pipeline schedules + pluggable loss.
+"""Training step on Megatron-Core: pipeline schedules + pluggable loss over DDP chunks and the optimizer
+built by `wrap.py` (the same builders for training, tests and benches).
 
 Batches are dicts of [B, T] tensors (the global batch, identical on every rank): `input_ids`,
 `position_ids`, `targets`, `loss_mask`, plus anything the loss needs. Each DP rank executes its share
@@ -34,12 +35,18 @@ import contextlib
 import dataclasses
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from scalerl_mega.model.config import OptimConfig, ParallelConfig
-from scalerl_mega.trainer.megatron.models import head_dtype
+from scalerl_mega.trainer.megatron.models import head_dtype, unwrap_gpt
 from scalerl_mega.trainer.microbatch import MicroBatchPlan, plan_of, unpack
 from scalerl_mega.trainer.policy_loss import next_token_ce_loss
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from megatron.core.models.gpt import GPTModel
+
+    from scalerl_mega.trainer.megatron.routing import RouteTracker
 
 LossFn = Callable[[Any, dict], tuple[Any, dict]]
 
@@ -122,26 +129,6 @@ def token_entropy(logits_BTV, mask_BT):
 
 
 # ----------------------------------------------------------------------------- setup
-def wrap_ddp(model, tcfg, *, use_distributed_optimizer: bool):
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-
-    ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                            use_distributed_optimizer=use_distributed_optimizer)
-    return DistributedDataParallel(config=tcfg, ddp_config=ddp_cfg, module=model)
-
-
-def build_optimizer(chunks: list, optim: OptimConfig):
-    """AdamW through `get_megatron_optimizer` (FP32; the distributed optimizer if configured)."""
-    import torch
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-    cfg = OptimizerConfig(optimizer="adam", lr=optim.lr, min_lr=optim.lr, weight_decay=optim.weight_decay,
-                          adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
-                          clip_grad=optim.clip_grad, bf16=False, fp16=False, params_dtype=torch.float32,
-                          use_distributed_optimizer=optim.use_distributed_optimizer)
-    return get_megatron_optimizer(cfg, chunks)
-
-
 def set_lr(optimizer, optim: OptimConfig, step: int) -> float:
     """Linear warmup then constant LR (paper App. A.3); weight decay scaled by each group's wd_mult."""
     lr = optim.lr_at(step)
@@ -203,13 +190,6 @@ def _to_device(mb: dict, device) -> dict:
 
 
 # ----------------------------------------------------------------------------- fused head
-def unwrap_gpt(model):
-    """The GPTModel inside DDP / Float16Module wrappers."""
-    while hasattr(model, "module"):
-        model = model.module
-    return model
-
-
 @contextlib.contextmanager
 def hidden_states_only(gpt):
     """Run `gpt.forward` without the output layer: Megatron-Core 0.16 `GPTModel._postprocess` returns
@@ -297,10 +277,78 @@ def _rope_at(gpt, positions_L):
         handle.remove()
 
 
-def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: ParallelConfig,
+@dataclass(kw_only=True)
+class _MicroBatchRunner:
+    """The per-micro-batch callbacks `forward_backward` hands Megatron's pipeline schedule:
+    `forward_step` (the model call, under the packing / routing-replay / auxiliary-loss contexts) and
+    the loss of its output (`loss` on full logits, `head_loss` for the fused head)."""
+
+    loss_fn: LossFn
+    head_loss_fn: HeadLossFn | None
+    routes: RouteTracker | None
+    device: torch.device
+    scale: float
+    """Undoes Megatron's 1/num_microbatches and DDP's 1/dp averaging (module doc)."""
+    forward_only: bool
+    collect_logprobs: bool
+
+    @property
+    def fused(self) -> bool:
+        return self.head_loss_fn is not None and not self.collect_logprobs
+
+    def metrics(self, metrics: dict, mb: dict) -> dict:
+        import torch
+
+        out = {k: (v.detach().double() if torch.is_tensor(v) else torch.tensor(float(v), dtype=torch.float64,
+                                                                                  device=self.device))
+               for k, v in metrics.items()}
+        out.update(executed_tokens=mb["executed_tokens"], real_tokens=mb["real_tokens"])
+        return out
+
+    def loss(self, mb: dict, output: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, dict]:
+        packed = "unpack_index" in mb
+        if "logit_temperature" in mb:  # RL at the generator's sampling temperature: softmax(logits / T)
+            output = output / mb["logit_temperature"]
+        logp = token_logprobs(output, mb["packed_targets" if packed else "targets"], dtype=dtype)
+        if packed:
+            logp = unpack(logp, mb["unpack_index"])
+        if not self.forward_only and "advantages" in mb:  # RL loss diagnostics (policy_loss.py)
+            entropy = token_entropy(output, mb["packed_loss_mask" if packed else "loss_mask"])
+            mb = {**mb, "entropy": unpack(entropy, mb["unpack_index"]) if packed else entropy}
+        loss, metrics = self.loss_fn(logp, mb)
+        metrics = self.metrics(metrics, mb)
+        if self.collect_logprobs:
+            metrics["__logp"] = logp.detach()
+            metrics["__rows"] = mb["rows"]
+        return loss * self.scale, metrics
+
+    def head_loss(self, mb: dict, gpt: GPTModel, output: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        head = lm_head(gpt, output)
+        if "unpack_index" in mb:
+            head = dataclasses.replace(head, hidden_BTH=unpack(head.hidden_BTH, mb["unpack_index"]))
+        loss, metrics = self.head_loss_fn(head, mb)
+        return loss * self.scale, self.metrics(metrics, mb)
+
+    def forward_step(self, data_iterator: Iterator[dict], model: torch.nn.Module
+                     ) -> tuple[torch.Tensor, Callable[[torch.Tensor], tuple[torch.Tensor, dict]]]:
+        mb = _to_device(next(data_iterator), self.device)
+        gpt = unwrap_gpt(model)
+        kwargs, ctx = packed_inputs(gpt, mb)
+        replay = self.routes.scope(mb) if self.routes is not None else contextlib.nullcontext()
+        aux = aux_loss_scaled(gpt.config, mb["aux_loss_weight"])
+        if self.fused and gpt.post_process:
+            with hidden_states_only(gpt), ctx, replay, aux:
+                output = model(mb["input_ids"], mb["position_ids"], kwargs.pop("attention_mask", None), **kwargs)
+            return output, partial(self.head_loss, mb, gpt)
+        with ctx, replay, aux:
+            output = model(mb["input_ids"], mb["position_ids"], kwargs.pop("attention_mask", None), **kwargs)
+        return output, partial(self.loss, mb, dtype=head_dtype(gpt))
+
+
+def forward_backward(chunks: list[torch.nn.Module], batch: dict, *, loss_fn: LossFn, parallel: ParallelConfig,
                      forward_only: bool = False, collect_logprobs: bool = False,
                      head_loss_fn: HeadLossFn | None = None, micro_batch_tokens: int | None = None,
-                     routes: Any = None, plan: MicroBatchPlan | None = None) -> dict:
+                     routes: RouteTracker | None = None, plan: MicroBatchPlan | None = None) -> dict:
     """Run the pipeline schedule over this rank's micro-batches of `plan` (default: `microbatch.plan_of`
     the batch's rows by `micro_batch_tokens` or `parallel.micro_batch_size`).
 
@@ -315,7 +363,6 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
     `collect_logprobs`, `logp_BT`: [B, T] log-probs of the batch's rows this DP rank executed (last
     stage only, else None; zero in other rows and beyond each micro-batch's width).
     """
-    import torch
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.utils import get_model_config
@@ -331,62 +378,15 @@ def forward_backward(chunks: list, batch: dict, *, loss_fn: LossFn, parallel: Pa
     # `parallel.sequence_parallel` is unset), which scatters the sequence over TP: widths must divide
     sp = bool(get_model_config(chunks[0]).sequence_parallel)
     mbs = local_microbatches(batch, plan, cols_multiple=tp if sp and tp > 1 else 1)
-    n_mb = len(mbs)
-    dp = ps.get_data_parallel_world_size()
     device = next(chunks[0].parameters()).device
-    scale = float(n_mb * dp)
-    fused = head_loss_fn is not None and not collect_logprobs
-
-    def _metrics(metrics: dict, mb: dict) -> dict:
-        out = {k: (v.detach().double() if torch.is_tensor(v) else torch.tensor(float(v), dtype=torch.float64,
-                                                                                  device=device))
-               for k, v in metrics.items()}
-        out.update(executed_tokens=mb["executed_tokens"], real_tokens=mb["real_tokens"])
-        return out
-
-    def loss_func(mb, output, dtype=None):
-        packed = "unpack_index" in mb
-        if "logit_temperature" in mb:  # RL at the generator's sampling temperature: softmax(logits / T)
-            output = output / mb["logit_temperature"]
-        logp = token_logprobs(output, mb["packed_targets" if packed else "targets"], dtype=dtype)
-        if packed:
-            logp = unpack(logp, mb["unpack_index"])
-        if not forward_only and "advantages" in mb:  # RL loss diagnostics (policy_loss.py)
-            entropy = token_entropy(output, mb["packed_loss_mask" if packed else "loss_mask"])
-            mb = {**mb, "entropy": unpack(entropy, mb["unpack_index"]) if packed else entropy}
-        loss, metrics = loss_fn(logp, mb)
-        metrics = _metrics(metrics, mb)
-        if collect_logprobs:
-            metrics["__logp"] = logp.detach()
-            metrics["__rows"] = mb["rows"]
-        return loss * scale, metrics
-
-    def head_loss_func(mb, gpt, output):
-        head = lm_head(gpt, output)
-        if "unpack_index" in mb:
-            head = dataclasses.replace(head, hidden_BTH=unpack(head.hidden_BTH, mb["unpack_index"]))
-        loss, metrics = head_loss_fn(head, mb)
-        return loss * scale, _metrics(metrics, mb)
-
-    def forward_step(data_iterator: Iterator, model):
-        mb = _to_device(next(data_iterator), device)
-        gpt = unwrap_gpt(model)
-        kwargs, ctx = packed_inputs(gpt, mb)
-        replay = routes.scope(mb) if routes is not None else contextlib.nullcontext()
-        aux = aux_loss_scaled(gpt.config, mb["aux_loss_weight"])
-        if fused and gpt.post_process:
-            with hidden_states_only(gpt), ctx, replay, aux:
-                output = model(mb["input_ids"], mb["position_ids"], kwargs.pop("attention_mask", None), **kwargs)
-            return output, partial(head_loss_func, mb, gpt)
-        with ctx, replay, aux:
-            output = model(mb["input_ids"], mb["position_ids"], kwargs.pop("attention_mask", None), **kwargs)
-        return output, partial(loss_func, mb, dtype=head_dtype(gpt))
-
+    runner = _MicroBatchRunner(loss_fn=loss_fn, head_loss_fn=head_loss_fn, routes=routes, device=device,
+                               scale=float(len(mbs) * ps.get_data_parallel_world_size()),
+                               forward_only=forward_only, collect_logprobs=collect_logprobs)
     store = get_forward_backward_func()(
-        forward_step_func=forward_step,
+        forward_step_func=runner.forward_step,
         data_iterator=iter(mbs) if len(chunks) == 1 else [iter(mbs) for _ in chunks],
         model=chunks if len(chunks) > 1 else chunks[0],
-        num_microbatches=n_mb,
+        num_microbatches=len(mbs),
         seq_length=int(mbs[0]["input_ids"].shape[1]),
         micro_batch_size=int(mbs[0]["input_ids"].shape[0]),
         forward_only=forward_only,
@@ -453,7 +453,7 @@ def _reduce_metrics(store: list, *, collect_logprobs: bool, device, shape: tuple
 def train_step(chunks: list, optimizer, batch: dict, *, step: int, optim: OptimConfig,
                parallel: ParallelConfig, loss_fn: LossFn = next_token_ce_loss,
                head_loss_fn: HeadLossFn | None = None, micro_batch_tokens: int | None = None,
-               routes: Any = None, plan: MicroBatchPlan | None = None) -> dict[str, float]:
+               routes: RouteTracker | None = None, plan: MicroBatchPlan | None = None) -> dict[str, float]:
     """Zero grads, forward/backward over all micro-batches, clip + AdamW step. Returns metrics.
     `head_loss_fn` selects the fused head (no logits); `plan` the micro-batches (default: planned by
     `micro_batch_tokens`, see `forward_backward`); `routes` the MoE routing replay (`forward_backward`)."""
@@ -470,7 +470,7 @@ def train_step(chunks: list, optimizer, batch: dict, *, step: int, optim: OptimC
 
 
 def compute_logprobs(chunks: list, batch: dict, *, parallel: ParallelConfig, micro_batch_tokens: int | None = None,
-                     routes: Any = None, plan: MicroBatchPlan | None = None):
+                     routes: RouteTracker | None = None, plan: MicroBatchPlan | None = None):
     """Forward-only FP32 log-probs of `batch["targets"]`: [B, T], filled in the rows this DP rank
     executed (all rows at dp=1), on the last pipeline stage (None on other stages); with `routes`,
     also the routing agreement metrics: returns (logp, metrics) then."""

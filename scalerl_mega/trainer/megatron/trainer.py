@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from scalerl_mega.model.config import MegatronConfig
 from scalerl_mega.trainer.megatron.step import HeadLossFn, LossFn, next_token_ce_loss
+from scalerl_mega.trainer.microbatch import MicroBatchPlan
 from scalerl_mega.trainer.policy_loss import batch_tensors, finalize_train_metrics
+from scalerl_mega.types import SftBatch, TrainBatch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import Tensor
+
+    from scalerl_mega.trainer.megatron.routing import RouteTracker
 
 
 class MegatronPolicyTrainer:
@@ -50,39 +57,56 @@ class MegatronPolicyTrainer:
         """MoE routing replay mode of the next steps (none | ids | ids_and_weights); may be changed
         between steps (the model always carries Megatron's RouterReplay)."""
 
-    def _data(self, batch) -> tuple[dict, Any]:
-        """A TrainBatch (or an SFT batch dict) as the step's dict of [B, T] tensors, and the micro-batch
-        plan to execute: the TrainBatch's own (`batch.pack_micro_batches`, logged by the loop), or,
-        for a batch without one, planned by the same function from `micro_batch_tokens` (or
-        `micro_batch_size` rows at a time). Each DP rank executes its share (`microbatch.rank_share`)."""
+    def _rl_data(self, batch: TrainBatch) -> tuple[dict[str, Tensor], MicroBatchPlan]:
+        """A TrainBatch as the step's row-wise tensors (`policy_loss.batch_tensors`: the loss functions'
+        names) and the micro-batch plan to execute: the batch's own (`batch.pack_micro_batches`, logged
+        by the loop), or, for a batch without one, planned by the same function from
+        `micro_batch_tokens` (or `micro_batch_size` rows at a time). Each DP rank executes its share
+        (`microbatch.rank_share`)."""
+        data: dict[str, Any] = batch_tensors(batch)
+        micro = batch.micro_batches
+        packed = batch.packed if micro else self.pack_sequences
+        if self.cfg.logit_temperature != 1.0:  # RL: the sampling distribution's log-probs
+            if self.head_loss_fn is not None:
+                raise ValueError(f"rollout.temperature={self.cfg.logit_temperature!r}: the fused CISPO head "
+                                 "computes T=1 log-probs; use train.fused_cispo=false")
+            data["logit_temperature"] = float(self.cfg.logit_temperature)
+        return data, self._plan(data, micro=micro, lengths=batch.lengths_B, packed=packed)
+
+    def _sft_data(self, batch: SftBatch) -> tuple[dict[str, Tensor], MicroBatchPlan]:
+        """An SftBatch as the step's row-wise tensors and its plan: rows of the batch width, never
+        packed (no `advantages`: the loss functions take the next-token cross-entropy)."""
+        data = {"input_ids": batch.input_ids_BT, "position_ids": batch.position_ids_BT,
+                "targets": batch.targets_BT, "loss_mask": batch.loss_mask_BT}
+        return data, self._plan(data, micro=None, lengths=None, packed=False)
+
+    def _plan(self, data: dict[str, Tensor], *, micro: list[list[int]] | None, lengths: list[int] | None,
+              packed: bool) -> MicroBatchPlan:
         from scalerl_mega.trainer.microbatch import plan_of
 
-        if isinstance(batch, dict):  # SFT: rows of the batch width, never packed
-            data, micro, lengths, packed = batch, None, None, False
-        else:
-            data, micro, lengths = batch_tensors(batch), batch.micro_batches, batch.lengths_B
-            packed = batch.packed if micro else self.pack_sequences
-            if self.cfg.logit_temperature != 1.0:  # RL: the sampling distribution's log-probs
-                if self.head_loss_fn is not None:
-                    raise ValueError(f"rollout.temperature={self.cfg.logit_temperature!r}: the fused CISPO head "
-                                     "computes T=1 log-probs; use train.fused_cispo=false")
-                data = {**data, "logit_temperature": float(self.cfg.logit_temperature)}
         rows, seq_len = (int(n) for n in data["input_ids"].shape[:2])
         plan = plan_of(rows=rows, seq_len=seq_len, micro_batches=micro, lengths=lengths, packed=packed,
                        micro_batch_tokens=self.micro_batch_tokens, micro_batch_size=self.cfg.parallel.micro_batch_size)
         if plan.packed and self.cfg.parallel.cp > 1:
             raise ValueError(f"train.pack_sequences with parallel.cp={self.cfg.parallel.cp}: packed rows are not "
                              "split for context parallelism; use cp=1 or pack_sequences=false")
-        return data, plan
+        return plan
 
-    def train_step(self, batch) -> dict[str, float]:
-        """One optimizer step on the global batch (identical on every rank; each trains its DP share of
-        the micro-batch plan). Returns the global metrics, the same on every rank: shares summed over
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One RL optimizer step on the global batch (identical on every rank; each trains its DP share
+        of the micro-batch plan). Returns the global metrics, the same on every rank: shares summed over
         micro-batches and DP ranks, turned into the logged diagnostics by
         `policy_loss.finalize_train_metrics`, plus the executed `padding_fraction`."""
+        return self._optimizer_step(*self._rl_data(batch))
+
+    def sft_step(self, batch: SftBatch) -> dict[str, float]:
+        """One supervised optimizer step (the warm start, sft.py): masked next-token cross-entropy on
+        the batch's target tokens; metrics as `train_step`'s."""
+        return self._optimizer_step(*self._sft_data(batch))
+
+    def _optimizer_step(self, data: dict[str, Tensor], plan: MicroBatchPlan) -> dict[str, float]:
         from scalerl_mega.trainer.megatron import step
 
-        data, plan = self._data(batch)
         metrics = step.train_step(self.chunks, self.optimizer, data, step=self.step, optim=self.cfg.optim,
                                   parallel=self.cfg.parallel, loss_fn=self.loss_fn,
                                   head_loss_fn=self.head_loss_fn, plan=plan, routes=self._routes(plan))
@@ -91,7 +115,7 @@ class MegatronPolicyTrainer:
         metrics["step"] = float(self.step)
         return metrics
 
-    def _routes(self, plan):
+    def _routes(self, plan: MicroBatchPlan) -> RouteTracker | None:
         """A fresh `routing.RouteTracker` for one step (MoE models), else None. Packed micro-batches
         (`train.pack_sequences`) carry no per-row routes: refused with routing replay on, untracked off."""
         if not self.cfg.model.is_moe:
@@ -105,13 +129,14 @@ class MegatronPolicyTrainer:
 
         return RouteTracker(self.chunks, self.cfg.model, mode=self.routing_replay)
 
-    def logprobs(self, batch, *, with_metrics: bool = False):
+    def logprobs(self, batch: TrainBatch | SftBatch, *, with_metrics: bool = False
+                 ) -> Tensor | None | tuple[Tensor | None, dict[str, float]]:
         """FP32 log-probs of the batch targets [B, T] (the rows this DP rank executed, all at dp=1; last
         pipeline stage, None elsewhere). `with_metrics`: (logp, routing agreement metrics) -- the
         forward replays routes per `routing_replay` like a training step."""
         from scalerl_mega.trainer.megatron import step
 
-        data, plan = self._data(batch)
+        data, plan = self._sft_data(batch) if isinstance(batch, SftBatch) else self._rl_data(batch)
         for chunk in self.chunks:
             chunk.eval()
         try:
