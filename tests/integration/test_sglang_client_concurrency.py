@@ -17,8 +17,8 @@ from scalerl_mega.rollout.sglang import (
     SGLangRolloutEngine,
     SGLangServer,
     ServerDown,
-    _ensure_open_files,
 )
+from scalerl_mega.rollout.sglang.engine import _ensure_open_files
 from scalerl_mega.rollout.stub_server import StubGenerateServer, expected_output
 from scalerl_mega.rollout.weight_sync import WeightSyncConfig
 from scalerl_mega.types import FinishReason, Prompt, SamplingParams
