@@ -111,7 +111,7 @@ class _Router:
 
     def _submit_samples(self, prompt: Prompt, sampling: Sequence[SamplingParams], *, version: int) -> None:
         for i, sp in enumerate(sampling):
-            self.engine.submit(_sample_prompt(prompt, i), sp, n=1, version=version)
+            self.engine.submit(prompt, sp, n=1, version=version, first_index=i)
         if self.in_flight == 0:
             self.last_progress = time.monotonic()
         self.in_flight += len(sampling)
@@ -130,7 +130,6 @@ class _Router:
                                f"{self.stall_timeout_s:g}): a generator is hung or gone")
         for c in got:
             self.in_flight -= 1
-            c.prompt_id, c.sample_index = _split_sample_id(c.prompt_id)
             if c.prompt_id in self.val:
                 self.val[c.prompt_id].append(c)
                 continue
@@ -150,23 +149,6 @@ class _Router:
 
     def pop(self, n: int) -> list[_Pending]:
         return [self.queue.popleft() for _ in range(n)]
-
-
-SAMPLE_SEP = "#s"
-"""Request prompt ids are `<prompt_id>#s<i>` so that every sample is its own request (unique
-request ids for SGLang) and comes back with its index."""
-
-
-def _sample_prompt(prompt: Prompt, index: int) -> Prompt:
-    return Prompt(prompt_id=f"{prompt.prompt_id}{SAMPLE_SEP}{index}", text=prompt.text, task=prompt.task,
-                  gold=prompt.gold, token_ids=prompt.token_ids, meta=prompt.meta)
-
-
-def _split_sample_id(request_prompt_id: str) -> tuple[str, int]:
-    base, sep, idx = request_prompt_id.rpartition(SAMPLE_SEP)
-    if not sep or not idx.isdigit():
-        raise ValueError(f"completion prompt_id {request_prompt_id!r} lacks the '{SAMPLE_SEP}<i>' sample suffix")
-    return base, int(idx)
 
 
 def sampling_params(cfg: Any, comps: LoopComponents, rng: random.Random, *, seed: int, n: int) -> list[SamplingParams]:

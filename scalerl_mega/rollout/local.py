@@ -164,16 +164,21 @@ def request_seed(base: int, prompt_id: str, index: int) -> int:
 
 
 def make_requests(
-    prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int, base_seed: int
+    prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int, base_seed: int, first_index: int = 0
 ) -> list[GenRequest]:
-    """The n samples of a prompt; sample i gets seed + i (SGLang `sampling_seed`, slime's scheme)."""
+    """The n samples of a prompt, sample indices `first_index` + j for j < n: the j-th gets seed + j
+    (SGLang `sampling_seed`, slime's scheme; `sampling.seed` is the first one's), or without a seed
+    `request_seed` of its sample index. Request ids `<prompt_id>/<sample index>/v<version>`."""
     if prompt.token_ids is None:
         raise ValueError(f"prompt {prompt.prompt_id}: token_ids is None (tokenise before submit)")
     if n < 1:
         raise ValueError(f"submit n={n} must be >= 1")
+    if first_index < 0:
+        raise ValueError(f"submit first_index={first_index} must be >= 0")
     out = []
-    for i in range(n):
-        seed = sampling.seed + i if sampling.seed is not None else request_seed(base_seed, prompt.prompt_id, i)
+    for j in range(n):
+        i = first_index + j
+        seed = sampling.seed + j if sampling.seed is not None else request_seed(base_seed, prompt.prompt_id, i)
         out.append(
             GenRequest(
                 rid=f"{prompt.prompt_id}/{i}/v{version}",
@@ -417,8 +422,10 @@ class LocalRolloutEngine:
         return self._proc.pid
 
     # ---- RolloutEngine ---------------------------------------------------------------------------
-    def submit(self, prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int) -> None:
-        self._send(("submit", make_requests(prompt, sampling, n=n, version=version, base_seed=self.config.seed)))
+    def submit(self, prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int,
+               first_index: int = 0) -> None:
+        self._send(("submit", make_requests(prompt, sampling, n=n, version=version, base_seed=self.config.seed,
+                                            first_index=first_index)))
 
     def poll(self, timeout_s: float = 0.0) -> list["Completion"]:
         deadline = time.monotonic() + timeout_s

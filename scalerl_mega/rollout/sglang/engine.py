@@ -141,10 +141,12 @@ class SGLangRolloutEngine:
         self._in_place_checked = False
 
     # ---- RolloutEngine ---------------------------------------------------------------------------
-    def submit(self, prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int) -> None:
+    def submit(self, prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int,
+               first_index: int = 0) -> None:
         from scalerl_mega.rollout.local import make_requests
 
-        for req in make_requests(prompt, sampling, n=n, version=version, base_seed=self.config.seed):
+        for req in make_requests(prompt, sampling, n=n, version=version, base_seed=self.config.seed,
+                                 first_index=first_index):
             self._dispatch(req)
 
     def poll(self, timeout_s: float = 0.0) -> list[Completion]:
