@@ -22,15 +22,19 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.rollout.core import CoreConfig
+    from scalerl_mega.rollout.local import LocalModelSpec
 
 
 @dataclass(kw_only=True)
 class ServeSpec:
     """What the server runs: the HF model spec and the generation core's settings."""
 
-    model: Any  # rollout.local.LocalModelSpec
-    core: Any  # rollout.core.CoreConfig
+    model: "LocalModelSpec"
+    core: "CoreConfig"
     threads: int = 1
     return_routed_experts: bool = False
     """Answer `return_routed_experts` (SGLang's --enable-return-routed-experts): the trainer

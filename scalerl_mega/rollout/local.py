@@ -47,6 +47,8 @@ from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest
 from scalerl_mega.rollout.weight_sync import BucketMeta, WeightManifest, WeightSyncConfig, WeightSyncError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from multiprocessing.queues import Queue
+
     import torch
 
     from scalerl_mega.types import Completion, Prompt, SamplingParams
@@ -194,7 +196,7 @@ def make_requests(
 
 
 # ---- engine process ---------------------------------------------------------------------------
-def _engine_main(config: LocalEngineConfig, cmd_q: Any, out_q: Any, parent_pid: int) -> None:
+def _engine_main(config: LocalEngineConfig, cmd_q: Queue, out_q: Queue, parent_pid: int) -> None:
     child_setup(parent_pid, name="local engine", every_s=config.parent_check_s)
     try:
         _EngineLoop(config, cmd_q, out_q, parent_pid=parent_pid).run()
@@ -227,7 +229,7 @@ class _ParentWatch:
 
 
 class _EngineLoop:
-    def __init__(self, config: LocalEngineConfig, cmd_q: Any, out_q: Any, *, parent_pid: int) -> None:
+    def __init__(self, config: LocalEngineConfig, cmd_q: Queue, out_q: Queue, *, parent_pid: int) -> None:
         import torch
 
         self.watch = _ParentWatch(parent_pid, every_s=config.parent_check_s)
@@ -513,7 +515,7 @@ class LocalRolloutEngine:
     def __enter__(self) -> "LocalRolloutEngine":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---- internals -------------------------------------------------------------------------------
@@ -570,7 +572,7 @@ class LocalRolloutEngine:
                 return
         raise EngineError(f"{what}: no answer within {timeout_s}s")
 
-    def _wait_ack(self, ack: Any, *, timeout_s: float) -> None:
+    def _wait_ack(self, ack: str | tuple[str, int], *, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while ack not in self._acks:
             if time.monotonic() >= deadline:

@@ -32,11 +32,17 @@ import threading
 import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest
 from scalerl_mega.types import Completion, FinishReason, SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedModel
+
+JSONBody = dict[str, Any] | list[Any] | str | None
+"""A request or response body as JSON decodes it."""
 
 RequestValidator = Callable[[str, Any, str], None]
 """validator(endpoint, body, method) raises on an invalid body."""
@@ -52,7 +58,7 @@ class _Killed(Exception):
 
 
 class _HTTPError(Exception):
-    def __init__(self, status: int, body: Any) -> None:
+    def __init__(self, status: int, body: JSONBody) -> None:
         super().__init__(str(body))
         self.status = status
         self.body = body
@@ -61,7 +67,7 @@ class _HTTPError(Exception):
 class SGLangTestServer:
     def __init__(
         self,
-        model: Any,
+        model: "PreTrainedModel",
         *,
         core_config: CoreConfig,
         request_validator: RequestValidator | None = None,
@@ -109,7 +115,7 @@ class SGLangTestServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:  # quiet
+            def log_message(self, *args: object) -> None:  # quiet
                 return None
 
             def _do(self, method: str) -> None:
@@ -136,7 +142,7 @@ class SGLangTestServer:
                     status, out = 500, {"error": f"{type(e).__name__}: {e}"}
                 self._send(status, out)
 
-            def _send(self, status: int, obj: Any) -> None:
+            def _send(self, status: int, obj: JSONBody) -> None:
                 data = b"" if obj is None else json.dumps(obj).encode()  # SGLang: /health, /abort_request
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -197,7 +203,7 @@ class SGLangTestServer:
         self.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # ---- scheduler ---------------------------------------------------------------------------------
@@ -223,7 +229,7 @@ class SGLangTestServer:
                 entry[0].set()
 
     # ---- routing -----------------------------------------------------------------------------------
-    def _route(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+    def _route(self, method: str, path: str, body: JSONBody) -> tuple[int, Any]:
         routes = {
             ("get", "/health"): self._health,
             ("get", "/health_generate"): self._health_generate,

@@ -119,7 +119,7 @@ class StubGenerateServer:
             self._conns.discard(task)
             writer.close()
 
-    async def _handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+    async def _handle(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, Any]:
         if (method, path) == ("GET", "/health_generate"):
             return 200, {}
         if (method, path) != ("POST", "/generate"):

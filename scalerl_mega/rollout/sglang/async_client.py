@@ -42,7 +42,7 @@ class AsyncHttp:
             raise RuntimeError("AsyncHttp is closed")
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    async def post_json(self, host: str, port: int, path: str, body: Any) -> tuple[int, bytes]:
+    async def post_json(self, host: str, port: int, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
         """POST `body` as JSON -> (status, response bytes). OSError, asyncio.IncompleteReadError or
         TimeoutError (after `timeout_s`) when the server is unreachable, drops the connection or is slow."""
         import asyncio

@@ -62,7 +62,8 @@ class SGLangClient:
         self.body_hook = body_hook
         self._session = requests.Session()
 
-    def _call(self, method: str, endpoint: str, body: Any = None, *, timeout_s: float | None = None, params=None):
+    def _call(self, method: str, endpoint: str, body: dict[str, Any] | None = None, *, timeout_s: float | None = None,
+              params: dict[str, str] | None = None) -> Any:
         import requests
 
         if body is not None and self.body_hook is not None:

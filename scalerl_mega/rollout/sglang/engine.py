@@ -29,6 +29,8 @@ from scalerl_mega.types import Completion, FinishReason
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from scalerl_mega.rollout.local import LocalModelSpec
+    from scalerl_mega.rollout.weight_sync import WeightManifest
     from scalerl_mega.types import Prompt, SamplingParams
 
 
@@ -49,7 +51,7 @@ class SGLangEngineConfig:
     max_restarts: int = 3
     routes: RouteLayout | None = None
     """Request and decode the MoE routes of every sample (`Completion.routes`); None: not requested."""
-    model: Any = None
+    model: "LocalModelSpec | None" = None
     """`rollout.local.LocalModelSpec` of the model the servers serve (HF config kwargs or a local HF
     directory): the names and shapes every update is checked against before the first bucket. None:
     the `model_path` of a launched server, or the one an attached server reports (/model_info) if it
@@ -136,7 +138,7 @@ class SGLangRolloutEngine:
         self._stale: set[int] = set()
         self.version = config.initial_version
         self.last_sync_stats = None
-        self._manifest: Any = None
+        self._manifest: "WeightManifest | None" = None
         self._manifest_known = False
         self._in_place_checked = False
 
@@ -208,7 +210,7 @@ class SGLangRolloutEngine:
         self.version = version
         self._stale.clear()
 
-    def _check_served_models(self, spec: Any) -> None:
+    def _check_served_models(self, spec: "LocalModelSpec") -> None:
         """Attached servers: compare the architecture in the config.json of the checkpoint each one
         reports serving (`/model_info` `model_path`, when readable here) with the model the updates are
         built for (`spec`, the trainer's twin); WeightSyncError naming the server and every differing
@@ -250,7 +252,7 @@ class SGLangRolloutEngine:
                     f"(SGLangServerConfig.pause_mode='in_place' adds them) or use pause_mode 'retract'")
         self._in_place_checked = True
 
-    def manifest(self) -> Any:
+    def manifest(self) -> "WeightManifest | None":
         """The served model's `WeightManifest` (cached), or None when it cannot be known here. With
         `config.model` given, attached servers are first checked to serve that architecture."""
         import logging

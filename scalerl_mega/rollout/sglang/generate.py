@@ -27,7 +27,7 @@ def sglang_sampling_params(sp: "SamplingParams", *, seed: int, max_new_tokens: i
     }
 
 
-def parse_version(v: Any, *, initial: int = 0) -> int:
+def parse_version(v: str | int | None, *, initial: int = 0) -> int:
     """SGLang weight versions are strings; ours are ints ("default" = the launch weights)."""
     if v is None or v == "default":
         return initial
@@ -130,7 +130,7 @@ def parse_generate_response(body: dict[str, Any], *, initial_version: int = 0, r
     )
 
 
-def completion_routes(ids: Any, layout: RouteLayout, *, prompt_len: int, versions: list[int], initial: int) -> Routes:
+def completion_routes(ids: "np.ndarray", layout: RouteLayout, *, prompt_len: int, versions: list[int], initial: int) -> Routes:
     """`Routes` (ids only) of prompt_len + len(versions) - 1 positions: prompt positions before the last
     one get the first output token's version (the prefill's), position prompt_len - 1 + j the version
     of output token j."""
