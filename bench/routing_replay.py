@@ -12,7 +12,7 @@ shared expert) is built as the Megatron trainer, warm-started on the demo's SFT 
   `--noise` x their std, a stand-in for two numerical stacks that round router logits differently.
 
 Each engine samples `--prompts` demo prompts x `--samples`; the same samples are then scored by the
-trainer with `moe.routing_replay` = none, ids, ids_and_weights (`trainer/megatron/routing_probe.py`).
+trainer with `moe.routing_replay` = none, ids, ids_and_weights (`tests/support/routing_probe.py`).
 Per setting and mode: routing agreement on on-policy tokens (routes the trainer used == the engine's),
 the trainer routers' own agreement, and the engine-vs-trainer |log-ratio| mean and max on on-policy
 tokens, with the ratio to replay off (the baseline measured in the same run).
@@ -51,7 +51,7 @@ def main() -> None:
     from scalerl_mega.config import register_configs
     from scalerl_mega.data.tasks.arith import sft_token_ids
     from scalerl_mega.train import CONF_DIR, to_config
-    from scalerl_mega.trainer.megatron.routing_probe import engine_core, probe, sample_batch
+    from tests.support.routing_probe import engine_core, probe, sample_batch
 
     torch.set_num_threads(1)
     register_configs()

@@ -1,6 +1,6 @@
 """Requests/s of the SGLang /generate client: the engine's pooled event-loop client (servers x
 `max_inflight_per_server` in flight) vs the old fixed pool of 256 threads making blocking `requests`
-calls, measured in the same run against the same model-free stub servers (`rollout/stub_server.py`,
+calls, measured in the same run against the same model-free stub servers (`tests/support/stub_server.py`,
 run in a child process so the client's CPU is measured alone).
 
 Each stub request waits `--delay-s` before answering (a stand-in for the decode time of a real
@@ -28,7 +28,7 @@ OLD_THREADS = 256  # the old SGLangEngineConfig.max_concurrency, never sized by 
 
 
 def _serve(num_ports: int, delay_s: float, conn) -> None:
-    from scalerl_mega.rollout.stub_server import StubGenerateServer
+    from tests.support.stub_server import StubGenerateServer
 
     stub = StubGenerateServer(num_ports=num_ports, delay_s=delay_s).start()
     conn.send(stub.urls)

@@ -262,8 +262,8 @@ class EngineSet:
         self.engines = engines
         self._next = 0
 
-    def submit(self, prompt, sampling, *, n: int, version: int) -> None:
-        self.engines[self._next].submit(prompt, sampling, n=n, version=version)
+    def submit(self, prompt, sampling, *, n: int, version: int, first_index: int = 0) -> None:
+        self.engines[self._next].submit(prompt, sampling, n=n, version=version, first_index=first_index)
         self._next = (self._next + 1) % len(self.engines)
 
     def poll(self, timeout_s: float = 0.0) -> list:

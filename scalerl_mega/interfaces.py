@@ -19,8 +19,10 @@ if TYPE_CHECKING:  # pragma: no cover
 class RolloutEngine(Protocol):
     """Generates completions; receives new weights in flight (PipelineRL) or between phases."""
 
-    def submit(self, prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int) -> None:
-        """Queue `n` samples of `prompt`; `version` is the trainer step at admission."""
+    def submit(self, prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int,
+               first_index: int = 0) -> None:
+        """Queue `n` samples of `prompt`, indices `first_index` .. `first_index + n - 1` of its group (each
+        comes back as a Completion with that `sample_index`); `version` is the trainer step at admission."""
 
     def poll(self, timeout_s: float = 0.0) -> list["Completion"]:
         """Return the completions finished since the last call (waits up to `timeout_s`)."""

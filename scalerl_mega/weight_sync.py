@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+    from torch.distributed import ProcessGroup
 
 DEFAULT_BUCKET_BYTES = 512 << 20
 FLATTENED_BUCKET = "flattened_bucket"
@@ -155,7 +156,7 @@ class WeightManifest:
         self.source = source
 
     @classmethod
-    def of_module(cls, model: Any, *, source: str) -> "WeightManifest":
+    def of_module(cls, model: "torch.nn.Module", *, source: str) -> "WeightManifest":
         """From a torch module's parameters (a meta-device model is enough); tied parameters become
         aliases of the first name they appear under."""
         first: dict[int, str] = {}
@@ -301,7 +302,7 @@ def init_custom_process_group(
     return pg
 
 
-def destroy_group(group: Any) -> None:
+def destroy_group(group: "ProcessGroup") -> None:
     import torch.distributed as dist
 
     try:
@@ -423,7 +424,7 @@ class BucketAnnouncer(Protocol):
 class DistWeightSender:
     """Rank-0 side: `send(named_tensors, version)` streams buckets to all engines in `group`."""
 
-    def __init__(self, group: Any, *, announcer: BucketAnnouncer, config: WeightSyncConfig) -> None:
+    def __init__(self, group: "ProcessGroup", *, announcer: BucketAnnouncer, config: WeightSyncConfig) -> None:
         self.group = group
         self.announcer = announcer
         self.config = config
@@ -479,7 +480,7 @@ class DistWeightReceiver:
     only until the next `receive_bucket` (load them into the model right away, as the engines do).
     """
 
-    def __init__(self, group: Any, *, timeout_s: float, device: "str | torch.device" = "cpu") -> None:
+    def __init__(self, group: "ProcessGroup", *, timeout_s: float, device: "str | torch.device" = "cpu") -> None:
         self.group = group
         self.timeout_s = timeout_s
         self.device = device

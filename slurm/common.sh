@@ -164,9 +164,9 @@ scalerl_generator_cmd() {
        --dtype "$CFG_PARAMS_DTYPE" --random-seed "$CFG_SEED")
   # the generator half of the FP32 LM head (paper Sec. 3.2); the trainer's half is precision=fp32_head
   if [[ $CFG_PRECISION == fp32_head ]]; then CMD+=(--enable-fp32-lm-head); fi
-  # MoE routes for rollout routing replay (moe.record_routes; scalerl_mega/rollout/sglang.py)
+  # MoE routes for rollout routing replay (moe.record_routes; scalerl_mega/rollout/sglang/)
   if [[ $CFG_ROUTED_EXPERTS == 1 ]]; then CMD+=(--enable-return-routed-experts); fi
-  # PipelineRL's in-place updates: no stale prefix cache, exact version tags (rollout/sglang.py IN_PLACE_FLAGS)
+  # PipelineRL's in-place updates: no stale prefix cache, exact version tags (rollout/sglang/launch.py IN_PLACE_FLAGS)
   if [[ $CFG_PAUSE_MODE == in_place ]]; then CMD+=(--disable-radix-cache --disable-overlap-schedule); fi
   : "$node" "$gpu_base"
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CPU embedded default (`experiment=demo`) laid out like the cluster runs: one job step runs the
-# project's local engine behind SGLang's HTTP API (`python -m scalerl_mega.rollout.server`, the
+# project's local engine behind SGLang's HTTP API (`python -m scalerl_mega.serve`, the
 # "generator"), another the Megatron trainer under torchrun (CPU_RANKS=2 ranks: rank 0 drives the
 # loop, both train their data-parallel half), attached to it with
 # `rollout=sglang rollout.engine_urls=[...]`: the same HTTP client and weight-sync protocol
@@ -34,7 +34,7 @@ source "$SCALERL_REPO/slurm/common.sh"
 scalerl_generator_cmd() {
   local extra=()
   read -r -a extra <<<"$EXTRA_OVERRIDES"
-  CMD=("$SCALERL_PYTHON" -m scalerl_mega.rollout.server --host 127.0.0.1 --port "$2"
+  CMD=("$SCALERL_PYTHON" -m scalerl_mega.serve --host 127.0.0.1 --port "$2"
        "experiment=$EXPERIMENT" "model=$MODEL" "${extra[@]}")
   : "$1" "$3"
 }

@@ -8,7 +8,7 @@ steps must agree on as shell-sourceable `KEY=value` lines:
     ROUTED_EXPERTS=1           (SGLang --enable-return-routed-experts: config.records_routes, i.e. an MoE
                                 model with moe.routing_replay on or moe.record_routes=true)
     PAUSE_MODE=in_place        (PipelineRL's in-flight updates: SGLang --disable-radix-cache --disable-overlap-schedule,
-                                rollout/sglang.py IN_PLACE_FLAGS; retract otherwise)
+                                rollout/sglang/launch.py IN_PLACE_FLAGS; retract otherwise)
     SIGTERM_GRACE_S=120        (train.sigterm_grace_s, whole seconds rounded up: torchrun --shutdown-timeout
                                 is set above it, else torchrun SIGKILLs the ranks after its default 30 s)
     RUN_NAME=scalerl

@@ -43,6 +43,7 @@ from scalerl_mega.types import Completion, FinishReason, Routes, SamplingParams,
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+    from transformers import PreTrainedModel
 
 
 @dataclass(kw_only=True)
@@ -117,7 +118,7 @@ def max_total_tokens(sampling: SamplingParams) -> int:
 class GenerationCore:
     """Batched sampling with a slot KV cache, continuous admission and in-flight weight loads."""
 
-    def __init__(self, model: Any, *, config: CoreConfig) -> None:
+    def __init__(self, model: "PreTrainedModel", *, config: CoreConfig) -> None:
         import torch
 
         from scalerl_mega.rollout.kv_cache import SlotKVCache
@@ -321,7 +322,8 @@ class GenerationCore:
         w = self.model.get_output_embeddings().weight
         return hidden_NH @ w.T
 
-    def _route_hook(self, module: Any, args: Any, output: Any) -> None:
+    def _route_hook(self, module: "torch.nn.Module", args: tuple["torch.Tensor", ...],
+                    output: tuple["torch.Tensor", "torch.Tensor"]) -> None:
         """Forward hook on each HF MoE router: (expert ids, gate weights) of the top-k experts of every
         token of this forward (HF Llama-4: `router_scores` [N, E] = sigmoid of the top-k logits, 0
         elsewhere; `router_logits` [N, E]; the ids are the top-k of the logits, as in the router)."""
@@ -508,7 +510,7 @@ class GenerationCore:
                       weights=w.flatten().cpu().numpy(), versions=versions)
 
 
-def moe_layers(model: Any) -> list[tuple[int, Any]]:
+def moe_layers(model: "torch.nn.Module") -> list[tuple[int, "torch.nn.Module"]]:
     """(layer index, router module) of the MoE layers of an HF causal LM, in layer order (HF Llama-4:
     `feed_forward.router` of the layers whose `feed_forward` is a `Llama4TextMoe`); [] if dense."""
     layers = getattr(getattr(model, "model", model), "layers", [])
@@ -520,6 +522,6 @@ def moe_layers(model: Any) -> list[tuple[int, Any]]:
     return out
 
 
-def moe_routers(model: Any) -> list:
+def moe_routers(model: "torch.nn.Module") -> list["torch.nn.Module"]:
     """The MoE router modules of an HF causal LM in layer order (`moe_layers`)."""
     return [router for _, router in moe_layers(model)]

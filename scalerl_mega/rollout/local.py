@@ -47,6 +47,8 @@ from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest
 from scalerl_mega.weight_sync import BucketMeta, WeightManifest, WeightSyncConfig, WeightSyncError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from multiprocessing.queues import Queue
+
     import torch
 
     from scalerl_mega.types import Completion, Prompt, SamplingParams
@@ -164,16 +166,21 @@ def request_seed(base: int, prompt_id: str, index: int) -> int:
 
 
 def make_requests(
-    prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int, base_seed: int
+    prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int, base_seed: int, first_index: int = 0
 ) -> list[GenRequest]:
-    """The n samples of a prompt; sample i gets seed + i (SGLang `sampling_seed`, slime's scheme)."""
+    """The n samples of a prompt, sample indices `first_index` + j for j < n: the j-th gets seed + j
+    (SGLang `sampling_seed`, slime's scheme; `sampling.seed` is the first one's), or without a seed
+    `request_seed` of its sample index. Request ids `<prompt_id>/<sample index>/v<version>`."""
     if prompt.token_ids is None:
         raise ValueError(f"prompt {prompt.prompt_id}: token_ids is None (tokenise before submit)")
     if n < 1:
         raise ValueError(f"submit n={n} must be >= 1")
+    if first_index < 0:
+        raise ValueError(f"submit first_index={first_index} must be >= 0")
     out = []
-    for i in range(n):
-        seed = sampling.seed + i if sampling.seed is not None else request_seed(base_seed, prompt.prompt_id, i)
+    for j in range(n):
+        i = first_index + j
+        seed = sampling.seed + j if sampling.seed is not None else request_seed(base_seed, prompt.prompt_id, i)
         out.append(
             GenRequest(
                 rid=f"{prompt.prompt_id}/{i}/v{version}",
@@ -189,7 +196,7 @@ def make_requests(
 
 
 # ---- engine process ---------------------------------------------------------------------------
-def _engine_main(config: LocalEngineConfig, cmd_q: Any, out_q: Any, parent_pid: int) -> None:
+def _engine_main(config: LocalEngineConfig, cmd_q: Queue, out_q: Queue, parent_pid: int) -> None:
     child_setup(parent_pid, name="local engine", every_s=config.parent_check_s)
     try:
         _EngineLoop(config, cmd_q, out_q, parent_pid=parent_pid).run()
@@ -222,7 +229,7 @@ class _ParentWatch:
 
 
 class _EngineLoop:
-    def __init__(self, config: LocalEngineConfig, cmd_q: Any, out_q: Any, *, parent_pid: int) -> None:
+    def __init__(self, config: LocalEngineConfig, cmd_q: Queue, out_q: Queue, *, parent_pid: int) -> None:
         import torch
 
         self.watch = _ParentWatch(parent_pid, every_s=config.parent_check_s)
@@ -417,8 +424,10 @@ class LocalRolloutEngine:
         return self._proc.pid
 
     # ---- RolloutEngine ---------------------------------------------------------------------------
-    def submit(self, prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int) -> None:
-        self._send(("submit", make_requests(prompt, sampling, n=n, version=version, base_seed=self.config.seed)))
+    def submit(self, prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int,
+               first_index: int = 0) -> None:
+        self._send(("submit", make_requests(prompt, sampling, n=n, version=version, base_seed=self.config.seed,
+                                            first_index=first_index)))
 
     def poll(self, timeout_s: float = 0.0) -> list["Completion"]:
         deadline = time.monotonic() + timeout_s
@@ -506,7 +515,7 @@ class LocalRolloutEngine:
     def __enter__(self) -> "LocalRolloutEngine":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---- internals -------------------------------------------------------------------------------
@@ -563,7 +572,7 @@ class LocalRolloutEngine:
                 return
         raise EngineError(f"{what}: no answer within {timeout_s}s")
 
-    def _wait_ack(self, ack: Any, *, timeout_s: float) -> None:
+    def _wait_ack(self, ack: str | tuple[str, int], *, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while ack not in self._acks:
             if time.monotonic() >= deadline:

@@ -154,7 +154,7 @@ def test_sglang_wrong_shape_in_last_bucket_is_rejected_before_anything_is_sent(t
     a wrong shape in the LAST bucket is rejected with no request at all to the server -- generation is
     never paused, no bucket is applied, the served tokens and log-probs stay the same."""
     from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer
-    from scalerl_mega.rollout.testing_server import SpawnedTestServer
+    from scalerl_mega.sglang_emulation import SpawnedTestServer
 
     _model(0).save_pretrained(tmp_path)
     server = SpawnedTestServer(LocalModelSpec(arch="llama", path=str(tmp_path)), model_path=str(tmp_path),
@@ -185,7 +185,7 @@ def test_sglang_rejected_update_resumes_generation_and_names_the_tensor(tmp_path
     """No manifest here (the server reports a model_path that is not a local directory): the server
     itself rejects the bad tensor; generation is resumed and the error names it."""
     from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer
-    from scalerl_mega.rollout.testing_server import SpawnedTestServer
+    from scalerl_mega.sglang_emulation import SpawnedTestServer
 
     _model(0).save_pretrained(tmp_path)
     # in its own process, like a real server (one process cannot hold both ends of the sync group)

@@ -67,7 +67,7 @@ def test_two_rank_trainer_one_weight_update_session_per_push(tmp_path, moe_init)
     port = _free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "scalerl_mega.rollout.server", "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "scalerl_mega.serve", "--port", str(port),
                                *COMMON, "sft.steps=0"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"

@@ -26,7 +26,7 @@ from scalerl_mega.rollout.sglang import (
     SGLangServerConfig,
     launch_command,
 )
-from scalerl_mega.rollout.testing_server import SGLangTestServer
+from scalerl_mega.sglang_emulation import SGLangTestServer
 from scalerl_mega.weight_sync import WeightSyncConfig, bucket_meta, free_port, init_custom_process_group
 from scalerl_mega.types import FinishReason, Prompt, SamplingParams
 
@@ -183,7 +183,7 @@ def model_dir(tmp_path_factory):
 
 
 def _spawned(model_dir, **kw):
-    from scalerl_mega.rollout.testing_server import SpawnedTestServer
+    from scalerl_mega.sglang_emulation import SpawnedTestServer
 
     return SpawnedTestServer(
         LocalModelSpec(arch="llama", path=model_dir),

@@ -25,7 +25,7 @@ def worker(out: str) -> None:
     import torch
 
     from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
-    from scalerl_mega.trainer.megatron.routing_probe import abs_log_ratio, engine_core, sample_batch
+    from tests.support.routing_probe import abs_log_ratio, engine_core, sample_batch
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
     from scalerl_mega.trainer.policy_loss import make_policy_loss_fn
 

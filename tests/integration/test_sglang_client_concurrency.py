@@ -1,6 +1,6 @@
 """The SGLang client's /generate concurrency (issue 26 item 5): servers x `max_inflight_per_server`
 requests in flight at once on pooled connections of one event-loop thread (no thread per request),
-against the model-free loopback stub (`rollout/stub_server.py`). No timing: the stub's barrier answers
+against the model-free loopback stub (`tests/support/stub_server.py`). No timing: the stub's barrier answers
 nothing until the expected number of requests is in flight together."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from scalerl_mega.rollout.sglang import (
     SGLangRolloutEngine,
     SGLangServer,
     ServerDown,
-    _ensure_open_files,
 )
-from scalerl_mega.rollout.stub_server import StubGenerateServer, expected_output
+from scalerl_mega.rollout.sglang.engine import _ensure_open_files
+from tests.support.stub_server import StubGenerateServer, expected_output
 from scalerl_mega.weight_sync import WeightSyncConfig
 from scalerl_mega.types import FinishReason, Prompt, SamplingParams
 

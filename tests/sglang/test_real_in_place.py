@@ -65,7 +65,7 @@ def test_emulation_answers_the_scripted_exchange_like_the_real_server(server, ll
     emulation sends equals the real one (greedy tokens identical, log-probs within 1e-4)."""
     from scalerl_mega.rollout.core import CoreConfig
     from scalerl_mega.rollout.local import LocalModelSpec
-    from scalerl_mega.rollout.testing_server import SpawnedTestServer
+    from scalerl_mega.sglang_emulation import SpawnedTestServer
     from tests.sglang_support.exchange import compare, scripted_exchange
 
     emu = SpawnedTestServer(LocalModelSpec(arch="llama", path=llama_dir), model_path=llama_dir,

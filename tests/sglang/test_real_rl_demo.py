@@ -38,7 +38,7 @@ SERVER_ARGS = ("--context-length", "128", "--max-running-requests", "16", "--max
 def _hf_dir(path: Path) -> Path:
     """The demo model's HF checkpoint (random init: the trainer's weights arrive with the first push)."""
     from scalerl_mega.rollout.local import build_model
-    from scalerl_mega.rollout.server import spec_from_overrides
+    from scalerl_mega.serve import spec_from_overrides
 
     spec = spec_from_overrides(RECIPE)
     build_model(spec.model).save_pretrained(path)

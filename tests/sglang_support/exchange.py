@@ -1,5 +1,5 @@
 """One scripted HTTP exchange (SGLang 0.5.23's API, the part the project's client uses) and a field-by-field
-comparison of two servers' answers: the real server and the emulation (`rollout/testing_server.py`)."""
+comparison of two servers' answers: the real server and the emulation (`scalerl_mega/sglang_emulation/`)."""
 
 from __future__ import annotations
 

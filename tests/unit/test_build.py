@@ -10,10 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from scalerl_mega.model.hf_export import hf_config_from_model
-from scalerl_mega.loop import _sample_prompt, _split_sample_id, sampling_params
+from scalerl_mega.loop import _Pending, _Router, sampling_params
+from scalerl_mega.rollout.local import make_requests
 from scalerl_mega.sft import sft_batch, warm_start
 from scalerl_mega.model.config import ModelConfig, OptimConfig
-from scalerl_mega.types import Prompt
+from scalerl_mega.types import Completion, FinishReason, Prompt, SamplingParams
 
 DEMO_MOE = dict(name="demo", arch="llama4", vocab_size=48, hidden_size=128, ffn_hidden_size=256, num_layers=4,
                 num_attention_heads=4, num_query_groups=2, max_position_embeddings=128, rope_theta=10000.0,
@@ -66,11 +67,11 @@ def test_hf_config_refuses_what_hf_llama4_cannot_express():
 
 def test_sft_batch_layout():
     b = sft_batch([([1, 2], [3, 4]), ([5], [6])], pad_id=0)
-    assert b.input_ids_BT.tolist() == [[1, 2, 3, 4], [5, 6, 0, 0]]
+    assert b["input_ids"].tolist() == [[1, 2, 3, 4], [5, 6, 0, 0]]
     # target j at position P + j is predicted from position P + j - 1
-    assert b.targets_BT.tolist() == [[0, 3, 4, 0], [6, 0, 0, 0]]
-    assert b.loss_mask_BT.tolist() == [[0, 1, 1, 0], [1, 0, 0, 0]]
-    assert b.position_ids_BT.tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert b["targets"].tolist() == [[0, 3, 4, 0], [6, 0, 0, 0]]
+    assert b["loss_mask"].tolist() == [[0, 1, 1, 0], [1, 0, 0, 0]]
+    assert b["position_ids"].tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
     with pytest.raises(ValueError, match="empty"):
         sft_batch([([], [1])])
 
@@ -85,9 +86,9 @@ class _RecordingTrainer:
     def reset_optimizer(self):
         self.resets += 1
 
-    def sft_step(self, batch):
+    def train_step(self, batch):
         self.lrs.append((self.cfg.optim.lr, self.cfg.optim.warmup_steps))
-        self.seen.append(batch.input_ids_BT[:, 0].tolist())
+        self.seen.append(batch["input_ids"][:, 0].tolist())
         return {"loss": 1.0}
 
 
@@ -107,13 +108,38 @@ def test_warm_start_epochs_and_optimizer_swap():
     assert flat[:6] == [i + 1 for i in first]
 
 
-def test_sample_ids_round_trip():
+def test_sample_index_is_passed_to_the_engine_not_encoded_in_the_prompt_id():
+    """The router submits sample i of a prompt as its own request with `first_index=i` and the prompt's
+    own id (any characters, "#s9" included); the engine's requests carry that index, unique request ids
+    and seed + j within one call; completions are routed back by prompt id and keep their index."""
     p = Prompt(prompt_id="synthetic-ab#s9", text="Q:1+2=", task="synthetic", gold="3", token_ids=[1, 2])
-    q = _sample_prompt(p, 12)
-    assert q.prompt_id == "synthetic-ab#s9#s12" and q.token_ids == [1, 2]
-    assert _split_sample_id(q.prompt_id) == ("synthetic-ab#s9", 12)
-    with pytest.raises(ValueError, match="suffix"):
-        _split_sample_id("plain")
+    reqs = make_requests(p, SamplingParams(max_new_tokens=4, seed=40), n=2, version=3, base_seed=0, first_index=5)
+    assert [(r.prompt_id, r.sample_index, r.rid, r.seed) for r in reqs] == [
+        ("synthetic-ab#s9", 5, "synthetic-ab#s9/5/v3", 40), ("synthetic-ab#s9", 6, "synthetic-ab#s9/6/v3", 41)]
+    with pytest.raises(ValueError, match="first_index=-1"):
+        make_requests(p, SamplingParams(max_new_tokens=4), n=1, version=0, base_seed=0, first_index=-1)
+
+    class Recording:  # answers each request at once, with the index the engine was given
+        def __init__(self):
+            self.calls, self.out = [], []
+
+        def submit(self, prompt, sampling, *, n, version, first_index=0):
+            self.calls.append((prompt.prompt_id, sampling.seed, n, version, first_index))
+            self.out += [Completion(prompt_id=prompt.prompt_id, sample_index=first_index + j, prompt_ids=[1, 2],
+                                    output_ids=[7], gen_logprobs=[-0.5], weight_versions=[version],
+                                    finish_reason=FinishReason.STOP, submitted_version=version) for j in range(n)]
+
+        def poll(self, timeout_s=0.0):
+            out, self.out = self.out[::-1], []  # out of order on purpose
+            return out
+
+    engine = Recording()
+    router = _Router(engine, group_size=3, poll_timeout_s=0.0)
+    router.submit(_Pending(seq=0, prompt=p, version=2), [SamplingParams(max_new_tokens=4, seed=10 + i) for i in range(3)])
+    assert engine.calls == [("synthetic-ab#s9", 10 + i, 1, 2, i) for i in range(3)]
+    assert router.pump() == 3 and router.in_flight == 0
+    done = router.pop(1)[0].completions
+    assert sorted(c.sample_index for c in done) == [0, 1, 2] and {c.prompt_id for c in done} == {"synthetic-ab#s9"}
 
 
 def test_interruption_point_drawn_per_sample():

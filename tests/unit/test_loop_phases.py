@@ -28,16 +28,15 @@ class ScriptedEngine:
         self.todo: deque = deque()
         self.log: list[tuple] = []
 
-    def submit(self, prompt, sampling, *, n, version):
-        self.todo.append((prompt, version))
-        self.log.append(("submit", prompt.prompt_id, version))
+    def submit(self, prompt, sampling, *, n, version, first_index=0):
+        self.todo.append((prompt, version, first_index))
+        self.log.append(("submit", f"{prompt.prompt_id}#s{first_index}", version))
 
     def poll(self, timeout_s=0.0):
         if not self.todo:
             return []
-        prompt, version = self.todo.popleft()
-        idx = int(prompt.prompt_id.rsplit("#s", 1)[1])
-        self.log.append(("deliver", prompt.prompt_id, self.version))
+        prompt, version, idx = self.todo.popleft()
+        self.log.append(("deliver", f"{prompt.prompt_id}#s{idx}", self.version))
         return [Completion(prompt_id=prompt.prompt_id, sample_index=idx, prompt_ids=list(prompt.token_ids),
                            output_ids=[idx + 1, 7], gen_logprobs=[-0.5, -0.5], weight_versions=[self.version] * 2,
                            finish_reason=FinishReason.STOP, submitted_version=version)]

@@ -148,7 +148,7 @@ def test_tiny_dry_run_single_node_shares_it():
     assert steps["gen0"][0] == steps["trainer"][0] == "node7"
     gargv = steps["gen0"][1]
     assert not any(a.startswith("--gres") for a in gargv)
-    assert gargv[gargv.index("-m") + 1] == "scalerl_mega.rollout.server"
+    assert gargv[gargv.index("-m") + 1] == "scalerl_mega.serve"
     targv = steps["trainer"][1]
     assert "experiment=demo" in targv and "rollout=sglang" in targv and "cluster=local" in targv
     assert "rollout.engine_urls=[http://node7:30000]" in targv and "rollout.num_engines=1" in targv

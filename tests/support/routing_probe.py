@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scalerl_mega.trainer.megatron.routing import REPLAY_MODES
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from scalerl_mega.rollout.core import GenerationCore
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
     from scalerl_mega.types import TrainBatch
 
@@ -36,8 +37,8 @@ class ProbeResult:
     routing: dict[str, float]
 
 
-def engine_core(trainer: MegatronPolicyTrainer, *, dtype: str, router_noise: float, max_seq_len: int, seed: int = 0,
-                max_batch: int = 64, eos_token_ids: list[int] | None = None) -> Any:
+def engine_core(trainer: "MegatronPolicyTrainer", *, dtype: str, router_noise: float, max_seq_len: int, seed: int = 0,
+                max_batch: int = 64, eos_token_ids: list[int] | None = None) -> "GenerationCore":
     """A route-recording GenerationCore holding the trainer's weights in `dtype`, its routers
     perturbed by `router_noise` x (each router weight's std) Gaussian noise."""
     import torch
@@ -65,8 +66,8 @@ def engine_core(trainer: MegatronPolicyTrainer, *, dtype: str, router_noise: flo
     return core
 
 
-def sample_batch(core: Any, prompts: list[list[int]], *, samples: int, max_new_tokens: int, version: int,
-                 seed: int = 0, temperature: float = 1.0) -> TrainBatch | None:
+def sample_batch(core: "GenerationCore", prompts: list[list[int]], *, samples: int, max_new_tokens: int, version: int,
+                 seed: int = 0, temperature: float = 1.0) -> "TrainBatch":
     """G samples per prompt from `core` at `temperature`, as a TrainBatch (rewards random +-1, so no
     prompt is filtered; they do not enter the log-probs)."""
     from scalerl_mega.batch import build_train_batch
@@ -91,14 +92,15 @@ def sample_batch(core: Any, prompts: list[list[int]], *, samples: int, max_new_t
                              micro_batch_tokens=1 << 30, policy_version=version).batch
 
 
-def abs_log_ratio(logp_BT: torch.Tensor, batch: TrainBatch, select_BT: torch.Tensor) -> tuple[float, float]:
+def abs_log_ratio(logp_BT: "torch.Tensor", batch: "TrainBatch",
+                  select_BT: "torch.Tensor") -> tuple[float, float]:
     """Mean and max of |log pi_trainer - log pi_engine| (float64) over the `select_BT` tokens of `batch`;
     `logp_BT` is the trainer's [>= B, T] log-probs (its first `batch.num_rows` rows are the batch's)."""
     diff = (logp_BT[: batch.num_rows].double() - batch.gen_logp_BT.double()).abs()[select_BT]
     return float(diff.mean()), float(diff.max())
 
 
-def probe(trainer: MegatronPolicyTrainer, batch: TrainBatch, *, modes: tuple[str, ...] = REPLAY_MODES) -> list[ProbeResult]:
+def probe(trainer: "MegatronPolicyTrainer", batch: "TrainBatch", *, modes: tuple[str, ...] = REPLAY_MODES) -> list[ProbeResult]:
     """The trainer's log-probs of `batch` under each routing-replay mode vs the generator's: |log-ratio|
     mean and max over on-policy trained tokens, and the routing agreement metrics."""
     saved = trainer.routing_replay

@@ -1,7 +1,8 @@
-"""An in-process SGLang test double backed by the local `GenerationCore` (CPU, no sglang import).
+"""`SGLangTestServer`: an emulation of SGLang 0.5.23's HTTP API over the local engine (`GenerationCore`;
+CPU, no sglang import), in this process (see the package doc for who runs it).
 
-It speaks the subset of SGLang 0.5.23's HTTP API that `sglang.py` uses and enforces the rules the
-real server enforces, so the production client code drives real generation:
+It speaks the subset of SGLang 0.5.23's HTTP API that the client (`rollout/sglang/`) uses and enforces
+the rules the real server enforces, so the production client code drives real generation:
 
 * request bodies are validated (by an injected validator, e.g. the OpenAPI one) -> 422;
   unknown `sampling_params` keys -> 400;
@@ -31,11 +32,17 @@ import threading
 import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest
 from scalerl_mega.types import Completion, FinishReason, SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedModel
+
+JSONBody = dict[str, Any] | list[Any] | str | None
+"""A request or response body as JSON decodes it."""
 
 RequestValidator = Callable[[str, Any, str], None]
 """validator(endpoint, body, method) raises on an invalid body."""
@@ -51,7 +58,7 @@ class _Killed(Exception):
 
 
 class _HTTPError(Exception):
-    def __init__(self, status: int, body: Any) -> None:
+    def __init__(self, status: int, body: JSONBody) -> None:
         super().__init__(str(body))
         self.status = status
         self.body = body
@@ -60,7 +67,7 @@ class _HTTPError(Exception):
 class SGLangTestServer:
     def __init__(
         self,
-        model: Any,
+        model: "PreTrainedModel",
         *,
         core_config: CoreConfig,
         request_validator: RequestValidator | None = None,
@@ -108,7 +115,7 @@ class SGLangTestServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:  # quiet
+            def log_message(self, *args: object) -> None:  # quiet
                 return None
 
             def _do(self, method: str) -> None:
@@ -135,7 +142,7 @@ class SGLangTestServer:
                     status, out = 500, {"error": f"{type(e).__name__}: {e}"}
                 self._send(status, out)
 
-            def _send(self, status: int, obj: Any) -> None:
+            def _send(self, status: int, obj: JSONBody) -> None:
                 data = b"" if obj is None else json.dumps(obj).encode()  # SGLang: /health, /abort_request
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -196,7 +203,7 @@ class SGLangTestServer:
         self.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # ---- scheduler ---------------------------------------------------------------------------------
@@ -222,7 +229,7 @@ class SGLangTestServer:
                 entry[0].set()
 
     # ---- routing -----------------------------------------------------------------------------------
-    def _route(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+    def _route(self, method: str, path: str, body: JSONBody) -> tuple[int, Any]:
         routes = {
             ("get", "/health"): self._health,
             ("get", "/health_generate"): self._health_generate,
@@ -528,62 +535,3 @@ class SGLangTestServer:
             if body.get("flush_cache", True) and self._flush_refused():
                 raise fail("weights loaded but flush_cache was refused: requests are running")
         return 200, {"success": True, "message": "Succeeded to update parameter online."}
-
-
-# ---- the same server in its own process ---------------------------------------------------------
-def _serve_main(spec: Any, core_config: CoreConfig, schema_path: str | None, kwargs: dict, url_q: Any, stop_ev: Any) -> None:
-    import torch
-
-    from scalerl_mega.rollout.local import build_model
-
-    torch.set_num_threads(1)
-    validator = None
-    if schema_path is not None:
-        from scalerl_mega.rollout.openapi_check import OpenAPIValidator
-
-        v = OpenAPIValidator.from_file(schema_path)
-        validator = lambda ep, body, method: v.validate_request(ep, body, method)  # noqa: E731
-    server = SGLangTestServer(build_model(spec), core_config=core_config, request_validator=validator, **kwargs)
-    url_q.put(server.start())
-    stop_ev.wait()
-    server.stop()
-
-
-class SpawnedTestServer:
-    """`SGLangTestServer` in a spawned process, like a real SGLang server: the trainer and the
-    server then own separate torch.distributed registries (one process cannot hold both ends of
-    a group with the same name). `state()` reads the `/_test/state` introspection endpoint."""
-
-    def __init__(
-        self, spec: Any, *, core_config: CoreConfig, schema_path: str | None = None, start_timeout_s: float = 180.0, **kwargs: Any
-    ) -> None:
-        import multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        q, self._stop = ctx.Queue(), ctx.Event()
-        self.proc = ctx.Process(
-            target=_serve_main, args=(spec, core_config, schema_path, kwargs, q, self._stop), daemon=True
-        )
-        self.proc.start()
-        try:
-            self.url: str = q.get(timeout=start_timeout_s)
-        except Exception:
-            self.proc.kill()
-            raise RuntimeError(f"test server process did not start within {start_timeout_s}s") from None
-
-    def state(self) -> dict[str, Any]:
-        import requests
-
-        return requests.get(self.url + "/_test/state", timeout=30).json()
-
-    def clear_events(self) -> None:
-        import requests
-
-        requests.post(self.url + "/_test/clear_events", timeout=30)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.proc.join(timeout=20)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(timeout=5)

@@ -1,13 +1,13 @@
-"""`python -m scalerl_mega.rollout.server`: the project's local generation engine behind SGLang's HTTP API.
+"""`python -m scalerl_mega.serve`: the project's local generation engine behind SGLang's HTTP API.
 
 A generator job step on CPU machines (and in the local-Slurm tests): it serves
-:class:`~scalerl_mega.rollout.testing_server.SGLangTestServer` -- which speaks the subset of SGLang
-0.5.23's API the trainer's client (`rollout/sglang.py`) uses and enforces SGLang's rules -- so a
+:class:`~scalerl_mega.sglang_emulation.SGLangTestServer` -- which speaks the subset of SGLang
+0.5.23's API the trainer's client (`rollout/sglang/`) uses and enforces SGLang's rules -- so a
 trainer started with ``rollout=sglang rollout.engine_urls=[http://host:port]`` drives it exactly as it
 drives real SGLang servers on a cluster (HTTP /generate, /pause_generation, distributed weight sync).
 
-    python -m scalerl_mega.rollout.server --host 127.0.0.1 --port 30000 experiment=demo model=tiny_moe
-    python -m scalerl_mega.rollout.server --port 30000 --hf-dir /path/to/hf_model --max-seq-len 256
+    python -m scalerl_mega.serve --host 127.0.0.1 --port 30000 experiment=demo model=tiny_moe
+    python -m scalerl_mega.serve --port 30000 --hf-dir /path/to/hf_model --max-seq-len 256
 
 The model is either the Hydra config's model (positional overrides, composed from `conf/`; random
 init, the trainer pushes its weights before the first request) or a local HF directory (`--hf-dir`).
@@ -22,15 +22,19 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.rollout.core import CoreConfig
+    from scalerl_mega.rollout.local import LocalModelSpec
 
 
 @dataclass(kw_only=True)
 class ServeSpec:
     """What the server runs: the HF model spec and the generation core's settings."""
 
-    model: Any  # rollout.local.LocalModelSpec
-    core: Any  # rollout.core.CoreConfig
+    model: "LocalModelSpec"
+    core: "CoreConfig"
     threads: int = 1
     return_routed_experts: bool = False
     """Answer `return_routed_experts` (SGLang's --enable-return-routed-experts): the trainer
@@ -95,7 +99,7 @@ def serve(spec: ServeSpec, *, host: str, port: int, stop: threading.Event) -> No
     import torch
 
     from scalerl_mega.rollout.local import build_model
-    from scalerl_mega.rollout.testing_server import SGLangTestServer
+    from scalerl_mega.sglang_emulation import SGLangTestServer
 
     torch.set_num_threads(max(1, spec.threads))
     if host not in LOOPBACK:
@@ -114,7 +118,7 @@ def serve(spec: ServeSpec, *, host: str, port: int, stop: threading.Event) -> No
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m scalerl_mega.rollout.server", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m scalerl_mega.serve", description=__doc__.split("\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--hf-dir", default=None, help="serve this HF model directory instead of the config's model")

@@ -1,0 +1,144 @@
+"""SGLang's control endpoints over blocking HTTP (`SGLangClient`), the errors every part of the SGLang
+backend raises, and the /generate request body shared with the pooled client (`async_client.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.rollout.weight_sync import BucketMeta
+
+PAUSE_MODES = ("in_place", "retract", "abort")
+BodyHook = Callable[[str, str, Any], None]
+"""Called as hook(endpoint, "request" | "response", body) for every JSON body (tests validate)."""
+
+
+class SGLangError(RuntimeError):
+    """An SGLang endpoint answered with an error."""
+
+
+class ServerDown(SGLangError):
+    """The server did not answer (connection refused/reset, timeout)."""
+
+
+def generate_body(*, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None,
+                  return_routed_experts: bool) -> dict[str, Any]:
+    """The /generate request body (SGLang 0.5.23 `GenerateReqInput`)."""
+    body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": True}
+    if rid is not None:
+        body["rid"] = rid
+    if return_routed_experts:
+        body["return_routed_experts"] = True
+    return body
+
+
+def reply_json(method: str, url: str, endpoint: str, *, status: int, content: bytes, body_hook: BodyHook | None) -> Any:
+    """An HTTP answer -> its JSON body (text if not JSON); SGLangError on a non-200 status or
+    `success: false`. Shared by the blocking control client and the pooled /generate client."""
+    import json
+
+    try:
+        data = json.loads(content) if content else None
+    except ValueError:
+        data = content.decode("utf-8", errors="replace")
+    if body_hook is not None and status == 200:
+        body_hook(endpoint, "response", data)
+    if status != 200:
+        raise SGLangError(f"{method} {url}{endpoint} -> HTTP {status}: {data}")
+    if isinstance(data, dict) and data.get("success") is False:
+        raise SGLangError(f"{method} {url}{endpoint} failed: {data.get('message')}")
+    return data
+
+
+class SGLangClient:
+    """One server's HTTP endpoints. Every call has a timeout; errors raise SGLangError/ServerDown."""
+
+    def __init__(self, url: str, *, timeout_s: float = 3600.0, body_hook: BodyHook | None = None) -> None:
+        import requests
+
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.body_hook = body_hook
+        self._session = requests.Session()
+
+    def _call(self, method: str, endpoint: str, body: dict[str, Any] | None = None, *, timeout_s: float | None = None,
+              params: dict[str, str] | None = None) -> Any:
+        import requests
+
+        if body is not None and self.body_hook is not None:
+            self.body_hook(endpoint, "request", body)
+        try:
+            r = self._session.request(
+                method, self.url + endpoint, json=body, params=params, timeout=timeout_s or self.timeout_s
+            )
+        except (requests.ConnectionError, requests.Timeout) as e:
+            raise ServerDown(f"{method} {self.url}{endpoint}: {e}") from e
+        return reply_json(method, self.url, endpoint, status=r.status_code, content=r.content, body_hook=self.body_hook)
+
+    def health_generate(self, *, timeout_s: float = 30.0) -> bool:
+        try:
+            self._call("GET", "/health_generate", timeout_s=timeout_s)
+            return True
+        except SGLangError:
+            return False
+
+    def model_info(self) -> dict[str, Any]:
+        return self._call("GET", "/model_info")
+
+    def server_info(self) -> dict[str, Any]:
+        return self._call("GET", "/server_info")
+
+    def generate(self, *, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None,
+                 return_routed_experts: bool = False) -> dict:
+        return self._call("POST", "/generate", generate_body(input_ids=input_ids, sampling_params=sampling_params,
+                                                           rid=rid, return_routed_experts=return_routed_experts))
+
+    def pause_generation(self, mode: str) -> Any:
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode={mode!r} must be one of {PAUSE_MODES}")
+        return self._call("POST", "/pause_generation", {"mode": mode})
+
+    def continue_generation(self) -> Any:
+        return self._call("POST", "/continue_generation", {"torch_empty_cache": False})
+
+    def abort_all(self) -> Any:
+        return self._call("POST", "/abort_request", {"abort_all": True})
+
+    def flush_cache(self) -> Any:
+        return self._call("POST", "/flush_cache")
+
+    def begin_weight_update(self) -> Any:
+        return self._call("POST", "/begin_weight_update", {"selector": "all"})
+
+    def end_weight_update(self) -> Any:
+        return self._call("POST", "/end_weight_update", {})
+
+    def init_weights_update_group(
+        self, *, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> Any:
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        return self._call("POST", "/init_weights_update_group", body)
+
+    def destroy_weights_update_group(self, group_name: str) -> Any:
+        return self._call("POST", "/destroy_weights_update_group", {"group_name": group_name})
+
+    def update_weights_from_distributed(self, meta: BucketMeta, *, group_name: str, flush_cache: bool) -> Any:
+        body = {
+            "names": meta.names,
+            "dtypes": meta.dtypes,
+            "shapes": meta.shapes,
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+            "abort_all_requests": False,
+            "weight_version": str(meta.version),
+            "load_format": meta.load_format,
+        }
+        return self._call("POST", "/update_weights_from_distributed", body)

@@ -1,0 +1,172 @@
+"""Launching (and restarting, stopping) an SGLang 0.5.23 server, or attaching to a running one: its
+command line (`launch_command`, with `IN_PLACE_FLAGS` for in-place updates) and readiness check."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from scalerl_mega.rollout.sglang.client import PAUSE_MODES, SGLangClient, SGLangError, ServerDown
+
+
+@dataclass(kw_only=True)
+class SGLangServerConfig:
+    model_path: str
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tp_size: int = 1
+    dtype: str = "bfloat16"
+    mem_fraction_static: float = 0.7
+    random_seed: int = 0
+    fp32_lm_head: bool = True
+    """Pass --enable-fp32-lm-head (pair it with FP32 logits in the trainer; paper Sec. 3.2)."""
+    skip_tokenizer_init: bool = True
+    return_routed_experts: bool = False
+    """Pass --enable-return-routed-experts (the server then answers `return_routed_experts` requests)."""
+    weight_version: str = "0"
+    pause_mode: str = "in_place"
+    """The pause mode of the engine that updates this server (`SGLangEngineConfig.pause_mode`). For
+    in_place the launch adds `IN_PLACE_FLAGS` (see there): without them SGLang 0.5.23 reuses KV computed
+    with the old weights for prompts sharing a prefix after an update, and tags one token early."""
+    base_gpu_id: int = 0
+    extra_args: list[str] = field(default_factory=list)
+    python: str = sys.executable
+    env: dict[str, str] = field(default_factory=dict)
+    startup_timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        if self.tp_size < 1:
+            raise ValueError(f"SGLangServerConfig.tp_size={self.tp_size} must be >= 1")
+        if not 0.0 < self.mem_fraction_static < 1.0:
+            raise ValueError(f"SGLangServerConfig.mem_fraction_static={self.mem_fraction_static} must be in (0, 1)")
+        if self.dtype not in ("auto", "half", "float16", "bfloat16", "float", "float32"):
+            raise ValueError(f"SGLangServerConfig.dtype={self.dtype!r} is not an SGLang --dtype choice")
+        if self.pause_mode not in PAUSE_MODES:
+            raise ValueError(f"SGLangServerConfig.pause_mode={self.pause_mode!r} must be one of {PAUSE_MODES}")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+IN_PLACE_FLAGS = {"--disable-radix-cache": "disable_radix_cache", "--disable-overlap-schedule": "disable_overlap_schedule"}
+"""Launch flags (-> their `/server_info` keys) a server updated with `pause_mode=in_place` needs; measured on
+SGLang 0.5.23 itself (docs/sglang_tests.md):
+- --disable-radix-cache: in_place keeps requests in the running batch, so the cache cannot be flushed at the
+  update (`/flush_cache` is refused while requests run) and later prompts sharing a prefix with earlier ones
+  would reuse KV computed with the old weights (their log-probs off by 0.2-27 nats, tagged with the new
+  version). Its cost: prompts shared by a group's samples are prefilled once per sample.
+- --disable-overlap-schedule: with the overlap scheduler the batch after the pause is already launched with
+  the old weights, so `weight_versions` tags one token early (the staleness accounting and routing replay
+  read these tags)."""
+
+
+def launch_command(cfg: SGLangServerConfig) -> list[str]:
+    """`python -m sglang.launch_server ...` with SGLang 0.5.23's server flags."""
+    cmd = [
+        cfg.python, "-m", "sglang.launch_server",
+        "--model-path", cfg.model_path,
+        "--host", cfg.host,
+        "--port", str(cfg.port),
+        "--tp-size", str(cfg.tp_size),
+        "--dtype", cfg.dtype,
+        "--mem-fraction-static", str(cfg.mem_fraction_static),
+        "--random-seed", str(cfg.random_seed),
+        "--base-gpu-id", str(cfg.base_gpu_id),
+        "--weight-version", cfg.weight_version,
+        "--skip-server-warmup",
+    ]  # fmt: skip
+    if cfg.skip_tokenizer_init:
+        cmd.append("--skip-tokenizer-init")
+    if cfg.fp32_lm_head:
+        cmd.append("--enable-fp32-lm-head")
+    if cfg.return_routed_experts:
+        cmd.append("--enable-return-routed-experts")
+    if cfg.pause_mode == "in_place":
+        cmd += list(IN_PLACE_FLAGS)
+    return cmd + list(cfg.extra_args)
+
+
+class SGLangServer:
+    """A server we launched (restartable) or attached to (url only)."""
+
+    def __init__(self, *, url: str, config: SGLangServerConfig | None = None, tp_size: int = 1) -> None:
+        self.url = url.rstrip("/")
+        self.config = config
+        self.tp_size = config.tp_size if config is not None else tp_size
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    @classmethod
+    def launch(cls, config: SGLangServerConfig, *, wait: bool = True) -> "SGLangServer":
+        server = cls(url=config.url, config=config)
+        server.start(wait=wait)
+        return server
+
+    @classmethod
+    def attach(cls, url: str, *, tp_size: int = 1) -> "SGLangServer":
+        return cls(url=url, tp_size=tp_size)
+
+    @property
+    def restartable(self) -> bool:
+        return self.config is not None
+
+    def start(self, *, wait: bool = True) -> None:
+        import os
+
+        if self.config is None:
+            raise SGLangError(f"server {self.url} was attached, not launched: cannot start it")
+        env = dict(os.environ, **self.config.env)
+        # its own process group: SGLang forks a scheduler and a detokenizer, `stop` ends them all
+        self.proc = subprocess.Popen(launch_command(self.config), env=env, start_new_session=True)
+        if wait:
+            self.wait_healthy(timeout_s=self.config.startup_timeout_s)
+
+    def alive(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            return False
+        return SGLangClient(self.url, timeout_s=10.0).health_generate()
+
+    def wait_healthy(self, *, timeout_s: float) -> None:
+        """Poll GET /health_generate until 200 (slime's readiness check)."""
+        deadline = time.monotonic() + timeout_s
+        client = SGLangClient(self.url, timeout_s=10.0)
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ServerDown(f"SGLang server {self.url} exited with code {self.proc.returncode} during startup")
+            if client.health_generate():
+                return
+            time.sleep(1.0)
+        raise ServerDown(f"SGLang server {self.url} not healthy within {timeout_s}s")
+
+    def restart(self) -> None:
+        self.stop()
+        self.restarts += 1
+        self.start(wait=True)
+
+    def stop(self, *, timeout_s: float = 30.0) -> None:
+        """SIGTERM the server's process group, SIGKILL what is left after `timeout_s`, and return once
+        no process of the group remains (SGLang's scheduler and detokenizer included)."""
+        import os
+        import signal
+
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                self.proc.poll()  # reap the leader
+                try:
+                    os.killpg(pgid, 0)
+                except ProcessLookupError:
+                    self.proc.wait()
+                    return
+                time.sleep(0.2)
+        self.proc.wait(timeout=10)
