@@ -7,7 +7,7 @@ PYTEST := $(PY) -m pytest
 # Default suite: everything but slow / slurm / gpu tests, two workers (2-core CI).
 TEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: setup test test-slow test-slurm test-sglang test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-real reproduce \
+.PHONY: setup test test-slow test-slurm test-sglang sglang-rl-compare test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-real reproduce \
 	reproduce-sweep reproduce-analysis bench clean
 
 setup: $(STAMP)
@@ -41,6 +41,14 @@ test-sglang: setup
 	$(PY) -m tests.sglang_support.tiny_model $(SGLANG_MODELS)
 	SCALERL_SGLANG_PYTHON=$(CURDIR)/$(SGLANG_VENV)/bin/python SCALERL_SGLANG_MODELS=$(CURDIR)/$(SGLANG_MODELS) \
 	  $(PYTEST) -m sglang tests/sglang
+
+# The demo recipe trained end to end on a real SGLang server (CPU) and on the local engine, compared
+# (docs/sglang_tests.md; ~1 h on 2 loaded cores, not in CI): outputs/sglang_rl/{sglang_rl.md,sglang_rl.png}.
+# ENGINE=sglang|local reruns one engine (a finished run is skipped, an unfinished one resumes).
+ENGINE ?= both
+sglang-rl-compare: setup
+	tools/sglang_env.sh $(SGLANG_VENV)
+	SCALERL_SGLANG_PYTHON=$(CURDIR)/$(SGLANG_VENV)/bin/python $(PY) tools/sglang_rl_compare.py --engine $(ENGINE)
 
 # GPU suite (tests/gpu, all `gpu`-marked): one command on a machine with one NVIDIA GPU. It runs under that
 # machine's own Python (GPU_PY, e.g. Python 3.12 with a CUDA torch and Triton; the CPU pins above do not apply
