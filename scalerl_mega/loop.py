@@ -31,24 +31,27 @@ sequence of prompts trained on is the same as in an uninterrupted run.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from scalerl_mega.batch import build_train_batch
-from scalerl_mega.interfaces import LoopComponents
+from scalerl_mega.batch import BatchResult, build_train_batch
+from scalerl_mega.interfaces import LoopComponents, RolloutEngine
 from scalerl_mega.metrics.alarms import MismatchGuard, TruncationAlarm
+from scalerl_mega.metrics.calibration import GEN_STAT_KEYS, calibration_fields, engine_decode_stats
 from scalerl_mega.metrics.compute import ComputeCounter, gpu_utilization
 from scalerl_mega.metrics.progress import progress_line
 from scalerl_mega.metrics.rollout_stats import (domain_pass_rates, rollout_metrics, staleness_histogram,
                                                 tokens_per_version)
 from scalerl_mega.metrics.writer import MetricsWriter
 from scalerl_mega.types import Completion, FinishReason, Group, Prompt, SamplingParams, ScoredCompletion
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.config import TrainConfig
 
 log = logging.getLogger("scalerl_mega.loop")
 
@@ -86,7 +89,7 @@ class Preempted(Exception):
 class _Router:
     """Routes engine completions to the pending training groups or to a validation collection."""
 
-    def __init__(self, engine: Any, *, group_size: int, poll_timeout_s: float, stall_timeout_s: float = 1800.0,
+    def __init__(self, engine: RolloutEngine, *, group_size: int, poll_timeout_s: float, stall_timeout_s: float = 1800.0,
                  stop_requested: Callable[[], bool] | None = None):
         self.engine = engine
         self.G = group_size
@@ -169,7 +172,7 @@ def sampling_params(cfg: Any, comps: LoopComponents, rng: random.Random, *, seed
 
 
 # ----------------------------------------------------------------------------- scoring
-def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, cfg: Any) -> list[Group]:
+def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, cfg: TrainConfig) -> list[Group]:
     """Rewards for every completion (batched through the reward pool); length penalty if configured."""
     prompts, texts, flat = [], [], []
     for p in pendings:
@@ -211,7 +214,7 @@ def validation_seed(*, version: int, index: int, run_seed: int, paired: bool) ->
     return (base + (int(run_seed) + 1) * 0x9E3779B97F4A7C15) % (1 << 62)
 
 
-def validate(router: _Router, comps: LoopComponents, cfg: Any, *, version: int, rng: random.Random) -> dict[str, float]:
+def validate(router: _Router, comps: LoopComponents, cfg: TrainConfig, *, version: int, rng: random.Random) -> dict[str, float]:
     """Mean pass rate over the held-out prompts, `data.val_samples` samples each, on the same engines,
     and per domain (`val/<domain>_pass_rate`, `metrics.rollout_stats.domain_pass_rates`)."""
     n = cfg.data.val_samples
@@ -248,11 +251,11 @@ def push_weights(comps: LoopComponents, *, version: int) -> float:
 
 
 # ----------------------------------------------------------------------------- checkpoints
-def _ckpt_root(cfg: Any) -> Path:
+def _ckpt_root(cfg: TrainConfig) -> Path:
     return Path(cfg.output_dir) / "checkpoints"
 
 
-def latest_checkpoint(cfg: Any) -> Path | None:
+def latest_checkpoint(cfg: TrainConfig) -> Path | None:
     """resume=auto: <output_dir>/checkpoints if a checkpoint was written there, else None;
     resume=never: None; otherwise the given path (which must exist). The trainer's `load` picks the
     newest complete checkpoint under the directory."""
@@ -267,7 +270,7 @@ def latest_checkpoint(cfg: Any) -> Path | None:
     return root if root.is_dir() and any(not p.name.startswith(".tmp-") for p in root.iterdir()) else None
 
 
-def save_state(comps: LoopComponents, cfg: Any, *, state: LoopState, outstanding: Sequence[_Pending],
+def save_state(comps: LoopComponents, cfg: TrainConfig, *, state: LoopState, outstanding: Sequence[_Pending],
                compute: ComputeCounter, rng: random.Random) -> None:
     import numpy as np
 
@@ -291,7 +294,7 @@ def _prompt_dict(p: Prompt) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- the loop
-def run_rl(cfg: Any, comps: LoopComponents, *, compute: ComputeCounter, forecaster: Any | None = None,
+def run_rl(cfg: TrainConfig, comps: LoopComponents, *, compute: ComputeCounter, forecaster: Any | None = None,
            on_step: Callable[[int, dict], None] | None = None,
            stop_requested: Callable[[], bool] | None = None) -> LoopState:
     """Run RL to `cfg.train.steps` (resuming if a checkpoint exists); metrics go to
@@ -341,23 +344,84 @@ def run_rl(cfg: Any, comps: LoopComponents, *, compute: ComputeCounter, forecast
         writer.close()
 
 
-def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaster, alarm, guard, on_step) -> LoopState:
-    k, B = cfg.off_policy.k, cfg.train.prompts_per_step
+def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: _Router, readmit: list[Prompt],
+          rng: random.Random, writer: MetricsWriter, compute: ComputeCounter,
+          forecaster: Any | None, alarm: TruncationAlarm, guard: MismatchGuard,
+          on_step: Callable[[int, dict], None] | None) -> LoopState:
+    k = cfg.off_policy.k
     pipeline = cfg.off_policy.name == "pipeline_rl"
-    strict_phases = not pipeline and not cfg.off_policy.overlap
-    max_staleness = k if pipeline else k - 1
     state.weight_version = state.step
     push_weights(comps, version=state.step)
+    admission = _Admission(cfg=cfg, comps=comps, router=router, state=state, readmit=readmit, rng=rng)
+    if state.step == 0 and cfg.train.val_every:
+        _validation(cfg, comps, router, state, writer, compute, forecaster, rng)
 
-    hold_tokens = int(cfg.rollout.inflight_hold_tokens) if pipeline else 0
+    clock = _StepClock()
+    while state.step < cfg.train.steps:
+        s = state.step
+        clock.start(comps.engine)
+        pendings, trainer_idle = _admit_and_wait(cfg, router, admission, step=s)  # 1. admission, 2. wait
+        t_score = time.monotonic()
+        groups = score_groups(pendings, comps, cfg)  # 3. score + curriculum
+        score_s = time.monotonic() - t_score
+        hist, metrics = _record_groups(cfg, comps, groups, step=s)
+        res = _build_batch(cfg, groups, step=s)  # 4. batch
+        metrics.update(res.metrics)
+        engine_busy = router.in_flight > 0  # 5. optimizer step (the engines keep generating meanwhile)
+        t_train = time.monotonic()
+        if res.batch is not None:
+            tm = comps.trainer.train_step(res.batch)
+            metrics.update({f"train/{key}": v for key, v in tm.items()})
+        else:
+            metrics["skipped_no_signal"] = 1.0
+        train_s = time.monotonic() - t_train
+        if not engine_busy:
+            clock.gen_idle += train_s
+        state.step = s + 1
+        state.trained_prompt_ids.extend(p.prompt.prompt_id for p in pendings)
+        sync_s = 0.0  # 6. weight sync
+        if pipeline or state.step % k == 0 or state.step == cfg.train.steps:
+            sync_s = push_weights(comps, version=state.step)
+            state.weight_version = state.step
+        # 7. metrics (wall time and engine counters are snapshotted together: consecutive steps tile time)
+        step_s = clock.stop(comps.engine, metrics)
+        metrics.update(_step_fields(cfg, comps, groups, pendings, hist, state=state, router=router, clock=clock,
+                                    trainer_idle=trainer_idle, train_s=train_s, sync_s=sync_s, score_s=score_s,
+                                    step_s=step_s, generated_tokens=metrics["generated_tokens"]))
+        alarm.check(step=s, truncation_rate=metrics["truncation_rate"])
+        rec = writer.write("train", state.step, {**metrics, **compute.fields()})
+        guard.check(step=state.step, metrics=metrics)  # before this step's checkpoint (metrics/alarms.py)
+        if cfg.metrics.progress_every and state.step % cfg.metrics.progress_every == 0:
+            log.info("%s", progress_line(step=state.step, total_steps=cfg.train.steps, metrics=rec))
+        if on_step is not None:
+            on_step(state.step, rec)
+        if _validate_save_or_stop(cfg, comps, router, state, writer, compute, forecaster, rng, clock=clock):
+            return state
+    guard.finish()
+    return state
 
-    def admit(n: int) -> None:
+
+@dataclass(kw_only=True)
+class _Admission:
+    """Step 1 of the loop: admits prompts (re-admitted ones first) and submits their G samples."""
+
+    cfg: TrainConfig
+    comps: LoopComponents
+    router: _Router
+    state: LoopState
+    readmit: list[Prompt]
+    rng: random.Random
+
+    def __call__(self, n: int) -> None:
+        cfg, state, router = self.cfg, self.state, self.router
+        B = cfg.train.prompts_per_step
+        hold_tokens = int(cfg.rollout.inflight_hold_tokens) if cfg.off_policy.name == "pipeline_rl" else 0
         for _ in range(n):
-            prompt = readmit.pop(0) if readmit else comps.sampler.next_prompts(1)[0]
+            prompt = self.readmit.pop(0) if self.readmit else self.comps.sampler.next_prompts(1)[0]
             if prompt.token_ids is None:
-                prompt.token_ids = comps.encode(prompt.text)
+                prompt.token_ids = self.comps.encode(prompt.text)
             pend = _Pending(seq=state.admitted, prompt=prompt, version=state.weight_version)
-            sp = sampling_params(cfg, comps, rng, seed=cfg.seed * 1_000_003 + state.admitted * 101,
+            sp = sampling_params(cfg, self.comps, self.rng, seed=cfg.seed * 1_000_003 + state.admitted * 101,
                                  n=router.G)
             if hold_tokens and len(router.queue) >= B:
                 # trained at step state.step + position // B > the current weight version: it may
@@ -367,156 +431,127 @@ def _loop(cfg, comps, *, state, router, readmit, rng, writer, compute, forecaste
             router.submit(pend, sp)
             state.admitted += 1
 
-    if state.step == 0 and cfg.train.val_every:
-        _validation(cfg, comps, router, state, writer, compute, forecaster, rng)
 
-    gen_idle = 0.0
-    gen_prev = None  # engine work counters at the start of this step (None: take them now)
-    t_step = time.monotonic()
-    while state.step < cfg.train.steps:
-        s = state.step
-        if gen_prev is None:  # else the step's wall time starts where the previous one's snapshot was taken
-            gen_prev = engine_decode_stats(comps.engine)
-            t_step = time.monotonic()
-        # 1. admission
-        if pipeline:
-            admit(max(0, (k + 1) * B - len(router.queue)))
-        elif not router.queue:
-            admit(min(k, cfg.train.steps - s) * B)
-        # 2. wait for the B oldest groups
-        t_wait = time.monotonic()
-        need = len(router.queue) if strict_phases else B  # strict PPO phases: the whole k * B first
-        while not router.oldest_complete(need):
-            router.pump()
-        trainer_idle = time.monotonic() - t_wait
-        pendings = router.pop(B)
-        # 3. score + curriculum
-        t_score = time.monotonic()
-        groups = score_groups(pendings, comps, cfg)
-        score_s = time.monotonic() - t_score
-        for g in groups:
-            comps.sampler.record(g.prompt.prompt_id, g.pass_rate)
-        hist = staleness_histogram(groups, step=s)
-        if max(hist) > max_staleness:
-            raise AssertionError(f"step {s}: staleness {max(hist)} > bound {max_staleness} ({cfg.off_policy.name}-{k})")
-        metrics = rollout_metrics(groups, step=s)
-        if hasattr(comps.sampler, "metrics"):  # data/curriculum.py: removed prompts, epoch, ...
-            metrics.update({f"curriculum/{key}": v for key, v in comps.sampler.metrics().items()})
-        # 4. batch
-        res = build_train_batch(groups, adv_norm=cfg.adv_norm.name, adv_eps=cfg.adv_norm.eps,
-                                aggregation=cfg.aggregation.name, filter_zero_variance=cfg.filter.name == "zero_variance",
-                                micro_batch_tokens=cfg.train.micro_batch_tokens,
-                                pack_sequences=cfg.train.pack_sequences, policy_version=s,
-                                route_weights=cfg.moe.routing_replay == "ids_and_weights")
-        metrics.update(res.metrics)
-        # 5. optimizer step (the engines keep generating meanwhile)
-        engine_busy = router.in_flight > 0
-        t_train = time.monotonic()
-        if res.batch is not None:
-            tm = comps.trainer.train_step(res.batch)
-            metrics.update({f"train/{key}": v for key, v in tm.items()})
-        else:
-            metrics["skipped_no_signal"] = 1.0
-        train_s = time.monotonic() - t_train
-        if not engine_busy:
-            gen_idle += train_s
-        state.step = s + 1
-        state.trained_prompt_ids.extend(p.prompt.prompt_id for p in pendings)
-        # 6. weight sync
-        sync_s = 0.0
-        if pipeline or state.step % k == 0 or state.step == cfg.train.steps:
-            sync_s = push_weights(comps, version=state.step)
-            state.weight_version = state.step
-        # 7. metrics (wall time and engine counters are snapshotted together: consecutive steps tile time)
-        gen_now = engine_decode_stats(comps.engine)
+@dataclass(kw_only=True)
+class _StepClock:
+    """A step's wall time and engine work counters, snapshotted together so that consecutive steps
+    tile time; `gen_prev` None: take the snapshot at the next step's start (after validation or a save,
+    whose decoding is outside every step's wall time)."""
+
+    gen_idle: float = 0.0
+    gen_prev: dict[str, float] | None = None
+    t_step: float = field(default_factory=time.monotonic)
+
+    def start(self, engine: RolloutEngine) -> None:
+        if self.gen_prev is None:  # else the step's wall time starts where the previous one's snapshot was taken
+            self.gen_prev = engine_decode_stats(engine)
+            self.t_step = time.monotonic()
+
+    def stop(self, engine: RolloutEngine, metrics: dict[str, Any]) -> float:
+        """The step's wall time; the engine counters' differences go to `metrics` as gen/<key>."""
+        gen_now = engine_decode_stats(engine)
         t_end = time.monotonic()
-        step_s = t_end - t_step
-        if gen_now is not None and gen_prev is not None:
-            metrics.update({f"gen/{key}": gen_now[key] - gen_prev[key] for key in GEN_STAT_KEYS})
-        gen_prev, t_step = gen_now, t_end
-        metrics.update({
-            "staleness_hist": {str(a): b for a, b in hist.items()},
-            "tokens_per_version": {str(a): b for a, b in tokens_per_version(groups).items()},
-            "trainer_idle_s": trainer_idle, "generator_idle_s": gen_idle, "train_s": train_s,
-            "weight_sync_s": sync_s, "score_s": score_s, "step_s": step_s,
-            "tokens_per_s": metrics["generated_tokens"] / max(step_s, 1e-9),
-            "weight_version": float(state.weight_version), "outstanding_prompts": float(len(router.queue)),
-            "prompt_ids": [p.prompt.prompt_id for p in pendings],
-        })
-        metrics.update(calibration_fields(cfg, groups, train_s=train_s, sync_s=sync_s, step_s=step_s))
-        if cfg.metrics.weights_digest and hasattr(comps.engine, "weights_digest"):
-            digest = comps.engine.weights_digest()
-            metrics["gen/weights_sha256"] = digest["weights_sha256"]
-            metrics["gen/weights_version"] = float(digest["version"])
-        util = gpu_utilization() if cfg.cluster.device == "cuda" else None
-        if util is not None:
-            metrics["gpu_utilization"] = util
-        alarm.check(step=s, truncation_rate=metrics["truncation_rate"])
-        rec = writer.write("train", state.step, {**metrics, **compute.fields()})
-        guard.check(step=state.step, metrics=metrics)  # before this step's checkpoint (metrics/alarms.py)
-        if cfg.metrics.progress_every and state.step % cfg.metrics.progress_every == 0:
-            log.info("%s", progress_line(step=state.step, total_steps=cfg.train.steps, metrics=rec))
-        if on_step is not None:
-            on_step(state.step, rec)
-        if cfg.train.val_every and state.step % cfg.train.val_every == 0:
-            if state.weight_version != state.step:  # PPO-off-policy mid-phase: validate current weights
-                while router.in_flight > 0:  # the phase keeps its fixed weights to its end
-                    router.pump()
-                push_weights(comps, version=state.step)
-                state.weight_version = state.step
-            _validation(cfg, comps, router, state, writer, compute, forecaster, rng)
-            gen_prev = None  # validation's decoding is outside every step's wall time
-        saved = bool(cfg.train.save_every) and state.step % cfg.train.save_every == 0
-        if saved:
-            save_state(comps, cfg, state=state, outstanding=list(router.queue), compute=compute, rng=rng)
-            gen_prev = None
-        if router.stop_requested is not None and router.stop_requested() and state.step < cfg.train.steps:
-            if not saved:
-                raise Preempted()  # run_rl saves, then returns
-            state.preempted = True
-            return state
-    guard.finish()
-    return state
+        step_s = t_end - self.t_step
+        if gen_now is not None and self.gen_prev is not None:
+            metrics.update({f"gen/{key}": gen_now[key] - self.gen_prev[key] for key in GEN_STAT_KEYS})
+        self.gen_prev, self.t_step = gen_now, t_end
+        return step_s
 
 
-GEN_STAT_KEYS = ("busy_s", "decode_steps", "decode_tokens")
-"""Engine work counters written per step as `gen/<key>` (differences over the step's wall time,
-summed over engines): what `cluster/simulate.py::calibration_from_records` fits decode speed on."""
+def _admit_and_wait(cfg: TrainConfig, router: _Router, admit: _Admission, *, step: int
+                    ) -> tuple[list[_Pending], float]:
+    """Steps 1-2: admit (PipelineRL: up to (k + 1) * B outstanding; PPO-off-policy: k * B when nothing
+    is outstanding), then wait for the B oldest groups. Returns them and the trainer's idle seconds."""
+    k, B = cfg.off_policy.k, cfg.train.prompts_per_step
+    pipeline = cfg.off_policy.name == "pipeline_rl"
+    if pipeline:
+        admit(max(0, (k + 1) * B - len(router.queue)))
+    elif not router.queue:
+        admit(min(k, cfg.train.steps - step) * B)
+    t_wait = time.monotonic()
+    strict_phases = not pipeline and not cfg.off_policy.overlap
+    need = len(router.queue) if strict_phases else B  # strict PPO phases: the whole k * B first
+    while not router.oldest_complete(need):
+        router.pump()
+    trainer_idle = time.monotonic() - t_wait
+    return router.pop(B), trainer_idle
 
 
-def engine_decode_stats(engine: Any) -> dict[str, float] | None:
-    """Cumulative `GEN_STAT_KEYS` counters of an engine (`decode_stats()`, rollout/local.py), summed
-    over the members of an engine set (`.engines`); None when an engine does not report them
-    (SGLang servers)."""
-    members = getattr(engine, "engines", None)
-    members = list(members) if members is not None and not hasattr(engine, "decode_stats") else [engine]
-    total = dict.fromkeys(GEN_STAT_KEYS, 0.0)
-    for e in members:
-        if not hasattr(e, "decode_stats"):
-            return None
-        st = e.decode_stats()
-        for key in GEN_STAT_KEYS:
-            total[key] += float(st[key])
-    return total
+def _record_groups(cfg: TrainConfig, comps: LoopComponents, groups: list[Group], *, step: int
+                   ) -> tuple[dict[int, int], dict[str, Any]]:
+    """Step 3 after scoring: the curriculum's pass-rate history, the staleness bound (asserted) and
+    the rollout metrics. Returns the staleness histogram and the step's metrics so far."""
+    k = cfg.off_policy.k
+    max_staleness = k if cfg.off_policy.name == "pipeline_rl" else k - 1
+    for g in groups:
+        comps.sampler.record(g.prompt.prompt_id, g.pass_rate)
+    hist = staleness_histogram(groups, step=step)
+    if max(hist) > max_staleness:
+        raise AssertionError(f"step {step}: staleness {max(hist)} > bound {max_staleness} ({cfg.off_policy.name}-{k})")
+    metrics = rollout_metrics(groups, step=step)
+    if hasattr(comps.sampler, "metrics"):  # data/curriculum.py: removed prompts, epoch, ...
+        metrics.update({f"curriculum/{key}": v for key, v in comps.sampler.metrics().items()})
+    return hist, metrics
 
 
-def calibration_fields(cfg: Any, groups: Sequence[Group], *, train_s: float, sync_s: float,
-                       step_s: float) -> dict[str, Any]:
-    """The per-step fields `cluster/simulate.py::calibration_from_records` reads (timing, batch
-    shape, layout). The engine-side decode counters (gen/busy_s, gen/decode_steps, gen/decode_tokens)
-    are differences of `engine_decode_stats` over the step, written by the loop."""
-    comps = [s.completion for g in groups for s in g.samples]
-    gen_lengths = [len(c.output_ids) for c in comps]
-    prompt_tokens = [len(c.prompt_ids) for c in comps]
-    return {
-        "timing/train_step_s": train_s, "timing/sync_s": sync_s, "timing/step_wall_s": step_s,
-        "batch/tokens": float(sum(gen_lengths) + sum(prompt_tokens)), "batch/gen_lengths": gen_lengths,
-        "batch/prompt_tokens_mean": sum(prompt_tokens) / max(len(prompt_tokens), 1),
-        "sim/batch_samples": cfg.train.prompts_per_step * cfg.train.generations_per_prompt,
-        "sim/num_generators": cfg.rollout.num_engines, "sim/gpus_per_generator": cfg.rollout.sglang_tp_size if cfg.rollout.name == "sglang" else 1,
-        "sim/trainer_gpus": cfg.cluster.trainer_devices or int(os.environ.get("WORLD_SIZE", "1")), "sim/max_concurrency": cfg.rollout.max_batch_size,
-        "sim/mode": cfg.off_policy.name, "sim/k": cfg.off_policy.k,
+def _build_batch(cfg: TrainConfig, groups: list[Group], *, step: int) -> BatchResult:
+    """Step 4: the step's TrainBatch (batch.py) per the recipe's groups."""
+    return build_train_batch(groups, adv_norm=cfg.adv_norm.name, adv_eps=cfg.adv_norm.eps,
+                             aggregation=cfg.aggregation.name, filter_zero_variance=cfg.filter.name == "zero_variance",
+                             micro_batch_tokens=cfg.train.micro_batch_tokens,
+                             pack_sequences=cfg.train.pack_sequences, policy_version=step,
+                             route_weights=cfg.moe.routing_replay == "ids_and_weights")
+
+
+def _step_fields(cfg: TrainConfig, comps: LoopComponents, groups: list[Group], pendings: list[_Pending],
+                 hist: dict[int, int], *, state: LoopState, router: _Router, clock: _StepClock, trainer_idle: float,
+                 train_s: float, sync_s: float, score_s: float, step_s: float,
+                 generated_tokens: float) -> dict[str, Any]:
+    """Step 7: the step's timing, staleness, calibration and engine fields of its metrics line."""
+    out: dict[str, Any] = {
+        "staleness_hist": {str(a): b for a, b in hist.items()},
+        "tokens_per_version": {str(a): b for a, b in tokens_per_version(groups).items()},
+        "trainer_idle_s": trainer_idle, "generator_idle_s": clock.gen_idle, "train_s": train_s,
+        "weight_sync_s": sync_s, "score_s": score_s, "step_s": step_s,
+        "tokens_per_s": generated_tokens / max(step_s, 1e-9),
+        "weight_version": float(state.weight_version), "outstanding_prompts": float(len(router.queue)),
+        "prompt_ids": [p.prompt.prompt_id for p in pendings],
     }
+    out.update(calibration_fields(cfg, groups, train_s=train_s, sync_s=sync_s, step_s=step_s))
+    if cfg.metrics.weights_digest and hasattr(comps.engine, "weights_digest"):
+        digest = comps.engine.weights_digest()
+        out["gen/weights_sha256"] = digest["weights_sha256"]
+        out["gen/weights_version"] = float(digest["version"])
+    util = gpu_utilization() if cfg.cluster.device == "cuda" else None
+    if util is not None:
+        out["gpu_utilization"] = util
+    return out
+
+
+def _validate_save_or_stop(cfg: TrainConfig, comps: LoopComponents, router: _Router, state: LoopState,
+                           writer: MetricsWriter, compute: ComputeCounter, forecaster: Any | None,
+                           rng: random.Random, *, clock: _StepClock) -> bool:
+    """After a step's metrics: validation every `val_every` steps, a checkpoint every `save_every`,
+    and the stop request (SIGTERM). True: the loop returns now (stopped after this step's checkpoint);
+    raises Preempted when a stop is requested without one (run_rl saves)."""
+    if cfg.train.val_every and state.step % cfg.train.val_every == 0:
+        if state.weight_version != state.step:  # PPO-off-policy mid-phase: validate current weights
+            while router.in_flight > 0:  # the phase keeps its fixed weights to its end
+                router.pump()
+            push_weights(comps, version=state.step)
+            state.weight_version = state.step
+        _validation(cfg, comps, router, state, writer, compute, forecaster, rng)
+        clock.gen_prev = None  # validation's decoding is outside every step's wall time
+    saved = bool(cfg.train.save_every) and state.step % cfg.train.save_every == 0
+    if saved:
+        save_state(comps, cfg, state=state, outstanding=list(router.queue), compute=compute, rng=rng)
+        clock.gen_prev = None
+    if router.stop_requested is not None and router.stop_requested() and state.step < cfg.train.steps:
+        if not saved:
+            raise Preempted()  # run_rl saves, then returns
+        state.preempted = True
+        return True
+    return False
 
 
 def _validation(cfg, comps, router, state, writer, compute, forecaster, rng) -> None:
@@ -532,7 +567,7 @@ def _validation(cfg, comps, router, state, writer, compute, forecaster, rng) -> 
             writer.write("forecast", state.step, {**fc.summary(), **fields})
 
 
-def _as_rng_state(state: Any) -> tuple:
+def _as_rng_state(state: Sequence[Any]) -> tuple:
     """random.Random state restored from a (possibly list-converted) checkpoint value."""
     version, internal, gauss = state
     return (version, tuple(internal), gauss)

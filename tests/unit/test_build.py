@@ -67,11 +67,11 @@ def test_hf_config_refuses_what_hf_llama4_cannot_express():
 
 def test_sft_batch_layout():
     b = sft_batch([([1, 2], [3, 4]), ([5], [6])], pad_id=0)
-    assert b["input_ids"].tolist() == [[1, 2, 3, 4], [5, 6, 0, 0]]
+    assert b.input_ids_BT.tolist() == [[1, 2, 3, 4], [5, 6, 0, 0]]
     # target j at position P + j is predicted from position P + j - 1
-    assert b["targets"].tolist() == [[0, 3, 4, 0], [6, 0, 0, 0]]
-    assert b["loss_mask"].tolist() == [[0, 1, 1, 0], [1, 0, 0, 0]]
-    assert b["position_ids"].tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert b.targets_BT.tolist() == [[0, 3, 4, 0], [6, 0, 0, 0]]
+    assert b.loss_mask_BT.tolist() == [[0, 1, 1, 0], [1, 0, 0, 0]]
+    assert b.position_ids_BT.tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
     with pytest.raises(ValueError, match="empty"):
         sft_batch([([], [1])])
 
@@ -86,9 +86,9 @@ class _RecordingTrainer:
     def reset_optimizer(self):
         self.resets += 1
 
-    def train_step(self, batch):
+    def sft_step(self, batch):
         self.lrs.append((self.cfg.optim.lr, self.cfg.optim.warmup_steps))
-        self.seen.append(batch["input_ids"][:, 0].tolist())
+        self.seen.append(batch.input_ids_BT[:, 0].tolist())
         return {"loss": 1.0}
 
 

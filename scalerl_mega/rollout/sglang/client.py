@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from scalerl_mega.rollout.weight_sync import BucketMeta
+    from scalerl_mega.weight_sync import BucketMeta
 
 PAUSE_MODES = ("in_place", "retract", "abort")
 BodyHook = Callable[[str, str, Any], None]

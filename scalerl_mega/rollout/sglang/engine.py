@@ -23,14 +23,14 @@ from scalerl_mega.rollout.sglang.generate import (
     sglang_sampling_params,
 )
 from scalerl_mega.rollout.sglang.launch import IN_PLACE_FLAGS, SGLangServer
-from scalerl_mega.rollout.weight_sync import BucketMeta, WeightSyncConfig, WeightSyncError
+from scalerl_mega.weight_sync import BucketMeta, WeightSyncConfig, WeightSyncError
 from scalerl_mega.types import Completion, FinishReason
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from scalerl_mega.rollout.local import LocalModelSpec
-    from scalerl_mega.rollout.weight_sync import WeightManifest
+    from scalerl_mega.weight_sync import WeightManifest
     from scalerl_mega.types import Prompt, SamplingParams
 
 
@@ -179,7 +179,7 @@ class SGLangRolloutEngine:
         return out
 
     def update_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]], *, version: int) -> None:
-        from scalerl_mega.rollout.weight_sync import DistWeightSender, checked_update
+        from scalerl_mega.weight_sync import DistWeightSender, checked_update
 
         # checked whole before the servers are paused: a rejected update never pauses generation
         named_tensors = checked_update(named_tensors, self.manifest(), version=version)
@@ -219,8 +219,8 @@ class SGLangRolloutEngine:
         import logging
         import os
 
-        from scalerl_mega.hf_model_config import config_mismatches
-        from scalerl_mega.rollout.weight_sync import WeightSyncError
+        from scalerl_mega.model.hf_import import config_mismatches
+        from scalerl_mega.weight_sync import WeightSyncError
 
         ours = {"model_type": "llama" if spec.arch == "llama" else "llama4_text", **spec.config}
         for server, client in zip(self.servers, self._ctl_clients):
@@ -285,7 +285,7 @@ class SGLangRolloutEngine:
         self._fan_out(lambda c: c.continue_generation(), what="continue_generation", timeout_s=self.config.control_timeout_s)
 
     def close(self) -> None:
-        from scalerl_mega.rollout.weight_sync import destroy_group
+        from scalerl_mega.weight_sync import destroy_group
 
         self._http.close()  # cancels the requests still in flight, closes their sockets, joins the loop thread
         self._ctl_pool.shutdown(wait=False, cancel_futures=True)
@@ -300,7 +300,7 @@ class SGLangRolloutEngine:
 
     def _destroy_groups(self) -> None:
         """Tear the weight-sync group down everywhere (after a server restart)."""
-        from scalerl_mega.rollout.weight_sync import destroy_group
+        from scalerl_mega.weight_sync import destroy_group
 
         name = self.config.sync.group_name
         futs = [self._ctl_pool.submit(c.destroy_weights_update_group, name) for c in self._ctl_clients]
@@ -316,7 +316,7 @@ class SGLangRolloutEngine:
 
     def _init_group(self) -> None:
         """Fire /init_weights_update_group to all servers (no wait), join as rank 0, then wait."""
-        from scalerl_mega.rollout.weight_sync import engine_rank_offsets, free_port, init_custom_process_group
+        from scalerl_mega.weight_sync import engine_rank_offsets, free_port, init_custom_process_group
 
         sync = self.config.sync
         world_size, offsets = engine_rank_offsets([s.tp_size for s in self.servers])

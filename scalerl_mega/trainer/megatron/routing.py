@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
     from megatron.core.transformer.moe.router import TopKRouter
 
-    from scalerl_mega.trainer.megatron.config import ModelConfig
+    from scalerl_mega.model.config import ModelConfig
 
 REPLAY_MODES = ("none", "ids", "ids_and_weights")
 
