@@ -45,18 +45,14 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sys.path.insert(0, str(ROOT))
     import torch
-    from hydra import compose, initialize_config_dir
 
     from scalerl_mega import build, sft
-    from scalerl_mega.config import register_configs
+    from scalerl_mega.compose import compose
     from scalerl_mega.data.tasks.arith import sft_token_ids
-    from scalerl_mega.train import CONF_DIR, to_config
     from tests.support.routing_probe import engine_core, probe, sample_batch
 
     torch.set_num_threads(1)
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = to_config(compose(config_name="train", overrides=["experiment=demo", "output_dir=.", f"seed={args.seed}"]))
+    cfg = compose(["experiment=demo", "output_dir=.", f"seed={args.seed}"], machine=True)
     task = build.build_task(cfg)
     trainer = build.build_trainer(cfg)
     t0 = time.perf_counter()

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scalerl_mega.config import TrainConfig, pause_mode
+
 log = logging.getLogger("scalerl_mega.build")
 
 
@@ -40,7 +42,7 @@ class Task:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def build_task(cfg: Any) -> Task:
+def build_task(cfg: TrainConfig) -> Task:
     """data.name=synthetic: addition traces with the task's character tokenizer. polaris / deepcoder /
     math_code: `build_dataset_task`."""
     if cfg.data.name != "synthetic":
@@ -101,7 +103,7 @@ def load_tokenizer(path: str, *, key: str = "data.tokenizer_path") -> Any:
         raise ValueError(f"{key}={path!r}: not a loadable HF tokenizer directory ({exc})") from exc
 
 
-def build_dataset_task(cfg: Any) -> Task:
+def build_dataset_task(cfg: TrainConfig) -> Task:
     """Polaris (math), Deepcoder (code) or both (math_code) from local files (paper App. A.3, Sec. 5).
 
     Rows are read with `data.sources.load_prompts` (JSONL / Parquet / local HF datasets) from
@@ -146,14 +148,14 @@ def build_dataset_task(cfg: Any) -> Task:
     return task
 
 
-def build_sampler(cfg: Any, task: Task):
+def build_sampler(cfg: TrainConfig, task: Task):
     from scalerl_mega.data.curriculum import Curriculum
 
     return Curriculum(task.train_prompts, name=cfg.curriculum.name,
                       pass_rate_threshold=cfg.curriculum.pass_rate_threshold, seed=int(cfg.seed))
 
 
-def build_reward_fn(cfg: Any, *, num_workers: int | None = None):
+def build_reward_fn(cfg: TrainConfig, *, num_workers: int | None = None):
     """The `reward` group's RewardFn (rewards/custom.py): math verifier / code sandbox (+1/-1, paper
     App. A.3) or a custom `_target_` callable, in `reward.num_workers` pool workers."""
     from scalerl_mega.rewards.custom import reward_fn_from_settings
@@ -162,7 +164,7 @@ def build_reward_fn(cfg: Any, *, num_workers: int | None = None):
 
 
 # ----------------------------------------------------------------------------- trainer
-def megatron_config(cfg: Any):
+def megatron_config(cfg: TrainConfig):
     from scalerl_mega.model.config import MegatronConfig, OptimConfig
 
     optim = OptimConfig(**{**vars(cfg.optim), "seed": int(cfg.optim.seed) + int(cfg.seed)})
@@ -171,7 +173,7 @@ def megatron_config(cfg: Any):
                           routing_replay=cfg.moe.routing_replay, logit_temperature=float(cfg.rollout.temperature))
 
 
-def use_fused_cispo(cfg: Any) -> bool:
+def use_fused_cispo(cfg: TrainConfig) -> bool:
     """The fused FP32 CISPO head (`train.fused_cispo`, on by default) applies to loss=cispo with the
     FP32 head (paper Sec. 3.2) without an IS correction (`loss.is_correction`: its masks need the
     trainer's log-probs before the loss; objective/is_correction.py) at sampling temperature 1 (the
@@ -181,7 +183,7 @@ def use_fused_cispo(cfg: Any) -> bool:
             and cfg.loss.is_correction == "none" and float(cfg.rollout.temperature) == 1.0)
 
 
-def build_trainer(cfg: Any):
+def build_trainer(cfg: TrainConfig):
     """The Megatron trainer with the loop's policy loss (next-token CE for SFT batches), the fused FP32
     CISPO head when `use_fused_cispo`, and micro-batches by the `train.micro_batch_tokens` budget."""
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
@@ -197,7 +199,7 @@ def build_trainer(cfg: Any):
                                  pack_sequences=bool(cfg.train.pack_sequences))
 
 
-def init_trainer_from_hf(trainer: Any, cfg: Any) -> list[str]:
+def init_trainer_from_hf(trainer: Any, cfg: TrainConfig) -> list[str]:
     """Load `init_from_hf` (an HF checkpoint dir) into the trainer's sharded Megatron model.
 
     Each rank converts only the tensor groups it holds (convert/load.py); a config whose shapes differ
@@ -215,7 +217,7 @@ def init_trainer_from_hf(trainer: Any, cfg: Any) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- engines
-def engine_max_seq_len(cfg: Any, task: Task) -> int:
+def engine_max_seq_len(cfg: TrainConfig, task: Task) -> int:
     """Longest prompt + the largest output budget of any request."""
     from scalerl_mega.rollout.core import max_total_tokens
     from scalerl_mega.types import SamplingParams
@@ -229,7 +231,7 @@ def engine_max_seq_len(cfg: Any, task: Task) -> int:
     return longest + max_total_tokens(sp)
 
 
-def build_local_engine(cfg: Any, task: Task, *, index: int = 0):
+def build_local_engine(cfg: TrainConfig, task: Task, *, index: int = 0):
     """One LocalRolloutEngine process holding the HF twin of the trainer's model (random init; the
     loop pushes the trainer's weights before the first request)."""
     from scalerl_mega.config import records_routes
@@ -295,7 +297,7 @@ class EngineSet:
         return [getattr(e, "pid", None) for e in self.engines]
 
 
-def write_hf_checkpoint(cfg: Any, task: Task, trainer: Any, path: Path) -> Path:
+def write_hf_checkpoint(cfg: TrainConfig, task: Task, trainer: Any, path: Path) -> Path:
     """The trainer's current weights as an HF model directory (config + safetensors + tokenizer):
     what an SGLang server loads at launch."""
     import torch
@@ -316,7 +318,7 @@ def write_hf_checkpoint(cfg: Any, task: Task, trainer: Any, path: Path) -> Path:
     return path
 
 
-def sync_master_address(cfg: Any) -> str:
+def sync_master_address(cfg: TrainConfig) -> str:
     """The address attached servers connect to for weight sync: `rollout.sync_master_address`, else
     127.0.0.1 when every engine URL names this host, else this host's name."""
     import socket
@@ -329,7 +331,7 @@ def sync_master_address(cfg: Any) -> str:
     return "127.0.0.1" if hosts <= local else socket.getfqdn()
 
 
-def sglang_route_layout(cfg: Any):
+def sglang_route_layout(cfg: TrainConfig):
     """The `RouteLayout` of `meta_info.routed_experts` when the generators record routes
     (`config.records_routes`: an MoE model with replay on or `moe.record_routes=true`), else None
     (routes not requested)."""
@@ -343,7 +345,7 @@ def sglang_route_layout(cfg: Any):
                        moe_layers=tuple(i for i in range(m.num_layers) if m.is_moe_layer(i)))
 
 
-def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
+def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: Any):
     """SGLang servers (one per engine, consecutive ports) and the client engine over them; with
     `rollout.engine_urls` set, attach to those running servers instead (e.g. the generator job steps
     of slurm/common.sh) -- the loop pushes the trainer's weights before the first request."""
@@ -353,7 +355,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
     from scalerl_mega.weight_sync import WeightSyncConfig
     from scalerl_mega.trainer.megatron.parallel import world_size_from_env
 
-    pause = "in_place" if cfg.off_policy.name == "pipeline_rl" else "retract"
+    pause = pause_mode(cfg.off_policy)
     routes = sglang_route_layout(cfg)
     arch, hf_kwargs = hf_config_from_model(cfg.model)
     served = LocalModelSpec(arch=arch, config=hf_kwargs)  # its names/shapes: every push is checked before sending
@@ -384,7 +386,7 @@ def build_sglang_engine(cfg: Any, task: Task, trainer: Any):
         sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend="nccl")))
 
 
-def build_engine(cfg: Any, task: Task, trainer: Any):
+def build_engine(cfg: TrainConfig, task: Task, trainer: Any):
     """The generators (controller rank only): SGLang servers or local engine process(es)."""
     import os
 
@@ -400,7 +402,7 @@ def build_engine(cfg: Any, task: Task, trainer: Any):
     return engines[0] if len(engines) == 1 else EngineSet(engines)
 
 
-def engine_weight_dtype(cfg: Any) -> str:
+def engine_weight_dtype(cfg: TrainConfig) -> str:
     """The dtype the generators hold their weights in, which every weight push is cast to on the
     training device (`export.weight_dtypes`): SGLang serves and the local engine builds its model in
     `precision.params_dtype`. SGLang holds its LM head in that dtype too (a pushed FP32 head is
@@ -412,7 +414,7 @@ def engine_weight_dtype(cfg: Any) -> str:
     return dtype + FP32_HEAD if cfg.rollout.name != "sglang" and cfg.model.fp32_lm_head else dtype
 
 
-def allocation_devices(cfg: Any, *, world_size: int) -> int:
+def allocation_devices(cfg: TrainConfig, *, world_size: int) -> int:
     """Devices the scaling law's compute counts (`metrics.compute.allocation_devices`): the trainer
     job's (`cluster.trainer_devices`, 0 = its world size) plus the generators' total
     (`cluster.generator_devices`, 0 = engines x devices per engine)."""
@@ -428,7 +430,7 @@ def allocation_devices(cfg: Any, *, world_size: int) -> int:
 
 
 # ----------------------------------------------------------------------------- all together
-def build_components(cfg: Any, *, task: Task | None = None, trainer: Any = None, engine: Any = None,
+def build_components(cfg: TrainConfig, *, task: Task | None = None, trainer: Any = None, engine: Any = None,
                      reward_fn: Any = None):
     """LoopComponents for `loop.run_rl` (pieces passed in are used as given)."""
     from scalerl_mega.interfaces import LoopComponents

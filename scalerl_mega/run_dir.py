@@ -7,7 +7,7 @@ code 2) with every differing key listed, because resuming would silently continu
 checkpoint under the new settings. `resume=force` resumes anyway (and records the new config).
 Keys that may change between launches of one run are `RESUMABLE` (e.g. `train.steps` to extend it).
 
-Config errors (this and every compose-time check, scalerl_mega/preflight.py) print one line,
+Config errors (this and every compose-time check, scalerl_mega/compose.py) print one line,
 `config error: <key>=<value>: <rule>`, and exit with code 2, without a traceback;
 `scalerl-train --validate ...` runs all of them and exits without training.
 """
@@ -18,6 +18,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from scalerl_mega.config import TrainConfig, flat_config
 
 SAVED = "run_config.yaml"
 EXIT_CONFIG_ERROR = 2
@@ -31,25 +33,6 @@ RESUMABLE = (
 )
 """Keys (or `group.` prefixes) that may differ when a run is resumed (`sft.checkpoint` / `sft.any_seed` only
 say where a fresh run finds its warm start; a resumed run skips the warm start)."""
-
-
-def flat_config(config: Any) -> dict[str, Any]:
-    """Dotted key -> value of a TrainConfig (or any dataclass / mapping tree)."""
-    from omegaconf import OmegaConf
-
-    tree = OmegaConf.to_container(OmegaConf.structured(config) if not isinstance(config, dict) else
-                                  OmegaConf.create(config), resolve=True)
-    out: dict[str, Any] = {}
-
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, dict) and node:
-            for k, v in node.items():
-                walk(f"{prefix}{k}.", v)
-        else:
-            out[prefix[:-1]] = node
-
-    walk("", tree)
-    return out
 
 
 def _resumable(key: str) -> bool:
@@ -77,7 +60,7 @@ def load_saved(run_dir: Path) -> dict[str, Any] | None:
     return flat_config(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
 
 
-def write_config(config: Any, run_dir: Path) -> Path:
+def write_config(config: TrainConfig, run_dir: Path) -> Path:
     """`run_dir/run_config.yaml` (atomic: several ranks may write the same content)."""
     from omegaconf import OmegaConf
 
@@ -89,7 +72,7 @@ def write_config(config: Any, run_dir: Path) -> Path:
     return path
 
 
-def check_resume(config: Any, *, write: bool = True) -> list[str]:
+def check_resume(config: TrainConfig, *, write: bool = True) -> list[str]:
     """Refuse (ValueError) resuming `config.output_dir`'s checkpoint under a different config;
     `resume=force` turns the refusal into the returned list of differences. `resume=force` becomes
     `auto` for the loop. With `write`, records `config` as the run's config."""
@@ -135,34 +118,27 @@ def precheck_overrides(argv: list[str]) -> None:
     `-m`, `--help`, ...: Hydra handles those); `hydra.*` overrides are Hydra's own."""
     if any(a.startswith("-") for a in argv):
         return
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from scalerl_mega.conf_path import conf_dir
+    from scalerl_mega.compose import compose_node
 
-    overrides = [a for a in argv if not a.lstrip("+~").startswith(("hydra.", "hydra/"))]
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            compose(config_name="train", overrides=overrides)
+        compose_node(argv)
     except (HydraException, OmegaConfBaseException) as exc:
         print(f"config error: {_one_line(exc)}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG_ERROR)
-    finally:
-        GlobalHydra.instance().clear()
 
 
-def config_or_exit(cfg: Any, *, validate_only: bool = False):
+def config_or_exit(cfg: TrainConfig, *, validate_only: bool = False):
     """`scalerl-train`'s front door: the validated TrainConfig with the run directory checked, or a
     one-line `config error: ...` on stderr and exit code 2 (no traceback)."""
     import logging
 
-    from scalerl_mega.train import to_config
+    from scalerl_mega.compose import from_node
 
     try:
-        config = to_config(cfg)
+        config = from_node(cfg)
         diffs = check_resume(config, write=not validate_only)
     except ValueError as exc:
         print(f"config error: {_one_line(exc)}", file=sys.stderr, flush=True)

@@ -44,19 +44,13 @@ class ServeSpec:
 def spec_from_overrides(overrides: list[str]) -> ServeSpec:
     """The model + core settings the trainer would use for a local engine, from Hydra overrides
     (`experiment=demo model=tiny_moe ...`), composed from the repository's `conf/`."""
-    from hydra import compose, initialize_config_dir
-
     from scalerl_mega import build
-    from scalerl_mega.config import register_configs
+    from scalerl_mega.compose import compose
     from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.core import CoreConfig
     from scalerl_mega.rollout.local import LocalModelSpec
-    from scalerl_mega.train import CONF_DIR, to_config
 
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        # output_dir interpolates hydra:runtime, which compose() does not set
-        cfg = to_config(compose(config_name="train", overrides=[*overrides, "output_dir=."]))
+    cfg = compose(overrides, machine=True)
     task = build.build_task(cfg)
     arch, hf_kwargs = hf_config_from_model(cfg.model)
     max_seq = build.engine_max_seq_len(cfg, task)

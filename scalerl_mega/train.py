@@ -6,43 +6,38 @@
     scalerl-train -m experiment=loo_dapo,loo_plan hydra/launcher=submitit_slurm
 
 The config lives in `conf/` at the repository root (shipped in the wheel as `scalerl_mega/conf/`);
-`scalerl_mega/config.py` holds its typed schema.
+`scalerl_mega/config/` holds its typed schema and `scalerl_mega/compose.py` the one way it is composed.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.conf_path import conf_dir
 
 CONF_DIR = conf_dir()
 
+if TYPE_CHECKING:  # pragma: no cover
+    from omegaconf import DictConfig
 
-def to_config(cfg: Any):
-    """OmegaConf node -> validated TrainConfig dataclass tree."""
-    from omegaconf import OmegaConf
-
-    from scalerl_mega.config import validate, validate_machine
-    from scalerl_mega.preflight import prepare
-
-    obj = OmegaConf.to_object(cfg)
-    validate(prepare(obj))
-    validate_machine(obj)
-    return obj
+    from scalerl_mega.config import TrainConfig
 
 
-def run(cfg: Any) -> dict[str, Any]:
-    """Validate `cfg` and run the job (SFT warm start if configured, then RL, then the report)."""
-    return run_config(to_config(cfg))
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Validate `cfg` (a composed node; `compose.from_node`) and run the job (SFT warm start if configured,
+    then RL, then the report)."""
+    from scalerl_mega.compose import from_node
+
+    return run_config(from_node(cfg))
 
 
-def run_config(config: Any) -> dict[str, Any]:
+def run_config(config: TrainConfig) -> dict[str, Any]:
     """A validated config: the dry run (`dry_run=true`: layout and memory on one CPU, then exit;
-    trainer/megatron/dry_run.py) or the job."""
+    scalerl_mega/dry_run.py) or the job."""
     if config.dry_run:
-        from scalerl_mega.trainer.megatron.dry_run import run_and_exit
+        from scalerl_mega.dry_run import run_and_exit
 
         run_and_exit(config)
     return run_job(config)
@@ -70,31 +65,15 @@ class AutoBudgetForecaster:
         return self.live.add(compute, reward, n_samples)
 
 
-def run_job(config: Any) -> dict[str, Any]:
-    """Build the components, SFT warm start (fresh runs only), RL (resuming if a checkpoint exists),
-    then report.md + scaling.png in `output_dir`. Returns a summary dict.
-
-    Under a multi-rank launch (torchrun / srun: WORLD_SIZE > 1) every rank builds its shard of the
-    trainer and takes the warm start in lock step; then global rank 0 (the controller) alone builds
-    the engines, rewards, curriculum and metrics and runs the loop, while the other ranks serve its
-    trainer calls (`trainer/ranks.py`). Followers return a short summary
-    and write nothing.
-    """
-    import json
-    import os
-    import time
-
-    from scalerl_mega import build
-    from scalerl_mega.loop import latest_checkpoint, run_rl
-    from scalerl_mega.metrics.compute import ComputeCounter
-    from scalerl_mega.preemption import Preemption, watch_parent
-    from scalerl_mega.report import write_report
-    from scalerl_mega.trainer.megatron.parallel import world_size_from_env
-    from scalerl_mega.trainer.ranks import ControlChannel, ControllerTrainer, serve
-
+def _process_setup(config: TrainConfig) -> int:
+    """Logging, torch threads and the launcher watch of this trainer process; returns the world size
+    (checked against `cluster.trainer_devices`)."""
     import logging
+    import os
 
-    log = logging.getLogger("scalerl_mega.train")  # Hydra: timestamped lines in train.log and the console
+    from scalerl_mega.preemption import watch_parent
+    from scalerl_mega.trainer.megatron.parallel import world_size_from_env
+
     logging.getLogger("megatron").setLevel(logging.WARNING)  # per-parameter DDP / optimizer dumps
     if config.cluster.trainer_threads:
         import torch
@@ -107,6 +86,28 @@ def run_job(config: Any) -> dict[str, Any]:
         raise ValueError(f"cluster.trainer_devices={config.cluster.trainer_devices} but this trainer job has "
                          f"WORLD_SIZE={world} ranks (set cluster.trainer_devices={world}, or 0 to take it "
                          "from the launcher)")
+    return world
+
+
+def run_job(config: TrainConfig) -> dict[str, Any]:
+    """Build the components, SFT warm start (fresh runs only), RL (resuming if a checkpoint exists),
+    then report.md + scaling.png in `output_dir`. Returns a summary dict.
+
+    Under a multi-rank launch (torchrun / srun: WORLD_SIZE > 1) every rank builds its shard of the
+    trainer and takes the warm start in lock step; then global rank 0 (the controller) alone builds
+    the engines, rewards, curriculum and metrics and runs the loop, while the other ranks serve its
+    trainer calls (`trainer/ranks.py`). Followers return a short summary
+    and write nothing.
+    """
+    import time
+
+    from scalerl_mega import build
+    from scalerl_mega.loop import latest_checkpoint, run_rl
+    from scalerl_mega.metrics.compute import ComputeCounter
+    from scalerl_mega.preemption import Preemption
+    from scalerl_mega.trainer.ranks import ControlChannel, ControllerTrainer, serve
+
+    world = _process_setup(config)
     t_start = time.monotonic()
     out = Path(config.output_dir)
     task = build.build_task(config)
@@ -157,13 +158,25 @@ def run_job(config: Any) -> dict[str, Any]:
         trainer.close()
         preemption.uninstall()
     summary["wall_s"] = time.monotonic() - t_start
+    return _finish(config, summary, out=out, resumed=resumed, steps=state.step, world=world)
+
+
+def _finish(config: TrainConfig, summary: dict[str, Any], *, out: Path, resumed: bool, steps: int,
+            world: int) -> dict[str, Any]:
+    """The controller's end of a job: report.md + scaling.png, summary.json and the closing log line."""
+    import json
+    import logging
+
+    from scalerl_mega.report import write_report
+
+    log = logging.getLogger("scalerl_mega.train")
     if summary.get("val_points"):
         summary["first_val_pass_rate"] = summary["val_points"][0][2]
         summary["last_val_pass_rate"] = summary["val_points"][-1][2]
     report = write_report(out, title=f"{config.run_name} (seed {config.seed})", extra={
         "wall time (this launch, setup excluded)": f"{summary['wall_s']:.0f} s",
         "SFT warm start": f"{summary['sft_s']:.0f} s ({config.sft.steps if not resumed else 0} steps)",
-        "RL": f"{summary['rl_s']:.0f} s ({state.step} steps)",
+        "RL": f"{summary['rl_s']:.0f} s ({steps} steps)",
         "trainer ranks": str(world),
     }, cut_fraction=float(config.forecast.cut_fraction), fit_from=float(config.forecast.fit_from) or None)
     summary["report"] = str(report)
@@ -179,7 +192,7 @@ def run_job(config: Any) -> dict[str, Any]:
 SFT_FINGERPRINT = "sft_fingerprint.json"
 
 
-def sft_fingerprint(config: Any) -> dict[str, Any]:
+def sft_fingerprint(config: TrainConfig) -> dict[str, Any]:
     """What the warm-started weights depend on (JSON-normalised): seed, model, data (the SFT examples
     and the held-out split), optim (SFT swaps only lr and warmup), the sft schedule, params dtype and
     micro-batching. Recipe groups used only by RL (loss, filter, curriculum, ...) are left out, so
@@ -210,7 +223,7 @@ def fingerprint_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> 
     return out
 
 
-def _warm_start_or_load(config: Any, task: Any, trainer: Any, *, out: Path | None, channel: Any) -> None:
+def _warm_start_or_load(config: TrainConfig, task: Any, trainer: Any, *, out: Path | None, channel: Any) -> None:
     """The warm start, or with `sft.checkpoint` set: load it from there when a complete checkpoint
     with a matching fingerprint exists (a mismatch is an error naming the differing keys), else run
     it and save it there (fingerprint first, then the checkpoint: only a complete save counts). The
@@ -251,7 +264,7 @@ def _warm_start_or_load(config: Any, task: Any, trainer: Any, *, out: Path | Non
     log.info("sft: saved the warm start to %s", root)
 
 
-def _warm_start(config: Any, task: Any, trainer: Any, *, out: Path | None) -> None:
+def _warm_start(config: TrainConfig, task: Any, trainer: Any, *, out: Path | None) -> None:
     """SFT warm start on every rank in lock step (identical batches: same examples, same seed); only
     the controller (`out` given) logs to sft.jsonl and the console."""
     import json

@@ -39,19 +39,9 @@ def compose(overrides: list[str], *, check_files: bool = False):
     """The validated TrainConfig of `scalerl-train OVERRIDES` (machine checks skipped: the batch
     node is not necessarily a trainer node). `check_files`: the data files and `init_from_hf` must
     exist here (shared storage), else ValueError naming the key."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
+    from scalerl_mega.compose import compose as compose_config
 
-    from scalerl_mega.config import register_configs, validate
-    from scalerl_mega.train import CONF_DIR
-
-    register_configs()
-    kept = [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        node = hydra_compose(config_name="train", overrides=[*kept, "output_dir=."])
-    cfg = OmegaConf.to_object(node)
-    validate(cfg)
+    cfg = compose_config(overrides, preflight=False, machine=False)
     if cfg.data.name != "synthetic" and not cfg.data.train_files:
         raise ValueError(f"data.train_files is empty: data={cfg.data.name} needs prompt files on a cluster run "
                          "(slurm scripts: TRAIN_FILES=/path/a.jsonl,/path/b.parquet)")
@@ -70,12 +60,12 @@ def compose(overrides: list[str], *, check_files: bool = False):
 
 
 def settings(cfg) -> dict[str, str]:
-    from scalerl_mega.config import records_routes
+    from scalerl_mega.config import pause_mode, records_routes
 
     return {"PRECISION": str(cfg.precision.name), "PARAMS_DTYPE": str(cfg.precision.params_dtype),
             "SEED": str(int(cfg.seed)), "RUN_NAME": str(cfg.run_name),
             "ROUTED_EXPERTS": "1" if records_routes(cfg) else "0",
-            "PAUSE_MODE": "in_place" if cfg.off_policy.name == "pipeline_rl" else "retract",
+            "PAUSE_MODE": pause_mode(cfg.off_policy),
             "SIGTERM_GRACE_S": str(math.ceil(cfg.train.sigterm_grace_s)),
             "SEQUENCE_PARALLEL": "1" if cfg.parallel.sequence_parallel_on(cfg.model) else "0"}
 
@@ -113,7 +103,7 @@ def fit_problem(cfg, gpu_mem_bytes: int) -> str | None:
 
     from scalerl_mega.build import megatron_config
     from scalerl_mega.cluster import plan
-    from scalerl_mega.trainer.megatron.dry_run import model_shape, train_layout
+    from scalerl_mega.dry_run import model_shape, train_layout
 
     world = int(cfg.cluster.trainer_devices)
     if world < 1:

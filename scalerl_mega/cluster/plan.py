@@ -13,7 +13,7 @@ Byte counts (all per GPU, per parameter held by that GPU):
   after the bf16 wrap): its weights are 4 B, grads 4 B, and the optimizer holds only Adam m and v
   (8 B, sharded); the FP32 parameter is its own main copy.
   These counts are reconciled with the trainer's real Megatron buffers by the meta-device dry run
-  (`scalerl_mega/trainer/megatron/dry_run.py`, tests/integration/test_dry_run.py: within 5%).
+  (`scalerl_mega/dry_run.py`, tests/integration/test_dry_run.py: within 5%).
 * Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models" (arXiv:2205.05198), Sec. 4.1 / Table 2, re-derived term by term for a Llama block
   (RMSNorm, GQA, SwiGLU, no dropout, so the dropout masks of their ``34sbh + 5as^2b`` vanish).

@@ -1,6 +1,6 @@
 """The recipe's axes (paper Sec. 3-4, App. A.9 leave-one-out): loss, aggregation, advantage normalization,
 off-policy setup, length control, curriculum, batch filter and LM-head precision, each a Hydra group with
-its own checks. The loss names are the objective's own list (`objective.losses.LOSS_TYPES`)."""
+its own checks. The loss and aggregation names are the objective's own lists (`objective/names.py`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from scalerl_mega.config.checks import one_of, positive
-from scalerl_mega.objective.is_correction import IS_CORRECTIONS
-from scalerl_mega.objective.losses import LOSS_TYPES as LOSS_NAMES
+from scalerl_mega.objective.names import AGGREGATIONS as AGGREGATION_NAMES
+from scalerl_mega.objective.names import LOSS_NAMES
 
-AGGREGATION_NAMES = ("prompt", "sample", "token")
 ADV_NORM_NAMES = ("batch", "prompt", "none")
 OFF_POLICY_NAMES = ("pipeline_rl", "ppo_off_policy")
 LENGTH_NAMES = ("interruption", "penalty")
@@ -149,6 +148,8 @@ def validate_loss(loss: LossConfig) -> None:
             raise ValueError(f"loss.eps_low={eps_low!r} must be in [0, 1) for {loss.name}")
         if loss.name == "grpo" and eps_low is not None and eps_high is not None and eps_low != eps_high:
             raise ValueError(f"loss.eps_low={eps_low} != loss.eps_high={eps_high}: grpo clips symmetrically")
+    from scalerl_mega.objective.is_correction import IS_CORRECTIONS  # torch: only when validating
+
     one_of("loss.is_correction", loss.is_correction, IS_CORRECTIONS)
     if loss.is_correction.startswith("tis"):
         positive("loss.is_cap", loss.is_cap)

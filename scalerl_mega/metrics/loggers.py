@@ -81,7 +81,7 @@ def build_loggers(cfg: Any) -> list:
     names = list(getattr(cfg.metrics, "loggers", []) or [])
     if not names:
         return []
-    from scalerl_mega.run_dir import flat_config
+    from scalerl_mega.config import flat_config
 
     check_loggers(cfg.metrics)
     run_dir, config = Path(cfg.output_dir), flat_config(cfg)

@@ -3,7 +3,7 @@
     scalerl-train init_from_hf=/ckpt model=hf ...        # shapes come from /ckpt/config.json
     scalerl-train init_from_hf=/ckpt model=llama3_8b ... # the preset must match /ckpt/config.json
 
-Both run at compose time (`resolve_model`, called from `train.to_config`), before any model is
+Both run at compose time (`resolve_model`, called from `compose.prepare`), before any model is
 built, so a mismatch is reported before a size check such as "built only on GPU" could fire.
 
 Supported `config.json` kinds: Llama-3.x dense (`model_type: llama`, incl. `rope_scaling` of type
@@ -20,7 +20,10 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.config import TrainConfig
 
 HF_MODEL_NAME = "hf"
 """`model.name` of conf/model/hf.yaml: derive the model from `init_from_hf`'s config.json."""
@@ -150,7 +153,7 @@ def check_model_matches_hf(model: Any, path: str | Path, *, key: str = "init_fro
                          + "; ".join(bad) + ". Use model=hf to take the shapes from the checkpoint, or fix model.*")
 
 
-def resolve_model(config: Any) -> Any:
+def resolve_model(config: TrainConfig) -> Any:
     """Compose-time step of `scalerl-train` (a TrainConfig in, the same object out).
 
     `model=hf` (model.name == 'hf'): `config.model` becomes the checkpoint's; needs `init_from_hf`.

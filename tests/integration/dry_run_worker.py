@@ -1,5 +1,5 @@
 """Child process of tests/integration/test_dry_run.py: compose each named override list with Hydra,
-dry-run it (trainer/megatron/dry_run.py; builds shared through one cache) and write the results.
+dry-run it (scalerl_mega/dry_run.py; builds shared through one cache) and write the results.
 
     python dry_run_worker.py CASES.json OUT.json
 CASES.json: {"name": [override, ...], ...}; OUT.json: {"name": dry_run payload | {"error": message}}.
@@ -34,7 +34,7 @@ def compose(overrides: list[str]):
 def main() -> None:
     import logging
 
-    from scalerl_mega.trainer.megatron.dry_run import LayoutError, dry_run
+    from scalerl_mega.dry_run import LayoutError, dry_run
 
     logging.getLogger("megatron").setLevel(logging.ERROR)
     cases = json.loads(Path(sys.argv[1]).read_text())

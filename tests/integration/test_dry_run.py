@@ -1,4 +1,4 @@
-"""Full-scale dry run (trainer/megatron/dry_run.py): the real Megatron layouts of the cluster scripts,
+"""Full-scale dry run (scalerl_mega/dry_run.py): the real Megatron layouts of the cluster scripts,
 built on the meta device in one CPU process with a fake process group.
 
 * the CLI contract (`dry_run=true output_dir=DIR` -> DIR/dry_run.json + table, exit 0; exit 2 naming

@@ -25,7 +25,7 @@ def test_native_bf16_is_read_from_cpu_flags(text, native):
 
 
 def test_warns_once_with_the_override_and_only_on_rank_0(monkeypatch, caplog):
-    import scalerl_mega.config as config
+    import scalerl_mega.config.machine as config
 
     monkeypatch.setattr(config, "_cpu_bf16_warned", False)
     monkeypatch.setenv("RANK", "1")
@@ -46,7 +46,7 @@ def test_scalerl_on_cpu_warns_at_start_up_and_the_override_is_quiet(monkeypatch,
     sys.path.insert(0, str(Path(__file__).parent))
     from test_hf_model_config import _compose
 
-    import scalerl_mega.config as config
+    import scalerl_mega.config.machine as config
 
     monkeypatch.setattr(config, "cpu_native_bf16", lambda cpuinfo=None: False)  # an AVX2-only host
     monkeypatch.delenv("RANK", raising=False)

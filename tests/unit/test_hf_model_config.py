@@ -150,7 +150,7 @@ def test_model_hf_without_checkpoint_names_the_key():
 def test_smollm2_cpu_experiment_validates(tmp_path):
     """docs/extending.md's real-model command composes and passes every compose-time check."""
     from scalerl_mega.config import validate
-    from scalerl_mega.preflight import prepare
+    from scalerl_mega.compose import prepare
 
     data = tmp_path / "problems.jsonl"
     data.write_text('{"problem": "1 + 1?", "answer": "2"}\n')

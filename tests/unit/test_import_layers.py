@@ -7,8 +7,9 @@ import each other; and the import graph has no circles.
 Layers, lowest first (a module takes the layer of the longest matching prefix):
   0 base       shared records and pure code: types, the typed config (config/), objective/, scaling/,
                the pure conversion tables, process utilities
-  1 components data/, rewards/, rollout/, sglang_emulation/, trainer/, metrics/, cluster/; they do not know
-               each other. convert/'s I/O is a tool over the trainer (layer 1.5: it may read the trainer).
+  1 components data/, rewards/, rollout/, trainer/, metrics/, cluster/; they do not know each other.
+  1.5 tools    built over one component: convert/'s I/O reads the trainer's checkpoints; sglang_emulation/
+               serves the local engine (rollout/) behind SGLang's HTTP API.
   2 assembly   build (config groups -> components), loop, sft, run_dir, preflight, report, compose
   3 entry      train, serve, the launch check, the meta-device dry run, reproduce*, scaling.cli, gguf_import
 """
@@ -29,7 +30,7 @@ LAYERS: dict[str, float] = {
     "weight_wire": BASE, "config": BASE, "objective": BASE, "scaling": BASE,
     "convert.dims": BASE, "convert.layout": BASE, "convert.tables": BASE, "convert.hf_layout": BASE,
     "convert.sharding": BASE, "convert.model_config": BASE, "convert.tiny": BASE,
-    "data": COMPONENT, "rewards": COMPONENT, "rollout": COMPONENT, "sglang_emulation": COMPONENT,
+    "data": COMPONENT, "rewards": COMPONENT, "rollout": COMPONENT, "sglang_emulation": TOOL,
     "trainer": COMPONENT, "metrics": COMPONENT, "cluster": COMPONENT,
     "convert": TOOL,
     "build": ASSEMBLY, "loop": ASSEMBLY, "sft": ASSEMBLY, "warm_start": ASSEMBLY, "run_dir": ASSEMBLY,
@@ -38,7 +39,7 @@ LAYERS: dict[str, float] = {
     "reproduce_report": ENTRY, "reproduce2_report": ENTRY, "reproduce_common": ENTRY, "scaling.cli": ENTRY,
     "gguf_import": ENTRY,
 }
-COMPONENTS = ("data", "rewards", "rollout", "sglang_emulation", "trainer", "metrics", "cluster")
+COMPONENTS = ("data", "rewards", "rollout", "trainer", "metrics", "cluster")
 NAMES = {BASE: "base", COMPONENT: "component", TOOL: "tool", ASSEMBLY: "assembly", ENTRY: "entry"}
 
 

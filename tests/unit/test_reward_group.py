@@ -26,7 +26,7 @@ def _reward_fn(*overrides):
     from test_hf_model_config import _compose
 
     from scalerl_mega.build import build_reward_fn
-    from scalerl_mega.preflight import prepare
+    from scalerl_mega.compose import prepare
 
     return build_reward_fn(prepare(_compose("experiment=demo", *overrides)))
 
@@ -83,7 +83,7 @@ def test_custom_reward_deadline_and_errors_score_incorrect():
 def test_reward_errors_at_compose_time(override, match):
     from test_hf_model_config import _compose
 
-    from scalerl_mega.preflight import prepare
+    from scalerl_mega.compose import prepare
 
     with pytest.raises(ValueError, match=match):
         prepare(_compose("experiment=demo", override))

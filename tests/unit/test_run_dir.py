@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _config(out: Path, *overrides: str):
     from test_hf_model_config import _compose
 
-    from scalerl_mega.preflight import prepare
+    from scalerl_mega.compose import prepare
 
     return prepare(_compose("experiment=demo", f"output_dir={out}", *overrides))
 

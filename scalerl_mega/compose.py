@@ -1,0 +1,85 @@
+"""The one way a `scalerl-train` config is made: compose `conf/` with overrides (Hydra), turn the node into
+the typed TrainConfig tree, prepare it and validate it. `scalerl-train` (through `@hydra.main`, then
+`from_node`), `--validate`, the engine server (`scalerl_mega.serve`), the Slurm launch check
+(`cluster.launch_config`) and the benches all go through here.
+
+Preparation (`prepare`) is everything that can be checked or derived before a process group, model or
+engine exists:
+
+    model     model=hf -> the checkpoint's shapes; an explicit preset is checked against init_from_hf
+    data      column keys / template, and that every data file exists (data/columns.py)
+    reward    the reward group, incl. that a custom `_target_` imports and is callable
+    metrics   optional trackers (metrics.loggers) are known and installed
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from scalerl_mega.conf_path import conf_dir
+
+if TYPE_CHECKING:  # pragma: no cover
+    from omegaconf import DictConfig
+
+    from scalerl_mega.config import TrainConfig
+
+CONFIG_NAME = "train"
+
+
+def prepare(config: TrainConfig) -> TrainConfig:
+    """`config` with `model=hf` resolved; ValueError naming the key on any problem."""
+    from scalerl_mega.data.columns import check_data_files, check_data_keys
+    from scalerl_mega.metrics.loggers import check_loggers
+    from scalerl_mega.model.hf_import import resolve_model
+    from scalerl_mega.rewards.custom import check_reward_settings
+
+    resolve_model(config)
+    check_data_keys(config.data)
+    if config.data.name != "synthetic" and not getattr(config, "dry_run", False):
+        check_data_files(config.data)  # a dry run builds the layout only: no data is read
+    check_reward_settings(config.reward)
+    check_loggers(config.metrics)
+    return config
+
+
+def from_node(node: DictConfig, *, preflight: bool = True, machine: bool = True) -> TrainConfig:
+    """A composed OmegaConf node -> the validated TrainConfig: `prepare` (with `preflight`), the checks of
+    every group (`config.validate`), and this machine's (`config.validate_machine`, with `machine`)."""
+    from omegaconf import OmegaConf
+
+    from scalerl_mega.config import validate, validate_machine
+
+    config = OmegaConf.to_object(node)
+    if preflight:
+        prepare(config)
+    validate(config)
+    if machine:
+        validate_machine(config)
+    return config
+
+
+def compose_node(overrides: list[str]) -> DictConfig:
+    """Hydra's composition of `conf/train.yaml` with `overrides` outside `@hydra.main` (`hydra.*` overrides,
+    which only a launch can apply, are dropped; `output_dir` defaults to `.`, since it otherwise
+    interpolates Hydra's run directory). Raises Hydra's / OmegaConf's errors for a bad override."""
+    from hydra import compose
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra import initialize_config_dir
+
+    from scalerl_mega.config import register_configs
+
+    register_configs()
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    if not any(o.startswith("output_dir=") for o in kept):
+        kept.append("output_dir=.")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            return compose(config_name=CONFIG_NAME, overrides=kept)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def compose(overrides: list[str], *, preflight: bool = True, machine: bool = False) -> TrainConfig:
+    """The validated TrainConfig of `scalerl-train OVERRIDES` (`compose_node`, then `from_node`)."""
+    return from_node(compose_node(overrides), preflight=preflight, machine=machine)

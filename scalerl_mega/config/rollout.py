@@ -1,0 +1,63 @@
+"""The `rollout` group: the generation backend (the RolloutEngine seam of interfaces.py) and its checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scalerl_mega.config.checks import one_of, positive
+
+ROLLOUT_NAMES = ("local", "sglang")
+
+
+@dataclass
+class RolloutConfig:
+    """Generation backend (the RolloutEngine seam of interfaces.py)."""
+
+    name: str = "local"
+    """local (HF-transformers engine in its own process) | sglang."""
+    num_engines: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_batch_size: int = 256
+    """Max concurrent sequences per engine: the local engine's decode batch; rollout=sglang: the
+    /generate requests kept in flight on each server (num servers x this in all, pooled connections)."""
+    weight_sync_bucket_mb: int = 64
+    engine_threads: int = 1
+    """torch threads in each local engine process."""
+    sglang_host: str = "127.0.0.1"
+    sglang_port: int = 30000
+    sglang_tp_size: int = 1
+    sglang_mem_fraction: float = 0.8
+    startup_timeout_s: float = 600.0
+    engine_urls: list[str] = field(default_factory=list)
+    """rollout=sglang: attach to these running servers (http://host:port, e.g. the generator job
+    steps of slurm/common.sh) instead of launching `num_engines` servers."""
+    sync_master_address: str = ""
+    """Address the servers use to reach the trainer for weight sync when attached; empty:
+    127.0.0.1 if every engine URL is on this host, else this host's name."""
+    stall_timeout_s: float = 1800.0
+    """A generation or validation wait with requests in flight and no completion for this long is an
+    error naming the engines (a hung or dead server), not an endless wait."""
+    inflight_hold_tokens: int = 0
+    """Rehearsal/test knob (local engine, PipelineRL only): a request that cannot be trained before
+    the next weight update pauses after this many tokens until that update arrives, so in-flight
+    updates on a stale KV cache happen deterministically instead of depending on relative speeds
+    (`SamplingParams.hold_at`). 0: off (production)."""
+
+def validate_rollout(rollout: RolloutConfig) -> None:
+    """`rollout.*` on its own (the pause mode and routes depend on other groups: `config.tree.validate`)."""
+    one_of("rollout.name", rollout.name, ROLLOUT_NAMES)
+    positive("rollout.num_engines", rollout.num_engines)
+    positive("rollout.max_batch_size", rollout.max_batch_size)
+    positive("rollout.temperature", rollout.temperature)
+    if not 0.0 < rollout.top_p <= 1.0:
+        raise ValueError(f"rollout.top_p={rollout.top_p!r} must be in (0, 1]")
+    if rollout.top_p < 1.0:
+        raise ValueError(
+            f"rollout.top_p={rollout.top_p!r} is refused: the engine would sample from the top-p nucleus "
+            "while the trainer's log-probs (and the engine's returned log-probs) are over the full vocabulary, "
+            "which biases every importance ratio; the trainer cannot renormalise over the same nucleus exactly "
+            "with vocab-parallel logits or the fused FP32 head (docs/running_scalerl.md 'Train/inference "
+            "consistency'). Use rollout.top_p=1.0")
+    positive("rollout.stall_timeout_s", rollout.stall_timeout_s)
+    positive("rollout.inflight_hold_tokens", rollout.inflight_hold_tokens, allow_zero=True)
