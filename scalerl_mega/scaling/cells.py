@@ -129,18 +129,8 @@ def _cells_fast(C, R, R0, a_grid, cm_grid) -> tuple[np.ndarray, np.ndarray]:
     lcm = np.log(cm_grid)  # (nM,)
     tb = np.linspace(math.log(_FAST_B_LO), math.log(_FAST_B_HI), _FAST_N_B)
     bs = np.exp(tb)
-    nM, nB, n = lcm.size, tb.size, x.size
-    Sys = np.empty((nM, nB))
-    Sss = np.empty((nM, nB))
-    x32, y32, hb32 = x.astype(np.float32), y.astype(np.float32), (0.5 * bs).astype(np.float32)
-    chunk = max(1, int(2_000_000 // (nB * n)))
-    for j0 in range(0, nM, chunk):
-        d = x32[None, :] - lcm[j0 : j0 + chunk, None].astype(np.float32)  # (m, n)
-        s = np.tanh(hb32[None, :, None] * d[:, None, :])  # expit(z) = (1 + tanh(z / 2)) / 2
-        s += np.float32(1.0)
-        s *= np.float32(0.5)  # (m, nB, n)
-        Sys[j0 : j0 + chunk] = s @ y32
-        Sss[j0 : j0 + chunk] = np.einsum("mbn,mbn->mb", s, s)
+    nB, n = tb.size, x.size
+    Sys, Sss = _sigmoid_sums(x, y, lcm, bs)
     syy = float(y @ y)
     # SSE for every (A, C_mid, B-grid) triple through the linearity in a.
     g = syy - 2.0 * a[:, None, None] * Sys[None] + (a * a)[:, None, None] * Sss[None]  # (nA, nM, nB)
@@ -163,19 +153,45 @@ def _cells_fast(C, R, R0, a_grid, cm_grid) -> tuple[np.ndarray, np.ndarray]:
     cand.ravel()[np.argsort(flat_est)[: min(8, flat_est.size)]] = True
     ii, jj = np.nonzero(cand)
     kk = k[ii, jj]
+    t_fin, f_fin = _refine_cells(x, R, R0, a[ii], lcm[jj], tb, kk)
+    sse = gk.copy()
+    b = bs[k].copy()
+    sse[ii, jj] = f_fin
+    b[ii, jj] = np.exp(t_fin)
+    return sse, b
+
+
+def _sigmoid_sums(x, y, lcm, bs) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 1 of `_cells_fast` (float32): for every (C_mid, B) pair, sum_i s_i y_i and sum_i s_i^2 with
+    s_i = expit(B (x_i - log C_mid)), computed in chunks of C_mid to bound memory. Returns (Sys, Sss), (nM, nB)."""
+    nM, nB, n = lcm.size, bs.size, x.size
+    Sys = np.empty((nM, nB))
+    Sss = np.empty((nM, nB))
+    x32, y32, hb32 = x.astype(np.float32), y.astype(np.float32), (0.5 * bs).astype(np.float32)
+    chunk = max(1, int(2_000_000 // (nB * n)))
+    for j0 in range(0, nM, chunk):
+        d = x32[None, :] - lcm[j0 : j0 + chunk, None].astype(np.float32)  # (m, n)
+        s = np.tanh(hb32[None, :, None] * d[:, None, :])  # expit(z) = (1 + tanh(z / 2)) / 2
+        s += np.float32(1.0)
+        s *= np.float32(0.5)  # (m, nB, n)
+        Sys[j0 : j0 + chunk] = s @ y32
+        Sss[j0 : j0 + chunk] = np.einsum("mbn,mbn->mb", s, s)
+    return Sys, Sss
+
+
+def _refine_cells(x, R, R0, a_k, lcm_k, tb, kk) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 2 of `_cells_fast` (float64, exact SSE): golden-section on log B within two B-grid steps of each
+    candidate cell's grid minimum `kk`, keeping the grid point itself when it is better (minimum at B -> 0.01
+    or 100). Returns (log B, SSE) per candidate cell."""
+    nB = tb.size
     lo = tb[np.clip(kk - 2, 0, nB - 1)]
     hi = tb[np.clip(kk + 2, 0, nB - 1)]
-    a_k, lcm_k = a[ii], lcm[jj]
     t_best, f_best = _golden(x, R, R0, a_k, lcm_k, lo.copy(), hi.copy(), f_stop=20, iters=_GOLDEN_ITERS)
     # Keep the B-grid end point when the minimum sits there (B -> 0.01 or 100).
     t_end = tb[kk]
     f_end = _sse_cells(x, R, R0, a_k, lcm_k, t_end)
     use_end = f_end < f_best
-    sse = gk.copy()
-    b = bs[k].copy()
-    sse[ii, jj] = np.where(use_end, f_end, f_best)
-    b[ii, jj] = np.exp(np.where(use_end, t_end, t_best))
-    return sse, b
+    return np.where(use_end, t_end, t_best), np.where(use_end, f_end, f_best)
 
 
 # --------------------------------------------------------------------------------------------------------------
