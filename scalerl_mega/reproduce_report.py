@@ -26,9 +26,12 @@ import math
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from scalerl_mega.scaling.fit import FitOptions
 
 RECIPE_RUN_NAMES = ("repro_scalerl", "repro_dapo", "repro_no_zvf", "repro_no_fp32_head", "repro_no_npr")
 """The `experiment=` overlays of the leave-one-out sweep (`python -m scalerl_mega.reproduce sweep`); the
@@ -171,11 +174,10 @@ def discover(runs_dir: Path) -> dict[str, dict[int, Path]]:
 
 # ------------------------------------------------------------------------------------------------ analyse
 def _fit_axis(runs: dict[str, dict[int, Path]], axis: Axis) -> dict[str, Any]:
-    from scalerl_mega.scaling.compare import SEED_MARGIN_A, compare_loo
+    from scalerl_mega.scaling.compare import compare_loo
     from scalerl_mega.scaling.fit import FitOptions
     from scalerl_mega.scaling.identify import assess, options_for
     from scalerl_mega.scaling.io import read_series
-    from scalerl_mega.scaling.seeds import compare_paired, compare_recipe, half_range, seed_mean_curve
 
     base = FitOptions(method="fast")
     series, opts, fits, assessed, n_samples = {}, {}, {}, {}, {}
@@ -194,6 +196,18 @@ def _fit_axis(runs: dict[str, dict[int, Path]], axis: Axis) -> dict[str, Any]:
     loo_by = {r.label: r for r in loo.runs}
     per_run = {k: {**assessed[k].summary(), "B_at_common_A": None if math.isnan(loo_by[k].B) else loo_by[k].B,
                    "last_val_pass_rate": float(series[k][1][-1])} for k in keys}
+    recipes = _recipe_rows(runs, per_run)
+    mean_curves, mean_assessed, loo_mean = _fit_seed_means(runs, series, n_samples, base)
+    return {"axis": axis, "series": series, "fits": fits, "assessed": assessed, "per_run": per_run, "loo": loo,
+            "recipes": recipes, "mean_curves": mean_curves, "mean_assessed": mean_assessed,
+            "mean_fits": {rec: a.fit for rec, a in mean_assessed.items()}, "loo_mean": loo_mean}
+
+
+def _recipe_rows(runs: dict[str, dict[int, Path]], per_run: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per recipe: its seeds' A and B (at the common A), their spread, and (for the variants) the paired and
+    seed-aware comparison against the `REFERENCE` recipe with its verdict."""
+    from scalerl_mega.scaling.compare import SEED_MARGIN_A
+    from scalerl_mega.scaling.seeds import compare_paired, compare_recipe, half_range
 
     def seed_values(rec: str, field: str) -> list[float]:
         return [math.nan if per_run[f"{rec}/seed{s}"][field] is None else per_run[f"{rec}/seed{s}"][field]
@@ -220,6 +234,17 @@ def _fit_axis(runs: dict[str, dict[int, Path]], axis: Axis) -> dict[str, Any]:
                                  for k, v in cmp.__dict__.items()}
             row["verdict"] = verdict(cmp.outcome, control=FINDINGS[rec].control)
         recipes[rec] = row
+    return recipes
+
+
+def _fit_seed_means(runs: dict[str, dict[int, Path]], series: dict[str, Any], n_samples: dict[str, Any],
+                    base: FitOptions) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """Fit each recipe's seed-mean curve (with the summed sample counts) and compare them by leave-one-out.
+    Returns (mean_curves, mean_assessed, loo_mean)."""
+    from scalerl_mega.scaling.compare import compare_loo
+    from scalerl_mega.scaling.identify import assess, options_for
+    from scalerl_mega.scaling.seeds import seed_mean_curve
+
     mean_curves = {rec: seed_mean_curve([series[f"{rec}/seed{s}"] for s in runs[rec]]) for rec in runs}
     mean_opts = {rec: options_for(c, grid="relative", base=base) for rec, (c, _) in mean_curves.items()}
     mean_assessed = {}
@@ -230,9 +255,7 @@ def _fit_axis(runs: dict[str, dict[int, Path]], axis: Axis) -> dict[str, Any]:
         mean_assessed[rec] = assess(*mean_curves[rec], options=mean_opts[rec], n_samples=total)
     loo_mean = compare_loo(list(mean_curves.values()), labels=list(mean_curves), options=list(mean_opts.values()),
                            identified=[mean_assessed[rec].identified for rec in mean_curves])
-    return {"axis": axis, "series": series, "fits": fits, "assessed": assessed, "per_run": per_run, "loo": loo,
-            "recipes": recipes, "mean_curves": mean_curves, "mean_assessed": mean_assessed,
-            "mean_fits": {rec: a.fit for rec, a in mean_assessed.items()}, "loo_mean": loo_mean}
+    return mean_curves, mean_assessed, loo_mean
 
 
 FINAL_POINTS = 3
