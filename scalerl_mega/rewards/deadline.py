@@ -17,7 +17,7 @@ import select
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from scalerl_mega.preemption import _prctl, set_pdeathsig
 
@@ -46,41 +46,12 @@ def call_in_child(
     _prctl()  # resolved before the fork (see set_pdeathsig)
     pid = os.fork()
     if pid == 0:  # child: never return into the caller's stack
-        code = 0
-        try:
-            set_pdeathsig(parent)  # nobody would enforce the deadline after the caller died
-            os.close(r)
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-            try:
-                out: tuple[str, Any] = ("ok", fn(*args))
-            except BaseException as e:  # noqa: BLE001 - report everything to the parent
-                out = ("error", f"{type(e).__name__}: {str(e)[:200]}")
-            data = pickle.dumps(out)
-            view = memoryview(data)
-            while view:
-                n = os.write(w, view)
-                view = view[n:]
-        except BaseException:  # noqa: BLE001
-            code = 1
-        finally:
-            os._exit(code)
+        _child_main(fn, args, r=r, w=w, parent=parent, limit=limit)
     os.close(w)
     chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout_s
     timed_out = False
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            ready, _, _ = select.select([r], [], [], left)
-            if not ready:
-                continue
-            chunk = os.read(r, 1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
+        timed_out = _read_until(r, chunks, deadline=time.monotonic() + timeout_s)
     finally:
         os.close(r)
         if timed_out:
@@ -92,3 +63,41 @@ def call_in_child(
         return pickle.loads(b"".join(chunks))
     except Exception:  # noqa: BLE001 - truncated output: the child died (e.g. MemoryError in pickling)
         return ("crash", os.waitstatus_to_exitcode(status))
+
+
+def _child_main(fn: Callable[..., Any], args: tuple[Any, ...], *, r: int, w: int, parent: int, limit: int) -> NoReturn:
+    """The forked child of `call_in_child`: run `fn(*args)` under the address-space `limit`, write the pickled
+    ("ok", value) or ("error", message) to `w`, and `os._exit` (0, or 1 if even that failed)."""
+    code = 0
+    try:
+        set_pdeathsig(parent)  # nobody would enforce the deadline after the caller died
+        os.close(r)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        try:
+            out: tuple[str, Any] = ("ok", fn(*args))
+        except BaseException as e:  # noqa: BLE001 - report everything to the parent
+            out = ("error", f"{type(e).__name__}: {str(e)[:200]}")
+        data = pickle.dumps(out)
+        view = memoryview(data)
+        while view:
+            n = os.write(w, view)
+            view = view[n:]
+    except BaseException:  # noqa: BLE001
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _read_until(r: int, chunks: list[bytes], *, deadline: float) -> bool:
+    """Append what the child writes to `r` onto `chunks` until EOF (False) or the monotonic `deadline` (True)."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return True
+        ready, _, _ = select.select([r], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(r, 1 << 16)
+        if not chunk:
+            return False
+        chunks.append(chunk)
