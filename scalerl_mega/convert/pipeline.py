@@ -161,26 +161,14 @@ def convert_hf_to_megatron(
                 ep_rank = 0 if e is None else sharding.expert_owner(e, num_experts=dims.num_experts, ep=ep)
                 size = tp if e is None else etp
                 for t in range(size):
-                    key = (t, stage, ep_rank)
-                    if key not in writers:
-                        d = os.path.join(tmp, rank_dir(*key))
-                        os.makedirs(d)
-                        writers[key] = ShardedWriter(d, max_shard_bytes=max_shard_bytes)
-                    writers[key].add(name, sharding.tp_shard(name, full, rank=t, size=size))
+                    w = _rank_writer(writers, (t, stage, ep_rank), tmp=tmp, max_shard_bytes=max_shard_bytes)
+                    w.add(name, sharding.tp_shard(name, full, rank=t, size=size))
                 del full
                 if bar:
                     bar.update(1)
-        checksums, nbytes = {}, 0
-        for key, w in sorted(writers.items()):
-            w.finish()
-            checksums.update({f"{rank_dir(*key)}/{n}": c for n, c in w.checksums.items()})
-            nbytes += w.total_bytes
+        checksums, nbytes = _finish_writers(writers)
         if non_text:  # carried unchanged, so that a conditional-layout export gives the checkpoint back
-            os.makedirs(os.path.join(tmp, NON_TEXT_DIR))
-            w = ShardedWriter(os.path.join(tmp, NON_TEXT_DIR), max_shard_bytes=max_shard_bytes)
-            for n in non_text:
-                w.add(n, src.get(n))
-            w.finish()
+            _write_non_text(src, non_text, tmp=tmp, max_shard_bytes=max_shard_bytes)
         meta = {
             "format": FORMAT, "arch": dims.arch, "tp": tp, "pp": pp, "ep": ep, "etp": etp,
             "vocab_multiple": vocab_multiple, "padded_vocab_size": padded, "hf_config": cfg, "shapes": shapes,
@@ -197,6 +185,36 @@ def convert_hf_to_megatron(
             bar.close()
     os.replace(tmp, out)
     return _summary(checksums, nbytes, layout=layout.kind, skipped=_non_text_report(src, non_text))
+
+
+def _rank_writer(
+    writers: dict[tuple[int, int, int], ShardedWriter], key: tuple[int, int, int], *, tmp: str, max_shard_bytes: int
+) -> ShardedWriter:
+    """The writer of the (tp, pp, ep) rank `key` under `tmp`, created (with its directory) on first use."""
+    if key not in writers:
+        d = os.path.join(tmp, rank_dir(*key))
+        os.makedirs(d)
+        writers[key] = ShardedWriter(d, max_shard_bytes=max_shard_bytes)
+    return writers[key]
+
+
+def _finish_writers(writers: dict[tuple[int, int, int], ShardedWriter]) -> tuple[dict[str, str], int]:
+    """Close every rank's writer (in rank order); returns ({rank_dir/file: checksum}, total bytes written)."""
+    checksums, nbytes = {}, 0
+    for key, w in sorted(writers.items()):
+        w.finish()
+        checksums.update({f"{rank_dir(*key)}/{n}": c for n, c in w.checksums.items()})
+        nbytes += w.total_bytes
+    return checksums, nbytes
+
+
+def _write_non_text(src: SafetensorsDir, non_text: list[str], *, tmp: str, max_shard_bytes: int) -> None:
+    """Copy the non-text tensors (vision tower etc.) unchanged into `tmp`/NON_TEXT_DIR."""
+    os.makedirs(os.path.join(tmp, NON_TEXT_DIR))
+    w = ShardedWriter(os.path.join(tmp, NON_TEXT_DIR), max_shard_bytes=max_shard_bytes)
+    for n in non_text:
+        w.add(n, src.get(n))
+    w.finish()
 
 
 def validate_megatron(ck: MegatronShards) -> None:
