@@ -27,11 +27,15 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from scalerl_mega.scaling.fit import FitOptions
 from scalerl_mega.scaling.identify import CUT_FRACTION, assess, auto_grid, options_for, verdict_text
+
+if TYPE_CHECKING:
+    from scalerl_mega.scaling.io import Series
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -122,23 +126,8 @@ def _num(v: float, fmt: str) -> str:
 def _run(args) -> int:
     from scalerl_mega.scaling.compare import SEED_MARGIN_A, bootstrap_points, bootstrap_seeds, compare_loo, \
         extrapolation_error
-    from scalerl_mega.scaling.io import domain_keys, read_series
 
-    labels = args.label or []
-    if labels and len(labels) != len(args.paths):
-        raise ValueError(f"--label got {len(labels)} names for {len(args.paths)} paths")
-    if args.domains:
-        series = []
-        for k, p in enumerate(args.paths):
-            keys = domain_keys(p)
-            if not keys:
-                raise ValueError(f"{p}: --domains found no val/<domain>_pass_rate key")
-            base_name = labels[k] if labels else read_series(p, x=args.x, y=keys[0]).name
-            series += [read_series(p, x=args.x, y=key, name=f"{base_name}/{key[len('val/'):-len('_pass_rate')]}")
-                       for key in keys]
-    else:
-        series = [read_series(p, x=args.x, y=args.y, name=labels[k] if labels else None)
-                  for k, p in enumerate(args.paths)]
+    series = _read_all(args)
     base, grid, fit_from, desc = _options(args, series)
     rows, fits, extraps, assessed = [], [], [], []
     for s in series:
@@ -185,6 +174,28 @@ def _run(args) -> int:
     else:
         _print_table(desc, rows, loo, plots, seeds)
     return 0
+
+
+def _read_all(args) -> list[Series]:
+    """The curves named on the command line: one per path, or with --domains one per val/<domain>_pass_rate key
+    of each path (named `<label>/<domain>`)."""
+    from scalerl_mega.scaling.io import domain_keys, read_series
+
+    labels = args.label or []
+    if labels and len(labels) != len(args.paths):
+        raise ValueError(f"--label got {len(labels)} names for {len(args.paths)} paths")
+    if not args.domains:
+        return [read_series(p, x=args.x, y=args.y, name=labels[k] if labels else None)
+                for k, p in enumerate(args.paths)]
+    series = []
+    for k, p in enumerate(args.paths):
+        keys = domain_keys(p)
+        if not keys:
+            raise ValueError(f"{p}: --domains found no val/<domain>_pass_rate key")
+        base_name = labels[k] if labels else read_series(p, x=args.x, y=keys[0]).name
+        series += [read_series(p, x=args.x, y=key, name=f"{base_name}/{key[len('val/'):-len('_pass_rate')]}")
+                   for key in keys]
+    return series
 
 
 def _loo_json(loo) -> dict | None:
