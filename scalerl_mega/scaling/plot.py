@@ -80,46 +80,8 @@ def plot_scaling(curves: Sequence[CurvePlot], *, path: str | Path, formats: Sequ
     c_max = max(float(c_all.max()), extend_to or 0.0)
     y_top = -math.inf
     for k, cv in enumerate(curves):
-        color = _COLORS[k % len(_COLORS)]
-        c = np.asarray(cv.compute, dtype=np.float64)
-        r = np.asarray(cv.reward, dtype=np.float64)
-        f = cv.fit
-        held = c > cv.heldout_from if cv.heldout_from is not None else np.zeros(c.shape, dtype=bool)
-        shown = c > 0 if log_x else np.ones(c.shape, dtype=bool)
-        lo, hi = f.compute_range
-        grid_lo = c_min if log_x else 0.0
-        xs_in = np.geomspace(lo, hi, 200) if lo > 0 else np.linspace(lo, hi, 200)
-        a = cv.assessment
-        identified = f.identified if a is None else a.identified
-        if identified:
-            label = f"{cv.label}: A={f.A:.3f}, B={f.B:.2f}, C_mid={f.C_mid:.4g}"
-        else:
-            label = f"{cv.label}: A not identified"
-        if a is not None:
-            a_lo, a_hi = a.A_interval
-            label = label.replace(f"A={f.A:.3f}", f"A={f.A:.3f} [{a_lo:.3f}, {a_hi:.3f}]") if identified else \
-                f"{label} (95% interval {a_lo:.3f}..{a_hi:.3f})"
-            ax.axhspan(a_lo, a_hi, color=color, alpha=0.12, lw=0, zorder=1)
-            if a.fit_from is not None and (a.fit_from > 0 or not log_x):
-                ax.axvline(a.fit_from, color=color, lw=0.9, ls=":", alpha=0.8, zorder=2,
-                           label=f"{cv.label}: fit cut {a.fit_from:.4g}")
-        ax.plot(xs_in, f.predict(xs_in), "-", color=color, lw=2.0, label=label, zorder=3)
-        if c_max > hi and identified:
-            xs_out = np.geomspace(hi, c_max, 120) if log_x else np.linspace(hi, c_max, 120)
-            ax.plot(xs_out, f.predict(xs_out), "--", color=color, lw=1.8, zorder=3,
-                    label=f"{cv.label}: extrapolated" if len(curves) == 1 else None)
-        if lo > grid_lo:
-            xs_pre = np.geomspace(grid_lo, lo, 60) if log_x else np.linspace(grid_lo, lo, 60)
-            ax.plot(xs_pre, f.predict(xs_pre), ":", color=color, lw=1.0, alpha=0.6)
-        m = shown & ~held
-        ax.plot(c[m], r[m], "*", color=color, ms=7, alpha=0.85, linestyle="none")
-        if held.any():
-            ax.plot(c[held & shown], r[held & shown], "x", color=color, ms=6, mew=1.3, alpha=0.6, linestyle="none",
-                    label=f"{cv.label}: held out")
-        if identified:
-            ax.axhline(f.A, color=color, lw=0.9, ls=(0, (1, 3)), alpha=0.9)
-            y_top = max(y_top, f.A)
-        y_top = max(y_top, float(r.max()))
+        y_top = _draw_curve(ax, cv, color=_COLORS[k % len(_COLORS)], c_min=c_min, c_max=c_max, log_x=log_x,
+                            single=len(curves) == 1, y_top=y_top)
     lo_y, hi_y = ax.get_ylim()
     ax.set_ylim(lo_y, max(hi_y, y_top + 0.04 * (y_top - lo_y)))
     if log_x:
@@ -132,6 +94,52 @@ def plot_scaling(curves: Sequence[CurvePlot], *, path: str | Path, formats: Sequ
     ax.legend(loc="lower right", fontsize=8, frameon=False)
     fig.tight_layout()
     return _save(fig, path, formats, dpi)
+
+
+def _draw_curve(ax, cv: CurvePlot, *, color: str, c_min: float, c_max: float, log_x: bool, single: bool,
+                y_top: float) -> float:
+    """Draw one run of `plot_scaling` (fitted curve, extrapolation, A band and line, points, held-out points);
+    returns `y_top` raised to its A (if identified) and its highest reward."""
+    c = np.asarray(cv.compute, dtype=np.float64)
+    r = np.asarray(cv.reward, dtype=np.float64)
+    f = cv.fit
+    held = c > cv.heldout_from if cv.heldout_from is not None else np.zeros(c.shape, dtype=bool)
+    shown = c > 0 if log_x else np.ones(c.shape, dtype=bool)
+    lo, hi = f.compute_range
+    grid_lo = c_min if log_x else 0.0
+    xs_in = np.geomspace(lo, hi, 200) if lo > 0 else np.linspace(lo, hi, 200)
+    a = cv.assessment
+    identified = f.identified if a is None else a.identified
+    if identified:
+        label = f"{cv.label}: A={f.A:.3f}, B={f.B:.2f}, C_mid={f.C_mid:.4g}"
+    else:
+        label = f"{cv.label}: A not identified"
+    if a is not None:
+        a_lo, a_hi = a.A_interval
+        label = label.replace(f"A={f.A:.3f}", f"A={f.A:.3f} [{a_lo:.3f}, {a_hi:.3f}]") if identified else \
+            f"{label} (95% interval {a_lo:.3f}..{a_hi:.3f})"
+        ax.axhspan(a_lo, a_hi, color=color, alpha=0.12, lw=0, zorder=1)
+        if a.fit_from is not None and (a.fit_from > 0 or not log_x):
+            ax.axvline(a.fit_from, color=color, lw=0.9, ls=":", alpha=0.8, zorder=2,
+                       label=f"{cv.label}: fit cut {a.fit_from:.4g}")
+    ax.plot(xs_in, f.predict(xs_in), "-", color=color, lw=2.0, label=label, zorder=3)
+    if c_max > hi and identified:
+        xs_out = np.geomspace(hi, c_max, 120) if log_x else np.linspace(hi, c_max, 120)
+        ax.plot(xs_out, f.predict(xs_out), "--", color=color, lw=1.8, zorder=3,
+                label=f"{cv.label}: extrapolated" if single else None)
+    if lo > grid_lo:
+        xs_pre = np.geomspace(grid_lo, lo, 60) if log_x else np.linspace(grid_lo, lo, 60)
+        ax.plot(xs_pre, f.predict(xs_pre), ":", color=color, lw=1.0, alpha=0.6)
+    m = shown & ~held
+    ax.plot(c[m], r[m], "*", color=color, ms=7, alpha=0.85, linestyle="none")
+    if held.any():
+        ax.plot(c[held & shown], r[held & shown], "x", color=color, ms=6, mew=1.3, alpha=0.6, linestyle="none",
+                label=f"{cv.label}: held out")
+    if identified:
+        ax.axhline(f.A, color=color, lw=0.9, ls=(0, (1, 3)), alpha=0.9)
+        y_top = max(y_top, f.A)
+    y_top = max(y_top, float(r.max()))
+    return y_top
 
 
 def plot_loo(curves: Sequence[CurvePlot], *, path: str | Path, formats: Sequence[str] = ("png", "svg"),
