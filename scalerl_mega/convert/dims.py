@@ -131,7 +131,12 @@ def dims_from_hf_config(cfg: Mapping[str, Any], *, where: str = "config.json", e
     )
     if arch == "llama":
         return ArchDims(ffn_hidden_size=int(_require(cfg, "intermediate_size", where)), **common)
-    # llama4_text
+    return _llama4_dims(cfg, common, where=where, layers=layers)
+
+
+def _llama4_dims(cfg: Mapping[str, Any], common: dict[str, Any], *, where: str, layers: int) -> ArchDims:
+    """The llama4_text part of `dims_from_hf_config`: NoPE layers, MoE layers and the Llama-4 attention
+    options on top of the `common` dimensions (raises ValueError naming the key)."""
     # absent/empty no_rope_layers and absent moe_layers: derived as transformers' Llama4TextConfig does
     interval = int(cfg.get("no_rope_layer_interval", 4))
     hf_rope_layers = list(cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)])
