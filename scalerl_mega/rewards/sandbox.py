@@ -221,18 +221,8 @@ def _setup_script(*, staging: str, new_root: str, argv: Sequence[str], isolation
         f"mount -t tmpfs -o size=4m,mode=0755 tmpfs {r}",
         f"cd {r}",
         "mkdir -p etc dev proc tmp mnt/py mnt/work .scratch",
+        *_host_bind_lines(),
     ]
-    for d in _SYSTEM_RO:
-        lines.append(f"if [ -L /{d} ]; then ln -s \"$(readlink /{d})\" {d}; "
-                     f"elif [ -d /{d} ]; then mkdir {d} && mount --bind /{d} {d} && "
-                     f"mount -o remount,bind,ro,nosuid,nodev {d}; fi")
-    for e in _ETC_RO:
-        lines.append(f"if [ -d /etc/{e} ]; then mkdir etc/{e} && mount --bind /etc/{e} etc/{e} && "
-                     f"mount -o remount,bind,ro etc/{e}; elif [ -f /etc/{e} ]; then : > etc/{e} && "
-                     f"mount --bind /etc/{e} etc/{e} && mount -o remount,bind,ro etc/{e}; fi")
-    lines.append(": > etc/passwd; : > etc/group")
-    for n in _DEV_NODES:
-        lines.append(f": > dev/{n}; mount --bind /dev/{n} dev/{n}")
     lines += [
         "ln -s /proc/self/fd dev/fd; ln -s /proc/self/fd/0 dev/stdin; ln -s /proc/self/fd/1 dev/stdout; "
         "ln -s /proc/self/fd/2 dev/stderr",
@@ -264,6 +254,31 @@ def _setup_script(*, staging: str, new_root: str, argv: Sequence[str], isolation
         "mount -o remount,ro,bind /",
         "cd /mnt/work",
     ]
+    lines.append(_exec_line(rel=rel, argv=argv, isolation=isolation, uid=uid, limits=limits))
+    return "\n".join(lines)
+
+
+def _host_bind_lines() -> list[str]:
+    """`_setup_script` lines (run in the new root, the cwd) that show the read-only host system directories
+    `_SYSTEM_RO`, the /etc files `_ETC_RO`, empty passwd/group files and the `_DEV_NODES`."""
+    lines = []
+    for d in _SYSTEM_RO:
+        lines.append(f"if [ -L /{d} ]; then ln -s \"$(readlink /{d})\" {d}; "
+                     f"elif [ -d /{d} ]; then mkdir {d} && mount --bind /{d} {d} && "
+                     f"mount -o remount,bind,ro,nosuid,nodev {d}; fi")
+    for e in _ETC_RO:
+        lines.append(f"if [ -d /etc/{e} ]; then mkdir etc/{e} && mount --bind /etc/{e} etc/{e} && "
+                     f"mount -o remount,bind,ro etc/{e}; elif [ -f /etc/{e} ]; then : > etc/{e} && "
+                     f"mount --bind /etc/{e} etc/{e} && mount -o remount,bind,ro etc/{e}; fi")
+    lines.append(": > etc/passwd; : > etc/group")
+    for n in _DEV_NODES:
+        lines.append(f": > dev/{n}; mount --bind /dev/{n} dev/{n}")
+    return lines
+
+
+def _exec_line(*, rel: str, argv: Sequence[str], isolation: Isolation, uid: int, limits: SandboxLimits) -> str:
+    """The last `_setup_script` line: exec the interpreter (`/mnt/py/<rel>`) with a clean environment, after
+    dropping to `uid` without capabilities (Isolation.ROOT) or under the process limit (user namespace)."""
     env = ["env", "-i", "PATH=/usr/bin:/bin", "HOME=/mnt/work", "LANG=C.UTF-8", "LD_LIBRARY_PATH=/mnt/py/lib"]
     prog = [*env, f"/mnt/py/{rel}", "-I", "-B", *argv]
     if isolation is Isolation.ROOT:
@@ -273,8 +288,7 @@ def _setup_script(*, staging: str, new_root: str, argv: Sequence[str], isolation
     else:
         n = limits.max_processes
         prog = ["prlimit", f"--nproc={n}:{n}", "--", *prog]
-    lines.append("exec " + " ".join(q(a) for a in prog))
-    return "\n".join(lines)
+    return "exec " + " ".join(shlex.quote(a) for a in prog)
 
 
 def _user_process_count() -> int:
