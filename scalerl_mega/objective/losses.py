@@ -231,6 +231,45 @@ def policy_loss(
     _check_inputs(logp, gen_logp, advantages, mask, prompt_index, loss_type=loss_type, is_correction=is_correction,
                   micro_batch=weights is not None)
     B, T = mask.shape
+    m, w, logp_m, log_ratio, clip_log_ratio, A_B1, is_flags = _loss_terms(
+        logp, gen_logp, advantages, mask, prompt_index, weights=weights, aggregation=aggregation,
+        loss_type=loss_type, is_correction=is_correction, is_cap=is_cap, is_low=is_low, is_high=is_high)
+
+    metrics: dict[str, float] = {}
+    J, clipped_u = _objective(loss_type, w=w, m=m, logp_m=logp_m, log_ratio=log_ratio, clip_log_ratio=clip_log_ratio,
+                              A_B1=A_B1, eps_low=eps_low, eps_high=eps_high, seq_metrics=None if sums else metrics)
+    loss = -J
+    with torch.no_grad():
+        if entropy is not None:
+            _check_bt("entropy", entropy, (B, T))
+        diag = diagnostic_sums(log_ratio.detach()[m], clipped_u,
+                               entropy_t=None if entropy is None else entropy.detach()[m], is_flags_u=is_flags)
+        if sums:
+            return loss, {"loss": loss.detach(), **diag}
+        metrics.update(loss=float(loss.detach()), **diagnostic_means(diag),
+                       num_tokens=float(m.sum()), num_samples=float((m.sum(1) > 0).sum()))
+    return loss, metrics
+
+
+def _loss_terms(
+    logp: torch.Tensor,
+    gen_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    prompt_index: torch.Tensor,
+    *,
+    weights: torch.Tensor | None,
+    aggregation: str,
+    loss_type: str,
+    is_correction: str,
+    is_cap: float,
+    is_low: float,
+    is_high: float,
+) -> tuple[torch.Tensor, ...]:
+    """The per-token inputs of `_objective` for `policy_loss`: (m trained-token mask, w token weights times
+    the IS-correction weights, masked logp, masked log ratio against the generator, the log ratio the clip
+    sees, advantages [B, 1], IS-correction flags or None)."""
+    B, T = mask.shape
     m = mask > 0
     if weights is None:
         w = token_weights(mask, prompt_index, aggregation, dtype=logp.dtype)
@@ -253,21 +292,7 @@ def policy_loss(
             iw = (iw > 0).to(logp.dtype)  # the masks only: the CISPO weight already holds the ratio
         w = w * iw
         clip_log_ratio = torch.where(m, logp - logp.detach(), zero)
-
-    metrics: dict[str, float] = {}
-    J, clipped_u = _objective(loss_type, w=w, m=m, logp_m=logp_m, log_ratio=log_ratio, clip_log_ratio=clip_log_ratio,
-                              A_B1=A_B1, eps_low=eps_low, eps_high=eps_high, seq_metrics=None if sums else metrics)
-    loss = -J
-    with torch.no_grad():
-        if entropy is not None:
-            _check_bt("entropy", entropy, (B, T))
-        diag = diagnostic_sums(log_ratio.detach()[m], clipped_u,
-                               entropy_t=None if entropy is None else entropy.detach()[m], is_flags_u=is_flags)
-        if sums:
-            return loss, {"loss": loss.detach(), **diag}
-        metrics.update(loss=float(loss.detach()), **diagnostic_means(diag),
-                       num_tokens=float(m.sum()), num_samples=float((m.sum(1) > 0).sum()))
-    return loss, metrics
+    return m, w, logp_m, log_ratio, clip_log_ratio, A_B1, is_flags
 
 
 DIAGNOSTIC_SUM_KEYS = ("clip_num", "clip_den", "rho_sum", "rho_sq_sum", "kl_sum", "rho_tokens", "entropy_sum",
