@@ -372,19 +372,39 @@ def cispo_from_hidden(
     coef_scale = (weights.float() * advantages.float()).detach()
     stats: dict[str, torch.Tensor] = {}
     if backend == "triton":
-        from scalerl_mega.objective.triton.fused_logprob import triton_logprob
-
-        if with_entropy:
-            logp, stats["entropy"] = triton_logprob(hidden, weight, targets, with_entropy=True)
-        else:
-            logp = triton_logprob(hidden, weight, targets)
-        coef = coef_scale * torch.exp(logp.detach() - gen_logp.float()).clamp(min=eps_low, max=eps_high)
-        loss = -(coef * logp).sum()
-        stats["logp"] = logp.detach()
+        loss = _cispo_triton(hidden, weight, targets, gen_logp, coef_scale, stats, eps_low=eps_low, eps_high=eps_high,
+                             with_entropy=with_entropy)
     else:
         loss = _FusedCispo.apply(hidden, weight, targets, gen_logp.detach(), coef_scale, eps_low, eps_high,
                                  chunk_size, group, vocab_start, reduce_grad_hidden, need_grad, stats,
                                  with_entropy)
+    metrics = _cispo_metrics(loss, stats, gen_logp, weights, eps_low=eps_low, eps_high=eps_high, sums=sums)
+    if return_logp:
+        return loss, metrics, stats["logp"].detach()
+    return loss, metrics
+
+
+def _cispo_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, gen_logp: torch.Tensor,
+                  coef_scale: torch.Tensor, stats: dict[str, torch.Tensor], *, eps_low: float | None,
+                  eps_high: float, with_entropy: bool) -> torch.Tensor:
+    """The Triton backend of `cispo_from_hidden`: the kernel's log-probs (autograd through the kernel) times
+    the detached CISPO coefficient; fills stats["logp"] (and stats["entropy"] when `with_entropy`)."""
+    from scalerl_mega.objective.triton.fused_logprob import triton_logprob
+
+    if with_entropy:
+        logp, stats["entropy"] = triton_logprob(hidden, weight, targets, with_entropy=True)
+    else:
+        logp = triton_logprob(hidden, weight, targets)
+    coef = coef_scale * torch.exp(logp.detach() - gen_logp.float()).clamp(min=eps_low, max=eps_high)
+    loss = -(coef * logp).sum()
+    stats["logp"] = logp.detach()
+    return loss
+
+
+def _cispo_metrics(loss: torch.Tensor, stats: dict[str, torch.Tensor], gen_logp: torch.Tensor,
+                   weights: torch.Tensor, *, eps_low: float | None, eps_high: float, sums: bool) -> dict:
+    """`cispo_from_hidden`'s metrics over tokens with weight > 0 (as `policy_loss`'s; `sums=True`: the
+    `losses.diagnostic_sums` shares)."""
     from scalerl_mega.objective.losses import diagnostic_means, diagnostic_sums
 
     with torch.no_grad():
@@ -396,9 +416,5 @@ def cispo_from_hidden(
             clipped |= rho < eps_low
         diag = diagnostic_sums(lr, clipped, entropy_t=stats["entropy"][m] if "entropy" in stats else None)
         if sums:
-            metrics = {"loss": loss.detach(), **diag}
-        else:
-            metrics = {"loss": float(loss.detach()), **diagnostic_means(diag), "num_tokens": float(m.sum())}
-    if return_logp:
-        return loss, metrics, stats["logp"].detach()
-    return loss, metrics
+            return {"loss": loss.detach(), **diag}
+        return {"loss": float(loss.detach()), **diagnostic_means(diag), "num_tokens": float(m.sum())}
