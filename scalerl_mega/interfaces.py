@@ -14,6 +14,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from scalerl_mega.types import Completion, Prompt, SamplingParams, TrainBatch
 
+PAUSE_MODES = ("in_place", "retract", "abort")
+"""How an engine holds its requests across a weight update (SGLang's /pause_generation modes, followed by the
+local engine): keep them and their KV cache (in_place, PipelineRL), retract them to be re-prefilled, or abort
+them. `config.pause_mode` picks one per off-policy setup."""
+
 
 @runtime_checkable
 class RolloutEngine(Protocol):

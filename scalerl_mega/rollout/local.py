@@ -42,6 +42,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from scalerl_mega.interfaces import PAUSE_MODES
+from scalerl_mega.model.config import ARCHS
 from scalerl_mega.preemption import ORPHAN_EXIT_CODE, child_setup, start_child
 from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest
 from scalerl_mega.weight_sync import BucketMeta, WeightManifest, WeightSyncConfig, WeightSyncError
@@ -53,8 +55,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from scalerl_mega.types import Completion, Prompt, SamplingParams
 
-ARCHS = ("llama", "llama4")
-PAUSE_MODES = ("in_place", "retract", "abort")
 
 
 class EngineError(RuntimeError):

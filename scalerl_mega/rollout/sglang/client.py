@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from scalerl_mega.interfaces import PAUSE_MODES
+
 if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.weight_sync import BucketMeta
 
-PAUSE_MODES = ("in_place", "retract", "abort")
 BodyHook = Callable[[str, str, Any], None]
 """Called as hook(endpoint, "request" | "response", body) for every JSON body (tests validate)."""
 

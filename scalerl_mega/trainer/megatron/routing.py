@@ -40,6 +40,8 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any, Iterator
 
+from scalerl_mega.config.run import REPLAY_MODES  # the one list, next to `moe.routing_replay`
+
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
 
@@ -47,8 +49,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from megatron.core.transformer.moe.router import TopKRouter
 
     from scalerl_mega.model.config import ModelConfig
-
-REPLAY_MODES = ("none", "ids", "ids_and_weights")
 
 SELECTIONS = ("", "_onpolicy")
 """Metric suffixes: all trained positions with a route; those of on-policy completions."""
