@@ -37,12 +37,10 @@ def _batch(completions):
         mask[b, p - 1 : p - 1 + len(c.output_ids)] = 1.0
     targets = torch.zeros_like(ids)
     targets[:, :-1] = ids[:, 1:]
-    return {
-        "input_ids": ids,
-        "position_ids": torch.arange(T).unsqueeze(0).expand(B, T).contiguous(),
-        "targets": targets,
-        "loss_mask": mask,
-    }
+    from scalerl_mega.types import SftBatch
+
+    return SftBatch(input_ids_BT=ids, position_ids_BT=torch.arange(T).unsqueeze(0).expand(B, T).contiguous(),
+                    targets_BT=targets, loss_mask_BT=mask)
 
 
 def _max_diff(logp_BT, completions) -> float:
@@ -63,10 +61,10 @@ def _megatron_logprobs(chunks, batch):
     (gpt,) = unwrap(chunks)
     gpt.eval()
     with torch.no_grad():
-        logits = gpt(batch["input_ids"], batch["position_ids"], None)
+        logits = gpt(batch.input_ids_BT, batch.position_ids_BT, None)
     gpt.train()
     logp = torch.log_softmax(logits.float(), dim=-1)
-    return logp.gather(-1, batch["targets"][..., None])[..., 0]
+    return logp.gather(-1, batch.targets_BT[..., None])[..., 0]
 
 
 def worker(preset: str, out: str) -> None:
@@ -112,8 +110,8 @@ def worker(preset: str, out: str) -> None:
             batch = _batch(done)
             logp = _megatron_logprobs(trainer.chunks, batch)
             report["diffs"].append(_max_diff(logp, done))
-            report.setdefault("logp_spread", float(logp[batch["loss_mask"] > 0].std()))
-            trainer.train_step(batch)  # change the weights before the next sync
+            report.setdefault("logp_spread", float(logp[batch.loss_mask_BT > 0].std()))
+            trainer.sft_step(batch)  # change the weights before the next sync
     finally:
         engine.close()
         trainer.close()
