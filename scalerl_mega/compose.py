@@ -62,9 +62,8 @@ def compose_node(overrides: list[str]) -> DictConfig:
     """Hydra's composition of `conf/train.yaml` with `overrides` outside `@hydra.main` (`hydra.*` overrides,
     which only a launch can apply, are dropped; `output_dir` defaults to `.`, since it otherwise
     interpolates Hydra's run directory). Raises Hydra's / OmegaConf's errors for a bad override."""
-    from hydra import compose
+    from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra import initialize_config_dir
 
     from scalerl_mega.config import register_configs
 

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from scalerl_mega.reproduce_report import RECIPE_RUN_NAMES, RUN_PREFIX, analyse, recipe_name  # noqa: F401 (re-exported)
+from scalerl_mega.reproduce_report import RECIPE_RUN_NAMES, analyse
 
 REPRO2_RUN_NAMES = ("repro2_scalerl", "repro2_batch_small", "repro2_batch_large", "repro2_batch_control",
                     "repro2_no_npr")

@@ -20,17 +20,7 @@ from scalerl_mega.conf_path import conf_dir
 CONF_DIR = conf_dir()
 
 if TYPE_CHECKING:  # pragma: no cover
-    from omegaconf import DictConfig
-
     from scalerl_mega.config import TrainConfig
-
-
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Validate `cfg` (a composed node; `compose.from_node`) and run the job (SFT warm start if configured,
-    then RL, then the report)."""
-    from scalerl_mega.compose import from_node
-
-    return run_config(from_node(cfg))
 
 
 def run_config(config: TrainConfig) -> dict[str, Any]:

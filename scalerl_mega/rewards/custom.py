@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any
 
 from scalerl_mega.config.reward import RewardSettings
 from scalerl_mega.rewards.result import RewardResult

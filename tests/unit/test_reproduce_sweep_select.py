@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import scalerl_mega.reproduce as rep
+import scalerl_mega.reproduce_report as rep_report
 
 
 def _fake_sweep(calls: list, finish: list[str]):
@@ -57,6 +58,6 @@ def test_default_sweep_is_the_leave_one_out_one(tmp_path, monkeypatch):
 
 
 def test_recipe_name_strips_either_prefix():
-    assert rep.recipe_name("repro_dapo") == "dapo"
-    assert rep.recipe_name("repro2_batch_small") == "batch_small"
-    assert rep.recipe_name("demo") == "demo"
+    assert rep_report.recipe_name("repro_dapo") == "dapo"
+    assert rep_report.recipe_name("repro2_batch_small") == "batch_small"
+    assert rep_report.recipe_name("demo") == "demo"

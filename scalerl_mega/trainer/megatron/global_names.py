@@ -7,17 +7,12 @@ import torch
 
 from scalerl_mega.convert import sharding
 from scalerl_mega.convert.dims import ArchDims
+from scalerl_mega.trainer.megatron.models import unwrap_gpt
 
 
 def unwrap(model):
     """GPTModel chunks from a model, a DDP-wrapped model or a list of them."""
-    chunks = model if isinstance(model, (list, tuple)) else [model]
-    out = []
-    for m in chunks:
-        while hasattr(m, "module") and not hasattr(m, "decoder"):
-            m = m.module
-        out.append(m)
-    return out
+    return [unwrap_gpt(m) for m in (model if isinstance(model, (list, tuple)) else [model])]
 
 
 def rank_offsets(gpt, *, num_experts: int) -> tuple[int, int]:
