@@ -100,18 +100,21 @@ demo-seeds: setup
 demo-real: setup
 	$(PY) tools/demo_real.py --out outputs/demo_real
 
-# The leave-one-out reproduction (reproduction/README.md): 5 recipes x 3 seeds of the resized demo
-# (conf/experiment/repro_*.yaml), one after another, seed-major, skipping finished points (hydra/sweeper=skip_done)
-# so re-running continues; then the analysis, which rewrites reproduction/ from outputs/reproduce/.
-reproduce: reproduce-sweep reproduce-analysis
+# `make reproduce`: issue 29's sweep (SWEEP=repro2, the default: reproduction/repro2/README.md,
+# conf/experiment/repro2_*.yaml) into outputs/reproduce2, seed-major, skipping finished points
+# (hydra/sweeper=skip_done) and resuming an interrupted one from its checkpoint (resume=auto), so it can be run in
+# pieces; then the analysis, which copies the finished runs into reproduction/repro2/runs and rewrites the results.
+# `make reproduce-analysis` regenerates the tables and plots from the committed runs alone.
+# SWEEP=repro: the first, leave-one-out sweep (reproduction/README.md, outputs/reproduce).
+SWEEP ?= repro2
+reproduce: reproduce-sweep
+	$(PY) -m scalerl_mega.reproduce analyse --sweep $(SWEEP)
 
-# SWEEP=repro2: issue 29's sweep (reproduction/design/README.md, conf/experiment/repro2_*.yaml) into outputs/reproduce2.
-SWEEP ?= repro
 reproduce-sweep: setup
 	$(PY) -m scalerl_mega.reproduce sweep --sweep $(SWEEP)
 
 reproduce-analysis: setup
-	$(PY) -m scalerl_mega.reproduce analyse --sweep-dir outputs/reproduce --out reproduction
+	$(PY) -m scalerl_mega.reproduce analyse --sweep $(SWEEP) --no-collect
 
 bench: setup
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

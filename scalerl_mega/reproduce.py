@@ -1,7 +1,7 @@
 """`make reproduce`: the paper's leave-one-out experiment (Sec. 6, Fig. 7) at toy scale on the CPU demo.
 
     python -m scalerl_mega.reproduce sweep   [--sweep-dir outputs/reproduce] [--seeds 0,1,2] [--recipes ...]
-    python -m scalerl_mega.reproduce analyse [--sweep-dir outputs/reproduce] [--out reproduction] [--no-collect]
+    python -m scalerl_mega.reproduce analyse [--sweep repro|repro2] [--sweep-dir D] [--out D] [--no-collect]
 
 `sweep` runs one Hydra multirun over the `conf/experiment/repro_*.yaml` overlays x seeds (seed-major: an
 interrupted sweep has whole seeds) with `hydra/sweeper=skip_done`, so re-running it continues where it
@@ -25,14 +25,12 @@ import sys
 import time
 from pathlib import Path
 
+from scalerl_mega.reproduce2_report import REPRO2_RUN_NAMES
 from scalerl_mega.reproduce_report import RECIPE_RUN_NAMES, analyse
 
-REPRO2_RUN_NAMES = ("repro2_scalerl", "repro2_batch_small", "repro2_batch_large", "repro2_batch_control",
-                    "repro2_no_npr")
-"""Issue 29's sweep (reproduction/design/README.md): reference recipe, batch-size axis with its same-maths control,
-No-Positive-Resampling over several passes; the first is the reference recipe."""
-SWEEPS = {"repro": (RECIPE_RUN_NAMES, "outputs/reproduce"), "repro2": (REPRO2_RUN_NAMES, "outputs/reproduce2")}
-"""`--sweep` name -> (its `experiment=` overlays, its default sweep directory)."""
+SWEEPS = {"repro": (RECIPE_RUN_NAMES, "outputs/reproduce", "reproduction"),
+          "repro2": (REPRO2_RUN_NAMES, "outputs/reproduce2", "reproduction/repro2")}
+"""`--sweep` name -> (its `experiment=` overlays, its default sweep directory, its analysis directory)."""
 
 
 def sweep_command(*, sweep_dir: str, seeds: str, recipes: str, extra: list[str] | None = None) -> list[str]:
@@ -75,7 +73,7 @@ def stamp_runs(sweep_dir: Path, record: dict) -> list[Path]:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    recipes_default, dir_default = SWEEPS[args.sweep]
+    recipes_default, dir_default, _ = SWEEPS[args.sweep]
     sweep_dir = Path(args.sweep_dir or dir_default)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     recipes = args.recipes or ",".join(recipes_default)
@@ -104,14 +102,23 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--recipes", default=None, help="comma-separated experiment= overlays (default: the --sweep's)")
     s.add_argument("overrides", nargs="*", help="extra Hydra overrides for every point")
     a = sub.add_parser("analyse", help="collect the finished runs, fit, compare, write reproduction/")
-    a.add_argument("--sweep-dir", default="outputs/reproduce")
-    a.add_argument("--out", default="reproduction")
-    a.add_argument("--no-collect", action="store_true", help="analyse <out>/runs as it is")
+    a.add_argument("--sweep", choices=sorted(SWEEPS), default="repro",
+                   help="repro: the leave-one-out sweep; repro2: issue 29's")
+    a.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce[2])")
+    a.add_argument("--out", default=None, help="default: the --sweep's own (reproduction, reproduction/repro2)")
+    a.add_argument("--no-collect", action="store_true", help="analyse <out>/runs as it is (the committed runs)")
     args = p.parse_args(argv)
     if args.cmd == "sweep":
         return run_sweep(args)
+    _, sweep_default, out_default = SWEEPS[args.sweep]
+    sweep_dir = None if args.no_collect else Path(args.sweep_dir or sweep_default)
     try:
-        analyse(sweep_dir=None if args.no_collect else Path(args.sweep_dir), out_dir=Path(args.out))
+        if args.sweep == "repro2":
+            from scalerl_mega.reproduce2_analyse import analyse2
+
+            analyse2(sweep_dir=sweep_dir, out_dir=Path(args.out or out_default))
+        else:
+            analyse(sweep_dir=sweep_dir, out_dir=Path(args.out or out_default))
     except ValueError as e:
         print(f"reproduce analyse: error: {e}", file=sys.stderr)
         return 2

@@ -20,10 +20,44 @@ from pathlib import Path
 
 import numpy as np
 
-from scalerl_mega.scaling.identify import assess, options_for, verdict_text
+from scalerl_mega.scaling.seeds import REFERENCE_BETTER, VARIANT_BETTER, PairedComparison, compare_paired
+
+from scalerl_mega.reproduce_report import Axis, recipe_name
+from scalerl_mega.scaling.identify import Assessment, assess, options_for, verdict_text
 
 FINAL_POINTS = 3
 """Validation points at the end of a run on which the extrapolation is scored."""
+REPRO2_RUN_NAMES = ("repro2_scalerl", "repro2_batch_small", "repro2_batch_large", "repro2_batch_control",
+                    "repro2_no_npr")
+"""Issue 29's sweep (reproduction/design/README.md): reference recipe, batch-size axis with its same-maths control,
+No-Positive-Resampling over several passes; the first is the reference recipe."""
+REFERENCE = recipe_name(REPRO2_RUN_NAMES[0])
+CONTROL = "batch_control"
+EXPECTED_SEEDS = (0, 1, 2)
+MIN_SEEDS = 2
+"""Fewest finished seeds per setting for a verdict (the seed rules need a spread)."""
+SAMPLES_AXIS = Axis(key="sum:samples", slug="samples", label="Generated samples trained on (cumulative, thousands)",
+                    unit="k samples", scale=1e-3)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setting:
+    title: str
+    paper: str
+
+
+SETTINGS = {
+    "scalerl": Setting(title="reference: 32 prompts x 8, 800 steps", paper="-"),
+    "batch_small": Setting(title="batch 16 prompts x 8, 1,600 steps",
+                           paper="smaller batches may look better early but are overtaken (Sec. 5)"),
+    "batch_large": Setting(title="batch 64 prompts x 8, 400 steps",
+                           paper="larger batches: slower early, higher asymptote A (Sec. 5, batch-size figure)"),
+    "batch_control": Setting(title="reference batch in ~8 micro-batches (same maths)",
+                             paper="control: no effect expected"),
+    "no_npr": Setting(title="No-Positive-Resampling off, ~8.5 passes",
+                      paper="LOO variants reach a similar A; ScaleRL the highest B (Sec. 6, Fig. 7)"),
+}
+
 
 
 def read_run(run_dir: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -57,6 +91,8 @@ def read_run(run_dir: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 @dataclass(frozen=True, kw_only=True)
 class HalfFit:
     identified: bool
+    assessment: Assessment
+    """The first half's `identify.assess` verdict (its fit is drawn against the second half)."""
     verdict: str
     """`identify.verdict_text` of the first-half fit."""
     half_compute: float
@@ -84,7 +120,56 @@ def half_fit(compute, reward, n_samples, *, final_points: int = FINAL_POINTS) ->
     p = pred if pred is not None else fr
     floor = math.sqrt(2.0 / math.pi) * float(np.mean(np.sqrt(np.clip(p * (1 - p), 0.0, None) / fn)))
     mae = None if pred is None else float(np.mean(np.abs(pred - fr)))
-    return HalfFit(identified=a.identified, verdict=verdict_text(a), half_compute=half,
+    return HalfFit(identified=a.identified, assessment=a, verdict=verdict_text(a), half_compute=half,
                    final_compute=tuple(fc.tolist()), observed=tuple(fr.tolist()),
                    predicted=None if pred is None else tuple(pred.tolist()), mae=mae, noise_floor=floor,
                    ratio=None if mae is None else mae / floor)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowDifference:
+    """Variant minus reference, paired by seed, averaged over the validation points in a compute window."""
+
+    window: tuple[float, float]
+    """[lo, hi] of compute (inclusive)."""
+    points: int
+    """Validation points in the window (per seed)."""
+    paired: PairedComparison
+
+
+def paired_window(ref: dict[int, tuple[np.ndarray, np.ndarray]], var: dict[int, tuple[np.ndarray, np.ndarray]], *,
+                  lo: float, hi: float) -> WindowDifference:
+    """Per seed, the mean over the window's validation points of var - ref at the same compute (points
+    present in both runs of that seed), then `seeds.compare_paired` over the seeds (t rule at 95%)."""
+    ref_w, var_w, counts = {}, {}, set()
+    for seed in sorted(set(ref) & set(var)):
+        rc, rr = ref[seed]
+        vc, vr = var[seed]
+        at = {float(c): float(r) for c, r in zip(vc, vr)}
+        pairs = [(float(r), at[float(c)]) for c, r in zip(rc, rr) if lo <= c <= hi and float(c) in at]
+        if pairs:
+            ref_w[seed] = float(np.mean([a for a, _ in pairs]))
+            var_w[seed] = float(np.mean([b for _, b in pairs]))
+            counts.add(len(pairs))
+    return WindowDifference(window=(lo, hi), points=min(counts) if counts else 0,
+                            paired=compare_paired(ref_w, var_w))
+
+
+def crossing(ref: dict[int, tuple[np.ndarray, np.ndarray]], var: dict[int, tuple[np.ndarray, np.ndarray]], *,
+             fraction: float = 0.25) -> dict[str, WindowDifference | str]:
+    """Paper Sec. 5 ("Global batch size"): a larger batch is worse early and better late. The paired
+    difference var - ref over the first `fraction` of the common compute (after step 0) and over the last
+    `fraction`; `outcome` is "crossed" when the early difference is significantly negative and the late one
+    significantly positive (t rule at 95% over seeds), "reversed" for the opposite, otherwise a description
+    of what each window shows."""
+    c_max = min(max(float(c.max()) for c, _ in runs.values()) for runs in (ref, var))
+    early = paired_window(ref, var, lo=1e-12, hi=fraction * c_max)
+    late = paired_window(ref, var, lo=(1.0 - fraction) * c_max, hi=c_max)
+    e, l_ = early.paired.outcome, late.paired.outcome
+    if e == REFERENCE_BETTER and l_ == VARIANT_BETTER:
+        outcome = "crossed"
+    elif e == VARIANT_BETTER and l_ == REFERENCE_BETTER:
+        outcome = "reversed"
+    else:
+        outcome = f"early: {e}; late: {l_}"
+    return {"early": early, "late": late, "outcome": outcome}

@@ -176,3 +176,52 @@ def plot_loo(curves: Sequence[CurvePlot], *, path: str | Path, formats: Sequence
 def figure_size_px(figsize: tuple[float, float], dpi: int) -> tuple[int, int]:
     """Pixel size of a PNG written with `figsize` inches at `dpi` (no bbox cropping is used)."""
     return (int(math.floor(figsize[0] * dpi + 0.5)), int(math.floor(figsize[1] * dpi + 0.5)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class BandCurve:
+    """A mean curve with a shaded band (e.g. a seed mean +- 2 SE), drawn by `plot_bands`."""
+
+    label: str
+    x: Sequence[float]
+    y: Sequence[float]
+    lo: Sequence[float]
+    hi: Sequence[float]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BandPanel:
+    title: str
+    ylabel: str
+    curves: Sequence[BandCurve]
+    zero_line: bool = False
+    """Draw y = 0 (a panel of differences)."""
+
+
+def plot_bands(panels: Sequence[BandPanel], *, path: str | Path, xlabel: str, title: str | None = None,
+               formats: Sequence[str] = ("png",), figsize: tuple[float, float] | None = None,
+               dpi: int = 100) -> list[Path]:
+    """Side-by-side panels of mean curves with bands on a shared linear x axis (e.g. seed-mean validation
+    curves, and the paired difference of two settings with its t band: where two curves cross)."""
+    if not panels or any(not p.curves for p in panels):
+        raise ValueError("plot_bands needs at least one panel, each with at least one curve")
+    fig = _new_figure(figsize or (6.0 * len(panels), 4.5), dpi)
+    for k, panel in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), k + 1)
+        for j, cv in enumerate(panel.curves):
+            color = _COLORS[j % len(_COLORS)]
+            x = np.asarray(cv.x, dtype=np.float64)
+            ax.fill_between(x, np.asarray(cv.lo, dtype=np.float64), np.asarray(cv.hi, dtype=np.float64),
+                            color=color, alpha=0.18, lw=0)
+            ax.plot(x, np.asarray(cv.y, dtype=np.float64), "-o", color=color, ms=2.5, lw=1.4, label=cv.label)
+        if panel.zero_line:
+            ax.axhline(0.0, color="black", lw=0.8)
+        ax.set_title(panel.title, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(panel.ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path, formats, dpi)

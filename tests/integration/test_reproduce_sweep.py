@@ -46,3 +46,57 @@ def test_sweep_shares_the_warm_start_and_skips_finished_points(tmp_path):
     from scalerl_mega.reproduce_report import collect
 
     assert collect(sweep, tmp_path / "out" / "runs") == ["scalerl/seed0", "dapo/seed0"]
+
+
+def _train_steps(run: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()
+            if json.loads(x).get("kind") == "train"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_killed_sweep_resumes_its_unfinished_point(tmp_path):
+    """Issue 29 item 4: `make reproduce` in pieces. The whole sweep (process group: sweep -> Hydra -> trainer,
+    engine, reward workers) is SIGKILLed once its point has logged step 3 (checkpoints every 2 steps); the
+    same command then skips nothing (the point has no summary.json), resumes the point from its checkpoint
+    (resume=auto) and finishes it with every step logged exactly once; the run records the commit."""
+    import signal
+    import time
+
+    sweep = tmp_path / "sweep"
+    run = sweep / "repro2_scalerl" / "seed0"
+    cmd = [sys.executable, "-m", "scalerl_mega.reproduce", "sweep", "--sweep", "repro2", "--sweep-dir", str(sweep),
+           "--seeds", "0", "--recipes", "repro2_scalerl",
+           *[o for o in TINY if not o.startswith(("train.steps=", "train.save_every="))], "train.steps=8",
+           "train.save_every=2"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="1")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 1200
+        while time.monotonic() < deadline:
+            if (run / "metrics.jsonl").is_file() and any(s >= 3 for s in _train_steps(run)):
+                break
+            assert proc.poll() is None, "the sweep ended before it could be killed"
+            time.sleep(0.2)
+        else:
+            pytest.fail("step 3 never logged")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+    assert not (run / "summary.json").exists() and (run / "checkpoints" / "latest").exists()
+    killed_at = max(_train_steps(run))
+    assert 3 <= killed_at < 8
+
+    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
+    log = again.stdout + again.stderr
+    assert again.returncode == 0, log[-6000:]
+    assert "skip seed=0" not in log and "resumed from" in log
+    assert _train_steps(run) == list(range(1, 9))  # none lost, none repeated
+    assert json.loads((run / "summary.json").read_text())["steps"] == 8
+    prov = json.loads((run / "provenance.json").read_text())
+    assert "experiment=repro2_scalerl" in prov["command"] and prov["finished"] >= prov["started"]
+    assert prov["commit"] is None or len(prov["commit"]) == 40  # None outside a checkout

@@ -1,0 +1,167 @@
+"""`python -m scalerl_mega.reproduce analyse --sweep repro2`: issue 29's analysis (reproduction/design/README.md).
+
+Input: the finished runs of `make reproduce` (`outputs/reproduce2/<run_name>/seed<N>/`), copied to
+`<out>/runs/<setting>/seed<N>/` (or, with `--no-collect`, the committed copies alone). Compute axis: the
+cumulative generated samples (`sum:samples`, in thousands), so the batch sizes share one axis (paper Sec. 5
+compares them on compute, not steps). Everything is judged by the project's one identification rule
+(`scaling.identify.assess`) and its seed rules (`scaling.seeds`):
+
+- **Predictability** (paper Fig. 1, Sec. 6): every run's first half of compute is fitted on its own and
+  extrapolated to its last 3 validation points (`reproduce2_report.half_fit`); the error is set against
+  the binomial noise floor of those points. No forecast where the first half does not identify A.
+- **Batch size** (paper Sec. 5, "Global batch size"): 64 vs 16 prompts per step by the paper's rule
+  (A within +-0.02, then B at the common A; `seeds.compare_recipe`), by the paired final pass rates, and by
+  the paired early/late differences (`reproduce2_report.crossing`: do the curves cross?). The same-maths
+  control (the reference batch in micro-batches) measures what seeds and numerics alone produce.
+- **No-Positive-Resampling** over ~8.5 passes: the same three checks against the reference.
+
+Output: `fits.json`, `results.json`, PNG plots and the section of `<out>/README.md` between the GENERATED
+markers. An axis with fewer than 2 finished seeds on a side is reported as *incomplete* (how many seeds are
+finished), never as a result.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scalerl_mega.reproduce2_markdown import markdown
+from scalerl_mega.reproduce2_report import (CONTROL, EXPECTED_SEEDS, MIN_SEEDS, REFERENCE, REPRO2_RUN_NAMES,
+                                            SAMPLES_AXIS, SETTINGS, crossing, half_fit, read_run)
+from scalerl_mega.reproduce_report import (BEGIN, END, collect, discover, final_pass_rates, fit_axis, json_safe,
+                                           last_epochs, plot_axis)
+
+
+def _curves(res: dict[str, Any], rec: str, runs: dict[str, dict[int, Path]]) -> dict[int, tuple[np.ndarray, ...]]:
+    return {s: res["series"][f"{rec}/seed{s}"] for s in runs.get(rec, {})}
+
+
+def _finals(fin: dict[str, Any], runs: dict[str, dict[int, Path]], rec: str) -> dict[int, float]:
+    return dict(zip(runs[rec], fin[rec]["per_seed"])) if rec in fin else {}
+
+
+def _pair_rows(runs: dict[str, dict[int, Path]], res: dict[str, Any], fin: dict[str, Any], *, ref: str,
+               var: str) -> dict[str, Any]:
+    """`var` against `ref`: the paper's rule on per-seed A and B at the common A, the paired final pass rates,
+    and the early/late crossing. Incomplete (no comparison) below `MIN_SEEDS` finished seeds on a side."""
+    from scalerl_mega.scaling.seeds import compare_paired, compare_recipe
+
+    n_ref, n_var = len(runs.get(ref, {})), len(runs.get(var, {}))
+    row: dict[str, Any] = {"reference": ref, "variant": var, "seeds": [n_ref, n_var]}
+    if min(n_ref, n_var) < MIN_SEEDS:
+        row["incomplete"] = (f"{n_ref} {ref} and {n_var} {var} seed(s) finished of {len(EXPECTED_SEEDS)}; "
+                             f"a verdict needs {MIN_SEEDS} on each side (`make reproduce` continues the sweep)")
+        return row
+
+    def per_seed(rec: str, field: str) -> list[float]:
+        return [math.nan if (v := res["per_run"][f"{rec}/seed{s}"][field]) is None else v for s in runs[rec]]
+
+    rule = compare_recipe(A_ref=per_seed(ref, "A"), A_var=per_seed(var, "A"), B_ref=per_seed(ref, "B_at_common_A"),
+                          B_var=per_seed(var, "B_at_common_A"))
+    row["rule"] = rule.__dict__
+    row["final"] = compare_paired(_finals(fin, runs, ref), _finals(fin, runs, var)).__dict__
+    cross = crossing(_curves(res, ref, runs), _curves(res, var, runs))
+    row["crossing"] = {"outcome": cross["outcome"],
+                       **{w: {"window": cross[w].window, "points": cross[w].points, **cross[w].paired.__dict__}
+                          for w in ("early", "late")}}
+    return row
+
+
+def _band(curves: dict[int, tuple[np.ndarray, np.ndarray]], *, single_var) -> tuple[np.ndarray, ...]:
+    """Seed mean and +-2 SE on the points every seed has: SE over seeds (sd / sqrt(k)) with 2+ seeds; with one
+    seed, sqrt(single_var(points, values)) (the binomial variance of that run's points)."""
+    common = sorted(set.intersection(*[set(c.tolist()) for c, _ in curves.values()]))
+    ys = np.array([[dict(zip(c.tolist(), r.tolist()))[x] for x in common] for c, r in curves.values()])
+    mean = ys.mean(axis=0)
+    k = ys.shape[0]
+    se = ys.std(axis=0, ddof=1) / math.sqrt(k) if k > 1 else np.sqrt(single_var(np.asarray(common), mean))
+    return np.asarray(common), mean, mean - 2 * se, mean + 2 * se
+
+
+def _plots2(runs: dict[str, dict[int, Path]], res: dict[str, Any], half: dict[str, Any], out_dir: Path,
+            n_per_point: float) -> list[str]:
+    from scalerl_mega.scaling.plot import BandCurve, BandPanel, CurvePlot, plot_bands, plot_scaling
+
+    def binom(_x: np.ndarray, p: np.ndarray) -> np.ndarray:
+        return np.clip(p * (1 - p), 0, None) / n_per_point
+
+    written = [p.name for p in plot_axis(res, out_dir)]
+    hf = [CurvePlot(label=k, compute=res["series"][k][0], reward=res["series"][k][1], fit=h.assessment.fit,
+                    heldout_from=h.half_compute, assessment=h.assessment)
+          for k, h in half.items() if k.startswith(f"{REFERENCE}/")]
+    written += [p.name for p in plot_scaling(
+        hf, path=out_dir / "half_fit_samples.png", formats=("png",), xlabel=SAMPLES_AXIS.label, log_x=False,
+        figsize=(10.0, 6.0), title="fit on the first half of compute (stars), extrapolated (dashed) against the "
+                                   "second half (crosses)")]
+    batch = [rec for rec in ("batch_small", REFERENCE, "batch_large", CONTROL) if rec in runs]
+    panels = [BandPanel(title="seed means +- 2 SE", ylabel="validation pass rate",
+                        curves=[BandCurve(label=f"{rec} ({len(runs[rec])} seeds)", **dict(zip(
+                            ("x", "y", "lo", "hi"), _band(_curves(res, rec, runs), single_var=binom))))
+                                for rec in batch])]
+    if "batch_small" in runs and "batch_large" in runs:
+        small, large = _curves(res, "batch_small", runs), _curves(res, "batch_large", runs)
+        diffs = {s: (large[s][0], large[s][1] - np.interp(large[s][0], *small[s])) for s in small if s in large}
+
+        def diff_var(x: np.ndarray, _d: np.ndarray) -> np.ndarray:  # one seed: both points' binomial variances
+            s = next(iter(diffs))
+            return binom(x, np.interp(x, *large[s])) + binom(x, np.interp(x, *small[s]))
+
+        if diffs:
+            x, m, lo, hi = _band(diffs, single_var=diff_var)
+            panels.append(BandPanel(title="batch_large - batch_small, paired by seed (+- 2 SE)", ylabel="difference",
+                                    curves=[BandCurve(label="64 - 16 prompts per step", x=x, y=m, lo=lo, hi=hi)],
+                                    zero_line=True))
+    written += [p.name for p in plot_bands(panels, path=out_dir / "batch_samples.png", xlabel=SAMPLES_AXIS.label,
+                                           title="batch-size axis (paper Sec. 5: larger is slower early, higher late)")]
+    return written
+
+
+def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
+    """Collect (unless `sweep_dir` is None), fit, compare and write `out_dir` (module docstring)."""
+    runs_dir = out_dir / "runs"
+    if sweep_dir is not None:
+        collect(sweep_dir, runs_dir, run_names=REPRO2_RUN_NAMES)
+    runs = discover(runs_dir, run_names=REPRO2_RUN_NAMES)
+    res = fit_axis(runs, SAMPLES_AXIS, reference=REFERENCE, controls=frozenset({CONTROL}))
+    half, n_pt = {}, []
+    for rec, seeds in runs.items():
+        for s, d in seeds.items():
+            c, r, n = read_run(d)
+            n_pt.append(float(n[-1]))
+            half[f"{rec}/seed{s}"] = half_fit(c * SAMPLES_AXIS.scale, r, n)
+    fin = final_pass_rates(runs, res["series"], reference=REFERENCE)
+    pairs = {var: _pair_rows(runs, res, fin, ref=REFERENCE, var=var) for var in SETTINGS if var != REFERENCE}
+    pairs["batch_large_vs_small"] = _pair_rows(runs, res, fin, ref="batch_small", var="batch_large")
+    missing = [f"{rec}/seed{s}" for rec in SETTINGS for s in EXPECTED_SEEDS if s not in runs.get(rec, {})]
+    plots = _plots2(runs, res, half, out_dir, n_per_point=min(n_pt))
+    results = {"reference": REFERENCE, "axis": SAMPLES_AXIS.key, "missing": missing, "plots": plots,
+               "runs": {k: {**v, "half_fit": {f: getattr(half[k], f) for f in half[k].__dataclass_fields__
+                                              if f != "assessment"},
+                            "epoch_at_end": last_epochs(runs).get(k), **_provenance(runs, k)}
+                        for k, v in res["per_run"].items()},
+               "final_pass_rate": fin, "comparisons": pairs, "common_A": res["loo"].A_mean}
+    (out_dir / "fits.json").write_text(json.dumps(json_safe(
+        {k: {f: v[f] for f in ("A", "B", "C_mid", "A_interval", "identified", "reason")}
+         for k, v in res["per_run"].items()}), indent=1) + "\n")
+    (out_dir / "results.json").write_text(json.dumps(json_safe(results), indent=1) + "\n")
+    readme = out_dir / "README.md"
+    text = readme.read_text() if readme.is_file() else "# Issue 29's sweep\n\n" + BEGIN + "\n" + END + "\n"
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{readme}: the GENERATED markers are missing")
+    head, rest = text.split(BEGIN, 1)
+    readme.write_text(head + markdown(results) + rest.split(END, 1)[1])
+    return results
+
+
+def _provenance(runs: dict[str, dict[int, Path]], key: str) -> dict[str, Any]:
+    rec, seed = key.split("/seed")
+    d = runs[rec][int(seed)]
+    p = d / "provenance.json"
+    s = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
+    prov = json.loads(p.read_text()) if p.is_file() else {}
+    return {"commit": prov.get("commit"), "dirty": prov.get("dirty"), "wall_s": s.get("wall_s"),
+            "steps": s.get("steps")}

@@ -1,0 +1,94 @@
+"""The generated section of reproduction/repro2/README.md, from `reproduce2_analyse.analyse2`'s results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scalerl_mega.reproduce2_report import EXPECTED_SEEDS, REFERENCE, SETTINGS
+from scalerl_mega.reproduce_report import BEGIN, END, FINAL_POINTS, fmt
+
+
+def _status(results: dict[str, Any]) -> list[str]:
+    runs = results["runs"]
+    done = {rec: sorted(int(k.split("/seed")[1]) for k in runs if k.split("/seed")[0] == rec) for rec in SETTINGS}
+    lines = ["| setting | what | seeds finished | commit(s) |", "|---|---|---|---|"]
+    for rec, st in SETTINGS.items():
+        commits = sorted({(runs[f"{rec}/seed{s}"].get("commit") or "?")[:10] +
+                          (" (dirty)" if runs[f"{rec}/seed{s}"].get("dirty") else "") for s in done[rec]})
+        lines.append(f"| {rec} | {st.title} | {len(done[rec])} of {len(EXPECTED_SEEDS)}"
+                     f"{' (' + ', '.join(map(str, done[rec])) + ')' if done[rec] else ''} | "
+                     f"{', '.join(commits) or '-'} |")
+    if results["missing"]:
+        lines += ["", f"**Partial sweep**: {len(results['missing'])} run(s) not finished: "
+                  + ", ".join(results["missing"]) + ". `make reproduce` continues it (finished runs are skipped, "
+                  "an interrupted one resumes from its last checkpoint)."]
+    return lines
+
+
+def _predictability(results: dict[str, Any]) -> list[str]:
+    lines = ["| run | first-half fit (A, 95% interval) | forecast at the last 3 points | observed | mean abs error | "
+             "noise floor | error / floor |", "|---|---|---|---|---|---|---|"]
+    for k, r in results["runs"].items():
+        h = r["half_fit"]
+        pred = ", ".join(f"{v:.3f}" for v in h["predicted"]) if h["predicted"] else "no forecast"
+        lines.append(f"| {k} | {h['verdict']} | {pred} | {', '.join(f'{v:.3f}' for v in h['observed'])} | "
+                     f"{fmt(h['mae'], '.3f')} | {h['noise_floor']:.3f} | {fmt(h['ratio'], '.2f')} |")
+    ok = [r["half_fit"] for k, r in results["runs"].items() if k.startswith(f"{REFERENCE}/")]
+    ident = [h for h in ok if h["identified"]]
+    lines += ["", f"Reference recipe: the first half identified A for {len(ident)} of {len(ok)} seed(s)"
+              + (f"; forecast error at the last {FINAL_POINTS} points / noise floor: "
+                 + ", ".join(f"{h['ratio']:.2f}" for h in ident) if ident else "") + "."]
+    return lines
+
+
+def _runs(results: dict[str, Any]) -> list[str]:
+    lines = ["| run | A | A 95% interval | B | C_mid (k samples) | identified | B at common A | last pass rate | "
+             "epoch at end | steps | wall s |", "|" + "---|" * 11]
+    for k, r in results["runs"].items():
+        iv = r["A_interval"]
+        lines.append(f"| {k} | {fmt(r['A'], '.3f')} | {fmt(iv[0], '.3f')}..{fmt(iv[1], '.3f')} | {fmt(r['B'], '.2f')} | "
+                     f"{fmt(r['C_mid'], '.4g')} | {'yes' if r['identified'] else 'NO'} | "
+                     f"{fmt(r['B_at_common_A'], '.2f')} | {r['last_val_pass_rate']:.3f} | "
+                     f"{fmt(r['epoch_at_end'], 'd')} | {fmt(r['steps'], 'd')} | {fmt(r['wall_s'], '.0f')} |")
+    un = [f"- {k}: {r['reason']}" for k, r in results["runs"].items() if not r["identified"]]
+    return lines + (["", "Not identified (whole run):", ""] + un if un else [])
+
+
+def _paired(p: dict[str, Any]) -> str:
+    return f"{p['outcome']} ({fmt(p['mean'], '+.3f')} +- {fmt(p['half_width'], '.3f')}, {len(p['seeds'])} seeds)"
+
+
+def _comparisons(results: dict[str, Any]) -> list[str]:
+    lines = ["| variant vs reference | paper | paper's rule (A within +-0.02, then B at the common A) | paired final "
+             f"pass rate (last {FINAL_POINTS} points, t 95%) | early window | late window | curves |",
+             "|---|---|---|---|---|---|---|"]
+    for name, row in results["comparisons"].items():
+        var, ref = row["variant"], row["reference"]
+        paper = SETTINGS[var].paper if name != "batch_large_vs_small" else SETTINGS["batch_large"].paper
+        if "incomplete" in row:
+            lines.append(f"| {var} vs {ref} | {paper} | **incomplete**: {row['incomplete']} | - | - | - | - |")
+            continue
+        cr = row["crossing"]
+        lines.append(f"| {var} vs {ref} | {paper} | {row['rule']['outcome']}: {row['rule']['reason']} | "
+                     f"{_paired(row['final'])} | {_paired(cr['early'])} | {_paired(cr['late'])} | "
+                     f"**{cr['outcome']}** |")
+    return lines
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [BEGIN, "", "### Status", ""] + _status(results)
+    lines += ["", "### Predictability: fit the first half, forecast the end (paper Fig. 1, Sec. 6)", "",
+              "Each run's validation points up to half its compute are fitted with Eq. 1 by the project's "
+              "identification rule (`scaling.identify`); where A is identified the fit is extrapolated to the run's "
+              f"last {FINAL_POINTS} points. Noise floor: sqrt(2/pi) x the mean binomial SE of those points (the mean "
+              "absolute error a perfect forecast would still show).", ""] + _predictability(results)
+    lines += ["", "### Whole-run fits (compute = generated samples)", "",
+              f"B at the common A: every run refit at the mean A of the identified runs "
+              f"(A = {fmt(results['common_A'], '.3f')}; paper App. A.5)."] + [""] + _runs(results)
+    lines += ["", "### Comparisons", "",
+              "Windows: the paired difference (variant - reference, per seed, then the t rule over seeds) averaged "
+              "over the first and the last quarter of the common compute; *crossed* = the variant significantly "
+              "below early and above late. The control's row is what seeds and numerics alone produce.", ""]
+    lines += _comparisons(results)
+    lines += ["", "### Plots", ""] + [f"![{p}]({p})" for p in results["plots"]] + ["", END]
+    return "\n".join(lines)

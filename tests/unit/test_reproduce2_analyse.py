@@ -1,0 +1,158 @@
+"""Issue 29's analysis (`reproduce analyse --sweep repro2`) on synthetic runs of known Eq. 1 parameters: the
+paired-window and crossing rules by hand, then the whole analysis (half-fit forecasts, batch-size crossing,
+incomplete axes, README section, plots)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scalerl_mega.reproduce2_analyse import analyse2
+from scalerl_mega.reproduce2_report import crossing, paired_window
+from scalerl_mega.reproduce_report import BEGIN, END
+from scalerl_mega.scaling.seeds import NOT_SEPARABLE, REFERENCE_BETTER, VARIANT_BETTER
+
+
+def test_paired_window_by_hand():
+    c = np.array([0.0, 1.0, 2.0, 3.0])
+    ref = {0: (c, np.array([0.1, 0.2, 0.3, 0.4])), 1: (c, np.array([0.1, 0.3, 0.3, 0.5]))}
+    var = {0: (c, np.array([0.1, 0.3, 0.5, 0.4])), 1: (c, np.array([0.1, 0.35, 0.45, 0.5])), 7: (c, c)}
+    w = paired_window(ref, var, lo=1.0, hi=2.0)
+    # seed 0: mean(0.3, 0.5) - mean(0.2, 0.3) = 0.15; seed 1: mean(0.35, 0.45) - mean(0.3, 0.3) = 0.1 (seed 7 unpaired)
+    assert w.points == 2 and w.paired.seeds == (0, 1)
+    assert w.paired.differences == pytest.approx((0.15, 0.1))
+    assert w.paired.mean == pytest.approx(0.125)
+    # t_0.975(1) = 12.706; sd = 0.0353553; half width = 12.706 * sd / sqrt(2) = 0.31766
+    assert w.paired.half_width == pytest.approx(12.7062 * math.sqrt(0.00125) / math.sqrt(2), rel=1e-4)
+    assert w.paired.outcome == NOT_SEPARABLE
+
+
+def _seeds(f, noise, k=3):
+    c = np.arange(0, 41, dtype=np.float64)
+    return {s: (c, f(c) + noise * (s - 1)) for s in range(k)}
+
+
+def test_crossing_detects_the_paper_pattern_and_its_reverse():
+    small = _seeds(lambda c: 0.2 + 0.5 * c / (c + 5), 0.001)       # fast, low plateau
+    large = _seeds(lambda c: 0.2 + 0.7 * c / (c + 15), 0.002)      # slow, high plateau
+    x = crossing(small, large)
+    assert x["outcome"] == "crossed"
+    assert x["early"].paired.outcome == REFERENCE_BETTER and x["late"].paired.outcome == VARIANT_BETTER
+    assert x["early"].window == (1e-12, 10.0) and x["late"].window == (30.0, 40.0)
+    assert crossing(large, small)["outcome"] == "reversed"
+    same = crossing(small, small)
+    assert same["outcome"] == f"early: {NOT_SEPARABLE}; late: {NOT_SEPARABLE}"
+
+
+# ---------------------------------------------------------------- whole analysis on synthetic sweeps
+SAMPLES = 256.0  # per reference step
+
+
+def eq1(c, *, A, B, C_mid, R0=0.2):
+    """Eq. 1 (paper Sec. 2.1) in float64, written out independently of scaling.fit."""
+    c = np.asarray(c, dtype=np.float64)
+    return np.where(c > 0, R0 + (A - R0) / (1.0 + (C_mid / np.where(c > 0, c, 1.0)) ** B), R0)
+
+
+TRUTH = {"scalerl": (0.70, 2.0, 60.0), "batch_small": (0.62, 2.0, 40.0), "batch_large": (0.78, 2.0, 90.0),
+         "batch_control": (0.70, 2.0, 60.0)}
+"""setting -> (A, B, C_mid in reference steps); every setting validates every 20 x 256 samples."""
+
+
+def write_run(d: Path, *, A, B, C_mid, seed, per_step, steps, every, n=1600):
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    with (d / "metrics.jsonl").open("w") as fh:
+        for step in range(steps + 1):
+            if step:
+                fh.write(json.dumps({"kind": "train", "step": step, "samples": per_step}) + "\n")
+            if step % every == 0:
+                p = float(eq1(step * per_step / SAMPLES, A=A, B=B, C_mid=C_mid))
+                if step:
+                    p += rng.normal(0.0, 0.002)
+                fh.write(json.dumps({"kind": "validation", "step": step, "val_pass_rate": p, "val_prompts": 200.0,
+                                     "val_samples_per_prompt": n / 200.0}) + "\n")
+    (d / "summary.json").write_text(json.dumps({"steps": steps, "wall_s": 10.0}))
+    (d / "provenance.json").write_text(json.dumps({"commit": "abc123def456", "dirty": False}))
+
+
+SHAPE = {"scalerl": (256.0, 800, 20), "batch_small": (128.0, 1600, 40), "batch_large": (512.0, 400, 10),
+         "batch_control": (256.0, 800, 20)}
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("repro2")
+    for rec, (A, B, C_mid) in TRUTH.items():
+        per_step, steps, every = SHAPE[rec]
+        for s in ((0, 1, 2) if rec != "batch_control" else (0,)):
+            write_run(out / "runs" / rec / f"seed{s}", A=A, B=B, C_mid=C_mid, seed=s, per_step=per_step,
+                      steps=steps, every=every)
+    (out / "README.md").write_text(f"# head\n\n{BEGIN}\nold\n{END}\n\ntail\n")
+    return out, analyse2(sweep_dir=None, out_dir=out)
+
+
+def test_half_fit_forecasts_every_reference_seed(analysed):
+    _, res = analysed
+    for s in (0, 1, 2):
+        h = res["runs"][f"scalerl/seed{s}"]["half_fit"]
+        assert h["identified"], h["verdict"]
+        # the forecast of Eq. 1 at the last points, within a few noise SDs of the truth
+        truth = eq1(np.asarray(h["final_compute"]) * 1e3 / SAMPLES, A=0.70, B=2.0, C_mid=60.0)
+        assert np.asarray(h["predicted"]) == pytest.approx(truth, abs=0.01)
+        assert h["ratio"] < 3.0
+
+
+def test_fits_recover_A_on_the_samples_axis(analysed):
+    out, _ = analysed
+    fits = json.loads((out / "fits.json").read_text())
+    for rec, (A, _, C_mid) in TRUTH.items():
+        f = fits[f"{rec}/seed0"]
+        assert f["identified"] and f["A"] == pytest.approx(A, abs=0.01)
+        assert f["C_mid"] == pytest.approx(C_mid * SAMPLES / 1e3, rel=0.1)  # thousands of samples
+
+
+def test_batch_axis_verdicts(analysed):
+    _, res = analysed
+    lvs = res["comparisons"]["batch_large_vs_small"]
+    assert lvs["rule"]["outcome"] == VARIANT_BETTER and lvs["rule"]["decided_by"] == "A"
+    assert lvs["crossing"]["outcome"] == "crossed"
+    assert lvs["final"]["outcome"] == VARIANT_BETTER
+    # one control seed: incomplete, not a result
+    assert "incomplete" in res["comparisons"]["batch_control"] and "1 batch_control" in \
+        res["comparisons"]["batch_control"]["incomplete"]
+    assert "no_npr" in res["comparisons"] and "0 no_npr" in res["comparisons"]["no_npr"]["incomplete"]
+    assert res["missing"] == ["batch_control/seed1", "batch_control/seed2", "no_npr/seed0", "no_npr/seed1",
+                              "no_npr/seed2"]
+
+
+def test_readme_section_and_plots(analysed):
+    out, res = analysed
+    text = (out / "README.md").read_text()
+    assert text.startswith("# head\n") and text.rstrip().endswith("tail") and "\nold\n" not in text
+    assert "**Partial sweep**: 5 run(s) not finished" in text
+    assert "| batch_large vs batch_small |" in text and "**crossed**" in text
+    assert "**incomplete**" in text and "abc123def4" in text
+    for name in ("half_fit_samples.png", "batch_samples.png", "scaling_samples.png"):
+        assert name in res["plots"] and (out / name).stat().st_size > 10_000
+
+
+def test_cli_analyses_committed_runs_and_names_a_missing_reference(analysed, tmp_path, capsys):
+    """`make reproduce-analysis` = `python -m scalerl_mega.reproduce analyse --sweep repro2 --no-collect`."""
+    import shutil
+
+    from scalerl_mega.reproduce import main
+
+    out, _ = analysed
+    copy = tmp_path / "copy"
+    shutil.copytree(out / "runs", copy / "runs")
+    assert main(["analyse", "--sweep", "repro2", "--no-collect", "--out", str(copy)]) == 0
+    assert json.loads((copy / "fits.json").read_text()) == json.loads((out / "fits.json").read_text())
+    assert BEGIN in (copy / "README.md").read_text()
+    shutil.rmtree(copy / "runs" / "scalerl")
+    assert main(["analyse", "--sweep", "repro2", "--no-collect", "--out", str(copy)]) == 2
+    assert "no finished run of the reference recipe 'scalerl'" in capsys.readouterr().err
