@@ -31,7 +31,8 @@ import numpy as np
 
 from scalerl_mega.reproduce2_markdown import markdown
 from scalerl_mega.reproduce2_report import (CONTROL, EXPECTED_SEEDS, MIN_SEEDS, REFERENCE, REPRO2_RUN_NAMES,
-                                            SAMPLES_AXIS, SETTINGS, crossing, half_fit, read_run)
+                                            SAMPLES_AXIS, SETTINGS, crossing, half_fit, overdispersion,
+                                            read_run)
 from scalerl_mega.reproduce_report import (BEGIN, END, collect, discover, final_pass_rates, fit_axis, json_safe,
                                            last_epochs, plot_axis)
 
@@ -127,12 +128,14 @@ def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
         collect(sweep_dir, runs_dir, run_names=REPRO2_RUN_NAMES)
     runs = discover(runs_dir, run_names=REPRO2_RUN_NAMES)
     res = fit_axis(runs, SAMPLES_AXIS, reference=REFERENCE, controls=frozenset({CONTROL}))
-    half, n_pt = {}, []
+    half, disp, n_pt = {}, {}, []
     for rec, seeds in runs.items():
         for s, d in seeds.items():
             c, r, n = read_run(d)
             n_pt.append(float(n[-1]))
-            half[f"{rec}/seed{s}"] = half_fit(c * SAMPLES_AXIS.scale, r, n)
+            key = f"{rec}/seed{s}"
+            half[key] = half_fit(c * SAMPLES_AXIS.scale, r, n)
+            disp[key] = overdispersion(res["fits"][key], c * SAMPLES_AXIS.scale, n)
     fin = final_pass_rates(runs, res["series"], reference=REFERENCE)
     pairs = {var: _pair_rows(runs, res, fin, ref=REFERENCE, var=var) for var in SETTINGS if var != REFERENCE}
     pairs["batch_large_vs_small"] = _pair_rows(runs, res, fin, ref="batch_small", var="batch_large")
@@ -141,7 +144,8 @@ def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
     results = {"reference": REFERENCE, "axis": SAMPLES_AXIS.key, "missing": missing, "plots": plots,
                "runs": {k: {**v, "half_fit": {f: getattr(half[k], f) for f in half[k].__dataclass_fields__
                                               if f != "assessment"},
-                            "epoch_at_end": last_epochs(runs).get(k), **_provenance(runs, k)}
+                            "epoch_at_end": last_epochs(runs).get(k), "overdispersion": disp[k],
+                            **_provenance(runs, k)}
                         for k, v in res["per_run"].items()},
                "final_pass_rate": fin, "comparisons": pairs, "common_A": res["loo"].A_mean}
     (out_dir / "fits.json").write_text(json.dumps(json_safe(

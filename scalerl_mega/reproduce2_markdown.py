@@ -43,9 +43,9 @@ def _predictability(results: dict[str, Any]) -> list[str]:
 
 def _runs(results: dict[str, Any]) -> list[str]:
     lines = ["| run | A | A 95% interval | B | C_mid (k samples) | identified | B at common A | last pass rate | "
-             "epoch at end | steps | wall s |", "|" + "---|" * 11]
+             "residual SD / binomial SE | epoch at end | steps | wall s |", "|" + "---|" * 12]
     for k, r in results["runs"].items():
-        iv = r["A_interval"]
+        iv, od = r["A_interval"], r["overdispersion"]
         lines.append(f"| {k} | {fmt(r['A'], '.3f')} | {fmt(iv[0], '.3f')}..{fmt(iv[1], '.3f')} | {fmt(r['B'], '.2f')} | "
                      f"{fmt(r['C_mid'], '.4g')} | {'yes' if r['identified'] else 'NO'} | "
                      f"{fmt(r['B_at_common_A'], '.2f')} | {r['last_val_pass_rate']:.3f} | "

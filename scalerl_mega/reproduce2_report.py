@@ -173,3 +173,18 @@ def crossing(ref: dict[int, tuple[np.ndarray, np.ndarray]], var: dict[int, tuple
     else:
         outcome = f"early: {e}; late: {l_}"
     return {"early": early, "late": late, "outcome": outcome}
+
+
+def overdispersion(fit, compute, n_samples) -> dict[str, float]:
+    """Point-to-point scatter of a run's validation points around its own Eq. 1 fit against the binomial noise
+    the identification rule assumes: the residual SD sqrt(SSE / (n - 3)) of the fitted points, the mean
+    binomial SE sqrt(p (1 - p) / N) at those points (p: the fit), and their ratio (about 1 when sampling the
+    validation set is the only noise; above 1 when the policy itself moves between validations)."""
+    c = np.asarray(compute, dtype=np.float64)
+    lo, hi = fit.compute_range
+    inside = (c >= lo) & (c <= hi) & (c > 0)
+    n = np.broadcast_to(np.asarray(n_samples, dtype=np.float64), c.shape)[inside]
+    p = np.clip(fit.predict(c[inside]), 0.0, 1.0)
+    sd = math.sqrt(fit.sse / max(fit.n_points - 3, 1))
+    se = float(np.mean(np.sqrt(p * (1 - p) / n)))
+    return {"residual_sd": sd, "binomial_se": se, "ratio": sd / se if se > 0 else math.inf}

@@ -156,3 +156,23 @@ def test_cli_analyses_committed_runs_and_names_a_missing_reference(analysed, tmp
     shutil.rmtree(copy / "runs" / "scalerl")
     assert main(["analyse", "--sweep", "repro2", "--no-collect", "--out", str(copy)]) == 2
     assert "no finished run of the reference recipe 'scalerl'" in capsys.readouterr().err
+
+
+def test_overdispersion_by_hand():
+    from types import SimpleNamespace
+
+    from scalerl_mega.reproduce2_report import overdispersion
+
+    fit = SimpleNamespace(sse=0.0063, n_points=10, compute_range=(1.0, 10.0),
+                          predict=lambda c: np.full(np.shape(c), 0.5))
+    od = overdispersion(fit, np.arange(0.0, 11.0), 1600.0)
+    assert od["residual_sd"] == pytest.approx(0.03)              # sqrt(0.0063 / 7)
+    assert od["binomial_se"] == pytest.approx(0.0125)            # sqrt(0.25 / 1600)
+    assert od["ratio"] == pytest.approx(2.4)
+
+
+def test_synthetic_runs_show_binomial_level_scatter(analysed):
+    _, res = analysed
+    # the synthetic points scatter by N(0, 0.002) around Eq. 1, far below the binomial SE (~0.011) of 1600 samples
+    od = res["runs"]["scalerl/seed0"]["overdispersion"]
+    assert od["residual_sd"] < 0.004 and od["binomial_se"] == pytest.approx(0.0115, abs=0.001)
