@@ -8,8 +8,8 @@ Binomial(N, R)/N: independent samples, which understates prompt-level correlatio
 simulated run is assessed exactly as report.py does (relative grid, 10% cut, n_samples=N). Reported per
 design and truth: P(identified) and P(identified and |A_hat - A| > 0.02) (a confidently wrong A).
 
-Usage: python reproduction/design/simulate.py [--reps 10] [--set main|slow] [--out reproduction/design]
-Writes sim[_slow].json and sim[_slow].png into --out. Pure CPU, a few minutes at the defaults.
+Usage: python reproduction/design/simulate.py [--reps 10] [--set main|slow|pilot] [--out reproduction/design]
+Writes sim[_slow|_pilot].json and .png into --out. Pure CPU, a few minutes at the defaults.
 """
 
 from __future__ import annotations
@@ -39,6 +39,14 @@ SLOW_DESIGNS = [
     ("1600 steps, val/40, 200x8", 1600, 40, 1600),
 ]
 SLOW_TRUTHS = [dict(R0=0.30, A=0.70, B=1.5, C_mid=150.0)]
+# After the pilot (`--set pilot`, README "Pilot and profile"): the observed shape (low A, early C_mid) with the
+# observed point-to-point scatter: binomial alone vs binomial plus policy noise of SD 0.035 (~3x the binomial SE).
+PILOT_DESIGNS = [
+    ("800 steps, val/20, 200x8", 800, 20, 1600, 0.0),
+    ("800 steps, val/20, 200x8, +policy noise", 800, 20, 1600, 0.035),
+    ("1600 steps, val/20, 200x8, +policy noise", 1600, 20, 1600, 0.035),
+]
+PILOT_TRUTHS = [dict(R0=0.20, A=0.42, B=2.0, C_mid=40.0)]
 # Truths: R0 = start pass rate, A = ceiling, B = steepness, C_mid in steps.
 TRUTHS = [
     dict(R0=0.30, A=0.70, B=1.5, C_mid=150.0),
@@ -47,14 +55,17 @@ TRUTHS = [
 ]
 
 
-def simulate(*, steps: int, val_every: int, n: int, truth: dict, reps: int, rng: np.random.Generator) -> dict:
+def simulate(*, steps: int, val_every: int, n: int, truth: dict, reps: int, rng: np.random.Generator,
+             extra_sd: float = 0.0) -> dict:
+    """`extra_sd`: Gaussian noise added to each point on top of the binomial (the policy moving between
+    validations); the rule is still told only the binomial N, as it is for a real run."""
     c = np.arange(0, steps + 1, val_every, dtype=np.float64)
     p = sigmoid_law(np.maximum(c, 1e-9), A=truth["A"], B=truth["B"], C_mid=truth["C_mid"], R0=truth["R0"])
     p[0] = truth["R0"]
     ident = wrong = 0
     errs = []
     for _ in range(reps):
-        r = rng.binomial(n, p) / n
+        r = rng.binomial(n, p) / n + (rng.normal(0.0, extra_sd, p.shape) if extra_sd else 0.0)
         try:
             a = assess(c, r, options=options_for(c, grid="relative"), n_samples=n)
         except ValueError:
@@ -72,18 +83,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--set", choices=["main", "slow"], default="main")
+    ap.add_argument("--set", choices=["main", "slow", "pilot"], default="main")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
-    designs, truths = (DESIGNS, TRUTHS) if args.set == "main" else (SLOW_DESIGNS, SLOW_TRUTHS)
-    suffix = "" if args.set == "main" else "_slow"
+    designs, truths = {"main": (DESIGNS, TRUTHS), "slow": (SLOW_DESIGNS, SLOW_TRUTHS),
+                       "pilot": (PILOT_DESIGNS, PILOT_TRUTHS)}[args.set]
+    designs = [d if len(d) == 5 else (*d, 0.0) for d in designs]
+    suffix = "" if args.set == "main" else f"_{args.set}"
     rows = []
     t0 = time.perf_counter()
-    for name, steps, every, n in designs:
+    for name, steps, every, n, extra in designs:
         for truth in truths:
-            res = simulate(steps=steps, val_every=every, n=n, truth=truth, reps=args.reps, rng=rng)
-            rows.append({"design": name, "steps": steps, "val_every": every, "n": n, "truth": truth, **res})
+            res = simulate(steps=steps, val_every=every, n=n, truth=truth, reps=args.reps, rng=rng, extra_sd=extra)
+            rows.append({"design": name, "steps": steps, "val_every": every, "n": n, "extra_sd": extra,
+                         "truth": truth, **res})
             print(f"{name:32s} A={truth['A']:.2f} B={truth['B']:.1f} C_mid={truth['C_mid']:5.0f} "
                   f"pts={res['points_after_cut']:3d} P(id)={res['p_identified']:.2f} "
                   f"P(id & |err|>0.02)={res['p_wrong_and_identified']:.2f}", flush=True)
