@@ -137,6 +137,8 @@ def test_readme_section_and_plots(analysed):
     assert "**Partial sweep**: 5 run(s) not finished" in text
     assert "| batch_large vs batch_small |" in text and "**crossed**" in text
     assert "**incomplete**" in text and "abc123def4" in text
+    od = res["runs"]["scalerl/seed0"]["overdispersion"]
+    assert f"| {od['residual_sd']:.4f} / {od['binomial_se']:.4f} = {od['ratio']:.1f} |" in text
     for name in ("half_fit_samples.png", "batch_samples.png", "scaling_samples.png"):
         assert name in res["plots"] and (out / name).stat().st_size > 10_000
 
