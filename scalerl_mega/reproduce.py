@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from scalerl_mega.reproduce2_report import REPRO2_RUN_NAMES
-from scalerl_mega.reproduce_report import RECIPE_RUN_NAMES, analyse
+from scalerl_mega.reproduce_report import RECIPE_RUN_NAMES, analyse, run_finished
 
 SWEEPS = {"repro": (RECIPE_RUN_NAMES, "outputs/reproduce", "reproduction"),
           "repro2": (REPRO2_RUN_NAMES, "outputs/reproduce2", "reproduction/repro2")}
@@ -55,8 +55,9 @@ def _stamp() -> str:
 
 
 def finished_runs(sweep_dir: Path) -> list[Path]:
-    """The point directories `<sweep_dir>/<run_name>/seed<N>` that hold a `summary.json` (a finished run)."""
-    return sorted(p.parent for p in sweep_dir.glob("*/seed*/summary.json"))
+    """The point directories `<sweep_dir>/<run_name>/seed<N>` whose run finished (`reproduce_report.run_finished`:
+    a preempted run's summary.json does not count)."""
+    return sorted(p.parent for p in sweep_dir.glob("*/seed*/summary.json") if run_finished(p.parent))
 
 
 def stamp_runs(sweep_dir: Path, record: dict) -> list[Path]:

@@ -141,15 +141,34 @@ def untestable(rec: str, runs: dict[str, dict[int, Path]], epochs: dict[str, int
 
 
 # ------------------------------------------------------------------------------------------------ collect
+def run_finished(run_dir: Path) -> bool:
+    """A sweep point is finished when its summary.json reached the run's own `train.steps` (its
+    run_config.yaml) and was not written by a preempted (SIGTERM) run, which also leaves a summary."""
+    import yaml
+
+    from scalerl_mega.cluster.sweep import point_done
+
+    summary, config = run_dir / "summary.json", run_dir / "run_config.yaml"
+    if not (summary.is_file() and config.is_file()):
+        return False
+    try:
+        if json.loads(summary.read_text()).get("preempted"):
+            return False
+        steps = int(yaml.safe_load(config.read_text())["train"]["steps"])
+    except (ValueError, KeyError, TypeError, yaml.YAMLError) as e:
+        raise ValueError(f"{run_dir}: unreadable summary.json or run_config.yaml ({e})") from e
+    return point_done(run_dir, steps=steps)
+
+
 def collect(sweep_dir: Path, runs_dir: Path, *, run_names: tuple[str, ...] = RECIPE_RUN_NAMES) -> list[str]:
-    """Copy every finished run (summary.json present) of the sweep's `run_names` to `runs_dir/<recipe>/seed<N>/`,
+    """Copy every finished run (`run_finished`) of the sweep's `run_names` to `runs_dir/<recipe>/seed<N>/`,
     and the sweep's provenance.jsonl next to `runs_dir`. Returns the copied `<recipe>/seed<N>` keys."""
     if not sweep_dir.is_dir():
         raise ValueError(f"{sweep_dir}: no such sweep directory (run `make reproduce-sweep` first)")
     copied = []
     for run_name in run_names:
         for seed_dir in sorted((sweep_dir / run_name).glob("seed*")):
-            if not (seed_dir / "summary.json").is_file():
+            if not run_finished(seed_dir):
                 continue
             dest = runs_dir / recipe_name(run_name) / seed_dir.name
             dest.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ def write_run(d: Path, *, A: float, B: float, noise_seed: int, steps: int = 100,
                                      "val_prompts": 10000.0, "val_samples_per_prompt": 4.0,  # binomial SE ~0.002
                                      "compute_device_hours": 0.002 * step + 0.001}) + "\n")
     (d / "summary.json").write_text(json.dumps({"steps": steps, "wall_s": 100.0, "sft_s": 1.0, "rl_s": 90.0}))
+    (d / "run_config.yaml").write_text(f"train:\n  steps: {steps}\n")
 
 
 # recipe -> (A, B); no_zvf / no_fp32_head reuse the reference's exact points (same noise seeds)
@@ -117,8 +118,13 @@ def test_collect_takes_finished_runs_only_and_partial_is_labelled(tmp_path):
         for s in (0, 1):
             write_run(sweep / f"repro_{rec}" / f"seed{s}", A=TRUTH[rec][0], B=TRUTH[rec][1], noise_seed=s)
     (sweep / "repro_dapo" / "seed1" / "summary.json").unlink()  # still running
+    (sweep / "repro_scalerl" / "seed1" / "summary.json").write_text(json.dumps({"steps": 60, "preempted": True}))
+    (sweep / "repro_dapo" / "seed0" / "run_config.yaml").write_text("train:\n  steps: 120\n")  # stopped short
     (sweep / "provenance.jsonl").write_text(json.dumps({"started": "t0", "commit": "abc", "command": "x"}) + "\n")
-    assert collect(sweep, tmp_path / "out" / "runs") == ["scalerl/seed0", "scalerl/seed1", "dapo/seed0"]
+    assert collect(sweep, tmp_path / "out" / "runs") == ["scalerl/seed0"]  # preempted, short, running: not finished
+    # both finish (resumed): collected by the analysis
+    write_run(sweep / "repro_scalerl" / "seed1", A=TRUTH["scalerl"][0], B=TRUTH["scalerl"][1], noise_seed=1)
+    write_run(sweep / "repro_dapo" / "seed0", A=TRUTH["dapo"][0], B=TRUTH["dapo"][1], noise_seed=0)
     res = analyse(sweep_dir=sweep, out_dir=tmp_path / "out")
     assert "dapo/seed1" in res["missing"] and "no_npr/seed0" in res["missing"]
     text = (tmp_path / "out" / "README.md").read_text()

@@ -19,8 +19,17 @@ def _fake_sweep(calls: list, finish: list[str]):
         for point in finish:
             d = sweep_dir / point
             d.mkdir(parents=True, exist_ok=True)
-            (d / "summary.json").write_text("{}")
-        (sweep_dir / "repro2_no_npr" / "seed0").mkdir(parents=True, exist_ok=True)  # killed mid-run: no summary
+            (d / "summary.json").write_text(json.dumps({"steps": 800}))
+            (d / "run_config.yaml").write_text("train:\n  steps: 800\n")
+        for point, summary in (("repro2_no_npr/seed0", None),                             # killed: no summary
+                               ("repro2_batch_large/seed0", {"steps": 171, "preempted": True})):  # SIGTERM
+            d = sweep_dir / point
+            if (d / "summary.json").is_file() and point in finish:
+                continue
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "run_config.yaml").write_text("train:\n  steps: 400\n")
+            if summary:
+                (d / "summary.json").write_text(json.dumps(summary))
         return 0
     return call
 
@@ -36,6 +45,7 @@ def test_repro2_selects_its_overlays_and_stamps_finished_runs_once(tmp_path, mon
     first = json.loads((sweep / "repro2_scalerl" / "seed0" / "provenance.json").read_text())
     assert first["commit"] == "abc123" and first["dirty"] is True
     assert not (sweep / "repro2_no_npr" / "seed0" / "provenance.json").exists()
+    assert not (sweep / "repro2_batch_large" / "seed0" / "provenance.json").exists()  # preempted: not finished
 
     # The second invocation (another commit) finishes the other point; the first keeps its own stamp.
     monkeypatch.setattr(rep.subprocess, "call", _fake_sweep(calls, ["repro2_no_npr/seed0"]))
