@@ -33,8 +33,8 @@ from scalerl_mega.reproduce2_markdown import markdown
 from scalerl_mega.reproduce2_report import (CONTROL, EXPECTED_SEEDS, MIN_SEEDS, REFERENCE, REPRO2_RUN_NAMES,
                                             SAMPLES_AXIS, SETTINGS, crossing, half_fit, overdispersion,
                                             read_run)
-from scalerl_mega.reproduce_report import (BEGIN, END, collect, discover, final_pass_rates, fit_axis, json_safe,
-                                           last_epochs, plot_axis)
+from scalerl_mega.reproduce_report import (ACTIVE_KEY, BEGIN, END, collect, discover, final_pass_rates, fit_axis,
+                                           json_safe, last_epochs, last_train_value, plot_axis)
 
 
 def _curves(res: dict[str, Any], rec: str, runs: dict[str, dict[int, Path]]) -> dict[int, tuple[np.ndarray, ...]]:
@@ -141,10 +141,12 @@ def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
     pairs["batch_large_vs_small"] = _pair_rows(runs, res, fin, ref="batch_small", var="batch_large")
     missing = [f"{rec}/seed{s}" for rec in SETTINGS for s in EXPECTED_SEEDS if s not in runs.get(rec, {})]
     plots = _plots2(runs, res, half, out_dir, n_per_point=min(n_pt))
+    epochs, active = last_epochs(runs), last_train_value(runs, ACTIVE_KEY)
     results = {"reference": REFERENCE, "axis": SAMPLES_AXIS.key, "missing": missing, "plots": plots,
                "runs": {k: {**v, "half_fit": {f: getattr(half[k], f) for f in half[k].__dataclass_fields__
                                               if f != "assessment"},
-                            "epoch_at_end": last_epochs(runs).get(k), "overdispersion": disp[k],
+                            "epoch_at_end": epochs.get(k), "active_prompts_at_end": active.get(k),
+                            "overdispersion": disp[k],
                             **_provenance(runs, k)}
                         for k, v in res["per_run"].items()},
                "final_pass_rate": fin, "comparisons": pairs, "common_A": res["loo"].A_mean}

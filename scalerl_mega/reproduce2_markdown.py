@@ -43,14 +43,15 @@ def _predictability(results: dict[str, Any]) -> list[str]:
 
 def _runs(results: dict[str, Any]) -> list[str]:
     lines = ["| run | A | A 95% interval | B | C_mid (k samples) | identified | B at common A | last pass rate | "
-             "residual SD / binomial SE | epoch at end | steps | wall s |", "|" + "---|" * 12]
+             "residual SD / binomial SE | epoch at end | prompts left in the pool | steps | wall s |", "|" + "---|" * 13]
     for k, r in results["runs"].items():
         iv, od = r["A_interval"], r["overdispersion"]
         lines.append(f"| {k} | {fmt(r['A'], '.3f')} | {fmt(iv[0], '.3f')}..{fmt(iv[1], '.3f')} | {fmt(r['B'], '.2f')} | "
                      f"{fmt(r['C_mid'], '.4g')} | {'yes' if r['identified'] else 'NO'} | "
                      f"{fmt(r['B_at_common_A'], '.2f')} | {r['last_val_pass_rate']:.3f} | "
                      f"{od['residual_sd']:.4f} / {od['binomial_se']:.4f} = {od['ratio']:.1f} | "
-                     f"{fmt(r['epoch_at_end'], 'd')} | {fmt(r['steps'], 'd')} | {fmt(r['wall_s'], '.0f')} |")
+                     f"{fmt(r['epoch_at_end'], 'd')} | {fmt(r['active_prompts_at_end'], '.0f')} | "
+                     f"{fmt(r['steps'], 'd')} | {fmt(r['wall_s'], '.0f')} |")
     un = [f"- {k}: {r['reason']}" for k, r in results["runs"].items() if not r["identified"]]
     return lines + (["", "Not identified (whole run):", ""] + un if un else [])
 

@@ -115,16 +115,25 @@ EPOCH_KEY = "curriculum/curriculum/epoch"
 """The `train` line key of the curriculum's epoch (0 = still in the first pass over the training prompts)."""
 
 
-def last_epochs(runs: dict[str, dict[int, Path]]) -> dict[str, int | None]:
-    """`<recipe>/seed<N>` -> the curriculum epoch of the run's last `train` line (None when not logged)."""
+ACTIVE_KEY = "curriculum/curriculum/active_prompts"
+"""The `train` line key of the prompts still in the curriculum's pool (No-Positive-Resampling removes the rest)."""
+
+
+def last_train_value(runs: dict[str, dict[int, Path]], key: str) -> dict[str, float | None]:
+    """`<recipe>/seed<N>` -> `key` of the run's last `train` line that has it (None when never logged)."""
     from scalerl_mega.metrics.writer import read_metrics
 
-    out: dict[str, int | None] = {}
+    out: dict[str, float | None] = {}
     for rec, seeds in runs.items():
         for seed, d in seeds.items():
-            train = [r for r in read_metrics(d / "metrics.jsonl", kind="train") if EPOCH_KEY in r]
-            out[f"{rec}/seed{seed}"] = int(train[-1][EPOCH_KEY]) if train else None
+            train = [r for r in read_metrics(d / "metrics.jsonl", kind="train") if key in r]
+            out[f"{rec}/seed{seed}"] = float(train[-1][key]) if train else None
     return out
+
+
+def last_epochs(runs: dict[str, dict[int, Path]]) -> dict[str, int | None]:
+    """`<recipe>/seed<N>` -> the curriculum epoch of the run's last `train` line (None when not logged)."""
+    return {k: None if v is None else int(v) for k, v in last_train_value(runs, EPOCH_KEY).items()}
 
 
 def untestable(rec: str, runs: dict[str, dict[int, Path]], epochs: dict[str, int | None]) -> str:

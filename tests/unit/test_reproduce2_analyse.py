@@ -69,7 +69,9 @@ def write_run(d: Path, *, A, B, C_mid, seed, per_step, steps, every, n=1600):
     with (d / "metrics.jsonl").open("w") as fh:
         for step in range(steps + 1):
             if step:
-                fh.write(json.dumps({"kind": "train", "step": step, "samples": per_step}) + "\n")
+                fh.write(json.dumps({"kind": "train", "step": step, "samples": per_step,
+                                     "curriculum/curriculum/epoch": step // 100,
+                                     "curriculum/curriculum/active_prompts": 3000 - step}) + "\n")
             if step % every == 0:
                 p = float(eq1(step * per_step / SAMPLES, A=A, B=B, C_mid=C_mid))
                 if step:
@@ -137,7 +139,10 @@ def test_readme_section_and_plots(analysed):
     assert "**Partial sweep**: 5 run(s) not finished" in text
     assert "| batch_large vs batch_small |" in text and "**crossed**" in text
     assert "**incomplete**" in text and "abc123def4" in text
-    od = res["runs"]["scalerl/seed0"]["overdispersion"]
+    run = res["runs"]["scalerl/seed0"]
+    assert run["epoch_at_end"] == 8 and run["active_prompts_at_end"] == 2200  # step 800's line
+    assert "| 8 | 2200 | 800 | 10 |" in text
+    od = run["overdispersion"]
     assert f"| {od['residual_sd']:.4f} / {od['binomial_se']:.4f} = {od['ratio']:.1f} |" in text
     for name in ("half_fit_samples.png", "batch_samples.png", "scaling_samples.png"):
         assert name in res["plots"] and (out / name).stat().st_size > 10_000
