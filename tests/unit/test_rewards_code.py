@@ -23,8 +23,19 @@ def wrap(code: str) -> str:
     return f"{T}Here is my solution:\n```python\n{code}\n```\n"
 
 
+SLACK_S = 60.0
+"""Wall-clock limit for programs whose expected outcome is *not* a timeout: they finish (or fail) in well under
+a second alone, but the interpreter's start alone took over 3 s on a loaded 2-core CI machine (a 3 s limit made
+the 1 GB allocation test report a timeout instead of its MemoryError)."""
+
+
+def score(text: str, tests: list, **kw):
+    """`score_code` with the `SLACK_S` limit unless the test sets its own."""
+    return score_code(text, tests, **{"time_limit_s": SLACK_S, **kw})
+
+
 def run(code: str, *, stdin: bytes = b"", **lim) -> "object":
-    limits = SandboxLimits(**{"time_limit_s": 3.0, "memory_mb": 256, "max_processes": 8, **lim})
+    limits = SandboxLimits(**{"time_limit_s": SLACK_S, "memory_mb": 256, "max_processes": 8, **lim})
     return run_python({"main.py": code}, ["main.py"], stdin=stdin, limits=limits)
 
 
@@ -64,15 +75,15 @@ def test_infinite_loop_times_out():
 
 def test_one_gigabyte_allocation_fails():
     code = "x = bytearray(1 << 30)\nprint(1)"
-    res = score_code(wrap(code), [{"input": "", "output": "1"}], time_limit_s=3.0, memory_mb=256)
+    res = score_code(wrap(code), [{"input": "", "output": "1"}], time_limit_s=SLACK_S, memory_mb=256)
     assert not res.passed and "MemoryError" in res.reason
 
 
 def test_hundred_megabytes_of_stdout_is_cut():
     code = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(100):\n    sys.stdout.write(chunk)\n"
-    r = run(code, max_output_bytes=1 << 20, time_limit_s=5.0)
+    r = run(code, max_output_bytes=1 << 20)
     assert r.output_overflow and len(r.stdout) == 1 << 20
-    res = score_code(wrap(code), [{"input": "", "output": "x"}], max_output_bytes=1 << 20)
+    res = score(wrap(code), [{"input": "", "output": "x"}], max_output_bytes=1 << 20)
     assert not res.passed and "output_limit" in res.reason
 
 
@@ -80,7 +91,7 @@ def test_hundred_megabytes_of_stdout_is_cut():
 def test_cannot_read_etc_passwd():
     first_line = Path("/etc/passwd").read_text().splitlines()[0]
     code = "print(open('/etc/passwd').read().splitlines()[0])"
-    res = score_code(wrap(code), [{"input": "", "output": first_line}])
+    res = score(wrap(code), [{"input": "", "output": first_line}])
     assert not res.passed
     r = run("import os\nprint(len(open('/etc/passwd').read()))")
     assert r.stdout.strip() == b"0"
@@ -91,7 +102,7 @@ def test_cannot_read_project_files():
     secret = (REPO / "pyproject.toml").read_text().splitlines()[0]
     for path in [str(REPO / "pyproject.toml"), "../../pyproject.toml", "../pyproject.toml", "pyproject.toml"]:
         code = f"print(open({path!r}).read().splitlines()[0])"
-        res = score_code(wrap(code), [{"input": "", "output": secret}])
+        res = score(wrap(code), [{"input": "", "output": secret}])
         assert not res.passed, path
     r = run(f"import os\nprint(os.path.exists({str(REPO)!r}), os.listdir('/tmp'), os.getcwd())")
     assert r.stdout.decode().split()[:2] == ["False", "[]"], r
@@ -152,7 +163,7 @@ def test_dataset_in_an_unlisted_top_level_directory_is_not_readable():
         (top / "train.jsonl").write_text('{"tests": [{"input": "", "output": "SECRET"}]}\n')
         tests = [{"input": "", "output": "SECRET"}]
         cheat = f"print(open({str(top / 'train.jsonl')!r}).read().split('output\": \"')[1].split('\"')[0])"
-        res = score_code(wrap(cheat), tests)
+        res = score(wrap(cheat), tests)
         assert not res.passed and "FileNotFoundError" in res.reason, res
     finally:
         shutil.rmtree(top)
@@ -162,8 +173,9 @@ def test_dataset_in_an_unlisted_top_level_directory_is_not_readable():
 def test_caller_can_hide_paths_under_visible_system_dirs():
     hidden = "/usr/share"  # visible by default (read-only system directory)
     code = "import os\nprint(len(os.listdir('/usr/share')), os.path.isdir('/usr/bin'))"
-    shown = run_python({"main.py": code}, ["main.py"], limits=SandboxLimits(time_limit_s=3.0))
-    masked = run_python({"main.py": code}, ["main.py"], limits=SandboxLimits(time_limit_s=3.0), hide_paths=[hidden])
+    shown = run_python({"main.py": code}, ["main.py"], limits=SandboxLimits(time_limit_s=SLACK_S))
+    masked = run_python({"main.py": code}, ["main.py"], limits=SandboxLimits(time_limit_s=SLACK_S),
+                        hide_paths=[hidden])
     assert shown.stdout.split()[0] != b"0" and shown.stdout.split()[1] == b"True"
     assert masked.stdout.split() == [b"0", b"True"], masked
 
@@ -256,7 +268,7 @@ def test_no_network():
 
 def test_environment_is_empty(monkeypatch):
     monkeypatch.setenv("SCALERL_SECRET_TOKEN", "hunter2")
-    res = score_code(wrap("import os\nprint(os.environ.get('SCALERL_SECRET_TOKEN', 'none'))"),
+    res = score(wrap("import os\nprint(os.environ.get('SCALERL_SECRET_TOKEN', 'none'))"),
                      [{"input": "", "output": "hunter2"}])
     assert not res.passed
     r = run("import os\nprint(sorted(os.environ))")
@@ -317,16 +329,16 @@ PROBLEMS = [
 @pytest.mark.parametrize("idx", range(len(PROBLEMS)))
 def test_ten_problems_correct_and_incorrect(idx):
     tests, good, bad = PROBLEMS[idx]
-    ok = score_code(wrap(good), tests)
+    ok = score(wrap(good), tests)
     assert ok.passed and ok.reward == 1.0, ok
-    ko = score_code(wrap(bad), tests)
+    ko = score(wrap(bad), tests)
     assert not ko.passed and ko.reward == -1.0, ko
 
 
 def test_partial_credit_fraction():
     tests = [{"input": "1\n", "output": "1\n"}, {"input": "2\n", "output": "4\n"}, {"input": "3\n", "output": "9\n"},
              {"input": "0\n", "output": "0\n"}]
-    res = score_code(wrap("print(int(input()))"), tests, partial_credit=True)
+    res = score(wrap("print(int(input()))"), tests, partial_credit=True)
     # passes inputs 1 and 0: 2/4 -> -1 + 2 * 0.5 = 0
     assert not res.passed and res.reward == pytest.approx(0.0)
 
@@ -389,7 +401,8 @@ def test_userns_mode_has_the_same_filesystem_and_ipc_view(tmp_path):
             "libc = ctypes.CDLL(None)\nprint(libc.shmget(0, 4096, 0o1000 | 0o666) >= 0)\n"
             "open('/tmp/x', 'w').write('y')\nprint(open('/tmp/x').read())\n") % str(tmp_path / "data.jsonl")
     before = _sysv_ids()
-    r = run_python({"main.py": code}, ["main.py"], limits=SandboxLimits(time_limit_s=5.0), isolation=Isolation.USERNS)
+    r = run_python({"main.py": code}, ["main.py"], limits=SandboxLimits(time_limit_s=SLACK_S),
+                   isolation=Isolation.USERNS)
     assert r.stdout.decode().split("\n")[:3] == ["False False False []", "True", "y"], r
     assert _sysv_ids() == before
 
