@@ -104,6 +104,9 @@ class HalfFit:
     noise_floor: float
     ratio: float | None
     """mae / noise_floor."""
+    unvetted_mae: float
+    """Mean |error| at the final points of the first half's best fit used regardless of the rule: what a
+    forecast would have missed by where the rule refuses one (and the same as `mae` where it does not)."""
 
 
 def half_fit(compute, reward, n_samples, *, final_points: int = FINAL_POINTS) -> HalfFit:
@@ -120,7 +123,9 @@ def half_fit(compute, reward, n_samples, *, final_points: int = FINAL_POINTS) ->
     p = pred if pred is not None else fr
     floor = math.sqrt(2.0 / math.pi) * float(np.mean(np.sqrt(np.clip(p * (1 - p), 0.0, None) / fn)))
     mae = None if pred is None else float(np.mean(np.abs(pred - fr)))
-    return HalfFit(identified=a.identified, assessment=a, verdict=verdict_text(a), half_compute=half,
+    unvetted = float(np.mean(np.abs(a.fit.predict(fc) - fr)))
+    return HalfFit(unvetted_mae=unvetted, identified=a.identified, assessment=a, verdict=verdict_text(a),
+                   half_compute=half,
                    final_compute=tuple(fc.tolist()), observed=tuple(fr.tolist()),
                    predicted=None if pred is None else tuple(pred.tolist()), mae=mae, noise_floor=floor,
                    ratio=None if mae is None else mae / floor)

@@ -49,6 +49,7 @@ def test_half_fit_of_an_exact_curve_predicts_the_end(tmp_path):
     assert h.identified, h.verdict
     assert h.predicted == pytest.approx(r[-3:].tolist(), abs=0.005)
     assert h.mae < 0.005 and h.ratio < 1.0
+    assert h.unvetted_mae == pytest.approx(h.mae)  # identified: the forecast is the fit
 
 
 def test_half_fit_without_identified_A_makes_no_forecast(tmp_path):
@@ -57,3 +58,6 @@ def test_half_fit_without_identified_A_makes_no_forecast(tmp_path):
     c, r, n = read_run(tmp_path / "r")
     h = half_fit(c, r, n)
     assert not h.identified and h.predicted is None and h.mae is None and "not identified" in h.verdict
+    # what the refused fit would have forecast, scored by hand at the last 3 points
+    fit = h.assessment.fit
+    assert h.unvetted_mae == pytest.approx(np.mean(np.abs(fit.predict(c[-3:]) - r[-3:])))
