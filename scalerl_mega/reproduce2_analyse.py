@@ -83,9 +83,34 @@ def _band(curves: dict[int, tuple[np.ndarray, np.ndarray]], *, single_var) -> tu
     return np.asarray(common), mean, mean - 2 * se, mean + 2 * se
 
 
+def _axis_panels(runs: dict[str, dict[int, Path]], res: dict[str, Any], shown: list[str], a: str, b: str,
+                 binom) -> list[Any]:
+    """Seed-mean curves of `shown` with +-2 SE bands, and the paired difference b - a (where both ran)."""
+    from scalerl_mega.scaling.plot import BandCurve, BandPanel
+
+    panels = [BandPanel(title="seed means +- 2 SE", ylabel="validation pass rate",
+                        curves=[BandCurve(label=f"{rec} ({len(runs[rec])} seeds)", **dict(zip(
+                            ("x", "y", "lo", "hi"), _band(_curves(res, rec, runs), single_var=binom))))
+                                for rec in shown])]
+    if a not in runs or b not in runs:
+        return panels
+    ca, cb = _curves(res, a, runs), _curves(res, b, runs)
+    diffs = {s: (cb[s][0], cb[s][1] - np.interp(cb[s][0], *ca[s])) for s in ca if s in cb}
+
+    def diff_var(x: np.ndarray, _d: np.ndarray) -> np.ndarray:  # one seed: both points' binomial variances
+        s = next(iter(diffs))
+        return binom(x, np.interp(x, *cb[s])) + binom(x, np.interp(x, *ca[s]))
+
+    if diffs:
+        x, m, lo, hi = _band(diffs, single_var=diff_var)
+        panels.append(BandPanel(title=f"{b} - {a}, paired by seed (+- 2 SE)", ylabel="difference",
+                                curves=[BandCurve(label=f"{b} - {a}", x=x, y=m, lo=lo, hi=hi)], zero_line=True))
+    return panels
+
+
 def _plots2(runs: dict[str, dict[int, Path]], res: dict[str, Any], half: dict[str, Any], out_dir: Path,
             n_per_point: float) -> list[str]:
-    from scalerl_mega.scaling.plot import BandCurve, BandPanel, CurvePlot, plot_bands, plot_scaling
+    from scalerl_mega.scaling.plot import CurvePlot, plot_bands, plot_scaling
 
     def binom(_x: np.ndarray, p: np.ndarray) -> np.ndarray:
         return np.clip(p * (1 - p), 0, None) / n_per_point
@@ -98,26 +123,16 @@ def _plots2(runs: dict[str, dict[int, Path]], res: dict[str, Any], half: dict[st
         hf, path=out_dir / "half_fit_samples.png", formats=("png",), xlabel=SAMPLES_AXIS.label, log_x=False,
         figsize=(10.0, 6.0), title="fit on the first half of compute (stars), extrapolated (dashed) against the "
                                    "second half (crosses)")]
-    batch = [rec for rec in ("batch_small", REFERENCE, "batch_large", CONTROL) if rec in runs]
-    panels = [BandPanel(title="seed means +- 2 SE", ylabel="validation pass rate",
-                        curves=[BandCurve(label=f"{rec} ({len(runs[rec])} seeds)", **dict(zip(
-                            ("x", "y", "lo", "hi"), _band(_curves(res, rec, runs), single_var=binom))))
-                                for rec in batch])]
-    if "batch_small" in runs and "batch_large" in runs:
-        small, large = _curves(res, "batch_small", runs), _curves(res, "batch_large", runs)
-        diffs = {s: (large[s][0], large[s][1] - np.interp(large[s][0], *small[s])) for s in small if s in large}
-
-        def diff_var(x: np.ndarray, _d: np.ndarray) -> np.ndarray:  # one seed: both points' binomial variances
-            s = next(iter(diffs))
-            return binom(x, np.interp(x, *large[s])) + binom(x, np.interp(x, *small[s]))
-
-        if diffs:
-            x, m, lo, hi = _band(diffs, single_var=diff_var)
-            panels.append(BandPanel(title="batch_large - batch_small, paired by seed (+- 2 SE)", ylabel="difference",
-                                    curves=[BandCurve(label="64 - 16 prompts per step", x=x, y=m, lo=lo, hi=hi)],
-                                    zero_line=True))
-    written += [p.name for p in plot_bands(panels, path=out_dir / "batch_samples.png", xlabel=SAMPLES_AXIS.label,
-                                           title="batch-size axis (paper Sec. 5: larger is slower early, higher late)")]
+    axes = ((("batch_small", REFERENCE, "batch_large", CONTROL), ("batch_small", "batch_large"), "batch_samples.png",
+             "batch-size axis (paper Sec. 5: larger is slower early, higher late)"),
+            ((REFERENCE, "no_npr"), (REFERENCE, "no_npr"), "npr_samples.png",
+             "No-Positive-Resampling over ~8.5 passes (reference: on; no_npr: off)"))
+    for shown, (a, b), name, title in axes:
+        shown = [rec for rec in shown if rec in runs]
+        if b not in runs:
+            continue
+        written += [p.name for p in plot_bands(_axis_panels(runs, res, shown, a, b, binom), path=out_dir / name,
+                                               xlabel=SAMPLES_AXIS.label, title=title)]
     return written
 
 
