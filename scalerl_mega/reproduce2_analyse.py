@@ -121,8 +121,8 @@ def _plots2(runs: dict[str, dict[int, Path]], res: dict[str, Any], half: dict[st
           for k, h in half.items() if k.startswith(f"{REFERENCE}/")]
     written += [p.name for p in plot_scaling(
         hf, path=out_dir / "half_fit_samples.png", formats=("png",), xlabel=SAMPLES_AXIS.label, log_x=False,
-        figsize=(10.0, 6.0), title="fit on the first half of compute (stars), extrapolated (dashed) against the "
-                                   "second half (crosses)")]
+        figsize=(10.0, 6.0), title="fit on the first half of compute (stars), extrapolated (dashed, only where it "
+                                   "identifies A) against the second half (crosses)")]
     axes = ((("batch_small", REFERENCE, "batch_large", CONTROL), ("batch_small", "batch_large"), "batch_samples.png",
              "batch-size axis (paper Sec. 5: larger is slower early, higher late)"),
             ((REFERENCE, "no_npr"), (REFERENCE, "no_npr"), "npr_samples.png",
