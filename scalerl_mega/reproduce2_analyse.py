@@ -31,10 +31,9 @@ import numpy as np
 
 from scalerl_mega.reproduce2_markdown import markdown
 from scalerl_mega.reproduce2_report import (CONTROL, EXPECTED_SEEDS, MIN_SEEDS, REFERENCE, REPRO2_RUN_NAMES,
-                                            SAMPLES_AXIS, SETTINGS, crossing, half_fit, overdispersion,
-                                            read_run)
-from scalerl_mega.reproduce_report import (ACTIVE_KEY, BEGIN, END, collect, discover, final_pass_rates, fit_axis,
-                                           json_safe, last_epochs, last_train_value, plot_axis)
+                                            SAMPLES_AXIS, SETTINGS, crossing, half_fit, overdispersion)
+from scalerl_mega.reproduce_report import (ACTIVE_KEY, BEGIN, END, EPOCH_KEY, collect, discover, final_pass_rates,
+                                           fit_axis, json_safe, last_train_values, per_seed, plot_axis)
 
 
 def _curves(res: dict[str, Any], rec: str, runs: dict[str, dict[int, Path]]) -> dict[int, tuple[np.ndarray, ...]]:
@@ -58,11 +57,11 @@ def _pair_rows(runs: dict[str, dict[int, Path]], res: dict[str, Any], fin: dict[
                              f"a verdict needs {MIN_SEEDS} on each side (`make reproduce` continues the sweep)")
         return row
 
-    def per_seed(rec: str, field: str) -> list[float]:
-        return [math.nan if (v := res["per_run"][f"{rec}/seed{s}"][field]) is None else v for s in runs[rec]]
+    def seeds_of(rec: str, field: str) -> list[float]:
+        return per_seed(res["per_run"], runs, rec, field)
 
-    rule = compare_recipe(A_ref=per_seed(ref, "A"), A_var=per_seed(var, "A"), B_ref=per_seed(ref, "B_at_common_A"),
-                          B_var=per_seed(var, "B_at_common_A"))
+    rule = compare_recipe(A_ref=seeds_of(ref, "A"), A_var=seeds_of(var, "A"), B_ref=seeds_of(ref, "B_at_common_A"),
+                          B_var=seeds_of(var, "B_at_common_A"))
     row["rule"] = rule.__dict__
     row["final"] = compare_paired(_finals(fin, runs, ref), _finals(fin, runs, var)).__dict__
     cross = crossing(_curves(res, ref, runs), _curves(res, var, runs))
@@ -75,8 +74,9 @@ def _pair_rows(runs: dict[str, dict[int, Path]], res: dict[str, Any], fin: dict[
 def _band(curves: dict[int, tuple[np.ndarray, np.ndarray]], *, single_var) -> tuple[np.ndarray, ...]:
     """Seed mean and +-2 SE on the points every seed has: SE over seeds (sd / sqrt(k)) with 2+ seeds; with one
     seed, sqrt(single_var(points, values)) (the binomial variance of that run's points)."""
-    common = sorted(set.intersection(*[set(c.tolist()) for c, _ in curves.values()]))
-    ys = np.array([[dict(zip(c.tolist(), r.tolist()))[x] for x in common] for c, r in curves.values()])
+    at = [dict(zip(c.tolist(), r.tolist())) for c, r in curves.values()]
+    common = sorted(set.intersection(*[set(a) for a in at]))
+    ys = np.array([[a[x] for x in common] for a in at])
     mean = ys.mean(axis=0)
     k = ys.shape[0]
     se = ys.std(axis=0, ddof=1) / math.sqrt(k) if k > 1 else np.sqrt(single_var(np.asarray(common), mean))
@@ -143,24 +143,24 @@ def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
         collect(sweep_dir, runs_dir, run_names=REPRO2_RUN_NAMES)
     runs = discover(runs_dir, run_names=REPRO2_RUN_NAMES)
     res = fit_axis(runs, SAMPLES_AXIS, reference=REFERENCE, controls=frozenset({CONTROL}))
-    half, disp, n_pt = {}, {}, []
-    for rec, seeds in runs.items():
-        for s, d in seeds.items():
-            c, r, n = read_run(d)
-            n_pt.append(float(n[-1]))
-            key = f"{rec}/seed{s}"
-            half[key] = half_fit(c * SAMPLES_AXIS.scale, r, n)
-            disp[key] = overdispersion(res["fits"][key], c * SAMPLES_AXIS.scale, n)
+    half, disp = {}, {}
+    for key, (c, r) in res["series"].items():  # compute already in SAMPLES_AXIS units
+        n = res["n_samples"][key]
+        if n is None:
+            raise ValueError(f"{key}: its validation lines do not record val_prompts x val_samples_per_prompt")
+        half[key] = half_fit(c, r, n)
+        disp[key] = overdispersion(res["fits"][key], c, n)
     fin = final_pass_rates(runs, res["series"], reference=REFERENCE)
     pairs = {var: _pair_rows(runs, res, fin, ref=REFERENCE, var=var) for var in SETTINGS if var != REFERENCE}
     pairs["batch_large_vs_small"] = _pair_rows(runs, res, fin, ref="batch_small", var="batch_large")
     missing = [f"{rec}/seed{s}" for rec in SETTINGS for s in EXPECTED_SEEDS if s not in runs.get(rec, {})]
-    plots = _plots2(runs, res, half, out_dir, n_per_point=min(n_pt))
-    epochs, active = last_epochs(runs), last_train_value(runs, ACTIVE_KEY)
+    plots = _plots2(runs, res, half, out_dir, n_per_point=min(float(n[-1]) for n in res["n_samples"].values()))
+    last = last_train_values(runs, (EPOCH_KEY, ACTIVE_KEY))
     results = {"reference": REFERENCE, "axis": SAMPLES_AXIS.key, "missing": missing, "plots": plots,
                "runs": {k: {**v, "half_fit": {f: getattr(half[k], f) for f in half[k].__dataclass_fields__
                                               if f != "assessment"},
-                            "epoch_at_end": epochs.get(k), "active_prompts_at_end": active.get(k),
+                            "epoch_at_end": None if last[k][EPOCH_KEY] is None else int(last[k][EPOCH_KEY]),
+                            "active_prompts_at_end": last[k][ACTIVE_KEY],
                             "overdispersion": disp[k],
                             **_provenance(runs, k)}
                         for k, v in res["per_run"].items()},

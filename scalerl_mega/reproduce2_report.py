@@ -13,17 +13,15 @@ sizes share one axis (paper Sec. 5 compares batch sizes on compute, not steps).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from scalerl_mega.scaling.seeds import REFERENCE_BETTER, VARIANT_BETTER, PairedComparison, compare_paired
-
 from scalerl_mega.reproduce_report import Axis, recipe_name
 from scalerl_mega.scaling.identify import Assessment, assess, options_for, verdict_text
+from scalerl_mega.scaling.seeds import REFERENCE_BETTER, VARIANT_BETTER, PairedComparison, compare_paired
 
 FINAL_POINTS = 3
 """Validation points at the end of a run on which the extrapolation is scored."""
@@ -60,32 +58,14 @@ SETTINGS = {
 
 
 
-def read_run(run_dir: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def read_run(run_dir: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(cumulative generated samples, val_pass_rate, samples per point) of each validation line of
-    `run_dir/metrics.jsonl`; a validation at step s counts the samples of train steps 1..s."""
-    path = Path(run_dir) / "metrics.jsonl"
-    cum: dict[int, float] = {0: 0.0}
-    vals = []
-    with open(path) as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec.get("kind") == "train":
-                cum[int(rec["step"])] = float(rec["samples"])
-            elif rec.get("kind") == "validation":
-                vals.append(rec)
-    steps = sorted(cum)
-    total = dict(zip(steps, np.cumsum([cum[s] for s in steps]).tolist()))
-    c, r, n = [], [], []
-    for v in vals:
-        s = int(v["step"])
-        if s not in total:
-            raise ValueError(f"{path}: validation at step {s} has no train line for that step")
-        c.append(total[s])
-        r.append(float(v["val_pass_rate"]))
-        n.append(float(v["val_prompts"]) * float(v["val_samples_per_prompt"]))
-    if not c:
-        raise ValueError(f"{path}: no validation lines")
-    return np.asarray(c), np.asarray(r), np.asarray(n)
+    `run_dir/metrics.jsonl` (`scaling.io.read_series` on `SAMPLES_AXIS`'s key, unscaled): a validation at
+    step s counts the samples of train steps 1..s."""
+    from scalerl_mega.scaling.io import read_series
+
+    s = read_series(run_dir, x=SAMPLES_AXIS.key, y="val_pass_rate")
+    return s.compute, s.reward, s.n_samples
 
 
 @dataclass(frozen=True, kw_only=True)

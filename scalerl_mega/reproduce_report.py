@@ -119,21 +119,25 @@ ACTIVE_KEY = "curriculum/curriculum/active_prompts"
 """The `train` line key of the prompts still in the curriculum's pool (No-Positive-Resampling removes the rest)."""
 
 
-def last_train_value(runs: dict[str, dict[int, Path]], key: str) -> dict[str, float | None]:
-    """`<recipe>/seed<N>` -> `key` of the run's last `train` line that has it (None when never logged)."""
+def last_train_values(runs: dict[str, dict[int, Path]], keys: tuple[str, ...]) -> dict[str, dict[str, float | None]]:
+    """`<recipe>/seed<N>` -> {key: the value of the run's last `train` line that has it, None when never logged},
+    each metrics.jsonl read once for all `keys`."""
     from scalerl_mega.metrics.writer import read_metrics
 
-    out: dict[str, float | None] = {}
+    out: dict[str, dict[str, float | None]] = {}
     for rec, seeds in runs.items():
         for seed, d in seeds.items():
-            train = [r for r in read_metrics(d / "metrics.jsonl", kind="train") if key in r]
-            out[f"{rec}/seed{seed}"] = float(train[-1][key]) if train else None
+            last: dict[str, float | None] = dict.fromkeys(keys)
+            for r in read_metrics(d / "metrics.jsonl", kind="train"):
+                last.update({k: float(r[k]) for k in keys if k in r})
+            out[f"{rec}/seed{seed}"] = last
     return out
 
 
 def last_epochs(runs: dict[str, dict[int, Path]]) -> dict[str, int | None]:
     """`<recipe>/seed<N>` -> the curriculum epoch of the run's last `train` line (None when not logged)."""
-    return {k: None if v is None else int(v) for k, v in last_train_value(runs, EPOCH_KEY).items()}
+    return {k: None if v[EPOCH_KEY] is None else int(v[EPOCH_KEY])
+            for k, v in last_train_values(runs, (EPOCH_KEY,)).items()}
 
 
 def untestable(rec: str, runs: dict[str, dict[int, Path]], epochs: dict[str, int | None]) -> str:
@@ -236,9 +240,16 @@ def fit_axis(runs: dict[str, dict[int, Path]], axis: Axis, *, reference: str = R
                    "last_val_pass_rate": float(series[k][1][-1])} for k in keys}
     recipes = _recipe_rows(runs, per_run, reference=reference, controls=controls)
     mean_curves, mean_assessed, loo_mean = _fit_seed_means(runs, series, n_samples, base)
-    return {"axis": axis, "series": series, "fits": fits, "assessed": assessed, "per_run": per_run, "loo": loo,
+    return {"axis": axis, "series": series, "n_samples": n_samples, "fits": fits, "assessed": assessed,
+            "per_run": per_run, "loo": loo,
             "recipes": recipes, "mean_curves": mean_curves, "mean_assessed": mean_assessed,
             "mean_fits": {rec: a.fit for rec, a in mean_assessed.items()}, "loo_mean": loo_mean}
+
+
+def per_seed(per_run: dict[str, dict[str, Any]], runs: dict[str, dict[int, Path]], rec: str,
+             field: str) -> list[float]:
+    """`field` of each seed of `rec` in `fit_axis`'s per-run rows, in seed order (None -> nan)."""
+    return [math.nan if (v := per_run[f"{rec}/seed{s}"][field]) is None else v for s in runs[rec]]
 
 
 def _recipe_rows(runs: dict[str, dict[int, Path]], per_run: dict[str, dict[str, Any]], *, reference: str,
@@ -249,8 +260,7 @@ def _recipe_rows(runs: dict[str, dict[int, Path]], per_run: dict[str, dict[str, 
     from scalerl_mega.scaling.seeds import compare_paired, compare_recipe, half_range
 
     def seed_values(rec: str, field: str) -> list[float]:
-        return [math.nan if per_run[f"{rec}/seed{s}"][field] is None else per_run[f"{rec}/seed{s}"][field]
-                for s in runs[rec]]
+        return per_seed(per_run, runs, rec, field)
 
     recipes: dict[str, Any] = {}
     for rec in runs:
