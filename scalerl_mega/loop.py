@@ -20,7 +20,11 @@ One trainer step s (the policy has weight version s):
    before the step can be checkpointed); every `val_every` steps validation on held-out
    prompts (same engines, always on the trainer's current weights: PPO-off-policy pushes them first
    when they are not in sync, after the phase's generation has finished) and the live scaling
-   forecast; every `save_every` steps a checkpoint.
+   forecast; every `save_every` steps a checkpoint. `train.val_mode=window` spreads each validation over the
+   `val_every` steps before it instead: one slice of the held-out prompts is submitted at the start of each step
+   on that step's weights, and the point (recorded at the window's end, drawn at its centre's compute) covers
+   them all (validation.py, metrics/val_window.py); a checkpoint scores the window's slices so far, so a
+   resumed run continues the window.
 
 Resume (`resume=auto`): the checkpoint holds model + optimizer (trainer), curriculum state (data order,
 pass-rate history), the prompts admitted but not yet trained on (in admission order), RNG states,
@@ -33,7 +37,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,26 +48,17 @@ from scalerl_mega.metrics.alarms import MismatchGuard, TruncationAlarm
 from scalerl_mega.metrics.calibration import GEN_STAT_KEYS, calibration_fields, engine_decode_stats
 from scalerl_mega.metrics.compute import ComputeCounter, gpu_utilization
 from scalerl_mega.metrics.progress import progress_line
-from scalerl_mega.metrics.rollout_stats import (domain_pass_rates, rollout_metrics, staleness_histogram,
-                                                tokens_per_version)
+from scalerl_mega.metrics.rollout_stats import rollout_metrics, staleness_histogram, tokens_per_version
+from scalerl_mega.metrics.val_window import center_step, val_metrics
 from scalerl_mega.metrics.writer import MetricsWriter
-from scalerl_mega.types import Completion, FinishReason, Group, Prompt, SamplingParams, ScoredCompletion
+from scalerl_mega.router import Preempted, _Pending, _Router, sampling_params, score_groups
+from scalerl_mega.types import Group, Prompt
+from scalerl_mega.validation import collect, submit_window_slice, validate
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.config import TrainConfig
 
 log = logging.getLogger("scalerl_mega.loop")
-
-
-@dataclass(kw_only=True)
-class _Pending:
-    """One admitted prompt: its G completions arrive over time."""
-
-    seq: int
-    """Admission order (global counter)."""
-    prompt: Prompt
-    version: int
-    completions: list[Completion] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -76,170 +70,13 @@ class LoopState:
     admitted: int = 0
     trained_prompt_ids: list[str] = field(default_factory=list)
     val_points: list[tuple[int, float, float]] = field(default_factory=list)
-    """(step, compute, val_pass_rate) of each validation."""
+    """(step, compute, val_pass_rate) of each validation (window mode: compute at the window's centre)."""
+    val_window: list[list] = field(default_factory=list)
+    """`train.val_mode=window`: outcomes scored so far in the current window (metrics/val_window.py)."""
+    val_center: dict[str, float] | None = None
+    """Window mode: the compute fields at the current window's centre step, once it is reached."""
     preempted: bool = False
     """This launch stopped early on SIGTERM after checkpointing (not saved: reset on resume)."""
-
-
-class Preempted(Exception):
-    """Raised inside a wait when a stop was requested (SIGTERM): the loop checkpoints and returns."""
-
-
-# ----------------------------------------------------------------------------- engine I/O
-class _Router:
-    """Routes engine completions to the pending training groups or to a validation collection."""
-
-    def __init__(self, engine: RolloutEngine, *, group_size: int, poll_timeout_s: float, stall_timeout_s: float = 1800.0,
-                 stop_requested: Callable[[], bool] | None = None):
-        self.engine = engine
-        self.G = group_size
-        self.poll_timeout_s = poll_timeout_s
-        self.stall_timeout_s = stall_timeout_s
-        self.stop_requested = stop_requested
-        self.last_progress = time.monotonic()
-        self.queue: deque[_Pending] = deque()
-        self.val: dict[str, list[Completion]] = {}
-        self.in_flight = 0
-        """Samples submitted and not yet returned."""
-
-    def submit(self, pending: _Pending, sampling: Sequence[SamplingParams]) -> None:
-        """Submit the G samples of an admitted prompt, one request each (each has its own seed and
-        interruption point)."""
-        self.queue.append(pending)
-        self._submit_samples(pending.prompt, sampling, version=pending.version)
-
-    def submit_val(self, prompt: Prompt, sampling: Sequence[SamplingParams], *, version: int) -> None:
-        self.val[prompt.prompt_id] = []
-        self._submit_samples(prompt, sampling, version=version)
-
-    def _submit_samples(self, prompt: Prompt, sampling: Sequence[SamplingParams], *, version: int) -> None:
-        for i, sp in enumerate(sampling):
-            self.engine.submit(prompt, sp, n=1, version=version, first_index=i)
-        if self.in_flight == 0:
-            self.last_progress = time.monotonic()
-        self.in_flight += len(sampling)
-
-    def pump(self, timeout_s: float | None = None) -> int:
-        """Poll the engine once; route what arrived. Returns the number of completions."""
-        if self.stop_requested is not None and self.stop_requested():
-            raise Preempted()
-        got = self.engine.poll(self.poll_timeout_s if timeout_s is None else timeout_s)
-        now = time.monotonic()
-        if got:
-            self.last_progress = now
-        elif self.in_flight > 0 and now - self.last_progress > self.stall_timeout_s:
-            raise RuntimeError(f"no completion from the engines for {now - self.last_progress:.0f}s with "
-                               f"{self.in_flight} requests in flight (rollout.stall_timeout_s="
-                               f"{self.stall_timeout_s:g}): a generator is hung or gone")
-        for c in got:
-            self.in_flight -= 1
-            if c.prompt_id in self.val:
-                self.val[c.prompt_id].append(c)
-                continue
-            for p in self.queue:  # oldest first: the same prompt may be admitted twice
-                if (p.prompt.prompt_id == c.prompt_id and p.version == c.submitted_version
-                        and len(p.completions) < self.G):
-                    p.completions.append(c)
-                    break
-            else:
-                log.warning("dropping a completion for unknown prompt %s", c.prompt_id)
-        return len(got)
-
-    def oldest_complete(self, n: int) -> bool:
-        if len(self.queue) < n:
-            return False
-        return all(len(self.queue[i].completions) == self.G for i in range(n))
-
-    def pop(self, n: int) -> list[_Pending]:
-        return [self.queue.popleft() for _ in range(n)]
-
-
-def sampling_params(cfg: Any, comps: LoopComponents, rng: random.Random, *, seed: int, n: int) -> list[SamplingParams]:
-    """SamplingParams of the n samples of one prompt: temperature, budget, seed + i, and with
-    length=interruption an interruption point drawn per sample uniformly in
-    [interruption_min, interruption_max] (paper App. A.10)."""
-    length = cfg.length
-    out = []
-    for i in range(n):
-        params = SamplingParams(max_new_tokens=length.max_new_tokens, temperature=cfg.rollout.temperature,
-                                top_p=cfg.rollout.top_p, stop_token_ids=list(comps.stop_token_ids), seed=seed + i)
-        if length.name == "interruption":
-            params.interruption_at = rng.randint(length.interruption_min, length.interruption_max)
-            params.interruption_ids = list(comps.interruption_ids)
-            params.answer_budget = length.answer_budget
-        out.append(params)
-    return out
-
-
-# ----------------------------------------------------------------------------- scoring
-def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, cfg: TrainConfig) -> list[Group]:
-    """Rewards for every completion (batched through the reward pool); length penalty if configured."""
-    prompts, texts, flat = [], [], []
-    for p in pendings:
-        for c in sorted(p.completions, key=lambda c: c.sample_index):
-            if c.text is None:
-                c.text = comps.decode(c.output_ids)
-            prompts.append(p.prompt)
-            texts.append(c.text)
-            flat.append(c)
-    results = comps.reward_fn(prompts, texts)
-    rewards = [float(r[0]) for r in results]
-    if cfg.length.name == "penalty":
-        import torch
-
-        from scalerl_mega.objective.length import apply_overlong_penalty
-
-        rewards = apply_overlong_penalty(
-            torch.tensor(rewards, dtype=torch.float64), torch.tensor([c.num_tokens for c in flat]),
-            torch.tensor([bool(r[1]) for r in results]), l_max=cfg.length.penalty_max_len,
-            l_cache=cfg.length.penalty_cache_len).tolist()
-    groups, i = [], 0
-    for p in pendings:
-        samples = []
-        for _ in p.completions:
-            samples.append(ScoredCompletion(completion=flat[i], reward=rewards[i], passed=bool(results[i][1]),
-                                            reason=str(results[i][2])))
-            i += 1
-        groups.append(Group(prompt=p.prompt, samples=samples))
-    return groups
-
-
-# ----------------------------------------------------------------------------- validation
-def validation_seed(*, version: int, index: int, run_seed: int, paired: bool) -> int:
-    """Sampling seed of validation prompt `index` at weight `version` (sample i uses seed + i). It includes
-    the run's seed unless `paired` (`data.val_paired_draws`): then every run draws the same numbers."""
-    base = 10_000_019 * (version + 1) + 1000 * index
-    if paired:
-        return base
-    return (base + (int(run_seed) + 1) * 0x9E3779B97F4A7C15) % (1 << 62)
-
-
-def validate(router: _Router, comps: LoopComponents, cfg: TrainConfig, *, version: int, rng: random.Random) -> dict[str, float]:
-    """Mean pass rate over the held-out prompts, `data.val_samples` samples each, on the same engines,
-    and per domain (`val/<domain>_pass_rate`, `metrics.rollout_stats.domain_pass_rates`)."""
-    n = cfg.data.val_samples
-    for i, prompt in enumerate(comps.val_prompts):
-        if prompt.token_ids is None:
-            prompt.token_ids = comps.encode(prompt.text)
-        sp = sampling_params(cfg, comps, rng, seed=validation_seed(version=version, index=i, run_seed=cfg.seed,
-                                                                    paired=cfg.data.val_paired_draws), n=n)
-        router.submit_val(prompt, sp, version=version)
-    t0 = time.monotonic()
-    while any(len(router.val[p.prompt_id]) < n for p in comps.val_prompts):
-        router.pump()
-    pendings = [_Pending(seq=-1, prompt=p, version=version, completions=router.val.pop(p.prompt_id))
-                for p in comps.val_prompts]
-    groups = score_groups(pendings, comps, cfg)
-    samples = [s for g in groups for s in g.samples]
-    return {
-        **domain_pass_rates(groups),
-        "val_pass_rate": sum(s.passed for s in samples) / len(samples),
-        "val_reward_mean": sum(s.reward for s in samples) / len(samples),
-        "val_truncation_rate": sum(s.completion.finish_reason == FinishReason.LENGTH for s in samples) / len(samples),
-        "val_prompts": float(len(groups)),
-        "val_samples_per_prompt": float(n),
-        "val_seconds": time.monotonic() - t0,
-    }
 
 
 # ----------------------------------------------------------------------------- weights
@@ -353,13 +190,17 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
     state.weight_version = state.step
     push_weights(comps, version=state.step)
     admission = _Admission(cfg=cfg, comps=comps, router=router, state=state, readmit=readmit, rng=rng)
-    if state.step == 0 and cfg.train.val_every:
-        _validation(cfg, comps, router, state, writer, compute, forecaster, rng)
+    window = cfg.train.val_mode == "window" and cfg.train.val_every > 0
+    if state.step == 0 and cfg.train.val_every:  # window mode too: R0 is the warm start's own point
+        _record_validation(cfg, state, writer, forecaster, validate(router, comps, cfg, version=0, rng=rng),
+                           compute.fields())
 
     clock = _StepClock()
     while state.step < cfg.train.steps:
         s = state.step
         clock.start(comps.engine)
+        if window:
+            submit_window_slice(router, comps, cfg, step=s, version=state.weight_version, rng=rng)
         pendings, trainer_idle = _admit_and_wait(cfg, router, admission, step=s)  # 1. admission, 2. wait
         t_score = time.monotonic()
         groups = score_groups(pendings, comps, cfg)  # 3. score + curriculum
@@ -389,12 +230,16 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
                                     trainer_idle=trainer_idle, train_s=train_s, sync_s=sync_s, score_s=score_s,
                                     step_s=step_s, generated_tokens=metrics["generated_tokens"]))
         alarm.check(step=s, truncation_rate=metrics["truncation_rate"])
-        rec = writer.write("train", state.step, {**metrics, **compute.fields()})
+        fields = compute.fields()
+        rec = writer.write("train", state.step, {**metrics, **fields})
         guard.check(step=state.step, metrics=metrics)  # before this step's checkpoint (metrics/alarms.py)
         if cfg.metrics.progress_every and state.step % cfg.metrics.progress_every == 0:
             log.info("%s", progress_line(step=state.step, total_steps=cfg.train.steps, metrics=rec))
         if on_step is not None:
             on_step(state.step, rec)
+        if window and state.step == center_step(end=-(-state.step // cfg.train.val_every) * cfg.train.val_every,
+                                                width=cfg.train.val_every):
+            state.val_center = {**fields, "val_center_step": float(state.step)}
         if _validate_save_or_stop(cfg, comps, router, state, writer, compute, forecaster, rng, clock=clock):
             return state
     guard.finish()
@@ -534,16 +379,28 @@ def _validate_save_or_stop(cfg: TrainConfig, comps: LoopComponents, router: _Rou
     """After a step's metrics: validation every `val_every` steps, a checkpoint every `save_every`,
     and the stop request (SIGTERM). True: the loop returns now (stopped after this step's checkpoint);
     raises Preempted when a stop is requested without one (run_rl saves)."""
+    window = cfg.train.val_mode == "window"
     if cfg.train.val_every and state.step % cfg.train.val_every == 0:
-        if state.weight_version != state.step:  # PPO-off-policy mid-phase: validate current weights
-            while router.in_flight > 0:  # the phase keeps its fixed weights to its end
-                router.pump()
-            push_weights(comps, version=state.step)
-            state.weight_version = state.step
-        _validation(cfg, comps, router, state, writer, compute, forecaster, rng)
+        if window:
+            t0 = time.monotonic()
+            state.val_window += collect(router, comps, cfg)
+            vm = {**val_metrics(state.val_window, expected_prompts=len(comps.val_prompts)),
+                  "val_seconds": time.monotonic() - t0, "val_window_steps": float(cfg.train.val_every)}
+            _record_validation(cfg, state, writer, forecaster, vm, state.val_center or compute.fields())
+            state.val_window, state.val_center = [], None
+        else:
+            if state.weight_version != state.step:  # PPO-off-policy mid-phase: validate current weights
+                while router.in_flight > 0:  # the phase keeps its fixed weights to its end
+                    router.pump()
+                push_weights(comps, version=state.step)
+                state.weight_version = state.step
+            _record_validation(cfg, state, writer, forecaster,
+                               validate(router, comps, cfg, version=state.weight_version, rng=rng), compute.fields())
         clock.gen_prev = None  # validation's decoding is outside every step's wall time
     saved = bool(cfg.train.save_every) and state.step % cfg.train.save_every == 0
     if saved:
+        if window:  # the window's slices in flight are scored now: a resumed run continues the window
+            state.val_window += collect(router, comps, cfg)
         save_state(comps, cfg, state=state, outstanding=list(router.queue), compute=compute, rng=rng)
         clock.gen_prev = None
     if router.stop_requested is not None and router.stop_requested() and state.step < cfg.train.steps:
@@ -554,9 +411,10 @@ def _validate_save_or_stop(cfg: TrainConfig, comps: LoopComponents, router: _Rou
     return False
 
 
-def _validation(cfg, comps, router, state, writer, compute, forecaster, rng) -> None:
-    vm = validate(router, comps, cfg, version=state.weight_version, rng=rng)
-    fields = compute.fields()
+def _record_validation(cfg: TrainConfig, state: LoopState, writer: MetricsWriter, forecaster: Any | None,
+                       vm: dict[str, float], fields: dict[str, float]) -> None:
+    """The validation line (its compute `fields`: the step's, or the window centre's), the point for the
+    forecast and, when the forecaster has enough points, the forecast line."""
     x = fields["compute_gpu_hours"] if cfg.cluster.device == "cuda" else fields["compute_device_hours"]
     state.val_points.append((state.step, x, vm["val_pass_rate"]))
     writer.write("validation", state.step, {**vm, **fields})

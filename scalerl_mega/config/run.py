@@ -13,6 +13,8 @@ RESUME_MODES = ("auto", "never")
 MISMATCH_MODES = ("warn", "stop", "assert")
 RECOMPUTE_MODES = ("none", "selective", "full")
 REPLAY_MODES = ("none", "ids", "ids_and_weights")
+VAL_MODES = ("point", "window")
+"""`train.val_mode`: one validation at the step (the paper's), or spread over the `val_every` steps before it."""
 
 
 @dataclass
@@ -66,6 +68,12 @@ class TrainLoopConfig:
     chunk (objective.fused_logprob.cispo_from_hidden), never materialising [N, V] logits."""
     val_every: int = 100
     """Validation cadence in steps (paper: 100); 0 disables validation."""
+    val_mode: str = "point"
+    """`point`: each validation generates every held-out sample with the weights of its step (the paper's).
+    `window`: the held-out prompts are split into `val_every` slices, one generated at each step of the window
+    before the point, and the point is the pass rate over all of them (the mean of R over the window's
+    policies, at the window centre's compute; same samples and cost; metrics/val_window.py). For policies that
+    move between neighbouring steps more than the binomial noise of a point (a toy model's high learning rate)."""
     save_every: int = 100
     """Checkpoint cadence in steps; 0 disables checkpoints."""
     keep_checkpoints: int = 2
@@ -191,6 +199,7 @@ def validate_train_loop(train: TrainLoopConfig) -> None:
         )
     positive("train.micro_batch_tokens", train.micro_batch_tokens)
     positive("train.val_every", train.val_every, allow_zero=True)
+    one_of("train.val_mode", train.val_mode, VAL_MODES)
     positive("train.save_every", train.save_every, allow_zero=True)
     positive("train.keep_checkpoints", train.keep_checkpoints, allow_zero=True)
     positive("train.follower_timeout_s", train.follower_timeout_s)

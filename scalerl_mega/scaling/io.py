@@ -7,7 +7,8 @@ y key (e.g. "val_pass_rate", written by validation lines such as
 CSV: a header row naming the columns; rows with an empty y cell are skipped.
 A jsonl x key `sum:<key>` is cumulative: the sum of `<key>` over every earlier line carrying it (e.g.
 `sum:batch/tokens`, the rollout tokens of the steps trained so far on `train` lines) -- a compute axis
-that, unlike wall-clock device-hours, does not depend on what else the machine was running.
+that, unlike wall-clock device-hours, does not depend on what else the machine was running. A validation
+line with `val_center_step` (window validation, metrics/val_window.py) takes the total after that step instead.
 Validation samples per point (`Series.n_samples`, for the binomial noise floor of `scaling.identify`):
 `val_prompts` x `val_samples_per_prompt` of each jsonl row when y is `val_pass_rate`, `val/<domain>_samples`
 when y is `val/<domain>_pass_rate`, if every row has them; else None (CSV files, other keys).
@@ -74,10 +75,14 @@ def _resolve(path: Path) -> Path:
 
 
 CUMULATIVE_PREFIX = "sum:"
+CENTER_KEY = "val_center_step"
+"""A validation line spread over a window of steps (`train.val_mode=window`) is drawn at its centre step: its
+compute fields are the centre's, and a cumulative x is the total after that step's line, not after the line
+before the validation line."""
 
 
 N_SAMPLES_KEYS = ("val_prompts", "val_samples_per_prompt")
-"""Validation-line keys whose product is the number of samples behind `val_pass_rate` (loop.validate)."""
+"""Validation-line keys whose product is the number of samples behind `val_pass_rate` (validation.validate)."""
 
 
 def samples_keys(y: str) -> tuple[str, ...] | None:
@@ -95,6 +100,7 @@ def _read_jsonl(path: Path, *, x: str, y: str, counts: list | None = None
     count_keys = samples_keys(y)
     summed = x[len(CUMULATIVE_PREFIX):] if x.startswith(CUMULATIVE_PREFIX) else None
     total, seen = 0.0, False
+    total_at: dict[int, float] = {}  # cumulative total after each step's line
     with path.open(encoding="utf-8") as fh:
         for lineno, raw in enumerate(fh, start=1):
             raw = raw.strip()
@@ -111,10 +117,12 @@ def _read_jsonl(path: Path, *, x: str, y: str, counts: list | None = None
             if summed is not None and obj.get(summed) is not None:
                 total += _number(obj[summed], where=where, key=summed)
                 seen = True
+                if isinstance(obj.get("step"), int):
+                    total_at[obj["step"]] = total
             if obj.get(y) is None:
                 continue
             if summed is not None:
-                xs.append(total)
+                xs.append(_window_center(obj, total_at, where=where) if CENTER_KEY in obj else total)
             elif obj.get(x) is None:
                 raise ValueError(f"{where}: row has {y!r} but no {x!r}")
             else:
@@ -129,6 +137,14 @@ def _read_jsonl(path: Path, *, x: str, y: str, counts: list | None = None
     if summed is not None and not seen:
         raise ValueError(f"{path}: no line carries {summed!r} (for --x {x})")
     return xs, ys, lines, keys
+
+
+def _window_center(obj: dict, total_at: dict[int, float], *, where: str) -> float:
+    """A window validation's cumulative x: the total after the train line of its centre step (`CENTER_KEY`)."""
+    c = _number(obj[CENTER_KEY], where=where, key=CENTER_KEY)
+    if c != int(c) or int(c) not in total_at:
+        raise ValueError(f"{where}: {CENTER_KEY} = {c:g} names no earlier step line carrying the summed key")
+    return total_at[int(c)]
 
 
 def _read_csv(path: Path, *, x: str, y: str) -> tuple[list[float], list[float], list[int], set[str]]:
@@ -184,7 +200,7 @@ def read_series(path: str | Path, *, x: str = "compute_gpu_hours", y: str = "val
 
 
 def domain_keys(path: str | Path) -> list[str]:
-    """The per-domain validation keys (`val/<domain>_pass_rate`, loop.validate) present in a run's
+    """The per-domain validation keys (`val/<domain>_pass_rate`, validation.validate) present in a run's
     metrics.jsonl (directory or file), sorted; [] for CSV files or single-domain runs without them."""
     p = _resolve(Path(path))
     if p.suffix.lower() == ".csv":

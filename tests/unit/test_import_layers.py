@@ -33,7 +33,7 @@ LAYERS: dict[str, float] = {
     "data": COMPONENT, "rewards": COMPONENT, "rollout": COMPONENT, "sglang_emulation": TOOL,
     "trainer": COMPONENT, "metrics": COMPONENT, "cluster": COMPONENT,
     "convert": TOOL,
-    "build": ASSEMBLY, "loop": ASSEMBLY, "sft": ASSEMBLY, "warm_start": ASSEMBLY, "run_dir": ASSEMBLY,
+    "build": ASSEMBLY, "loop": ASSEMBLY, "router": ASSEMBLY, "validation": ASSEMBLY, "sft": ASSEMBLY, "warm_start": ASSEMBLY, "run_dir": ASSEMBLY,
     "preflight": ASSEMBLY, "report": ASSEMBLY, "compose": ASSEMBLY,
     "train": ENTRY, "serve": ENTRY, "cluster.launch_config": ENTRY, "dry_run": ENTRY, "reproduce": ENTRY,
     "reproduce_report": ENTRY, "reproduce2_report": ENTRY, "reproduce2_analyse": ENTRY, "reproduce2_markdown": ENTRY, "reproduce_common": ENTRY, "scaling.cli": ENTRY,

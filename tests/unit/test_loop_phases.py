@@ -6,7 +6,6 @@ generation and training is forced, not timed."""
 
 from __future__ import annotations
 
-from collections import deque
 from pathlib import Path
 
 import pytest
@@ -14,76 +13,11 @@ import pytest
 from scalerl_mega.interfaces import LoopComponents
 from scalerl_mega.loop import run_rl
 from scalerl_mega.metrics.compute import ComputeCounter
-from scalerl_mega.types import Completion, FinishReason, Prompt
+from scalerl_mega.types import Prompt
+from tests.support.scripted_loop import RecordingTrainer, Sampler, ScriptedEngine, reward
 
 REPO = Path(__file__).resolve().parents[2]
 K, B, G, STEPS = 2, 2, 2, 4
-
-
-class ScriptedEngine:
-    """Completes requests in submission order, one per `poll`; logs submissions, deliveries and weight updates."""
-
-    def __init__(self):
-        self.version = 0
-        self.todo: deque = deque()
-        self.log: list[tuple] = []
-
-    def submit(self, prompt, sampling, *, n, version, first_index=0):
-        self.todo.append((prompt, version, first_index))
-        self.log.append(("submit", f"{prompt.prompt_id}#s{first_index}", version))
-
-    def poll(self, timeout_s=0.0):
-        if not self.todo:
-            return []
-        prompt, version, idx = self.todo.popleft()
-        self.log.append(("deliver", f"{prompt.prompt_id}#s{idx}", self.version))
-        return [Completion(prompt_id=prompt.prompt_id, sample_index=idx, prompt_ids=list(prompt.token_ids),
-                           output_ids=[idx + 1, 7], gen_logprobs=[-0.5, -0.5], weight_versions=[self.version] * 2,
-                           finish_reason=FinishReason.STOP, submitted_version=version)]
-
-    def update_weights(self, named_tensors, *, version):
-        list(named_tensors)
-        self.version = version
-        self.log.append(("update", version))
-
-    def pause(self): ...
-    def resume(self): ...
-    def close(self): ...
-
-
-class RecordingTrainer:
-    def __init__(self, engine: ScriptedEngine):
-        self.engine = engine
-
-    def train_step(self, batch):
-        self.engine.log.append(("train", len(self.engine.todo)))
-        return {"loss": 0.0}
-
-    def export_hf_weights(self, *, dtype=None):
-        return iter(())
-
-    def save(self, path, *, extra_state=None): ...
-
-    def load(self, path):
-        raise AssertionError("no checkpoint expected")
-
-
-class Sampler:
-    def __init__(self):
-        self.n = 0
-
-    def next_prompts(self, n):
-        out = [Prompt(prompt_id=f"t{self.n + i}", text="q", task="synthetic", gold="") for i in range(n)]
-        self.n += n
-        return out
-
-    def record(self, prompt_id, pass_rate): ...
-    def state_dict(self): return {"n": self.n}
-    def load_state_dict(self, state): self.n = state["n"]
-
-
-def reward(prompts, texts):  # sample 0 passes, sample 1 fails: every group has signal
-    return [(1.0, True, "") if t.startswith("\x01") else (0.0, False, "") for t in texts]
 
 
 def _cfg(tmp_path, *overrides):

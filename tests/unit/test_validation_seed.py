@@ -1,8 +1,8 @@
-"""The validation sampling seed (loop.validation_seed): independent draws per run seed unless paired."""
+"""The validation sampling seed (validation.validation_seed): independent draws per run seed unless paired."""
 
 from __future__ import annotations
 
-from scalerl_mega.loop import validation_seed
+from scalerl_mega.validation import validation_seed
 
 
 def test_paired_draws_keep_the_old_seed_for_every_run():
@@ -18,7 +18,7 @@ def test_run_seed_gives_independent_draws():
     assert a == validation_seed(version=3, index=5, run_seed=1, paired=False)  # same seed: same draws (paired by seed)
     assert a != validation_seed(version=3, index=5, run_seed=2, paired=False)
     assert a != validation_seed(version=3, index=5, run_seed=1, paired=True)
-    # sample i of a prompt uses seed + i (loop.sampling_params): streams of prompts 1000 apart do not collide
+    # sample i of a prompt uses seed + i (router.sampling_params): streams of prompts 1000 apart do not collide
     # within one run, and the seeds stay in int64 (the engines' torch.long seed tensors)
     assert 0 <= a and a + 16 < 2**63
     assert a == (10_000_019 * 4 + 1000 * 5 + 2 * 0x9E3779B97F4A7C15) % (1 << 62)

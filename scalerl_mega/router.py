@@ -1,0 +1,160 @@
+"""Engine I/O of the RL loop: admitted prompts waiting for their G completions (`_Pending`), the router that
+sends engine completions to them or to a validation collection, the per-sample sampling parameters
+(interruption points, paper App. A.10) and the scoring of finished groups (reward pool, length penalty).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scalerl_mega.interfaces import LoopComponents, RolloutEngine
+from scalerl_mega.types import Completion, Group, Prompt, SamplingParams, ScoredCompletion
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.config import TrainConfig
+
+log = logging.getLogger("scalerl_mega.loop")
+
+
+@dataclass(kw_only=True)
+class _Pending:
+    """One admitted prompt: its G completions arrive over time."""
+
+    seq: int
+    """Admission order (global counter)."""
+    prompt: Prompt
+    version: int
+    completions: list[Completion] = field(default_factory=list)
+
+
+class Preempted(Exception):
+    """Raised inside a wait when a stop was requested (SIGTERM): the loop checkpoints and returns."""
+
+
+# ----------------------------------------------------------------------------- engine I/O
+class _Router:
+    """Routes engine completions to the pending training groups or to a validation collection."""
+
+    def __init__(self, engine: RolloutEngine, *, group_size: int, poll_timeout_s: float, stall_timeout_s: float = 1800.0,
+                 stop_requested: Callable[[], bool] | None = None):
+        self.engine = engine
+        self.G = group_size
+        self.poll_timeout_s = poll_timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        self.stop_requested = stop_requested
+        self.last_progress = time.monotonic()
+        self.queue: deque[_Pending] = deque()
+        self.val: dict[str, list[Completion]] = {}
+        """Validation completions so far, per prompt_id submitted by `submit_val`."""
+        self.val_index: dict[str, tuple[Prompt, int]] = {}
+        """The prompt and its held-out index, per validation prompt_id in `val`."""
+        self.in_flight = 0
+        """Samples submitted and not yet returned."""
+
+    def submit(self, pending: _Pending, sampling: Sequence[SamplingParams]) -> None:
+        """Submit the G samples of an admitted prompt, one request each (each has its own seed and
+        interruption point)."""
+        self.queue.append(pending)
+        self._submit_samples(pending.prompt, sampling, version=pending.version)
+
+    def submit_val(self, prompt: Prompt, sampling: Sequence[SamplingParams], *, version: int, index: int) -> None:
+        self.val[prompt.prompt_id] = []
+        self.val_index[prompt.prompt_id] = (prompt, index)
+        self._submit_samples(prompt, sampling, version=version)
+
+    def _submit_samples(self, prompt: Prompt, sampling: Sequence[SamplingParams], *, version: int) -> None:
+        for i, sp in enumerate(sampling):
+            self.engine.submit(prompt, sp, n=1, version=version, first_index=i)
+        if self.in_flight == 0:
+            self.last_progress = time.monotonic()
+        self.in_flight += len(sampling)
+
+    def pump(self, timeout_s: float | None = None) -> int:
+        """Poll the engine once; route what arrived. Returns the number of completions."""
+        if self.stop_requested is not None and self.stop_requested():
+            raise Preempted()
+        got = self.engine.poll(self.poll_timeout_s if timeout_s is None else timeout_s)
+        now = time.monotonic()
+        if got:
+            self.last_progress = now
+        elif self.in_flight > 0 and now - self.last_progress > self.stall_timeout_s:
+            raise RuntimeError(f"no completion from the engines for {now - self.last_progress:.0f}s with "
+                               f"{self.in_flight} requests in flight (rollout.stall_timeout_s="
+                               f"{self.stall_timeout_s:g}): a generator is hung or gone")
+        for c in got:
+            self.in_flight -= 1
+            if c.prompt_id in self.val:
+                self.val[c.prompt_id].append(c)
+                continue
+            for p in self.queue:  # oldest first: the same prompt may be admitted twice
+                if (p.prompt.prompt_id == c.prompt_id and p.version == c.submitted_version
+                        and len(p.completions) < self.G):
+                    p.completions.append(c)
+                    break
+            else:
+                log.warning("dropping a completion for unknown prompt %s", c.prompt_id)
+        return len(got)
+
+    def oldest_complete(self, n: int) -> bool:
+        if len(self.queue) < n:
+            return False
+        return all(len(self.queue[i].completions) == self.G for i in range(n))
+
+    def pop(self, n: int) -> list[_Pending]:
+        return [self.queue.popleft() for _ in range(n)]
+
+
+def sampling_params(cfg: Any, comps: LoopComponents, rng: random.Random, *, seed: int, n: int) -> list[SamplingParams]:
+    """SamplingParams of the n samples of one prompt: temperature, budget, seed + i, and with
+    length=interruption an interruption point drawn per sample uniformly in
+    [interruption_min, interruption_max] (paper App. A.10)."""
+    length = cfg.length
+    out = []
+    for i in range(n):
+        params = SamplingParams(max_new_tokens=length.max_new_tokens, temperature=cfg.rollout.temperature,
+                                top_p=cfg.rollout.top_p, stop_token_ids=list(comps.stop_token_ids), seed=seed + i)
+        if length.name == "interruption":
+            params.interruption_at = rng.randint(length.interruption_min, length.interruption_max)
+            params.interruption_ids = list(comps.interruption_ids)
+            params.answer_budget = length.answer_budget
+        out.append(params)
+    return out
+
+
+# ----------------------------------------------------------------------------- scoring
+def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, cfg: TrainConfig) -> list[Group]:
+    """Rewards for every completion (batched through the reward pool); length penalty if configured."""
+    prompts, texts, flat = [], [], []
+    for p in pendings:
+        for c in sorted(p.completions, key=lambda c: c.sample_index):
+            if c.text is None:
+                c.text = comps.decode(c.output_ids)
+            prompts.append(p.prompt)
+            texts.append(c.text)
+            flat.append(c)
+    results = comps.reward_fn(prompts, texts)
+    rewards = [float(r[0]) for r in results]
+    if cfg.length.name == "penalty":
+        import torch
+
+        from scalerl_mega.objective.length import apply_overlong_penalty
+
+        rewards = apply_overlong_penalty(
+            torch.tensor(rewards, dtype=torch.float64), torch.tensor([c.num_tokens for c in flat]),
+            torch.tensor([bool(r[1]) for r in results]), l_max=cfg.length.penalty_max_len,
+            l_cache=cfg.length.penalty_cache_len).tolist()
+    groups, i = [], 0
+    for p in pendings:
+        samples = []
+        for _ in p.completions:
+            samples.append(ScoredCompletion(completion=flat[i], reward=rewards[i], passed=bool(results[i][1]),
+                                            reason=str(results[i][2])))
+            i += 1
+        groups.append(Group(prompt=p.prompt, samples=samples))
+    return groups
