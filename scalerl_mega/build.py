@@ -56,7 +56,8 @@ def build_task(cfg: TrainConfig) -> Task:
                          f"vocabulary ({len(tok)} tokens)")
     num_val = int(cfg.data.val_prompts)
     train, val = arith_prompts(num_train=int(cfg.data.synthetic_num_prompts) - num_val, num_val=num_val,
-                               seed=int(cfg.data.split_seed), max_digits=int(cfg.data.synthetic_max_digits))
+                               seed=int(cfg.data.split_seed), max_digits=int(cfg.data.synthetic_max_digits),
+                               difficulty_weights=[float(x) for x in cfg.data.synthetic_difficulty_weights] or None)
     phrase = cfg.length.interruption_phrase
     interruption_ids = list(tok(phrase, add_special_tokens=False)["input_ids"])
     if tok.unk_token_id in interruption_ids:

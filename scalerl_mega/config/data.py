@@ -22,6 +22,9 @@ class DataConfig:
     synthetic_num_prompts: int = 20000
     """Number of distinct problems the synthetic task draws from (only for name=synthetic)."""
     synthetic_max_digits: int = 3
+    synthetic_difficulty_weights: list[float] = field(default_factory=list)
+    """Relative weight of each operand digit count 1..synthetic_max_digits (each operand draws its own);
+    empty: uniform. E.g. [0, 0, 1, 1] with max_digits 4: both operands have 3 or 4 digits."""
     val_prompts: int = 1000
     """Held-out prompts (paper: 1,000 from Polaris-53K)."""
     val_samples: int = 16
@@ -55,6 +58,10 @@ def validate_data(data: DataConfig) -> None:
     positive("data.max_prompt_tokens", data.max_prompt_tokens)
     if data.name == "synthetic":
         positive("data.synthetic_num_prompts", data.synthetic_num_prompts)
+        w = list(data.synthetic_difficulty_weights)
+        if w and (len(w) != data.synthetic_max_digits or any(x < 0 for x in w) or sum(w) <= 0):
+            raise ValueError(f"data.synthetic_difficulty_weights={w} must be {data.synthetic_max_digits} non-negative "
+                             f"numbers (one per digit count 1..data.synthetic_max_digits) with a positive sum")
         if data.val_prompts >= data.synthetic_num_prompts:
             raise ValueError(f"data.val_prompts={data.val_prompts} must be < data.synthetic_num_prompts="
                              f"{data.synthetic_num_prompts} (the held-out set would take the whole dataset)")

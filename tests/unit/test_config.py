@@ -227,6 +227,9 @@ def test_cli_prints_resolved_config(tmp_path):
         (["data.val_prompts=20000"], r"data\.val_prompts=20000 must be < data\.synthetic_num_prompts=20000"),
         (["data.max_prompt_tokens=100"], r"data\.max_prompt_tokens \+ length\.max_new_tokens = 148 exceeds "
                                          r"model\.max_position_embeddings=128"),
+        (["data.synthetic_difficulty_weights=[1,1]"], r"data\.synthetic_difficulty_weights=\[1\.0, 1\.0\] must be 3 "),
+        (["data.synthetic_difficulty_weights=[0,0,0]"], r"data\.synthetic_difficulty_weights=.*positive sum"),
+        (["data.synthetic_difficulty_weights=[1,-1,1]"], r"data\.synthetic_difficulty_weights=.*non-negative"),
     ],
 )
 def test_demo_settings_that_would_fail_later_fail_at_validation(overrides, key):
@@ -320,3 +323,16 @@ def test_sampling_temperature_reaches_the_trainer_and_turns_off_the_fused_head()
     assert megatron_config(c).logit_temperature == 0.7 and not use_fused_cispo(c)
     c = _compose("experiment=demo")
     assert megatron_config(c).logit_temperature == 1.0 and use_fused_cispo(c)
+
+
+def test_difficulty_weights_reach_the_task():
+    """`data.synthetic_difficulty_weights=[0, 0, 1, 1]` with 4 digits: every operand of every train and held-out
+    prompt has 3 or 4 digits (the built task's own prompts, counted here)."""
+    from scalerl_mega.build import build_task
+
+    c = _compose("experiment=demo", "data.synthetic_max_digits=4", "data.synthetic_num_prompts=400",
+                 "data.val_prompts=50", "data.synthetic_difficulty_weights=[0,0,1,1]", "data.max_prompt_tokens=16",
+                 "length.max_new_tokens=80", "length.interruption_min=68", "length.interruption_max=72")
+    task = build_task(c)
+    digits = {len(str(p.meta[k])) for p in task.train_prompts + task.val_prompts for k in ("a", "b")}
+    assert digits == {3, 4} and len(task.val_prompts) == 50
