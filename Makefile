@@ -100,13 +100,13 @@ demo-seeds: setup
 demo-real: setup
 	$(PY) tools/demo_real.py --out outputs/demo_real
 
-# `make reproduce`: issue 29's sweep (SWEEP=repro2, the default: reproduction/repro2/README.md,
-# conf/experiment/repro2_*.yaml) into outputs/reproduce2, seed-major, skipping finished points
+# `make reproduce`: issue 29's sweep (SWEEP=repro3, the default: reproduction/repro3/README.md,
+# conf/experiment/repro3_*.yaml) into outputs/reproduce3, seed-major, skipping finished points
 # (hydra/sweeper=skip_done) and resuming an interrupted one from its checkpoint (resume=auto), so it can be run in
-# pieces; then the analysis, which copies the finished runs into reproduction/repro2/runs and rewrites the results.
+# pieces; then the analysis, which copies the finished runs into reproduction/repro3/runs and rewrites the results.
 # `make reproduce-analysis` regenerates the tables and plots from the committed runs alone.
 # SWEEP=repro: the first, leave-one-out sweep (reproduction/README.md, outputs/reproduce).
-SWEEP ?= repro2
+SWEEP ?= repro3
 reproduce: reproduce-sweep
 	$(PY) -m scalerl_mega.reproduce analyse --sweep $(SWEEP)
 

@@ -1,7 +1,7 @@
 """`make reproduce`: the paper's leave-one-out experiment (Sec. 6, Fig. 7) at toy scale on the CPU demo.
 
     python -m scalerl_mega.reproduce sweep   [--sweep-dir outputs/reproduce] [--seeds 0,1,2] [--recipes ...]
-    python -m scalerl_mega.reproduce analyse [--sweep repro|repro2] [--sweep-dir D] [--out D] [--no-collect]
+    python -m scalerl_mega.reproduce analyse [--sweep repro|repro3] [--sweep-dir D] [--out D] [--no-collect]
 
 `sweep` runs one Hydra multirun over the `conf/experiment/repro_*.yaml` overlays x seeds (seed-major: an
 interrupted sweep has whole seeds) with `hydra/sweeper=skip_done`, so re-running it continues where it
@@ -25,11 +25,11 @@ import sys
 import time
 from pathlib import Path
 
-from scalerl_mega.reproduce2_report import REPRO2_RUN_NAMES
+from scalerl_mega.reproduce2_report import REPRO3_RUN_NAMES
 from scalerl_mega.reproduce_report import RECIPE_RUN_NAMES, analyse, run_finished
 
 SWEEPS = {"repro": (RECIPE_RUN_NAMES, "outputs/reproduce", "reproduction"),
-          "repro2": (REPRO2_RUN_NAMES, "outputs/reproduce2", "reproduction/repro2")}
+          "repro3": (REPRO3_RUN_NAMES, "outputs/reproduce3", "reproduction/repro3")}
 """`--sweep` name -> (its `experiment=` overlays, its default sweep directory, its analysis directory)."""
 
 
@@ -97,16 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sweep", help="run (or continue) the leave-one-out sweep")
     s.add_argument("--sweep", choices=sorted(SWEEPS), default="repro",
-                   help="repro: the leave-one-out sweep; repro2: issue 29's (reproduction/design/README.md)")
-    s.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce[2])")
+                   help="repro: the leave-one-out sweep; repro3: issue 29's (reproduction/design/README.md)")
+    s.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce[3])")
     s.add_argument("--seeds", default="0,1,2")
     s.add_argument("--recipes", default=None, help="comma-separated experiment= overlays (default: the --sweep's)")
     s.add_argument("overrides", nargs="*", help="extra Hydra overrides for every point")
     a = sub.add_parser("analyse", help="collect the finished runs, fit, compare, write reproduction/")
     a.add_argument("--sweep", choices=sorted(SWEEPS), default="repro",
-                   help="repro: the leave-one-out sweep; repro2: issue 29's")
-    a.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce[2])")
-    a.add_argument("--out", default=None, help="default: the --sweep's own (reproduction, reproduction/repro2)")
+                   help="repro: the leave-one-out sweep; repro3: issue 29's")
+    a.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce[3])")
+    a.add_argument("--out", default=None, help="default: the --sweep's own (reproduction, reproduction/repro3)")
     a.add_argument("--no-collect", action="store_true", help="analyse <out>/runs as it is (the committed runs)")
     args = p.parse_args(argv)
     if args.cmd == "sweep":
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     _, sweep_default, out_default = SWEEPS[args.sweep]
     sweep_dir = None if args.no_collect else Path(args.sweep_dir or sweep_default)
     try:
-        if args.sweep == "repro2":
+        if args.sweep == "repro3":
             from scalerl_mega.reproduce2_analyse import analyse2
 
             analyse2(sweep_dir=sweep_dir, out_dir=Path(args.out or out_default))

@@ -1,6 +1,6 @@
-"""`python -m scalerl_mega.reproduce analyse --sweep repro2`: issue 29's analysis (reproduction/design/README.md).
+"""`python -m scalerl_mega.reproduce analyse --sweep repro3`: issue 29's analysis (reproduction/design/README.md).
 
-Input: the finished runs of `make reproduce` (`outputs/reproduce2/<run_name>/seed<N>/`), copied to
+Input: the finished runs of `make reproduce` (`outputs/reproduce3/<run_name>/seed<N>/`), copied to
 `<out>/runs/<setting>/seed<N>/` (or, with `--no-collect`, the committed copies alone). Compute axis: the
 cumulative generated samples (`sum:samples`, in thousands), so the batch sizes share one axis (paper Sec. 5
 compares them on compute, not steps). Everything is judged by the project's one identification rule
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from scalerl_mega.reproduce2_markdown import markdown
-from scalerl_mega.reproduce2_report import (CONTROL, EXPECTED_SEEDS, MIN_SEEDS, REFERENCE, REPRO2_RUN_NAMES,
+from scalerl_mega.reproduce2_report import (CONTROL, EXPECTED_SEEDS, MIN_SEEDS, REFERENCE, REPRO3_RUN_NAMES,
                                             SAMPLES_AXIS, SETTINGS, crossing, half_fit, overdispersion)
 from scalerl_mega.reproduce_report import (ACTIVE_KEY, BEGIN, END, EPOCH_KEY, collect, discover, final_pass_rates,
                                            fit_axis, json_safe, last_train_values, per_seed, plot_axis)
@@ -140,8 +140,8 @@ def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
     """Collect (unless `sweep_dir` is None), fit, compare and write `out_dir` (module docstring)."""
     runs_dir = out_dir / "runs"
     if sweep_dir is not None:
-        collect(sweep_dir, runs_dir, run_names=REPRO2_RUN_NAMES)
-    runs = discover(runs_dir, run_names=REPRO2_RUN_NAMES)
+        collect(sweep_dir, runs_dir, run_names=REPRO3_RUN_NAMES)
+    runs = discover(runs_dir, run_names=REPRO3_RUN_NAMES)
     res = fit_axis(runs, SAMPLES_AXIS, reference=REFERENCE, controls=frozenset({CONTROL}))
     half, disp = {}, {}
     for key, (c, r) in res["series"].items():  # compute already in SAMPLES_AXIS units

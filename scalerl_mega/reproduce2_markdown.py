@@ -1,4 +1,4 @@
-"""The generated section of reproduction/repro2/README.md, from `reproduce2_analyse.analyse2`'s results."""
+"""The generated section of reproduction/repro3/README.md, from `reproduce2_analyse.analyse2`'s results."""
 
 from __future__ import annotations
 

@@ -25,11 +25,11 @@ from scalerl_mega.scaling.seeds import REFERENCE_BETTER, VARIANT_BETTER, PairedC
 
 FINAL_POINTS = 3
 """Validation points at the end of a run on which the extrapolation is scored."""
-REPRO2_RUN_NAMES = ("repro2_scalerl", "repro2_batch_small", "repro2_batch_large", "repro2_batch_control",
-                    "repro2_no_npr")
+REPRO3_RUN_NAMES = ("repro3_scalerl", "repro3_batch_small", "repro3_batch_large", "repro3_batch_control",
+                    "repro3_no_npr")
 """Issue 29's sweep (reproduction/design/README.md): reference recipe, batch-size axis with its same-maths control,
 No-Positive-Resampling over several passes; the first is the reference recipe."""
-REFERENCE = recipe_name(REPRO2_RUN_NAMES[0])
+REFERENCE = recipe_name(REPRO3_RUN_NAMES[0])
 CONTROL = "batch_control"
 EXPECTED_SEEDS = (0, 1, 2)
 MIN_SEEDS = 2

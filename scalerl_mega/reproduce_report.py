@@ -40,8 +40,8 @@ RUN_PREFIX = "repro_"
 
 
 def recipe_name(run_name: str) -> str:
-    """`repro_dapo` -> `dapo`, `repro2_batch_small` -> `batch_small` (the directory name under runs/)."""
-    for prefix in ("repro2_", RUN_PREFIX):
+    """`repro_dapo` -> `dapo`, `repro3_batch_small` -> `batch_small` (the directory name under runs/)."""
+    for prefix in ("repro3_", RUN_PREFIX):
         if run_name.startswith(prefix):
             return run_name[len(prefix):]
     return run_name

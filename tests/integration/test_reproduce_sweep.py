@@ -64,9 +64,9 @@ def test_killed_sweep_resumes_its_unfinished_point(tmp_path):
     import time
 
     sweep = tmp_path / "sweep"
-    run = sweep / "repro2_scalerl" / "seed0"
-    cmd = [sys.executable, "-m", "scalerl_mega.reproduce", "sweep", "--sweep", "repro2", "--sweep-dir", str(sweep),
-           "--seeds", "0", "--recipes", "repro2_scalerl",
+    run = sweep / "repro3_scalerl" / "seed0"
+    cmd = [sys.executable, "-m", "scalerl_mega.reproduce", "sweep", "--sweep", "repro3", "--sweep-dir", str(sweep),
+           "--seeds", "0", "--recipes", "repro3_scalerl",
            *[o for o in TINY if not o.startswith(("train.steps=", "train.save_every="))], "train.steps=8",
            "train.save_every=2"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="1")
@@ -98,5 +98,5 @@ def test_killed_sweep_resumes_its_unfinished_point(tmp_path):
     assert _train_steps(run) == list(range(1, 9))  # none lost, none repeated
     assert json.loads((run / "summary.json").read_text())["steps"] == 8
     prov = json.loads((run / "provenance.json").read_text())
-    assert "experiment=repro2_scalerl" in prov["command"] and prov["finished"] >= prov["started"]
+    assert "experiment=repro3_scalerl" in prov["command"] and prov["finished"] >= prov["started"]
     assert prov["commit"] is None or len(prov["commit"]) == 40  # None outside a checkout

@@ -73,25 +73,25 @@ def _recipe(c) -> tuple:
 
 def test_every_experiment_file_is_covered():
     on_disk = {p.stem for p in (CONF / "experiment").glob("*.yaml")}
-    assert on_disk == set(EXPECTED) | set(REPRO) | set(REPRO2) | {"demo", "smollm2_cpu"}
+    assert on_disk == set(EXPECTED) | set(REPRO) | set(REPRO3) | {"demo", "smollm2_cpu"}
 
 
 # issue 29's sweep (reproduction/design/README.md): (prompts_per_step, steps, val_every, curriculum) per overlay
-REPRO2 = {"repro2_scalerl": (32, 800, 20, "no_positive_resampling"), "repro2_batch_control": (32, 800, 20, "no_positive_resampling"),
-          "repro2_batch_small": (16, 1600, 40, "no_positive_resampling"), "repro2_batch_large": (64, 400, 10, "no_positive_resampling"),
-          "repro2_no_npr": (32, 800, 20, "uniform")}
+REPRO3 = {"repro3_scalerl": (32, 800, 20, "no_positive_resampling"), "repro3_batch_control": (32, 800, 20, "no_positive_resampling"),
+          "repro3_batch_small": (16, 1600, 40, "no_positive_resampling"), "repro3_batch_large": (64, 400, 10, "no_positive_resampling"),
+          "repro3_no_npr": (32, 800, 20, "uniform")}
 
 
-@pytest.mark.parametrize("name", sorted(REPRO2))
-def test_repro2_overlays_share_the_design_and_change_one_thing(name):
+@pytest.mark.parametrize("name", sorted(REPRO3))
+def test_repro3_overlays_share_the_design_and_change_one_thing(name):
     """Same samples generated and the same validation grid (200 prompts x 8 samples, 41 points) in every
     overlay; only the batch size, the micro-batching (control) or the curriculum differs."""
     from scalerl_mega.config import validate
 
     c = _compose(f"experiment={name}")
     validate(c)
-    ref = _compose("experiment=repro2_scalerl")
-    per, steps, every, curriculum = REPRO2[name]
+    ref = _compose("experiment=repro3_scalerl")
+    per, steps, every, curriculum = REPRO3[name]
     assert (c.train.prompts_per_step, c.train.steps, c.train.val_every, c.curriculum.name) == (per, steps, every, curriculum)
     assert c.train.prompts_per_step * c.train.steps == 32 * 800 and c.train.steps // c.train.val_every + 1 == 41
     assert (c.data.val_prompts, c.data.val_samples, c.data.synthetic_max_digits) == (200, 8, 5)

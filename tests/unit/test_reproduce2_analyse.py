@@ -1,4 +1,4 @@
-"""Issue 29's analysis (`reproduce analyse --sweep repro2`) on synthetic runs of known Eq. 1 parameters: the
+"""Issue 29's analysis (`reproduce analyse --sweep repro3`) on synthetic runs of known Eq. 1 parameters: the
 paired-window and crossing rules by hand, then the whole analysis (half-fit forecasts, batch-size crossing,
 incomplete axes, README section, plots)."""
 
@@ -88,7 +88,7 @@ SHAPE = {"scalerl": (256.0, 800, 20), "batch_small": (128.0, 1600, 40), "batch_l
 
 @pytest.fixture(scope="module")
 def analysed(tmp_path_factory):
-    out = tmp_path_factory.mktemp("repro2")
+    out = tmp_path_factory.mktemp("repro3")
     for rec, (A, B, C_mid) in TRUTH.items():
         per_step, steps, every = SHAPE[rec]
         for s in ((0, 1, 2) if rec != "batch_control" else (0,)):
@@ -149,7 +149,7 @@ def test_readme_section_and_plots(analysed):
 
 
 def test_cli_analyses_committed_runs_and_names_a_missing_reference(analysed, tmp_path, capsys):
-    """`make reproduce-analysis` = `python -m scalerl_mega.reproduce analyse --sweep repro2 --no-collect`."""
+    """`make reproduce-analysis` = `python -m scalerl_mega.reproduce analyse --sweep repro3 --no-collect`."""
     import shutil
 
     from scalerl_mega.reproduce import main
@@ -157,11 +157,11 @@ def test_cli_analyses_committed_runs_and_names_a_missing_reference(analysed, tmp
     out, _ = analysed
     copy = tmp_path / "copy"
     shutil.copytree(out / "runs", copy / "runs")
-    assert main(["analyse", "--sweep", "repro2", "--no-collect", "--out", str(copy)]) == 0
+    assert main(["analyse", "--sweep", "repro3", "--no-collect", "--out", str(copy)]) == 0
     assert json.loads((copy / "fits.json").read_text()) == json.loads((out / "fits.json").read_text())
     assert BEGIN in (copy / "README.md").read_text()
     shutil.rmtree(copy / "runs" / "scalerl")
-    assert main(["analyse", "--sweep", "repro2", "--no-collect", "--out", str(copy)]) == 2
+    assert main(["analyse", "--sweep", "repro3", "--no-collect", "--out", str(copy)]) == 2
     assert "no finished run of the reference recipe 'scalerl'" in capsys.readouterr().err
 
 
