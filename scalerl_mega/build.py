@@ -153,7 +153,8 @@ def build_sampler(cfg: TrainConfig, task: Task):
     from scalerl_mega.data.curriculum import Curriculum
 
     return Curriculum(task.train_prompts, name=cfg.curriculum.name,
-                      pass_rate_threshold=cfg.curriculum.pass_rate_threshold, seed=int(cfg.seed))
+                      pass_rate_threshold=cfg.curriculum.pass_rate_threshold, seed=int(cfg.seed),
+                      min_active=int(cfg.train.prompts_per_step))
 
 
 def build_reward_fn(cfg: TrainConfig, *, num_workers: int | None = None):

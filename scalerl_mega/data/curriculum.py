@@ -28,7 +28,8 @@ CURRICULA = ("no_positive_resampling", "uniform")
 
 
 class CurriculumExhausted(RuntimeError):
-    """Every prompt has been removed by No-Positive-Resampling."""
+    """No-Positive-Resampling left fewer prompts than one step needs (all of them removed, or fewer than
+    `min_active`): a batch would have to repeat a prompt."""
 
 
 class Curriculum:
@@ -41,7 +42,11 @@ class Curriculum:
         name: str = "no_positive_resampling",
         pass_rate_threshold: float = 0.9,
         seed: int = 0,
+        min_active: int = 1,
     ) -> None:
+        """`min_active`: the fewest prompts an epoch may start with (the loop passes `train.prompts_per_step`):
+        below it one step's batch would hold the same prompt several times, every epoch a few prompts long
+        (the paper's 53k-prompt pool never gets there; a small pool that the policy learns does)."""
         if name not in CURRICULA:
             raise ValueError(f"curriculum.name={name!r} must be one of {CURRICULA}")
         if not 0.0 < pass_rate_threshold <= 1.0:
@@ -55,6 +60,7 @@ class Curriculum:
             self._by_id[p.prompt_id] = p
         self._ids = [p.prompt_id for p in prompts]
         self.name, self.threshold, self.seed = name, pass_rate_threshold, seed
+        self.min_active = max(1, int(min_active))
         self.epoch = -1
         self._order: list[str] = []
         self._pos = 0
@@ -67,6 +73,13 @@ class Curriculum:
         if not active:
             raise CurriculumExhausted(
                 f"curriculum: all {len(self._ids)} prompts reached pass rate >= {self.threshold} and were removed"
+            )
+        if len(active) < self.min_active:
+            raise CurriculumExhausted(
+                f"curriculum: No-Positive-Resampling left {len(active)} of {len(self._ids)} training prompts "
+                f"(the rest reached pass rate >= {self.threshold}), fewer than one step's {self.min_active} "
+                f"(train.prompts_per_step): every batch would repeat them. Train on more prompts (data.*) or "
+                f"use curriculum=uniform"
             )
         self.epoch += 1
         random.Random(f"{self.seed}:{self.epoch}").shuffle(active)

@@ -103,3 +103,21 @@ def test_state_validation():
         Curriculum(prompts(4), name="random")
     with pytest.raises(ValueError, match="duplicate"):
         Curriculum(prompts(2) + prompts(1))
+
+
+def test_a_pool_smaller_than_a_batch_stops_instead_of_repeating_prompts():
+    """A 6,000-prompt pilot drained to 2 active prompts, and its batches then held those 2 prompts 16 times each
+    (epoch counter in the thousands). An epoch may not start with fewer prompts than one step needs."""
+    c = Curriculum(prompts(5), seed=0, min_active=3)
+    first = c.next_prompts(5)
+    for p in first[:3]:  # three become easy: two remain active, fewer than a batch of 3
+        c.record(p.prompt_id, 1.0)
+    for p in first[3:]:
+        c.record(p.prompt_id, 0.5)
+    with pytest.raises(CurriculumExhausted, match=r"left 2 of 5 training prompts .* fewer than one step's 3 "
+                                                 r"\(train.prompts_per_step\)"):
+        c.next_prompts(1)
+    u = Curriculum(prompts(5), name="uniform", seed=0, min_active=3)  # uniform never removes: never exhausted
+    for p in u.next_prompts(5):
+        u.record(p.prompt_id, 1.0)
+    assert len(u.next_prompts(10)) == 10
