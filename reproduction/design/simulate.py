@@ -62,19 +62,25 @@ def simulate(*, steps: int, val_every: int, n: int, truth: dict, reps: int, rng:
     c = np.arange(0, steps + 1, val_every, dtype=np.float64)
     p = sigmoid_law(np.maximum(c, 1e-9), A=truth["A"], B=truth["B"], C_mid=truth["C_mid"], R0=truth["R0"])
     p[0] = truth["R0"]
-    ident = wrong = 0
+    ident = wrong = half_ident = half_wrong = 0
     errs = []
+    first = c <= 0.5 * c.max()
     for _ in range(reps):
         r = rng.binomial(n, p) / n + (rng.normal(0.0, extra_sd, p.shape) if extra_sd else 0.0)
         try:
             a = assess(c, r, options=options_for(c, grid="relative"), n_samples=n)
+            h = assess(c[first], r[first], options=options_for(c[first], grid="relative"), n_samples=n)
         except ValueError:
             continue
         if a.identified:
             ident += 1
             errs.append(abs(a.A - truth["A"]))
             wrong += abs(a.A - truth["A"]) > 0.02
+        if h.identified:  # the first half on its own (reproduce2_report.half_fit): the forecast's precondition
+            half_ident += 1
+            half_wrong += abs(h.A - truth["A"]) > 0.02
     return {"p_identified": ident / reps, "p_wrong_and_identified": wrong / reps,
+            "p_half_identified": half_ident / reps, "p_half_wrong_and_identified": half_wrong / reps,
             "median_abs_err_identified": float(np.median(errs)) if errs else None,
             "points_after_cut": int((c >= 0.1 * c.max()).sum())}
 
@@ -100,7 +106,8 @@ def main() -> None:
                          "truth": truth, **res})
             print(f"{name:32s} A={truth['A']:.2f} B={truth['B']:.1f} C_mid={truth['C_mid']:5.0f} "
                   f"pts={res['points_after_cut']:3d} P(id)={res['p_identified']:.2f} "
-                  f"P(id & |err|>0.02)={res['p_wrong_and_identified']:.2f}", flush=True)
+                  f"P(id & |err|>0.02)={res['p_wrong_and_identified']:.2f} "
+                  f"P(half id)={res['p_half_identified']:.2f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"sim{suffix}.json").write_text(json.dumps({"reps": args.reps, "seed": args.seed, "rows": rows,
                                                    "cpu_seconds": time.perf_counter() - t0}, indent=1) + "\n")

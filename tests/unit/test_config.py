@@ -84,7 +84,7 @@ REPRO3 = {"repro3_scalerl": (32, 800, 20, "no_positive_resampling"), "repro3_bat
 
 @pytest.mark.parametrize("name", sorted(REPRO3))
 def test_repro3_overlays_share_the_design_and_change_one_thing(name):
-    """Same samples generated and the same validation grid (200 prompts x 8 samples, 41 points) in every
+    """Same samples generated and the same validation grid (200 prompts x 8 samples, 41 window points) in every
     overlay; only the batch size, the micro-batching (control) or the curriculum differs."""
     from scalerl_mega.config import validate
 
@@ -94,7 +94,9 @@ def test_repro3_overlays_share_the_design_and_change_one_thing(name):
     per, steps, every, curriculum = REPRO3[name]
     assert (c.train.prompts_per_step, c.train.steps, c.train.val_every, c.curriculum.name) == (per, steps, every, curriculum)
     assert c.train.prompts_per_step * c.train.steps == 32 * 800 and c.train.steps // c.train.val_every + 1 == 41
-    assert (c.data.val_prompts, c.data.val_samples, c.data.synthetic_max_digits) == (200, 8, 5)
+    assert (c.data.val_prompts, c.data.val_samples, c.data.synthetic_max_digits) == (200, 8, 6)
+    assert (c.train.val_mode, c.data.synthetic_num_prompts, c.data.synthetic_difficulty_weights) == (
+        "window", 6200, [0, 0, 1, 1, 0, 0.4])
     assert c.run_name == name and c.loss.name == ref.loss.name and c.precision.name == ref.precision.name
 
 
