@@ -72,12 +72,15 @@ def write_run(d: Path, *, A, B, C_mid, seed, per_step, steps, every, n=1600):
                 fh.write(json.dumps({"kind": "train", "step": step, "samples": per_step,
                                      "curriculum/curriculum/epoch": step // 100,
                                      "curriculum/curriculum/active_prompts": 3000 - step}) + "\n")
-            if step % every == 0:
-                p = float(eq1(step * per_step / SAMPLES, A=A, B=B, C_mid=C_mid))
+            if step % every == 0:  # window validation (the sweep's): the point measures R at the window's centre
+                centre = step - every // 2 if step else 0
+                p = float(eq1(centre * per_step / SAMPLES, A=A, B=B, C_mid=C_mid))
+                line = {"kind": "validation", "step": step, "val_pass_rate": p, "val_prompts": 200.0,
+                        "val_samples_per_prompt": n / 200.0}
                 if step:
-                    p += rng.normal(0.0, 0.002)
-                fh.write(json.dumps({"kind": "validation", "step": step, "val_pass_rate": p, "val_prompts": 200.0,
-                                     "val_samples_per_prompt": n / 200.0}) + "\n")
+                    line["val_pass_rate"] = p + rng.normal(0.0, 0.002)
+                    line["val_center_step"] = float(centre)
+                fh.write(json.dumps(line) + "\n")
     (d / "summary.json").write_text(json.dumps({"steps": steps, "wall_s": 10.0}))
     (d / "provenance.json").write_text(json.dumps({"commit": "abc123def456", "dirty": False}))
 
