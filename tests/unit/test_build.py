@@ -163,7 +163,7 @@ def test_build_task_checks_vocab_and_phrase():
 
     def cfg(**over):
         base = dict(data=SimpleNamespace(name="synthetic", val_prompts=10, synthetic_num_prompts=60, split_seed=0,
-                                         synthetic_max_digits=2, max_prompt_tokens=64),
+                                         synthetic_max_digits=2, synthetic_difficulty_weights=[], max_prompt_tokens=64),
                     model=SimpleNamespace(vocab_size=48), length=SimpleNamespace(interruption_phrase="</think>"))
         base.update(over)
         return SimpleNamespace(**base)
