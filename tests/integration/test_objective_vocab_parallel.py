@@ -66,11 +66,15 @@ def test_tp2_over_gloo_equals_tp1(tmp_path):
     def close(a, b):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
 
+    _, _, _, _, _, A, w = _problem()
+    # the loss is a weighted sum of terms that cancel (|loss| ~ 0.007, sum of |terms| ~ 1): its FP32 rounding is
+    # relative to the terms, not to the small result (a CPU with other SIMD kernels gave rel. 3e-5 of the loss)
+    loss_scale = float((w * A.abs() * ref["logp"].abs()).sum())
     for r in (r0, r1):  # replicated outputs agree on every rank
         close(r["logp"], ref["logp"])
         close(r["lp_gh"], ref["lp_gh"])
         close(r["gh"], ref["gh"])
-        close(r["loss"], ref["loss"])
+        torch.testing.assert_close(r["loss"], ref["loss"], rtol=0, atol=1e-5 * loss_scale)
         assert r["clip_fraction"] == ref["clip_fraction"] and 0 < ref["clip_fraction"] < 1
         close(r["entropy"], ref["entropy"])
         close(r["logits_entropy"], ref["logits_entropy"])
