@@ -8,8 +8,9 @@ Binomial(N, R)/N: independent samples, which understates prompt-level correlatio
 simulated run is assessed exactly as report.py does (relative grid, 10% cut, n_samples=N). Reported per
 design and truth: P(identified) and P(identified and |A_hat - A| > 0.02) (a confidently wrong A).
 
-Usage: python reproduction/design/simulate.py [--reps 10] [--set main|slow|pilot] [--out reproduction/design]
-Writes sim[_slow|_pilot].json and .png into --out. Pure CPU, a few minutes at the defaults.
+Usage: python reproduction/design/simulate.py [--reps 10] [--set main|slow|pilot|repro3] [--out reproduction/design]
+Writes sim[_slow|_pilot|_repro3].json and .png into --out; each row also gives P(half identified): the first half
+of the run on its own (the forecast's precondition, reproduce2_report.half_fit). Pure CPU, a few minutes at the defaults.
 """
 
 from __future__ import annotations
@@ -47,6 +48,15 @@ PILOT_DESIGNS = [
     ("1600 steps, val/20, 200x8, +policy noise", 1600, 20, 1600, 0.035),
 ]
 PILOT_TRUTHS = [dict(R0=0.20, A=0.42, B=2.0, C_mid=40.0)]
+# The repro3 design (`--set repro3`, reproduction/design/README.md): window validation leaves ~1.5x the binomial
+# scatter (extra SD 0.013 on top of N = 1,600); the reference run's first 280 steps (R0 0.07, a slow start, ~0.45
+# by step 200) bracket the truth between a steep and a shallow sigmoid.
+REPRO3_DESIGNS = [
+    ("800 steps, window/20, 200x8", 800, 20, 1600, 0.013),
+    ("1600 steps, window/20, 200x8", 1600, 20, 1600, 0.013),
+]
+REPRO3_TRUTHS = [dict(R0=0.07, A=0.62, B=2.0, C_mid=110.0), dict(R0=0.07, A=0.62, B=1.5, C_mid=130.0),
+                 dict(R0=0.07, A=0.65, B=1.0, C_mid=150.0)]
 # Truths: R0 = start pass rate, A = ceiling, B = steepness, C_mid in steps.
 TRUTHS = [
     dict(R0=0.30, A=0.70, B=1.5, C_mid=150.0),
@@ -89,12 +99,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--set", choices=["main", "slow", "pilot"], default="main")
+    ap.add_argument("--set", choices=["main", "slow", "pilot", "repro3"], default="main")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     designs, truths = {"main": (DESIGNS, TRUTHS), "slow": (SLOW_DESIGNS, SLOW_TRUTHS),
-                       "pilot": (PILOT_DESIGNS, PILOT_TRUTHS)}[args.set]
+                       "pilot": (PILOT_DESIGNS, PILOT_TRUTHS), "repro3": (REPRO3_DESIGNS, REPRO3_TRUTHS)}[args.set]
     designs = [d if len(d) == 5 else (*d, 0.0) for d in designs]
     suffix = "" if args.set == "main" else f"_{args.set}"
     rows = []
