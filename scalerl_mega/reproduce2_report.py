@@ -45,14 +45,14 @@ class Setting:
 
 
 SETTINGS = {
-    "scalerl": Setting(title="reference: 32 prompts x 8, 800 steps", paper="-"),
-    "batch_small": Setting(title="batch 16 prompts x 8, 1,600 steps",
+    "scalerl": Setting(title="reference: 32 prompts x 8, 1,600 steps", paper="-"),
+    "batch_small": Setting(title="batch 16 prompts x 8, 3,200 steps",
                            paper="smaller batches may look better early but are overtaken (Sec. 5)"),
-    "batch_large": Setting(title="batch 64 prompts x 8, 400 steps",
+    "batch_large": Setting(title="batch 64 prompts x 8, 800 steps",
                            paper="larger batches: slower early, higher asymptote A (Sec. 5, batch-size figure)"),
     "batch_control": Setting(title="reference batch in ~8 micro-batches (same maths)",
                              paper="control: no effect expected"),
-    "no_npr": Setting(title="No-Positive-Resampling off, ~4 passes",
+    "no_npr": Setting(title="No-Positive-Resampling off, ~8.5 passes",
                       paper="LOO variants reach a similar A; ScaleRL the highest B (Sec. 6, Fig. 7)"),
 }
 

@@ -77,14 +77,14 @@ def test_every_experiment_file_is_covered():
 
 
 # issue 29's sweep (reproduction/design/README.md): (prompts_per_step, steps, val_every, curriculum) per overlay
-REPRO3 = {"repro3_scalerl": (32, 800, 20, "no_positive_resampling"), "repro3_batch_control": (32, 800, 20, "no_positive_resampling"),
-          "repro3_batch_small": (16, 1600, 40, "no_positive_resampling"), "repro3_batch_large": (64, 400, 10, "no_positive_resampling"),
-          "repro3_no_npr": (32, 800, 20, "uniform")}
+REPRO3 = {"repro3_scalerl": (32, 1600, 20, "no_positive_resampling"), "repro3_batch_control": (32, 1600, 20, "no_positive_resampling"),
+          "repro3_batch_small": (16, 3200, 40, "no_positive_resampling"), "repro3_batch_large": (64, 800, 10, "no_positive_resampling"),
+          "repro3_no_npr": (32, 1600, 20, "uniform")}
 
 
 @pytest.mark.parametrize("name", sorted(REPRO3))
 def test_repro3_overlays_share_the_design_and_change_one_thing(name):
-    """Same samples generated and the same validation grid (200 prompts x 8 samples, 41 window points) in every
+    """Same samples generated and the same validation grid (200 prompts x 8 samples, 81 window points) in every
     overlay; only the batch size, the micro-batching (control) or the curriculum differs."""
     from scalerl_mega.config import validate
 
@@ -93,7 +93,7 @@ def test_repro3_overlays_share_the_design_and_change_one_thing(name):
     ref = _compose("experiment=repro3_scalerl")
     per, steps, every, curriculum = REPRO3[name]
     assert (c.train.prompts_per_step, c.train.steps, c.train.val_every, c.curriculum.name) == (per, steps, every, curriculum)
-    assert c.train.prompts_per_step * c.train.steps == 32 * 800 and c.train.steps // c.train.val_every + 1 == 41
+    assert c.train.prompts_per_step * c.train.steps == 32 * 1600 and c.train.steps // c.train.val_every + 1 == 81
     assert (c.data.val_prompts, c.data.val_samples, c.data.synthetic_max_digits) == (200, 8, 6)
     assert (c.train.val_mode, c.data.synthetic_num_prompts, c.data.synthetic_difficulty_weights) == (
         "window", 6200, [0, 0, 1, 1, 0, 0.4])
