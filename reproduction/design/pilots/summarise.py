@@ -1,0 +1,59 @@
+"""Print what reproduction/design/README.md quotes from the pilots (issue 29): each pilot's validation points, its
+Eq. 1 fit by the identification rule with the overdispersion (residual SD / binomial SE), and per 100 steps the
+groups that kept a gradient (zero-variance filter), the gradient norm and the No-Positive-Resampling pool.
+
+    PYTHONPATH=$PWD .venv/bin/python reproduction/design/pilots/summarise.py [pilot ...]
+
+Each pilot directory holds the run's `run_config.yaml` (the resolved config it ran with) and its gzipped
+`metrics.jsonl`; the x axis is cumulative generated samples (thousands), as in the sweep's analysis.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def summarise(name: str) -> None:
+    from scalerl_mega.reproduce2_report import overdispersion
+    from scalerl_mega.scaling.identify import assess, options_for
+    from scalerl_mega.scaling.io import read_series
+
+    text = gzip.decompress((HERE / name / "metrics.jsonl.gz").read_bytes()).decode()
+    rows = [json.loads(x) for x in text.splitlines() if x.strip()]
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "metrics.jsonl").write_text(text)
+        s = read_series(tmp, x="sum:samples")
+    c, r, n = s.compute / 1e3, s.reward, s.n_samples
+    print(f"== {name}: {len(c)} validation points, last step {rows[-1].get('step')}")
+    print("   " + " ".join(f"{a:.0f}:{b:.3f}" for a, b in zip(c, r)))
+    if len(c) >= 8:
+        a = assess(c, r, options=options_for(c, grid="relative"), n_samples=n)
+        od = overdispersion(a.fit, c, n)
+        print(f"   fit: A {a.fit.A:.3f} (95% {a.A_interval[0]:.3f}..{a.A_interval[1]:.3f}, identified {a.identified}), "
+              f"B {a.fit.B:.2f}, C_mid {a.fit.C_mid:.1f}k; residual SD / binomial SE = "
+              f"{od['residual_sd']:.4f} / {od['binomial_se']:.4f} = {od['ratio']:.2f}")
+    train = [x for x in rows if x.get("kind") == "train"]
+    for lo in range(0, len(train), 100):
+        seg = train[lo:lo + 100]
+        gn = sorted(x["train/grad_norm"] for x in seg if x.get("train/grad_norm"))
+        kept = [x.get("filter/prompts_kept", 0.0) for x in seg]
+        if gn:
+            print(f"   steps {lo + 1}-{lo + len(seg)}: groups kept {statistics.mean(kept):.1f}, grad norm median "
+                  f"{statistics.median(gn):.2f} max {gn[-1]:.2f}, pool {seg[-1].get('curriculum/curriculum/active_prompts')}")
+
+
+def main(argv: list[str]) -> None:
+    names = argv or sorted(p.name for p in HERE.iterdir() if (p / "metrics.jsonl.gz").is_file())
+    for name in names:
+        summarise(name)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
