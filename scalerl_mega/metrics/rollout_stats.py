@@ -64,20 +64,3 @@ def rollout_metrics(groups: Sequence[Group], *, step: int) -> dict[str, float]:
 def domain_key(domain: str) -> str:
     """The validation metric of one domain (paper Sec. 5: separate math and code curves)."""
     return f"val/{domain}_pass_rate"
-
-
-def domain_pass_rates(groups: Sequence[Group]) -> dict[str, float]:
-    """Per-domain validation metrics (`Prompt.task`: math, code, synthetic, ...): the pass rate over
-    the domain's samples as `val/<domain>_pass_rate` and its sample count as `val/<domain>_samples`,
-    so multi-task runs can fit one scaling curve per domain next to the mixed one."""
-    passed: Counter = Counter()
-    total: Counter = Counter()
-    for g in groups:
-        for s in g.samples:
-            total[g.prompt.task] += 1
-            passed[g.prompt.task] += int(bool(s.passed))
-    out: dict[str, float] = {}
-    for domain in sorted(total):
-        out[domain_key(domain)] = passed[domain] / total[domain]
-        out[f"val/{domain}_samples"] = float(total[domain])
-    return out

@@ -8,26 +8,27 @@ import json
 import numpy as np
 import pytest
 
-from scalerl_mega.metrics.rollout_stats import domain_pass_rates
+from scalerl_mega.metrics.val_window import outcomes, val_metrics
 from scalerl_mega.report import write_report
 from scalerl_mega.scaling.cli import main
 from scalerl_mega.scaling.fit import sigmoid_law
 from scalerl_mega.types import Completion, FinishReason, Group, Prompt, ScoredCompletion
 
 
-def _group(task: str, passes: list[bool]) -> Group:
+def _group(task: str, passes: list[bool], i: int) -> Group:
     c = Completion(prompt_id="p", sample_index=0, prompt_ids=[1], output_ids=[2], gen_logprobs=[0.0],
                    weight_versions=[0], finish_reason=FinishReason.STOP)
-    return Group(prompt=Prompt(prompt_id=f"{task}{len(passes)}", text="", task=task, gold="1"),
+    return Group(prompt=Prompt(prompt_id=f"{task}{i}", text="", task=task, gold="1"),
                  samples=[ScoredCompletion(completion=c, reward=1.0 if p else -1.0, passed=p) for p in passes])
 
 
 def test_domain_pass_rates_hand_example():
-    groups = [_group("math", [True, False, True, True]), _group("code", [False, False]),
-              _group("math", [False, False]), _group("code", [True, False])]
-    out = domain_pass_rates(groups)
-    assert out == {"val/code_pass_rate": 0.25, "val/code_samples": 4.0,
-                   "val/math_pass_rate": 0.5, "val/math_samples": 6.0}
+    groups = [_group("math", [True, False, True, True], 0), _group("code", [False, False], 1),
+              _group("math", [False, False], 2), _group("code", [True, False], 3)]
+    out = val_metrics(outcomes(groups, index_of={g.prompt.prompt_id: i for i, g in enumerate(groups)}))
+    assert {k: v for k, v in out.items() if k.startswith("val/")} == {
+        "val/code_pass_rate": 0.25, "val/code_samples": 4.0, "val/math_pass_rate": 0.5, "val/math_samples": 6.0}
+    assert out["val_pass_rate"] == 4 / 10 and out["val_prompts"] == 4
 
 
 TRUE = {"math": dict(A=0.70, B=1.8, C_mid=30.0, R0=0.2), "code": dict(A=0.45, B=1.2, C_mid=60.0, R0=0.1)}
