@@ -13,7 +13,7 @@ compares them on compute, not steps). Everything is judged by the project's one 
   (A within +-0.02, then B at the common A; `seeds.compare_recipe`), by the paired final pass rates, and by
   the paired early/late differences (`reproduce2_report.crossing`: do the curves cross?). The same-maths
   control (the reference batch in micro-batches) measures what seeds and numerics alone produce.
-- **No-Positive-Resampling** over ~8.5 passes of the pool: the same three checks against the reference.
+- **No-Positive-Resampling** over ~2.1 passes of the pool: the same three checks against the reference.
 
 Output: `fits.json`, `results.json`, PNG plots and the section of `<out>/README.md` between the GENERATED
 markers. An axis with fewer than 2 finished seeds on a side is reported as *incomplete* (how many seeds are
@@ -126,7 +126,7 @@ def _plots2(runs: dict[str, dict[int, Path]], res: dict[str, Any], half: dict[st
     axes = ((("batch_small", REFERENCE, "batch_large", CONTROL), ("batch_small", "batch_large"), "batch_samples.png",
              "batch-size axis (paper Sec. 5: larger is slower early, higher late)"),
             ((REFERENCE, "no_npr"), (REFERENCE, "no_npr"), "npr_samples.png",
-             "No-Positive-Resampling over ~8.5 passes (reference: on; no_npr: off)"))
+             "No-Positive-Resampling over ~2.1 passes (reference: on; no_npr: off)"))
     for shown, (a, b), name, title in axes:
         shown = [rec for rec in shown if rec in runs]
         if b not in runs:

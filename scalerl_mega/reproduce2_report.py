@@ -52,7 +52,7 @@ SETTINGS = {
                            paper="larger batches: slower early, higher asymptote A (Sec. 5, batch-size figure)"),
     "batch_control": Setting(title="reference batch in ~8 micro-batches (same maths)",
                              paper="control: no effect expected"),
-    "no_npr": Setting(title="No-Positive-Resampling off, ~8.5 passes",
+    "no_npr": Setting(title="No-Positive-Resampling off, ~2.1 passes",
                       paper="LOO variants reach a similar A; ScaleRL the highest B (Sec. 6, Fig. 7)"),
 }
 

@@ -96,7 +96,8 @@ def test_repro3_overlays_share_the_design_and_change_one_thing(name):
     assert c.train.prompts_per_step * c.train.steps == 32 * 1600 and c.train.steps // c.train.val_every + 1 == 81
     assert (c.data.val_prompts, c.data.val_samples, c.data.synthetic_max_digits) == (200, 8, 6)
     assert (c.train.val_mode, c.data.synthetic_num_prompts, c.data.synthetic_difficulty_weights) == (
-        "window", 6200, [0, 0, 1, 1, 0, 0.4])
+        "window", 24200, [0, 0, 1, 1, 0, 0.4])
+    assert c.optim.lr == pytest.approx(5e-5) and c.optim.lr == ref.optim.lr
     assert c.run_name == name and c.loss.name == ref.loss.name and c.precision.name == ref.precision.name
 
 
