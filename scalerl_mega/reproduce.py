@@ -9,8 +9,8 @@ stopped (finished points are skipped, an unfinished one resumes from its checkpo
 appends a line to `<sweep-dir>/provenance.jsonl`: the exact command, the git commit and whether the tree
 was dirty, start and end times, exit status.
 
-`analyse` copies each finished run's `metrics.jsonl` and `summary.json` into `<out>/runs/<recipe>/seed<N>/`
-(`--no-collect`: analyse what is already there, e.g. the committed data), fits them with the project's
+`analyse` copies each finished run's `metrics.jsonl` (gzipped for repro3: `metrics.jsonl.gz`) and `summary.json`
+into `<out>/runs/<recipe>/seed<N>/` (`--no-collect`: analyse what is already there, e.g. the committed data), fits them with the project's
 scaling tools and writes `<out>/fits.json`, `<out>/results.json`, plots and the generated section of
 `<out>/README.md` (reproduction/README.md describes the method and the verdict rules).
 """

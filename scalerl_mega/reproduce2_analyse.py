@@ -1,7 +1,7 @@
 """`python -m scalerl_mega.reproduce analyse --sweep repro3`: issue 29's analysis (reproduction/design/README.md).
 
 Input: the finished runs of `make reproduce` (`outputs/reproduce3/<run_name>/seed<N>/`), copied to
-`<out>/runs/<setting>/seed<N>/` (or, with `--no-collect`, the committed copies alone). Compute axis: the
+`<out>/runs/<setting>/seed<N>/` (metrics.jsonl gzipped: `reproduce_report.collect`) (or, with `--no-collect`, the committed copies alone). Compute axis: the
 cumulative generated samples (`sum:samples`, in thousands), so the batch sizes share one axis (paper Sec. 5
 compares them on compute, not steps). Everything is judged by the project's one identification rule
 (`scaling.identify.assess`) and its seed rules (`scaling.seeds`):
@@ -122,7 +122,7 @@ def _plots2(runs: dict[str, dict[int, Path]], res: dict[str, Any], half: dict[st
     written += [p.name for p in plot_scaling(
         hf, path=out_dir / "half_fit_samples.png", formats=("png",), xlabel=SAMPLES_AXIS.label, log_x=False,
         figsize=(10.0, 6.0), title="fit on the first half of compute (stars), extrapolated (dashed, only where it "
-                                   "identifies A) against the second half (crosses)")]
+                                   "identifies A)\nagainst the second half (crosses)")]
     axes = ((("batch_small", REFERENCE, "batch_large", CONTROL), ("batch_small", "batch_large"), "batch_samples.png",
              "batch-size axis (paper Sec. 5: larger is slower early, higher late)"),
             ((REFERENCE, "no_npr"), (REFERENCE, "no_npr"), "npr_samples.png",
@@ -140,7 +140,7 @@ def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
     """Collect (unless `sweep_dir` is None), fit, compare and write `out_dir` (module docstring)."""
     runs_dir = out_dir / "runs"
     if sweep_dir is not None:
-        collect(sweep_dir, runs_dir, run_names=REPRO3_RUN_NAMES)
+        collect(sweep_dir, runs_dir, run_names=REPRO3_RUN_NAMES, gzip_metrics=True)
     runs = discover(runs_dir, run_names=REPRO3_RUN_NAMES)
     res = fit_axis(runs, SAMPLES_AXIS, reference=REFERENCE, controls=frozenset({CONTROL}))
     half, disp = {}, {}

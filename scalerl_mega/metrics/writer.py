@@ -101,9 +101,13 @@ class MetricsWriter:
 
 
 def read_metrics(path: str | os.PathLike, *, kind: str | None = None) -> list[dict[str, Any]]:
-    """Read metrics.jsonl (optionally one kind)."""
+    """Read metrics.jsonl or its gzipped copy `metrics.jsonl.gz` (optionally one kind)."""
+    import gzip
+
+    raw = Path(path).read_bytes()
+    text = (gzip.decompress(raw) if str(path).endswith(".gz") else raw).decode("utf-8")
     out = []
-    for line in Path(path).read_text().splitlines():
+    for line in text.splitlines():
         if line.strip():
             rec = json.loads(line)
             if kind is None or rec.get("kind") == kind:

@@ -12,7 +12,8 @@ line with `val_center_step` (window validation, metrics/val_window.py) takes the
 Validation samples per point (`Series.n_samples`, for the binomial noise floor of `scaling.identify`):
 `val_prompts` x `val_samples_per_prompt` of each jsonl row when y is `val_pass_rate`, `val/<domain>_samples`
 when y is `val/<domain>_pass_rate`, if every row has them; else None (CSV files, other keys).
-A run directory is read through its `metrics.jsonl`, else its single `*.csv`, else its single `*.jsonl`.
+A run directory is read through its `metrics.jsonl`, else its `metrics.jsonl.gz` (committed sweep runs are
+stored gzipped), else its single `*.csv`, else its single `*.jsonl`. A `.gz` file is read as its content.
 
 Every problem is a ValueError whose message starts with `<file>:<line>:` (or `<file>:`), e.g. NaN values,
 non-numeric values, compute that decreases, no matching rows.
@@ -21,6 +22,7 @@ non-numeric values, compute that decreases, no matching rows.
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 from dataclasses import dataclass
@@ -56,13 +58,30 @@ def _number(v, *, where: str, key: str) -> float:
     return x
 
 
+METRICS_NAMES = ("metrics.jsonl", "metrics.jsonl.gz")
+"""A run directory's metrics file, in order of preference."""
+
+
+def open_text(path: Path, *, newline: str | None = None):
+    """`path` opened for reading as UTF-8 text (`newline` as for `open`; "" for CSV); a `.gz` file is
+    decompressed on the fly."""
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", newline=newline)
+    return path.open(encoding="utf-8", newline=newline)
+
+
+def run_metrics_file(run_dir: Path) -> Path | None:
+    """The run directory's metrics file (`METRICS_NAMES`), None when it has none."""
+    return next((run_dir / n for n in METRICS_NAMES if (run_dir / n).is_file()), None)
+
+
 def _resolve(path: Path) -> Path:
     if not path.exists():
         raise ValueError(f"{path}: no such file or directory")
     if path.is_file():
         return path
-    m = path / "metrics.jsonl"
-    if m.is_file():
+    m = run_metrics_file(path)
+    if m is not None:
         return m
     for pattern in ("*.csv", "*.jsonl"):
         found = sorted(path.glob(pattern))
@@ -101,7 +120,7 @@ def _read_jsonl(path: Path, *, x: str, y: str, counts: list | None = None
     summed = x[len(CUMULATIVE_PREFIX):] if x.startswith(CUMULATIVE_PREFIX) else None
     total, seen = 0.0, False
     total_at: dict[int, float] = {}  # cumulative total after each step's line
-    with path.open(encoding="utf-8") as fh:
+    with open_text(path) as fh:
         for lineno, raw in enumerate(fh, start=1):
             raw = raw.strip()
             if not raw:
@@ -149,7 +168,7 @@ def _window_center(obj: dict, total_at: dict[int, float], *, where: str) -> floa
 
 def _read_csv(path: Path, *, x: str, y: str) -> tuple[list[float], list[float], list[int], set[str]]:
     xs, ys, lines = [], [], []
-    with path.open(newline="", encoding="utf-8") as fh:
+    with open_text(path, newline="") as fh:
         reader = csv.DictReader(fh)
         cols = set(reader.fieldnames or ())
         missing = [k for k in (x, y) if k not in cols]
@@ -175,7 +194,7 @@ def read_series(path: str | Path, *, x: str = "compute_gpu_hours", y: str = "val
     """Read one run (directory, .jsonl or .csv). Checks: at least one row, compute non-decreasing."""
     p = _resolve(Path(path))
     counts: list[float] = []
-    if p.suffix.lower() == ".csv":
+    if p.name.lower().removesuffix(".gz").endswith(".csv"):
         if x.startswith(CUMULATIVE_PREFIX):
             raise ValueError(f"{p}: x = {x!r}: cumulative keys ({CUMULATIVE_PREFIX}<key>) need a metrics.jsonl")
         xs, ys, lines, keys = _read_csv(p, x=x, y=y)
@@ -194,7 +213,7 @@ def read_series(path: str | Path, *, x: str = "compute_gpu_hours", y: str = "val
             )
     if xs[0] < 0:
         raise ValueError(f"{p}:{lines[0]}: {x} = {xs[0]:g} is negative")
-    label = name or (Path(path).name if Path(path).is_dir() else p.stem if p.name != "metrics.jsonl" else p.parent.name)
+    label = name or (Path(path).name if Path(path).is_dir() else p.stem if p.name not in METRICS_NAMES else p.parent.name)
     return Series(name=label, source=str(p), x_key=x, y_key=y, compute=np.asarray(xs, dtype=np.float64),
                   reward=np.asarray(ys, dtype=np.float64), lines=np.asarray(lines, dtype=np.int64), n_samples=ns)
 
@@ -203,10 +222,10 @@ def domain_keys(path: str | Path) -> list[str]:
     """The per-domain validation keys (`val/<domain>_pass_rate`, validation.validate) present in a run's
     metrics.jsonl (directory or file), sorted; [] for CSV files or single-domain runs without them."""
     p = _resolve(Path(path))
-    if p.suffix.lower() == ".csv":
+    if p.name.lower().removesuffix(".gz").endswith(".csv"):
         return []
     found: set[str] = set()
-    with p.open(encoding="utf-8") as fh:
+    with open_text(p) as fh:
         for raw in fh:
             try:
                 obj = json.loads(raw)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from scalerl_mega.reproduce import SWEEPS
+from scalerl_mega.scaling.io import run_metrics_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +29,7 @@ def _ignored(rel: str) -> bool:
 @pytest.mark.parametrize("sweep", sorted(SWEEPS))
 def test_every_sweeps_runs_are_tracked(sweep):
     out = SWEEPS[sweep][2]
-    for name in ("metrics.jsonl", "summary.json", "provenance.json"):
+    for name in ("metrics.jsonl", "metrics.jsonl.gz", "summary.json", "provenance.json"):
         rel = f"{out}/runs/scalerl/seed0/{name}"
         assert not _ignored(rel), f"{rel} is ignored by .gitignore: `make reproduce` would commit no run data"
     assert _ignored("outputs/reproduce3/scalerl/seed0/metrics.jsonl")  # the sweep's scratch stays untracked
@@ -42,4 +43,5 @@ def test_committed_results_name_runs_that_exist(sweep):
         pytest.skip(f"{results.relative_to(ROOT)}: no committed analysis yet")
     runs = json.loads(results.read_text()).get("runs", {})
     for key in runs:
-        assert (out / "runs" / key / "metrics.jsonl").is_file(), f"{out.name}/results.json names {key}, whose data is not committed"
+        assert run_metrics_file(out / "runs" / key) is not None, (
+            f"{out.name}/results.json names {key}, whose data is not committed")
