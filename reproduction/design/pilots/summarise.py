@@ -3,6 +3,7 @@ Eq. 1 fit by the identification rule with the overdispersion (residual SD / bino
 groups that kept a gradient (zero-variance filter), the gradient norm and the No-Positive-Resampling pool.
 
     PYTHONPATH=$PWD .venv/bin/python reproduction/design/pilots/summarise.py [pilot ...]
+    PYTHONPATH=$PWD .venv/bin/python reproduction/design/pilots/summarise.py reproduction/repro3/runs/scalerl/seed0
 
 Each pilot directory holds the run's `run_config.yaml` (the resolved config it ran with) and its gzipped
 `metrics.jsonl`; the x axis is cumulative generated samples (thousands), as in the sweep's analysis.
@@ -25,7 +26,8 @@ def summarise(name: str) -> None:
     from scalerl_mega.scaling.identify import assess, options_for
     from scalerl_mega.scaling.io import read_series
 
-    text = gzip.decompress((HERE / name / "metrics.jsonl.gz").read_bytes()).decode()
+    run_dir = Path(name) if Path(name).is_dir() else HERE / name  # a pilot, or a committed sweep run
+    text = gzip.decompress((run_dir / "metrics.jsonl.gz").read_bytes()).decode()
     rows = [json.loads(x) for x in text.splitlines() if x.strip()]
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "metrics.jsonl").write_text(text)
