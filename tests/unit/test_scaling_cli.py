@@ -46,6 +46,25 @@ def test_reader_selects_validation_rows(tmp_path):
     assert np.allclose(t.compute, 4 * s.compute)
 
 
+def test_reader_gzipped_files_and_run_dirs(tmp_path):
+    """Committed sweep runs store metrics.jsonl.gz: a run directory holding only that file, a .jsonl.gz and a
+    .csv.gz read exactly as their plain forms (labels and line numbers included)."""
+    import gzip
+
+    d = scalerl_run(tmp_path)
+    plain = read_series(d)
+    gz_dir = tmp_path / "gz" / "scalerl"
+    gz_dir.mkdir(parents=True)
+    (gz_dir / "metrics.jsonl.gz").write_bytes(gzip.compress((d / "metrics.jsonl").read_bytes()))
+    for got in (read_series(gz_dir), read_series(gz_dir / "metrics.jsonl.gz")):
+        assert got.name == "scalerl" and np.array_equal(got.compute, plain.compute)
+        assert np.array_equal(got.reward, plain.reward) and np.array_equal(got.lines, plain.lines)
+    c = tmp_path / "run.csv.gz"
+    c.write_bytes(gzip.compress(b"compute_gpu_hours,val_pass_rate\r\n0,0.3\r\n100,\r\n200,0.35\r\n"))
+    s = read_series(c)
+    assert list(s.compute) == [0.0, 200.0] and list(s.reward) == [0.3, 0.35] and list(s.lines) == [2, 4]
+
+
 def test_reader_csv_and_errors(tmp_path):
     p = tmp_path / "run.csv"
     p.write_text("compute_gpu_hours,val_pass_rate\n0,0.3\n100,\n200,0.35\n")
