@@ -102,12 +102,12 @@ class MetricsWriter:
 
 def read_metrics(path: str | os.PathLike, *, kind: str | None = None) -> list[dict[str, Any]]:
     """Read metrics.jsonl or its gzipped copy `metrics.jsonl.gz` (optionally one kind)."""
-    import gzip
+    from scalerl_mega.scaling.io import open_text
 
-    raw = Path(path).read_bytes()
-    text = (gzip.decompress(raw) if str(path).endswith(".gz") else raw).decode("utf-8")
+    with open_text(Path(path)) as fh:
+        lines = fh.read().splitlines()
     out = []
-    for line in text.splitlines():
+    for line in lines:
         if line.strip():
             rec = json.loads(line)
             if kind is None or rec.get("kind") == kind:
