@@ -4,8 +4,10 @@ The model is the CPU demo's size (conf/experiment/demo.yaml: 4 layers, d_model 1
 parameters without the tiny vocabulary's embeddings). Both sides sample at temperature 1 with a
 KV cache, one torch thread, the same prompts and the same number of new tokens (no early stop).
 Also reports the engine with continuous admission (more requests than slots, mixed lengths).
+`--experiment repro3_scalerl` takes the model from that experiment instead (the reproduction sweep's
+Llama-4 MoE twin, with chunked-attention layers), with its 17-token prompts.
 
-    .venv/bin/python bench/generate.py [--batch 64 256] [--new-tokens 40]
+    .venv/bin/python bench/generate.py [--batch 64 256] [--new-tokens 40] [--experiment NAME]
 """
 
 from __future__ import annotations
@@ -25,21 +27,26 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--new-tokens", type=int, default=40)
     ap.add_argument("--prompt-len", type=int, default=8)
+    ap.add_argument("--experiment", default=None, help="take the model from conf/experiment/NAME.yaml")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = dict(
-        vocab_size=24,
-        hidden_size=128,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    model = build_model(LocalModelSpec(arch="llama", config=cfg, init_seed=0))
+    if args.experiment:
+        arch, cfg = _experiment_model(args.experiment)
+        args.prompt_len = 17
+    else:
+        arch, cfg = "llama", dict(
+            vocab_size=24,
+            hidden_size=128,
+            intermediate_size=512,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+        )
+    model = build_model(LocalModelSpec(arch=arch, config=cfg, init_seed=0))
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, {args.new_tokens} new tokens")
-    prompt = list(range(1, args.prompt_len + 1))
+    prompt = [1 + i % (cfg["vocab_size"] - 1) for i in range(args.prompt_len)]
     max_seq = args.prompt_len + args.new_tokens + 1
     for b in args.batch:
         # HF generate (KV cache, sampling); no eos so every row makes exactly new_tokens
@@ -79,6 +86,21 @@ def main() -> None:
             f"({hf_s / eng_s:.2f}x HF) | engine, continuous admission of {3 * b} mixed-length requests "
             f"{cont_tok / cont_s:8.0f} tok/s"
         )
+
+
+def _experiment_model(name: str) -> tuple[str, dict]:
+    """(arch, HF config kwargs) of the trainer model that `experiment=NAME` composes."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from scalerl_mega.conf_path import conf_dir
+    from scalerl_mega.config import register_configs
+    from scalerl_mega.model.hf_export import hf_config_from_model
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        c = compose(config_name="train", overrides=[f"experiment={name}", "output_dir=/tmp/bench_generate"])
+    return hf_config_from_model(OmegaConf.to_object(c).model)
 
 
 if __name__ == "__main__":

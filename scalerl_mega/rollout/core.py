@@ -151,6 +151,9 @@ class GenerationCore:
         self._w32 = None
         self._refresh_head()
         self._torch = torch
+        self._attn_impl = getattr(mcfg, "_attn_implementation", None)
+        layer_types = getattr(mcfg, "layer_types", None) or []
+        self._chunk = int(mcfg.attention_chunk_size) if "chunked_attention" in layer_types else None
         self._stats = {"busy_s": 0.0, "decode_steps": 0, "decode_tokens": 0, "prefill_steps": 0,
                        "prefill_tokens": 0}
 
@@ -364,11 +367,14 @@ class GenerationCore:
         if kv.length + 1 > kv.capacity:
             width = kv.length - min(kv.start_S[:n])
             kv.relayout(n_active=n, new_length=width)
-        cache = kv.hf_cache(slice(0, n))
+        # attend over the used columns only: every column left of the oldest row's first token is
+        # masked for all rows (up to half the cache between relayouts)
+        off = min(kv.start_S[:n])
+        cache = kv.hf_cache(slice(0, n), column_offset=off)
         kv.mask_SC[:n, kv.length] = True
         ids = torch.tensor([r.next_input for r in self.rows], dtype=torch.long, device=self.device).view(n, 1)
         pos = torch.tensor([r.pos for r in self.rows], dtype=torch.long, device=self.device).view(n, 1)
-        hidden = self._forward(ids, kv.mask_SC[:n, : kv.length + 1], pos, cache)
+        hidden = self._forward(ids, self._decode_masks(off, pos), pos, cache)
         kv.length += 1
         routes = self._take_routes(n, 1)
         for i, r in enumerate(self.rows):
@@ -376,6 +382,29 @@ class GenerationCore:
             if routes is not None:
                 self._add_routes(r, routes, i, 0)
         return self._logits(hidden)
+
+    def _decode_masks(self, off: int, pos_N1: "torch.Tensor"):
+        """The decode step's attention masks over cache columns `[off, length]`, built here instead of
+        by HF on every call. SDPA takes a 4-D boolean mask (True = attend); a model with chunked
+        attention layers (Llama-4's RoPE layers) gets `{layer type: mask}`, the chunked one keeping a
+        column only where its position (column - row start) is in the query's chunk (HF's chunked
+        mask with the row's left padding). Other attention implementations get the 2-D mask and
+        build their own."""
+        torch = self._torch
+        kv = self.kv
+        n = pos_N1.shape[0]
+        mask_NC = kv.mask_SC[:n, off : kv.length + 1]
+        if self._attn_impl != "sdpa":
+            return mask_NC
+        full = mask_NC[:, None, None, :]
+        if self._chunk is None:
+            return full
+        start_N1 = torch.tensor(kv.start_S[:n], dtype=torch.long, device=self.device).view(n, 1)
+        col_pos_NC = torch.arange(off, kv.length + 1, device=self.device).view(1, -1) - start_N1
+        same_NC = torch.div(col_pos_NC, self._chunk, rounding_mode="floor") == torch.div(
+            pos_N1, self._chunk, rounding_mode="floor")
+        chunked = (mask_NC & same_NC)[:, None, None, :]
+        return {"full_attention": full, "chunked_attention": chunked}
 
     def _prefill(self, new: list[_Row]) -> "torch.Tensor":
         torch = self._torch
