@@ -64,6 +64,11 @@ class CoreConfig:
     record_routes: bool = False
     """Record the MoE routes (expert ids + routing weights per input position and MoE layer) of every
     request into `Completion.routes` (rollout routing replay). Ignored for dense models."""
+    sparse_moe: bool = True
+    """Run HF Llama-4 MoE layers with sparse expert dispatch (`rollout/sparse_moe.py`: each expert on the
+    tokens that selected it; same maths as HF's dense all-experts pass). Switches the model's MoE
+    modules in place. CPU only: its per-expert row selection has data-dependent shapes, which on a
+    GPU would synchronise with the host in every layer, so a CUDA model keeps HF's dense pass."""
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -124,6 +129,10 @@ class GenerationCore:
         from scalerl_mega.rollout.kv_cache import SlotKVCache
 
         self.model = model.eval()
+        if config.sparse_moe and next(model.parameters()).device.type == "cpu":
+            from scalerl_mega.rollout.sparse_moe import use_sparse_moe
+
+            use_sparse_moe(model)
         self.config = config
         self.version = 0
         self.waiting: deque[_Row] = deque()
