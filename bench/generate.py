@@ -44,12 +44,38 @@ def main() -> None:
             max_position_embeddings=256,
             tie_word_embeddings=False,
         )
-    model = build_model(LocalModelSpec(arch=arch, config=cfg, init_seed=0))
+    def fresh():  # the engine switches a model's MoE layers to sparse dispatch in place: one model per use
+        return build_model(LocalModelSpec(arch=arch, config=cfg, init_seed=0))
+
+    model = fresh()
+    moe = any(type(m).__name__ == "Llama4TextMoe" for m in model.modules())
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, {args.new_tokens} new tokens")
     prompt = [1 + i % (cfg["vocab_size"] - 1) for i in range(args.prompt_len)]
     max_seq = args.prompt_len + args.new_tokens + 1
+    sp = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)
+
+    def engine(b: int, *, sparse: bool = True) -> tuple[float, float]:
+        """(tok/s with b requests decoded together, tok/s with continuous admission of 3b mixed-length
+        requests (budgets 10..new_tokens) into b slots)."""
+        core = GenerationCore(fresh(), config=CoreConfig(max_batch=b, max_seq_len=max_seq, sparse_moe=sparse))
+        for i in range(2):
+            core.add(GenRequest(rid=f"w{i}", prompt_id=f"w{i}", sample_index=0, prompt_ids=prompt, sampling=sp, seed=i))
+        core.run_until_done()  # warm-up
+        for i in range(b):
+            core.add(GenRequest(rid=str(i), prompt_id=str(i), sample_index=0, prompt_ids=prompt, sampling=sp, seed=i))
+        t0 = time.perf_counter()
+        tok = sum(len(c.output_ids) for c in core.run_until_done())
+        one = tok / (time.perf_counter() - t0)
+        for i in range(3 * b):
+            n_new = 10 + (i * 7) % (args.new_tokens - 9)
+            core.add(GenRequest(rid=f"c{i}", prompt_id=f"c{i}", sample_index=0, prompt_ids=prompt,
+                                sampling=SamplingParams(max_new_tokens=n_new), seed=i))  # fmt: skip
+        t0 = time.perf_counter()
+        tok = sum(len(c.output_ids) for c in core.run_until_done())
+        return one, tok / (time.perf_counter() - t0)
+
     for b in args.batch:
-        # HF generate (KV cache, sampling); no eos so every row makes exactly new_tokens
+        # HF generate (KV cache, sampling, HF's dense MoE); no eos so every row makes exactly new_tokens
         ids = torch.tensor([prompt] * b)
         kw = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.new_tokens,
                   min_new_tokens=args.new_tokens, pad_token_id=0, eos_token_id=None)  # fmt: skip
@@ -57,35 +83,14 @@ def main() -> None:
             model.generate(ids[:2], **dict(kw, max_new_tokens=2, min_new_tokens=2))  # warm-up
             t0 = time.perf_counter()
             out = model.generate(ids, **kw)
-            hf_s = time.perf_counter() - t0
-        hf_tok = (out.shape[1] - args.prompt_len) * b
-        # local engine: same batch in one go
-        core = GenerationCore(model, config=CoreConfig(max_batch=b, max_seq_len=max_seq))
-        sp = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)
-
-        def fill(n: int, core=core, sp=sp) -> None:
-            for i in range(n):
-                core.add(GenRequest(rid=str(i), prompt_id=str(i), sample_index=0, prompt_ids=prompt, sampling=sp, seed=i))
-
-        fill(2)
-        core.run_until_done()  # warm-up
-        fill(b)
-        t0 = time.perf_counter()
-        eng_tok = sum(len(c.output_ids) for c in core.run_until_done())
-        eng_s = time.perf_counter() - t0
-        # continuous admission: 3x more requests than slots, budgets 10..new_tokens
-        for i in range(3 * b):
-            n_new = 10 + (i * 7) % (args.new_tokens - 9)
-            core.add(GenRequest(rid=f"c{i}", prompt_id=f"c{i}", sample_index=0, prompt_ids=prompt,
-                                sampling=SamplingParams(max_new_tokens=n_new), seed=i))  # fmt: skip
-        t0 = time.perf_counter()
-        cont_tok = sum(len(c.output_ids) for c in core.run_until_done())
-        cont_s = time.perf_counter() - t0
-        print(
-            f"batch {b:4d}: HF generate {hf_tok / hf_s:8.0f} tok/s | engine {eng_tok / eng_s:8.0f} tok/s "
-            f"({hf_s / eng_s:.2f}x HF) | engine, continuous admission of {3 * b} mixed-length requests "
-            f"{cont_tok / cont_s:8.0f} tok/s"
-        )
+            hf_tps = (out.shape[1] - args.prompt_len) * b / (time.perf_counter() - t0)
+        one, cont = engine(b)
+        line = (f"batch {b:4d}: HF generate {hf_tps:8.0f} tok/s | engine {one:8.0f} tok/s ({one / hf_tps:.2f}x HF) | "
+                f"engine, continuous admission of {3 * b} mixed-length requests {cont:8.0f} tok/s")
+        if moe:  # baseline in the same run: the engine with HF's dense all-experts MoE pass
+            _, dense = engine(b, sparse=False)
+            line += f" (dense MoE {dense:8.0f} tok/s: sparse dispatch {cont / dense:.2f}x)"
+        print(line, flush=True)
 
 
 def _experiment_model(name: str) -> tuple[str, dict]:
