@@ -28,6 +28,7 @@ class RewardSettings:
     code_hide_paths: list[str] = field(default_factory=list)
     """More host paths the sandbox hides (dataset locations under visible system directories)."""
     item_timeout_s: Optional[float] = None
-    """Hard per-item deadline (worker killed); None: math_timeout_s + 10 s, code: per-test limits."""
+    """Hard per-item deadline (worker killed); None: math_timeout_s + 1 s (math-verify runs in the worker,
+    this is its timeout), code: per-test limits."""
     custom: Any = None
     """Optional {_target_: dotted.path.to.fn, **kwargs}: replaces the built-in verifiers."""

@@ -10,7 +10,9 @@ Pipeline for one completion:
    an exact match goes to math-verify.
 4. math-verify (`parse` + `verify`) in a forked child with a hard deadline (see `deadline.py`), so
    adversarial input such as power towers is scored incorrect within `timeout_s`. Percentages are
-   handed to math-verify in the plain `N%` form it can decide (`percent_form`).
+   handed to math-verify in the plain `N%` form it can decide (`percent_form`). Inside a `RewardPool`
+   worker (`isolate=False`) it runs in the worker itself under the same memory cap: the pool kills the
+   worker at the item's hard deadline, so the per-call fork (~20-100x the verification) is not needed.
 
 Steps 1-3 run in the caller's process and are linear-time string work (`last_boxed` is one pass);
 anything that may be super-linear (sympy, math-verify's regexes) runs only under the deadline of step 4.
@@ -23,7 +25,7 @@ import functools
 import re
 from fractions import Fraction
 
-from scalerl_mega.rewards.deadline import call_in_child
+from scalerl_mega.rewards.deadline import call_capped, call_in_child
 from scalerl_mega.rewards.result import RewardResult, RewardValues
 
 THINK_CLOSE = "</think>"
@@ -189,18 +191,24 @@ def score_math(
     require_think: bool = True,
     require_boxed: bool = False,
     use_fast_path: bool = True,
+    isolate: bool = True,
 ) -> RewardResult:
     """Score a math completion against the gold answer (paper App. A.3; rewards default to +/-1).
 
     `require_think=False` scores completions with no `</think>` on their full text (for models that
     do not think); `require_boxed=True` makes an answer without `\\boxed{}` incorrect.
+    `isolate=False` runs math-verify in this process without a deadline (`timeout_s` unused): only for
+    callers that are killed at a hard deadline themselves (`RewardPool` workers).
     """
     decided, candidate, boxed = _prepare(completion, gold, rewards=rewards, require_think=require_think,
                                          require_boxed=require_boxed, use_fast_path=use_fast_path)
     if decided is not None:
         return decided
     _warm_up()
-    status, value = call_in_child(_math_verify, candidate, gold, boxed, timeout_s=timeout_s)
+    if isolate:
+        status, value = call_in_child(_math_verify, candidate, gold, boxed, timeout_s=timeout_s)
+    else:
+        status, value = call_capped(_math_verify, candidate, gold, boxed)
     if status == "ok":
         return rewards.result(bool(value), "math_verify")
     if status == "timeout":

@@ -46,7 +46,8 @@ class RewardConfig:
     num_workers: int = 2
     item_timeout_s: float | None = None
     """Hard per-item deadline enforced by killing the worker; None derives it from the limits above
-    (math: timeout + 10 s; code: time limit x (tests + 1) + 10 s)."""
+    (math: timeout + 1 s, the whole deadline of the in-worker verification; code: time limit x
+    (tests + 1) + 10 s)."""
 
     def __post_init__(self) -> None:
         RewardValues(correct=self.correct, incorrect=self.incorrect)
@@ -73,8 +74,9 @@ def score_item(item: RewardItem) -> RewardResult:
     cfg = item.config
     values = RewardValues(correct=cfg.correct, incorrect=cfg.incorrect)
     if item.task in ("math", "synthetic"):
+        # in-process: this worker is killed at `item_deadline`, which is the hard timeout
         return score_math(item.text, item.gold, timeout_s=cfg.math_timeout_s, rewards=values,
-                          require_think=cfg.require_think, require_boxed=cfg.require_boxed)
+                          require_think=cfg.require_think, require_boxed=cfg.require_boxed, isolate=False)
     if item.task == "code":
         return score_code(item.text, item.gold, time_limit_s=cfg.code_time_limit_s, memory_mb=cfg.code_memory_mb,
                           rewards=values, partial_credit=cfg.code_partial_credit, require_think=cfg.require_think,
@@ -89,7 +91,7 @@ def item_deadline(item: RewardItem) -> float:
     if item.task == "code":
         n = len(item.gold) if isinstance(item.gold, list) else 8
         return cfg.code_time_limit_s * (n + 1) + 10.0
-    return cfg.math_timeout_s + 10.0
+    return cfg.math_timeout_s + 1.0  # verified in the worker itself (score_item): no fork to wait for
 
 
 def warm_up_rewards() -> None:

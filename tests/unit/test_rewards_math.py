@@ -210,3 +210,23 @@ def test_non_string_gold_never_matches(gold):
     for comp in [T + r"\boxed{None}", T + r"\boxed{42}", T + r"\boxed{0.5}", T + r"\boxed{['1']}", T + r"\boxed{}"]:
         res = score_math(comp, gold)
         assert not res.passed and res.reason.startswith("bad_gold"), (comp, gold, res)
+
+
+@pytest.mark.parametrize("completion,gold,expected", [c for c in CASES if "9^{9^{9^{9}}}" not in c[0]],
+                         ids=[f"case{i}" for i, c in enumerate(CASES) if "9^{9^{9^{9}}}" not in c[0]])
+def test_in_process_verification_decides_like_the_forked_one(completion, gold, expected):
+    """`isolate=False` (what pool workers run) gives the table's verdicts without a fork."""
+    res = score_math(completion, gold, timeout_s=20.0, isolate=False)
+    assert res.passed is expected, res
+
+
+def test_call_capped_turns_a_runaway_allocation_into_an_error_and_restores_the_limit():
+    import resource
+
+    from scalerl_mega.rewards.deadline import call_capped
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    status, msg = call_capped(lambda: bytearray(512 * 2**20), extra_memory_mb=64)
+    assert status == "error" and msg.startswith("MemoryError"), (status, msg)
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    assert call_capped(lambda: len(bytearray(128 * 2**20)), extra_memory_mb=1024) == ("ok", 128 * 2**20)

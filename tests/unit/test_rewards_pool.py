@@ -68,3 +68,17 @@ def test_task_reward_fn_dispatch():
             fn(prompts[:2], texts[:1])
     finally:
         fn.close()
+
+
+def test_power_tower_in_the_pool_is_stopped_at_the_item_deadline_and_the_pool_goes_on():
+    """Pool workers verify in-process (no fork per item); a verification stuck in C code is stopped by
+    the pool killing the worker at the item deadline, and the next items are scored by its replacement."""
+    fn = TaskRewardFn(RewardConfig(num_workers=1, math_timeout_s=1.0))
+    try:
+        p = Prompt(prompt_id="a", text="Q", task="math", gold="5")
+        t0 = time.monotonic()
+        out = fn([p, p], ["<think>x</think>\\boxed{9^{9^{9^{9}}}}", "<think>x</think>\\boxed{\\frac{10}{2}}"])
+        assert out[0] == (-1.0, False, "pool_timeout") and out[1] == (1.0, True, "math_verify")
+        assert time.monotonic() - t0 < 120  # generous: the point is that it returns at all
+    finally:
+        fn.close()
