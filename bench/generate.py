@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--new-tokens", type=int, default=40)
     ap.add_argument("--prompt-len", type=int, default=8)
-    ap.add_argument("--experiment", default=None, help="take the model from conf/experiment/NAME.yaml")
+    ap.add_argument("--experiment", default=None, help="take the model that experiment=NAME composes")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.experiment:
