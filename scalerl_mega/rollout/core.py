@@ -160,9 +160,14 @@ class GenerationCore:
         self._w32 = None
         self._refresh_head()
         self._torch = torch
-        self._attn_impl = getattr(mcfg, "_attn_implementation", None)
-        layer_types = getattr(mcfg, "layer_types", None) or []
-        self._chunk = int(mcfg.attention_chunk_size) if "chunked_attention" in layer_types else None
+        # the decode step builds its own masks only for full and chunked attention layers (anything else,
+        # e.g. sliding windows, and non-SDPA attention get the 2-D mask and HF's construction)
+        layer_types = set(getattr(mcfg, "layer_types", None) or ["full_attention"])
+        chunk = getattr(mcfg, "attention_chunk_size", None) if "chunked_attention" in layer_types else None
+        own = getattr(mcfg, "_attn_implementation", None) == "sdpa" and layer_types <= {"full_attention",
+                                                                                          "chunked_attention"}
+        self._own_masks = own and ("chunked_attention" not in layer_types or bool(chunk))
+        self._chunk = int(chunk) if chunk else None
         self._stats = {"busy_s": 0.0, "decode_steps": 0, "decode_tokens": 0, "prefill_steps": 0,
                        "prefill_tokens": 0}
 
@@ -397,13 +402,13 @@ class GenerationCore:
         by HF on every call. SDPA takes a 4-D boolean mask (True = attend); a model with chunked
         attention layers (Llama-4's RoPE layers) gets `{layer type: mask}`, the chunked one keeping a
         column only where its position (column - row start) is in the query's chunk (HF's chunked
-        mask with the row's left padding). Other attention implementations get the 2-D mask and
-        build their own."""
+        mask with the row's left padding). Other attention implementations and other layer types
+        (sliding windows) get the 2-D mask, from which HF builds theirs."""
         torch = self._torch
         kv = self.kv
         n = pos_N1.shape[0]
         mask_NC = kv.mask_SC[:n, off : kv.length + 1]
-        if self._attn_impl != "sdpa":
+        if not self._own_masks:
             return mask_NC
         full = mask_NC[:, None, None, :]
         if self._chunk is None:

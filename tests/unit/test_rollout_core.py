@@ -152,6 +152,32 @@ def test_batched_engine_matches_full_forward_and_is_batch_invariant(arch, attn):
         assert c.output_ids == out[c.prompt_id].output_ids
 
 
+def test_decode_builds_its_own_masks_only_for_sdpa_full_and_chunked_layers():
+    """Sliding-window layers or another attention implementation: the decode step hands HF the 2-D mask."""
+    cases = [("llama4", "sdpa", None, dict), ("llama", "sdpa", None, torch.Tensor),
+             ("llama", "sdpa", ["full_attention", "sliding_attention"], None), ("llama4", "eager", None, None)]
+    for arch, attn, layer_types, kind in cases:
+        model = _model(arch)
+        model.config._attn_implementation = attn
+        if layer_types is not None:
+            model.config.layer_types = layer_types
+        core = GenerationCore(model, config=CoreConfig(max_batch=2, max_seq_len=26))
+        core.add(_req(0, [1, 2, 3], max_new_tokens=2, temperature=1.0))
+        seen = []
+        forward = core._forward
+        core._forward = lambda ids, mask, pos, cache: (seen.append(mask), forward(ids, mask, pos, cache))[1]
+        core.run_until_done()
+        decode_masks = seen[1:]  # seen[0] is the prefill's
+        assert decode_masks, (arch, attn, layer_types)
+        for m in decode_masks:
+            if kind is None:
+                assert isinstance(m, torch.Tensor) and m.dim() == 2, (arch, attn, layer_types)
+            elif kind is dict:
+                assert set(m) == {"full_attention", "chunked_attention"}
+            else:
+                assert isinstance(m, torch.Tensor) and m.dim() == 4
+
+
 def test_stop_token_ends_request_and_is_kept():
     model = _model()
     core = GenerationCore(model, config=CoreConfig(max_batch=2, max_seq_len=40))
