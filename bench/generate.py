@@ -96,17 +96,10 @@ def main() -> None:
 
 def _experiment_model(name: str) -> tuple[str, dict]:
     """(arch, HF config kwargs) of the trainer model that `experiment=NAME` composes."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from scalerl_mega.conf_path import conf_dir
-    from scalerl_mega.config import register_configs
+    from scalerl_mega.compose import compose
     from scalerl_mega.model.hf_export import hf_config_from_model
 
-    register_configs()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        c = compose(config_name="train", overrides=[f"experiment={name}", "output_dir=/tmp/bench_generate"])
-    return hf_config_from_model(OmegaConf.to_object(c).model)
+    return hf_config_from_model(compose([f"experiment={name}"]).model)
 
 
 if __name__ == "__main__":
