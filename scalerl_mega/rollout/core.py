@@ -160,14 +160,15 @@ class GenerationCore:
         self._w32 = None
         self._refresh_head()
         self._torch = torch
-        # the decode step builds its own masks only for full and chunked attention layers (anything else,
-        # e.g. sliding windows, and non-SDPA attention get the 2-D mask and HF's construction)
+        # the decode step builds its own masks only for SDPA over full and chunked attention layers (anything
+        # else, e.g. sliding windows, a chunked layer without a chunk size, or non-SDPA attention, gets the 2-D
+        # mask and HF's construction); a chunk no request outgrows (max_seq_len) is full attention
         layer_types = set(getattr(mcfg, "layer_types", None) or ["full_attention"])
         chunk = getattr(mcfg, "attention_chunk_size", None) if "chunked_attention" in layer_types else None
-        own = getattr(mcfg, "_attn_implementation", None) == "sdpa" and layer_types <= {"full_attention",
-                                                                                          "chunked_attention"}
-        self._own_masks = own and ("chunked_attention" not in layer_types or bool(chunk))
-        self._chunk = int(chunk) if chunk else None
+        self._own_masks = (getattr(mcfg, "_attn_implementation", None) == "sdpa"
+                           and layer_types <= {"full_attention", "chunked_attention"}
+                           and ("chunked_attention" not in layer_types or bool(chunk)))
+        self._chunk = int(chunk) if chunk and int(chunk) < config.max_seq_len else None
         self._stats = {"busy_s": 0.0, "decode_steps": 0, "decode_tokens": 0, "prefill_steps": 0,
                        "prefill_tokens": 0}
 
@@ -402,8 +403,9 @@ class GenerationCore:
         by HF on every call. SDPA takes a 4-D boolean mask (True = attend); a model with chunked
         attention layers (Llama-4's RoPE layers) gets `{layer type: mask}`, the chunked one keeping a
         column only where its position (column - row start) is in the query's chunk (HF's chunked
-        mask with the row's left padding). Other attention implementations and other layer types
-        (sliding windows) get the 2-D mask, from which HF builds theirs."""
+        mask with the row's left padding; a plain 4-D mask where no request outgrows the chunk, which
+        both of Llama-4's mask builders pass through). Other attention implementations and other layer
+        types (sliding windows) get the 2-D mask, from which HF builds theirs."""
         torch = self._torch
         kv = self.kv
         n = pos_N1.shape[0]
