@@ -7,7 +7,10 @@
 interrupted sweep has whole seeds) with `hydra/sweeper=skip_done`, so re-running it continues where it
 stopped (finished points are skipped, an unfinished one resumes from its checkpoint). Every invocation
 appends a line to `<sweep-dir>/provenance.jsonl`: the exact command, the git commit and whether the tree
-was dirty, start and end times, exit status.
+was dirty, start and end times, exit status, and the training steps it added to each point (`progress`), also
+when it is stopped by SIGTERM or SIGHUP (forwarded to the training process, which checkpoints and exits; the line
+is written after it has). A finished point's `provenance.json` lists every invocation that trained it
+(`segments`), so a run resumed across commits says which commit produced which steps.
 
 `analyse` copies each finished run's `metrics.jsonl` (gzipped for repro3: `metrics.jsonl.gz`) and `summary.json`
 into `<out>/runs/<recipe>/seed<N>/` (`--no-collect`: analyse what is already there, e.g. the committed data), fits them with the project's
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -60,17 +64,81 @@ def finished_runs(sweep_dir: Path) -> list[Path]:
     return sorted(p.parent for p in sweep_dir.glob("*/seed*/summary.json") if run_finished(p.parent))
 
 
-def stamp_runs(sweep_dir: Path, record: dict) -> list[Path]:
-    """Write `provenance.json` (this invocation's commit, dirty flag, command, times) into every finished
-    run directory that has none yet: the invocation that finished a run is the one recorded (a run resumed
-    across invocations lists every invocation in `<sweep_dir>/provenance.jsonl`)."""
+def run_steps(sweep_dir: Path) -> dict[str, int]:
+    """`<run_name>/seed<N>` -> the last training step logged in its metrics.jsonl (0: none yet), for every
+    point directory of the sweep. A line cut short by a kill is skipped."""
+    steps = {}
+    for metrics in sorted(sweep_dir.glob("*/seed*/metrics.jsonl")):
+        last = 0
+        with open(metrics) as f:
+            for line in f:
+                if '"train"' not in line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("kind") == "train":
+                    last = max(last, int(rec.get("step", 0)))
+        steps[f"{metrics.parent.parent.name}/{metrics.parent.name}"] = last
+    return steps
+
+
+def progress(before: dict[str, int], after: dict[str, int]) -> dict[str, list[int]]:
+    """The points an invocation trained: `{point: [last step before, last step after]}` (a point first
+    created by it starts at 0)."""
+    return {k: [before.get(k, 0), v] for k, v in sorted(after.items()) if v != before.get(k, 0)}
+
+
+def stamp_runs(sweep_dir: Path, record: dict, *, history: list[dict] | None = None) -> list[Path]:
+    """Write `provenance.json` into every finished run directory that has none yet: the invocation that
+    finished the run (`record`: commit, dirty flag, command, times) and, as `segments`, every invocation
+    in `history` + `record` whose `progress` names the run (commit, dirty, started, steps [from, to]),
+    so a run resumed across commits records which commit produced which steps."""
     stamped = []
+    fields = ("commit", "dirty", "command", "started", "finished")
     for run in finished_runs(sweep_dir):
         path = run / "provenance.json"
-        if not path.exists():
-            path.write_text(json.dumps(record, indent=1) + "\n")
-            stamped.append(run)
+        if path.exists():
+            continue
+        key = f"{run.parent.name}/{run.name}"
+        segments = [{"commit": r.get("commit"), "dirty": r.get("dirty"), "started": r.get("started"),
+                     "steps": r["progress"][key], **({"note": r["note"]} if "note" in r else {})}
+                    for r in [*(history or []), record] if key in (r.get("progress") or {})]
+        path.write_text(json.dumps({**{k: record.get(k) for k in fields}, "segments": segments}, indent=1) + "\n")
+        stamped.append(run)
     return stamped
+
+
+def read_history(sweep_dir: Path) -> list[dict]:
+    """The sweep's earlier invocations (`provenance.jsonl`); a line cut short by a kill is skipped."""
+    path = sweep_dir / "provenance.jsonl"
+    out = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def _launch(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the multirun and return its exit status. SIGTERM and SIGHUP to this process (a `kill` of this
+    process alone, a closed terminal, Slurm) are forwarded to it as SIGTERM: the trainer checkpoints at its
+    next safe point and exits (a second SIGTERM, e.g. from a process-group kill, is idempotent), and this
+    process waits for it instead of dying first, so the invocation is still recorded."""
+    proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum, frame):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def run_sweep(args: argparse.Namespace) -> int:
@@ -84,9 +152,11 @@ def run_sweep(args: argparse.Namespace) -> int:
               "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
               "command": " ".join(["OMP_NUM_THREADS=" + env["OMP_NUM_THREADS"], "python", *cmd[1:]])}
     t0 = time.monotonic()
-    rc = subprocess.call(cmd, env=env)
-    record.update(finished=_stamp(), wall_s=round(time.monotonic() - t0, 1), rc=rc)
-    stamp_runs(sweep_dir, {k: record[k] for k in ("commit", "dirty", "command", "started", "finished")})
+    before = run_steps(sweep_dir)
+    rc = _launch(cmd, env)
+    record.update(finished=_stamp(), wall_s=round(time.monotonic() - t0, 1), rc=rc,
+                  progress=progress(before, run_steps(sweep_dir)))
+    stamp_runs(sweep_dir, record, history=read_history(sweep_dir))
     with open(sweep_dir / "provenance.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
     return rc

@@ -185,4 +185,4 @@ def _provenance(runs: dict[str, dict[int, Path]], key: str) -> dict[str, Any]:
     s = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
     prov = json.loads(p.read_text()) if p.is_file() else {}
     return {"commit": prov.get("commit"), "dirty": prov.get("dirty"), "wall_s": s.get("wall_s"),
-            "steps": s.get("steps")}
+            "steps": s.get("steps"), "segments": prov.get("segments") or []}

@@ -8,16 +8,30 @@ from scalerl_mega.reproduce2_report import EXPECTED_SEEDS, REFERENCE, SETTINGS
 from scalerl_mega.reproduce_report import BEGIN, END, FINAL_POINTS, fmt
 
 
+def _commit(record: dict[str, Any]) -> str:
+    return (record.get("commit") or "?")[:10] + (" (dirty)" if record.get("dirty") else "")
+
+
+def _trained_by(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The invocations that trained a run: its provenance segments, or (runs stamped before segments were
+    recorded) the invocation that finished it."""
+    return run.get("segments") or [run]
+
+
 def _status(results: dict[str, Any]) -> list[str]:
     runs = results["runs"]
     done = {rec: sorted(int(k.split("/seed")[1]) for k in runs if k.split("/seed")[0] == rec) for rec in SETTINGS}
     lines = ["| setting | what | seeds finished | commit(s) |", "|---|---|---|---|"]
     for rec, st in SETTINGS.items():
-        commits = sorted({(runs[f"{rec}/seed{s}"].get("commit") or "?")[:10] +
-                          (" (dirty)" if runs[f"{rec}/seed{s}"].get("dirty") else "") for s in done[rec]})
+        commits = sorted({_commit(seg) for s in done[rec] for seg in _trained_by(runs[f"{rec}/seed{s}"])})
         lines.append(f"| {rec} | {st.title} | {len(done[rec])} of {len(EXPECTED_SEEDS)}"
                      f"{' (' + ', '.join(map(str, done[rec])) + ')' if done[rec] else ''} | "
                      f"{', '.join(commits) or '-'} |")
+    resumed = [f"{k} ({', '.join(f'steps {a}-{b} at {_commit(g)}' for g in r['segments'] for a, b in [g['steps']])})"
+               for k, r in runs.items() if len({_commit(g) for g in r.get("segments") or []}) > 1]
+    if resumed:
+        lines += ["", "Trained by more than one commit (resumed from a checkpoint; `provenance.json`'s segments): "
+                  + "; ".join(resumed) + "."]
     if results["missing"]:
         lines += ["", f"**Partial sweep**: {len(results['missing'])} run(s) not finished: "
                   + ", ".join(results["missing"]) + ". `make reproduce` continues it (finished runs are skipped, "

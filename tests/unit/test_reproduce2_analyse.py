@@ -219,3 +219,18 @@ def test_gzipped_runs_analyse_identically_and_collect_is_byte_stable(analysed, t
     assert gzip.decompress(first) == (sweep / "metrics.jsonl").read_bytes()
     collect(sweep.parent.parent, dest, run_names=("repro3_scalerl",), gzip_metrics=True)
     assert (dest / "scalerl" / "seed0" / "metrics.jsonl.gz").read_bytes() == first
+
+
+def test_status_names_every_commit_that_trained_a_resumed_run():
+    """A run resumed from a checkpoint under another commit lists both commits and their step ranges; a run
+    stamped before segments were recorded shows the commit that finished it."""
+    from scalerl_mega.reproduce2_markdown import _status
+
+    runs = {"scalerl/seed0": {"commit": "aaaaaaaaaaaa", "dirty": False},
+            "scalerl/seed1": {"commit": "cccccccccccc", "dirty": False,
+                              "segments": [{"commit": "bbbbbbbbbbbb", "dirty": False, "steps": [0, 660]},
+                                           {"commit": "cccccccccccc", "dirty": False, "steps": [660, 1600]}]}}
+    text = "\n".join(_status({"runs": runs, "missing": []}))
+    assert "| scalerl | " in text and "| 2 of 3 (0, 1) | aaaaaaaaaa, bbbbbbbbbb, cccccccccc |" in text
+    assert "scalerl/seed1 (steps 0-660 at bbbbbbbbbb, steps 660-1600 at cccccccccc)" in text
+    assert "seed0 (" not in text

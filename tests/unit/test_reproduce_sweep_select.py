@@ -12,10 +12,24 @@ import scalerl_mega.reproduce as rep
 import scalerl_mega.reproduce_report as rep_report
 
 
-def _fake_sweep(calls: list, finish: list[str]):
+def _log_steps(d: Path, first: int, last: int) -> None:
+    with open(d / "metrics.jsonl", "a") as f:
+        for step in range(first, last + 1):
+            f.write(json.dumps({"kind": "train", "step": step, "loss": 0.1}) + "\n")
+            if step % 2 == 0:
+                f.write(json.dumps({"kind": "validation", "step": step, "val_pass_rate": 0.5}) + "\n")
+
+
+def _fake_sweep(calls: list, finish: list[str], *, trained: dict[str, tuple[int, int]] | None = None):
+    """A multirun that logs steps `trained[point] = (first, last)` into the points' metrics.jsonl, finishes
+    the points in `finish` (800 steps), leaves repro3_no_npr/seed0 killed (no summary) and
+    repro3_batch_large/seed0 preempted (SIGTERM summary) unless finished."""
     def call(cmd, env=None):
         calls.append(cmd)
         sweep_dir = Path(next(a for a in cmd if a.startswith("hydra.sweep.dir=")).split("=", 1)[1])
+        for point, (first, last) in (trained or {}).items():
+            (sweep_dir / point).mkdir(parents=True, exist_ok=True)
+            _log_steps(sweep_dir / point, first, last)
         for point in finish:
             d = sweep_dir / point
             d.mkdir(parents=True, exist_ok=True)
@@ -37,7 +51,7 @@ def _fake_sweep(calls: list, finish: list[str]):
 def test_repro3_selects_its_overlays_and_stamps_finished_runs_once(tmp_path, monkeypatch):
     calls: list = []
     sweep = tmp_path / "sw"
-    monkeypatch.setattr(rep.subprocess, "call", _fake_sweep(calls, ["repro3_scalerl/seed0"]))
+    monkeypatch.setattr(rep, "_launch", _fake_sweep(calls, ["repro3_scalerl/seed0"]))
     monkeypatch.setattr(rep, "_git", lambda *a: "abc123" if a[0] == "rev-parse" else " M file.py")
     assert rep.main(["sweep", "--sweep", "repro3", "--sweep-dir", str(sweep), "--seeds", "0"]) == 0
     assert ("experiment=repro3_scalerl,repro3_batch_small,repro3_batch_large,repro3_batch_control,repro3_no_npr"
@@ -48,7 +62,7 @@ def test_repro3_selects_its_overlays_and_stamps_finished_runs_once(tmp_path, mon
     assert not (sweep / "repro3_batch_large" / "seed0" / "provenance.json").exists()  # preempted: not finished
 
     # The second invocation (another commit) finishes the other point; the first keeps its own stamp.
-    monkeypatch.setattr(rep.subprocess, "call", _fake_sweep(calls, ["repro3_no_npr/seed0"]))
+    monkeypatch.setattr(rep, "_launch", _fake_sweep(calls, ["repro3_no_npr/seed0"]))
     monkeypatch.setattr(rep, "_git", lambda *a: "def456" if a[0] == "rev-parse" else "")
     assert rep.main(["sweep", "--sweep", "repro3", "--sweep-dir", str(sweep), "--seeds", "0"]) == 0
     assert json.loads((sweep / "repro3_scalerl" / "seed0" / "provenance.json").read_text())["commit"] == "abc123"
@@ -58,10 +72,66 @@ def test_repro3_selects_its_overlays_and_stamps_finished_runs_once(tmp_path, mon
         "abc123", "def456"]
 
 
+def test_a_run_resumed_across_commits_records_which_commit_trained_which_steps(tmp_path, monkeypatch):
+    """The first invocation (commit abc) trains scalerl/seed0 to step 300 and is stopped; the second (def)
+    resumes it from its step-300 checkpoint after a SIGKILL that had logged up to 310, and finishes it."""
+    calls: list = []
+    sweep = tmp_path / "sw"
+    monkeypatch.setattr(rep, "_launch", _fake_sweep(calls, [], trained={"repro3_scalerl/seed0": (1, 310)}))
+    monkeypatch.setattr(rep, "_git", lambda *a: "abc" if a[0] == "rev-parse" else "")
+    rep.main(["sweep", "--sweep", "repro3", "--sweep-dir", str(sweep), "--seeds", "0"])
+    assert not (sweep / "repro3_scalerl" / "seed0" / "provenance.json").exists()
+    monkeypatch.setattr(rep, "_launch", _fake_sweep(calls, ["repro3_scalerl/seed0"],
+                                                   trained={"repro3_scalerl/seed0": (301, 800)}))
+    monkeypatch.setattr(rep, "_git", lambda *a: "def" if a[0] == "rev-parse" else "")
+    rep.main(["sweep", "--sweep", "repro3", "--sweep-dir", str(sweep), "--seeds", "0"])
+
+    lines = [json.loads(x) for x in (sweep / "provenance.jsonl").read_text().splitlines()]
+    assert [x["progress"] for x in lines] == [{"repro3_scalerl/seed0": [0, 310]}, {"repro3_scalerl/seed0": [310, 800]}]
+    prov = json.loads((sweep / "repro3_scalerl" / "seed0" / "provenance.json").read_text())
+    assert prov["commit"] == "def"
+    assert [(s["commit"], s["steps"]) for s in prov["segments"]] == [("abc", [0, 310]), ("def", [310, 800])]
+
+
+def test_sigterm_to_the_sweep_process_is_forwarded_and_the_invocation_still_returns(tmp_path):
+    """`kill <sweep pid>` (or SIGHUP) must not kill the recorder before the trainer: the child gets SIGTERM and
+    `_launch` returns the child's own exit status once it has finished (its checkpoint, here a file)."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    ready, done = tmp_path / "ready", tmp_path / "done"
+    child = (
+        "import signal, sys, time, pathlib\n"
+        "got = []\n"
+        "signal.signal(signal.SIGTERM, lambda *a: got.append(1))\n"
+        f"pathlib.Path({str(ready)!r}).write_text('x')\n"
+        "while not got: time.sleep(0.01)\n"
+        f"pathlib.Path({str(done)!r}).write_text('checkpointed')\n"
+        "sys.exit(7)\n"
+    )
+
+    def signal_parent():
+        while not ready.exists():  # forced order: the child's handler is installed before the signal
+            threading.Event().wait(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    t = threading.Thread(target=signal_parent)
+    t.start()
+    try:
+        rc = rep._launch([sys.executable, "-c", child], dict(os.environ))
+    finally:
+        t.join()
+    assert rc == 7 and done.read_text() == "checkpointed"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_default_sweep_is_the_leave_one_out_one(tmp_path, monkeypatch):
     calls: list = []
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(rep.subprocess, "call", _fake_sweep(calls, []))
+    monkeypatch.setattr(rep, "_launch", _fake_sweep(calls, []))
     assert rep.main(["sweep", "--seeds", "0"]) == 0
     assert f"experiment={','.join(rep.RECIPE_RUN_NAMES)}" in calls[0]
     assert "hydra.sweep.dir=outputs/reproduce" in calls[0]
