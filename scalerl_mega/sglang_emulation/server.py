@@ -107,7 +107,11 @@ class SGLangTestServer:
         self._threads: list[threading.Thread] = []
         self.port = port
         self.step_delay_s = step_delay_s
-        """Sleep between decode steps (tests use it to catch requests in flight)."""
+        """Sleep between decode steps (a spawned server's tests use it to catch requests in flight)."""
+        self.step_hook: Callable[[SGLangTestServer], None] | None = None
+        """Called by the scheduler thread after every step, without the lock held: an in-process test holds the
+        scheduler in a chosen state (e.g. 3 requests in flight) while it pauses, flushes or kills the server,
+        instead of hoping a delay keeps them in flight long enough."""
         self.killed = False
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -216,6 +220,8 @@ class SGLangTestServer:
                     return
                 done = self.core.step()
                 self._resolve(done)
+            if self.step_hook is not None:
+                self.step_hook(self)
             if self.step_delay_s:
                 import time
 

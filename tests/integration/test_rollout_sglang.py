@@ -98,6 +98,23 @@ def _prompt(pid: str, ids: list[int]) -> Prompt:
     return Prompt(prompt_id=pid, text="", task="synthetic", gold="0", token_ids=ids)
 
 
+def _hold_when(server: SGLangTestServer, pred) -> tuple[threading.Event, threading.Event]:
+    """Hold the test server's scheduler after the first step at which `pred(server)` holds, until `release`
+    is set or the server is killed: requests stay in flight for as long as the test needs, on any machine
+    load. Returns (reached, release)."""
+    reached, release = threading.Event(), threading.Event()
+
+    def hook(srv: SGLangTestServer) -> None:
+        if reached.is_set() or not pred(srv):
+            return
+        reached.set()
+        while not release.wait(0.01) and not srv.killed:
+            pass
+
+    server.step_hook = hook
+    return reached, release
+
+
 def _collect(engine, n, timeout_s=120.0):
     out, deadline = [], time.monotonic() + timeout_s
     while len(out) < n and time.monotonic() < deadline:
@@ -333,7 +350,8 @@ def test_client_side_interruption(schema):
 
 
 def test_server_rules(schema):
-    server = _server(schema, step_delay_s=0.02)
+    server = _server(schema)
+    reached, release = _hold_when(server, lambda srv: srv.core.num_running > 0)
     client = SGLangClient(server.url)
     try:
         # no session -> SGLang's error
@@ -350,10 +368,7 @@ def test_server_rules(schema):
             target=lambda: client.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 80, "sampling_seed": 1})
         )
         th.start()
-        deadline = time.monotonic() + 30
-        while server.core.num_running == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        assert reached.wait(60)  # the request is running and held there
         with pytest.raises(SGLangError, match="400"):
             client.flush_cache()
         client.pause_generation("in_place")
@@ -362,8 +377,11 @@ def test_server_rules(schema):
         client.pause_generation("retract")
         client.flush_cache()
         client.continue_generation()
+        release.set()
         th.join(60)
+        assert not th.is_alive()
     finally:
+        release.set()
         server.stop()
 
 
@@ -375,7 +393,8 @@ def _catch(fn, *a, **kw):
 
 
 def test_abort_mode_returns_partial_outputs(schema):
-    server = _server(schema, step_delay_s=0.02)
+    server = _server(schema)
+    reached, release = _hold_when(server, lambda srv: srv.core.num_running == 2)
     engine = SGLangRolloutEngine(
         [SGLangServer.attach(server.url)],
         config=SGLangEngineConfig(pause_mode="abort", sync=WeightSyncConfig(backend="gloo")),
@@ -383,16 +402,15 @@ def test_abort_mode_returns_partial_outputs(schema):
     )
     try:
         engine.submit(_prompt("x", [3]), SamplingParams(max_new_tokens=80, seed=2), n=2, version=0)
-        deadline = time.monotonic() + 30
-        while server.core.num_running < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        assert reached.wait(60)  # both requests running, the scheduler held
         engine.pause()
+        release.set()
         done = _collect(engine, 2)
         engine.resume()
         assert {c.finish_reason for c in done} == {FinishReason.ABORT}
         assert all(0 < len(c.output_ids) < 80 and set(c.weight_versions) == {0} for c in done)
     finally:
+        release.set()
         engine.close()
         server.stop()
 
@@ -421,19 +439,18 @@ class _Restartable(SGLangServer):
 
 
 def test_dead_server_is_restarted_and_requests_requeued(schema):
-    srv = _Restartable(lambda port: _server(schema, port=port, step_delay_s=0.02), lambda impl: not impl.killed)
+    srv = _Restartable(lambda port: _server(schema, port=port), lambda impl: not impl.killed)
+    reached, _ = _hold_when(srv.impl, lambda impl: impl.core.num_running == 3)  # the first server only
     engine = SGLangRolloutEngine(
         [srv], config=SGLangEngineConfig(sync=WeightSyncConfig(backend="gloo")), body_hook=Recorder(schema)
     )
     try:
         engine.submit(_prompt("r", [4, 5]), SamplingParams(max_new_tokens=40, seed=9), n=3, version=0)
-        deadline = time.monotonic() + 30
-        while srv.impl.core.num_running < 3:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        assert reached.wait(60)  # 3 requests in flight, held until the kill
+        first = srv.impl
         srv.impl.kill()
         done = _collect(engine, 3)
-        assert srv.restarts == 1
+        assert srv.restarts == 1 and srv.impl is not first
         assert sorted(c.sample_index for c in done) == [0, 1, 2]
         assert all(len(c.output_ids) == 40 and c.finish_reason == FinishReason.LENGTH for c in done)
     finally:
