@@ -93,7 +93,8 @@ def progress(before: dict[str, int], after: dict[str, int]) -> dict[str, list[in
 def stamp_runs(sweep_dir: Path, record: dict, *, history: list[dict] | None = None) -> list[Path]:
     """Write `provenance.json` into every finished run directory that has none yet: the invocation that
     finished the run (`record`: commit, dirty flag, command, times) and, as `segments`, every invocation
-    in `history` + `record` whose `progress` names the run (commit, dirty, started, steps [from, to]),
+    in `history` + `record` whose `progress` names the run (commit, dirty, started, steps [from, to], and
+    wall_s where that invocation trained this run alone),
     so a run resumed across commits records which commit produced which steps."""
     stamped = []
     fields = ("commit", "dirty", "command", "started", "finished")
@@ -103,7 +104,10 @@ def stamp_runs(sweep_dir: Path, record: dict, *, history: list[dict] | None = No
             continue
         key = f"{run.parent.name}/{run.name}"
         segments = [{"commit": r.get("commit"), "dirty": r.get("dirty"), "started": r.get("started"),
-                     "steps": r["progress"][key], **({"note": r["note"]} if "note" in r else {})}
+                     "steps": r["progress"][key],
+                     # the invocation's wall time is this run's only where it trained nothing else
+                     "wall_s": r.get("wall_s") if len(r["progress"]) == 1 else None,
+                     **({"note": r["note"]} if "note" in r else {})}
                     for r in [*(history or []), record] if key in (r.get("progress") or {})]
         path.write_text(json.dumps({**{k: record.get(k) for k in fields}, "segments": segments}, indent=1) + "\n")
         stamped.append(run)

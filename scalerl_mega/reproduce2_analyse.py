@@ -184,5 +184,9 @@ def _provenance(runs: dict[str, dict[int, Path]], key: str) -> dict[str, Any]:
     p = d / "provenance.json"
     s = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
     prov = json.loads(p.read_text()) if p.is_file() else {}
-    return {"commit": prov.get("commit"), "dirty": prov.get("dirty"), "wall_s": s.get("wall_s"),
-            "steps": s.get("steps"), "segments": prov.get("segments") or []}
+    segments = prov.get("segments") or []
+    wall = s.get("wall_s")  # a resumed run's summary times its last launch only: add the earlier ones
+    if len(segments) > 1 and all(g.get("wall_s") is not None for g in segments):
+        wall = sum(g["wall_s"] for g in segments)
+    return {"commit": prov.get("commit"), "dirty": prov.get("dirty"), "wall_s": wall,
+            "steps": s.get("steps"), "segments": segments}

@@ -234,3 +234,18 @@ def test_status_names_every_commit_that_trained_a_resumed_run():
     assert "| scalerl | " in text and "| 2 of 3 (0, 1) | aaaaaaaaaa, bbbbbbbbbb, cccccccccc |" in text
     assert "scalerl/seed1 (steps 0-660 at bbbbbbbbbb, steps 660-1600 at cccccccccc)" in text
     assert "seed0 (" not in text
+
+
+def test_a_resumed_runs_wall_time_adds_its_launches(tmp_path):
+    """summary.json times the last launch only; the segments that trained the run alone give the rest."""
+    from scalerl_mega.reproduce2_analyse import _provenance
+
+    d = tmp_path / "scalerl" / "seed2"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"steps": 1600, "wall_s": 2151.0}))
+    segs = [{"commit": "a", "steps": [0, 660], "wall_s": 1309.0}, {"commit": "b", "steps": [660, 1600], "wall_s": 2160.0}]
+    (d / "provenance.json").write_text(json.dumps({"commit": "b", "segments": segs}))
+    assert _provenance({"scalerl": {2: d}}, "scalerl/seed2")["wall_s"] == 3469.0
+    segs[0]["wall_s"] = None  # that invocation also trained other runs: its wall time is not this run's
+    (d / "provenance.json").write_text(json.dumps({"commit": "b", "segments": segs}))
+    assert _provenance({"scalerl": {2: d}}, "scalerl/seed2")["wall_s"] == 2151.0

@@ -91,6 +91,7 @@ def test_a_run_resumed_across_commits_records_which_commit_trained_which_steps(t
     prov = json.loads((sweep / "repro3_scalerl" / "seed0" / "provenance.json").read_text())
     assert prov["commit"] == "def"
     assert [(s["commit"], s["steps"]) for s in prov["segments"]] == [("abc", [0, 310]), ("def", [310, 800])]
+    assert [s["wall_s"] for s in prov["segments"]] == [x["wall_s"] for x in lines]  # each trained this run alone
 
 
 def test_sigterm_to_the_sweep_process_is_forwarded_and_the_invocation_still_returns(tmp_path):
