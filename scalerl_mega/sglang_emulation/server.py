@@ -112,7 +112,11 @@ class SGLangTestServer:
         """Called by the scheduler thread after every step, without the lock held: an in-process test holds the
         scheduler in a chosen state (e.g. 3 requests in flight) while it pauses, flushes or kills the server,
         instead of hoping a delay keeps them in flight long enough."""
+        self.step_gate: Callable[[SGLangTestServer], bool] | None = None
+        """While it returns False (checked under the lock whenever a request arrives), the scheduler does not
+        step: a test lets requests that arrive one by one start together."""
         self.killed = False
+        self._test_hold: tuple[threading.Event, threading.Event] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> str:
@@ -210,11 +214,40 @@ class SGLangTestServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def hold_when(self, pred: Callable[[SGLangTestServer], bool], *, start_when: Callable[[SGLangTestServer], bool]
+                  | None = None) -> tuple[threading.Event, threading.Event]:
+        """Hold the scheduler (as `step_hook`) after the first step at which `pred(self)` holds, until `release`
+        is set or the server is killed or stopped: requests stay in flight as long as a test needs, on any
+        machine load. HTTP endpoints (pause, flush, weight updates) keep working meanwhile. `start_when`:
+        do not step at all until it first holds (`step_gate`, latched), e.g. until n requests have arrived.
+        Returns (reached, release)."""
+        reached, release = threading.Event(), threading.Event()
+        if start_when is not None:
+            opened = threading.Event()
+
+            def gate(srv: SGLangTestServer) -> bool:
+                if not opened.is_set() and start_when(srv):
+                    opened.set()
+                return opened.is_set()
+
+            self.step_gate = gate
+
+        def hook(srv: SGLangTestServer) -> None:
+            if reached.is_set() or not pred(srv):
+                return
+            reached.set()
+            while not release.wait(0.01) and not (srv.killed or srv._stop):
+                pass
+
+        self.step_hook = hook
+        return reached, release
+
     # ---- scheduler ---------------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._stop and (self.paused or not self.core.has_work()):
+                while not self._stop and (self.paused or not self.core.has_work()
+                                          or (self.step_gate is not None and not self.step_gate(self))):
                     self._cv.wait(0.1)
                 if self._stop:
                     return
@@ -255,6 +288,8 @@ class SGLangTestServer:
             ("post", "/update_weights_from_distributed"): self._update_weights,
             ("get", "/_test/state"): self._test_state,
             ("post", "/_test/clear_events"): self._test_clear_events,
+            ("post", "/_test/hold"): self._test_hold_at,
+            ("post", "/_test/release"): self._test_release,
         }
         fn = routes.get((method, path))
         if fn is None:
@@ -280,7 +315,20 @@ class SGLangTestServer:
                 "output_lens": [len(r.output_ids) for r in self.core.rows],
                 "version": self.version_names[self.core.version],
                 "paused": self.paused,
+                "held": self._test_hold is not None and self._test_hold[0].is_set(),
             }
+
+    def _test_hold_at(self, body: dict) -> tuple[int, Any]:
+        """`{"min_output_len": n}`: hold the scheduler once a running request has n output tokens (`hold_when`)
+        until `/_test/release`; `held` in `/_test/state` tells when it is."""
+        n = int(body["min_output_len"])
+        self._test_hold = self.hold_when(lambda srv: any(len(r.output_ids) >= n for r in srv.core.rows))
+        return 200, {}
+
+    def _test_release(self, body: dict) -> tuple[int, Any]:
+        if self._test_hold is not None:
+            self._test_hold[1].set()
+        return 200, {}
 
     def _test_clear_events(self, body: dict) -> tuple[int, Any]:
         with self._cv:

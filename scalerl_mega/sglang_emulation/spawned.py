@@ -67,6 +67,18 @@ class SpawnedTestServer:
 
         requests.post(self.url + "/_test/clear_events", timeout=30)
 
+    def hold(self, *, min_output_len: int) -> None:
+        """Hold the server's scheduler once a running request has `min_output_len` output tokens, until
+        `release()` (`SGLangTestServer.hold_when`); `state()["held"]` tells when it is held."""
+        import requests
+
+        requests.post(self.url + "/_test/hold", json={"min_output_len": int(min_output_len)}, timeout=30)
+
+    def release(self) -> None:
+        import requests
+
+        requests.post(self.url + "/_test/release", timeout=30)
+
     def stop(self) -> None:
         self._stop.set()
         self.proc.join(timeout=20)

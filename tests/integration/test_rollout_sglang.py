@@ -98,23 +98,6 @@ def _prompt(pid: str, ids: list[int]) -> Prompt:
     return Prompt(prompt_id=pid, text="", task="synthetic", gold="0", token_ids=ids)
 
 
-def _hold_when(server: SGLangTestServer, pred) -> tuple[threading.Event, threading.Event]:
-    """Hold the test server's scheduler after the first step at which `pred(server)` holds, until `release`
-    is set or the server is killed: requests stay in flight for as long as the test needs, on any machine
-    load. Returns (reached, release)."""
-    reached, release = threading.Event(), threading.Event()
-
-    def hook(srv: SGLangTestServer) -> None:
-        if reached.is_set() or not pred(srv):
-            return
-        reached.set()
-        while not release.wait(0.01) and not srv.killed:
-            pass
-
-    server.step_hook = hook
-    return reached, release
-
-
 def _collect(engine, n, timeout_s=120.0):
     out, deadline = [], time.monotonic() + timeout_s
     while len(out) < n and time.monotonic() < deadline:
@@ -215,7 +198,7 @@ def test_generate_update_and_in_flight_versions(schema, model_dir):
     """Real generation over HTTP; the 0.5.23 update sequence; a request in flight during the
     update has tokens tagged v0 then v1; after the sync, log-probs equal the new model's; a
     bucket whose shapes disagree with the model is refused."""
-    server = _spawned(model_dir, step_delay_s=0.01)
+    server = _spawned(model_dir)
     rec = Recorder(schema)
     engine = SGLangRolloutEngine(
         [SGLangServer.attach(server.url)],
@@ -233,13 +216,15 @@ def test_generate_update_and_in_flight_versions(schema, model_dir):
             assert c.weight_versions == [0] * 6 and c.finish_reason == FinishReason.LENGTH
             assert max(abs(a - b) for a, b in zip(_oracle(model0, [3, 4, 5], c.output_ids), c.gen_logprobs)) < 1e-5
 
+        server.hold(min_output_len=5)  # the request stays in flight through the update, on any machine load
         engine.submit(_prompt("long", [7, 8]), SamplingParams(max_new_tokens=60, seed=5), n=1, version=0)
         deadline = time.monotonic() + 60
-        while not any(n >= 5 for n in server.state()["output_lens"]):
+        while not server.state()["held"]:
             assert time.monotonic() < deadline
             time.sleep(0.005)
         server.clear_events()
         engine.update_weights(list(model1.state_dict().items()), version=1)
+        server.release()
         ev = server.state()["events"]
         n_buckets = engine.last_sync_stats.buckets
         assert n_buckets > 1
@@ -351,7 +336,7 @@ def test_client_side_interruption(schema):
 
 def test_server_rules(schema):
     server = _server(schema)
-    reached, release = _hold_when(server, lambda srv: srv.core.num_running > 0)
+    reached, release = server.hold_when(lambda srv: srv.core.num_running > 0)
     client = SGLangClient(server.url)
     try:
         # no session -> SGLang's error
@@ -394,7 +379,8 @@ def _catch(fn, *a, **kw):
 
 def test_abort_mode_returns_partial_outputs(schema):
     server = _server(schema)
-    reached, release = _hold_when(server, lambda srv: srv.core.num_running == 2)
+    reached, release = server.hold_when(lambda srv: srv.core.num_running == 2,
+                                        start_when=lambda srv: srv.core.num_waiting == 2)
     engine = SGLangRolloutEngine(
         [SGLangServer.attach(server.url)],
         config=SGLangEngineConfig(pause_mode="abort", sync=WeightSyncConfig(backend="gloo")),
@@ -440,7 +426,8 @@ class _Restartable(SGLangServer):
 
 def test_dead_server_is_restarted_and_requests_requeued(schema):
     srv = _Restartable(lambda port: _server(schema, port=port), lambda impl: not impl.killed)
-    reached, _ = _hold_when(srv.impl, lambda impl: impl.core.num_running == 3)  # the first server only
+    reached, _ = srv.impl.hold_when(lambda impl: impl.core.num_running == 3,  # the first server only
+                                    start_when=lambda impl: impl.core.num_waiting == 3)
     engine = SGLangRolloutEngine(
         [srv], config=SGLangEngineConfig(sync=WeightSyncConfig(backend="gloo")), body_hook=Recorder(schema)
     )
