@@ -24,7 +24,9 @@ One trainer step s (the policy has weight version s):
    `val_every` steps before it instead: one slice of the held-out prompts is submitted at the start of each step
    on that step's weights, and the point (recorded at the window's end, drawn at its centre's compute) covers
    them all (validation.py, metrics/val_window.py); a checkpoint scores the window's slices so far, so a
-   resumed run continues the window.
+   resumed run continues the window. A stop (SIGTERM) that interrupts a step's validation leaves `val_due` in
+   the checkpoint: the resumed run completes that point first (window mode: the slices not yet scored are
+   generated again, on the checkpoint's weights), so no point is lost and none mixes two windows.
 
 Resume (`resume=auto`): the checkpoint holds model + optimizer (trainer), curriculum state (data order,
 pass-rate history), the prompts admitted but not yet trained on (in admission order), RNG states,
@@ -53,7 +55,7 @@ from scalerl_mega.metrics.val_window import center_step, val_metrics
 from scalerl_mega.metrics.writer import MetricsWriter
 from scalerl_mega.router import Preempted, _Pending, _Router, sampling_params, score_groups
 from scalerl_mega.types import Group, Prompt
-from scalerl_mega.validation import collect, submit_window_slice, validate
+from scalerl_mega.validation import collect, submit, submit_window_slice, validate
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.config import TrainConfig
@@ -75,6 +77,9 @@ class LoopState:
     """`train.val_mode=window`: outcomes scored so far in the current window (metrics/val_window.py)."""
     val_center: dict[str, float] | None = None
     """Window mode: the compute fields at the current window's centre step, once it is reached."""
+    val_due: bool = False
+    """A stop interrupted the validation of `step` (trained and logged): the resumed run records that point
+    before its next step."""
     preempted: bool = False
     """This launch stopped early on SIGTERM after checkpointing (not saved: reset on resume)."""
 
@@ -194,6 +199,12 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
     if state.step == 0 and cfg.train.val_every:  # window mode too: R0 is the warm start's own point
         _record_validation(cfg, state, writer, forecaster, validate(router, comps, cfg, version=0, rng=rng),
                            compute.fields())
+    elif state.val_due:  # a stop interrupted this step's validation: complete it before the next step
+        if window:
+            scored = {o[0] for o in state.val_window}
+            submit(router, comps, cfg, [i for i in range(len(comps.val_prompts)) if i not in scored],
+                   version=state.weight_version, rng=rng)
+        _validate(cfg, comps, router, state, writer, compute, forecaster, rng)
 
     clock = _StepClock()
     while state.step < cfg.train.steps:
@@ -381,21 +392,7 @@ def _validate_save_or_stop(cfg: TrainConfig, comps: LoopComponents, router: _Rou
     raises Preempted when a stop is requested without one (run_rl saves)."""
     window = cfg.train.val_mode == "window"
     if cfg.train.val_every and state.step % cfg.train.val_every == 0:
-        if window:
-            t0 = time.monotonic()
-            state.val_window += collect(router, comps, cfg)
-            vm = {**val_metrics(state.val_window, expected_prompts=len(comps.val_prompts)),
-                  "val_seconds": time.monotonic() - t0, "val_window_steps": float(cfg.train.val_every)}
-            _record_validation(cfg, state, writer, forecaster, vm, state.val_center or compute.fields())
-            state.val_window, state.val_center = [], None
-        else:
-            if state.weight_version != state.step:  # PPO-off-policy mid-phase: validate current weights
-                while router.in_flight > 0:  # the phase keeps its fixed weights to its end
-                    router.pump()
-                push_weights(comps, version=state.step)
-                state.weight_version = state.step
-            _record_validation(cfg, state, writer, forecaster,
-                               validate(router, comps, cfg, version=state.weight_version, rng=rng), compute.fields())
+        _validate(cfg, comps, router, state, writer, compute, forecaster, rng)
         clock.gen_prev = None  # validation's decoding is outside every step's wall time
     saved = bool(cfg.train.save_every) and state.step % cfg.train.save_every == 0
     if saved:
@@ -409,6 +406,30 @@ def _validate_save_or_stop(cfg: TrainConfig, comps: LoopComponents, router: _Rou
         state.preempted = True
         return True
     return False
+
+
+def _validate(cfg: TrainConfig, comps: LoopComponents, router: _Router, state: LoopState, writer: MetricsWriter,
+              compute: ComputeCounter, forecaster: Any | None, rng: random.Random) -> None:
+    """The validation point of `state.step`. Window mode: the window's outcomes (scored at its checkpoints and
+    now), at the centre's compute; point mode: all held-out prompts on the trainer's current weights.
+    `state.val_due` is set while it runs, so a stop (Preempted) inside it is checkpointed with the point due."""
+    state.val_due = True
+    if cfg.train.val_mode == "window":
+        t0 = time.monotonic()
+        state.val_window += collect(router, comps, cfg)
+        vm = {**val_metrics(state.val_window, expected_prompts=len(comps.val_prompts)),
+              "val_seconds": time.monotonic() - t0, "val_window_steps": float(cfg.train.val_every)}
+        _record_validation(cfg, state, writer, forecaster, vm, state.val_center or compute.fields())
+        state.val_window, state.val_center = [], None
+    else:
+        if state.weight_version != state.step:  # PPO-off-policy mid-phase: validate current weights
+            while router.in_flight > 0:  # the phase keeps its fixed weights to its end
+                router.pump()
+            push_weights(comps, version=state.step)
+            state.weight_version = state.step
+        _record_validation(cfg, state, writer, forecaster,
+                           validate(router, comps, cfg, version=state.weight_version, rng=rng), compute.fields())
+    state.val_due = False
 
 
 def _record_validation(cfg: TrainConfig, state: LoopState, writer: MetricsWriter, forecaster: Any | None,

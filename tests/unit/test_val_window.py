@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import scalerl_mega.loop as loop_mod
+import scalerl_mega.validation as validation_mod
 from scalerl_mega.interfaces import LoopComponents
 from scalerl_mega.loop import run_rl
 from scalerl_mega.metrics.compute import ComputeCounter
@@ -52,19 +54,20 @@ def _reward(prompts, texts):
     return out
 
 
-def _launch(tmp_path, saved, *overrides, stop_at=None, stop_after_save_at=None):
-    """One launch of the loop; a stop request (SIGTERM) at the end of step `stop_at`, or just after the
-    checkpoint of step `stop_after_save_at` was written."""
+def _launch(tmp_path, saved, *overrides, stop_at=None, stop_after_save_at=None, stop_during_val_at=None):
+    """One launch of the loop; a stop request (SIGTERM) at the end of step `stop_at`, just after the
+    checkpoint of step `stop_after_save_at` was written, or once step `stop_during_val_at`'s validation waits
+    for a slice still in flight (the engine's next poll)."""
     cfg = _cfg(tmp_path, "off_policy=pipeline_rl", "off_policy.k=1", "length=interruption", "train.val_mode=window",
                f"train.val_every={W}", f"data.val_samples={SAMPLES}", *overrides)
     engine = ScriptedEngine(stamp_version=True)
     comps = LoopComponents(engine=engine, trainer=RecordingTrainer(engine, saved), reward_fn=_reward, sampler=Sampler(),
                            val_prompts=[Prompt(prompt_id=f"v{i}", text="v", task="synthetic", gold="") for i in range(N_VAL)],
                            decode=lambda ids: "".join(chr(i) for i in ids), encode=lambda s: [1, 2], stop_token_ids=[7])
-    flag = {"stop": False}
+    flag = {"stop": False, "step": 0}
 
     def on_step(step, rec):
-        flag["stop"] = step == stop_at
+        flag["stop"], flag["step"] = step == stop_at, step
 
     save = comps.trainer.save
 
@@ -73,9 +76,20 @@ def _launch(tmp_path, saved, *overrides, stop_at=None, stop_after_save_at=None):
         flag["stop"] = extra_state["loop"]["step"] == stop_after_save_at
 
     comps.trainer.save = save_then_stop
+    real_collect = loop_mod.collect
 
-    state = run_rl(cfg, comps, compute=ComputeCounter(devices=1, on_gpu=False), on_step=on_step,
-                   stop_requested=lambda: flag["stop"])
+    def collect_then_stop(router, comps_, cfg_):  # the loop's wait for the window's last slices
+        if flag["step"] == stop_during_val_at and any(len(c) < SAMPLES for c in router.val.values()):
+            flag["stop"] = True
+        return real_collect(router, comps_, cfg_)
+
+    loop_mod.collect = validation_mod.collect = collect_then_stop  # window mode waits in the loop, point in validate
+
+    try:
+        state = run_rl(cfg, comps, compute=ComputeCounter(devices=1, on_gpu=False), on_step=on_step,
+                       stop_requested=lambda: flag["stop"])
+    finally:
+        loop_mod.collect = validation_mod.collect = real_collect
     return engine.log, state
 
 
@@ -140,6 +154,51 @@ def test_preemption_without_checkpoint_reports_the_lost_slice(tmp_path):
     _launch(tmp_path, saved, "train.save_every=0")
     last = _lines(tmp_path, "validation")[-1]
     assert last["step"] == 4 and last["val_prompts"] == N_VAL // W and last["val_prompts_missing"] == N_VAL // W
+
+
+def test_stop_during_a_window_end_validation_records_that_point_on_resume(tmp_path):
+    """SIGTERM while the loop waits for the last slices of a window (step 2's validation; checkpoints every step,
+    so the window's first slice was scored at step 1's): the run stops with the point due, and the resumed run
+    records it first, from the scored slice plus the others generated again, then a clean next window. (Before,
+    the point was lost and its scored slice leaked into the next window's point: 1.5x its samples.)"""
+    saved: dict = {}
+    log1, st1 = _launch(tmp_path, saved, "train.save_every=1", stop_during_val_at=2)
+    assert st1.preempted and st1.step == 2 and st1.val_due
+    assert [r["step"] for r in _lines(tmp_path, "validation")] == [0]
+    log2, _ = _launch(tmp_path, saved, "train.save_every=1")
+    lines = _lines(tmp_path, "validation")
+    assert [r["step"] for r in lines] == [0, 2, 4]
+    for r in lines:
+        assert r["val_prompts"] == N_VAL and r["val_samples_per_prompt"] == SAMPLES and "val_prompts_missing" not in r
+    # step 2's point: the slice scored at step 1's checkpoint (first launch) + every prompt not scored, generated
+    # again by the second launch before its first step (the rest of the first launch's deliveries were lost)
+    first = set(window_slice(N_VAL, width=W, position=0))
+    kept = [e for e in _val_deliveries(log1)[N_VAL * SAMPLES:] if int(e[1][1:].split("#")[0]) in first]
+    redone = _val_deliveries(log2)[: N_VAL * SAMPLES - len(kept)]
+    assert len(kept) == len(first) * SAMPLES and {int(e[1][1:].split("#")[0]) for e in redone} == set(range(N_VAL)) - first
+    chunk = kept + redone
+    assert lines[1]["val_pass_rate"] == pytest.approx(sum(e[2] % 2 for e in chunk) / len(chunk))
+    assert lines[1]["val_center_step"] == 1
+    # step 4's point: only the second window's slices
+    second = _val_deliveries(log2)[len(redone):]
+    assert len(second) == N_VAL * SAMPLES
+    assert lines[2]["val_pass_rate"] == pytest.approx(sum(e[2] % 2 for e in second) / len(second))
+
+
+def test_stop_during_a_point_validation_redoes_it_on_the_same_weights(tmp_path):
+    """train.val_mode=point: the interrupted validation of step 2 is run again by the resumed launch, on the
+    checkpoint's weights (version 2), before step 3."""
+    saved: dict = {}
+    _, st1 = _launch(tmp_path, saved, "train.val_mode=point", "train.save_every=1", stop_during_val_at=2)
+    assert st1.preempted and st1.step == 2 and st1.val_due
+    log2, _ = _launch(tmp_path, saved, "train.val_mode=point", "train.save_every=1")
+    lines = _lines(tmp_path, "validation")
+    assert [r["step"] for r in lines] == [0, 2, 4]
+    redone = _val_deliveries(log2)[: N_VAL * SAMPLES]
+    first_train = next(i for i, e in enumerate(log2) if e[0] == "train")
+    assert all(log2.index(e) < first_train and e[2] == 2 for e in redone)  # before step 3, on weights 2
+    assert lines[1]["val_pass_rate"] == pytest.approx(sum(e[2] % 2 for e in redone) / len(redone)) == 0.0
+    assert lines[1]["val_version_mean"] == 2.0
 
 
 def test_val_mode_is_checked(tmp_path):
