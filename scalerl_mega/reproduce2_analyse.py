@@ -31,7 +31,8 @@ import numpy as np
 
 from scalerl_mega.reproduce2_markdown import markdown
 from scalerl_mega.reproduce2_report import (CONTROL, EXPECTED_SEEDS, MIN_SEEDS, REFERENCE, REPRO3_RUN_NAMES,
-                                            SAMPLES_AXIS, SETTINGS, crossing, half_fit, overdispersion)
+                                            SAMPLES_AXIS, SETTINGS, crossing, half_fit, irregular_points,
+                                            overdispersion)
 from scalerl_mega.reproduce_report import (ACTIVE_KEY, BEGIN, END, EPOCH_KEY, collect, discover, final_pass_rates,
                                            fit_axis, json_safe, last_train_values, per_seed, plot_axis)
 
@@ -162,6 +163,7 @@ def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
                             "epoch_at_end": None if last[k][EPOCH_KEY] is None else int(last[k][EPOCH_KEY]),
                             "active_prompts_at_end": last[k][ACTIVE_KEY],
                             "overdispersion": disp[k],
+                            "irregular_points": _irregular(runs, k, res["n_samples"][k]),
                             **_provenance(runs, k)}
                         for k, v in res["per_run"].items()},
                "final_pass_rate": fin, "comparisons": pairs, "common_A": res["loo"].A_mean}
@@ -176,6 +178,23 @@ def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
     head, rest = text.split(BEGIN, 1)
     readme.write_text(head + markdown(results) + rest.split(END, 1)[1])
     return results
+
+
+def _irregular(runs: dict[str, dict[int, Path]], key: str, n_samples) -> list[str]:
+    """`reproduce2_report.irregular_points` of a run: its schedule from its own validation lines (the median
+    step between two points) and its summary's last step."""
+    from scalerl_mega.metrics.writer import read_metrics
+    from scalerl_mega.scaling.io import run_metrics_file
+
+    rec, seed = key.split("/seed")
+    d = runs[rec][int(seed)]
+    steps = [int(r["step"]) for r in read_metrics(run_metrics_file(d), kind="validation")]
+    if len(steps) < 2:
+        return []
+    every = int(np.median(np.diff(steps)))
+    last = int(json.loads((d / "summary.json").read_text()).get("steps", steps[-1])) if (d / "summary.json").is_file() \
+        else steps[-1]
+    return irregular_points(steps, n_samples, every=every, last_step=last)
 
 
 def _provenance(runs: dict[str, dict[int, Path]], key: str) -> dict[str, Any]:

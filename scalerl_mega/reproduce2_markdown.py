@@ -32,6 +32,10 @@ def _status(results: dict[str, Any]) -> list[str]:
     if resumed:
         lines += ["", "Trained by more than one commit (resumed from a checkpoint; `provenance.json`'s segments): "
                   + "; ".join(resumed) + "."]
+    odd = [f"{k}: {'; '.join(r['irregular_points'])}" for k, r in runs.items() if r.get("irregular_points")]
+    if odd:
+        lines += ["", "Validation points off the schedule (each is fitted with its own sample count): " + ". ".join(odd)
+                  + "."]
     if results["missing"]:
         lines += ["", f"**Partial sweep**: {len(results['missing'])} run(s) not finished: "
                   + ", ".join(results["missing"]) + ". `make reproduce` continues it (finished runs are skipped, "

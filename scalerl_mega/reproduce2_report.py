@@ -173,3 +173,17 @@ def overdispersion(fit, compute, n_samples) -> dict[str, float]:
     sd = math.sqrt(fit.sse / max(fit.n_points - 3, 1))
     se = float(np.mean(np.sqrt(p * (1 - p) / n)))
     return {"residual_sd": sd, "binomial_se": se, "ratio": sd / se if se > 0 else math.inf}
+
+
+def irregular_points(steps, n_samples, *, every: int, last_step: int) -> list[str]:
+    """What a run's validation points lack or mix against its schedule (a point every `every` steps from 0 to
+    `last_step`, each of the run's usual sample count, the median of `n_samples`): the steps without a point
+    and the points with another number of samples (a window that lost slices, or one that took in another's).
+    Empty for a regular run."""
+    got = [int(s) for s in steps]
+    missing = sorted(set(range(0, int(last_step) + 1, int(every))) - set(got))
+    notes = [f"no point at step {s}" for s in missing]
+    if n_samples is not None and len(n_samples):
+        usual = float(np.median(np.asarray(n_samples, dtype=np.float64)))
+        notes += [f"step {s}: {n:g} samples (usual {usual:g})" for s, n in zip(got, n_samples) if float(n) != usual]
+    return notes

@@ -249,3 +249,14 @@ def test_a_resumed_runs_wall_time_adds_its_launches(tmp_path):
     segs[0]["wall_s"] = None  # that invocation also trained other runs: its wall time is not this run's
     (d / "provenance.json").write_text(json.dumps({"commit": "b", "segments": segs}))
     assert _provenance({"scalerl": {2: d}}, "scalerl/seed2")["wall_s"] == 2151.0
+
+
+def test_irregular_points_names_a_missing_point_and_a_mixed_one():
+    from scalerl_mega.reproduce2_report import irregular_points
+
+    steps = [0, 20, 40, 80, 100]  # 60 lost; 80 took in another window's slices; 100 lost half a window
+    n = [1600, 1600, 1600, 2400, 800]
+    assert irregular_points(steps, n, every=20, last_step=100) == [
+        "no point at step 60", "step 80: 2400 samples (usual 1600)", "step 100: 800 samples (usual 1600)"]
+    assert irregular_points([0, 20, 40], [1600] * 3, every=20, last_step=40) == []
+    assert irregular_points([0, 20], [1600] * 2, every=20, last_step=40) == ["no point at step 40"]
