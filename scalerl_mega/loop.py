@@ -24,9 +24,10 @@ One trainer step s (the policy has weight version s):
    `val_every` steps before it instead: one slice of the held-out prompts is submitted at the start of each step
    on that step's weights, and the point (recorded at the window's end, drawn at its centre's compute) covers
    them all (validation.py, metrics/val_window.py); a checkpoint scores the window's slices so far, so a
-   resumed run continues the window. A stop (SIGTERM) that interrupts a step's validation leaves `val_due` in
-   the checkpoint: the resumed run completes that point first (window mode: the slices not yet scored are
-   generated again, on the checkpoint's weights), so no point is lost and none mixes two windows.
+   resumed run continues the window. A stop (SIGTERM) between checkpoints loses the window's slices in flight:
+   the resumed run generates them again first, on the checkpoint's weights (`val_version_mean` shows it); a stop
+   that interrupts a step's validation also leaves `val_due` in the checkpoint, and the resumed run records
+   that point before its next step, so no point is lost and none mixes two windows.
 
 Resume (`resume=auto`): the checkpoint holds model + optimizer (trainer), curriculum state (data order,
 pass-rate history), the prompts admitted but not yet trained on (in admission order), RNG states,
@@ -51,7 +52,7 @@ from scalerl_mega.metrics.calibration import GEN_STAT_KEYS, calibration_fields, 
 from scalerl_mega.metrics.compute import ComputeCounter, gpu_utilization
 from scalerl_mega.metrics.progress import progress_line
 from scalerl_mega.metrics.rollout_stats import rollout_metrics, staleness_histogram, tokens_per_version
-from scalerl_mega.metrics.val_window import center_step, val_metrics
+from scalerl_mega.metrics.val_window import center_step, val_metrics, window_slice
 from scalerl_mega.metrics.writer import MetricsWriter
 from scalerl_mega.router import Preempted, _Pending, _Router, sampling_params, score_groups
 from scalerl_mega.types import Group, Prompt
@@ -199,11 +200,13 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
     if state.step == 0 and cfg.train.val_every:  # window mode too: R0 is the warm start's own point
         _record_validation(cfg, state, writer, forecaster, validate(router, comps, cfg, version=0, rng=rng),
                            compute.fields())
-    elif state.val_due:  # a stop interrupted this step's validation: complete it before the next step
-        if window:
-            scored = {o[0] for o in state.val_window}
-            submit(router, comps, cfg, [i for i in range(len(comps.val_prompts)) if i not in scored],
-                   version=state.weight_version, rng=rng)
+    elif window:  # resumed: the window's slices a stop left unscored are generated again, on these weights
+        n_val, width = len(comps.val_prompts), cfg.train.val_every
+        due = range(n_val) if state.val_due else [
+            i for pos in range(state.step % width) for i in window_slice(n_val, width=width, position=pos)]
+        scored = {o[0] for o in state.val_window}
+        submit(router, comps, cfg, [i for i in due if i not in scored], version=state.weight_version, rng=rng)
+    if state.val_due:  # a stop interrupted this step's validation: complete it before the next step
         _validate(cfg, comps, router, state, writer, compute, forecaster, rng)
 
     clock = _StepClock()

@@ -57,8 +57,8 @@ def val_metrics(samples: Sequence[Outcome], *, expected_prompts: int | None = No
     pass rates and counts (`val/<domain>_pass_rate`, `val/<domain>_samples`), the prompts and samples behind it
     (`val_prompts` x `val_samples_per_prompt` = the N of the binomial noise floor, scaling/io.py) and the mean
     weight version of the samples' tokens. Every prompt present has all its samples (a slice is scored only when
-    complete); a window that lost slices in flight to a preemption has fewer prompts than `expected_prompts`,
-    and says so (`val_prompts_missing`): its N is what was scored."""
+    complete); a window that lost slices anyway (the loop regenerates those a stop left in flight) has fewer
+    prompts than `expected_prompts` and says so (`val_prompts_missing`): its N is what was scored."""
     n = len(samples)
     if n == 0:
         raise ValueError("val_metrics: no validation samples")

@@ -3,7 +3,8 @@ point are generated one slice per step, on that step's weights, and the point is
 Hand-worked slicing and metrics; the loop on a scripted engine (one completion per poll: the interleaving is
 forced) whose validation samples pass exactly when the weight version that delivered them is odd, so every
 point's expected value is computed from the engine's own log, not from the code under test; resume mid-window
-after a checkpoint (nothing lost) and after a preemption without one (the lost slice is reported)."""
+after a checkpoint, after a preemption without one (the lost slice is generated again) and during a
+validation (the point is recorded by the resumed run)."""
 
 from __future__ import annotations
 
@@ -147,13 +148,23 @@ def test_resume_mid_window_after_a_checkpoint_keeps_the_whole_window(tmp_path):
     assert last["val_pass_rate"] == pytest.approx(sum(e[2] % 2 for e in chunk) / len(chunk))
 
 
-def test_preemption_without_checkpoint_reports_the_lost_slice(tmp_path):
+def test_preemption_without_checkpoint_generates_the_lost_slice_again(tmp_path):
+    """SIGTERM after step 3 with no checkpoint since the window began: the slice of step 3 (submitted at its
+    start) is in flight and lost with the first launch; the resumed launch generates it again, on weights 3,
+    before step 4, and the point at 4 has every prompt."""
     saved: dict = {}
-    _, st1 = _launch(tmp_path, saved, "train.save_every=0", stop_at=3)
-    assert st1.preempted
-    _launch(tmp_path, saved, "train.save_every=0")
+    log1, st1 = _launch(tmp_path, saved, "train.save_every=0", stop_at=3)
+    assert st1.preempted and st1.step == 3 and not st1.val_due
+    log2, _ = _launch(tmp_path, saved, "train.save_every=0")
     last = _lines(tmp_path, "validation")[-1]
-    assert last["step"] == 4 and last["val_prompts"] == N_VAL // W and last["val_prompts_missing"] == N_VAL // W
+    assert last["step"] == 4 and last["val_prompts"] == N_VAL and "val_prompts_missing" not in last
+    subs = [e for e in log2 if e[0] == "submit" and e[1].startswith("v")]
+    first_train = next(i for i, e in enumerate(log2) if e[0] == "train")
+    again = {e[1] for e in log2[:first_train] if e[0] == "submit" and e[1].startswith("v") and e[2] == 3}
+    assert again >= {f"v{j}#s{k}" for j in window_slice(N_VAL, width=W, position=0) for k in range(SAMPLES)}
+    assert len(subs) == N_VAL * SAMPLES  # the regenerated slice + step 3's own slice: the whole point
+    chunk = _val_deliveries(log2)
+    assert last["val_pass_rate"] == pytest.approx(sum(e[2] % 2 for e in chunk) / len(chunk))
 
 
 def test_stop_during_a_window_end_validation_records_that_point_on_resume(tmp_path):
