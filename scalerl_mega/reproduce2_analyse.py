@@ -84,28 +84,33 @@ def _band(curves: dict[int, tuple[np.ndarray, np.ndarray]], *, single_var) -> tu
     return np.asarray(common), mean, mean - 2 * se, mean + 2 * se
 
 
-def _axis_panels(runs: dict[str, dict[int, Path]], res: dict[str, Any], shown: list[str], a: str, b: str,
-                 binom) -> list[Any]:
-    """Seed-mean curves of `shown` with +-2 SE bands, and the paired difference b - a (where both ran)."""
+def _axis_panels(runs: dict[str, dict[int, Path]], res: dict[str, Any], shown: list[str],
+                 pairs: list[tuple[str, str]], binom) -> list[Any]:
+    """Seed-mean curves of `shown` with +-2 SE bands, and the paired differences b - a of `pairs` (where both
+    ran; seeds paired): a crossing is where such a difference goes from below zero to above it."""
     from scalerl_mega.scaling.plot import BandCurve, BandPanel
 
     panels = [BandPanel(title="seed means +- 2 SE", ylabel="validation pass rate",
                         curves=[BandCurve(label=f"{rec} ({len(runs[rec])} seeds)", **dict(zip(
                             ("x", "y", "lo", "hi"), _band(_curves(res, rec, runs), single_var=binom))))
                                 for rec in shown])]
-    if a not in runs or b not in runs:
-        return panels
-    ca, cb = _curves(res, a, runs), _curves(res, b, runs)
-    diffs = {s: (cb[s][0], cb[s][1] - np.interp(cb[s][0], *ca[s])) for s in ca if s in cb}
+    curves = []
+    for a, b in pairs:
+        if a not in runs or b not in runs:
+            continue
+        ca, cb = _curves(res, a, runs), _curves(res, b, runs)
+        diffs = {s: (cb[s][0], cb[s][1] - np.interp(cb[s][0], *ca[s])) for s in ca if s in cb}
+        if not diffs:
+            continue
 
-    def diff_var(x: np.ndarray, _d: np.ndarray) -> np.ndarray:  # one seed: both points' binomial variances
-        s = next(iter(diffs))
-        return binom(x, np.interp(x, *cb[s])) + binom(x, np.interp(x, *ca[s]))
+        def diff_var(x: np.ndarray, _d: np.ndarray, ca=ca, cb=cb, s=next(iter(diffs))) -> np.ndarray:
+            return binom(x, np.interp(x, *cb[s])) + binom(x, np.interp(x, *ca[s]))  # one seed: both points' variances
 
-    if diffs:
         x, m, lo, hi = _band(diffs, single_var=diff_var)
-        panels.append(BandPanel(title=f"{b} - {a}, paired by seed (+- 2 SE)", ylabel="difference",
-                                curves=[BandCurve(label=f"{b} - {a}", x=x, y=m, lo=lo, hi=hi)], zero_line=True))
+        curves.append(BandCurve(label=f"{b} - {a} ({len(diffs)} seeds)", x=x, y=m, lo=lo, hi=hi))
+    if curves:
+        panels.append(BandPanel(title="paired by seed (+- 2 SE); the table's windows: first and last quarter",
+                                ylabel="difference in pass rate", curves=curves, zero_line=True))
     return panels
 
 
@@ -124,15 +129,16 @@ def _plots2(runs: dict[str, dict[int, Path]], res: dict[str, Any], half: dict[st
         hf, path=out_dir / "half_fit_samples.png", formats=("png",), xlabel=SAMPLES_AXIS.label, log_x=False,
         figsize=(10.0, 6.0), title="fit on the first half of compute (stars), extrapolated (dashed, only where it "
                                    "identifies A)\nagainst the second half (crosses)")]
-    axes = ((("batch_small", REFERENCE, "batch_large", CONTROL), ("batch_small", "batch_large"), "batch_samples.png",
+    axes = ((("batch_small", REFERENCE, "batch_large", CONTROL),
+             [(REFERENCE, "batch_large"), (REFERENCE, "batch_small"), (REFERENCE, CONTROL)], "batch_samples.png",
              "batch-size axis (paper Sec. 5: larger is slower early, higher late)"),
-            ((REFERENCE, "no_npr"), (REFERENCE, "no_npr"), "npr_samples.png",
+            ((REFERENCE, "no_npr"), [(REFERENCE, "no_npr")], "npr_samples.png",
              "No-Positive-Resampling over ~2.1 passes (reference: on; no_npr: off)"))
-    for shown, (a, b), name, title in axes:
+    for shown, pairs, name, title in axes:
         shown = [rec for rec in shown if rec in runs]
-        if b not in runs:
+        if not any(b in runs for _, b in pairs):
             continue
-        written += [p.name for p in plot_bands(_axis_panels(runs, res, shown, a, b, binom), path=out_dir / name,
+        written += [p.name for p in plot_bands(_axis_panels(runs, res, shown, pairs, binom), path=out_dir / name,
                                                xlabel=SAMPLES_AXIS.label, title=title)]
     return written
 
