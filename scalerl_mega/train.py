@@ -182,6 +182,12 @@ def _finish(config: TrainConfig, summary: dict[str, Any], *, out: Path, resumed:
 SFT_FINGERPRINT = "sft_fingerprint.json"
 
 
+SFT_NUMERICS_ONLY = ("micro_batch_tokens",)
+"""Fingerprint keys that change only the summation order of the warm start's maths: a shared warm start written
+with another value is loaded (logged), so e.g. a same-maths control that micro-batches its RL steps
+(conf/experiment/repro3_batch_control.yaml) starts from the very weights of its reference."""
+
+
 def sft_fingerprint(config: TrainConfig) -> dict[str, Any]:
     """What the warm-started weights depend on (JSON-normalised): seed, model, data (the SFT examples
     and the held-out split), optim (SFT swaps only lr and warmup), the sft schedule, params dtype and
@@ -236,6 +242,10 @@ def _warm_start_or_load(config: TrainConfig, task: Any, trainer: Any, *, out: Pa
     if ready:
         theirs = json.loads(fp_path.read_text())
         diff = [k for k in fingerprint_diff(theirs, mine) if not (k == "seed" and config.sft.any_seed)]
+        for k in [k for k in diff if k in SFT_NUMERICS_ONLY]:  # same maths, another summation order
+            log.info("sft: the shared warm start was written with %s=%s, this run has %s: same maths, loaded",
+                     k, theirs.get(k), mine.get(k))
+            diff.remove(k)
         if diff:
             raise ValueError(f"sft.checkpoint={config.sft.checkpoint!r} was written by a warm start with other "
                              f"settings: {', '.join(diff)} differ (delete it or point sft.checkpoint elsewhere)")

@@ -108,7 +108,8 @@ class SFTConfig:
     """A shared warm-start checkpoint directory (e.g. one per seed for a sweep whose recipes differ only
     in RL): a fresh run loads it instead of running the warm start when it holds a complete checkpoint
     whose fingerprint (`train.sft_fingerprint`: seed, model, data, optim, sft, params dtype) matches,
-    else runs the warm start and writes it there. Empty: no sharing."""
+    else runs the warm start and writes it there (another `train.micro_batch_tokens` is loaded and logged:
+    same maths, `train.SFT_NUMERICS_ONLY`). Empty: no sharing."""
     any_seed: bool = False
     """Accept a `checkpoint` written by a run with another seed: every seed then starts RL from the same
     weights, as the paper's seeds all start from one SFT checkpoint (their spread is RL noise only)."""

@@ -119,6 +119,22 @@ def test_mismatch_is_an_error_naming_the_keys_unless_only_the_seed_and_any_seed(
     assert warm_starts == [0]
 
 
+def test_another_micro_batching_loads_the_same_warm_start(tmp_path, warm_starts, caplog):
+    """micro_batch_tokens is in the fingerprint but changes only the summation order: the same-maths control
+    (repro3_batch_control: the reference batch in ~8 micro-batches) loads the reference's warm start."""
+    import logging
+
+    ck = str(tmp_path / "sft")
+    _run(_cfg(sft__steps=5, sft__checkpoint=ck, train__micro_batch_tokens=16384), tmp_path)
+    with caplog.at_level(logging.INFO, logger="scalerl_mega.train"):
+        assert _run(_cfg(sft__steps=5, sft__checkpoint=ck, train__micro_batch_tokens=2048), tmp_path) == \
+            [("load", ck), ("reset_optimizer",)]
+    assert "micro_batch_tokens=16384, this run has 2048" in caplog.text
+    assert warm_starts == [0]
+    with pytest.raises(ValueError, match=r"sft\.lr differ"):  # other keys still refuse
+        _run(_cfg(sft__steps=5, sft__lr=5e-4, sft__checkpoint=ck, train__micro_batch_tokens=2048), tmp_path)
+
+
 def test_a_save_without_its_complete_checkpoint_is_redone(tmp_path, warm_starts):
     ck = tmp_path / "sft"
     ck.mkdir()
