@@ -94,8 +94,8 @@ def stamp_runs(sweep_dir: Path, record: dict, *, history: list[dict] | None = No
     """Write `provenance.json` into every finished run directory that has none yet: the invocation that
     finished the run (`record`: commit, dirty flag, command, times) and, as `segments`, every invocation
     in `history` + `record` whose `progress` names the run (commit, dirty, started, steps [from, to], and
-    wall_s where that invocation trained this run alone),
-    so a run resumed across commits records which commit produced which steps."""
+    wall_s where that invocation trained this run alone), so a run resumed across commits records which
+    commit produced which steps."""
     stamped = []
     fields = ("commit", "dirty", "command", "started", "finished")
     for run in finished_runs(sweep_dir):

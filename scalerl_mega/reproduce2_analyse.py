@@ -163,14 +163,15 @@ def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
     missing = [f"{rec}/seed{s}" for rec in SETTINGS for s in EXPECTED_SEEDS if s not in runs.get(rec, {})]
     plots = _plots2(runs, res, half, out_dir, n_per_point=min(float(n[-1]) for n in res["n_samples"].values()))
     last = last_train_values(runs, (EPOCH_KEY, ACTIVE_KEY))
+    prov = {k: _provenance(runs, k) for k in res["per_run"]}
     results = {"reference": REFERENCE, "axis": SAMPLES_AXIS.key, "missing": missing, "plots": plots,
                "runs": {k: {**v, "half_fit": {f: getattr(half[k], f) for f in half[k].__dataclass_fields__
                                               if f != "assessment"},
                             "epoch_at_end": None if last[k][EPOCH_KEY] is None else int(last[k][EPOCH_KEY]),
                             "active_prompts_at_end": last[k][ACTIVE_KEY],
                             "overdispersion": disp[k],
-                            "irregular_points": _irregular(runs, k, res["n_samples"][k]),
-                            **_provenance(runs, k)}
+                            "irregular_points": _irregular(runs, k, res["n_samples"][k], last_step=prov[k]["steps"]),
+                            **prov[k]}
                         for k, v in res["per_run"].items()},
                "final_pass_rate": fin, "comparisons": pairs, "common_A": res["loo"].A_mean}
     (out_dir / "fits.json").write_text(json.dumps(json_safe(
@@ -186,9 +187,9 @@ def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
     return results
 
 
-def _irregular(runs: dict[str, dict[int, Path]], key: str, n_samples) -> list[str]:
+def _irregular(runs: dict[str, dict[int, Path]], key: str, n_samples, *, last_step: int | None) -> list[str]:
     """`reproduce2_report.irregular_points` of a run: its schedule from its own validation lines (the median
-    step between two points) and its summary's last step."""
+    step between two points) up to `last_step` (its summary's; None: its last point)."""
     from scalerl_mega.metrics.writer import read_metrics
     from scalerl_mega.scaling.io import run_metrics_file
 
@@ -198,9 +199,7 @@ def _irregular(runs: dict[str, dict[int, Path]], key: str, n_samples) -> list[st
     if len(steps) < 2:
         return []
     every = int(np.median(np.diff(steps)))
-    last = int(json.loads((d / "summary.json").read_text()).get("steps", steps[-1])) if (d / "summary.json").is_file() \
-        else steps[-1]
-    return irregular_points(steps, n_samples, every=every, last_step=last)
+    return irregular_points(steps, n_samples, every=every, last_step=steps[-1] if last_step is None else last_step)
 
 
 def _provenance(runs: dict[str, dict[int, Path]], key: str) -> dict[str, Any]:

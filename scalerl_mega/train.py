@@ -242,10 +242,10 @@ def _warm_start_or_load(config: TrainConfig, task: Any, trainer: Any, *, out: Pa
     if ready:
         theirs = json.loads(fp_path.read_text())
         diff = [k for k in fingerprint_diff(theirs, mine) if not (k == "seed" and config.sft.any_seed)]
-        for k in [k for k in diff if k in SFT_NUMERICS_ONLY]:  # same maths, another summation order
+        for k in set(diff) & set(SFT_NUMERICS_ONLY):  # same maths, another summation order
             log.info("sft: the shared warm start was written with %s=%s, this run has %s: same maths, loaded",
                      k, theirs.get(k), mine.get(k))
-            diff.remove(k)
+        diff = [k for k in diff if k not in SFT_NUMERICS_ONLY]
         if diff:
             raise ValueError(f"sft.checkpoint={config.sft.checkpoint!r} was written by a warm start with other "
                              f"settings: {', '.join(diff)} differ (delete it or point sft.checkpoint elsewhere)")
