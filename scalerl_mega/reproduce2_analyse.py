@@ -12,7 +12,9 @@ compares them on compute, not steps). Everything is judged by the project's one 
 - **Batch size** (paper Sec. 5, "Global batch size"): 64 vs 16 prompts per step by the paper's rule
   (A within +-0.02, then B at the common A; `seeds.compare_recipe`), by the paired final pass rates, and by
   the paired early/late differences (`reproduce2_report.crossing`: do the curves cross?). The same-maths
-  control (the reference batch in micro-batches) measures what seeds and numerics alone produce.
+  control (the reference batch in micro-batches) measures what seeds and numerics alone produce: its own row
+  against the reference, and each batch size compared with it as with the reference (`<var>_vs_control`: an
+  effect that is real shows against both runs of the reference recipe, paired by seed).
 - **No-Positive-Resampling** over ~2.1 passes of the pool: the same three checks against the reference.
 
 Output: `fits.json`, `results.json`, PNG plots and the section of `<out>/README.md` between the GENERATED
@@ -30,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from scalerl_mega.reproduce2_markdown import markdown
-from scalerl_mega.reproduce2_report import (CONTROL, EXPECTED_SEEDS, MIN_SEEDS, REFERENCE, REPRO3_RUN_NAMES,
+from scalerl_mega.reproduce2_report import (BATCH_VARIANTS, CONTROL, EXPECTED_SEEDS, MIN_SEEDS, REFERENCE, REPRO3_RUN_NAMES,
                                             SAMPLES_AXIS, SETTINGS, crossing, half_fit, irregular_points,
                                             overdispersion)
 from scalerl_mega.reproduce_report import (ACTIVE_KEY, BEGIN, END, EPOCH_KEY, collect, discover, final_pass_rates,
@@ -160,6 +162,8 @@ def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
     fin = final_pass_rates(runs, res["series"], reference=REFERENCE)
     pairs = {var: _pair_rows(runs, res, fin, ref=REFERENCE, var=var) for var in SETTINGS if var != REFERENCE}
     pairs["batch_large_vs_small"] = _pair_rows(runs, res, fin, ref="batch_small", var="batch_large")
+    for var in BATCH_VARIANTS:  # the same comparisons against the reference recipe rerun in micro-batches
+        pairs[f"{var}_vs_control"] = _pair_rows(runs, res, fin, ref=CONTROL, var=var)
     missing = [f"{rec}/seed{s}" for rec in SETTINGS for s in EXPECTED_SEEDS if s not in runs.get(rec, {})]
     plots = _plots2(runs, res, half, out_dir, n_per_point=min(float(n[-1]) for n in res["n_samples"].values()))
     last = last_train_values(runs, (EPOCH_KEY, ACTIVE_KEY))

@@ -260,3 +260,28 @@ def test_irregular_points_names_a_missing_point_and_a_mixed_one():
         "no point at step 60", "step 80: 2400 samples (usual 1600)", "step 100: 800 samples (usual 1600)"]
     assert irregular_points([0, 20, 40], [1600] * 3, every=20, last_step=40) == []
     assert irregular_points([0, 20], [1600] * 2, every=20, last_step=40) == ["no point at step 40"]
+
+
+def test_batch_sizes_are_also_compared_with_the_control(analysed, tmp_path):
+    """Each batch size is compared with the same-maths control as with the reference (paired by seed): with one
+    control seed that row is incomplete (the module fixture); with three, the larger batch (A 0.78, C_mid 90)
+    crosses the control (the reference's curve, other noise) as it crosses the reference, and the control
+    against the reference is a null: no window separates."""
+    _, res = analysed
+    assert "1 batch_control" in res["comparisons"]["batch_large_vs_control"]["incomplete"]
+    assert "1 batch_control and 3 batch_small" in res["comparisons"]["batch_small_vs_control"]["incomplete"]
+    out = tmp_path / "repro3"
+    for rec in ("scalerl", "batch_large", "batch_control"):
+        A, B, C_mid = TRUTH[rec]
+        per_step, steps, every = SHAPE[rec]
+        for s in (0, 1, 2):
+            write_run(out / "runs" / rec / f"seed{s}", A=A, B=B, C_mid=C_mid, per_step=per_step, steps=steps,
+                      every=every, seed=s + (10 if rec == "batch_control" else 0))  # the control: other noise
+    cmp = analyse2(sweep_dir=None, out_dir=out)["comparisons"]
+    assert cmp["batch_large_vs_control"]["reference"] == "batch_control"
+    assert cmp["batch_large_vs_control"]["crossing"]["outcome"] == "crossed"
+    assert cmp["batch_large"]["crossing"]["outcome"] == "crossed"
+    null = cmp["batch_control"]["crossing"]
+    assert null["outcome"] == f"early: {NOT_SEPARABLE}; late: {NOT_SEPARABLE}"
+    assert abs(null["early"]["mean"]) < 0.005 and abs(null["late"]["mean"]) < 0.005
+    assert "| batch_large vs batch_control |" in (out / "README.md").read_text()
