@@ -132,7 +132,8 @@ def _plots2(runs: dict[str, dict[int, Path]], res: dict[str, Any], half: dict[st
         figsize=(10.0, 6.0), title="fit on the first half of compute (stars), extrapolated (dashed, only where it "
                                    "identifies A)\nagainst the second half (crosses)")]
     axes = ((("batch_small", REFERENCE, "batch_large", CONTROL),
-             [(REFERENCE, "batch_large"), (REFERENCE, "batch_small"), (REFERENCE, CONTROL)], "batch_samples.png",
+             [(REFERENCE, "batch_large"), (REFERENCE, "batch_small"), (REFERENCE, CONTROL), (CONTROL, "batch_large")],
+             "batch_samples.png",
              "batch-size axis (paper Sec. 5: larger is slower early, higher late)"),
             ((REFERENCE, "no_npr"), [(REFERENCE, "no_npr")], "npr_samples.png",
              "No-Positive-Resampling over ~2.1 passes (reference: on; no_npr: off)"))

@@ -285,3 +285,32 @@ def test_batch_sizes_are_also_compared_with_the_control(analysed, tmp_path):
     assert null["outcome"] == f"early: {NOT_SEPARABLE}; late: {NOT_SEPARABLE}"
     assert abs(null["early"]["mean"]) < 0.005 and abs(null["late"]["mean"]) < 0.005
     assert "| batch_large vs batch_control |" in (out / "README.md").read_text()
+
+
+def test_difference_panel_pairs_each_setting_by_seed_and_shows_the_batch_against_the_control():
+    """The batch plot's lower panel: b - a per seed at b's points (a interpolated), seed mean +- 2 SE over seeds;
+    hand-worked on straight lines: reference 0.5 + 0.001 x, control 0.5 + 0.001 x + 0.01 s, larger batch
+    0.4 + 0.002 x + 0.02 s (s the seed)."""
+    from scalerl_mega.reproduce2_analyse import _axis_panels
+
+    x = np.array([0.0, 10.0, 20.0, 40.0])
+    series = {}
+    for s in (0, 1, 2):
+        series[f"scalerl/seed{s}"] = (x, 0.5 + 0.001 * x)
+        series[f"batch_control/seed{s}"] = (x, 0.5 + 0.001 * x + 0.01 * s)
+        series[f"batch_large/seed{s}"] = (x[1:], 0.4 + 0.002 * x[1:] + 0.02 * s)
+    runs = {rec: {s: Path(f"/unused/{rec}/seed{s}") for s in (0, 1, 2)} for rec in ("scalerl", "batch_control",
+                                                                                     "batch_large")}
+    panels = _axis_panels(runs, {"series": series}, ["scalerl", "batch_large", "batch_control"],
+                          [("scalerl", "batch_large"), ("scalerl", "batch_small"), ("scalerl", "batch_control"),
+                           ("batch_control", "batch_large")], binom=lambda _x, p: p * (1 - p) / 1600)
+    diff = {c.label: c for c in panels[1].curves}
+    assert sorted(diff) == ["batch_control - scalerl (3 seeds)", "batch_large - batch_control (3 seeds)",
+                            "batch_large - scalerl (3 seeds)"]  # no smaller batch ran: no curve
+    c = diff["batch_large - batch_control (3 seeds)"]
+    # per seed: (0.4 + 0.002 x + 0.02 s) - (0.5 + 0.001 x + 0.01 s) = -0.1 + 0.001 x + 0.01 s; mean over s: +0.01
+    assert np.asarray(c.x) == pytest.approx(x[1:])
+    assert np.asarray(c.y) == pytest.approx(-0.09 + 0.001 * x[1:])
+    se = np.std([0.0, 0.01, 0.02], ddof=1) / math.sqrt(3)
+    assert np.asarray(c.hi) - np.asarray(c.y) == pytest.approx(np.full(3, 2 * se))
+    assert np.asarray(diff["batch_large - scalerl (3 seeds)"].y) == pytest.approx(-0.08 + 0.001 * x[1:])
