@@ -90,6 +90,24 @@ def progress(before: dict[str, int], after: dict[str, int]) -> dict[str, list[in
     return {k: [before.get(k, 0), v] for k, v in sorted(after.items()) if v != before.get(k, 0)}
 
 
+def points_of_command(command: str) -> set[str] | None:
+    """The points (`<run_name>/seed<N>`; each sweep's run_name is its experiment's name) an invocation's recorded
+    multirun command selected (`seed=0,1 experiment=a,b`); None where the command names no seeds or experiments.
+    Two invocations may run at once (two pieces on the 2 cores): each must claim only its own points' steps."""
+    args = dict(tok.split("=", 1) for tok in command.split() if tok.startswith(("seed=", "experiment=")))
+    if "seed" not in args or "experiment" not in args:
+        return None
+    return {f"{exp}/seed{seed}" for exp in args["experiment"].split(",") for seed in args["seed"].split(",")}
+
+
+def own_progress(record: dict) -> dict[str, list[int]]:
+    """`record`'s progress restricted to the points its command selected (lines written before 2026-11-27
+    evening also counted the steps a concurrent invocation added to other points)."""
+    prog = record.get("progress") or {}
+    points = points_of_command(record.get("command") or "")
+    return prog if points is None else {k: v for k, v in prog.items() if k in points}
+
+
 def stamp_runs(sweep_dir: Path, record: dict, *, history: list[dict] | None = None) -> list[Path]:
     """Write `provenance.json` into every finished run directory that has none yet: the invocation that
     finished the run (`record`: commit, dirty flag, command, times) and, as `segments`, every invocation
@@ -104,11 +122,11 @@ def stamp_runs(sweep_dir: Path, record: dict, *, history: list[dict] | None = No
             continue
         key = f"{run.parent.name}/{run.name}"
         segments = [{"commit": r.get("commit"), "dirty": r.get("dirty"), "started": r.get("started"),
-                     "steps": r["progress"][key],
+                     "steps": own_progress(r)[key],
                      # the invocation's wall time is this run's only where it trained nothing else
-                     "wall_s": r.get("wall_s") if len(r["progress"]) == 1 else None,
+                     "wall_s": r.get("wall_s") if len(own_progress(r)) == 1 else None,
                      **({"note": r["note"]} if "note" in r else {})}
-                    for r in [*(history or []), record] if key in (r.get("progress") or {})]
+                    for r in [*(history or []), record] if key in own_progress(r)]
         path.write_text(json.dumps({**{k: record.get(k) for k in fields}, "segments": segments}, indent=1) + "\n")
         stamped.append(run)
     return stamped
@@ -158,8 +176,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     before = run_steps(sweep_dir)
     rc = _launch(cmd, env)
-    record.update(finished=_stamp(), wall_s=round(time.monotonic() - t0, 1), rc=rc,
-                  progress=progress(before, run_steps(sweep_dir)))
+    record.update(finished=_stamp(), wall_s=round(time.monotonic() - t0, 1), rc=rc)
+    record["progress"] = own_progress({**record, "progress": progress(before, run_steps(sweep_dir))})
     stamp_runs(sweep_dir, record, history=read_history(sweep_dir))
     with open(sweep_dir / "provenance.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")

@@ -142,3 +142,29 @@ def test_recipe_name_strips_either_prefix():
     assert rep_report.recipe_name("repro_dapo") == "dapo"
     assert rep_report.recipe_name("repro3_batch_small") == "batch_small"
     assert rep_report.recipe_name("demo") == "demo"
+
+
+def test_concurrent_invocations_claim_only_their_own_points(tmp_path, monkeypatch):
+    """Two pieces at a time: while invocation A (`--seeds 0 --recipes repro3_scalerl`) runs, another trains
+    repro3_batch_small/seed0 in the same sweep directory (its steps appear in A's before/after snapshot). A's
+    line and A's stamp name only A's point, with A's wall time; an old line (written before the fix) that also
+    counted the other point is read the same way."""
+    calls: list = []
+    sweep = tmp_path / "sw"
+    old = {"started": "t0", "commit": "old", "dirty": False, "wall_s": 50.0, "rc": 0,
+           "command": "OMP_NUM_THREADS=1 python -m scalerl_mega.train -m seed=0 experiment=repro3_batch_small",
+           "progress": {"repro3_batch_small/seed0": [0, 100], "repro3_scalerl/seed0": [0, 40]}}
+    sweep.mkdir()
+    (sweep / "provenance.jsonl").write_text(json.dumps(old) + "\n")
+    monkeypatch.setattr(rep, "_launch", _fake_sweep(calls, ["repro3_scalerl/seed0"], trained={
+        "repro3_scalerl/seed0": (1, 800), "repro3_batch_small/seed0": (101, 300)}))
+    monkeypatch.setattr(rep, "_git", lambda *a: "abc" if a[0] == "rev-parse" else "")
+    rep.main(["sweep", "--sweep", "repro3", "--sweep-dir", str(sweep), "--seeds", "0", "--recipes", "repro3_scalerl"])
+    line = json.loads((sweep / "provenance.jsonl").read_text().splitlines()[-1])
+    assert line["progress"] == {"repro3_scalerl/seed0": [0, 800]}
+    prov = json.loads((sweep / "repro3_scalerl" / "seed0" / "provenance.json").read_text())
+    assert [(s["commit"], s["steps"], s["wall_s"]) for s in prov["segments"]] == [("abc", [0, 800], line["wall_s"])]
+    assert rep.points_of_command(old["command"]) == {"repro3_batch_small/seed0"}
+    assert rep.points_of_command("python -m scalerl_mega.train -m seed=0,1 experiment=a,b") == {
+        "a/seed0", "a/seed1", "b/seed0", "b/seed1"}
+    assert rep.points_of_command("a hand-written note") is None  # then the recorded progress is taken as it is
