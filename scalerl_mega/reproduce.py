@@ -116,17 +116,18 @@ def stamp_runs(sweep_dir: Path, record: dict, *, history: list[dict] | None = No
     commit produced which steps."""
     stamped = []
     fields = ("commit", "dirty", "command", "started", "finished")
+    claims = [(r, own_progress(r)) for r in [*(history or []), record]]
     for run in finished_runs(sweep_dir):
         path = run / "provenance.json"
         if path.exists():
             continue
         key = f"{run.parent.name}/{run.name}"
         segments = [{"commit": r.get("commit"), "dirty": r.get("dirty"), "started": r.get("started"),
-                     "steps": own_progress(r)[key],
+                     "steps": own[key],
                      # the invocation's wall time is this run's only where it trained nothing else
-                     "wall_s": r.get("wall_s") if len(own_progress(r)) == 1 else None,
+                     "wall_s": r.get("wall_s") if len(own) == 1 else None,
                      **({"note": r["note"]} if "note" in r else {})}
-                    for r in [*(history or []), record] if key in own_progress(r)]
+                    for r, own in claims if key in own]
         path.write_text(json.dumps({**{k: record.get(k) for k in fields}, "segments": segments}, indent=1) + "\n")
         stamped.append(run)
     return stamped
