@@ -15,7 +15,8 @@ compares them on compute, not steps). Everything is judged by the project's one 
   control (the reference batch in micro-batches) measures what seeds and numerics alone produce: its own row
   against the reference, and each batch size compared with it as with the reference (`<var>_vs_control`: an
   effect that is real shows against both runs of the reference recipe, paired by seed).
-- **No-Positive-Resampling** over ~2.1 passes of the pool: the same three checks against the reference.
+- **No-Positive-Resampling** over ~2.1 passes of the pool: the same three checks against the reference, and
+  against the control (`no_npr_vs_control`).
 
 Output: `fits.json`, `results.json`, PNG plots and the section of `<out>/README.md` between the GENERATED
 markers. An axis with fewer than 2 finished seeds on a side is reported as *incomplete* (how many seeds are
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from scalerl_mega.reproduce2_markdown import markdown
-from scalerl_mega.reproduce2_report import (BATCH_VARIANTS, CONTROL, EXPECTED_SEEDS, MIN_SEEDS, REFERENCE, REPRO3_RUN_NAMES,
+from scalerl_mega.reproduce2_report import (CONTROL, CONTROLLED_VARIANTS, EXPECTED_SEEDS, MIN_SEEDS, REFERENCE, REPRO3_RUN_NAMES,
                                             SAMPLES_AXIS, SETTINGS, crossing, half_fit, irregular_points,
                                             overdispersion)
 from scalerl_mega.reproduce_report import (ACTIVE_KEY, BEGIN, END, EPOCH_KEY, collect, discover, final_pass_rates,
@@ -135,7 +136,7 @@ def _plots2(runs: dict[str, dict[int, Path]], res: dict[str, Any], half: dict[st
              [(REFERENCE, "batch_large"), (REFERENCE, "batch_small"), (REFERENCE, CONTROL), (CONTROL, "batch_large")],
              "batch_samples.png",
              "batch-size axis (paper Sec. 5: larger is slower early, higher late)"),
-            ((REFERENCE, "no_npr"), [(REFERENCE, "no_npr")], "npr_samples.png",
+            ((REFERENCE, "no_npr", CONTROL), [(REFERENCE, "no_npr"), (CONTROL, "no_npr")], "npr_samples.png",
              "No-Positive-Resampling over ~2.1 passes (reference: on; no_npr: off)"))
     for shown, pairs, name, title in axes:
         shown = [rec for rec in shown if rec in runs]
@@ -163,7 +164,7 @@ def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
     fin = final_pass_rates(runs, res["series"], reference=REFERENCE)
     pairs = {var: _pair_rows(runs, res, fin, ref=REFERENCE, var=var) for var in SETTINGS if var != REFERENCE}
     pairs["batch_large_vs_small"] = _pair_rows(runs, res, fin, ref="batch_small", var="batch_large")
-    for var in BATCH_VARIANTS:  # the same comparisons against the reference recipe rerun in micro-batches
+    for var in CONTROLLED_VARIANTS:  # the same comparisons against the reference recipe rerun in micro-batches
         pairs[f"{var}_vs_control"] = _pair_rows(runs, res, fin, ref=CONTROL, var=var)
     missing = [f"{rec}/seed{s}" for rec in SETTINGS for s in EXPECTED_SEEDS if s not in runs.get(rec, {})]
     plots = _plots2(runs, res, half, out_dir, n_per_point=min(float(n[-1]) for n in res["n_samples"].values()))

@@ -114,7 +114,7 @@ def markdown(results: dict[str, Any]) -> str:
               "Windows: the paired difference (variant - reference, per seed, then the t rule over seeds) averaged "
               "over the first and the last quarter of the common compute; *crossed* = the variant significantly "
               "below early and above late; 'reference' is the setting after 'vs'. The control's row is what seeds and "
-              "numerics alone produce; the rows against `batch_control` repeat a batch size's comparison against that "
+              "numerics alone produce; the rows against `batch_control` repeat a variant's comparison against that "
               "rerun of the reference recipe (a real effect shows against both).", ""]
     lines += _comparisons(results)
     lines += ["", "### Plots", ""] + [f"![{p}]({p})" for p in results["plots"]] + ["", END]

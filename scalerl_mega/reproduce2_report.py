@@ -31,8 +31,10 @@ REPRO3_RUN_NAMES = ("repro3_scalerl", "repro3_batch_small", "repro3_batch_large"
 No-Positive-Resampling over several passes; the first is the reference recipe."""
 REFERENCE = recipe_name(REPRO3_RUN_NAMES[0])
 CONTROL = "batch_control"
-BATCH_VARIANTS = ("batch_large", "batch_small")
-"""The batch-size axis's settings, each also compared with the same-maths control (paired by seed)."""
+CONTROLLED_VARIANTS = ("batch_large", "batch_small", "no_npr")
+"""The settings also compared with the same-maths control (paired by seed): the batch-size axis and
+No-Positive-Resampling off. The control is a rerun of the reference recipe, so an effect that is real shows
+against both."""
 EXPECTED_SEEDS = (0, 1, 2)
 MIN_SEEDS = 2
 """Fewest finished seeds per setting for a verdict (the seed rules need a spread)."""

@@ -262,22 +262,34 @@ def test_irregular_points_names_a_missing_point_and_a_mixed_one():
     assert irregular_points([0, 20], [1600] * 2, every=20, last_step=40) == ["no point at step 40"]
 
 
-def test_batch_sizes_are_also_compared_with_the_control(analysed, tmp_path):
-    """Each batch size is compared with the same-maths control as with the reference (paired by seed): with one
-    control seed that row is incomplete (the module fixture); with three, the larger batch (A 0.78, C_mid 90)
-    crosses the control (the reference's curve, other noise) as it crosses the reference, and the control
-    against the reference is a null: no window separates."""
+def test_variants_are_also_compared_with_the_control(analysed, tmp_path):
+    """Each batch size and No-Positive-Resampling off are compared with the same-maths control as with the
+    reference (paired by seed): with one control seed those rows are incomplete (the module fixture); with
+    three, the larger batch (A 0.78, C_mid 90) crosses the control (the reference's curve, other noise) as it
+    crosses the reference, the control against the reference is a null (no window separates), and a no_npr
+    run with the reference's B and C_mid but A 0.76 is above the control in both windows."""
     _, res = analysed
     assert "1 batch_control" in res["comparisons"]["batch_large_vs_control"]["incomplete"]
     assert "1 batch_control and 3 batch_small" in res["comparisons"]["batch_small_vs_control"]["incomplete"]
+    assert "1 batch_control and 0 no_npr" in res["comparisons"]["no_npr_vs_control"]["incomplete"]
     out = tmp_path / "repro3"
-    for rec in ("scalerl", "batch_large", "batch_control"):
-        A, B, C_mid = TRUTH[rec]
-        per_step, steps, every = SHAPE[rec]
+    truth = {**TRUTH, "no_npr": (0.76, 2.0, 60.0)}
+    noise = {"batch_control": 10, "no_npr": 20}  # seed offsets: each setting its own noise
+    for rec in ("scalerl", "batch_large", "batch_control", "no_npr"):
+        A, B, C_mid = truth[rec]
+        per_step, steps, every = SHAPE.get(rec, SHAPE["scalerl"])
         for s in (0, 1, 2):
             write_run(out / "runs" / rec / f"seed{s}", A=A, B=B, C_mid=C_mid, per_step=per_step, steps=steps,
-                      every=every, seed=s + (10 if rec == "batch_control" else 0))  # the control: other noise
-    cmp = analyse2(sweep_dir=None, out_dir=out)["comparisons"]
+                      every=every, seed=s + noise.get(rec, 0))
+    res3 = analyse2(sweep_dir=None, out_dir=out)
+    cmp = res3["comparisons"]
+    npr = cmp["no_npr_vs_control"]
+    assert npr["reference"] == "batch_control" and npr["variant"] == "no_npr"
+    assert npr["crossing"]["outcome"] == f"early: {VARIANT_BETTER}; late: {VARIANT_BETTER}"
+    # late window (points at steps 600-800 of 800, measuring R at window centres c = 590-790 steps; C_mid 60):
+    # Eq. 1's gap (0.76 - 0.70) / (1 + (60/c)^2) is 0.0594-0.0597
+    assert npr["crossing"]["late"]["mean"] == pytest.approx(0.0595, abs=0.002)
+    assert "npr_samples.png" in res3["plots"] and "| no_npr vs batch_control |" in (out / "README.md").read_text()
     assert cmp["batch_large_vs_control"]["reference"] == "batch_control"
     assert cmp["batch_large_vs_control"]["crossing"]["outcome"] == "crossed"
     assert cmp["batch_large"]["crossing"]["outcome"] == "crossed"
