@@ -100,11 +100,10 @@ def points_of_command(command: str) -> set[str] | None:
     return {f"{exp}/seed{seed}" for exp in args["experiment"].split(",") for seed in args["seed"].split(",")}
 
 
-def own_progress(record: dict) -> dict[str, list[int]]:
-    """`record`'s progress restricted to the points its command selected (lines written before 2026-11-27
-    evening also counted the steps a concurrent invocation added to other points)."""
-    prog = record.get("progress") or {}
-    points = points_of_command(record.get("command") or "")
+def own_progress(prog: dict[str, list[int]], command: str) -> dict[str, list[int]]:
+    """An invocation's progress restricted to the points its `command` selected (lines written before
+    2026-11-27 evening also counted the steps a concurrent invocation added to other points)."""
+    points = points_of_command(command)
     return prog if points is None else {k: v for k, v in prog.items() if k in points}
 
 
@@ -116,7 +115,8 @@ def stamp_runs(sweep_dir: Path, record: dict, *, history: list[dict] | None = No
     commit produced which steps."""
     stamped = []
     fields = ("commit", "dirty", "command", "started", "finished")
-    claims = [(r, own_progress(r)) for r in [*(history or []), record]]
+    claims = [(r, own_progress(r.get("progress") or {}, r.get("command") or ""))
+              for r in [*(history or []), record]]
     for run in finished_runs(sweep_dir):
         path = run / "provenance.json"
         if path.exists():
@@ -177,8 +177,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     before = run_steps(sweep_dir)
     rc = _launch(cmd, env)
-    record.update(finished=_stamp(), wall_s=round(time.monotonic() - t0, 1), rc=rc)
-    record["progress"] = own_progress({**record, "progress": progress(before, run_steps(sweep_dir))})
+    record.update(finished=_stamp(), wall_s=round(time.monotonic() - t0, 1), rc=rc,
+                  progress=own_progress(progress(before, run_steps(sweep_dir)), record["command"]))
     stamp_runs(sweep_dir, record, history=read_history(sweep_dir))
     with open(sweep_dir / "provenance.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
