@@ -8,8 +8,8 @@ Binomial(N, R)/N: independent samples, which understates prompt-level correlatio
 simulated run is assessed exactly as report.py does (relative grid, 10% cut, n_samples=N). Reported per
 design and truth: P(identified) and P(identified and |A_hat - A| > 0.02) (a confidently wrong A).
 
-Usage: python reproduction/design/simulate.py [--reps 10] [--set main|slow|pilot|repro3|shallow] [--out reproduction/design]
-Writes sim[_slow|_pilot|_repro3|_shallow].json and .png into --out; each row also gives P(half identified): the first half
+Usage: python reproduction/design/simulate.py [--reps 10] [--set main|slow|pilot|repro3|shallow|measured] [--out reproduction/design]
+Writes sim[_slow|_pilot|_repro3|_shallow|_measured].json and .png into --out; each row also gives P(half identified): the first half
 of the run on its own (the forecast's precondition, reproduce2_report.half_fit). Pure CPU, a few minutes at the defaults.
 """
 
@@ -67,6 +67,18 @@ SHALLOW_DESIGNS = [
     ("6400 steps, window/80, 200x8", 6400, 80, 1600, 0.013),
 ]
 SHALLOW_TRUTHS = [dict(R0=0.085, A=0.65, B=0.8, C_mid=75.0), dict(R0=0.085, A=0.65, B=1.0, C_mid=75.0)]
+# The finished sweep's shape (`--set measured`, reproduction/design/README.md "Pooling the seeds"): its five
+# identified runs fit A 0.610-0.635, B 1.19-1.48, C_mid 27-38k samples (~113 reference steps of 256 samples),
+# R0 ~0.09. How long would a reference run at that shape have to be for its first half to pin A?
+MEASURED_DESIGNS = [
+    ("1600 steps, window/20, 200x8", 1600, 20, 1600, 0.013),
+    ("3200 steps, window/40, 200x8", 3200, 40, 1600, 0.013),
+    ("6400 steps, window/80, 200x8", 6400, 80, 1600, 0.013),
+    ("12800 steps, window/160, 200x8", 12800, 160, 1600, 0.013),
+    ("3200 steps, window/20, 200x8", 3200, 20, 1600, 0.013),   # the same validation share of each step
+    ("6400 steps, window/20, 200x8", 6400, 20, 1600, 0.013),
+]
+MEASURED_TRUTHS = [dict(R0=0.09, A=0.62, B=1.2, C_mid=113.0), dict(R0=0.09, A=0.62, B=1.45, C_mid=113.0)]
 # Truths: R0 = start pass rate, A = ceiling, B = steepness, C_mid in steps.
 TRUTHS = [
     dict(R0=0.30, A=0.70, B=1.5, C_mid=150.0),
@@ -109,13 +121,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--set", choices=["main", "slow", "pilot", "repro3", "shallow"], default="main")
+    ap.add_argument("--set", choices=["main", "slow", "pilot", "repro3", "shallow", "measured"], default="main")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     designs, truths = {"main": (DESIGNS, TRUTHS), "slow": (SLOW_DESIGNS, SLOW_TRUTHS),
                        "pilot": (PILOT_DESIGNS, PILOT_TRUTHS), "repro3": (REPRO3_DESIGNS, REPRO3_TRUTHS),
-                       "shallow": (SHALLOW_DESIGNS, SHALLOW_TRUTHS)}[args.set]
+                       "shallow": (SHALLOW_DESIGNS, SHALLOW_TRUTHS),
+                       "measured": (MEASURED_DESIGNS, MEASURED_TRUTHS)}[args.set]
     designs = [d if len(d) == 5 else (*d, 0.0) for d in designs]
     suffix = "" if args.set == "main" else f"_{args.set}"
     rows = []

@@ -1,0 +1,190 @@
+"""Issue 29's predictability test at twice the compute: each repro3 run whose whole 1,600-step (409,600-sample)
+curve identifies Eq. 1's A is a first half; its fit is registered as a forecast before the run is continued
+to twice its compute, and the continuation is then checked against it (paper Fig. 1, Sec. 6). See README.md.
+
+    PYTHONPATH=$PWD .venv/bin/python reproduction/repro3_extend/extend.py register   # forecasts.json (before the runs)
+    PYTHONPATH=$PWD .venv/bin/python reproduction/repro3_extend/extend.py start scalerl 1   # copy the run, print the command
+    PYTHONPATH=$PWD .venv/bin/python reproduction/repro3_extend/extend.py check      # results.json, README table, plot
+
+`register` fits the committed runs in reproduction/repro3/runs exactly as its analysis does (compute in thousands
+of samples, `identify.assess` with the relative grid and the fast fit) and writes every run's verdict; only an
+identified A gets a forecast. `start` copies outputs/reproduce3/<recipe>/seed<N> (its checkpoint at the end of
+the 1,600 steps) to outputs/reproduce3_x2/<recipe>/seed<N> and prints the `scalerl_mega.train` command that
+continues it with `train.steps` doubled (resume=auto: the metrics before the checkpoint are kept as they are).
+`check` reads each continued run (outputs/reproduce3_x2, else its committed copy under runs/), evaluates the
+registered Eq. 1 at the continuation's last 3 validation points and reports the error against the noise
+floor (sqrt(2/pi) x the mean binomial SE, as reproduction/repro3's half-fit table does).
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+RUNS = ROOT / "reproduction" / "repro3" / "runs"
+SWEEP = ROOT / "outputs" / "reproduce3"
+OUT = ROOT / "outputs" / "reproduce3_x2"
+RECIPES = {"scalerl": "repro3_scalerl", "batch_small": "repro3_batch_small", "batch_large": "repro3_batch_large",
+           "batch_control": "repro3_batch_control", "no_npr": "repro3_no_npr"}
+STEPS = {"scalerl": 1600, "batch_small": 3200, "batch_large": 800, "batch_control": 1600, "no_npr": 1600}
+FINAL_POINTS = 3
+SCALE = 1e-3  # the analysis' compute axis: thousands of generated samples
+
+
+def series(run_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(compute in k samples, pass rate, samples per point) of a run directory."""
+    from scalerl_mega.reproduce2_report import read_run
+
+    c, r, n = read_run(run_dir)
+    return c * SCALE, r, np.broadcast_to(np.asarray(n, dtype=np.float64), c.shape).copy()
+
+
+def whole_run(c, r, n):
+    from scalerl_mega.scaling.fit import FitOptions
+    from scalerl_mega.scaling.identify import assess, options_for
+
+    return assess(c, r, options=options_for(c, grid="relative", base=FitOptions(method="fast")), n_samples=n)
+
+
+def register(_args) -> None:
+    from scalerl_mega.scaling.identify import verdict_text
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    entries = []
+    for setting in RECIPES:
+        for d in sorted((RUNS / setting).glob("seed*")):
+            c, r, n = series(d)
+            a = whole_run(c, r, n)
+            c2 = 2.0 * float(c.max())
+            e = {"run": f"{setting}/{d.name}", "identified": a.identified, "verdict": verdict_text(a),
+                 "fitted_to_k_samples": float(c.max()), "target_k_samples": c2, **a.summary()}
+            if a.identified:
+                e["forecast_at_target"] = float(a.predict(c2))
+            entries.append(e)
+            print(f"{e['run']}: {e['verdict']}" + (f"; forecast at {c2:.1f}k samples: {e['forecast_at_target']:.3f}"
+                                                   if a.identified else ""))
+    (HERE / "forecasts.json").write_text(json.dumps({"registered_at_commit": commit, "axis": "k samples",
+                                                     "runs": entries}, indent=1) + "\n")
+
+
+def start(args) -> None:
+    src = SWEEP / RECIPES[args.setting] / f"seed{args.seed}"
+    dst = OUT / RECIPES[args.setting] / f"seed{args.seed}"
+    if not (src / "checkpoints").is_dir():
+        sys.exit(f"{src}: no checkpoints to continue from")
+    if not dst.exists():
+        shutil.copytree(src, dst)
+        print(f"copied {src} -> {dst}", file=sys.stderr)
+    print(f"OMP_NUM_THREADS=1 python -m scalerl_mega.train experiment={RECIPES[args.setting]} seed={args.seed} "
+          f"train.steps={2 * STEPS[args.setting]} sft.checkpoint=outputs/reproduce3/sft "
+          f"hydra.run.dir={dst.relative_to(ROOT)}")
+
+
+def continued_dir(run: str) -> Path | None:
+    setting, seed = run.split("/")
+    live = OUT / RECIPES[setting] / seed
+    if (live / "summary.json").exists():
+        return live
+    kept = HERE / "runs" / setting / seed
+    return kept if (kept / "metrics.jsonl.gz").exists() else None
+
+
+def check(_args) -> None:
+    from scalerl_mega.scaling.fit import sigmoid_law
+
+    reg = json.loads((HERE / "forecasts.json").read_text())
+    rows = []
+    for e in reg["runs"]:
+        d = continued_dir(e["run"])
+        if not e["identified"] or d is None:
+            continue
+        if d.parent.parent == OUT:  # keep a copy with the committed runs
+            keep = HERE / "runs" / e["run"]
+            keep.mkdir(parents=True, exist_ok=True)
+            with gzip.open(keep / "metrics.jsonl.gz", "wb", mtime=0) as f:
+                f.write((d / "metrics.jsonl").read_bytes())
+            shutil.copy(d / "summary.json", keep / "summary.json")
+        c, r, n = series(d)
+        fc, fr, fn = c[-FINAL_POINTS:], r[-FINAL_POINTS:], n[-FINAL_POINTS:]
+        pred = sigmoid_law(fc, A=e["A"], B=e["B"], C_mid=e["C_mid"], R0=e["R0"])
+        lo = sigmoid_law(fc, A=e["A_interval"][0], B=e["B"], C_mid=e["C_mid"], R0=e["R0"])
+        hi = sigmoid_law(fc, A=e["A_interval"][1], B=e["B"], C_mid=e["C_mid"], R0=e["R0"])
+        floor = math.sqrt(2 / math.pi) * float(np.mean(np.sqrt(pred * (1 - pred) / fn)))
+        mae = float(np.mean(np.abs(pred - fr)))
+        later = c > e["fitted_to_k_samples"]
+        rows.append({"run": e["run"], "A": e["A"], "A_interval": e["A_interval"], "final_k_samples": fc.tolist(),
+                     "observed": fr.tolist(), "predicted": pred.tolist(), "band": [lo.tolist(), hi.tolist()],
+                     "mae": mae, "noise_floor": floor, "ratio": mae / floor,
+                     "inside_band": int(np.sum((fr >= lo - 2 * np.sqrt(fr * (1 - fr) / fn))
+                                               & (fr <= hi + 2 * np.sqrt(fr * (1 - fr) / fn)))),
+                     "second_half_mean": float(np.mean(r[later])), "second_half_points": int(later.sum()),
+                     "finished": float(c.max()) >= 0.999 * e["target_k_samples"]})
+        print(f"{e['run']}: forecast {np.round(pred, 3).tolist()} (A {e['A']:.3f}, {e['A_interval'][0]:.3f}.."
+              f"{e['A_interval'][1]:.3f}) observed {np.round(fr, 3).tolist()} at {np.round(fc, 1).tolist()}k: "
+              f"|error| {mae:.4f} = {mae / floor:.1f}x the floor {floor:.4f}"
+              + ("" if rows[-1]["finished"] else f" (run not finished: {c.max():.0f}k of {e['target_k_samples']:.0f}k)"))
+    (HERE / "results.json").write_text(json.dumps({"forecasts_registered_at": reg["registered_at_commit"],
+                                                   "rows": rows}, indent=1) + "\n")
+    plot(reg, rows)
+
+
+def plot(reg: dict, rows: list[dict]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from scalerl_mega.scaling.fit import sigmoid_law
+
+    if not rows:
+        return
+    fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 4), squeeze=False)
+    by_run = {e["run"]: e for e in reg["runs"]}
+    for ax, row in zip(axes[0], rows):
+        e = by_run[row["run"]]
+        c, r, n = series(continued_dir(row["run"]))
+        first = c <= e["fitted_to_k_samples"]
+        se = np.sqrt(r * (1 - r) / n)
+        ax.errorbar(c[first], r[first], 2 * se[first], fmt=".", ms=3, lw=0.5, color="tab:blue", label="fitted (first half)")
+        ax.errorbar(c[~first], r[~first], 2 * se[~first], fmt=".", ms=3, lw=0.5, color="tab:red",
+                    label="observed after the forecast")
+        grid = np.linspace(c[c > 0].min(), e["target_k_samples"], 400)
+        kw = dict(B=e["B"], C_mid=e["C_mid"], R0=e["R0"])
+        ax.plot(grid, sigmoid_law(grid, A=e["A"], **kw), "k-", lw=1, label=f"Eq. 1 forecast, A {e['A']:.3f}")
+        ax.fill_between(grid, sigmoid_law(grid, A=e["A_interval"][0], **kw), sigmoid_law(grid, A=e["A_interval"][1], **kw),
+                        color="k", alpha=0.12, label="A's 95% interval")
+        ax.axvline(e["fitted_to_k_samples"], color="grey", ls=":", lw=1)
+        ax.set_title(f"{row['run']}: |error| at the end {row['ratio']:.1f}x floor", fontsize=9)
+        ax.set_xlabel("Generated samples trained on (cumulative, thousands)")
+        ax.set_ylim(0.3, 0.75)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("validation pass rate")
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.suptitle("Fit on the first half, forecast the second (registered before the runs were continued)")
+    fig.tight_layout()
+    fig.savefig(HERE / "forecast_x2.png", dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("register").set_defaults(fn=register)
+    s = sub.add_parser("start")
+    s.add_argument("setting", choices=sorted(RECIPES))
+    s.add_argument("seed", type=int)
+    s.set_defaults(fn=start)
+    sub.add_parser("check").set_defaults(fn=check)
+    args = ap.parse_args()
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()
