@@ -92,7 +92,7 @@ def start(args) -> None:
 def continued_dir(run: str) -> Path | None:
     setting, seed = run.split("/")
     live = OUT / RECIPES[setting] / seed
-    if (live / "summary.json").exists():
+    if (live / "metrics.jsonl").exists():  # running or finished (its summary.json is the 1,600-step run's until then)
         return live
     kept = HERE / "runs" / setting / seed
     return kept if (kept / "metrics.jsonl.gz").exists() else None
@@ -107,13 +107,13 @@ def check(_args) -> None:
         d = continued_dir(e["run"])
         if not e["identified"] or d is None:
             continue
-        if d.parent.parent == OUT:  # keep a copy with the committed runs
+        c, r, n = series(d)
+        if d.parent.parent == OUT and float(c.max()) >= 0.999 * e["target_k_samples"]:  # finished: keep a copy
             keep = HERE / "runs" / e["run"]
             keep.mkdir(parents=True, exist_ok=True)
             with gzip.open(keep / "metrics.jsonl.gz", "wb", mtime=0) as f:
                 f.write((d / "metrics.jsonl").read_bytes())
             shutil.copy(d / "summary.json", keep / "summary.json")
-        c, r, n = series(d)
         fc, fr, fn = c[-FINAL_POINTS:], r[-FINAL_POINTS:], n[-FINAL_POINTS:]
         pred = sigmoid_law(fc, A=e["A"], B=e["B"], C_mid=e["C_mid"], R0=e["R0"])
         lo = sigmoid_law(fc, A=e["A_interval"][0], B=e["B"], C_mid=e["C_mid"], R0=e["R0"])
@@ -126,12 +126,16 @@ def check(_args) -> None:
                      "mae": mae, "noise_floor": floor, "ratio": mae / floor,
                      "inside_band": int(np.sum((fr >= lo - 2 * np.sqrt(fr * (1 - fr) / fn))
                                                & (fr <= hi + 2 * np.sqrt(fr * (1 - fr) / fn)))),
-                     "second_half_mean": float(np.mean(r[later])), "second_half_points": int(later.sum()),
+                     "second_half_points": int(later.sum()),
+                     "second_half_mae": float(np.mean(np.abs(sigmoid_law(c[later], A=e["A"], B=e["B"], C_mid=e["C_mid"],
+                                                                          R0=e["R0"]) - r[later]))) if later.any() else None,
                      "finished": float(c.max()) >= 0.999 * e["target_k_samples"]})
         print(f"{e['run']}: forecast {np.round(pred, 3).tolist()} (A {e['A']:.3f}, {e['A_interval'][0]:.3f}.."
               f"{e['A_interval'][1]:.3f}) observed {np.round(fr, 3).tolist()} at {np.round(fc, 1).tolist()}k: "
               f"|error| {mae:.4f} = {mae / floor:.1f}x the floor {floor:.4f}"
               + ("" if rows[-1]["finished"] else f" (run not finished: {c.max():.0f}k of {e['target_k_samples']:.0f}k)"))
+    if (OUT / "provenance.jsonl").exists():
+        shutil.copy(OUT / "provenance.jsonl", HERE / "provenance.jsonl")
     (HERE / "results.json").write_text(json.dumps({"forecasts_registered_at": reg["registered_at_commit"],
                                                    "rows": rows}, indent=1) + "\n")
     plot(reg, rows)
