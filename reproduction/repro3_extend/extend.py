@@ -132,7 +132,8 @@ def check(_args) -> None:
                      "finished": float(c.max()) >= 0.999 * e["target_k_samples"]})
         print(f"{e['run']}: forecast {np.round(pred, 3).tolist()} (A {e['A']:.3f}, {e['A_interval'][0]:.3f}.."
               f"{e['A_interval'][1]:.3f}) observed {np.round(fr, 3).tolist()} at {np.round(fc, 1).tolist()}k: "
-              f"|error| {mae:.4f} = {mae / floor:.1f}x the floor {floor:.4f}"
+              f"|error| {mae:.4f} = {mae / floor:.1f}x the floor {floor:.4f}; over all {int(later.sum())} points after "
+              f"the fitted range {rows[-1]['second_half_mae'] or float('nan'):.4f}"
               + ("" if rows[-1]["finished"] else f" (run not finished: {c.max():.0f}k of {e['target_k_samples']:.0f}k)"))
     if (OUT / "provenance.jsonl").exists():
         shutil.copy(OUT / "provenance.jsonl", HERE / "provenance.jsonl")
@@ -150,9 +151,13 @@ def plot(reg: dict, rows: list[dict]) -> None:
 
     if not rows:
         return
-    fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 4), squeeze=False)
+    ncols = min(2, len(rows))
+    nrows = -(-len(rows) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6 * ncols, 4 * nrows), squeeze=False)
     by_run = {e["run"]: e for e in reg["runs"]}
-    for ax, row in zip(axes[0], rows):
+    for ax in axes.flat[len(rows):]:
+        ax.set_visible(False)
+    for ax, row in zip(axes.flat, rows):
         e = by_run[row["run"]]
         c, r, n = series(continued_dir(row["run"]))
         first = c <= e["fitted_to_k_samples"]
@@ -166,11 +171,13 @@ def plot(reg: dict, rows: list[dict]) -> None:
         ax.fill_between(grid, sigmoid_law(grid, A=e["A_interval"][0], **kw), sigmoid_law(grid, A=e["A_interval"][1], **kw),
                         color="k", alpha=0.12, label="A's 95% interval")
         ax.axvline(e["fitted_to_k_samples"], color="grey", ls=":", lw=1)
-        ax.set_title(f"{row['run']}: |error| at the end {row['ratio']:.1f}x floor", fontsize=9)
+        state = "" if row["finished"] else f" (stopped at {c.max():.0f}k of {e['target_k_samples']:.0f}k)"
+        ax.set_title(f"{row['run']}: last 3 points off by {row['ratio']:.1f}x the noise floor{state}", fontsize=9)
         ax.set_xlabel("Generated samples trained on (cumulative, thousands)")
         ax.set_ylim(0.3, 0.75)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("validation pass rate")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("validation pass rate")
     axes[0][0].legend(fontsize=7, loc="lower right")
     fig.suptitle("Fit on the first half, forecast the second (registered before the runs were continued)")
     fig.tight_layout()
