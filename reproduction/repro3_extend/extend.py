@@ -111,7 +111,7 @@ def check(_args) -> None:
         if d.parent.parent == OUT and float(c.max()) >= 0.999 * e["target_k_samples"]:  # finished: keep a copy
             keep = HERE / "runs" / e["run"]
             keep.mkdir(parents=True, exist_ok=True)
-            with gzip.open(keep / "metrics.jsonl.gz", "wb", mtime=0) as f:
+            with open(keep / "metrics.jsonl.gz", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
                 f.write((d / "metrics.jsonl").read_bytes())
             shutil.copy(d / "summary.json", keep / "summary.json")
         fc, fr, fn = c[-FINAL_POINTS:], r[-FINAL_POINTS:], n[-FINAL_POINTS:]
