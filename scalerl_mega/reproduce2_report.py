@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from scalerl_mega.reproduce_report import Axis, recipe_name
-from scalerl_mega.scaling.identify import Assessment, assess, options_for, verdict_text
+from scalerl_mega.scaling.identify import Assessment, assess, binomial_noise_floor, options_for, verdict_text
 from scalerl_mega.scaling.seeds import REFERENCE_BETTER, VARIANT_BETTER, PairedComparison, compare_paired
 
 FINAL_POINTS = 3
@@ -105,7 +105,7 @@ def half_fit(compute, reward, n_samples, *, final_points: int = FINAL_POINTS) ->
     fc, fr, fn = c[-final_points:], r[-final_points:], n[-final_points:]
     pred = a.predict(fc)
     p = pred if pred is not None else fr
-    floor = math.sqrt(2.0 / math.pi) * float(np.mean(np.sqrt(np.clip(p * (1 - p), 0.0, None) / fn)))
+    floor = binomial_noise_floor(p, fn)
     mae = None if pred is None else float(np.mean(np.abs(pred - fr)))
     unvetted = float(np.mean(np.abs(a.fit.predict(fc) - fr)))
     return HalfFit(unvetted_mae=unvetted, identified=a.identified, assessment=a, verdict=verdict_text(a),

@@ -18,9 +18,7 @@ floor (sqrt(2/pi) x the mean binomial SE, as reproduction/repro3's half-fit tabl
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import math
 import shutil
 import subprocess
 import sys
@@ -33,11 +31,16 @@ ROOT = HERE.parents[1]
 RUNS = ROOT / "reproduction" / "repro3" / "runs"
 SWEEP = ROOT / "outputs" / "reproduce3"
 OUT = ROOT / "outputs" / "reproduce3_x2"
-RECIPES = {"scalerl": "repro3_scalerl", "batch_small": "repro3_batch_small", "batch_large": "repro3_batch_large",
-           "batch_control": "repro3_batch_control", "no_npr": "repro3_no_npr"}
-STEPS = {"scalerl": 1600, "batch_small": 3200, "batch_large": 800, "batch_control": 1600, "no_npr": 1600}
 FINAL_POINTS = 3
 SCALE = 1e-3  # the analysis' compute axis: thousands of generated samples
+
+
+def recipes() -> dict[str, str]:
+    """Setting (the directory under runs/) -> its experiment name, in sweep order."""
+    from scalerl_mega.reproduce2_report import REPRO3_RUN_NAMES
+    from scalerl_mega.reproduce_report import recipe_name
+
+    return {recipe_name(n): n for n in REPRO3_RUN_NAMES}
 
 
 def series(run_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -60,7 +63,7 @@ def register(_args) -> None:
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     entries = []
-    for setting in RECIPES:
+    for setting in recipes():
         for d in sorted((RUNS / setting).glob("seed*")):
             c, r, n = series(d)
             a = whole_run(c, r, n)
@@ -77,21 +80,24 @@ def register(_args) -> None:
 
 
 def start(args) -> None:
-    src = SWEEP / RECIPES[args.setting] / f"seed{args.seed}"
-    dst = OUT / RECIPES[args.setting] / f"seed{args.seed}"
+    import yaml
+
+    experiment = recipes()[args.setting]
+    src = SWEEP / experiment / f"seed{args.seed}"
+    dst = OUT / experiment / f"seed{args.seed}"
     if not (src / "checkpoints").is_dir():
         sys.exit(f"{src}: no checkpoints to continue from")
+    steps = int(yaml.safe_load((src / "run_config.yaml").read_text())["train"]["steps"])
     if not dst.exists():
         shutil.copytree(src, dst)
         print(f"copied {src} -> {dst}", file=sys.stderr)
-    print(f"OMP_NUM_THREADS=1 python -m scalerl_mega.train experiment={RECIPES[args.setting]} seed={args.seed} "
-          f"train.steps={2 * STEPS[args.setting]} sft.checkpoint=outputs/reproduce3/sft "
-          f"hydra.run.dir={dst.relative_to(ROOT)}")
+    print(f"OMP_NUM_THREADS=1 python -m scalerl_mega.train experiment={experiment} seed={args.seed} "
+          f"train.steps={2 * steps} sft.checkpoint=outputs/reproduce3/sft hydra.run.dir={dst.relative_to(ROOT)}")
 
 
 def continued_dir(run: str) -> Path | None:
     setting, seed = run.split("/")
-    live = OUT / RECIPES[setting] / seed
+    live = OUT / recipes()[setting] / seed
     if (live / "metrics.jsonl").exists():  # running or finished (its summary.json is the 1,600-step run's until then)
         return live
     kept = HERE / "runs" / setting / seed
@@ -99,50 +105,49 @@ def continued_dir(run: str) -> Path | None:
 
 
 def check(_args) -> None:
+    from scalerl_mega.reproduce2_report import REPRO3_RUN_NAMES
+    from scalerl_mega.reproduce_report import collect
     from scalerl_mega.scaling.fit import sigmoid_law
+    from scalerl_mega.scaling.identify import binomial_noise_floor
 
+    if OUT.is_dir():  # finished continuations (and the launch record) are kept next to this script
+        collect(OUT, HERE / "runs", run_names=REPRO3_RUN_NAMES, gzip_metrics=True)
     reg = json.loads((HERE / "forecasts.json").read_text())
-    rows = []
+    rows, curves = [], {}
     for e in reg["runs"]:
         d = continued_dir(e["run"])
         if not e["identified"] or d is None:
             continue
-        c, r, n = series(d)
-        if d.parent.parent == OUT and float(c.max()) >= 0.999 * e["target_k_samples"]:  # finished: keep a copy
-            keep = HERE / "runs" / e["run"]
-            keep.mkdir(parents=True, exist_ok=True)
-            with open(keep / "metrics.jsonl.gz", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
-                f.write((d / "metrics.jsonl").read_bytes())
-            shutil.copy(d / "summary.json", keep / "summary.json")
+        c, r, n = curves[e["run"]] = series(d)
+
+        def registered(x, A=e["A"]):
+            return sigmoid_law(x, A=A, B=e["B"], C_mid=e["C_mid"], R0=e["R0"])
+
         fc, fr, fn = c[-FINAL_POINTS:], r[-FINAL_POINTS:], n[-FINAL_POINTS:]
-        pred = sigmoid_law(fc, A=e["A"], B=e["B"], C_mid=e["C_mid"], R0=e["R0"])
-        lo = sigmoid_law(fc, A=e["A_interval"][0], B=e["B"], C_mid=e["C_mid"], R0=e["R0"])
-        hi = sigmoid_law(fc, A=e["A_interval"][1], B=e["B"], C_mid=e["C_mid"], R0=e["R0"])
-        floor = math.sqrt(2 / math.pi) * float(np.mean(np.sqrt(pred * (1 - pred) / fn)))
+        pred, lo, hi = registered(fc), registered(fc, A=e["A_interval"][0]), registered(fc, A=e["A_interval"][1])
+        floor = binomial_noise_floor(pred, fn)
         mae = float(np.mean(np.abs(pred - fr)))
         later = c > e["fitted_to_k_samples"]
-        rows.append({"run": e["run"], "A": e["A"], "A_interval": e["A_interval"], "final_k_samples": fc.tolist(),
-                     "observed": fr.tolist(), "predicted": pred.tolist(), "band": [lo.tolist(), hi.tolist()],
-                     "mae": mae, "noise_floor": floor, "ratio": mae / floor,
-                     "inside_band": int(np.sum((fr >= lo - 2 * np.sqrt(fr * (1 - fr) / fn))
-                                               & (fr <= hi + 2 * np.sqrt(fr * (1 - fr) / fn)))),
-                     "second_half_points": int(later.sum()),
-                     "second_half_mae": float(np.mean(np.abs(sigmoid_law(c[later], A=e["A"], B=e["B"], C_mid=e["C_mid"],
-                                                                          R0=e["R0"]) - r[later]))) if later.any() else None,
-                     "finished": float(c.max()) >= 0.999 * e["target_k_samples"]})
+        two_se = 2 * np.sqrt(fr * (1 - fr) / fn)
+        row = {"run": e["run"], "A": e["A"], "A_interval": e["A_interval"], "final_k_samples": fc.tolist(),
+               "observed": fr.tolist(), "predicted": pred.tolist(), "band": [lo.tolist(), hi.tolist()],
+               "mae": mae, "noise_floor": floor, "ratio": mae / floor,
+               "inside_band": int(np.sum((fr >= lo - two_se) & (fr <= hi + two_se))),
+               "second_half_points": int(later.sum()),
+               "second_half_mae": float(np.mean(np.abs(registered(c[later]) - r[later]))) if later.any() else None,
+               "finished": float(c.max()) >= 0.999 * e["target_k_samples"]}
+        rows.append(row)
         print(f"{e['run']}: forecast {np.round(pred, 3).tolist()} (A {e['A']:.3f}, {e['A_interval'][0]:.3f}.."
               f"{e['A_interval'][1]:.3f}) observed {np.round(fr, 3).tolist()} at {np.round(fc, 1).tolist()}k: "
-              f"|error| {mae:.4f} = {mae / floor:.1f}x the floor {floor:.4f}; over all {int(later.sum())} points after "
-              f"the fitted range {rows[-1]['second_half_mae'] or float('nan'):.4f}"
-              + ("" if rows[-1]["finished"] else f" (run not finished: {c.max():.0f}k of {e['target_k_samples']:.0f}k)"))
-    if (OUT / "provenance.jsonl").exists():
-        shutil.copy(OUT / "provenance.jsonl", HERE / "provenance.jsonl")
+              f"|error| {mae:.4f} = {mae / floor:.1f}x the floor {floor:.4f}; over all {row['second_half_points']} "
+              f"points after the fitted range {row['second_half_mae'] or float('nan'):.4f}"
+              + ("" if row["finished"] else f" (run not finished: {c.max():.0f}k of {e['target_k_samples']:.0f}k)"))
     (HERE / "results.json").write_text(json.dumps({"forecasts_registered_at": reg["registered_at_commit"],
                                                    "rows": rows}, indent=1) + "\n")
-    plot(reg, rows)
+    plot(reg, rows, curves)
 
 
-def plot(reg: dict, rows: list[dict]) -> None:
+def plot(reg: dict, rows: list[dict], curves: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -159,7 +164,7 @@ def plot(reg: dict, rows: list[dict]) -> None:
         ax.set_visible(False)
     for ax, row in zip(axes.flat, rows):
         e = by_run[row["run"]]
-        c, r, n = series(continued_dir(row["run"]))
+        c, r, n = curves[row["run"]]
         first = c <= e["fitted_to_k_samples"]
         se = np.sqrt(r * (1 - r) / n)
         ax.errorbar(c[first], r[first], 2 * se[first], fmt=".", ms=3, lw=0.5, color="tab:blue", label="fitted (first half)")
@@ -189,7 +194,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("register").set_defaults(fn=register)
     s = sub.add_parser("start")
-    s.add_argument("setting", choices=sorted(RECIPES))
+    s.add_argument("setting", choices=sorted(recipes()))
     s.add_argument("seed", type=int)
     s.set_defaults(fn=start)
     sub.add_parser("check").set_defaults(fn=check)

@@ -156,6 +156,14 @@ def _noise_se(p: np.ndarray, n_samples: np.ndarray) -> np.ndarray:
     return np.sqrt(q * (1.0 - q) / n_samples)
 
 
+def binomial_noise_floor(p, n_samples) -> float:
+    """sqrt(2/pi) x the mean binomial SE of points whose true pass rates are `p`, each the mean of `n_samples`
+    samples: the mean |error| a perfect forecast of those points would still show."""
+    p = np.asarray(p, dtype=np.float64)
+    n = np.broadcast_to(np.asarray(n_samples, dtype=np.float64), p.shape)
+    return math.sqrt(2.0 / math.pi) * float(np.mean(_noise_se(p, n)))
+
+
 def holdout_check(compute, reward, *, fit: SigmoidFit, options: FitOptions, n_samples=None,
                   holdout_fraction: float = HOLDOUT_FRACTION, misfit_ratio: float = MISFIT_RATIO) -> HoldoutCheck:
     """Condition 4 of the module docstring for the full fit `fit` made with `options` (raises ValueError
@@ -179,7 +187,7 @@ def holdout_check(compute, reward, *, fit: SigmoidFit, options: FitOptions, n_sa
         ns = np.broadcast_to(np.asarray(n_samples, dtype=np.float64), c.shape)[held]
         if np.any(~np.isfinite(ns)) or np.any(ns < 1):
             raise ValueError(f"n_samples must be >= 1 per point, got {ns.min()}")
-        floor = math.sqrt(2.0 / math.pi) * float(np.mean(_noise_se(fit.predict(c[held]), ns)))
+        floor = binomial_noise_floor(fit.predict(c[held]), ns)
         src = "binomial SE of each held-out point"
     mae = float(np.mean(err))
     ratio = mae / floor if floor > 0 else (math.inf if mae > 0 else 0.0)
