@@ -33,7 +33,8 @@ from scalerl_mega.reproduce2_report import REPRO3_RUN_NAMES
 from scalerl_mega.reproduce_report import RECIPE_RUN_NAMES, analyse, run_finished
 
 SWEEPS = {"repro": (RECIPE_RUN_NAMES, "outputs/reproduce", "reproduction"),
-          "repro3": (REPRO3_RUN_NAMES, "outputs/reproduce3", "reproduction/repro3")}
+          "repro3": (REPRO3_RUN_NAMES, "outputs/reproduce3", "reproduction/repro3"),
+          "repro4": (("repro4_scalerl",), "outputs/reproduce4", "reproduction/repro4")}
 """`--sweep` name -> (its `experiment=` overlays, its default sweep directory, its analysis directory)."""
 
 
@@ -190,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sweep", help="run (or continue) the leave-one-out sweep")
     s.add_argument("--sweep", choices=sorted(SWEEPS), default="repro",
-                   help="repro: the leave-one-out sweep; repro3: issue 29's (reproduction/design/README.md)")
+                   help="repro: the leave-one-out sweep; repro3: issue 29's (reproduction/design/README.md); "
+                        "repro4: its reference recipe at twice the length (reproduction/repro4/README.md)")
     s.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce[3])")
     s.add_argument("--seeds", default="0,1,2")
     s.add_argument("--recipes", default=None, help="comma-separated experiment= overlays (default: the --sweep's)")
@@ -206,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_sweep(args)
     _, sweep_default, out_default = SWEEPS[args.sweep]
     sweep_dir = None if args.no_collect else Path(args.sweep_dir or sweep_default)
+    if args.sweep == "repro4":
+        print("reproduce analyse: error: --sweep repro4 is analysed by reproduction/repro4/analyse.py", file=sys.stderr)
+        return 2
     try:
         if args.sweep == "repro3":
             from scalerl_mega.reproduce2_analyse import analyse2
