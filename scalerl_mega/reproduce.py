@@ -1,7 +1,8 @@
 """`make reproduce`: the paper's leave-one-out experiment (Sec. 6, Fig. 7) at toy scale on the CPU demo.
 
     python -m scalerl_mega.reproduce sweep   [--sweep-dir outputs/reproduce] [--seeds 0,1,2] [--recipes ...]
-    python -m scalerl_mega.reproduce analyse [--sweep repro|repro3] [--sweep-dir D] [--out D] [--no-collect]
+    python -m scalerl_mega.reproduce analyse [--sweep repro|repro3|repro4] [--sweep-dir D] [--out D] [--no-collect]
+    python -m scalerl_mega.reproduce register [--sweep repro4]   (scalerl_mega/reproduce4.py)
 
 `sweep` runs one Hydra multirun over the `conf/experiment/repro_*.yaml` overlays x seeds (seed-major: an
 interrupted sweep has whole seeds) with `hydra/sweeper=skip_done`, so re-running it continues where it
@@ -203,16 +204,27 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce[3])")
     a.add_argument("--out", default=None, help="default: the --sweep's own (reproduction, reproduction/repro3)")
     a.add_argument("--no-collect", action="store_true", help="analyse <out>/runs as it is (the committed runs)")
+    g = sub.add_parser("register", help="register the first-half forecasts of the runs past half their compute "
+                                        "(repro4: reproduction/repro4/forecasts.json; commit it before they go on)")
+    g.add_argument("--sweep", choices=["repro4"], default="repro4")
+    g.add_argument("--sweep-dir", default=None, help="default: outputs/reproduce4")
+    g.add_argument("--out", default=None, help="default: reproduction/repro4")
     args = p.parse_args(argv)
     if args.cmd == "sweep":
         return run_sweep(args)
     _, sweep_default, out_default = SWEEPS[args.sweep]
-    sweep_dir = None if args.no_collect else Path(args.sweep_dir or sweep_default)
-    if args.sweep == "repro4":
-        print("reproduce analyse: error: --sweep repro4 is analysed by reproduction/repro4/analyse.py", file=sys.stderr)
-        return 2
+    sweep_dir = None if getattr(args, "no_collect", False) else Path(args.sweep_dir or sweep_default)
     try:
-        if args.sweep == "repro3":
+        if args.cmd == "register":
+            from scalerl_mega.reproduce4 import register
+
+            register(sweep_dir=Path(args.sweep_dir or sweep_default), out_dir=Path(args.out or out_default),
+                     commit=_git("rev-parse", "HEAD") or None)
+        elif args.sweep == "repro4":
+            from scalerl_mega.reproduce4 import analyse4
+
+            analyse4(sweep_dir=sweep_dir, out_dir=Path(args.out or out_default))
+        elif args.sweep == "repro3":
             from scalerl_mega.reproduce2_analyse import analyse2
 
             analyse2(sweep_dir=sweep_dir, out_dir=Path(args.out or out_default))

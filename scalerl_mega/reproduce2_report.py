@@ -93,11 +93,13 @@ class HalfFit:
     forecast would have missed by where the rule refuses one (and the same as `mae` where it does not)."""
 
 
-def half_fit(compute, reward, n_samples, *, final_points: int = FINAL_POINTS) -> HalfFit:
-    """Fit on compute <= half the largest compute, predict the last `final_points` points (module docstring)."""
+def half_fit(compute, reward, n_samples, *, final_points: int = FINAL_POINTS,
+             half_compute: float | None = None) -> HalfFit:
+    """Fit on compute <= half the largest compute (or <= `half_compute`: half a run's planned compute, for a run
+    stopped before its end), predict the last `final_points` points (module docstring)."""
     c, r = np.asarray(compute, dtype=np.float64), np.asarray(reward, dtype=np.float64)
     n = np.broadcast_to(np.asarray(n_samples, dtype=np.float64), c.shape)
-    half = 0.5 * float(c.max())
+    half = 0.5 * float(c.max()) if half_compute is None else float(half_compute)
     first = c <= half
     if int(first.sum()) >= c.size - final_points + 1:
         raise ValueError(f"the first half ({int(first.sum())} points) overlaps the last {final_points} points")

@@ -42,8 +42,9 @@ RUN_PREFIX = "repro_"
 
 
 def recipe_name(run_name: str) -> str:
-    """`repro_dapo` -> `dapo`, `repro3_batch_small` -> `batch_small` (the directory name under runs/)."""
-    for prefix in ("repro3_", RUN_PREFIX):
+    """`repro_dapo` -> `dapo`, `repro3_batch_small` -> `batch_small`, `repro4_scalerl` -> `scalerl` (the directory
+    name under runs/)."""
+    for prefix in ("repro3_", "repro4_", RUN_PREFIX):
         if run_name.startswith(prefix):
             return run_name[len(prefix):]
     return run_name
@@ -177,11 +178,12 @@ def run_finished(run_dir: Path) -> bool:
 
 
 def collect(sweep_dir: Path, runs_dir: Path, *, run_names: tuple[str, ...] = RECIPE_RUN_NAMES,
-            gzip_metrics: bool = False) -> list[str]:
-    """Copy every finished run (`run_finished`) of the sweep's `run_names` to `runs_dir/<recipe>/seed<N>/`,
-    and the sweep's provenance.jsonl next to `runs_dir`. With `gzip_metrics`, metrics.jsonl is written as a
-    byte-reproducible metrics.jsonl.gz (no timestamp: collecting again changes nothing git sees) and a plain
-    copy left there earlier is removed. Returns the copied `<recipe>/seed<N>` keys."""
+            gzip_metrics: bool = False, unfinished: bool = False, also: tuple[str, ...] = ()) -> list[str]:
+    """Copy every finished run (`run_finished`; with `unfinished`, every run with a metrics.jsonl) of the sweep's
+    `run_names` to `runs_dir/<recipe>/seed<N>/` (`COPIED` and the files named in `also`), and the sweep's
+    provenance.jsonl next to `runs_dir`. With `gzip_metrics`, metrics.jsonl is written as a byte-reproducible
+    metrics.jsonl.gz (no timestamp: collecting again changes nothing git sees) and a plain copy left there
+    earlier is removed. Returns the copied `<recipe>/seed<N>` keys."""
     import gzip
 
     if not sweep_dir.is_dir():
@@ -189,11 +191,11 @@ def collect(sweep_dir: Path, runs_dir: Path, *, run_names: tuple[str, ...] = REC
     copied = []
     for run_name in run_names:
         for seed_dir in sorted((sweep_dir / run_name).glob("seed*")):
-            if not run_finished(seed_dir):
+            if not (run_finished(seed_dir) or (unfinished and (seed_dir / "metrics.jsonl").is_file())):
                 continue
             dest = runs_dir / recipe_name(run_name) / seed_dir.name
             dest.mkdir(parents=True, exist_ok=True)
-            for name in COPIED:
+            for name in (*COPIED, *also):
                 if not (seed_dir / name).is_file():
                     continue
                 if gzip_metrics and name == "metrics.jsonl":

@@ -1,0 +1,269 @@
+"""Issue 29, item 2 at twice the length: the reference recipe (`conf/experiment/repro4_scalerl.yaml`, 3,200 steps on a
+one-pass prompt stream) fitted on the first half of each seed's compute and extrapolated to the second
+(paper Fig. 1, Sec. 6), with the forecast registered before the second half is observed.
+
+    python -m scalerl_mega.reproduce sweep    --sweep repro4 --seeds 0      # a run (outputs/reproduce4)
+    python -m scalerl_mega.reproduce register --sweep repro4                # forecasts.json, once a run is halfway
+    python -m scalerl_mega.reproduce analyse  --sweep repro4 [--no-collect] # results.json, plot, README section
+
+`register` fits every run of the sweep that has passed half its steps on the validation points of its first
+half (the points at or below half the run's planned compute: `planned_half`) by the identification rule exactly
+as `reproduce2_report.half_fit` does, and writes the Eq. 1 parameters, A's interval and the verdict to
+`<out>/forecasts.json` with the commit; a run already registered keeps its entry. Committing that file before the
+run goes on is the registration.
+
+`analyse` copies each run (finished or not: `finished` says which) to `<out>/runs/scalerl/seed<N>/`, repeats the
+first-half fit (and checks that it is the registered one), and scores the forecast on every second-half point and
+on the last 3 against the binomial noise floor; where A is not identified there is no forecast and the
+unvetted fit's error is reported as what a forecast would have missed by. Compute axis: cumulative generated
+samples in thousands (`reproduce2_report.SAMPLES_AXIS`), as in the repro3 analysis.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scalerl_mega.reproduce2_report import SAMPLES_AXIS, half_fit, overdispersion, read_run
+from scalerl_mega.reproduce_report import BEGIN, END, collect, json_safe, recipe_name, run_finished
+
+REPRO4_RUN_NAMES = ("repro4_scalerl",)
+SETTING = recipe_name(REPRO4_RUN_NAMES[0])
+FORECASTS = "forecasts.json"
+SAME_FIT_TOL = 1e-9
+"""Largest difference in A, B or C_mid between the registered first-half fit and the analysis' repeat of it."""
+
+
+def planned_half(run_dir: Path) -> float:
+    """Half the compute (thousands of samples) of the run's planned last validation point: its run_config's
+    `train.steps` x prompts x samples per step, less half a window where validation is spread over windows
+    (the point sits at the window's centre). The half-fit of the finished run uses half of its last point's
+    compute: the same number."""
+    import yaml
+
+    cfg = yaml.safe_load((run_dir / "run_config.yaml").read_text())
+    t = cfg["train"]
+    per_step = float(t["prompts_per_step"]) * float(t["generations_per_prompt"])
+    last = float(t["steps"]) - (0.5 * float(t["val_every"]) if t.get("val_mode") == "window" else 0.0)
+    return 0.5 * last * per_step * SAMPLES_AXIS.scale
+
+
+def series(run_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(compute in thousands of samples, pass rate, samples per point) of a run directory."""
+    c, r, n = read_run(run_dir)
+    if n is None:
+        raise ValueError(f"{run_dir}: its validation lines do not record val_prompts x val_samples_per_prompt")
+    return c * SAMPLES_AXIS.scale, r, np.broadcast_to(np.asarray(n, dtype=np.float64), c.shape).copy()
+
+
+def first_half_fit(c: np.ndarray, r: np.ndarray, n: np.ndarray, *, half: float):
+    """`identify.assess` on the points at or below `half`, with `half_fit`'s options (the relative grid)."""
+    from scalerl_mega.scaling.identify import assess, options_for
+
+    first = c <= half
+    return assess(c[first], r[first], options=options_for(c[first], grid="relative"), n_samples=n[first])
+
+
+def register(*, sweep_dir: Path, out_dir: Path, commit: str | None) -> dict[str, Any]:
+    """Write `<out_dir>/forecasts.json` (module docstring); returns its content. A run not yet past half its
+    planned compute is named in `pending`."""
+    from scalerl_mega.scaling.identify import verdict_text
+
+    path = out_dir / FORECASTS
+    reg = json.loads(path.read_text()) if path.is_file() else {"axis": SAMPLES_AXIS.unit, "runs": {}}
+    pending = []
+    for d in sorted((sweep_dir / REPRO4_RUN_NAMES[0]).glob("seed*")):
+        key = f"{SETTING}/{d.name}"
+        if key in reg["runs"] or not (d / "metrics.jsonl").is_file():
+            continue
+        half = planned_half(d)
+        c, r, n = series(d)
+        if c.size == 0 or float(c.max()) <= half:
+            pending.append(f"{key}: {float(c.max()) if c.size else 0.0:.1f}k of the half's {half:.1f}k samples")
+            continue
+        a = first_half_fit(c, r, n, half=half)
+        f = a.fit
+        reg["runs"][key] = {"commit": commit, "half_k_samples": half, "points": int((c <= half).sum()),
+                            "observed_to_k_samples": float(c.max()), "verdict": verdict_text(a), **a.summary(),
+                            "fit": {"A": f.A, "B": f.B, "C_mid": f.C_mid, "R0": f.R0}}
+        print(f"registered {key}: {verdict_text(a)}")
+    for p in pending:
+        print(f"not yet halfway: {p}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(json_safe(reg), indent=1) + "\n")
+    return reg
+
+
+def _eq1(c: np.ndarray, fit: dict[str, float], *, A: float | None = None) -> np.ndarray:
+    from scalerl_mega.scaling.fit import sigmoid_law
+
+    return sigmoid_law(np.asarray(c, dtype=np.float64), A=fit["A"] if A is None else A, B=fit["B"],
+                       C_mid=fit["C_mid"], R0=fit["R0"])
+
+
+def score_run(c: np.ndarray, r: np.ndarray, n: np.ndarray, *, half: float, registered: dict | None) -> dict[str, Any]:
+    """The first-half fit scored on the second half: `half_fit` at the planned half, plus every point past the
+    half (mean |error| against the mean binomial noise floor of those points, the points inside A's band +- 2
+    binomial SE), and whether the fit is the registered one."""
+    from scalerl_mega.scaling.identify import binomial_noise_floor
+
+    h = half_fit(c, r, n, half_compute=half)
+    fit = h.assessment.fit
+    params = {"A": fit.A, "B": fit.B, "C_mid": fit.C_mid, "R0": fit.R0}
+    later = c > half
+    out: dict[str, Any] = {f: getattr(h, f) for f in h.__dataclass_fields__ if f != "assessment"}
+    out["first_half"] = h.assessment.summary()
+    out["fit"] = params
+    if registered is not None:
+        diff = max(abs(registered["fit"][k] - params[k]) for k in ("A", "B", "C_mid"))
+        out["registered"] = {"commit": registered.get("commit"), "same_fit": diff <= SAME_FIT_TOL,
+                             "observed_to_k_samples": registered.get("observed_to_k_samples"), "max_difference": diff}
+    if later.any():
+        pred = _eq1(c[later], params)
+        err = np.abs(pred - r[later])
+        floor = binomial_noise_floor(pred, n[later])
+        lo, hi = (_eq1(c[later], params, A=a) for a in h.assessment.A_interval)
+        two_se = 2.0 * np.sqrt(np.clip(r[later] * (1 - r[later]), 0, None) / n[later])
+        out["second_half"] = {"points": int(later.sum()), "mae": float(err.mean()), "noise_floor": floor,
+                              "ratio": float(err.mean()) / floor, "bias": float(np.mean(r[later] - pred)),
+                              "inside_band": int(np.sum((r[later] >= lo - two_se) & (r[later] <= hi + two_se))),
+                              "forecast": h.identified}
+    return out
+
+
+def analyse4(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
+    """Collect (unless `sweep_dir` is None; unfinished runs too), score and write `out_dir` (module docstring)."""
+    from scalerl_mega.scaling.fit import FitOptions
+    from scalerl_mega.scaling.identify import assess, options_for, verdict_text
+
+    runs_dir = out_dir / "runs" / SETTING
+    if sweep_dir is not None:
+        collect(sweep_dir, out_dir / "runs", run_names=REPRO4_RUN_NAMES, gzip_metrics=True, unfinished=True,
+                also=("run_config.yaml",))
+    reg_path = out_dir / FORECASTS
+    reg = json.loads(reg_path.read_text())["runs"] if reg_path.is_file() else {}
+    rows: dict[str, Any] = {}
+    curves = {}
+    for d in sorted(runs_dir.glob("seed*")):
+        key = f"{SETTING}/{d.name}"
+        c, r, n = curves[key] = series(d)
+        half = planned_half(d)
+        if float(c.max()) <= half:
+            rows[key] = {"steps_logged": _last_step(d), "incomplete": "not yet past half its planned compute"}
+            continue
+        row = score_run(c, r, n, half=half, registered=reg.get(key))
+        whole = assess(c, r, options=options_for(c, grid="relative", base=FitOptions(method="fast")), n_samples=n)
+        row["whole_run"] = {"verdict": verdict_text(whole), **whole.summary(),
+                            "overdispersion": overdispersion(whole.fit, c, n)}
+        row["finished"] = run_finished(d)
+        row["steps_logged"] = _last_step(d)
+        row["planned_k_samples"] = 2.0 * half
+        rows[key] = row
+    scored = [v for v in rows.values() if "incomplete" not in v]
+    ident = sum(1 for v in scored if v["identified"])
+    summary = {"runs": len(rows), "scored": len(scored), "first_half_identified": ident,
+               "most_identified": bool(scored) and ident > len(scored) / 2}
+    results = {"axis": SAMPLES_AXIS.key, "summary": summary, "runs": rows}
+    if not rows:
+        raise ValueError(f"{runs_dir}: no runs of {REPRO4_RUN_NAMES[0]} (run `make reproduce-sweep SWEEP=repro4`)")
+    results["plots"] = _plot(rows, curves, out_dir / "forecast_samples.png") if scored else []
+    (out_dir / "results.json").write_text(json.dumps(json_safe(results), indent=1) + "\n")
+    readme = out_dir / "README.md"
+    text = readme.read_text() if readme.is_file() else "# repro4\n\n" + BEGIN + "\n" + END + "\n"
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{readme}: the GENERATED markers are missing")
+    head, rest = text.split(BEGIN, 1)
+    readme.write_text(head + markdown4(results) + rest.split(END, 1)[1])
+    return results
+
+
+def _last_step(d: Path) -> int:
+    from scalerl_mega.metrics.writer import read_metrics
+    from scalerl_mega.scaling.io import run_metrics_file
+
+    return max((int(x["step"]) for x in read_metrics(run_metrics_file(d), kind="train")), default=0)
+
+
+def _f(v: Any, spec: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
+
+
+def markdown4(results: dict[str, Any]) -> str:
+    """The generated section: one row per seed."""
+    s = results["summary"]
+    lines = [BEGIN, "",
+             f"First half identifies A for **{s['first_half_identified']} of {s['scored']}** scored runs"
+             f" ({s['runs']} in all); the issue's item 2 asks for most: "
+             f"**{'met' if s['most_identified'] else 'not met'}**.", "",
+             "| run | steps | first half (fit to) | forecast at the last 3 points (observed) | last 3: error / floor "
+             "| second half: points, mean error / floor, bias, inside A's band | unvetted fit's error at the last 3 "
+             "| whole run | registered |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for key, v in results["runs"].items():
+        if "incomplete" in v:
+            lines.append(f"| {key} | {v['steps_logged']} | {v['incomplete']} | | | | | | |")
+            continue
+        pred = "no forecast" if v["predicted"] is None else ", ".join(f"{x:.3f}" for x in v["predicted"])
+        obs = ", ".join(f"{x:.3f}" for x in v["observed"])
+        sh = v.get("second_half") or {}
+        sh_txt = (f"{sh['points']}, {sh['mae']:.4f} / {sh['noise_floor']:.4f} = {sh['ratio']:.1f}x, "
+                  f"{sh['bias']:+.4f}, {sh['inside_band']}" + ("" if sh.get("forecast") else " (unvetted)")) if sh else "-"
+        last = "-" if v["ratio"] is None else f"{v['mae']:.4f} / {v['noise_floor']:.4f} = {v['ratio']:.1f}x"
+        reg = v.get("registered")
+        reg_txt = "not registered" if reg is None else (
+            f"{(reg['commit'] or '?')[:7]} (at {reg['observed_to_k_samples']:.0f}k)"
+            + ("" if reg["same_fit"] else f"; **differs by {reg['max_difference']:.2g}**"))
+        w = v["whole_run"]
+        whole = f"A {_f(w['A'], '.3f')} ({w['A_interval'][0]:.3f}..{w['A_interval'][1]:.3f}), B {w['B']:.2f}"
+        state = "" if v["finished"] else " (unfinished)"
+        lines.append(f"| {key} | {v['steps_logged']}{state} | {v['verdict']} ({v['half_compute']:.1f}k) | {pred} ({obs}) "
+                     f"| {last} | {sh_txt} | {v['unvetted_mae']:.4f} | {whole} | {reg_txt} |")
+    lines += ["", "Compute: cumulative generated samples, thousands. Noise floor: sqrt(2/pi) x the mean binomial SE "
+              "of the points scored (the mean |error| a perfect forecast would still show). Inside A's band: "
+              "second-half points within Eq. 1 at A's 95% interval +- 2 binomial SE.",
+              "", "![first half fitted, second half forecast](forecast_samples.png)", "", END]
+    return "\n".join(lines)
+
+
+def _plot(rows: dict[str, Any], curves: dict[str, tuple[np.ndarray, ...]], path: Path) -> list[str]:
+    """One panel per scored run: the first half's points (fitted), the second half's, the first-half fit
+    extended to the end (solid with A's band where A is identified: the forecast; dashed where not)."""
+    from scalerl_mega.scaling.plot import _new_figure
+
+    keys = [k for k, v in rows.items() if "incomplete" not in v]
+    ncols = min(3, len(keys))
+    nrows = -(-len(keys) // ncols)
+    fig = _new_figure((5.0 * ncols, 3.8 * nrows), 110)
+    for i, key in enumerate(keys):
+        v, (c, r, n) = rows[key], curves[key]
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        half = v["half_compute"]
+        first = c <= half
+        se = 2.0 * np.sqrt(np.clip(r * (1 - r), 0, None) / n)
+        ax.errorbar(c[first], r[first], se[first], fmt=".", ms=3, lw=0.5, color="tab:blue", label="fitted (first half)")
+        ax.errorbar(c[~first], r[~first], se[~first], fmt=".", ms=3, lw=0.5, color="tab:red", label="second half")
+        grid = np.linspace(float(c[c > 0].min()), max(float(c.max()), v["planned_k_samples"]), 400)
+        fit = v["fit"]
+        if v["identified"]:
+            lo, hi = v["first_half"]["A_interval"]
+            ax.plot(grid, _eq1(grid, fit), "k-", lw=1, label=f"forecast, A {fit['A']:.3f}")
+            ax.fill_between(grid, _eq1(grid, fit, A=lo), _eq1(grid, fit, A=hi), color="k", alpha=0.12,
+                            label="A's 95% interval")
+        else:
+            ax.plot(grid, _eq1(grid, fit), "k--", lw=1, label="first-half fit (A not identified: no forecast)")
+        ax.axvline(half, color="grey", ls=":", lw=1)
+        ratio = v["second_half"]["ratio"] if v.get("second_half") else math.nan
+        ax.set_title(f"{key}{'' if v['finished'] else ' (unfinished)'}: second half off by {ratio:.1f}x the floor",
+                     fontsize=9)
+        ax.set_xlabel(SAMPLES_AXIS.label, fontsize=8)
+        ax.set_ylabel("validation pass rate", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="lower right")
+    fig.suptitle("repro4: the reference recipe fitted on its first half, forecast over its second", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return [path.name]
