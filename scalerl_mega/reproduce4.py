@@ -230,40 +230,21 @@ def markdown4(results: dict[str, Any]) -> str:
 
 
 def _plot(rows: dict[str, Any], curves: dict[str, tuple[np.ndarray, ...]], path: Path) -> list[str]:
-    """One panel per scored run: the first half's points (fitted), the second half's, the first-half fit
-    extended to the end (solid with A's band where A is identified: the forecast; dashed where not)."""
-    from scalerl_mega.scaling.plot import _new_figure
+    """One panel per scored run (`scaling.plot.plot_forecasts`): the first half fitted, the second observed, the
+    forecast with A's band where the first half identifies A (the fit dashed where it does not)."""
+    from scalerl_mega.scaling.plot import ForecastPanel, plot_forecasts
 
-    keys = [k for k, v in rows.items() if "incomplete" not in v]
-    ncols = min(3, len(keys))
-    nrows = -(-len(keys) // ncols)
-    fig = _new_figure((5.0 * ncols, 3.8 * nrows), 110)
-    for i, key in enumerate(keys):
-        v, (c, r, n) = rows[key], curves[key]
-        ax = fig.add_subplot(nrows, ncols, i + 1)
-        half = v["half_compute"]
-        first = c <= half
-        se = 2.0 * np.sqrt(np.clip(r * (1 - r), 0, None) / n)
-        ax.errorbar(c[first], r[first], se[first], fmt=".", ms=3, lw=0.5, color="tab:blue", label="fitted (first half)")
-        ax.errorbar(c[~first], r[~first], se[~first], fmt=".", ms=3, lw=0.5, color="tab:red", label="second half")
-        grid = np.linspace(float(c[c > 0].min()), max(float(c.max()), v["planned_k_samples"]), 400)
-        fit = v["fit"]
-        if v["identified"]:
-            lo, hi = v["first_half"]["A_interval"]
-            ax.plot(grid, _eq1(grid, fit), "k-", lw=1, label=f"forecast, A {fit['A']:.3f}")
-            ax.fill_between(grid, _eq1(grid, fit, A=lo), _eq1(grid, fit, A=hi), color="k", alpha=0.12,
-                            label="A's 95% interval")
-        else:
-            ax.plot(grid, _eq1(grid, fit), "k--", lw=1, label="first-half fit (A not identified: no forecast)")
-        ax.axvline(half, color="grey", ls=":", lw=1)
+    panels = []
+    for key, v in rows.items():
+        if "incomplete" in v:
+            continue
+        c, r, n = curves[key]
         ratio = v["second_half"]["ratio"] if v.get("second_half") else math.nan
-        ax.set_title(f"{key}{'' if v['finished'] else ' (unfinished)'}: second half off by {ratio:.1f}x the floor",
-                     fontsize=9)
-        ax.set_xlabel(SAMPLES_AXIS.label, fontsize=8)
-        ax.set_ylabel("validation pass rate", fontsize=8)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, loc="lower right")
-    fig.suptitle("repro4: the reference recipe fitted on its first half, forecast over its second", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return [path.name]
+        panels.append(ForecastPanel(
+            title=f"{key}{'' if v['finished'] else ' (unfinished)'}: second half off by {ratio:.1f}x the noise floor",
+            compute=c, reward=r, n_samples=n, fitted_to=v["half_compute"], params=v["fit"],
+            A_interval=tuple(v["first_half"]["A_interval"]) if v["identified"] else None,
+            extend_to=v["planned_k_samples"]))
+    return [p.name for p in plot_forecasts(
+        panels, path=path, xlabel=SAMPLES_AXIS.label, ncols=3,
+        title="repro4: the reference recipe fitted on the first half of its compute, forecast over the second")]

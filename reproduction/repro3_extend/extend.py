@@ -148,45 +148,23 @@ def check(_args) -> None:
 
 
 def plot(reg: dict, rows: list[dict], curves: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from scalerl_mega.scaling.fit import sigmoid_law
+    from scalerl_mega.scaling.plot import ForecastPanel, plot_forecasts
 
     if not rows:
         return
-    ncols = min(2, len(rows))
-    nrows = -(-len(rows) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(6 * ncols, 4 * nrows), squeeze=False)
     by_run = {e["run"]: e for e in reg["runs"]}
-    for ax in axes.flat[len(rows):]:
-        ax.set_visible(False)
-    for ax, row in zip(axes.flat, rows):
+    panels = []
+    for row in rows:
         e = by_run[row["run"]]
         c, r, n = curves[row["run"]]
-        first = c <= e["fitted_to_k_samples"]
-        se = np.sqrt(r * (1 - r) / n)
-        ax.errorbar(c[first], r[first], 2 * se[first], fmt=".", ms=3, lw=0.5, color="tab:blue", label="fitted (first half)")
-        ax.errorbar(c[~first], r[~first], 2 * se[~first], fmt=".", ms=3, lw=0.5, color="tab:red",
-                    label="observed after the forecast")
-        grid = np.linspace(c[c > 0].min(), e["target_k_samples"], 400)
-        kw = dict(B=e["B"], C_mid=e["C_mid"], R0=e["R0"])
-        ax.plot(grid, sigmoid_law(grid, A=e["A"], **kw), "k-", lw=1, label=f"Eq. 1 forecast, A {e['A']:.3f}")
-        ax.fill_between(grid, sigmoid_law(grid, A=e["A_interval"][0], **kw), sigmoid_law(grid, A=e["A_interval"][1], **kw),
-                        color="k", alpha=0.12, label="A's 95% interval")
-        ax.axvline(e["fitted_to_k_samples"], color="grey", ls=":", lw=1)
         state = "" if row["finished"] else f" (stopped at {c.max():.0f}k of {e['target_k_samples']:.0f}k)"
-        ax.set_title(f"{row['run']}: last 3 points off by {row['ratio']:.1f}x the noise floor{state}", fontsize=9)
-        ax.set_xlabel("Generated samples trained on (cumulative, thousands)")
-        ax.set_ylim(0.3, 0.75)
-        ax.grid(alpha=0.3)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("validation pass rate")
-    axes[0][0].legend(fontsize=7, loc="lower right")
-    fig.suptitle("Fit on the first half, forecast the second (registered before the runs were continued)")
-    fig.tight_layout()
-    fig.savefig(HERE / "forecast_x2.png", dpi=110)
+        panels.append(ForecastPanel(title=f"{row['run']}: last 3 points off by {row['ratio']:.1f}x the noise floor{state}",
+                                    compute=c, reward=r, n_samples=n, fitted_to=e["fitted_to_k_samples"],
+                                    params={k: e[k] for k in ("A", "B", "C_mid", "R0")},
+                                    A_interval=tuple(e["A_interval"]), extend_to=e["target_k_samples"]))
+    plot_forecasts(panels, path=HERE / "forecast_x2.png", xlabel="Generated samples trained on (cumulative, thousands)",
+                   ylim=(0.3, 0.75), title="Fit on the first half, forecast the second (registered before the runs "
+                                           "were continued)")
 
 
 def main() -> None:

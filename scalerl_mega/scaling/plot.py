@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from scalerl_mega.scaling.fit import SigmoidFit, loo_transform
+from scalerl_mega.scaling.fit import SigmoidFit, loo_transform, sigmoid_law
 from scalerl_mega.scaling.identify import Assessment
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
@@ -223,5 +223,67 @@ def plot_bands(panels: Sequence[BandPanel], *, path: str | Path, xlabel: str, ti
         ax.legend(loc="lower right", fontsize=8, frameon=False)
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path, formats, dpi)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForecastPanel:
+    """One run fitted on its first part and scored on the rest (paper Fig. 1): the points, +- 2 binomial SE."""
+
+    title: str
+    compute: Sequence[float]
+    reward: Sequence[float]
+    n_samples: Sequence[float]
+    fitted_to: float
+    """Points at or below this compute were fitted; the rest are drawn as observed after the forecast."""
+    params: dict[str, float]
+    """Eq. 1's A, B, C_mid, R0 of the fit."""
+    A_interval: tuple[float, float] | None
+    """A's 95% interval where A is identified (the forecast and its band are drawn); None: no forecast, the fit
+    is drawn dashed."""
+    extend_to: float | None = None
+
+
+def plot_forecasts(panels: Sequence[ForecastPanel], *, path: str | Path, xlabel: str, title: str,
+                   ylim: tuple[float, float] | None = None, ncols: int = 2, formats: Sequence[str] = ("png",),
+                   dpi: int = 110) -> list[Path]:
+    """A grid of `ForecastPanel`s: fitted points (blue), later points (red), Eq. 1 extended to the end (solid,
+    with the band of A's interval, where A is identified; dashed where it is not), the fitted range's end (dotted)."""
+    if not panels:
+        raise ValueError("plot_forecasts needs at least one panel")
+    ncols = min(ncols, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig = _new_figure((max(5.5 * ncols, 8.0), 3.9 * nrows), dpi)
+    for i, p in enumerate(panels):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        c, r = np.asarray(p.compute, dtype=np.float64), np.asarray(p.reward, dtype=np.float64)
+        n = np.broadcast_to(np.asarray(p.n_samples, dtype=np.float64), c.shape)
+        se2 = 2.0 * np.sqrt(np.clip(r * (1 - r), 0, None) / n)
+        first = c <= p.fitted_to
+        ax.errorbar(c[first], r[first], se2[first], fmt=".", ms=3, lw=0.5, color="tab:blue", label="fitted")
+        ax.errorbar(c[~first], r[~first], se2[~first], fmt=".", ms=3, lw=0.5, color="tab:red",
+                    label="observed after the fit")
+        grid = np.linspace(float(c[c > 0].min()), max(float(c.max()), p.extend_to or 0.0), 400)
+        kw = {k: p.params[k] for k in ("B", "C_mid", "R0")}
+        if p.A_interval is not None:
+            ax.plot(grid, sigmoid_law(grid, A=p.params["A"], **kw), "k-", lw=1,
+                    label=f"Eq. 1 forecast, A {p.params['A']:.3f}")
+            ax.fill_between(grid, sigmoid_law(grid, A=p.A_interval[0], **kw), sigmoid_law(grid, A=p.A_interval[1], **kw),
+                            color="k", alpha=0.12, label="A's 95% interval")
+        else:
+            ax.plot(grid, sigmoid_law(grid, A=p.params["A"], **kw), "k--", lw=1,
+                    label="fit (A not identified: no forecast)")
+        ax.axvline(p.fitted_to, color="grey", ls=":", lw=1)
+        ax.set_title(p.title, fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        if i % ncols == 0:
+            ax.set_ylabel("validation pass rate")
+        if ylim is not None:
+            ax.set_ylim(*ylim)
+        ax.grid(alpha=0.3)
+        if i == 0:
+            ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return _save(fig, path, formats, dpi)
