@@ -36,8 +36,9 @@ from scalerl_mega.reproduce2_markdown import markdown
 from scalerl_mega.reproduce2_report import (CONTROL, CONTROLLED_VARIANTS, EXPECTED_SEEDS, MIN_SEEDS, REFERENCE, REPRO3_RUN_NAMES,
                                             SAMPLES_AXIS, SETTINGS, crossing, half_fit, irregular_points,
                                             overdispersion)
-from scalerl_mega.reproduce_report import (ACTIVE_KEY, BEGIN, END, EPOCH_KEY, collect, discover, final_pass_rates,
-                                           fit_axis, json_safe, last_train_values, per_seed, plot_axis)
+from scalerl_mega.reproduce_report import (ACTIVE_KEY, EPOCH_KEY, collect, discover, final_pass_rates,
+                                           fit_axis, json_safe, last_train_values, per_seed, plot_axis,
+                                           write_generated)
 
 
 def _curves(res: dict[str, Any], rec: str, runs: dict[str, dict[int, Path]]) -> dict[int, tuple[np.ndarray, ...]]:
@@ -184,12 +185,7 @@ def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
         {k: {f: v[f] for f in ("A", "B", "C_mid", "A_interval", "identified", "reason")}
          for k, v in res["per_run"].items()}), indent=1) + "\n")
     (out_dir / "results.json").write_text(json.dumps(json_safe(results), indent=1) + "\n")
-    readme = out_dir / "README.md"
-    text = readme.read_text() if readme.is_file() else "# Issue 29's sweep\n\n" + BEGIN + "\n" + END + "\n"
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{readme}: the GENERATED markers are missing")
-    head, rest = text.split(BEGIN, 1)
-    readme.write_text(head + markdown(results) + rest.split(END, 1)[1])
+    write_generated(out_dir / "README.md", markdown(results), title="Issue 29's sweep")
     return results
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from scalerl_mega.reproduce2_report import SAMPLES_AXIS, half_fit, overdispersion, read_run
-from scalerl_mega.reproduce_report import BEGIN, END, collect, json_safe, recipe_name, run_finished
+from scalerl_mega.reproduce_report import BEGIN, END, collect, json_safe, recipe_name, run_finished, write_generated
 
 REPRO4_RUN_NAMES = ("repro4_scalerl",)
 SETTING = recipe_name(REPRO4_RUN_NAMES[0])
@@ -172,12 +172,7 @@ def analyse4(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
         raise ValueError(f"{runs_dir}: no runs of {REPRO4_RUN_NAMES[0]} (run `make reproduce-sweep SWEEP=repro4`)")
     results["plots"] = _plot(rows, curves, out_dir / "forecast_samples.png") if scored else []
     (out_dir / "results.json").write_text(json.dumps(json_safe(results), indent=1) + "\n")
-    readme = out_dir / "README.md"
-    text = readme.read_text() if readme.is_file() else "# repro4\n\n" + BEGIN + "\n" + END + "\n"
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{readme}: the GENERATED markers are missing")
-    head, rest = text.split(BEGIN, 1)
-    readme.write_text(head + markdown4(results) + rest.split(END, 1)[1])
+    write_generated(out_dir / "README.md", markdown4(results), title="repro4")
     return results
 
 

@@ -535,11 +535,15 @@ def analyse(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
                 for k, v in by_axis[slug]["per_run"].items()}
         (out_dir / name).write_text(json.dumps(json_safe(fits), indent=1) + "\n")
     (out_dir / "results.json").write_text(json.dumps(json_safe(results), indent=1) + "\n")
-    section = _markdown(results, by_axis, missing)
-    readme = out_dir / "README.md"
-    text = readme.read_text() if readme.is_file() else "# Reproduction\n\n" + BEGIN + "\n" + END + "\n"
+    write_generated(out_dir / "README.md", _markdown(results, by_axis, missing), title="Reproduction")
+    return results
+
+
+def write_generated(readme: Path, section: str, *, title: str) -> None:
+    """Replace the part of `readme` between the GENERATED markers (`section` starts with BEGIN and ends with END);
+    a missing README is created as `# title` and the section. ValueError when the markers are missing."""
+    text = readme.read_text() if readme.is_file() else f"# {title}\n\n{BEGIN}\n{END}\n"
     if BEGIN not in text or END not in text:
         raise ValueError(f"{readme}: the GENERATED markers are missing")
     head, rest = text.split(BEGIN, 1)
     readme.write_text(head + section + rest.split(END, 1)[1])
-    return results
