@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from scalerl_mega.reproduce2_report import SAMPLES_AXIS, half_fit, overdispersion, read_run
+from scalerl_mega.reproduce2_report import FINAL_POINTS, SAMPLES_AXIS, half_fit, overdispersion, read_run
 from scalerl_mega.reproduce_report import BEGIN, END, collect, json_safe, recipe_name, run_finished, write_generated
 
 REPRO4_RUN_NAMES = ("repro4_scalerl",)
@@ -152,8 +152,9 @@ def analyse4(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
         key = f"{SETTING}/{d.name}"
         c, r, n = curves[key] = series(d)
         half = planned_half(d)
-        if float(c.max()) <= half:
-            rows[key] = {"steps_logged": _last_step(d), "incomplete": "not yet past half its planned compute"}
+        if int((c > half).sum()) < FINAL_POINTS:
+            rows[key] = {"steps_logged": _last_step(d),
+                         "incomplete": f"not yet {FINAL_POINTS} points past half its planned compute"}
             continue
         row = score_run(c, r, n, half=half, registered=reg.get(key))
         whole = assess(c, r, options=options_for(c, grid="relative", base=FitOptions(method="fast")), n_samples=n)

@@ -73,7 +73,7 @@ def _recipe(c) -> tuple:
 
 def test_every_experiment_file_is_covered():
     on_disk = {p.stem for p in (CONF / "experiment").glob("*.yaml")}
-    assert on_disk == set(EXPECTED) | set(REPRO) | set(REPRO3) | {"demo", "smollm2_cpu"}
+    assert on_disk == set(EXPECTED) | set(REPRO) | set(REPRO3) | {"repro4_scalerl", "demo", "smollm2_cpu"}
 
 
 # issue 29's sweep (reproduction/design/README.md): (prompts_per_step, steps, val_every, curriculum) per overlay
@@ -99,6 +99,23 @@ def test_repro3_overlays_share_the_design_and_change_one_thing(name):
         "window", 24200, [0, 0, 1, 1, 0, 0.4])
     assert c.optim.lr == pytest.approx(5e-5) and c.optim.lr == ref.optim.lr
     assert c.run_name == name and c.loss.name == ref.loss.name and c.precision.name == ref.precision.name
+
+
+def test_repro4_is_the_reference_at_twice_the_length_on_one_pass():
+    """reproduction/repro4: repro3's reference recipe and validation grid; 3,200 steps (161 window points) over
+    102,400 training prompts, each drawn once; its own warm start."""
+    from scalerl_mega.config import validate
+
+    c, ref = _compose("experiment=repro4_scalerl"), _compose("experiment=repro3_scalerl")
+    validate(c)
+    assert c.train.steps == 3200 and c.train.steps // c.train.val_every + 1 == 161
+    assert c.data.synthetic_num_prompts - c.data.val_prompts == c.train.steps * c.train.prompts_per_step == 102_400
+    assert c.sft.checkpoint == "outputs/reproduce4/sft" and c.run_name == "repro4_scalerl"
+    differ = {k for k in ("train.steps", "data.synthetic_num_prompts", "sft.checkpoint", "run_name")}
+    from scalerl_mega.config.tree import flat_config
+
+    mine, theirs = flat_config(c), flat_config(ref)
+    assert {k for k in mine if mine[k] != theirs.get(k)} == differ
 
 
 @pytest.mark.parametrize("name", sorted(REPRO))

@@ -36,7 +36,7 @@ LAYERS: dict[str, float] = {
     "build": ASSEMBLY, "loop": ASSEMBLY, "router": ASSEMBLY, "validation": ASSEMBLY, "sft": ASSEMBLY, "warm_start": ASSEMBLY, "run_dir": ASSEMBLY,
     "preflight": ASSEMBLY, "report": ASSEMBLY, "compose": ASSEMBLY,
     "train": ENTRY, "serve": ENTRY, "cluster.launch_config": ENTRY, "dry_run": ENTRY, "reproduce": ENTRY,
-    "reproduce_report": ENTRY, "reproduce2_report": ENTRY, "reproduce2_analyse": ENTRY, "reproduce2_markdown": ENTRY, "reproduce_common": ENTRY, "scaling.cli": ENTRY,
+    "reproduce_report": ENTRY, "reproduce2_report": ENTRY, "reproduce2_analyse": ENTRY, "reproduce2_markdown": ENTRY, "reproduce4": ENTRY, "reproduce_common": ENTRY, "scaling.cli": ENTRY,
     "gguf_import": ENTRY,
 }
 COMPONENTS = ("data", "rewards", "rollout", "trainer", "metrics", "cluster")

@@ -115,13 +115,13 @@ def test_a_forecast_that_holds_and_one_that_fails(tmp_path):
 def test_an_unfinished_run_is_scored_at_its_planned_half_and_says_so(tmp_path, capsys):
     sweep, out = tmp_path / "sweep", tmp_path / "out"
     write_run(sweep / "repro4_scalerl" / "seed0", upto=600, noise_seed=3)
-    write_run(sweep / "repro4_scalerl" / "seed1", upto=200)
+    write_run(sweep / "repro4_scalerl" / "seed1", upto=440)  # 2 points past the half (centres 410, 430): not scored
     res = analyse4(sweep_dir=sweep, out_dir=out)
     v = res["runs"]["scalerl/seed0"]
     assert not v["finished"] and v["steps_logged"] == 600
     assert v["half_compute"] == pytest.approx(0.5 * 790 * 256 / 1000)  # the planned half, not half of 600 steps
     assert "registered" not in v  # nothing was registered
-    assert res["runs"]["scalerl/seed1"]["incomplete"].startswith("not yet past half")
+    assert res["runs"]["scalerl/seed1"]["incomplete"] == "not yet 3 points past half its planned compute"
     assert res["summary"]["scored"] == 1
     # the CLI: register, then analyse the committed copies
     assert reproduce_main(["register", "--sweep-dir", str(sweep), "--out", str(out)]) == 0

@@ -88,7 +88,8 @@ def test_math_table(completion, gold, expected):
     # Legit cases get a generous deadline (CI runs this on 2 loaded cores); the adversarial power tower
     # keeps a short one and must still come back incorrect within it.
     adversarial = "9^{9^{9^{9}}}" in completion
-    res = score_math(completion, gold, timeout_s=2.0 if adversarial else 20.0)
+    # (20 s was once too short for a legit case's child on an oversubscribed machine, 2026-11-28)
+    res = score_math(completion, gold, timeout_s=2.0 if adversarial else 120.0)
     assert res.passed is expected, res
     assert res.reward == (1.0 if expected else -1.0)
 
