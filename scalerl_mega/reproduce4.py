@@ -239,7 +239,7 @@ def _plot(rows: dict[str, Any], curves: dict[str, tuple[np.ndarray, ...]], path:
         panels.append(ForecastPanel(
             title=f"{key}{'' if v['finished'] else ' (unfinished)'}: second half off by {ratio:.1f}x the noise floor",
             compute=c, reward=r, n_samples=n, fitted_to=v["half_compute"], params=v["fit"],
-            A_interval=tuple(v["first_half"]["A_interval"]) if v["identified"] else None,
+            A_interval=tuple(v["first_half"]["A_interval"]), identified=v["identified"],
             extend_to=v["planned_k_samples"]))
     return [p.name for p in plot_forecasts(
         panels, path=path, xlabel=SAMPLES_AXIS.label, ncols=3,

@@ -240,8 +240,10 @@ class ForecastPanel:
     params: dict[str, float]
     """Eq. 1's A, B, C_mid, R0 of the fit."""
     A_interval: tuple[float, float] | None
-    """A's 95% interval where A is identified (the forecast and its band are drawn); None: no forecast, the fit
-    is drawn dashed."""
+    """A's 95% interval (its band is drawn); None: no band."""
+    identified: bool = True
+    """A is identified: the fit is the forecast (solid); otherwise there is no forecast and the fit and its band
+    are drawn dashed and lighter."""
     extend_to: float | None = None
 
 
@@ -266,14 +268,17 @@ def plot_forecasts(panels: Sequence[ForecastPanel], *, path: str | Path, xlabel:
                     label="observed after the fit")
         grid = np.linspace(float(c[c > 0].min()), max(float(c.max()), p.extend_to or 0.0), 400)
         kw = {k: p.params[k] for k in ("B", "C_mid", "R0")}
-        if p.A_interval is not None:
+        if p.identified:
             ax.plot(grid, sigmoid_law(grid, A=p.params["A"], **kw), "k-", lw=1,
                     label=f"Eq. 1 forecast, A {p.params['A']:.3f}")
-            ax.fill_between(grid, sigmoid_law(grid, A=p.A_interval[0], **kw), sigmoid_law(grid, A=p.A_interval[1], **kw),
-                            color="k", alpha=0.12, label="A's 95% interval")
         else:
             ax.plot(grid, sigmoid_law(grid, A=p.params["A"], **kw), "k--", lw=1,
                     label="fit (A not identified: no forecast)")
+        if p.A_interval is not None:
+            lo, hi = p.A_interval
+            ax.fill_between(grid, sigmoid_law(grid, A=lo, **kw), sigmoid_law(grid, A=hi, **kw), color="k",
+                            alpha=0.12 if p.identified else 0.06,
+                            label=f"A's 95% interval {lo:.3f}..{hi:.3f}" + ("" if p.identified else " (too wide)"))
         ax.axvline(p.fitted_to, color="grey", ls=":", lw=1)
         ax.set_title(p.title, fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
@@ -282,8 +287,7 @@ def plot_forecasts(panels: Sequence[ForecastPanel], *, path: str | Path, xlabel:
         if ylim is not None:
             ax.set_ylim(*ylim)
         ax.grid(alpha=0.3)
-        if i == 0:
-            ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return _save(fig, path, formats, dpi)
