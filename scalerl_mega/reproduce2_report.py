@@ -93,6 +93,25 @@ class HalfFit:
     forecast would have missed by where the rule refuses one (and the same as `mae` where it does not)."""
 
 
+def read_curve(run_dir: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`read_run` on the analyses' axis (`SAMPLES_AXIS`: thousands of samples), with the samples per point given
+    for every point. ValueError when the validation lines do not record them."""
+    c, r, n = read_run(run_dir)
+    if n is None:
+        raise ValueError(f"{run_dir}: its validation lines do not record val_prompts x val_samples_per_prompt")
+    return c * SAMPLES_AXIS.scale, r, np.broadcast_to(np.asarray(n, dtype=np.float64), c.shape).copy()
+
+
+def first_half_assessment(compute, reward, n_samples, *, half: float) -> Assessment:
+    """`identify.assess` of the points at or below `half` on their own (the relative grid): the fit `half_fit`
+    extrapolates, and the one a registered forecast records."""
+    c = np.asarray(compute, dtype=np.float64)
+    first = c <= half
+    n = np.broadcast_to(np.asarray(n_samples, dtype=np.float64), c.shape)
+    return assess(c[first], np.asarray(reward, dtype=np.float64)[first], options=options_for(c[first], grid="relative"),
+                  n_samples=n[first])
+
+
 def half_fit(compute, reward, n_samples, *, final_points: int = FINAL_POINTS,
              half_compute: float | None = None) -> HalfFit:
     """Fit on compute <= half the largest compute (or <= `half_compute`: half a run's planned compute, for a run
@@ -103,7 +122,7 @@ def half_fit(compute, reward, n_samples, *, final_points: int = FINAL_POINTS,
     first = c <= half
     if int(first.sum()) >= c.size - final_points + 1:
         raise ValueError(f"the first half ({int(first.sum())} points) overlaps the last {final_points} points")
-    a = assess(c[first], r[first], options=options_for(c[first], grid="relative"), n_samples=n[first])
+    a = first_half_assessment(c, r, n, half=half)
     fc, fr, fn = c[-final_points:], r[-final_points:], n[-final_points:]
     pred = a.predict(fc)
     p = pred if pred is not None else fr

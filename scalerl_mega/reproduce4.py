@@ -28,8 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from scalerl_mega.reproduce2_report import FINAL_POINTS, SAMPLES_AXIS, half_fit, overdispersion, read_run
-from scalerl_mega.reproduce_report import BEGIN, END, collect, json_safe, recipe_name, run_finished, write_generated
+from scalerl_mega.reproduce2_report import (FINAL_POINTS, SAMPLES_AXIS, first_half_assessment, half_fit, overdispersion,
+                                            read_curve)
+from scalerl_mega.reproduce_report import (BEGIN, END, collect, json_safe, recipe_name, run_assessment, run_finished,
+                                           write_generated)
 
 REPRO4_RUN_NAMES = ("repro4_scalerl",)
 SETTING = recipe_name(REPRO4_RUN_NAMES[0])
@@ -52,22 +54,6 @@ def planned_half(run_dir: Path) -> float:
     return 0.5 * last * per_step * SAMPLES_AXIS.scale
 
 
-def series(run_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(compute in thousands of samples, pass rate, samples per point) of a run directory."""
-    c, r, n = read_run(run_dir)
-    if n is None:
-        raise ValueError(f"{run_dir}: its validation lines do not record val_prompts x val_samples_per_prompt")
-    return c * SAMPLES_AXIS.scale, r, np.broadcast_to(np.asarray(n, dtype=np.float64), c.shape).copy()
-
-
-def first_half_fit(c: np.ndarray, r: np.ndarray, n: np.ndarray, *, half: float):
-    """`identify.assess` on the points at or below `half`, with `half_fit`'s options (the relative grid)."""
-    from scalerl_mega.scaling.identify import assess, options_for
-
-    first = c <= half
-    return assess(c[first], r[first], options=options_for(c[first], grid="relative"), n_samples=n[first])
-
-
 def register(*, sweep_dir: Path, out_dir: Path, commit: str | None) -> dict[str, Any]:
     """Write `<out_dir>/forecasts.json` (module docstring); returns its content. A run not yet past half its
     planned compute is named in `pending`."""
@@ -81,11 +67,11 @@ def register(*, sweep_dir: Path, out_dir: Path, commit: str | None) -> dict[str,
         if key in reg["runs"] or not (d / "metrics.jsonl").is_file():
             continue
         half = planned_half(d)
-        c, r, n = series(d)
+        c, r, n = read_curve(d)
         if c.size == 0 or float(c.max()) <= half:
             pending.append(f"{key}: {float(c.max()) if c.size else 0.0:.1f}k of the half's {half:.1f}k samples")
             continue
-        a = first_half_fit(c, r, n, half=half)
+        a = first_half_assessment(c, r, n, half=half)
         f = a.fit
         reg["runs"][key] = {"commit": commit, "half_k_samples": half, "points": int((c <= half).sum()),
                             "observed_to_k_samples": float(c.max()), "verdict": verdict_text(a), **a.summary(),
@@ -137,8 +123,7 @@ def score_run(c: np.ndarray, r: np.ndarray, n: np.ndarray, *, half: float, regis
 
 def analyse4(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
     """Collect (unless `sweep_dir` is None; unfinished runs too), score and write `out_dir` (module docstring)."""
-    from scalerl_mega.scaling.fit import FitOptions
-    from scalerl_mega.scaling.identify import assess, options_for, verdict_text
+    from scalerl_mega.scaling.identify import verdict_text
 
     runs_dir = out_dir / "runs" / SETTING
     if sweep_dir is not None:
@@ -150,27 +135,27 @@ def analyse4(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
     curves = {}
     for d in sorted(runs_dir.glob("seed*")):
         key = f"{SETTING}/{d.name}"
-        c, r, n = curves[key] = series(d)
+        c, r, n = curves[key] = read_curve(d)
         half = planned_half(d)
         if int((c > half).sum()) < FINAL_POINTS:
             rows[key] = {"steps_logged": _last_step(d),
                          "incomplete": f"not yet {FINAL_POINTS} points past half its planned compute"}
             continue
         row = score_run(c, r, n, half=half, registered=reg.get(key))
-        whole = assess(c, r, options=options_for(c, grid="relative", base=FitOptions(method="fast")), n_samples=n)
+        whole = run_assessment(c, r, n)
         row["whole_run"] = {"verdict": verdict_text(whole), **whole.summary(),
                             "overdispersion": overdispersion(whole.fit, c, n)}
         row["finished"] = run_finished(d)
         row["steps_logged"] = _last_step(d)
         row["planned_k_samples"] = 2.0 * half
         rows[key] = row
+    if not rows:
+        raise ValueError(f"{runs_dir}: no runs of {REPRO4_RUN_NAMES[0]} (run `make reproduce-sweep SWEEP=repro4`)")
     scored = [v for v in rows.values() if "incomplete" not in v]
     ident = sum(1 for v in scored if v["identified"])
     summary = {"runs": len(rows), "scored": len(scored), "first_half_identified": ident,
                "most_identified": bool(scored) and ident > len(scored) / 2}
     results = {"axis": SAMPLES_AXIS.key, "summary": summary, "runs": rows}
-    if not rows:
-        raise ValueError(f"{runs_dir}: no runs of {REPRO4_RUN_NAMES[0]} (run `make reproduce-sweep SWEEP=repro4`)")
     results["plots"] = _plot(rows, curves, out_dir / "forecast_samples.png") if scored else []
     (out_dir / "results.json").write_text(json.dumps(json_safe(results), indent=1) + "\n")
     write_generated(out_dir / "README.md", markdown4(results), title="repro4")

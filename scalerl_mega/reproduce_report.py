@@ -228,13 +228,28 @@ def discover(runs_dir: Path, *, run_names: tuple[str, ...] = RECIPE_RUN_NAMES) -
 
 
 # ------------------------------------------------------------------------------------------------ analyse
+def run_fit_options(compute) -> FitOptions:
+    """The fit options of one run's curve in the sweeps' analyses: the relative grid, the fast fit."""
+    from scalerl_mega.scaling.fit import FitOptions
+    from scalerl_mega.scaling.identify import options_for
+
+    return options_for(compute, grid="relative", base=FitOptions(method="fast"))
+
+
+def run_assessment(compute, reward, n_samples):
+    """`identify.assess` of one whole run as `fit_axis` assesses each run (`run_fit_options`)."""
+    from scalerl_mega.scaling.identify import assess
+
+    return assess(compute, reward, options=run_fit_options(compute), n_samples=n_samples)
+
+
 def fit_axis(runs: dict[str, dict[int, Path]], axis: Axis, *, reference: str = REFERENCE,
              controls: frozenset[str] = CONTROLS) -> dict[str, Any]:
     """Every run's own Eq. 1 fit and assessment on `axis`, the common-A refit (B per seed), the per-recipe rows
     against `reference` (`controls` are judged as same-maths controls) and the seed-mean curves' fits."""
     from scalerl_mega.scaling.compare import compare_loo
     from scalerl_mega.scaling.fit import FitOptions
-    from scalerl_mega.scaling.identify import assess, options_for
+    from scalerl_mega.scaling.identify import assess
     from scalerl_mega.scaling.io import read_series
 
     base = FitOptions(method="fast")
@@ -245,7 +260,7 @@ def fit_axis(runs: dict[str, dict[int, Path]], axis: Axis, *, reference: str = R
             key = f"{rec}/seed{seed}"
             series[key] = (s.compute * axis.scale, s.reward)
             n_samples[key] = s.n_samples
-            opts[key] = options_for(series[key][0], grid="relative", base=base)
+            opts[key] = run_fit_options(series[key][0])
             assessed[key] = assess(*series[key], options=opts[key], n_samples=s.n_samples)
             fits[key] = assessed[key].fit
     keys = list(series)

@@ -26,13 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
+from scalerl_mega.reproduce2_report import read_curve
+from scalerl_mega.reproduce_report import run_assessment
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 RUNS = ROOT / "reproduction" / "repro3" / "runs"
 SWEEP = ROOT / "outputs" / "reproduce3"
 OUT = ROOT / "outputs" / "reproduce3_x2"
 FINAL_POINTS = 3
-SCALE = 1e-3  # the analysis' compute axis: thousands of generated samples
 
 
 def recipes() -> dict[str, str]:
@@ -43,21 +45,6 @@ def recipes() -> dict[str, str]:
     return {recipe_name(n): n for n in REPRO3_RUN_NAMES}
 
 
-def series(run_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(compute in k samples, pass rate, samples per point) of a run directory."""
-    from scalerl_mega.reproduce2_report import read_run
-
-    c, r, n = read_run(run_dir)
-    return c * SCALE, r, np.broadcast_to(np.asarray(n, dtype=np.float64), c.shape).copy()
-
-
-def whole_run(c, r, n):
-    from scalerl_mega.scaling.fit import FitOptions
-    from scalerl_mega.scaling.identify import assess, options_for
-
-    return assess(c, r, options=options_for(c, grid="relative", base=FitOptions(method="fast")), n_samples=n)
-
-
 def register(_args) -> None:
     from scalerl_mega.scaling.identify import verdict_text
 
@@ -65,8 +52,8 @@ def register(_args) -> None:
     entries = []
     for setting in recipes():
         for d in sorted((RUNS / setting).glob("seed*")):
-            c, r, n = series(d)
-            a = whole_run(c, r, n)
+            c, r, n = read_curve(d)
+            a = run_assessment(c, r, n)
             c2 = 2.0 * float(c.max())
             e = {"run": f"{setting}/{d.name}", "identified": a.identified, "verdict": verdict_text(a),
                  "fitted_to_k_samples": float(c.max()), "target_k_samples": c2, **a.summary()}
@@ -118,7 +105,7 @@ def check(_args) -> None:
         d = continued_dir(e["run"])
         if not e["identified"] or d is None:
             continue
-        c, r, n = curves[e["run"]] = series(d)
+        c, r, n = curves[e["run"]] = read_curve(d)
 
         def registered(x, A=e["A"]):
             return sigmoid_law(x, A=A, B=e["B"], C_mid=e["C_mid"], R0=e["R0"])
