@@ -47,10 +47,16 @@ def planned_half(run_dir: Path) -> float:
     compute: the same number."""
     import yaml
 
-    cfg = yaml.safe_load((run_dir / "run_config.yaml").read_text())
-    t = cfg["train"]
-    per_step = float(t["prompts_per_step"]) * float(t["generations_per_prompt"])
-    last = float(t["steps"]) - (0.5 * float(t["val_every"]) if t.get("val_mode") == "window" else 0.0)
+    path = run_dir / "run_config.yaml"
+    if not path.is_file():
+        raise ValueError(f"{path}: missing (the run's config gives its planned steps; collect copies it)")
+    try:
+        t = yaml.safe_load(path.read_text())["train"]
+        per_step = float(t["prompts_per_step"]) * float(t["generations_per_prompt"])
+        last = float(t["steps"]) - (0.5 * float(t["val_every"]) if t.get("val_mode") == "window" else 0.0)
+    except (KeyError, TypeError, ValueError, yaml.YAMLError) as e:
+        raise ValueError(f"{path}: needs train.steps, train.prompts_per_step, train.generations_per_prompt and "
+                         f"train.val_every ({type(e).__name__}: {e})") from e
     return 0.5 * last * per_step * SAMPLES_AXIS.scale
 
 

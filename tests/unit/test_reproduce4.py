@@ -60,6 +60,16 @@ def test_planned_half_by_hand(tmp_path):
     assert planned_half(tmp_path / "r") == pytest.approx(0.5 * 790 * 256 / 1000)
 
 
+def test_planned_half_names_the_file_and_keys_it_lacks(tmp_path):
+    write_run(tmp_path / "r", upto=40)
+    (tmp_path / "r" / "run_config.yaml").write_text("train:\n  steps: 800\n")
+    with pytest.raises(ValueError, match=r"run_config.yaml: needs train.steps.*KeyError: 'prompts_per_step'"):
+        planned_half(tmp_path / "r")
+    (tmp_path / "r" / "run_config.yaml").unlink()
+    with pytest.raises(ValueError, match=r"run_config.yaml: missing"):
+        planned_half(tmp_path / "r")
+
+
 def test_register_fits_the_first_half_and_keeps_earlier_entries(tmp_path):
     sweep, out = tmp_path / "sweep", tmp_path / "out"
     write_run(sweep / "repro4_scalerl" / "seed0", upto=420)  # past half (step 400)
