@@ -35,7 +35,8 @@ from scalerl_mega.reproduce_report import RECIPE_RUN_NAMES, analyse, run_finishe
 
 SWEEPS = {"repro": (RECIPE_RUN_NAMES, "outputs/reproduce", "reproduction"),
           "repro3": (REPRO3_RUN_NAMES, "outputs/reproduce3", "reproduction/repro3"),
-          "repro4": (("repro4_scalerl",), "outputs/reproduce4", "reproduction/repro4")}
+          "repro4": (("repro4_scalerl",), "outputs/reproduce4", "reproduction/repro4"),
+          "repro5": (("repro5_scalerl",), "outputs/reproduce5", "reproduction/repro5")}
 """`--sweep` name -> (its `experiment=` overlays, its default sweep directory, its analysis directory)."""
 
 
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("sweep", help="run (or continue) the leave-one-out sweep")
     s.add_argument("--sweep", choices=sorted(SWEEPS), default="repro",
                    help="repro: the leave-one-out sweep; repro3: issue 29's (reproduction/design/README.md); "
-                        "repro4: its reference recipe at twice the length (reproduction/repro4/README.md)")
+                        "repro4: its reference recipe at twice the length (reproduction/repro4/README.md); repro5: at four times (reproduction/repro5/README.md)")
     s.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce[3])")
     s.add_argument("--seeds", default="0,1,2")
     s.add_argument("--recipes", default=None, help="comma-separated experiment= overlays (default: the --sweep's)")
