@@ -207,24 +207,24 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--no-collect", action="store_true", help="analyse <out>/runs as it is (the committed runs)")
     g = sub.add_parser("register", help="register the first-half forecasts of the runs past half their compute "
                                         "(repro4: reproduction/repro4/forecasts.json; commit it before they go on)")
-    g.add_argument("--sweep", choices=["repro4"], default="repro4")
-    g.add_argument("--sweep-dir", default=None, help="default: outputs/reproduce4")
-    g.add_argument("--out", default=None, help="default: reproduction/repro4")
+    g.add_argument("--sweep", choices=["repro4", "repro5"], default="repro4")
+    g.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce4)")
+    g.add_argument("--out", default=None, help="default: the --sweep's own (reproduction/repro4)")
     args = p.parse_args(argv)
     if args.cmd == "sweep":
         return run_sweep(args)
-    _, sweep_default, out_default = SWEEPS[args.sweep]
+    run_names, sweep_default, out_default = SWEEPS[args.sweep]
     sweep_dir = None if getattr(args, "no_collect", False) else Path(args.sweep_dir or sweep_default)
     try:
         if args.cmd == "register":
             from scalerl_mega.reproduce4 import register
 
             register(sweep_dir=Path(args.sweep_dir or sweep_default), out_dir=Path(args.out or out_default),
-                     commit=_git("rev-parse", "HEAD") or None)
-        elif args.sweep == "repro4":
+                     commit=_git("rev-parse", "HEAD") or None, run_name=run_names[0])
+        elif args.sweep in ("repro4", "repro5"):
             from scalerl_mega.reproduce4 import analyse4
 
-            analyse4(sweep_dir=sweep_dir, out_dir=Path(args.out or out_default))
+            analyse4(sweep_dir=sweep_dir, out_dir=Path(args.out or out_default), run_name=run_names[0])
         elif args.sweep == "repro3":
             from scalerl_mega.reproduce2_analyse import analyse2
 

@@ -1,10 +1,13 @@
 """Issue 29, item 2 at twice the length: the reference recipe (`conf/experiment/repro4_scalerl.yaml`, 3,200 steps on a
-one-pass prompt stream) fitted on the first half of each seed's compute and extrapolated to the second
-(paper Fig. 1, Sec. 6), with the forecast registered before the second half is observed.
+one-pass prompt stream; repro5: `repro5_scalerl.yaml`, 6,400 steps) fitted on the first half of each seed's compute
+and extrapolated to the second (paper Fig. 1, Sec. 6), with the forecast registered before the second half is
+observed.
 
     python -m scalerl_mega.reproduce sweep    --sweep repro4 --seeds 0      # a run (outputs/reproduce4)
     python -m scalerl_mega.reproduce register --sweep repro4                # forecasts.json, once a run is halfway
     python -m scalerl_mega.reproduce analyse  --sweep repro4 [--no-collect] # results.json, plot, README section
+
+(the same with `--sweep repro5`: outputs/reproduce5, reproduction/repro5; `run_name` selects the sweep's runs.)
 
 `register` fits every run of the sweep that has passed half its steps on the validation points of its first
 half (the points at or below half the run's planned compute: `planned_half`) by the identification rule exactly
@@ -34,7 +37,6 @@ from scalerl_mega.reproduce_report import (BEGIN, END, collect, json_safe, recip
                                            write_generated)
 
 REPRO4_RUN_NAMES = ("repro4_scalerl",)
-SETTING = recipe_name(REPRO4_RUN_NAMES[0])
 FORECASTS = "forecasts.json"
 SAME_FIT_TOL = 1e-9
 """Largest difference in A, B or C_mid between the registered first-half fit and the analysis' repeat of it."""
@@ -60,16 +62,18 @@ def planned_half(run_dir: Path) -> float:
     return 0.5 * last * per_step * SAMPLES_AXIS.scale
 
 
-def register(*, sweep_dir: Path, out_dir: Path, commit: str | None) -> dict[str, Any]:
-    """Write `<out_dir>/forecasts.json` (module docstring); returns its content. A run not yet past half its
-    planned compute is named in `pending`."""
+def register(*, sweep_dir: Path, out_dir: Path, commit: str | None,
+             run_name: str = REPRO4_RUN_NAMES[0]) -> dict[str, Any]:
+    """Write `<out_dir>/forecasts.json` (module docstring) for the runs of `run_name`; returns its content. A run
+    not yet past half its planned compute is named in `pending`."""
     from scalerl_mega.scaling.identify import verdict_text
 
     path = out_dir / FORECASTS
     reg = json.loads(path.read_text()) if path.is_file() else {"axis": SAMPLES_AXIS.unit, "runs": {}}
     pending = []
-    for d in sorted((sweep_dir / REPRO4_RUN_NAMES[0]).glob("seed*")):
-        key = f"{SETTING}/{d.name}"
+    setting = recipe_name(run_name)
+    for d in sorted((sweep_dir / run_name).glob("seed*")):
+        key = f"{setting}/{d.name}"
         if key in reg["runs"] or not (d / "metrics.jsonl").is_file():
             continue
         half = planned_half(d)
@@ -127,20 +131,22 @@ def score_run(c: np.ndarray, r: np.ndarray, n: np.ndarray, *, half: float, regis
     return out
 
 
-def analyse4(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
-    """Collect (unless `sweep_dir` is None; unfinished runs too), score and write `out_dir` (module docstring)."""
+def analyse4(*, sweep_dir: Path | None, out_dir: Path, run_name: str = REPRO4_RUN_NAMES[0]) -> dict[str, Any]:
+    """Collect the runs of `run_name` (unless `sweep_dir` is None; unfinished runs too), score and write `out_dir`
+    (module docstring)."""
     from scalerl_mega.scaling.identify import verdict_text
 
-    runs_dir = out_dir / "runs" / SETTING
+    setting, label = recipe_name(run_name), run_name.split("_")[0]
+    runs_dir = out_dir / "runs" / setting
     if sweep_dir is not None:
-        collect(sweep_dir, out_dir / "runs", run_names=REPRO4_RUN_NAMES, gzip_metrics=True, unfinished=True,
+        collect(sweep_dir, out_dir / "runs", run_names=(run_name,), gzip_metrics=True, unfinished=True,
                 also=("run_config.yaml",))
     reg_path = out_dir / FORECASTS
     reg = json.loads(reg_path.read_text())["runs"] if reg_path.is_file() else {}
     rows: dict[str, Any] = {}
     curves = {}
     for d in sorted(runs_dir.glob("seed*")):
-        key = f"{SETTING}/{d.name}"
+        key = f"{setting}/{d.name}"
         c, r, n = curves[key] = read_curve(d)
         half = planned_half(d)
         if int((c > half).sum()) < FINAL_POINTS:
@@ -156,15 +162,15 @@ def analyse4(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
         row["planned_k_samples"] = 2.0 * half
         rows[key] = row
     if not rows:
-        raise ValueError(f"{runs_dir}: no runs of {REPRO4_RUN_NAMES[0]} (run `make reproduce-sweep SWEEP=repro4`)")
+        raise ValueError(f"{runs_dir}: no runs of {run_name} (run `make reproduce-sweep SWEEP={label}`)")
     scored = [v for v in rows.values() if "incomplete" not in v]
     ident = sum(1 for v in scored if v["identified"])
     summary = {"runs": len(rows), "scored": len(scored), "first_half_identified": ident,
                "most_identified": bool(scored) and ident > len(scored) / 2}
     results = {"axis": SAMPLES_AXIS.key, "summary": summary, "runs": rows}
-    results["plots"] = _plot(rows, curves, out_dir / "forecast_samples.png") if scored else []
+    results["plots"] = _plot(rows, curves, out_dir / "forecast_samples.png", label=label) if scored else []
     (out_dir / "results.json").write_text(json.dumps(json_safe(results), indent=1) + "\n")
-    write_generated(out_dir / "README.md", markdown4(results), title="repro4")
+    write_generated(out_dir / "README.md", markdown4(results), title=label)
     return results
 
 
@@ -216,7 +222,7 @@ def markdown4(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _plot(rows: dict[str, Any], curves: dict[str, tuple[np.ndarray, ...]], path: Path) -> list[str]:
+def _plot(rows: dict[str, Any], curves: dict[str, tuple[np.ndarray, ...]], path: Path, *, label: str) -> list[str]:
     """One panel per scored run (`scaling.plot.plot_forecasts`): the first half fitted, the second observed, the
     forecast with A's band where the first half identifies A (the fit dashed where it does not)."""
     from scalerl_mega.scaling.plot import ForecastPanel, plot_forecasts
@@ -234,4 +240,4 @@ def _plot(rows: dict[str, Any], curves: dict[str, tuple[np.ndarray, ...]], path:
             extend_to=v["planned_k_samples"]))
     return [p.name for p in plot_forecasts(
         panels, path=path, xlabel=SAMPLES_AXIS.label, ncols=3,
-        title="repro4: the reference recipe fitted on the first half of its compute, forecast over the second")]
+        title=f"{label}: the reference recipe fitted on the first half of its compute, forecast over the second")]

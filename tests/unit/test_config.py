@@ -73,7 +73,8 @@ def _recipe(c) -> tuple:
 
 def test_every_experiment_file_is_covered():
     on_disk = {p.stem for p in (CONF / "experiment").glob("*.yaml")}
-    assert on_disk == set(EXPECTED) | set(REPRO) | set(REPRO3) | {"repro4_scalerl", "demo", "smollm2_cpu"}
+    assert on_disk == set(EXPECTED) | set(REPRO) | set(REPRO3) | {"repro4_scalerl", "repro5_scalerl", "demo",
+                                                                       "smollm2_cpu"}
 
 
 # issue 29's sweep (reproduction/design/README.md): (prompts_per_step, steps, val_every, curriculum) per overlay
@@ -117,6 +118,22 @@ def test_repro4_is_the_reference_at_twice_the_length_on_one_pass():
     mine, theirs = flat_config(c), flat_config(ref)
     assert {k for k in mine if mine[k] != theirs.get(k)} == differ
 
+
+
+def test_repro5_is_repro4_at_twice_the_length_on_one_pass():
+    """reproduction/repro5: repro4 at 6,400 steps (321 window points) over 204,800 training prompts, each drawn
+    once; its own warm start; nothing else changes."""
+    from scalerl_mega.config import validate
+    from scalerl_mega.config.tree import flat_config
+
+    c, ref = _compose("experiment=repro5_scalerl"), _compose("experiment=repro4_scalerl")
+    validate(c)
+    assert c.train.steps == 6400 and c.train.steps // c.train.val_every + 1 == 321
+    assert c.data.synthetic_num_prompts - c.data.val_prompts == c.train.steps * c.train.prompts_per_step == 204_800
+    assert c.sft.checkpoint == "outputs/reproduce5/sft" and c.run_name == "repro5_scalerl"
+    mine, theirs = flat_config(c), flat_config(ref)
+    assert {k for k in mine if mine[k] != theirs.get(k)} == {"train.steps", "data.synthetic_num_prompts",
+                                                            "sft.checkpoint", "run_name"}
 
 @pytest.mark.parametrize("name", sorted(REPRO))
 def test_reproduce_overlays_revert_one_axis_of_the_demo(name):

@@ -138,3 +138,21 @@ def test_an_unfinished_run_is_scored_at_its_planned_half_and_says_so(tmp_path, c
     assert "registered scalerl/seed0" in capsys.readouterr().out
     assert reproduce_main(["analyse", "--sweep", "repro4", "--out", str(out), "--no-collect"]) == 0
     assert "(unfinished)" in (out / "README.md").read_text()
+
+
+def test_repro5_runs_register_and_analyse_under_their_own_name(tmp_path, capsys):
+    """`--sweep repro5`: the sweep's own run name (repro5_scalerl) is found, registered and analysed; the runs of
+    another sweep in the same directory are not."""
+    sweep, out = tmp_path / "sweep", tmp_path / "out"
+    write_run(sweep / "repro5_scalerl" / "seed0", upto=420)
+    write_run(sweep / "repro4_scalerl" / "seed1", upto=420)
+    assert reproduce_main(["register", "--sweep", "repro5", "--sweep-dir", str(sweep), "--out", str(out)]) == 0
+    assert "registered scalerl/seed0" in capsys.readouterr().out
+    reg = json.loads((out / "forecasts.json").read_text())["runs"]
+    assert list(reg) == ["scalerl/seed0"] and reg["scalerl/seed0"]["A"] == pytest.approx(TRUE["A"], abs=0.01)
+    write_run(sweep / "repro5_scalerl" / "seed0", upto=STEPS)
+    assert reproduce_main(["analyse", "--sweep", "repro5", "--sweep-dir", str(sweep), "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["runs"]) == ["scalerl/seed0"] and res["runs"]["scalerl/seed0"]["registered"]["same_fit"]
+    assert (out / "runs" / "scalerl" / "seed0" / "metrics.jsonl.gz").is_file()
+    assert "repro5" in (out / "README.md").read_text()

@@ -141,6 +141,7 @@ def test_default_sweep_is_the_leave_one_out_one(tmp_path, monkeypatch):
 def test_recipe_name_strips_either_prefix():
     assert rep_report.recipe_name("repro_dapo") == "dapo"
     assert rep_report.recipe_name("repro3_batch_small") == "batch_small"
+    assert rep_report.recipe_name("repro5_scalerl") == rep_report.recipe_name("repro4_scalerl") == "scalerl"
     assert rep_report.recipe_name("demo") == "demo"
 
 
