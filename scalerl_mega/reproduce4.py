@@ -185,6 +185,11 @@ def _f(v: Any, spec: str) -> str:
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
 
 
+def _cell(text: str) -> str:
+    """`text` inside a markdown table cell (a verdict's "mean |error|" would end the cell)."""
+    return text.replace("|", "\\|")
+
+
 def markdown4(results: dict[str, Any]) -> str:
     """The generated section: one row per seed."""
     s = results["summary"]
@@ -213,7 +218,7 @@ def markdown4(results: dict[str, Any]) -> str:
         w = v["whole_run"]
         whole = f"A {_f(w['A'], '.3f')} ({w['A_interval'][0]:.3f}..{w['A_interval'][1]:.3f}), B {w['B']:.2f}"
         state = "" if v["finished"] else " (unfinished)"
-        lines.append(f"| {key} | {v['steps_logged']}{state} | {v['verdict']} ({v['half_compute']:.1f}k) | {pred} ({obs}) "
+        lines.append(f"| {key} | {v['steps_logged']}{state} | {_cell(v['verdict'])} ({v['half_compute']:.1f}k) | {pred} ({obs}) "
                      f"| {last} | {sh_txt} | {v['unvetted_mae']:.4f} | {whole} | {reg_txt} |")
     lines += ["", "Compute: cumulative generated samples, thousands. Noise floor: sqrt(2/pi) x the mean binomial SE "
               "of the points scored (the mean |error| a perfect forecast would still show). Inside A's band: "

@@ -156,3 +156,16 @@ def test_repro5_runs_register_and_analyse_under_their_own_name(tmp_path, capsys)
     assert list(res["runs"]) == ["scalerl/seed0"] and res["runs"]["scalerl/seed0"]["registered"]["same_fit"]
     assert (out / "runs" / "scalerl" / "seed0" / "metrics.jsonl.gz").is_file()
     assert "repro5" in (out / "README.md").read_text()
+
+
+def test_a_verdict_with_a_pipe_stays_in_its_table_cell():
+    """The misfit verdict says "mean |error|": escaped, the row keeps its 9 columns."""
+    from scalerl_mega.reproduce4 import markdown4
+
+    row = {"verdict": "A not identified: misfit: mean |error| 0.03", "half_compute": 1.0, "predicted": None,
+           "observed": [0.5, 0.5, 0.5], "ratio": None, "unvetted_mae": 0.01, "finished": True, "steps_logged": 10,
+           "whole_run": {"A": None, "A_interval": [0.5, 1.0], "B": 1.0}}
+    text = markdown4({"summary": {"runs": 1, "scored": 1, "first_half_identified": 0, "most_identified": False},
+                      "runs": {"scalerl/seed0": row}})
+    line = next(x for x in text.splitlines() if x.startswith("| scalerl/seed0"))
+    assert "mean \\|error\\|" in line and len(line.replace("\\|", "").split("|")) == 11
