@@ -38,6 +38,8 @@ SWEEPS = {"repro": (RECIPE_RUN_NAMES, "outputs/reproduce", "reproduction"),
           "repro4": (("repro4_scalerl",), "outputs/reproduce4", "reproduction/repro4"),
           "repro5": (("repro5_scalerl",), "outputs/reproduce5", "reproduction/repro5")}
 """`--sweep` name -> (its `experiment=` overlays, its default sweep directory, its analysis directory)."""
+FORECAST_SWEEPS = ("repro4", "repro5")
+"""The sweeps of one reference run per seed whose first-half forecasts are registered (`scalerl_mega.reproduce4`)."""
 
 
 def sweep_command(*, sweep_dir: str, seeds: str, recipes: str, extra: list[str] | None = None) -> list[str]:
@@ -194,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("sweep", help="run (or continue) the leave-one-out sweep")
     s.add_argument("--sweep", choices=sorted(SWEEPS), default="repro",
                    help="repro: the leave-one-out sweep; repro3: issue 29's (reproduction/design/README.md); "
-                        "repro4: its reference recipe at twice the length (reproduction/repro4/README.md); repro5: at four times (reproduction/repro5/README.md)")
+                        "repro4: its reference recipe at twice the length (reproduction/repro4/README.md); "
+                        "repro5: at four times (reproduction/repro5/README.md)")
     s.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce[3])")
     s.add_argument("--seeds", default="0,1,2")
     s.add_argument("--recipes", default=None, help="comma-separated experiment= overlays (default: the --sweep's)")
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--no-collect", action="store_true", help="analyse <out>/runs as it is (the committed runs)")
     g = sub.add_parser("register", help="register the first-half forecasts of the runs past half their compute "
                                         "(repro4: reproduction/repro4/forecasts.json; commit it before they go on)")
-    g.add_argument("--sweep", choices=["repro4", "repro5"], default="repro4")
+    g.add_argument("--sweep", choices=FORECAST_SWEEPS, default="repro4")
     g.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce4)")
     g.add_argument("--out", default=None, help="default: the --sweep's own (reproduction/repro4)")
     args = p.parse_args(argv)
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
 
             register(sweep_dir=Path(args.sweep_dir or sweep_default), out_dir=Path(args.out or out_default),
                      commit=_git("rev-parse", "HEAD") or None, run_name=run_names[0])
-        elif args.sweep in ("repro4", "repro5"):
+        elif args.sweep in FORECAST_SWEEPS:
             from scalerl_mega.reproduce4 import analyse4
 
             analyse4(sweep_dir=sweep_dir, out_dir=Path(args.out or out_default), run_name=run_names[0])

@@ -246,11 +246,9 @@ def fit_axis(runs: dict[str, dict[int, Path]], axis: Axis, *, reference: str = R
     """Every run's own Eq. 1 fit and assessment on `axis`, the common-A refit (B per seed), the per-recipe rows
     against `reference` (`controls` are judged as same-maths controls) and the seed-mean curves' fits."""
     from scalerl_mega.scaling.compare import compare_loo
-    from scalerl_mega.scaling.fit import FitOptions
     from scalerl_mega.scaling.identify import assess
     from scalerl_mega.scaling.io import read_series
 
-    base = FitOptions(method="fast")
     series, opts, fits, assessed, n_samples = {}, {}, {}, {}, {}
     for rec, seeds in runs.items():
         for seed, d in seeds.items():
@@ -268,7 +266,7 @@ def fit_axis(runs: dict[str, dict[int, Path]], axis: Axis, *, reference: str = R
     per_run = {k: {**assessed[k].summary(), "B_at_common_A": None if math.isnan(loo_by[k].B) else loo_by[k].B,
                    "last_val_pass_rate": float(series[k][1][-1])} for k in keys}
     recipes = _recipe_rows(runs, per_run, reference=reference, controls=controls)
-    mean_curves, mean_assessed, loo_mean = _fit_seed_means(runs, series, n_samples, base)
+    mean_curves, mean_assessed, loo_mean = _fit_seed_means(runs, series, n_samples)
     return {"axis": axis, "series": series, "n_samples": n_samples, "fits": fits, "assessed": assessed,
             "per_run": per_run, "loo": loo,
             "recipes": recipes, "mean_curves": mean_curves, "mean_assessed": mean_assessed,
@@ -315,16 +313,16 @@ def _recipe_rows(runs: dict[str, dict[int, Path]], per_run: dict[str, dict[str, 
     return recipes
 
 
-def _fit_seed_means(runs: dict[str, dict[int, Path]], series: dict[str, Any], n_samples: dict[str, Any],
-                    base: FitOptions) -> tuple[dict[str, Any], dict[str, Any], Any]:
+def _fit_seed_means(runs: dict[str, dict[int, Path]], series: dict[str, Any],
+                    n_samples: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], Any]:
     """Fit each recipe's seed-mean curve (with the summed sample counts) and compare them by leave-one-out.
     Returns (mean_curves, mean_assessed, loo_mean)."""
     from scalerl_mega.scaling.compare import compare_loo
-    from scalerl_mega.scaling.identify import assess, options_for
+    from scalerl_mega.scaling.identify import assess
     from scalerl_mega.scaling.seeds import seed_mean_curve
 
     mean_curves = {rec: seed_mean_curve([series[f"{rec}/seed{s}"] for s in runs[rec]]) for rec in runs}
-    mean_opts = {rec: options_for(c, grid="relative", base=base) for rec, (c, _) in mean_curves.items()}
+    mean_opts = {rec: run_fit_options(c) for rec, (c, _) in mean_curves.items()}
     mean_assessed = {}
     for rec in runs:  # a mean of k seeds rests on k times the samples of one
         ns = [n_samples[f"{rec}/seed{s}"] for s in runs[rec]]

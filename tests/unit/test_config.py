@@ -112,12 +112,11 @@ def test_repro4_is_the_reference_at_twice_the_length_on_one_pass():
     assert c.train.steps == 3200 and c.train.steps // c.train.val_every + 1 == 161
     assert c.data.synthetic_num_prompts - c.data.val_prompts == c.train.steps * c.train.prompts_per_step == 102_400
     assert c.sft.checkpoint == "outputs/reproduce4/sft" and c.run_name == "repro4_scalerl"
-    differ = {k for k in ("train.steps", "data.synthetic_num_prompts", "sft.checkpoint", "run_name")}
+    differ = {"train.steps", "data.synthetic_num_prompts", "sft.checkpoint", "run_name"}
     from scalerl_mega.config.tree import flat_config
 
     mine, theirs = flat_config(c), flat_config(ref)
     assert {k for k in mine if mine[k] != theirs.get(k)} == differ
-
 
 
 def test_repro5_is_repro4_at_twice_the_length_on_one_pass():
@@ -134,6 +133,7 @@ def test_repro5_is_repro4_at_twice_the_length_on_one_pass():
     mine, theirs = flat_config(c), flat_config(ref)
     assert {k for k in mine if mine[k] != theirs.get(k)} == {"train.steps", "data.synthetic_num_prompts",
                                                             "sft.checkpoint", "run_name"}
+
 
 @pytest.mark.parametrize("name", sorted(REPRO))
 def test_reproduce_overlays_revert_one_axis_of_the_demo(name):
