@@ -37,6 +37,9 @@ import subprocess
 import sys
 import time
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""The repository root: each worker process gets it on PYTHONPATH (run as `python3 bench/fused_cispo.py`
+from anywhere, the package still imports)."""
 SHAPES = ((4096, 1024, 65536), (2048, 512, 32768))
 CUDA_SHAPES = SHAPES + ((16384, 4096, 131072),)
 H100_BF16_TFLOPS = 989.0
@@ -163,16 +166,18 @@ def _worker_cuda(variant: str, N: int, H: int, V: int, *, dtype: str, iters: int
             "grad_w_norm": float(W.grad.float().norm()), "device_name": torch.cuda.get_device_name()}
 
 
-def _print_rows(variants: list[str], notes: dict[str, str], row) -> None:
-    """One table line per variant: its note (skipped / failed) or `row(variant)`."""
+def _print_rows(variants: list[str], notes: dict[str, str], row) -> bool:
+    """One table line per variant: its note (skipped / failed) or `row(variant)`. True if any variant failed."""
     for variant in variants:
         print(f"{variant:<8} {notes[variant] if variant in notes else row(variant)}")
+    return any(notes.get(v, "").startswith("FAILED") for v in variants)
 
 
 def _run_worker(spec: str, extra: list[str]) -> tuple[dict | None, str | None]:
     """Run one measurement in a fresh process: (result, None) or (None, note)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", spec, *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=path))
     if proc.returncode != 0:
         return None, "FAILED: " + " ".join(proc.stderr.strip().splitlines()[-1:])
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -182,7 +187,7 @@ def _run_worker(spec: str, extra: list[str]) -> tuple[dict | None, str | None]:
 
 
 def main_cuda(args) -> int:
-    rows = []
+    rows, failed = [], False
     shapes = args.shapes or [",".join(map(str, s)) for s in CUDA_SHAPES]
     print(f"roofline: H100 SXM dense bf16 {H100_BF16_TFLOPS:.0f} TFLOP/s, FP32 (no tensor cores) "
           f"{H100_FP32_TFLOPS:.0f} TFLOP/s; FLOPs counted = 6*N*H*V (3 GEMMs)")
@@ -215,11 +220,11 @@ def main_cuda(args) -> int:
                     f"{100 * r['frac_bf16_peak']:7.1f}% {100 * r['frac_fp32_peak']:7.1f}% {tr:>8} {mr:>9}  "
                     f"{r['loss']:.6g}")
 
-        _print_rows(args.variants, notes, row)
+        failed |= _print_rows(args.variants, notes, row)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    return 0
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.device == "cuda":
         return main_cuda(args)
+    failed = False
     for shape in args.shapes or [",".join(map(str, s)) for s in SHAPES]:
         N, H, V = map(int, shape.split(","))
         if N % SEQ:
@@ -285,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{b['max_rss_mb']:7.0f} {ratio('time_s'):>10} {ratio('cpu_s'):>9} "
                     f"{ratio('delta_rss_mb', '.3f'):>10}  {results[variant][0]['loss']:.6g}  ({walls})")
 
-        _print_rows(args.variants, notes, cpu_row)
-    return 0
+        failed |= _print_rows(args.variants, notes, cpu_row)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
