@@ -36,9 +36,10 @@ from scalerl_mega.reproduce_report import RECIPE_RUN_NAMES, analyse, run_finishe
 SWEEPS = {"repro": (RECIPE_RUN_NAMES, "outputs/reproduce", "reproduction"),
           "repro3": (REPRO3_RUN_NAMES, "outputs/reproduce3", "reproduction/repro3"),
           "repro4": (("repro4_scalerl",), "outputs/reproduce4", "reproduction/repro4"),
-          "repro5": (("repro5_scalerl",), "outputs/reproduce5", "reproduction/repro5")}
+          "repro5": (("repro5_scalerl",), "outputs/reproduce5", "reproduction/repro5"),
+          "repro6": (("repro6_scalerl",), "outputs/reproduce6", "reproduction/repro6")}
 """`--sweep` name -> (its `experiment=` overlays, its default sweep directory, its analysis directory)."""
-FORECAST_SWEEPS = ("repro4", "repro5")
+FORECAST_SWEEPS = ("repro4", "repro5", "repro6")
 """The sweeps of one reference run per seed whose first-half forecasts are registered (`scalerl_mega.reproduce4`)."""
 
 
@@ -197,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--sweep", choices=sorted(SWEEPS), default="repro",
                    help="repro: the leave-one-out sweep; repro3: issue 29's (reproduction/design/README.md); "
                         "repro4: its reference recipe at twice the length (reproduction/repro4/README.md); "
-                        "repro5: at four times (reproduction/repro5/README.md)")
+                        "repro5: at four times (reproduction/repro5/README.md); repro6: repro5 from repro4's warm "
+                        "start (reproduction/repro6/README.md)")
     s.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce[3])")
     s.add_argument("--seeds", default="0,1,2")
     s.add_argument("--recipes", default=None, help="comma-separated experiment= overlays (default: the --sweep's)")

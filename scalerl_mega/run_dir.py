@@ -29,9 +29,10 @@ RESUMABLE = (
     "train.keep_checkpoints", "train.poll_timeout_s", "metrics.", "forecast.", "rollout.engine_urls",
     "rollout.sync_master_address", "rollout.startup_timeout_s", "rollout.sglang_host", "rollout.sglang_port",
     "rollout.engine_threads", "cluster.partition", "cluster.account", "cluster.time_min", "cluster.cpus_per_task",
-    "cluster.mem_gb", "cluster.trainer_threads", "sft.checkpoint", "sft.any_seed",
+    "cluster.mem_gb", "cluster.trainer_threads", "sft.checkpoint", "sft.any_seed", "sft.synthetic_num_prompts",
 )
-"""Keys (or `group.` prefixes) that may differ when a run is resumed (`sft.checkpoint` / `sft.any_seed` only
+"""Keys (or `group.` prefixes) that may differ when a run is resumed (`sft.checkpoint`, `sft.any_seed` and
+`sft.synthetic_num_prompts` only
 say where a fresh run finds its warm start; a resumed run skips the warm start)."""
 
 

@@ -200,11 +200,51 @@ def sft_fingerprint(config: TrainConfig) -> dict[str, Any]:
     model = asdict(config.model)
     if config.precision.params_dtype == "float32":
         model.pop("fp32_lm_head", None)
-    sft = {k: v for k, v in asdict(config.sft).items() if k not in ("checkpoint", "eval_every", "any_seed")}
-    fp = {"seed": int(config.seed), "model": model, "data": asdict(config.data), "optim": asdict(config.optim),
-          "sft": sft, "params_dtype": config.precision.params_dtype,
+    sft = {k: v for k, v in asdict(config.sft).items()
+           if k not in ("checkpoint", "eval_every", "any_seed", "synthetic_num_prompts")}
+    fp = {"seed": int(config.seed), "model": model, "data": asdict(_warm_start_data(config)),
+          "optim": asdict(config.optim), "sft": sft, "params_dtype": config.precision.params_dtype,
           "micro_batch_tokens": int(config.train.micro_batch_tokens)}
     return json.loads(json.dumps(fp, default=str))
+
+
+def _warm_start_data(config: TrainConfig) -> Any:
+    """The data config the warm start trains on: this run's, with `sft.synthetic_num_prompts` (when set) as its
+    synthetic prompt count."""
+    import dataclasses
+
+    n = int(config.sft.synthetic_num_prompts)
+    return dataclasses.replace(config.data, synthetic_num_prompts=n) if n else config.data
+
+
+def warm_start_task(config: TrainConfig, task: Any) -> Any:
+    """The task whose training prompts the warm start uses: `task` itself, or with `sft.synthetic_num_prompts`
+    the synthetic set of that many prompts, after checking that none of `task`'s held-out prompts (compared
+    by text: what the model sees) is among its training prompts (ValueError naming the key and an example).
+
+    With the synthetic task's prefix-stable draws (`arith.sample_problems`) and a held-out set of the smallest
+    hashes (`split.held_out_split`), a held-out prompt of the larger set that lies in the smaller one is held
+    out there too, so no leak is expected; the check builds both sets rather than relying on that."""
+    import dataclasses
+    import logging
+
+    from scalerl_mega.build import build_task
+
+    if not int(config.sft.synthetic_num_prompts):
+        return task
+    small = build_task(dataclasses.replace(config, data=_warm_start_data(config)))
+    seen = {p.text for p in small.train_prompts}
+    leaked = [p.text for p in task.val_prompts if p.text in seen]
+    if leaked:
+        raise ValueError(f"sft.synthetic_num_prompts={config.sft.synthetic_num_prompts}: {len(leaked)} of this run's "
+                         f"{len(task.val_prompts)} held-out prompts are training prompts of the warm start's set, "
+                         f"e.g. {leaked[0]!r}")
+    held = {p.text for p in small.val_prompts}
+    logging.getLogger("scalerl_mega.train").info(
+        "sft: warm start on the %d training prompts of data.synthetic_num_prompts=%d (sft.synthetic_num_prompts); "
+        "none of this run's %d held-out prompts among them (%d held out there too)", len(small.train_prompts),
+        config.sft.synthetic_num_prompts, len(task.val_prompts), sum(p.text in held for p in task.val_prompts))
+    return small
 
 
 def fingerprint_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
@@ -230,6 +270,7 @@ def _warm_start_or_load(config: TrainConfig, task: Any, trainer: Any, *, out: Pa
     from scalerl_mega.trainer.megatron.checkpoint import latest_step
 
     log = logging.getLogger("scalerl_mega.train")
+    task = warm_start_task(config, task)
     if not config.sft.checkpoint:
         _warm_start(config, task, trainer, out=out)
         return

@@ -113,6 +113,12 @@ class SFTConfig:
     any_seed: bool = False
     """Accept a `checkpoint` written by a run with another seed: every seed then starts RL from the same
     weights, as the paper's seeds all start from one SFT checkpoint (their spread is RL noise only)."""
+    synthetic_num_prompts: int = 0
+    """0: the warm start trains on this run's training prompts. N > 0 (data.name=synthetic only): on those of
+    the synthetic set of N prompts (the first N of the same draws, with its own held-out split), as a run with
+    `data.synthetic_num_prompts=N` would, and its fingerprint says so: one base model for runs of several
+    lengths (reproduction/repro6 starts from repro4's warm start). None of this run's held-out prompts may be
+    among those training prompts (checked when the warm start is run or loaded; ValueError naming the key)."""
 
 
 @dataclass
@@ -216,6 +222,7 @@ def validate_sft(sft: SFTConfig) -> None:
     positive("sft.batch_size", sft.batch_size)
     positive("sft.warmup_steps", sft.warmup_steps, allow_zero=True)
     positive("sft.eval_every", sft.eval_every, allow_zero=True)
+    positive("sft.synthetic_num_prompts", sft.synthetic_num_prompts, allow_zero=True)
 
 
 def validate_metrics(metrics: MetricsConfig) -> None:

@@ -123,6 +123,12 @@ def validate(cfg: TrainConfig) -> None:
 
 def _validate_across_groups(cfg: TrainConfig) -> None:
     """Settings that are each valid but clash with another group's."""
+    n_sft = int(cfg.sft.synthetic_num_prompts)
+    if cfg.sft.steps and n_sft and (cfg.data.name != "synthetic" or not cfg.data.val_prompts < n_sft
+                                    <= cfg.data.synthetic_num_prompts):
+        raise ValueError(f"sft.synthetic_num_prompts={n_sft} needs data.name=synthetic (is {cfg.data.name!r}) and "
+                         f"data.val_prompts={cfg.data.val_prompts} < it <= data.synthetic_num_prompts="
+                         f"{cfg.data.synthetic_num_prompts}")
     if cfg.moe.routing_replay == "ids_and_weights" and cfg.rollout.name == "sglang":
         raise ValueError("moe.routing_replay='ids_and_weights' with rollout.name='sglang': SGLang 0.5.23 returns "
                          "the routed expert ids only (meta_info.routed_experts), no gate weights; use "

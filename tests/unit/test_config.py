@@ -73,7 +73,7 @@ def _recipe(c) -> tuple:
 
 def test_every_experiment_file_is_covered():
     on_disk = {p.stem for p in (CONF / "experiment").glob("*.yaml")}
-    assert on_disk == set(EXPECTED) | set(REPRO) | set(REPRO3) | {"repro4_scalerl", "repro5_scalerl", "demo",
+    assert on_disk == set(EXPECTED) | set(REPRO) | set(REPRO3) | {"repro4_scalerl", "repro5_scalerl", "repro6_scalerl", "demo",
                                                                        "smollm2_cpu"}
 
 
@@ -133,6 +133,26 @@ def test_repro5_is_repro4_at_twice_the_length_on_one_pass():
     mine, theirs = flat_config(c), flat_config(ref)
     assert {k for k in mine if mine[k] != theirs.get(k)} == {"train.steps", "data.synthetic_num_prompts",
                                                             "sft.checkpoint", "run_name"}
+
+
+def test_repro6_is_repro5_from_repro4s_warm_start():
+    """reproduction/repro6: repro5 unchanged but for the warm start, which is repro4's (its fingerprint, so
+    outputs/reproduce4/sft loads as is); nothing else changes."""
+    import json
+
+    from scalerl_mega.config import validate
+    from scalerl_mega.config.tree import flat_config
+    from scalerl_mega.train import sft_fingerprint
+
+    c, r5, r4 = (_compose(f"experiment={e}") for e in ("repro6_scalerl", "repro5_scalerl", "repro4_scalerl"))
+    validate(c)
+    assert c.sft.synthetic_num_prompts == r4.data.synthetic_num_prompts == 102_600
+    assert c.sft.checkpoint == "outputs/reproduce6/sft" and c.run_name == "repro6_scalerl"
+    mine, theirs = flat_config(c), flat_config(r5)
+    assert {k for k in mine if mine[k] != theirs.get(k)} == {"sft.checkpoint", "sft.synthetic_num_prompts",
+                                                            "run_name"}
+    assert json.dumps(sft_fingerprint(c), sort_keys=True) == json.dumps(sft_fingerprint(r4), sort_keys=True)
+    assert sft_fingerprint(c) != sft_fingerprint(r5)
 
 
 @pytest.mark.parametrize("name", sorted(REPRO))

@@ -143,3 +143,73 @@ def test_a_save_without_its_complete_checkpoint_is_redone(tmp_path, warm_starts)
     assert warm_starts == [0]
     # no sft.checkpoint: the plain warm start, nothing saved
     assert _run(_cfg(sft__steps=5), tmp_path) == [] and warm_starts == [0, 0]
+
+
+def _grown(**changes) -> TrainConfig:
+    """A small synthetic set (600 prompts, 50 held out) whose warm start trains on the first 300 of the draws."""
+    return _cfg(**{"sft__steps": 5, "data__synthetic_num_prompts": 600, "data__val_prompts": 50,
+                   "data__synthetic_max_digits": 3, "sft__synthetic_num_prompts": 300, **changes})
+
+
+def test_a_warm_start_on_fewer_prompts_has_the_fingerprint_of_a_run_on_that_set():
+    """sft.synthetic_num_prompts=N: the warm start is the one a run with data.synthetic_num_prompts=N writes, so
+    repro6 loads repro4's warm start as is (and a fresh machine recomputes the same one)."""
+    grown = _grown()
+    small = _cfg(sft__steps=5, data__synthetic_num_prompts=300, data__val_prompts=50, data__synthetic_max_digits=3)
+    assert sft_fingerprint(grown) == sft_fingerprint(small)
+    assert fingerprint_diff(sft_fingerprint(_grown(sft__synthetic_num_prompts=0)), sft_fingerprint(small)) == \
+        ["data.synthetic_num_prompts"]
+
+
+def test_the_warm_start_trains_on_the_smaller_set_and_never_on_a_held_out_prompt(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from scalerl_mega import build
+
+    cfg = _grown()
+    task = build.build_task(cfg)
+    small = build.build_task(_cfg(data__synthetic_num_prompts=300, data__val_prompts=50, data__synthetic_max_digits=3))
+    got = []
+    monkeypatch.setattr(train, "_warm_start", lambda config, task, trainer, *, out: got.append(task))
+    with caplog.at_level(logging.INFO, logger="scalerl_mega.train"):
+        train._warm_start_or_load(cfg, task, FakeTrainer(), out=None, channel=None)
+    (used,) = got
+    assert [p.text for p in used.train_prompts] == [p.text for p in small.train_prompts]
+    assert len(used.train_prompts) == 250 and len(task.train_prompts) == 550
+    held = {p.text for p in task.val_prompts}
+    assert not held & {p.text for p in used.train_prompts}
+    # the held-out prompts of the larger set that lie in the first 300 draws are held out there too
+    first300 = {p.text for p in small.train_prompts} | {p.text for p in small.val_prompts}
+    shared = len(held & first300)
+    assert 0 < shared == len(held & {p.text for p in small.val_prompts})
+    assert f"({shared} held out there too)" in caplog.text
+    # without the key, the warm start uses the run's own task
+    got.clear()
+    train._warm_start_or_load(_grown(sft__synthetic_num_prompts=0), task, FakeTrainer(), out=None, channel=None)
+    assert got == [task]
+
+
+def test_a_held_out_prompt_among_the_warm_starts_training_prompts_is_an_error():
+    from scalerl_mega import build
+
+    cfg = _grown()
+    task = build.build_task(cfg)
+    small = build.build_task(_cfg(data__synthetic_num_prompts=300, data__val_prompts=50, data__synthetic_max_digits=3))
+    leak = small.train_prompts[7]
+    task.val_prompts = [*task.val_prompts[:-1], leak]  # e.g. another held-out rule
+    with pytest.raises(ValueError, match=r"sft\.synthetic_num_prompts=300: 1 of this run's 50 held-out prompts .* "
+                                         + repr(leak.text).replace("+", r"\+")):
+        train.warm_start_task(cfg, task)
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"sft__synthetic_num_prompts": 700}, r"sft\.synthetic_num_prompts=700 needs .* <= data\.synthetic_num_prompts=600"),
+    ({"sft__synthetic_num_prompts": 50}, r"sft\.synthetic_num_prompts=50 needs .*data\.val_prompts=50 < it"),
+    ({"data__name": "polaris"}, r"sft\.synthetic_num_prompts=300 needs data\.name=synthetic \(is 'polaris'\)"),
+])
+def test_the_prompt_count_is_checked_against_the_data_config(changes, match):
+    """(repro6's valid setting passes `validate`: tests/unit/test_config.py)"""
+    from scalerl_mega.config.tree import _validate_across_groups
+
+    with pytest.raises(ValueError, match=match):
+        _validate_across_groups(_grown(**changes))
