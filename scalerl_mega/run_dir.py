@@ -32,8 +32,7 @@ RESUMABLE = (
     "cluster.mem_gb", "cluster.trainer_threads", "sft.checkpoint", "sft.any_seed", "sft.synthetic_num_prompts",
 )
 """Keys (or `group.` prefixes) that may differ when a run is resumed (`sft.checkpoint`, `sft.any_seed` and
-`sft.synthetic_num_prompts` only
-say where a fresh run finds its warm start; a resumed run skips the warm start)."""
+`sft.synthetic_num_prompts` only concern the warm start, which a resumed run skips)."""
 
 
 def _resumable(key: str) -> bool:
