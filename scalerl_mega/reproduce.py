@@ -13,8 +13,8 @@ when it is stopped by SIGTERM or SIGHUP (forwarded to the training process, whic
 is written after it has). A finished point's `provenance.json` lists every invocation that trained it
 (`segments`), so a run resumed across commits says which commit produced which steps.
 
-`analyse` copies each finished run's `metrics.jsonl` (gzipped for repro3: `metrics.jsonl.gz`) and `summary.json`
-into `<out>/runs/<recipe>/seed<N>/` (`--no-collect`: analyse what is already there, e.g. the committed data), fits them with the project's
+`analyse` copies each finished run's `metrics.jsonl` (xz-compressed for the repro3-6 sweeps: `metrics.jsonl.xz`) and
+`summary.json` into `<out>/runs/<recipe>/seed<N>/` (`--no-collect`: analyse what is already there, e.g. the committed data), fits them with the project's
 scaling tools and writes `<out>/fits.json`, `<out>/results.json`, plots and the generated section of
 `<out>/README.md` (reproduction/README.md describes the method and the verdict rules).
 """

@@ -1,7 +1,7 @@
 """`python -m scalerl_mega.reproduce analyse --sweep repro3`: issue 29's analysis (reproduction/design/README.md).
 
 Input: the finished runs of `make reproduce` (`outputs/reproduce3/<run_name>/seed<N>/`), copied to
-`<out>/runs/<setting>/seed<N>/` (metrics.jsonl gzipped: `reproduce_report.collect`) (or, with `--no-collect`, the committed copies alone). Compute axis: the
+`<out>/runs/<setting>/seed<N>/` (metrics.jsonl xz-compressed: `reproduce_report.collect`) (or, with `--no-collect`, the committed copies alone). Compute axis: the
 cumulative generated samples (`sum:samples`, in thousands), so the batch sizes share one axis (paper Sec. 5
 compares them on compute, not steps). Everything is judged by the project's one identification rule
 (`scaling.identify.assess`) and its seed rules (`scaling.seeds`):
@@ -37,8 +37,8 @@ from scalerl_mega.reproduce2_report import (CONTROL, CONTROLLED_VARIANTS, EXPECT
                                             SAMPLES_AXIS, SETTINGS, crossing, half_fit, irregular_points,
                                             overdispersion)
 from scalerl_mega.reproduce_report import (ACTIVE_KEY, EPOCH_KEY, collect, discover, final_pass_rates,
-                                           fit_axis, json_safe, last_train_values, per_seed, plot_axis,
-                                           write_generated)
+                                           fit_axis, last_train_values, per_seed, plot_axis,
+                                           write_analysis_json, write_generated)
 
 
 def _curves(res: dict[str, Any], rec: str, runs: dict[str, dict[int, Path]]) -> dict[int, tuple[np.ndarray, ...]]:
@@ -152,7 +152,7 @@ def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
     """Collect (unless `sweep_dir` is None), fit, compare and write `out_dir` (module docstring)."""
     runs_dir = out_dir / "runs"
     if sweep_dir is not None:
-        collect(sweep_dir, runs_dir, run_names=REPRO3_RUN_NAMES, gzip_metrics=True)
+        collect(sweep_dir, runs_dir, run_names=REPRO3_RUN_NAMES, compress_metrics=True)
     runs = discover(runs_dir, run_names=REPRO3_RUN_NAMES)
     res = fit_axis(runs, SAMPLES_AXIS, reference=REFERENCE, controls=frozenset({CONTROL}))
     half, disp = {}, {}
@@ -181,10 +181,10 @@ def analyse2(*, sweep_dir: Path | None, out_dir: Path) -> dict[str, Any]:
                             **prov[k]}
                         for k, v in res["per_run"].items()},
                "final_pass_rate": fin, "comparisons": pairs, "common_A": res["loo"].A_mean}
-    (out_dir / "fits.json").write_text(json.dumps(json_safe(
-        {k: {f: v[f] for f in ("A", "B", "C_mid", "A_interval", "identified", "reason")}
-         for k, v in res["per_run"].items()}), indent=1) + "\n")
-    (out_dir / "results.json").write_text(json.dumps(json_safe(results), indent=1) + "\n")
+    fits = {k: {f: v[f] for f in ("A", "B", "C_mid", "A_interval", "identified", "reason")}
+            for k, v in res["per_run"].items()}
+    write_analysis_json(out_dir / "fits.json", fits)
+    write_analysis_json(out_dir / "results.json", results)
     write_generated(out_dir / "README.md", markdown(results), title="Issue 29's sweep")
     return results
 

@@ -34,7 +34,7 @@ import numpy as np
 from scalerl_mega.reproduce2_report import (FINAL_POINTS, SAMPLES_AXIS, first_half_assessment, half_fit, overdispersion,
                                             read_curve)
 from scalerl_mega.reproduce_report import (BEGIN, END, collect, json_safe, recipe_name, run_assessment, run_finished,
-                                           write_generated)
+                                           write_analysis_json, write_generated)
 
 REPRO4_RUN_NAMES = ("repro4_scalerl",)
 FORECASTS = "forecasts.json"
@@ -139,7 +139,7 @@ def analyse4(*, sweep_dir: Path | None, out_dir: Path, run_name: str = REPRO4_RU
     setting, label = recipe_name(run_name), run_name.split("_")[0]
     runs_dir = out_dir / "runs" / setting
     if sweep_dir is not None:
-        collect(sweep_dir, out_dir / "runs", run_names=(run_name,), gzip_metrics=True, unfinished=True,
+        collect(sweep_dir, out_dir / "runs", run_names=(run_name,), compress_metrics=True, unfinished=True,
                 also=("run_config.yaml",))
     reg_path = out_dir / FORECASTS
     reg = json.loads(reg_path.read_text())["runs"] if reg_path.is_file() else {}
@@ -169,7 +169,7 @@ def analyse4(*, sweep_dir: Path | None, out_dir: Path, run_name: str = REPRO4_RU
                "most_identified": bool(scored) and ident > len(scored) / 2}
     results = {"axis": SAMPLES_AXIS.key, "summary": summary, "runs": rows}
     results["plots"] = _plot(rows, curves, out_dir / "forecast_samples.png", label=label) if scored else []
-    (out_dir / "results.json").write_text(json.dumps(json_safe(results), indent=1) + "\n")
+    write_analysis_json(out_dir / "results.json", results)
     write_generated(out_dir / "README.md", markdown4(results), title=label)
     return results
 

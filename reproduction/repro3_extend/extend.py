@@ -28,6 +28,7 @@ import numpy as np
 
 from scalerl_mega.reproduce2_report import read_curve
 from scalerl_mega.reproduce_report import run_assessment
+from scalerl_mega.scaling.io import run_metrics_file
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -88,7 +89,7 @@ def continued_dir(run: str) -> Path | None:
     if (live / "metrics.jsonl").exists():  # running or finished (its summary.json is the 1,600-step run's until then)
         return live
     kept = HERE / "runs" / setting / seed
-    return kept if (kept / "metrics.jsonl.gz").exists() else None
+    return kept if run_metrics_file(kept) is not None else None
 
 
 def check(_args) -> None:
@@ -98,7 +99,7 @@ def check(_args) -> None:
     from scalerl_mega.scaling.identify import binomial_noise_floor
 
     if OUT.is_dir():  # finished continuations (and the launch record) are kept next to this script
-        collect(OUT, HERE / "runs", run_names=REPRO3_RUN_NAMES, gzip_metrics=True)
+        collect(OUT, HERE / "runs", run_names=REPRO3_RUN_NAMES, compress_metrics=True)
     reg = json.loads((HERE / "forecasts.json").read_text())
     rows, curves = [], {}
     for e in reg["runs"]:

@@ -101,7 +101,7 @@ class MetricsWriter:
 
 
 def read_metrics(path: str | os.PathLike, *, kind: str | None = None) -> list[dict[str, Any]]:
-    """Read metrics.jsonl or its gzipped copy `metrics.jsonl.gz` (optionally one kind)."""
+    """Read metrics.jsonl or its compressed copy `metrics.jsonl.xz` / `.gz` (optionally one kind)."""
     from scalerl_mega.scaling.io import open_text
 
     with open_text(Path(path)) as fh:

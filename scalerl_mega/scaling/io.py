@@ -12,8 +12,9 @@ line with `val_center_step` (window validation, metrics/val_window.py) takes the
 Validation samples per point (`Series.n_samples`, for the binomial noise floor of `scaling.identify`):
 `val_prompts` x `val_samples_per_prompt` of each jsonl row when y is `val_pass_rate`, `val/<domain>_samples`
 when y is `val/<domain>_pass_rate`, if every row has them; else None (CSV files, other keys).
-A run directory is read through its `metrics.jsonl`, else its `metrics.jsonl.gz` (committed sweep runs are
-stored gzipped), else its single `*.csv`, else its single `*.jsonl`. A `.gz` file is read as its content.
+A run directory is read through its `metrics.jsonl`, else its `metrics.jsonl.xz` (committed sweep runs are
+stored xz-compressed), else its `metrics.jsonl.gz` (the older committed form), else its single `*.csv`, else its
+single `*.jsonl`. A `.xz` or `.gz` file is read as its content.
 
 Every problem is a ValueError whose message starts with `<file>:<line>:` (or `<file>:`), e.g. NaN values,
 non-numeric values, compute that decreases, no matching rows.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import lzma
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,13 +60,15 @@ def _number(v, *, where: str, key: str) -> float:
     return x
 
 
-METRICS_NAMES = ("metrics.jsonl", "metrics.jsonl.gz")
+METRICS_NAMES = ("metrics.jsonl", "metrics.jsonl.xz", "metrics.jsonl.gz")
 """A run directory's metrics file, in order of preference."""
 
 
 def open_text(path: Path, *, newline: str | None = None):
-    """`path` opened for reading as UTF-8 text (`newline` as for `open`; "" for CSV); a `.gz` file is
+    """`path` opened for reading as UTF-8 text (`newline` as for `open`; "" for CSV); a `.xz` or `.gz` file is
     decompressed on the fly."""
+    if path.name.endswith(".xz"):
+        return lzma.open(path, "rt", encoding="utf-8", newline=newline)
     if path.name.endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8", newline=newline)
     return path.open(encoding="utf-8", newline=newline)

@@ -188,37 +188,46 @@ def test_synthetic_runs_show_binomial_level_scatter(analysed):
     assert od["residual_sd"] < 0.004 and od["binomial_se"] == pytest.approx(0.0115, abs=0.001)
 
 
-def test_gzipped_runs_analyse_identically_and_collect_is_byte_stable(analysed, tmp_path):
-    """The sweep's committed runs hold metrics.jsonl.gz (`collect(gzip_metrics=True)`): the analysis of gzipped
-    copies equals that of the plain files, and collecting the same run twice writes the same bytes (no
-    timestamp in the gzip header), replacing a plain copy left there before."""
+def test_compressed_runs_analyse_identically_and_collect_is_byte_stable(analysed, tmp_path):
+    """The sweep's committed runs hold metrics.jsonl.xz (`collect(compress_metrics=True)`; older ones .gz): the
+    analysis of compressed copies equals that of the plain files, and collecting the same run twice leaves the
+    same bytes, replacing a plain or gzipped copy left there before; a damaged .xz is rewritten."""
     import gzip
+    import lzma
     import shutil
 
     from scalerl_mega.reproduce_report import collect
 
     out, _ = analysed
-    copy = tmp_path / "gz"
-    shutil.copytree(out / "runs", copy / "runs")
-    for f in (copy / "runs").rglob("metrics.jsonl"):
-        f.with_name("metrics.jsonl.gz").write_bytes(gzip.compress(f.read_bytes()))
-        f.unlink()
-    res = analyse2(sweep_dir=None, out_dir=copy)
-    assert json.loads((copy / "fits.json").read_text()) == json.loads((out / "fits.json").read_text())
-    assert sorted(res["runs"]) == sorted(json.loads((out / "results.json").read_text())["runs"])
+    for suffix, compress in ((".gz", gzip.compress), (".xz", lzma.compress)):
+        copy = tmp_path / suffix[1:]
+        shutil.copytree(out / "runs", copy / "runs")
+        for f in (copy / "runs").rglob("metrics.jsonl"):
+            f.with_name("metrics.jsonl" + suffix).write_bytes(compress(f.read_bytes()))
+            f.unlink()
+        res = analyse2(sweep_dir=None, out_dir=copy)
+        assert json.loads((copy / "fits.json").read_text()) == json.loads((out / "fits.json").read_text())
+        assert sorted(res["runs"]) == sorted(json.loads((out / "results.json").read_text())["runs"])
 
     sweep = tmp_path / "sweep" / "repro3_scalerl" / "seed0"
     shutil.copytree(out / "runs" / "scalerl" / "seed0", sweep)
     (sweep / "run_config.yaml").write_text("train:\n  steps: 800\n")
     dest = tmp_path / "collected" / "runs"
-    (dest / "scalerl" / "seed0").mkdir(parents=True)
-    (dest / "scalerl" / "seed0" / "metrics.jsonl").write_text("stale\n")
-    assert collect(sweep.parent.parent, dest, run_names=("repro3_scalerl",), gzip_metrics=True) == ["scalerl/seed0"]
-    first = (dest / "scalerl" / "seed0" / "metrics.jsonl.gz").read_bytes()
-    assert not (dest / "scalerl" / "seed0" / "metrics.jsonl").exists()
-    assert gzip.decompress(first) == (sweep / "metrics.jsonl").read_bytes()
-    collect(sweep.parent.parent, dest, run_names=("repro3_scalerl",), gzip_metrics=True)
-    assert (dest / "scalerl" / "seed0" / "metrics.jsonl.gz").read_bytes() == first
+    got = dest / "scalerl" / "seed0"
+    got.mkdir(parents=True)
+    (got / "metrics.jsonl").write_text("stale\n")
+    (got / "metrics.jsonl.gz").write_bytes(gzip.compress(b"stale\n"))
+    assert collect(sweep.parent.parent, dest, run_names=("repro3_scalerl",), compress_metrics=True) == ["scalerl/seed0"]
+    first = (got / "metrics.jsonl.xz").read_bytes()
+    assert not (got / "metrics.jsonl").exists() and not (got / "metrics.jsonl.gz").exists()
+    assert lzma.decompress(first) == (sweep / "metrics.jsonl").read_bytes()
+    mtime = (got / "metrics.jsonl.xz").stat().st_mtime_ns
+    collect(sweep.parent.parent, dest, run_names=("repro3_scalerl",), compress_metrics=True)
+    assert (got / "metrics.jsonl.xz").read_bytes() == first
+    assert (got / "metrics.jsonl.xz").stat().st_mtime_ns == mtime  # same content: not rewritten
+    (got / "metrics.jsonl.xz").write_bytes(first[: len(first) // 2])  # truncated
+    collect(sweep.parent.parent, dest, run_names=("repro3_scalerl",), compress_metrics=True)
+    assert lzma.decompress((got / "metrics.jsonl.xz").read_bytes()) == (sweep / "metrics.jsonl").read_bytes()
 
 
 def test_status_names_every_commit_that_trained_a_resumed_run():

@@ -154,7 +154,7 @@ def test_repro5_runs_register_and_analyse_under_their_own_name(tmp_path, capsys)
     assert reproduce_main(["analyse", "--sweep", "repro5", "--sweep-dir", str(sweep), "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
     assert list(res["runs"]) == ["scalerl/seed0"] and res["runs"]["scalerl/seed0"]["registered"]["same_fit"]
-    assert (out / "runs" / "scalerl" / "seed0" / "metrics.jsonl.gz").is_file()
+    assert (out / "runs" / "scalerl" / "seed0" / "metrics.jsonl.xz").is_file()
     assert "repro5" in (out / "README.md").read_text()
 
 

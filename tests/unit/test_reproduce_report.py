@@ -168,3 +168,21 @@ def test_cli_reading_hint_reproduces_the_committed_fits(capsys):
         assert row["A_interval"] == pytest.approx(want["A_interval"], abs=1e-9)
         assert row["B"] == pytest.approx(want["B"], rel=1e-6)  # golden-section tolerance on log B
         assert row["C_mid"] == pytest.approx(want["C_mid"] * 1e6, rel=1e-6)
+
+
+def test_analysis_json_is_rounded_so_last_digit_noise_writes_the_same_bytes(tmp_path):
+    """Fits repeated on another machine differ in their last digits (1e-13 relative, summation order): the
+    analysis' JSON is written to RESULT_DIGITS significant digits, so both write the same file; NaN becomes null
+    and numpy scalars plain numbers; json_safe without digits leaves floats exact (registered forecasts)."""
+    from scalerl_mega.reproduce_report import RESULT_DIGITS, json_safe, write_analysis_json
+
+    here = {"B": 2.065443228812293, "A_interval": [np.float64(0.6698810872798796), 1.0], "n": np.int64(3),
+            "x": float("nan"), "ok": True, "small": 1.234567890123e-7}
+    there = {**here, "B": 2.0654432287993836, "A_interval": [0.6698810872798684, 1.0]}
+    write_analysis_json(tmp_path / "a.json", here)
+    write_analysis_json(tmp_path / "b.json", there)
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    got = json.loads((tmp_path / "a.json").read_text())
+    assert RESULT_DIGITS == 10 and got["B"] == 2.065443229 and got["A_interval"] == [0.6698810873, 1.0]
+    assert got["n"] == 3 and got["x"] is None and got["ok"] is True and got["small"] == 1.23456789e-7
+    assert json_safe(here)["B"] == 2.065443228812293

@@ -29,7 +29,8 @@ def _ignored(rel: str) -> bool:
 @pytest.mark.parametrize("sweep", sorted(SWEEPS))
 def test_every_sweeps_runs_are_tracked(sweep):
     out = SWEEPS[sweep][2]
-    for name in ("metrics.jsonl", "metrics.jsonl.gz", "summary.json", "provenance.json", "run_config.yaml"):
+    for name in ("metrics.jsonl", "metrics.jsonl.xz", "metrics.jsonl.gz", "summary.json", "provenance.json",
+                 "run_config.yaml"):
         rel = f"{out}/runs/scalerl/seed0/{name}"
         assert not _ignored(rel), f"{rel} is ignored by .gitignore: `make reproduce` would commit no run data"
     assert _ignored("outputs/reproduce3/scalerl/seed0/metrics.jsonl")  # the sweep's scratch stays untracked

@@ -46,19 +46,26 @@ def test_reader_selects_validation_rows(tmp_path):
     assert np.allclose(t.compute, 4 * s.compute)
 
 
-def test_reader_gzipped_files_and_run_dirs(tmp_path):
-    """Committed sweep runs store metrics.jsonl.gz: a run directory holding only that file, a .jsonl.gz and a
-    .csv.gz read exactly as their plain forms (labels and line numbers included)."""
+def test_reader_compressed_files_and_run_dirs(tmp_path):
+    """Committed sweep runs store metrics.jsonl.xz (older ones .gz): a run directory holding only that file, a
+    .jsonl.xz/.gz and a .csv.gz read exactly as their plain forms (labels and line numbers included); a directory
+    with both prefers the plain file, then .xz."""
     import gzip
+    import lzma
 
     d = scalerl_run(tmp_path)
     plain = read_series(d)
-    gz_dir = tmp_path / "gz" / "scalerl"
-    gz_dir.mkdir(parents=True)
-    (gz_dir / "metrics.jsonl.gz").write_bytes(gzip.compress((d / "metrics.jsonl").read_bytes()))
-    for got in (read_series(gz_dir), read_series(gz_dir / "metrics.jsonl.gz")):
-        assert got.name == "scalerl" and np.array_equal(got.compute, plain.compute)
-        assert np.array_equal(got.reward, plain.reward) and np.array_equal(got.lines, plain.lines)
+    for suffix, compress in ((".gz", gzip.compress), (".xz", lzma.compress)):
+        z_dir = tmp_path / suffix[1:] / "scalerl"
+        z_dir.mkdir(parents=True)
+        (z_dir / f"metrics.jsonl{suffix}").write_bytes(compress((d / "metrics.jsonl").read_bytes()))
+        for got in (read_series(z_dir), read_series(z_dir / f"metrics.jsonl{suffix}")):
+            assert got.name == "scalerl" and np.array_equal(got.compute, plain.compute)
+            assert np.array_equal(got.reward, plain.reward) and np.array_equal(got.lines, plain.lines)
+    both = tmp_path / "xz" / "scalerl"
+    other = b'{"step": 1, "compute_gpu_hours": 1, "val_pass_rate": 0.9}\n'
+    (both / "metrics.jsonl.gz").write_bytes(gzip.compress(other))
+    assert np.array_equal(read_series(both).reward, plain.reward)  # .xz before .gz
     c = tmp_path / "run.csv.gz"
     c.write_bytes(gzip.compress(b"compute_gpu_hours,val_pass_rate\r\n0,0.3\r\n100,\r\n200,0.35\r\n"))
     s = read_series(c)

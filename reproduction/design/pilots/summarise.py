@@ -5,13 +5,12 @@ groups that kept a gradient (zero-variance filter), the gradient norm and the No
     PYTHONPATH=$PWD .venv/bin/python reproduction/design/pilots/summarise.py [pilot ...]
     PYTHONPATH=$PWD .venv/bin/python reproduction/design/pilots/summarise.py reproduction/repro3/runs/scalerl/seed0
 
-Each pilot directory holds the run's `run_config.yaml` (the resolved config it ran with) and its gzipped
+Each pilot directory holds the run's `run_config.yaml` (the resolved config it ran with) and its xz-compressed
 `metrics.jsonl`; the x axis is cumulative generated samples (thousands), as in the sweep's analysis.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import statistics
 import sys
@@ -24,10 +23,14 @@ HERE = Path(__file__).resolve().parent
 def summarise(name: str) -> None:
     from scalerl_mega.reproduce2_report import overdispersion
     from scalerl_mega.scaling.identify import assess, options_for
-    from scalerl_mega.scaling.io import read_series
+    from scalerl_mega.scaling.io import open_text, read_series, run_metrics_file
 
     run_dir = Path(name) if Path(name).is_dir() else HERE / name  # a pilot, or a committed sweep run
-    text = gzip.decompress((run_dir / "metrics.jsonl.gz").read_bytes()).decode()
+    metrics = run_metrics_file(run_dir)
+    if metrics is None:
+        raise SystemExit(f"{run_dir}: no metrics.jsonl(.xz/.gz)")
+    with open_text(metrics) as fh:
+        text = fh.read()
     rows = [json.loads(x) for x in text.splitlines() if x.strip()]
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "metrics.jsonl").write_text(text)
@@ -52,7 +55,9 @@ def summarise(name: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    names = argv or sorted(p.name for p in HERE.iterdir() if (p / "metrics.jsonl.gz").is_file())
+    from scalerl_mega.scaling.io import run_metrics_file
+
+    names = argv or sorted(p.name for p in HERE.iterdir() if p.is_dir() and run_metrics_file(p) is not None)
     for name in names:
         summarise(name)
 
