@@ -46,3 +46,21 @@ def test_committed_results_name_runs_that_exist(sweep):
     for key in runs:
         assert run_metrics_file(out / "runs" / key) is not None, (
             f"{out.name}/results.json names {key}, whose data is not committed")
+
+
+TRACKED_LIMIT_MB = 58.0
+"""Ceiling on the tracked files (MiB): a GPU session's device tool copies the working tree with a 64 MiB limit,
+and `make test-gpu` carries the ~3 MiB of `.whl/` from `make gpu-wheels` beside it."""
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
+def test_tracked_files_fit_the_gpu_sessions_copy():
+    r = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"git ls-files failed here: {r.stderr.decode().strip()}")
+    sizes = {p: (ROOT / p).stat().st_size for p in r.stdout.decode().split("\0") if p and (ROOT / p).is_file()}
+    total = sum(sizes.values()) / 2**20
+    biggest = ", ".join(f"{p} {s / 2**20:.1f}" for p, s in sorted(sizes.items(), key=lambda kv: -kv[1])[:3])
+    assert total <= TRACKED_LIMIT_MB, (
+        f"tracked files are {total:.1f} MiB, over {TRACKED_LIMIT_MB} MiB (largest: {biggest}): a GPU session could "
+        "not send this tree; commit run metrics compressed (reproduce_report.collect(compress_metrics=True))")
