@@ -64,13 +64,23 @@ METRICS_NAMES = ("metrics.jsonl", "metrics.jsonl.xz", "metrics.jsonl.gz")
 """A run directory's metrics file, in order of preference."""
 
 
+_DECOMPRESSORS = {".xz": lzma.open, ".gz": gzip.open}
+"""Compressed files read as their content, by suffix."""
+
+
+def _is_csv(path: Path) -> bool:
+    """`path` names a CSV file, compressed or not."""
+    name = path.name.lower()
+    suffix = next((z for z in _DECOMPRESSORS if name.endswith(z)), "")
+    return name.removesuffix(suffix).endswith(".csv")
+
+
 def open_text(path: Path, *, newline: str | None = None):
     """`path` opened for reading as UTF-8 text (`newline` as for `open`; "" for CSV); a `.xz` or `.gz` file is
     decompressed on the fly."""
-    if path.name.endswith(".xz"):
-        return lzma.open(path, "rt", encoding="utf-8", newline=newline)
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", newline=newline)
+    opener = next((f for z, f in _DECOMPRESSORS.items() if path.name.endswith(z)), None)
+    if opener is not None:
+        return opener(path, "rt", encoding="utf-8", newline=newline)
     return path.open(encoding="utf-8", newline=newline)
 
 
@@ -198,7 +208,7 @@ def read_series(path: str | Path, *, x: str = "compute_gpu_hours", y: str = "val
     """Read one run (directory, .jsonl or .csv). Checks: at least one row, compute non-decreasing."""
     p = _resolve(Path(path))
     counts: list[float] = []
-    if p.name.lower().removesuffix(".gz").endswith(".csv"):
+    if _is_csv(p):
         if x.startswith(CUMULATIVE_PREFIX):
             raise ValueError(f"{p}: x = {x!r}: cumulative keys ({CUMULATIVE_PREFIX}<key>) need a metrics.jsonl")
         xs, ys, lines, keys = _read_csv(p, x=x, y=y)
@@ -226,7 +236,7 @@ def domain_keys(path: str | Path) -> list[str]:
     """The per-domain validation keys (`val/<domain>_pass_rate`, validation.validate) present in a run's
     metrics.jsonl (directory or file), sorted; [] for CSV files or single-domain runs without them."""
     p = _resolve(Path(path))
-    if p.name.lower().removesuffix(".gz").endswith(".csv"):
+    if _is_csv(p):
         return []
     found: set[str] = set()
     with open_text(p) as fh:

@@ -48,8 +48,8 @@ def test_reader_selects_validation_rows(tmp_path):
 
 def test_reader_compressed_files_and_run_dirs(tmp_path):
     """Committed sweep runs store metrics.jsonl.xz (older ones .gz): a run directory holding only that file, a
-    .jsonl.xz/.gz and a .csv.gz read exactly as their plain forms (labels and line numbers included); a directory
-    with both prefers the plain file, then .xz."""
+    .jsonl.xz/.gz and a .csv.xz/.gz read exactly as their plain forms (labels and line numbers included); a
+    directory holding both reads the .xz."""
     import gzip
     import lzma
 
@@ -66,10 +66,12 @@ def test_reader_compressed_files_and_run_dirs(tmp_path):
     other = b'{"step": 1, "compute_gpu_hours": 1, "val_pass_rate": 0.9}\n'
     (both / "metrics.jsonl.gz").write_bytes(gzip.compress(other))
     assert np.array_equal(read_series(both).reward, plain.reward)  # .xz before .gz
-    c = tmp_path / "run.csv.gz"
-    c.write_bytes(gzip.compress(b"compute_gpu_hours,val_pass_rate\r\n0,0.3\r\n100,\r\n200,0.35\r\n"))
-    s = read_series(c)
-    assert list(s.compute) == [0.0, 200.0] and list(s.reward) == [0.3, 0.35] and list(s.lines) == [2, 4]
+    csv_text = b"compute_gpu_hours,val_pass_rate\r\n0,0.3\r\n100,\r\n200,0.35\r\n"
+    for suffix, compress in ((".gz", gzip.compress), (".xz", lzma.compress)):
+        c = tmp_path / f"run.csv{suffix}"
+        c.write_bytes(compress(csv_text))
+        s = read_series(c)
+        assert list(s.compute) == [0.0, 200.0] and list(s.reward) == [0.3, 0.35] and list(s.lines) == [2, 4]
 
 
 def test_reader_csv_and_errors(tmp_path):

@@ -11,10 +11,8 @@ Each pilot directory holds the run's `run_config.yaml` (the resolved config it r
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -23,18 +21,15 @@ HERE = Path(__file__).resolve().parent
 def summarise(name: str) -> None:
     from scalerl_mega.reproduce2_report import overdispersion
     from scalerl_mega.scaling.identify import assess, options_for
-    from scalerl_mega.scaling.io import open_text, read_series, run_metrics_file
+    from scalerl_mega.metrics.writer import read_metrics
+    from scalerl_mega.scaling.io import read_series, run_metrics_file
 
     run_dir = Path(name) if Path(name).is_dir() else HERE / name  # a pilot, or a committed sweep run
     metrics = run_metrics_file(run_dir)
     if metrics is None:
         raise SystemExit(f"{run_dir}: no metrics.jsonl(.xz/.gz)")
-    with open_text(metrics) as fh:
-        text = fh.read()
-    rows = [json.loads(x) for x in text.splitlines() if x.strip()]
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "metrics.jsonl").write_text(text)
-        s = read_series(tmp, x="sum:samples")
+    rows = read_metrics(metrics)
+    s = read_series(metrics, x="sum:samples")
     c, r, n = s.compute / 1e3, s.reward, s.n_samples
     print(f"== {name}: {len(c)} validation points, last step {rows[-1].get('step')}")
     print("   " + " ".join(f"{a:.0f}:{b:.3f}" for a, b in zip(c, r)))
