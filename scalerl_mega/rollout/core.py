@@ -21,8 +21,8 @@ scale only past `floor_scale` (8192 by default) columns. Tiny and demo models ne
 
 Counters (`stats()`, cumulative since construction): `busy_s` (wall seconds inside `step()`,
 decode + prefill + sampling), `decode_steps` (batched decode forwards), `decode_tokens` (sum over
-decode forwards of the batch size), `prefill_steps`/`prefill_tokens` (admission forwards and their
-prompt tokens). The cluster simulator is calibrated on their per-step differences
+decode forwards of the batch size), `prefill_steps`/`prefill_tokens` (admission forwards and the
+prompt tokens they computed: a shared prefill's copies are not counted, see `CoreConfig.share_prefill`). The cluster simulator is calibrated on their per-step differences
 (`cluster/simulate.py::calibration_from_records`).
 
 Log-probs come from FP32 logits `hidden.float() @ W.float().T` when `fp32_lm_head` is on (W: an FP32
@@ -64,6 +64,10 @@ class CoreConfig:
     record_routes: bool = False
     """Record the MoE routes (expert ids + routing weights per input position and MoE layer) of every
     request into `Completion.routes` (rollout routing replay). Ignored for dense models."""
+    share_prefill: bool = True
+    """Compute a prefill once for requests admitted together with the same input (a group's samples of
+    one prompt) and copy its KV row and logits to the others (`GenerationCore._prefill`); the copies
+    are the same numbers the forward would compute for each (tested against share_prefill=False)."""
     sparse_moe: bool = True
     """Run HF Llama-4 MoE layers with sparse expert dispatch (`rollout/sparse_moe.py`: each expert on the
     tokens that selected it; same maths as HF's dense all-experts pass). Switches the model's MoE
@@ -171,6 +175,7 @@ class GenerationCore:
         self._chunk = int(chunk) if chunk and int(chunk) < config.max_seq_len else None
         self._stats = {"busy_s": 0.0, "decode_steps": 0, "decode_tokens": 0, "prefill_steps": 0,
                        "prefill_tokens": 0}
+        self._last_prefill_tokens = 0
 
     # ---- public API --------------------------------------------------------------------------
     def add(self, req: GenRequest) -> None:
@@ -244,8 +249,8 @@ class GenerationCore:
                 new = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
                 first = len(self.rows)
                 st["prefill_steps"] += 1
-                st["prefill_tokens"] += sum(len(r.req.prompt_ids) + len(r.output_ids) for r in new)
-                logits = self._prefill(new)
+                logits = self._prefill(new)  # reorders the admitted rows: distinct inputs first
+                st["prefill_tokens"] += self._last_prefill_tokens
                 done += self._consume(list(range(first, len(self.rows))), logits)
         st["busy_s"] += time.perf_counter() - t0
         return done
@@ -423,38 +428,65 @@ class GenerationCore:
         return {"full_attention": full, "chunked_attention": chunked}
 
     def _prefill(self, new: list[_Row]) -> "torch.Tensor":
+        """Admit `new` into the slots after the running rows (one left-padded forward); returns their
+        logits in admission order (the order of `self.rows` after the call).
+
+        With `share_prefill`, rows whose input (prompt + any output kept over a retraction) equals an
+        earlier row's in this admission are not computed again: the forward runs on the distinct
+        inputs, each copy's slot gets its source's KV row, and its logits are the source's (a GRPO
+        group's samples share the prompt: 1 of 8 prefills computed). Sampling stays per request."""
         torch = self._torch
         kv = self.kv
         n0 = len(self.rows)
         seqs = [r.req.prompt_ids + r.output_ids for r in new]
+        src_of = list(range(len(new)))  # row j is a copy of distinct row src_of[j] (itself if distinct)
+        if self.config.share_prefill:
+            first: dict[tuple[int, ...], int] = {}
+            distinct, copies = [], []
+            for j, s in enumerate(seqs):
+                key = tuple(s)
+                if key in first:
+                    copies.append((j, first[key]))
+                else:
+                    first[key] = len(distinct)
+                    distinct.append(j)
+            order = distinct + [j for j, _ in copies]
+            src_of = list(range(len(distinct))) + [d for _, d in copies]
+            new, seqs = [new[j] for j in order], [seqs[j] for j in order]
+        u = max(src_of) + 1  # rows computed by the forward: new[:u]
+        self._last_prefill_tokens = sum(len(s) for s in seqs[:u])
         p_max = max(len(s) for s in seqs)
         if n0 == 0:
             kv.length = p_max
         elif p_max > kv.length or kv.length + 1 > kv.capacity:
             width = kv.length - min(kv.start_S[:n0])
             kv.relayout(n_active=n0, new_length=max(width, p_max))
-        k = len(new)
-        ids = torch.zeros((k, p_max), dtype=torch.long)
-        amask = torch.zeros((k, p_max), dtype=torch.bool)
-        for i, s in enumerate(seqs):
+        ids = torch.zeros((u, p_max), dtype=torch.long)
+        amask = torch.zeros((u, p_max), dtype=torch.bool)
+        for i, s in enumerate(seqs[:u]):
             ids[i, p_max - len(s) :] = torch.tensor(s, dtype=torch.long)
             amask[i, p_max - len(s) :] = True
         pos = (amask.long().cumsum(-1) - 1).clamp(min=0)
         ids, amask, pos = ids.to(self.device), amask.to(self.device), pos.to(self.device)
         col0 = kv.length - p_max
-        cache = kv.hf_cache(slice(n0, n0 + k), column_offset=col0, length=0)
+        cache = kv.hf_cache(slice(n0, n0 + u), column_offset=col0, length=0)
         hidden = self._forward(ids, amask, pos, cache)
-        routes = self._take_routes(k, p_max)
+        routes = self._take_routes(u, p_max)
         now = time.monotonic()
         for i, (r, s) in enumerate(zip(new, seqs)):
             if routes is not None:
                 # positions recorded before a retraction keep the route that sampled their next token
-                self._add_routes(r, routes, i, p_max - len(s) + r.routes_n)
-            kv.clear_row_prefix(n0 + i, kv.length - len(s))
+                self._add_routes(r, routes, src_of[i], p_max - len(s) + r.routes_n)
+            if i < u:
+                kv.clear_row_prefix(n0 + i, kv.length - len(s))
+            else:
+                kv.move_row(n0 + src_of[i], n0 + i)  # a copy: the source's KV, mask and start
             r.pos = len(s)
             if r.t_admit is None:
                 r.t_admit = now
             self.rows.append(r)
+        if u < len(new):
+            hidden = hidden.index_select(0, torch.tensor(src_of, dtype=torch.long, device=hidden.device))
         return self._logits(hidden)
 
     def _consume(self, idx: list[int], logits_NV: "torch.Tensor") -> list[Completion]:

@@ -152,6 +152,38 @@ def test_batched_engine_matches_full_forward_and_is_batch_invariant(arch, attn):
         assert c.output_ids == out[c.prompt_id].output_ids
 
 
+@pytest.mark.parametrize("arch", ["llama", "llama4"])
+def test_shared_prefill_matches_a_prefill_per_request(arch):
+    """A group's samples of one prompt admitted together: the engine computes the prompt once and copies
+    its KV row and logits (share_prefill). Every request gets the tokens and log-probs of an engine that
+    prefills each request itself, and of the float64 oracle; only distinct inputs count as prefill work."""
+    model = _model(arch)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(61) for _ in range(rng.randrange(3, 9))] for _ in range(3)]
+    reqs = [_req(i, prompts[i % 3], max_new_tokens=rng.randrange(4, 12), temperature=1.0) for i in range(12)]
+    outs = {}
+    for share in (True, False):
+        # 8 slots for 12 requests: a first admission of 8 (3 distinct prompts), then 4 more as slots free up
+        core = GenerationCore(model, config=CoreConfig(max_batch=8, max_seq_len=26, share_prefill=share))
+        for r in reqs:
+            core.add(r)
+        outs[share] = {c.prompt_id: c for c in core.run_until_done()}
+        st = core.stats()
+        first = sum(len(p) for p in prompts)  # the first admission: 8 requests, 3 distinct prompts
+        if share:
+            assert st["prefill_tokens"] < sum(len(r.prompt_ids) for r in reqs)
+            assert st["prefill_tokens"] >= first + min(len(p) for p in prompts)
+        else:
+            assert st["prefill_tokens"] == sum(len(r.prompt_ids) for r in reqs)
+    for r in reqs:
+        a, b = outs[True][r.rid], outs[False][r.rid]
+        assert a.output_ids == b.output_ids and len(a.output_ids) == r.sampling.max_new_tokens
+        assert max(abs(x - y) for x, y in zip(a.gen_logprobs, b.gen_logprobs)) < 1e-5
+        ref = _oracle_logprobs(model, r.prompt_ids, a.output_ids)
+        assert max(abs(x - y) for x, y in zip(ref, a.gen_logprobs)) < 1e-5
+    assert len({tuple(outs[True][str(i)].output_ids) for i in (0, 3, 6, 9)}) > 1  # copies are sampled apart
+
+
 def test_decode_builds_its_own_masks_only_for_sdpa_full_and_chunked_layers():
     """Sliding-window layers or another attention implementation: the decode step hands HF the 2-D mask."""
     cases = [("llama4", "sdpa", None, dict), ("llama", "sdpa", None, torch.Tensor),

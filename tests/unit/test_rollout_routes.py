@@ -125,3 +125,23 @@ def test_retract_keeps_the_routes_that_sampled_each_token():
     ids, _ = _routes(c)
     ref0, _ = _oracle_routes(_model(seed=0), (c.prompt_ids + c.output_ids)[:6])
     assert torch.equal(ids[:6], ref0)
+
+
+def test_shared_prefill_copies_carry_their_source_routes():
+    """Samples of one prompt admitted together share one prefill (CoreConfig.share_prefill): each copy's
+    prompt routes are its source's, and every position still matches a full forward of its own sequence."""
+    model = _model()
+    prompt = [7, 3, 19, 44, 2]
+    reqs = [_req(i, prompt if i < 4 else [11, 5, 8 + i], max_new_tokens=6, temperature=1.0) for i in range(6)]
+    core = GenerationCore(model, config=CoreConfig(max_batch=8, max_seq_len=24, record_routes=True))
+    for r in reqs:
+        core.add(r)
+    out = core.run_until_done()
+    assert core.stats()["prefill_tokens"] == 5 + 3 + 3  # the four copies of `prompt` computed once
+    assert len({tuple(c.output_ids) for c in out if c.prompt_ids == prompt}) > 1  # sampled apart
+    for c in out:
+        seq = c.prompt_ids + c.output_ids
+        ids, w = _routes(c)
+        ref_ids, ref_w = _oracle_routes(model, seq[:-1])
+        assert torch.equal(ids, ref_ids)
+        assert float((w - ref_w).abs().max()) < 1e-5
