@@ -255,7 +255,7 @@ def build_local_engine(cfg: TrainConfig, task: Task, *, index: int = 0):
                         record_routes=records_routes(cfg)),
         sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend=backend,
                               group_name=f"weight_update_group_{index}"),
-        num_threads=cfg.rollout.engine_threads, seed=int(cfg.seed) + index,
+        num_threads=cfg.rollout.engine_threads, nice=int(cfg.rollout.engine_nice), seed=int(cfg.seed) + index,
         device="cuda" if cfg.cluster.device == "cuda" else "cpu"))
 
 

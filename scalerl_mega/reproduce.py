@@ -37,9 +37,14 @@ SWEEPS = {"repro": (RECIPE_RUN_NAMES, "outputs/reproduce", "reproduction"),
           "repro3": (REPRO3_RUN_NAMES, "outputs/reproduce3", "reproduction/repro3"),
           "repro4": (("repro4_scalerl",), "outputs/reproduce4", "reproduction/repro4"),
           "repro5": (("repro5_scalerl",), "outputs/reproduce5", "reproduction/repro5"),
-          "repro6": (("repro6_scalerl",), "outputs/reproduce6", "reproduction/repro6")}
-"""`--sweep` name -> (its `experiment=` overlays, its default sweep directory, its analysis directory)."""
-FORECAST_SWEEPS = ("repro4", "repro5", "repro6")
+          "repro6": (("repro6_scalerl",), "outputs/reproduce6", "reproduction/repro6"),
+          "repro6_fast": (("repro6_fast",), "outputs/reproduce6", "reproduction/repro6_fast")}
+"""`--sweep` name -> (its `experiment=` overlays, its default sweep directory, its analysis directory). repro6_fast
+shares repro6's directory, so its runs start from the same warm start (`outputs/reproduce6/sft`)."""
+SWEEP_SEEDS = {"repro6_fast": "3"}
+"""`--sweep` name -> its default `--seeds` where not "0,1,2": repro6_fast's run is a fourth seed of repro6's recipe
+(reproduction/repro6_fast/README.md), not a repeat of one of repro6's three."""
+FORECAST_SWEEPS = ("repro4", "repro5", "repro6", "repro6_fast")
 """The sweeps of one reference run per seed whose first-half forecasts are registered (`scalerl_mega.reproduce4`)."""
 
 
@@ -175,7 +180,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     sweep_dir = Path(args.sweep_dir or dir_default)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     recipes = args.recipes or ",".join(recipes_default)
-    cmd = sweep_command(sweep_dir=str(sweep_dir), seeds=args.seeds, recipes=recipes, extra=args.overrides)
+    seeds = args.seeds or SWEEP_SEEDS.get(args.sweep, "0,1,2")
+    cmd = sweep_command(sweep_dir=str(sweep_dir), seeds=seeds, recipes=recipes, extra=args.overrides)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
     record = {"started": _stamp(), "commit": _git("rev-parse", "HEAD") or None,
               "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
@@ -199,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="repro: the leave-one-out sweep; repro3: issue 29's (reproduction/design/README.md); "
                         "repro4: its reference recipe at twice the length (reproduction/repro4/README.md); "
                         "repro5: at four times (reproduction/repro5/README.md); repro6: repro5 from repro4's warm "
-                        "start (reproduction/repro6/README.md)")
+                        "start (reproduction/repro6/README.md); repro6_fast: repro6's recipe on two engine "
+                        "processes, seed 3 (reproduction/repro6_fast/README.md)")
     s.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce[3])")
-    s.add_argument("--seeds", default="0,1,2")
+    s.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0,1,2; repro6_fast: 3)")
     s.add_argument("--recipes", default=None, help="comma-separated experiment= overlays (default: the --sweep's)")
     s.add_argument("overrides", nargs="*", help="extra Hydra overrides for every point")
     a = sub.add_parser("analyse", help="collect the finished runs, fit, compare, write reproduction/")

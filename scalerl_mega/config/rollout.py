@@ -24,6 +24,9 @@ class RolloutConfig:
     weight_sync_bucket_mb: int = 64
     engine_threads: int = 1
     """torch threads in each local engine process."""
+    engine_nice: int = 0
+    """CPU niceness added to each local engine process (0-19; `LocalEngineConfig.nice`): >0 gives the trainer
+    priority where trainer and engines share the cores (conf/experiment/repro6_fast.yaml)."""
     sglang_host: str = "127.0.0.1"
     sglang_port: int = 30000
     sglang_tp_size: int = 1
@@ -49,6 +52,9 @@ def validate_rollout(rollout: RolloutConfig) -> None:
     one_of("rollout.name", rollout.name, ROLLOUT_NAMES)
     positive("rollout.num_engines", rollout.num_engines)
     positive("rollout.max_batch_size", rollout.max_batch_size)
+    if not 0 <= rollout.engine_nice <= 19:
+        raise ValueError(f"rollout.engine_nice={rollout.engine_nice!r} must be in 0..19 (added to the engine "
+                         "processes' CPU niceness)")
     positive("rollout.temperature", rollout.temperature)
     if not 0.0 < rollout.top_p <= 1.0:
         raise ValueError(f"rollout.top_p={rollout.top_p!r} must be in (0, 1]")

@@ -141,6 +141,10 @@ class LocalEngineConfig:
     sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     num_threads: int = 1
     """torch threads in the engine process (1 is fastest on a contended 2-core machine)."""
+    nice: int = 0
+    """Added to the engine process's CPU niceness when it starts (`os.nice`; 0-19). Where the trainer and the
+    engines share too few cores, a positive value lets the trainer run whenever it has work (its step is the
+    one the engines wait on) and gives the engines the rest; 0 leaves the scheduler's even split."""
     seed: int = 0
     """Seeds requests submitted without `SamplingParams.seed`."""
     device: str = "cpu"
@@ -153,6 +157,8 @@ class LocalEngineConfig:
     def __post_init__(self) -> None:
         if self.num_threads < 1:
             raise ValueError(f"LocalEngineConfig.num_threads={self.num_threads} must be >= 1")
+        if not 0 <= self.nice <= 19:
+            raise ValueError(f"LocalEngineConfig.nice={self.nice} must be in 0..19")
         if not self.parent_check_s > 0:
             raise ValueError(f"LocalEngineConfig.parent_check_s={self.parent_check_s} must be > 0")
 
@@ -235,6 +241,8 @@ class _EngineLoop:
         self.watch = _ParentWatch(parent_pid, every_s=config.parent_check_s)
         self.watch.check()
         torch.set_num_threads(config.num_threads)
+        if config.nice:
+            os.nice(config.nice)
         self.config = config
         self.cmd_q = cmd_q
         self.out_q = out_q

@@ -52,6 +52,20 @@ P = Prompt(prompt_id="p", text="", task="synthetic", gold="0", token_ids=[3, 4, 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+def test_engine_process_runs_at_the_configured_niceness():
+    """LocalEngineConfig.nice (rollout.engine_nice) is added to the engine process's niceness, not to the
+    trainer's; the engine still generates."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    engine = LocalRolloutEngine(LocalEngineConfig(model=_spec(0), core=CoreConfig(max_batch=4, max_seq_len=64), nice=3))
+    try:
+        assert os.getpriority(os.PRIO_PROCESS, engine.pid) == min(19, own + 3)
+        assert os.getpriority(os.PRIO_PROCESS, 0) == own
+        engine.submit(P, SamplingParams(max_new_tokens=4, seed=1), n=2, version=0)
+        assert len(_collect(engine, 2)) == 2
+    finally:
+        engine.close()
+
+
 def test_engine_process_generates_and_syncs_weights():
     sync = WeightSyncConfig(backend="gloo", timeout_s=30, bucket_bytes=20_000)
     engine = LocalRolloutEngine(

@@ -74,7 +74,7 @@ def _recipe(c) -> tuple:
 def test_every_experiment_file_is_covered():
     on_disk = {p.stem for p in (CONF / "experiment").glob("*.yaml")}
     assert on_disk == set(EXPECTED) | set(REPRO) | set(REPRO3) | {"repro4_scalerl", "repro5_scalerl", "repro6_scalerl", "demo",
-                                                                       "smollm2_cpu"}
+                                                                       "smollm2_cpu", "repro6_fast"}
 
 
 # issue 29's sweep (reproduction/design/README.md): (prompts_per_step, steps, val_every, curriculum) per overlay
@@ -153,6 +153,21 @@ def test_repro6_is_repro5_from_repro4s_warm_start():
                                                             "run_name"}
     assert json.dumps(sft_fingerprint(c), sort_keys=True) == json.dumps(sft_fingerprint(r4), sort_keys=True)
     assert sft_fingerprint(c) != sft_fingerprint(r5)
+
+
+def test_repro6_fast_is_repro6_on_two_engines_behind_the_trainer():
+    """reproduction/repro6_fast (issue 29 item 1): repro6's recipe, data and warm start; only the engine processes
+    (two, at niceness +10) and the run name differ."""
+    from scalerl_mega.config import validate
+    from scalerl_mega.config.tree import flat_config
+    from scalerl_mega.train import sft_fingerprint
+
+    c, r6 = _compose("experiment=repro6_fast"), _compose("experiment=repro6_scalerl")
+    validate(c)
+    mine, theirs = flat_config(c), flat_config(r6)
+    assert {k: mine[k] for k in mine if mine[k] != theirs.get(k)} == {
+        "rollout.num_engines": 2, "rollout.engine_nice": 10, "run_name": "repro6_fast"}
+    assert sft_fingerprint(c) == sft_fingerprint(r6) and c.sft.checkpoint == "outputs/reproduce6/sft"
 
 
 @pytest.mark.parametrize("name", sorted(REPRO))
@@ -345,6 +360,7 @@ def test_broken_tokenizer_file_is_a_named_error(tmp_path):
         (["metrics.mismatch_mode=fail"], r"metrics\.mismatch_mode='fail' is not one of"),
         (["metrics.max_logprob_mismatch=0"], r"metrics\.max_logprob_mismatch=0\.0 must be > 0"),
         (["rollout.top_p=0.9"], r"rollout\.top_p=0\.9 is refused: .*Use rollout\.top_p=1\.0"),
+        (["rollout.engine_nice=20"], r"rollout\.engine_nice=20 must be in 0\.\.19"),
         (["moe.routing_replay=ids", "train.pack_sequences=true"], r"moe\.routing_replay='ids' with train\.pack_sequences=true"),
     ],
 )
