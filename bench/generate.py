@@ -4,7 +4,9 @@ The model is the CPU demo's size (conf/experiment/demo.yaml: 4 layers, d_model 1
 parameters without the tiny vocabulary's embeddings). Both sides sample at temperature 1 with a
 KV cache, one torch thread, the same prompts and the same number of new tokens (no early stop); rates are
 tokens per CPU second of this process (`time.process_time`), so a busy machine slows them less than wall time.
-Also reports the engine with continuous admission (more requests than slots, mixed lengths).
+Also reports the engine with continuous admission (more requests than slots, mixed lengths), and requests in
+groups of 8 samples per prompt (as the trainer submits them) with the shared prefill (`CoreConfig.share_prefill`)
+against a prefill per request, in the same run.
 `--experiment repro3_scalerl` takes the model from that experiment instead (the reproduction sweep's
 Llama-4 MoE twin, with chunked-attention layers), with its 17-token prompts.
 
@@ -58,7 +60,8 @@ def main() -> None:
     def engine(b: int, *, sparse: bool = True) -> tuple[float, float]:
         """(tok/s with b requests decoded together, tok/s with continuous admission of 3b mixed-length
         requests (budgets 10..new_tokens) into b slots)."""
-        core = GenerationCore(fresh(), config=CoreConfig(max_batch=b, max_seq_len=max_seq, sparse_moe=sparse))
+        core = GenerationCore(fresh(), config=CoreConfig(max_batch=b, max_seq_len=max_seq, sparse_moe=sparse,
+                                                         share_prefill=False))
         for i in range(2):
             core.add(GenRequest(rid=f"w{i}", prompt_id=f"w{i}", sample_index=0, prompt_ids=prompt, sampling=sp, seed=i))
         core.run_until_done()  # warm-up
@@ -74,6 +77,21 @@ def main() -> None:
         t0 = time.process_time()
         tok = sum(len(c.output_ids) for c in core.run_until_done())
         return one, tok / (time.process_time() - t0)
+
+    def grouped(b: int, *, share: bool) -> float:
+        """tok/s with continuous admission of 6b requests, 8 samples per prompt (6b/8 distinct prompts, budgets
+        10..new_tokens), into b slots."""
+        core = GenerationCore(fresh(), config=CoreConfig(max_batch=b, max_seq_len=max_seq, share_prefill=share))
+        core.add(GenRequest(rid="w", prompt_id="w", sample_index=0, prompt_ids=prompt, sampling=sp, seed=0))
+        core.run_until_done()  # warm-up
+        for i in range(6 * b):
+            g = i // 8
+            p = [1 + (g * 7 + j * 3) % (cfg["vocab_size"] - 1) for j in range(args.prompt_len)]
+            core.add(GenRequest(rid=f"g{i}", prompt_id=f"g{g}", sample_index=i % 8, prompt_ids=p,
+                                sampling=SamplingParams(max_new_tokens=10 + (i * 7) % (args.new_tokens - 9)), seed=i))
+        t0 = time.process_time()
+        tok = sum(len(c.output_ids) for c in core.run_until_done())
+        return tok / (time.process_time() - t0)
 
     for b in args.batch:
         # HF generate (KV cache, sampling, HF's dense MoE); no eos so every row makes exactly new_tokens
@@ -92,6 +110,9 @@ def main() -> None:
             _, dense = engine(b, sparse=False)
             line += f" (dense MoE {dense:8.0f} tok/s: sparse dispatch {cont / dense:.2f}x)"
         print(line, flush=True)
+        shared, own = grouped(b, share=True), grouped(b, share=False)
+        print(f"batch {b:4d}: {6 * b} requests in groups of 8 per prompt: shared prefill {shared:8.0f} tok/s, "
+              f"a prefill per request {own:8.0f} tok/s ({shared / own:.2f}x)", flush=True)
 
 
 def _experiment_model(name: str) -> tuple[str, dict]:

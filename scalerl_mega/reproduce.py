@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.sweep in FORECAST_SWEEPS:
             from scalerl_mega.reproduce4 import analyse4
 
-            analyse4(sweep_dir=sweep_dir, out_dir=Path(args.out or out_default), run_name=run_names[0])
+            analyse4(sweep_dir=sweep_dir, out_dir=Path(args.out or out_default), run_name=run_names[0],
+                     label=args.sweep)
         elif args.sweep == "repro3":
             from scalerl_mega.reproduce2_analyse import analyse2
 

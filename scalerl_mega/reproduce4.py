@@ -131,12 +131,14 @@ def score_run(c: np.ndarray, r: np.ndarray, n: np.ndarray, *, half: float, regis
     return out
 
 
-def analyse4(*, sweep_dir: Path | None, out_dir: Path, run_name: str = REPRO4_RUN_NAMES[0]) -> dict[str, Any]:
+def analyse4(*, sweep_dir: Path | None, out_dir: Path, run_name: str = REPRO4_RUN_NAMES[0],
+             label: str | None = None) -> dict[str, Any]:
     """Collect the runs of `run_name` (unless `sweep_dir` is None; unfinished runs too), score and write `out_dir`
-    (module docstring)."""
+    (module docstring). `label`: the sweep's name in the plot title and messages (default: `run_name` up to its
+    first underscore, `repro4_scalerl` -> `repro4`)."""
     from scalerl_mega.scaling.identify import verdict_text
 
-    setting, label = recipe_name(run_name), run_name.split("_")[0]
+    setting, label = recipe_name(run_name), label or run_name.split("_")[0]
     runs_dir = out_dir / "runs" / setting
     if sweep_dir is not None:
         collect(sweep_dir, out_dir / "runs", run_names=(run_name,), compress_metrics=True, unfinished=True,
