@@ -65,9 +65,8 @@ class CoreConfig:
     """Record the MoE routes (expert ids + routing weights per input position and MoE layer) of every
     request into `Completion.routes` (rollout routing replay). Ignored for dense models."""
     share_prefill: bool = True
-    """Compute a prefill once for requests admitted together with the same input (a group's samples of
-    one prompt) and copy its KV row and logits to the others (`GenerationCore._prefill`); the copies
-    are the same numbers the forward would compute for each (tested against share_prefill=False)."""
+    """Prefill requests admitted together with the same input (a group's samples of one prompt) once and copy
+    the KV row and logits to the others (`GenerationCore._prefill`; tested against share_prefill=False)."""
     sparse_moe: bool = True
     """Run HF Llama-4 MoE layers with sparse expert dispatch (`rollout/sparse_moe.py`: each expert on the
     tokens that selected it; same maths as HF's dense all-experts pass). Switches the model's MoE
@@ -428,27 +427,22 @@ class GenerationCore:
         return {"full_attention": full, "chunked_attention": chunked}
 
     def _prefill(self, new: list[_Row]) -> "torch.Tensor":
-        """Admit `new` into the slots after the running rows (one left-padded forward); returns their
-        logits in admission order (the order of `self.rows` after the call).
-
-        With `share_prefill`, rows whose input (prompt + any output kept over a retraction) equals an
-        earlier row's in this admission are not computed again: the forward runs on the distinct
-        inputs, each copy's slot gets its source's KV row, and its logits are the source's (a GRPO
-        group's samples share the prompt: 1 of 8 prefills computed). Sampling stays per request."""
+        """Admit `new` after the running rows (one left-padded forward); their logits in the order of `self.rows`.
+        With `share_prefill` the forward runs on the distinct inputs (prompt + output kept over a retraction)
+        only, listed first; each copy gets its source's KV row and logits. Sampling stays per request."""
         torch = self._torch
         kv = self.kv
         n0 = len(self.rows)
         seqs = [r.req.prompt_ids + r.output_ids for r in new]
         src_of = list(range(len(new)))  # row j is a copy of distinct row src_of[j] (itself if distinct)
         if self.config.share_prefill:
-            first: dict[tuple[int, ...], int] = {}
+            first: dict[tuple[int, ...], int] = {}  # input -> its index among the distinct ones
             distinct, copies = [], []
             for j, s in enumerate(seqs):
-                key = tuple(s)
-                if key in first:
-                    copies.append((j, first[key]))
+                if tuple(s) in first:
+                    copies.append((j, first[tuple(s)]))
                 else:
-                    first[key] = len(distinct)
+                    first[tuple(s)] = len(distinct)
                     distinct.append(j)
             order = distinct + [j for j, _ in copies]
             src_of = list(range(len(distinct))) + [d for _, d in copies]
