@@ -22,8 +22,8 @@ scale only past `floor_scale` (8192 by default) columns. Tiny and demo models ne
 Counters (`stats()`, cumulative since construction): `busy_s` (wall seconds inside `step()`,
 decode + prefill + sampling), `decode_steps` (batched decode forwards), `decode_tokens` (sum over
 decode forwards of the batch size), `prefill_steps`/`prefill_tokens` (admission forwards and the
-prompt tokens they computed: a shared prefill's copies are not counted, see `CoreConfig.share_prefill`). The cluster simulator is calibrated on their per-step differences
-(`cluster/simulate.py::calibration_from_records`).
+prompt tokens they computed: a shared prefill's copies are not counted, see `CoreConfig.share_prefill`).
+The cluster simulator is calibrated on their per-step differences (`cluster/simulate.py::calibration_from_records`).
 
 Log-probs come from FP32 logits `hidden.float() @ W.float().T` when `fp32_lm_head` is on (W: an FP32
 copy of the head taken from the synced tensor itself, so an FP32 trainer head arrives unrounded even
@@ -174,7 +174,6 @@ class GenerationCore:
         self._chunk = int(chunk) if chunk and int(chunk) < config.max_seq_len else None
         self._stats = {"busy_s": 0.0, "decode_steps": 0, "decode_tokens": 0, "prefill_steps": 0,
                        "prefill_tokens": 0}
-        self._last_prefill_tokens = 0
 
     # ---- public API --------------------------------------------------------------------------
     def add(self, req: GenRequest) -> None:
@@ -248,8 +247,7 @@ class GenerationCore:
                 new = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
                 first = len(self.rows)
                 st["prefill_steps"] += 1
-                logits = self._prefill(new)  # reorders the admitted rows: distinct inputs first
-                st["prefill_tokens"] += self._last_prefill_tokens
+                logits = self._prefill(new)  # counts the prompt tokens it computes
                 done += self._consume(list(range(first, len(self.rows))), logits)
         st["busy_s"] += time.perf_counter() - t0
         return done
@@ -439,16 +437,17 @@ class GenerationCore:
             first: dict[tuple[int, ...], int] = {}  # input -> its index among the distinct ones
             distinct, copies = [], []
             for j, s in enumerate(seqs):
-                if tuple(s) in first:
-                    copies.append((j, first[tuple(s)]))
+                key = tuple(s)
+                if key in first:
+                    copies.append((j, first[key]))
                 else:
-                    first[tuple(s)] = len(distinct)
+                    first[key] = len(distinct)
                     distinct.append(j)
             order = distinct + [j for j, _ in copies]
             src_of = list(range(len(distinct))) + [d for _, d in copies]
             new, seqs = [new[j] for j in order], [seqs[j] for j in order]
         u = max(src_of) + 1  # rows computed by the forward: new[:u]
-        self._last_prefill_tokens = sum(len(s) for s in seqs[:u])
+        self._stats["prefill_tokens"] += sum(len(s) for s in seqs[:u])
         p_max = max(len(s) for s in seqs)
         if n0 == 0:
             kv.length = p_max
