@@ -233,6 +233,14 @@ def engine_max_seq_len(cfg: TrainConfig, task: Task) -> int:
     return longest + max_total_tokens(sp)
 
 
+def weight_sync_config(cfg: TrainConfig, *, backend: str, **kw: Any):
+    """The trainer -> engine weight-sync settings of `rollout.*` (bucket size, flattened buckets) on `backend`."""
+    from scalerl_mega.weight_sync import WeightSyncConfig
+
+    return WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend=backend,
+                            flattened=bool(cfg.rollout.weight_sync_flattened), **kw)
+
+
 def build_local_engine(cfg: TrainConfig, task: Task, *, index: int = 0):
     """One LocalRolloutEngine process holding the HF twin of the trainer's model (random init; the
     loop pushes the trainer's weights before the first request)."""
@@ -240,7 +248,6 @@ def build_local_engine(cfg: TrainConfig, task: Task, *, index: int = 0):
     from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.core import CoreConfig
     from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine
-    from scalerl_mega.weight_sync import WeightSyncConfig
 
     arch, hf_kwargs = hf_config_from_model(cfg.model)
     max_seq = engine_max_seq_len(cfg, task)
@@ -253,8 +260,7 @@ def build_local_engine(cfg: TrainConfig, task: Task, *, index: int = 0):
         core=CoreConfig(max_batch=cfg.rollout.max_batch_size, max_seq_len=max_seq,
                         fp32_lm_head=cfg.precision.name == "fp32_head", eos_token_ids=list(task.stop_token_ids),
                         record_routes=records_routes(cfg)),
-        sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend=backend,
-                              group_name=f"weight_update_group_{index}"),
+        sync=weight_sync_config(cfg, backend=backend, group_name=f"weight_update_group_{index}"),
         num_threads=cfg.rollout.engine_threads, nice=int(cfg.rollout.engine_nice), seed=int(cfg.seed) + index,
         device="cuda" if cfg.cluster.device == "cuda" else "cpu"))
 
@@ -354,7 +360,6 @@ def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: Any):
     from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.local import LocalModelSpec
     from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
-    from scalerl_mega.weight_sync import WeightSyncConfig
     from scalerl_mega.trainer.megatron.parallel import world_size_from_env
 
     pause = pause_mode(cfg.off_policy)
@@ -370,7 +375,7 @@ def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: Any):
         return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
             pause_mode=pause, seed=int(cfg.seed), master_address=sync_master_address(cfg), routes=routes, model=served,
             max_inflight_per_server=int(cfg.rollout.max_batch_size),
-            sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend=backend)))
+            sync=weight_sync_config(cfg, backend=backend)))
     path = write_hf_checkpoint(cfg, task, trainer, Path(cfg.output_dir) / "hf_init")
     servers = []
     for i in range(cfg.rollout.num_engines):
@@ -385,7 +390,7 @@ def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: Any):
     return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
         pause_mode=pause, seed=int(cfg.seed), routes=routes, model=served,
         max_inflight_per_server=int(cfg.rollout.max_batch_size),
-        sync=WeightSyncConfig(bucket_bytes=int(cfg.rollout.weight_sync_bucket_mb) << 20, backend="nccl")))
+        sync=weight_sync_config(cfg, backend="nccl")))
 
 
 def build_engine(cfg: TrainConfig, task: Task, trainer: Any):

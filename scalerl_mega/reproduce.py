@@ -41,9 +41,9 @@ SWEEPS = {"repro": (RECIPE_RUN_NAMES, "outputs/reproduce", "reproduction"),
           "repro6_fast": (("repro6_fast",), "outputs/reproduce6", "reproduction/repro6_fast")}
 """`--sweep` name -> (its `experiment=` overlays, its default sweep directory, its analysis directory). repro6_fast
 shares repro6's directory, so its runs start from the same warm start (`outputs/reproduce6/sft`)."""
-SWEEP_SEEDS = {"repro6_fast": "3"}
-"""`--sweep` name -> its default `--seeds` where not "0,1,2": repro6_fast's run is a fourth seed of repro6's recipe
-(reproduction/repro6_fast/README.md), not a repeat of one of repro6's three."""
+SWEEP_SEEDS = {"repro6_fast": "3,4"}
+"""`--sweep` name -> its default `--seeds` where not "0,1,2": repro6_fast's runs are a fourth and a fifth seed of repro6's
+recipe (reproduction/repro6_fast/README.md), not repeats of repro6's three."""
 FORECAST_SWEEPS = ("repro4", "repro5", "repro6", "repro6_fast")
 """The sweeps of one reference run per seed whose first-half forecasts are registered (`scalerl_mega.reproduce4`)."""
 
@@ -206,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                         "repro4: its reference recipe at twice the length (reproduction/repro4/README.md); "
                         "repro5: at four times (reproduction/repro5/README.md); repro6: repro5 from repro4's warm "
                         "start (reproduction/repro6/README.md); repro6_fast: repro6's recipe on two engine "
-                        "processes, seed 3 (reproduction/repro6_fast/README.md)")
+                        "processes, seeds 3 and 4 (reproduction/repro6_fast/README.md)")
     s.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce[3])")
-    s.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0,1,2; repro6_fast: 3)")
+    s.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0,1,2; repro6_fast: 3,4)")
     s.add_argument("--recipes", default=None, help="comma-separated experiment= overlays (default: the --sweep's)")
     s.add_argument("overrides", nargs="*", help="extra Hydra overrides for every point")
     a = sub.add_parser("analyse", help="collect the finished runs, fit, compare, write reproduction/")

@@ -28,8 +28,9 @@ RESUMABLE = (
     "resume", "output_dir", "run_name", "train.steps", "train.val_every", "train.save_every",
     "train.keep_checkpoints", "train.poll_timeout_s", "metrics.", "forecast.", "rollout.engine_urls",
     "rollout.sync_master_address", "rollout.startup_timeout_s", "rollout.sglang_host", "rollout.sglang_port",
-    "rollout.engine_threads", "rollout.engine_nice", "cluster.partition", "cluster.account", "cluster.time_min",
-    "cluster.cpus_per_task", "cluster.mem_gb", "cluster.trainer_threads", "sft.checkpoint", "sft.any_seed", "sft.synthetic_num_prompts",
+    "rollout.engine_threads", "rollout.engine_nice", "rollout.weight_sync_flattened", "cluster.partition",
+    "cluster.account", "cluster.time_min", "cluster.cpus_per_task", "cluster.mem_gb", "cluster.trainer_threads",
+    "sft.checkpoint", "sft.any_seed", "sft.synthetic_num_prompts",
 )
 """Keys (or `group.` prefixes) that may differ when a run is resumed (`sft.checkpoint`, `sft.any_seed` and
 `sft.synthetic_num_prompts` only concern the warm start, which a resumed run skips)."""

@@ -22,6 +22,10 @@ class RolloutConfig:
     """Max concurrent sequences per engine: the local engine's decode batch; rollout=sglang: the
     /generate requests kept in flight on each server (num servers x this in all, pooled connections)."""
     weight_sync_bucket_mb: int = 64
+    weight_sync_flattened: bool = False
+    """Send each weight bucket as one uint8 tensor (`WeightSyncConfig.flattened`, SGLang's
+    load_format="flattened_bucket") instead of one broadcast per tensor: the same weights, one round trip per
+    bucket. The repro6 model's 51 tensors to an idle local engine: 2.0 ms against 13.3 ms per update."""
     engine_threads: int = 1
     """torch threads in each local engine process."""
     engine_nice: int = 0

@@ -157,7 +157,9 @@ def test_repro6_is_repro5_from_repro4s_warm_start():
 
 def test_repro6_fast_is_repro6_on_two_engines_behind_the_trainer():
     """reproduction/repro6_fast (issue 29 item 1): repro6's recipe, data and warm start; only the engine processes
-    (two, at niceness +10) and the run name differ."""
+    (two, at niceness +10), the weight transport (flattened buckets), the checkpoint interval and the run name
+    differ, and every one of those may change when a run resumes."""
+    from scalerl_mega.run_dir import _resumable
     from scalerl_mega.config import validate
     from scalerl_mega.config.tree import flat_config
     from scalerl_mega.train import sft_fingerprint
@@ -165,8 +167,10 @@ def test_repro6_fast_is_repro6_on_two_engines_behind_the_trainer():
     c, r6 = _compose("experiment=repro6_fast"), _compose("experiment=repro6_scalerl")
     validate(c)
     mine, theirs = flat_config(c), flat_config(r6)
-    assert {k: mine[k] for k in mine if mine[k] != theirs.get(k)} == {
-        "rollout.num_engines": 2, "rollout.engine_nice": 10, "run_name": "repro6_fast"}
+    diff = {k: mine[k] for k in mine if mine[k] != theirs.get(k)}
+    assert diff == {"rollout.num_engines": 2, "rollout.engine_nice": 10, "rollout.weight_sync_flattened": True,
+                    "train.save_every": 200, "run_name": "repro6_fast"}
+    assert [k for k in diff if not _resumable(k)] == ["rollout.num_engines"]
     assert sft_fingerprint(c) == sft_fingerprint(r6) and c.sft.checkpoint == "outputs/reproduce6/sft"
 
 
@@ -409,3 +413,16 @@ def test_difficulty_weights_reach_the_task():
     task = build_task(c)
     digits = {len(str(p.meta[k])) for p in task.train_prompts + task.val_prompts for k in ("a", "b")}
     assert digits == {3, 4} and len(task.val_prompts) == 50
+
+
+@pytest.mark.parametrize("flattened", [False, True])
+def test_weight_sync_settings_reach_the_engines(flattened):
+    """`rollout.weight_sync_flattened` and `rollout.weight_sync_bucket_mb` become the engines' WeightSyncConfig
+    (build.weight_sync_config: every engine builder takes it from there); the default stays one broadcast per
+    tensor."""
+    from scalerl_mega.build import weight_sync_config
+
+    c = _compose("experiment=demo", f"rollout.weight_sync_flattened={flattened}", "rollout.weight_sync_bucket_mb=3")
+    s = weight_sync_config(c, backend="gloo", group_name="g1")
+    assert (s.flattened, s.bucket_bytes, s.backend, s.group_name) == (flattened, 3 * 2**20, "gloo", "g1")
+    assert weight_sync_config(_compose("experiment=demo"), backend="nccl").flattened is False

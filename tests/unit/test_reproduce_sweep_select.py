@@ -138,17 +138,17 @@ def test_default_sweep_is_the_leave_one_out_one(tmp_path, monkeypatch):
     assert "hydra.sweep.dir=outputs/reproduce" in calls[0]
 
 
-def test_repro6_fast_defaults_to_its_own_seed_in_repro6s_directory(tmp_path, monkeypatch):
-    """repro6_fast's run is a fourth seed of repro6's recipe, started from repro6's warm start: without --seeds it
-    runs seed 3 (not a repeat of repro6's 0-2) in outputs/reproduce6; --seeds still overrides."""
+def test_repro6_fast_defaults_to_its_own_seeds_in_repro6s_directory(tmp_path, monkeypatch):
+    """repro6_fast's runs are a fourth and fifth seed of repro6's recipe, started from repro6's warm start: without
+    --seeds it runs seeds 3 and 4 (not repeats of repro6's 0-2) in outputs/reproduce6; --seeds still overrides."""
     calls: list = []
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(rep, "_launch", _fake_sweep(calls, []))
     assert rep.main(["sweep", "--sweep", "repro6_fast"]) == 0
-    assert "seed=3" in calls[0] and "experiment=repro6_fast" in calls[0]
+    assert "seed=3,4" in calls[0] and "experiment=repro6_fast" in calls[0]
     assert "hydra.sweep.dir=outputs/reproduce6" in calls[0] and "sft.checkpoint=outputs/reproduce6/sft" in calls[0]
-    assert rep.main(["sweep", "--sweep", "repro6_fast", "--seeds", "4,5"]) == 0
-    assert "seed=4,5" in calls[1]
+    assert rep.main(["sweep", "--sweep", "repro6_fast", "--seeds", "5,6"]) == 0
+    assert "seed=5,6" in calls[1]
     assert rep.main(["sweep", "--sweep", "repro6"]) == 0
     assert "seed=0,1,2" in calls[2]
 
