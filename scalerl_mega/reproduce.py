@@ -45,6 +45,11 @@ SWEEP_SEEDS = {"repro6_fast": "3,4"}
 """`--sweep` name -> its default `--seeds` where not "0,1,2": repro6_fast's runs are a fourth and a fifth seed of repro6's
 recipe (reproduction/repro6_fast/README.md), not repeats of repro6's three."""
 FORECAST_SWEEPS = ("repro4", "repro5", "repro6", "repro6_fast")
+COMMITTED_WITHOUT = {"repro6_fast": ("prompt_ids",)}
+"""`--sweep` name -> metrics keys left out of its committed runs (`reproduce_report.collect(drop_fields=...)`): the
+per-step prompt ids are 16-hex-digit hashes xz cannot shrink, half of a 6,400-step run's 3.8 MB, and the tracked
+tree must fit the GPU session's copy (tests/unit/test_reproduction_tracked.py). The analysis does not read them;
+the full metrics.jsonl stays in the sweep directory."""
 """The sweeps of one reference run per seed whose first-half forecasts are registered (`scalerl_mega.reproduce4`)."""
 
 
@@ -237,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             from scalerl_mega.reproduce4 import analyse4
 
             analyse4(sweep_dir=sweep_dir, out_dir=Path(args.out or out_default), run_name=run_names[0],
-                     label=args.sweep)
+                     label=args.sweep, drop_fields=COMMITTED_WITHOUT.get(args.sweep, ()))
         elif args.sweep == "repro3":
             from scalerl_mega.reproduce2_analyse import analyse2
 

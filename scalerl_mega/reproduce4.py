@@ -132,17 +132,17 @@ def score_run(c: np.ndarray, r: np.ndarray, n: np.ndarray, *, half: float, regis
 
 
 def analyse4(*, sweep_dir: Path | None, out_dir: Path, run_name: str = REPRO4_RUN_NAMES[0],
-             label: str | None = None) -> dict[str, Any]:
-    """Collect the runs of `run_name` (unless `sweep_dir` is None; unfinished runs too), score and write `out_dir`
-    (module docstring). `label`: the sweep's name in the plot title and messages (default: `run_name` up to its
-    first underscore, `repro4_scalerl` -> `repro4`)."""
+             label: str | None = None, drop_fields: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Collect the runs of `run_name` (unless `sweep_dir` is None; unfinished runs too; their committed metrics
+    without `drop_fields`), score and write `out_dir` (module docstring). `label`: the sweep's name in the plot title
+    and messages (default: `run_name` up to its first underscore, `repro4_scalerl` -> `repro4`)."""
     from scalerl_mega.scaling.identify import verdict_text
 
     setting, label = recipe_name(run_name), label or run_name.split("_")[0]
     runs_dir = out_dir / "runs" / setting
     if sweep_dir is not None:
         collect(sweep_dir, out_dir / "runs", run_names=(run_name,), compress_metrics=True, unfinished=True,
-                also=("run_config.yaml",))
+                also=("run_config.yaml",), drop_fields=drop_fields)
     reg_path = out_dir / FORECASTS
     reg = json.loads(reg_path.read_text())["runs"] if reg_path.is_file() else {}
     rows: dict[str, Any] = {}

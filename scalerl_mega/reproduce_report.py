@@ -58,13 +58,18 @@ metrics.jsonl is stored as metrics.jsonl.xz (`compress_metrics_file`: a 3,300-st
 in git, 28% less than gzip -9's 2.88 MB)."""
 
 
-def compress_metrics_file(src: Path, dest: Path) -> None:
+def compress_metrics_file(src: Path, dest: Path, *, drop_fields: tuple[str, ...] = ()) -> None:
     """Write `src` (a metrics.jsonl) to `dest` (its `.xz` name) xz-compressed (preset 9 extreme; xz records no
     timestamp), unless `dest` already decompresses to exactly that content: collecting again rewrites nothing, even
-    under another liblzma version, and costs one decompression. The round trip is checked before writing."""
+    under another liblzma version, and costs one decompression. The round trip is checked before writing.
+    `drop_fields`: keys removed from every record first (each line re-serialised by `json.dumps`, which writes
+    floats by `repr`: every value kept reads back equal)."""
     import lzma
 
     raw = src.read_bytes()
+    if drop_fields:
+        raw = "".join(json.dumps({k: v for k, v in json.loads(line).items() if k not in drop_fields}) + "\n"
+                      for line in raw.decode().splitlines() if line.strip()).encode()
     if dest.is_file():
         try:
             if lzma.decompress(dest.read_bytes()) == raw:
@@ -198,12 +203,13 @@ def run_finished(run_dir: Path) -> bool:
 
 
 def collect(sweep_dir: Path, runs_dir: Path, *, run_names: tuple[str, ...] = RECIPE_RUN_NAMES,
-            compress_metrics: bool = False, unfinished: bool = False, also: tuple[str, ...] = ()) -> list[str]:
+            compress_metrics: bool = False, unfinished: bool = False, also: tuple[str, ...] = (),
+            drop_fields: tuple[str, ...] = ()) -> list[str]:
     """Copy every finished run (`run_finished`; with `unfinished`, every run with a metrics.jsonl) of the sweep's
     `run_names` to `runs_dir/<recipe>/seed<N>/` (`COPIED` and the files named in `also`), and the sweep's
     provenance.jsonl next to `runs_dir`. With `compress_metrics`, metrics.jsonl is written as a byte-reproducible
     metrics.jsonl.xz (`compress_metrics_file`: collecting again changes nothing git sees) and a plain or gzipped
-    copy left there earlier is removed. Returns the copied `<recipe>/seed<N>` keys."""
+    copy left there earlier is removed, without the keys in `drop_fields`. Returns the copied `<recipe>/seed<N>` keys."""
     if not sweep_dir.is_dir():
         raise ValueError(f"{sweep_dir}: no such sweep directory (run `make reproduce-sweep` first)")
     copied = []
@@ -217,7 +223,7 @@ def collect(sweep_dir: Path, runs_dir: Path, *, run_names: tuple[str, ...] = REC
                 if not (seed_dir / name).is_file():
                     continue
                 if compress_metrics and name == "metrics.jsonl":
-                    compress_metrics_file(seed_dir / name, dest / f"{name}.xz")
+                    compress_metrics_file(seed_dir / name, dest / f"{name}.xz", drop_fields=drop_fields)
                     (dest / name).unlink(missing_ok=True)
                     (dest / f"{name}.gz").unlink(missing_ok=True)
                 else:

@@ -230,6 +230,36 @@ def test_compressed_runs_analyse_identically_and_collect_is_byte_stable(analysed
     assert lzma.decompress((got / "metrics.jsonl.xz").read_bytes()) == (sweep / "metrics.jsonl").read_bytes()
 
 
+def test_collect_can_leave_named_fields_out_of_the_committed_metrics(tmp_path):
+    """`collect(drop_fields=...)` (repro6_fast: the per-step prompt ids, `reproduce.COMMITTED_WITHOUT`): the
+    committed metrics.jsonl.xz holds every record with every other key and value equal, floats exactly; the
+    sweep's own file is untouched, and collecting again rewrites nothing."""
+    import lzma
+
+    from scalerl_mega.reproduce_report import collect
+
+    run = tmp_path / "sweep" / "repro6_fast" / "seed4"
+    run.mkdir(parents=True)
+    records = [{"kind": "train", "step": 1, "prompt_ids": ["75bfd2102c83289d", "d5a42982e39e7805"],
+                "step_s": 0.1 + 0.2, "token_lag_mean": 1.0 / 3.0},
+               {"kind": "validation", "step": 1, "val_pass_rate": 0.6712500000000001}]
+    plain = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+    (run / "metrics.jsonl").write_text(plain)
+    (run / "run_config.yaml").write_text("train:\n  steps: 1\n")
+    dest = tmp_path / "committed" / "runs"
+    assert collect(run.parent.parent, dest, run_names=("repro6_fast",), compress_metrics=True, unfinished=True,
+                   drop_fields=("prompt_ids",)) == ["fast/seed4"]
+    xz = dest / "fast" / "seed4" / "metrics.jsonl.xz"
+    got = [json.loads(line) for line in lzma.decompress(xz.read_bytes()).decode().splitlines()]
+    assert got == [{k: v for k, v in r.items() if k != "prompt_ids"} for r in records]
+    assert got[0]["step_s"] == 0.30000000000000004 and got[1]["val_pass_rate"] == 0.6712500000000001
+    assert (run / "metrics.jsonl").read_text() == plain
+    mtime = xz.stat().st_mtime_ns
+    collect(run.parent.parent, dest, run_names=("repro6_fast",), compress_metrics=True, unfinished=True,
+            drop_fields=("prompt_ids",))
+    assert xz.stat().st_mtime_ns == mtime
+
+
 def test_status_names_every_commit_that_trained_a_resumed_run():
     """A run resumed from a checkpoint under another commit lists both commits and their step ranges; a run
     stamped before segments were recorded shows the commit that finished it."""
