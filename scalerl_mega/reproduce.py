@@ -42,15 +42,15 @@ SWEEPS = {"repro": (RECIPE_RUN_NAMES, "outputs/reproduce", "reproduction"),
 """`--sweep` name -> (its `experiment=` overlays, its default sweep directory, its analysis directory). repro6_fast
 shares repro6's directory, so its runs start from the same warm start (`outputs/reproduce6/sft`)."""
 SWEEP_SEEDS = {"repro6_fast": "3,4"}
-"""`--sweep` name -> its default `--seeds` where not "0,1,2": repro6_fast's runs are a fourth and a fifth seed of repro6's
-recipe (reproduction/repro6_fast/README.md), not repeats of repro6's three."""
+"""`--sweep` name -> its default `--seeds` where not "0,1,2": repro6_fast's runs are a fourth and a fifth seed of
+repro6's recipe (reproduction/repro6_fast/README.md), not repeats of repro6's three."""
 FORECAST_SWEEPS = ("repro4", "repro5", "repro6", "repro6_fast")
+"""The sweeps of one reference run per seed whose first-half forecasts are registered (`scalerl_mega.reproduce4`)."""
 COMMITTED_WITHOUT = {"repro6_fast": ("prompt_ids",)}
 """`--sweep` name -> metrics keys left out of its committed runs (`reproduce_report.collect(drop_fields=...)`): the
 per-step prompt ids are 16-hex-digit hashes xz cannot shrink, half of a 6,400-step run's 3.8 MB, and the tracked
 tree must fit the GPU session's copy (tests/unit/test_reproduction_tracked.py). The analysis does not read them;
 the full metrics.jsonl stays in the sweep directory."""
-"""The sweeps of one reference run per seed whose first-half forecasts are registered (`scalerl_mega.reproduce4`)."""
 
 
 def sweep_command(*, sweep_dir: str, seeds: str, recipes: str, extra: list[str] | None = None) -> list[str]:
