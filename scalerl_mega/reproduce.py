@@ -38,15 +38,17 @@ SWEEPS = {"repro": (RECIPE_RUN_NAMES, "outputs/reproduce", "reproduction"),
           "repro4": (("repro4_scalerl",), "outputs/reproduce4", "reproduction/repro4"),
           "repro5": (("repro5_scalerl",), "outputs/reproduce5", "reproduction/repro5"),
           "repro6": (("repro6_scalerl",), "outputs/reproduce6", "reproduction/repro6"),
-          "repro6_fast": (("repro6_fast",), "outputs/reproduce6", "reproduction/repro6_fast")}
+          "repro6_fast": (("repro6_fast",), "outputs/reproduce6", "reproduction/repro6_fast"),
+          "repro6_twin": (("repro6_twin",), "outputs/reproduce6", "reproduction/repro6_twin")}
 """`--sweep` name -> (its `experiment=` overlays, its default sweep directory, its analysis directory). repro6_fast
-shares repro6's directory, so its runs start from the same warm start (`outputs/reproduce6/sft`)."""
-SWEEP_SEEDS = {"repro6_fast": "3,4"}
-"""`--sweep` name -> its default `--seeds` where not "0,1,2": repro6_fast's runs are a fourth and a fifth seed of
-repro6's recipe (reproduction/repro6_fast/README.md), not repeats of repro6's three."""
-FORECAST_SWEEPS = ("repro4", "repro5", "repro6", "repro6_fast")
+and repro6_twin share repro6's directory, so their runs start from the same warm start (`outputs/reproduce6/sft`)."""
+SWEEP_SEEDS = {"repro6_fast": "3,4", "repro6_twin": "5,6"}
+"""`--sweep` name -> its default `--seeds` where not "0,1,2": repro6_fast's and repro6_twin's runs are further seeds
+of repro6's recipe (reproduction/repro6_fast/README.md, reproduction/repro6_twin/README.md), not repeats of
+repro6's three."""
+FORECAST_SWEEPS = ("repro4", "repro5", "repro6", "repro6_fast", "repro6_twin")
 """The sweeps of one reference run per seed whose first-half forecasts are registered (`scalerl_mega.reproduce4`)."""
-COMMITTED_WITHOUT = {"repro6_fast": ("prompt_ids",)}
+COMMITTED_WITHOUT = {"repro6_fast": ("prompt_ids",), "repro6_twin": ("prompt_ids",)}
 """`--sweep` name -> metrics keys left out of its committed runs (`reproduce_report.collect(drop_fields=...)`): the
 per-step prompt ids are 16-hex-digit hashes xz cannot shrink, half of a 6,400-step run's 3.8 MB, and the tracked
 tree must fit the GPU session's copy (tests/unit/test_reproduction_tracked.py). The analysis does not read them;
@@ -211,9 +213,11 @@ def main(argv: list[str] | None = None) -> int:
                         "repro4: its reference recipe at twice the length (reproduction/repro4/README.md); "
                         "repro5: at four times (reproduction/repro5/README.md); repro6: repro5 from repro4's warm "
                         "start (reproduction/repro6/README.md); repro6_fast: repro6's recipe on two engine "
-                        "processes, seeds 3 and 4 (reproduction/repro6_fast/README.md)")
+                        "processes, seeds 3 and 4 (reproduction/repro6_fast/README.md); repro6_twin: the two "
+                        "engines holding one engine's 256 rows, seeds 5 and 6 (reproduction/repro6_twin/README.md)")
     s.add_argument("--sweep-dir", default=None, help="default: the --sweep's own (outputs/reproduce[3])")
-    s.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0,1,2; repro6_fast: 3,4)")
+    s.add_argument("--seeds", default=None,
+                   help="comma-separated seeds (default: 0,1,2; repro6_fast: 3,4; repro6_twin: 5,6)")
     s.add_argument("--recipes", default=None, help="comma-separated experiment= overlays (default: the --sweep's)")
     s.add_argument("overrides", nargs="*", help="extra Hydra overrides for every point")
     a = sub.add_parser("analyse", help="collect the finished runs, fit, compare, write reproduction/")

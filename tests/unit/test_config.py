@@ -74,7 +74,7 @@ def _recipe(c) -> tuple:
 def test_every_experiment_file_is_covered():
     on_disk = {p.stem for p in (CONF / "experiment").glob("*.yaml")}
     assert on_disk == set(EXPECTED) | set(REPRO) | set(REPRO3) | {"repro4_scalerl", "repro5_scalerl", "repro6_scalerl", "demo",
-                                                                       "smollm2_cpu", "repro6_fast"}
+                                                                       "smollm2_cpu", "repro6_fast", "repro6_twin"}
 
 
 # issue 29's sweep (reproduction/design/README.md): (prompts_per_step, steps, val_every, curriculum) per overlay
@@ -172,6 +172,23 @@ def test_repro6_fast_is_repro6_on_two_engines_behind_the_trainer():
                     "train.save_every": 200, "run_name": "repro6_fast"}
     assert [k for k in diff if not _resumable(k)] == ["rollout.num_engines"]
     assert sft_fingerprint(c) == sft_fingerprint(r6) and c.sft.checkpoint == "outputs/reproduce6/sft"
+
+
+def test_repro6_twin_is_repro6_fast_with_one_engines_rows_split_between_two():
+    """reproduction/repro6_twin (issue 29 item 1): repro6_fast with 128 decode rows per engine, so that the two
+    engines hold as many samples in flight as repro6's one engine (256), and nothing else. The row count is not a
+    resumable key: it sets how stale the generated tokens are (reproduction/repro6_twin/README.md)."""
+    from scalerl_mega.config import validate
+    from scalerl_mega.config.tree import flat_config
+    from scalerl_mega.run_dir import _resumable
+
+    c, fast, r6 = (_compose(f"experiment={e}") for e in ("repro6_twin", "repro6_fast", "repro6_scalerl"))
+    validate(c)
+    mine, theirs = flat_config(c), flat_config(fast)
+    assert {k: mine[k] for k in mine if mine[k] != theirs.get(k)} == {"rollout.max_batch_size": 128,
+                                                                       "run_name": "repro6_twin"}
+    assert c.rollout.num_engines * c.rollout.max_batch_size == r6.rollout.num_engines * r6.rollout.max_batch_size
+    assert not _resumable("rollout.max_batch_size")
 
 
 @pytest.mark.parametrize("name", sorted(REPRO))

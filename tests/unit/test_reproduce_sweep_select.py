@@ -151,6 +151,9 @@ def test_repro6_fast_defaults_to_its_own_seeds_in_repro6s_directory(tmp_path, mo
     assert "seed=5,6" in calls[1]
     assert rep.main(["sweep", "--sweep", "repro6"]) == 0
     assert "seed=0,1,2" in calls[2]
+    assert rep.main(["sweep", "--sweep", "repro6_twin"]) == 0
+    assert "seed=5,6" in calls[3] and "experiment=repro6_twin" in calls[3]
+    assert "hydra.sweep.dir=outputs/reproduce6" in calls[3] and "sft.checkpoint=outputs/reproduce6/sft" in calls[3]
 
 
 def test_recipe_name_strips_either_prefix():
