@@ -48,11 +48,12 @@ of repro6's recipe (reproduction/repro6_fast/README.md, reproduction/repro6_twin
 repro6's three."""
 FORECAST_SWEEPS = ("repro4", "repro5", "repro6", "repro6_fast", "repro6_twin")
 """The sweeps of one reference run per seed whose first-half forecasts are registered (`scalerl_mega.reproduce4`)."""
-COMMITTED_WITHOUT = {"repro6_fast": ("prompt_ids",), "repro6_twin": ("prompt_ids",)}
+COMMITTED_WITHOUT = {name: ("prompt_ids",) for name in ("repro6", "repro6_fast", "repro6_twin")}
 """`--sweep` name -> metrics keys left out of its committed runs (`reproduce_report.collect(drop_fields=...)`): the
 per-step prompt ids are 16-hex-digit hashes xz cannot shrink, half of a 6,400-step run's 3.8 MB, and the tracked
 tree must fit the GPU session's copy (tests/unit/test_reproduction_tracked.py). The analysis does not read them;
-the full metrics.jsonl stays in the sweep directory."""
+the full metrics.jsonl stays in the sweep directory (repro6's committed files held them until the fourteenth
+session: git history has them)."""
 
 
 def sweep_command(*, sweep_dir: str, seeds: str, recipes: str, extra: list[str] | None = None) -> list[str]:
