@@ -15,7 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from scalerl_mega.scaling.io import open_text, run_metrics_file
+from scalerl_mega.metrics.writer import read_metrics
+from scalerl_mega.scaling.io import run_metrics_file
 
 HERE = Path(__file__).resolve().parent
 REPRO = HERE.parent
@@ -32,17 +33,9 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def _records(run: Path) -> list[dict]:
-    path = run_metrics_file(run)
-    if path is None:
-        raise FileNotFoundError(f"{run}: no metrics file")
-    with open_text(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def run_row(run: Path) -> dict:
-    """The comparison's figures for one committed run directory."""
-    recs = _records(run)
+    """The comparison's figures for one committed run directory (its metrics file: `run_metrics_file`)."""
+    recs = read_metrics(run_metrics_file(run))
     train = [r for r in recs if r.get("kind") == "train"]
     val = [r for r in recs if r.get("kind") == "validation" and "val_pass_rate" in r]
     mid = [r for r in train if TRAIN_SPAN[0] < r["step"] <= TRAIN_SPAN[1]]
