@@ -37,7 +37,7 @@ SGLANG_VENV   := .venv-sglang
 SGLANG_MODELS := build/sglang-models
 
 test-sglang: setup
-	tools/sglang_env.sh $(SGLANG_VENV)
+	./.ci/sglang_env.sh $(SGLANG_VENV)
 	$(PY) -m tests.sglang_support.tiny_model $(SGLANG_MODELS)
 	SCALERL_SGLANG_PYTHON=$(CURDIR)/$(SGLANG_VENV)/bin/python SCALERL_SGLANG_MODELS=$(CURDIR)/$(SGLANG_MODELS) \
 	  $(PYTEST) -m sglang tests/sglang
@@ -47,8 +47,8 @@ test-sglang: setup
 # ENGINE=sglang|local reruns one engine (a finished run is skipped, an unfinished one resumes).
 ENGINE ?= both
 sglang-rl-compare: setup
-	tools/sglang_env.sh $(SGLANG_VENV)
-	SCALERL_SGLANG_PYTHON=$(CURDIR)/$(SGLANG_VENV)/bin/python $(PY) tools/sglang_rl_compare.py --engine $(ENGINE)
+	./.ci/sglang_env.sh $(SGLANG_VENV)
+	SCALERL_SGLANG_PYTHON=$(CURDIR)/$(SGLANG_VENV)/bin/python $(PY) -m reproduction.sglang_rl_compare --engine $(ENGINE)
 
 # GPU suite (tests/gpu, all `gpu`-marked): one command on a machine with one NVIDIA GPU. It runs under that
 # machine's own Python (GPU_PY, e.g. Python 3.12 with a CUDA torch and Triton; the CPU pins above do not apply
@@ -100,21 +100,21 @@ demo-seeds: setup
 demo-real: setup
 	$(PY) tools/demo_real.py --out outputs/demo_real
 
-# `make reproduce`: issue 29's sweep (SWEEP=repro3, the default: reproduction/repro3/README.md,
-# conf/experiment/repro3_*.yaml) into outputs/reproduce3, seed-major, skipping finished points
-# (hydra/sweeper=skip_done) and resuming an interrupted one from its checkpoint (resume=auto), so it can be run in
-# pieces; then the analysis, which copies the finished runs into reproduction/repro3/runs and rewrites the results.
-# `make reproduce-analysis` regenerates the tables and plots from the committed runs alone.
-# SWEEP=repro: the first, leave-one-out sweep (reproduction/README.md, outputs/reproduce).
-SWEEP ?= repro3
+# `make reproduce`: the reproduction (reproduction/README.md), a research tool beside the package. DESIGN=predictability
+# (default: 3 seeds x 6,400 steps, each first-half forecast registered before its second half is read) or DESIGN=loo
+# (the leave-one-out sweep, 5 recipes x 3 seeds). The sweep runs into outputs/reproduction/<design>, seed-major,
+# skipping finished points and resuming an interrupted one, so it can be run in pieces; the analysis then collects
+# the runs as curves into reproduction/<design>/runs and rewrites the results. `make reproduce-analysis` rebuilds the
+# committed results, byte for byte, from the committed curves alone.
+DESIGN ?= predictability
 reproduce: reproduce-sweep
-	$(PY) -m scalerl_mega.reproduce analyse --sweep $(SWEEP)
+	$(PY) -m reproduction.reproduce analyse --design $(DESIGN)
 
 reproduce-sweep: setup
-	$(PY) -m scalerl_mega.reproduce sweep --sweep $(SWEEP)
+	$(PY) -m reproduction.reproduce sweep --design $(DESIGN)
 
 reproduce-analysis: setup
-	$(PY) -m scalerl_mega.reproduce analyse --sweep $(SWEEP) --no-collect
+	$(PY) -m reproduction.reproduce analyse --design $(DESIGN) --no-collect
 
 bench: setup
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -23,7 +23,7 @@ One trainer step s (the policy has weight version s):
    forecast; every `save_every` steps a checkpoint. `train.val_mode=window` spreads each validation over the
    `val_every` steps before it instead: one slice of the held-out prompts is submitted at the start of each step
    on that step's weights, and the point (recorded at the window's end, drawn at its centre's compute) covers
-   them all (validation.py, metrics/val_window.py); a checkpoint scores the window's slices so far, so a
+   them all (heldout.py, metrics/val_window.py); a checkpoint scores the window's slices so far, so a
    resumed run continues the window. A stop (SIGTERM) between checkpoints loses the window's slices in flight:
    the resumed run generates them again first, on the checkpoint's weights (`val_version_mean` shows it); a stop
    that interrupts a step's validation also leaves `val_due` in the checkpoint, and the resumed run records
@@ -54,9 +54,9 @@ from scalerl_mega.metrics.progress import progress_line
 from scalerl_mega.metrics.rollout_stats import rollout_metrics, staleness_histogram, tokens_per_version
 from scalerl_mega.metrics.val_window import center_step, val_metrics, window_slice
 from scalerl_mega.metrics.writer import MetricsWriter
-from scalerl_mega.router import Preempted, _Pending, _Router, sampling_params, score_groups
+from scalerl_mega.inflight import Preempted, _Pending, _Router, sampling_params, score_groups
 from scalerl_mega.types import Group, Prompt
-from scalerl_mega.validation import collect, submit, submit_window_slice, validate
+from scalerl_mega.heldout import collect, submit, submit_window_slice, validate
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.config import TrainConfig

@@ -94,6 +94,7 @@ def run_job(config: TrainConfig) -> dict[str, Any]:
     from scalerl_mega import build
     from scalerl_mega.loop import latest_checkpoint, run_rl
     from scalerl_mega.metrics.compute import ComputeCounter
+    from scalerl_mega.metrics.provenance import finish_segment
     from scalerl_mega.preemption import Preemption
     from scalerl_mega.trainer.ranks import ControlChannel, ControllerTrainer, serve
 
@@ -133,9 +134,11 @@ def run_job(config: TrainConfig) -> dict[str, Any]:
         forecaster = (AutoBudgetForecaster(config.forecast, gpu_hours=config.cluster.device == "cuda")
                       if config.forecast.enabled else None)
         t0 = time.monotonic()
+        _start_segment(config, out=out, resumed=resumed)
         state = run_rl(config, comps, compute=compute, forecaster=forecaster,
                        stop_requested=lambda: preemption.requested)
         summary["rl_s"] = time.monotonic() - t0
+        finish_segment(out, to_step=state.step, wall_s=summary["rl_s"], preempted=state.preempted)
         summary["steps"] = state.step
         summary["preempted"] = state.preempted
         summary["val_points"] = [list(p) for p in state.val_points]
@@ -149,6 +152,28 @@ def run_job(config: TrainConfig) -> dict[str, Any]:
         preemption.uninstall()
     summary["wall_s"] = time.monotonic() - t_start
     return _finish(config, summary, out=out, resumed=resumed, steps=state.step, world=world)
+
+
+def _start_segment(config: TrainConfig, *, out: Path, resumed: bool) -> None:
+    """Record which code trains this launch's steps (metrics/provenance.py): the run's `provenance.jsonl` gains a
+    segment from the checkpoint's step (0 for a fresh run)."""
+    import shlex
+    from importlib.metadata import PackageNotFoundError, version
+
+    from scalerl_mega.metrics.provenance import start_segment
+    from scalerl_mega.trainer.megatron.checkpoint import latest_step
+
+    from_step = 0
+    if resumed:
+        from scalerl_mega.loop import latest_checkpoint
+
+        from_step = latest_step(latest_checkpoint(config)) or 0
+    try:
+        ver = version("scalerl-mega")
+    except PackageNotFoundError:
+        ver = None
+    start_segment(out, from_step=from_step, version=ver,
+                  command=" ".join(["scalerl-train", *map(shlex.quote, sys.argv[1:])]))
 
 
 def _finish(config: TrainConfig, summary: dict[str, Any], *, out: Path, resumed: bool, steps: int,
@@ -185,7 +210,7 @@ SFT_FINGERPRINT = "sft_fingerprint.json"
 SFT_NUMERICS_ONLY = ("micro_batch_tokens",)
 """Fingerprint keys that change only the summation order of the warm start's maths: a shared warm start written
 with another value is loaded (logged), so e.g. a same-maths control that micro-batches its RL steps
-(conf/experiment/repro3_batch_control.yaml) starts from the very weights of its reference."""
+(the reproduction's batch control of 7ab7997) starts from the very weights of its reference."""
 
 
 def sft_fingerprint(config: TrainConfig) -> dict[str, Any]:

@@ -25,12 +25,12 @@ class RolloutConfig:
     weight_sync_flattened: bool = False
     """Send each weight bucket as one uint8 tensor (`WeightSyncConfig.flattened`, SGLang's
     load_format="flattened_bucket") instead of one broadcast per tensor: the same weights, one round trip per
-    bucket. The repro6 model's 51 tensors to an idle local engine: 2.0 ms against 13.3 ms per update."""
+    bucket. The demo model's 51 tensors (the reproduction's predictability design) to an idle local engine: 2.0 ms against 13.3 ms per update."""
     engine_threads: int = 1
     """torch threads in each local engine process."""
     engine_nice: int = 0
     """CPU niceness added to each local engine process (0-19; `LocalEngineConfig.nice`): >0 gives the trainer
-    priority where trainer and engines share the cores (conf/experiment/repro6_fast.yaml)."""
+    priority where trainer and engines share the cores (two engine processes beside a trainer on 2 cores)."""
     sglang_host: str = "127.0.0.1"
     sglang_port: int = 30000
     sglang_tp_size: int = 1

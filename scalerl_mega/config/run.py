@@ -117,8 +117,8 @@ class SFTConfig:
     """0: the warm start trains on this run's training prompts. N > 0 (data.name=synthetic only): on those of
     the synthetic set of N prompts (the first N of the same draws, with its own held-out split), as a run with
     `data.synthetic_num_prompts=N` would, and its fingerprint says so: one base model for runs of several
-    lengths (reproduction/repro6 starts from repro4's warm start). None of this run's held-out prompts may be
-    among those training prompts (checked when the warm start is run or loaded; ValueError naming the key)."""
+    lengths (the reproduction's predictability design warm-starts on the first 102,400 of its 204,800 prompts).
+    None of this run's held-out prompts may be among those training prompts (checked when the warm start is run or loaded; ValueError naming the key)."""
 
 
 @dataclass

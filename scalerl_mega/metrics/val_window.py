@@ -2,7 +2,8 @@
 
 The paper validates the policy at one step every 100 (Sec. 2.1, App. A.7); at its scale the policy hardly
 moves between two neighbouring steps. A tiny model trained at a toy learning rate does move: two
-validations a few steps apart differ by several binomial standard errors (reproduction/design/README.md).
+validations a few steps apart differ by several binomial standard errors (the reproduction's pilots:
+reproduction/README.md, "Earlier iterations").
 In window mode the held-out prompts of one validation point are split into `val_every` contiguous slices
 and slice j is generated at step `start + j` of the window, with the weights of that step; the point
 recorded at the window's end is the pass rate over all of them: the mean of R over the window's policies

@@ -23,7 +23,7 @@ Counters (`stats()`, cumulative since construction): `busy_s` (wall seconds insi
 decode + prefill + sampling), `decode_steps` (batched decode forwards), `decode_tokens` (sum over
 decode forwards of the batch size), `prefill_steps`/`prefill_tokens` (admission forwards and the
 prompt tokens they computed: a shared prefill's copies are not counted, see `CoreConfig.share_prefill`).
-The cluster simulator is calibrated on their per-step differences (`cluster/simulate.py::calibration_from_records`).
+The cluster simulator is calibrated on their per-step differences (`cluster/schedule_sim.py::calibration_from_records`).
 
 Log-probs come from FP32 logits `hidden.float() @ W.float().T` when `fp32_lm_head` is on (W: an FP32
 copy of the head taken from the synced tensor itself, so an FP32 trainer head arrives unrounded even

@@ -25,14 +25,15 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from scalerl_mega.scaling.fit import FitOptions
-from scalerl_mega.scaling.identify import CUT_FRACTION, assess, auto_grid, options_for, verdict_text
+from scalerl_mega.scaling.holdout import HalfFit, half_fit, score_later
+from scalerl_mega.scaling.identify import CUT_FRACTION, Assessment, assess, auto_grid, options_for, verdict_text
 
 if TYPE_CHECKING:
     from scalerl_mega.scaling.io import Series
@@ -68,7 +69,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="fast (default, same cell) or grid (the paper's 7,100 curve_fit calls)")
     p.add_argument("--refine", action="store_true", help="also report the continuous refit from the grid optimum")
     p.add_argument("--holdout", type=float, default=0.5,
-                   help="extrapolation check: fit on compute <= this fraction of the max, predict the rest "
+                   help="forecast check (scaling.holdout): fit on compute <= this fraction of the max by the "
+                        "identification rule, forecast every later point, score it against the noise floor "
                         "(0 disables)")
     p.add_argument("--bootstrap", type=int, default=0, metavar="N",
                    help="N point-bootstrap resamples per run: A/B intervals printed next to the +-0.02 seed margin")
@@ -124,8 +126,7 @@ def _num(v: float, fmt: str) -> str:
 
 
 def _run(args) -> int:
-    from scalerl_mega.scaling.compare import SEED_MARGIN_A, bootstrap_points, bootstrap_seeds, compare_loo, \
-        extrapolation_error
+    from scalerl_mega.scaling.compare import SEED_MARGIN_A, bootstrap_points, bootstrap_seeds, compare_loo
 
     series = _read_all(args)
     base, grid, fit_from, desc = _options(args, series)
@@ -141,9 +142,9 @@ def _run(args) -> int:
         ex, ex_note = None, ""
         if args.holdout > 0:
             try:
-                ex = extrapolation_error(s.compute, s.reward, fraction=args.holdout, options=opts)
+                ex = _holdout(s, a, args, grid=grid, fit_from=fit_from, base=base)
             except ValueError as e:
-                ex_note = f"extrapolation check skipped: {e}"
+                ex_note = f"forecast check skipped: {e}"
         fits.append(f)
         extraps.append(ex)
         rows.append(_row(s, a, ex, ex_note))
@@ -174,6 +175,30 @@ def _run(args) -> int:
     else:
         _print_table(desc, rows, loo, plots, seeds)
     return 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Holdout:
+    """`--holdout F`: the first-F fit (`holdout.half_fit`), its score on every later point (`holdout.score_later`)
+    and the whole run's A for comparison."""
+
+    fraction: float
+    half: HalfFit
+    later: dict
+    whole_A: float | None
+
+
+def _holdout(s: Series, whole: Assessment, args, *, grid: str, fit_from, base: FitOptions) -> _Holdout:
+    """The forecast check of one run; without validation sample counts (a CSV) the noise floor comes from the
+    residual SD of the whole run's fit."""
+    if not 0.0 < args.holdout < 1.0:
+        raise ValueError(f"--holdout must be in (0, 1) or 0 to disable, got {args.holdout}")
+    n = _n_samples(s, args)
+    noise_std = None if n is not None else math.sqrt(whole.fit.sse / max(whole.fit.n_points - 3, 1))
+    half = half_fit(s.compute, s.reward, n, half_compute=args.holdout * float(s.compute.max()), noise_std=noise_std,
+                    grid=grid, fit_from=fit_from, base=base)
+    later = score_later(s.compute, s.reward, n, half=half, noise_std=noise_std)
+    return _Holdout(fraction=args.holdout, half=half, later=later, whole_A=whole.A)
 
 
 def _read_all(args) -> list[Series]:
@@ -249,30 +274,38 @@ def _row(s, a, ex, ex_note) -> dict:
         row["refined"] = {"A": f.refined.A, "B": f.refined.B, "C_mid": f.refined.C_mid, "sse": f.refined.sse,
                           "differs": f.refined.differs}
     if ex is not None:
-        row["extrapolation"] = {"fraction": ex.fraction, "split_compute": ex.split_compute, "n_fit": ex.n_fit,
-                                "n_heldout": ex.n_heldout, "mae": ex.mae, "final_error": ex.final_error,
-                                "delta_A": ex.delta_A, "identified_partial": ex.identified_partial,
-                                "noise_floor": ex.noise_floor, "noise_std": ex.noise_std}
+        h, first = ex.half, ex.half.assessment
+        row["holdout"] = {"fraction": ex.fraction, "split_compute": h.half_compute, "n_fit": first.fit.n_points,
+                          "identified": h.identified, "verdict": h.verdict, "A": first.A,
+                          "A_interval": list(first.A_interval),
+                          "delta_A": None if first.A is None or ex.whole_A is None else first.A - ex.whole_A,
+                          "later": ex.later, "final_points": {"compute": list(h.final_compute),
+                                                              "observed": list(h.observed),
+                                                              "predicted": None if h.predicted is None
+                                                              else list(h.predicted),
+                                                              "mae": h.mae, "noise_floor": h.noise_floor,
+                                                              "unvetted_mae": h.unvetted_mae}}
     elif ex_note:
-        row["extrapolation_note"] = ex_note
+        row["holdout_note"] = ex_note
     return row
 
 
 def _print_table(desc, rows, loo, plots, seeds=None) -> None:
     print(f"grid: {desc}")
-    head = ("run", "n", "A", "A 95% interval", "B", "C_mid", "identified", "extrap MAE", "noise floor", "dA(half)")
+    head = ("run", "n", "A", "A 95% interval", "B", "C_mid", "identified", "forecast error / floor", "dA(half)")
     table = [head]
     notes = []
     for r in rows:
-        ex = r.get("extrapolation")
+        ex = r.get("holdout")
+        later = (ex or {}).get("later") or {}
         a = _num(r["A"], ".3f") if r["identified"] else "not identified"
         table.append((
             r["run"], str(r["n_points"]), a, f"{r['A_interval'][0]:.3f}..{r['A_interval'][1]:.3f}",
             _num(r["B"], ".3f") if r["identified"] else "-",
             _num(r["C_mid"], ".4g") if r["identified"] else "-",
             "yes" if r["identified"] else "NO",
-            _num(ex["mae"], ".4f") if ex else "-",
-            _num(ex["noise_floor"], ".4f") if ex else "-",
+            (f"{later['mae']:.4f} / {later['noise_floor']:.4f} = {later['ratio']:.1f}x"
+             + ("" if later["forecast"] else " (unvetted)")) if later else "-",
             _num(ex["delta_A"], "+.3f") if ex else "-",
         ))
         if r.get("widened"):
@@ -287,10 +320,12 @@ def _print_table(desc, rows, loo, plots, seeds=None) -> None:
             q = r["refined"]
             notes.append(f"{r['run']}: continuous refit A={q['A']:.4f} B={q['B']:.3f} C_mid={q['C_mid']:.4g}"
                          + (" (differs from the grid optimum)" if q["differs"] else ""))
-        if ex and not ex["identified_partial"]:
-            notes.append(f"{r['run']}: the fit on the first {ex['fraction']:g} of compute does not identify A")
-        if "extrapolation_note" in r:
-            notes.append(f"{r['run']}: {r['extrapolation_note']}")
+        if ex:
+            notes.append(f"{r['run']}: fit on compute <= {_compact(ex['split_compute'])} (the first "
+                         f"{ex['fraction']:g}): {ex['verdict']}"
+                         + ("" if ex["identified"] else "; no forecast (the error shown is the unvetted fit's)"))
+        if "holdout_note" in r:
+            notes.append(f"{r['run']}: {r['holdout_note']}")
         notes.append(f"{r['run']}: R0={r['R0']:.4f} ({r['r0_source']}); {r['verdict']}")
     widths = [max(len(str(row[k])) for row in table) for k in range(len(head))]
     for k, row in enumerate(table):
@@ -323,14 +358,15 @@ def _plots(args, series, assessed, extraps, loo=None) -> list[Path]:
               for s, a in zip(series, assessed)]
     written += plot_scaling(curves, path=out_dir / "scaling.png", xlabel=xlabel, ylabel=ylabel)
     for s, ex in zip(series, extraps):
-        if ex is None:
+        if ex is None or ex.later is None:
             continue
-        cv = CurvePlot(label=s.name, compute=s.compute, reward=s.reward, fit=ex.fit_partial,
-                       heldout_from=ex.split_compute)
+        cv = CurvePlot(label=s.name, compute=s.compute, reward=s.reward, fit=ex.half.assessment.fit,
+                       heldout_from=ex.half.half_compute)
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in s.name)
+        kind = "forecast" if ex.later["forecast"] else "unvetted fit (A not identified)"
         written += plot_scaling([cv], path=out_dir / f"extrapolation_{safe}.png", xlabel=xlabel, ylabel=ylabel,
-                                title=f"{s.name}: fit on compute <= {_compact(ex.split_compute)}, "
-                                f"held-out MAE {ex.mae:.4f} (noise floor {ex.noise_floor:.4f})")
+                                title=f"{s.name}: fit on compute <= {_compact(ex.half.half_compute)}; {kind} off by "
+                                f"{ex.later['ratio']:.1f}x the noise floor")
     if loo is not None and loo.best is not None:  # Fig. 7 at the common A, with the table's B and C_mid
         loo_curves = [CurvePlot(label=s.name, compute=s.compute, reward=s.reward,
                                 fit=replace(r.fixed, B=r.B, C_mid=r.C_mid))

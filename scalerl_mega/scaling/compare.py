@@ -1,4 +1,4 @@
-"""Comparing scaling fits (paper App. A.5) and measuring their extrapolation error (Sec. 5, Fig. 1).
+"""Comparing scaling fits (paper App. A.5). The first-half forecast and its score are `scaling/holdout.py`.
 
 - Leave-one-out table (`compare_loo`, Sec. 6 / App. A.5): A averaged over all runs, every run refit at
   that A, B compared (the paper's LOO table and Fig. 7).
@@ -9,9 +9,6 @@
   config resampled). Point-level intervals are much narrower than the seed margin and understate the
   uncertainty that matters for comparing recipes; they are reported next to
   the margin, never instead of it.
-- Extrapolation error: fit on the points with compute <= fraction x the largest compute, predict the
-  rest; MAE, error at the final point and the change in A against the full fit, next to the noise floor
-  sqrt(2/pi) x s (the MAE of the true curve under i.i.d. Gaussian noise of std s).
 """
 
 from __future__ import annotations
@@ -70,31 +67,6 @@ class Comparison:
     verdict: str
     bootstrap_a: Bootstrap | None = None
     bootstrap_b: Bootstrap | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExtrapolationError:
-    """Fit on compute <= split, predict the held-out rest."""
-
-    fraction: float
-    split_compute: float
-    n_fit: int
-    n_heldout: int
-    mae: float
-    final_error: float
-    """Prediction minus observation at the largest compute."""
-    max_abs_error: float
-    A_partial: float
-    A_full: float
-    delta_A: float
-    """A_partial - A_full."""
-    identified_partial: bool
-    noise_std: float
-    noise_source: str
-    noise_floor: float
-    """sqrt(2/pi) * noise_std: the MAE a perfect curve would have on i.i.d. Gaussian noise."""
-    fit_partial: SigmoidFit
-    fit_full: SigmoidFit
 
 
 def _interval(v: np.ndarray, level: float) -> tuple[float, float]:
@@ -268,33 +240,3 @@ def compare_loo(runs: Sequence[tuple[Sequence[float], Sequence[float]]], *, labe
     best = max(refit, key=lambda r: r.B).label if refit else None
     return LooComparison(A_mean=A_mean, margin=margin, runs=tuple(out), best=best,
                          excluded=tuple(r.label for r in out if r.fixed is None))
-
-
-def extrapolation_error(compute, reward, *, fraction: float = 0.5, options: FitOptions = FitOptions(),
-                        noise_std: float | None = None) -> ExtrapolationError:
-    """Fit on compute <= fraction x max compute (within the options' window), predict every later point.
-
-    The full fit uses the same options; R0 is taken from the full series for both fits. `noise_std`
-    defaults to the full fit's residual std sqrt(SSE / (n - 3))."""
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"fraction must be in (0, 1), got {fraction}")
-    c, r = _as_series(compute, reward)
-    full = options.fit(c, r)
-    split = fraction * float(c.max())
-    fit_to = split if options.fit_to is None else min(split, options.fit_to)
-    part = options.fit(c, r, r0=full.R0, fit_to=fit_to)
-    held = c > split
-    if not held.any():
-        raise ValueError(f"no held-out points above {split:g} (fraction {fraction})")
-    err = part.predict(c[held]) - r[held]
-    if noise_std is None:
-        s = math.sqrt(full.sse / max(full.n_points - 3, 1))
-        src = "residual std of the full fit"
-    else:
-        s, src = float(noise_std), "given"
-    return ExtrapolationError(
-        fraction=fraction, split_compute=split, n_fit=part.n_points, n_heldout=int(held.sum()),
-        mae=float(np.mean(np.abs(err))), final_error=float(err[-1]), max_abs_error=float(np.max(np.abs(err))),
-        A_partial=part.A, A_full=full.A, delta_A=part.A - full.A, identified_partial=part.identified,
-        noise_std=s, noise_source=src, noise_floor=math.sqrt(2.0 / math.pi) * s, fit_partial=part, fit_full=full,
-    )

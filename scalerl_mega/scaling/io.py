@@ -12,9 +12,9 @@ line with `val_center_step` (window validation, metrics/val_window.py) takes the
 Validation samples per point (`Series.n_samples`, for the binomial noise floor of `scaling.identify`):
 `val_prompts` x `val_samples_per_prompt` of each jsonl row when y is `val_pass_rate`, `val/<domain>_samples`
 when y is `val/<domain>_pass_rate`, if every row has them; else None (CSV files, other keys).
-A run directory is read through its `metrics.jsonl`, else its `metrics.jsonl.xz` (committed sweep runs are
-stored xz-compressed), else its `metrics.jsonl.gz` (the older committed form), else its single `*.csv`, else its
-single `*.jsonl`. A `.xz` or `.gz` file is read as its content.
+A run directory is read through its `metrics.jsonl`, else its `metrics.jsonl.xz` or `.gz` (compressed copies),
+else its `curve.jsonl.xz` (the curve alone, metrics/curve.py: how the reproduction commits its runs), else its
+single `*.csv`, else its single `*.jsonl`. A `.xz` or `.gz` file is read as its content.
 
 Every problem is a ValueError whose message starts with `<file>:<line>:` (or `<file>:`), e.g. NaN values,
 non-numeric values, compute that decreases, no matching rows.
@@ -60,8 +60,10 @@ def _number(v, *, where: str, key: str) -> float:
     return x
 
 
-METRICS_NAMES = ("metrics.jsonl", "metrics.jsonl.xz", "metrics.jsonl.gz")
-"""A run directory's metrics file, in order of preference."""
+METRICS_NAMES = ("metrics.jsonl", "metrics.jsonl.xz", "metrics.jsonl.gz", "curve.jsonl.xz")
+"""A run directory's metrics file, in order of preference. `curve.jsonl.xz` is a run's curve alone
+(metrics/curve.py: the validation lines and the cumulative compute of the training lines), which every series
+read here gives as the full file would."""
 
 
 _DECOMPRESSORS = {".xz": lzma.open, ".gz": gzip.open}

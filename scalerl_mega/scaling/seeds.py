@@ -19,7 +19,12 @@ order and (unless `data.val_paired_draws`) their validation draws, so the per-se
 d_s = variant_s - reference_s cancel what the seed shares. Their mean counts only beyond
 t_{0.975, k-1} x sd(d) / sqrt(k) over the k seeds both recipes have (Student t at the actual degrees of
 freedom: 4.30 for 3 seeds, not the normal 1.96); the paper's +-0.02 rule on the mean difference is
-reported next to it. Pure math: no I/O.
+reported next to it.
+
+`paired_window` applies `compare_paired` to the mean of each seed's points inside a compute window (variant minus
+reference at the same compute), and `crossing` to the first and last quarter of the common compute: the paper's
+"larger batches are slower early and higher late" (Sec. 5) is a crossing of two curves, which no fit of A decides
+when the runs stop before their asymptote. Pure math: no I/O.
 """
 
 from __future__ import annotations
@@ -189,3 +194,52 @@ def compare_paired(ref: dict[int, float], var: dict[int, float], *, level: float
     outcome = NOT_SEPARABLE if abs(mean) <= hw else (VARIANT_BETTER if mean > 0 else REFERENCE_BETTER)
     return PairedComparison(outcome=outcome, seeds=seeds, differences=tuple(d.tolist()), mean=mean, sd=sd, dof=k - 1,
                             t_crit=t_crit, half_width=hw, margin_rule=margin_rule)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowDifference:
+    """Variant minus reference, paired by seed, averaged over the validation points in a compute window."""
+
+    window: tuple[float, float]
+    """[lo, hi] of compute (inclusive)."""
+    points: int
+    """Validation points in the window (per seed; the fewest over the seeds)."""
+    paired: PairedComparison
+
+
+Curves = dict[int, tuple[np.ndarray, np.ndarray]]
+"""seed -> (compute, reward) of one recipe's runs."""
+
+
+def paired_window(ref: Curves, var: Curves, *, lo: float, hi: float) -> WindowDifference:
+    """Per seed, the mean over the window's validation points of var - ref at the same compute (points present in
+    both runs of that seed), then `compare_paired` over the seeds (t rule at 95%)."""
+    ref_w, var_w, counts = {}, {}, set()
+    for seed in sorted(set(ref) & set(var)):
+        rc, rr = ref[seed]
+        vc, vr = var[seed]
+        at = {float(c): float(r) for c, r in zip(vc, vr)}
+        pairs = [(float(r), at[float(c)]) for c, r in zip(rc, rr) if lo <= c <= hi and float(c) in at]
+        if pairs:
+            ref_w[seed] = float(np.mean([a for a, _ in pairs]))
+            var_w[seed] = float(np.mean([b for _, b in pairs]))
+            counts.add(len(pairs))
+    return WindowDifference(window=(lo, hi), points=min(counts) if counts else 0, paired=compare_paired(ref_w, var_w))
+
+
+def crossing(ref: Curves, var: Curves, *, fraction: float = 0.25) -> dict[str, WindowDifference | str]:
+    """Paper Sec. 5 ("Global batch size"): a larger batch is worse early and better late. The paired difference
+    var - ref over the first `fraction` of the common compute (after step 0) and over the last `fraction`;
+    `outcome` is "crossed" when the early difference is significantly negative and the late one significantly
+    positive (t rule at 95% over seeds), "reversed" for the opposite, otherwise what each window shows."""
+    c_max = min(max(float(c.max()) for c, _ in runs.values()) for runs in (ref, var))
+    early = paired_window(ref, var, lo=1e-12, hi=fraction * c_max)
+    late = paired_window(ref, var, lo=(1.0 - fraction) * c_max, hi=c_max)
+    e, l_ = early.paired.outcome, late.paired.outcome
+    if e == REFERENCE_BETTER and l_ == VARIANT_BETTER:
+        outcome = "crossed"
+    elif e == VARIANT_BETTER and l_ == REFERENCE_BETTER:
+        outcome = "reversed"
+    else:
+        outcome = f"early: {e}; late: {l_}"
+    return {"early": early, "late": late, "outcome": outcome}

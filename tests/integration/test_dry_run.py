@@ -97,7 +97,8 @@ def slurm_layout(script: str) -> dict:
 
 
 def experiments() -> list[str]:
-    return sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
+    root = REPO / "conf" / "experiment"
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in [*root.glob("*.yaml"), *root.glob("*/*.yaml")])
 
 
 def test_startup_net_every_experiment_at_the_slurm_layouts(tmp_path):
@@ -105,7 +106,7 @@ def test_startup_net_every_experiment_at_the_slurm_layouts(tmp_path):
     layouts = {s: slurm_layout(s) for s in ("train_dense.sh", "train_scout.sh")}
     assert layouts["train_scout.sh"]["world"] == 16 and layouts["train_scout.sh"]["ep"] == 16
     for exp in experiments():
-        if exp == "demo" or exp.startswith("repro"):  # CPU presets (slurm/train_tiny.sh, make reproduce):
+        if exp == "demo" or exp.startswith("reproduction/"):  # CPU presets (train_tiny.sh, make reproduce):
             cases[exp] = [f"experiment={exp}"]            # their own model and a world of 1
             continue
         for script, lay in layouts.items():

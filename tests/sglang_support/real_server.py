@@ -1,6 +1,6 @@
 """A real SGLang 0.5.23 server on this machine's CPU, launched through the project's own `SGLangServer`.
 
-The server runs in the generator environment `.venv-sglang` (`tools/sglang_env.sh`; SGLang pins torch
+The server runs in the generator environment `.venv-sglang` (`.ci/sglang_env.sh`; SGLang pins torch
 2.14.1, the trainer 2.13.0): `SCALERL_SGLANG_PYTHON` names another interpreter. What makes SGLang run on
 a CPU without AMX (shared/reference/SGLANG_CPU.md): its opt-in CPU engine (`SGLANG_USE_CPU_ENGINE=1`),
 torch-native attention and sampling, no CUDA graphs, FP32, and the `sgl_kernel` stand-in of
@@ -28,7 +28,7 @@ def sglang_python() -> str:
     """The generator environment's interpreter; fails naming the fix when it is missing."""
     py = os.environ.get("SCALERL_SGLANG_PYTHON") or str(ROOT / ".venv-sglang" / "bin" / "python")
     if not os.access(py, os.X_OK):
-        raise RuntimeError(f"no SGLang environment at {py}: run `make test-sglang` (it runs tools/sglang_env.sh) "
+        raise RuntimeError(f"no SGLang environment at {py}: run `make test-sglang` (it runs .ci/sglang_env.sh) "
                            "or set SCALERL_SGLANG_PYTHON")
     return py
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from scalerl_mega.model.hf_export import hf_config_from_model
-from scalerl_mega.router import _Pending, _Router, sampling_params
+from scalerl_mega.inflight import _Pending, _Router, sampling_params
 from scalerl_mega.rollout.local import make_requests
 from scalerl_mega.sft import sft_batch, warm_start
 from scalerl_mega.model.config import ModelConfig, OptimConfig

@@ -39,15 +39,16 @@ EXPECTED = {
 }
 
 
-# `make reproduce` (conf/experiment/repro_*.yaml): the demo's recipe with one axis reverted each.
+# The reproduction's leave-one-out design (conf/experiment/reproduction/loo_*.yaml): the demo's recipe with one axis
+# reverted each.
 DEMO = ("cispo", None, 5.0, "prompt", "batch", "pipeline_rl", 2, "interruption", "no_positive_resampling",
         "zero_variance", "fp32_head", 32)
 REPRO = {
-    "repro_scalerl": DEMO,
-    "repro_dapo": ("dapo", 0.2, 0.26) + DEMO[3:],
-    "repro_no_zvf": DEMO[:9] + ("none",) + DEMO[10:],
-    "repro_no_fp32_head": DEMO[:10] + ("bf16_head", 32),
-    "repro_no_npr": DEMO[:8] + ("uniform",) + DEMO[9:],
+    "loo_scalerl": DEMO,
+    "loo_dapo": ("dapo", 0.2, 0.26) + DEMO[3:],
+    "loo_no_zvf": DEMO[:9] + ("none",) + DEMO[10:],
+    "loo_no_fp32_head": DEMO[:10] + ("bf16_head", 32),
+    "loo_no_npr": DEMO[:8] + ("uniform",) + DEMO[9:],
 }
 
 
@@ -73,122 +74,27 @@ def _recipe(c) -> tuple:
 
 def test_every_experiment_file_is_covered():
     on_disk = {p.stem for p in (CONF / "experiment").glob("*.yaml")}
-    assert on_disk == set(EXPECTED) | set(REPRO) | set(REPRO3) | {"repro4_scalerl", "repro5_scalerl", "repro6_scalerl", "demo",
-                                                                       "smollm2_cpu", "repro6_fast", "repro6_twin"}
+    assert on_disk == set(EXPECTED) | {"demo", "smollm2_cpu"}
+    research = {p.stem for p in (CONF / "experiment" / "reproduction").glob("*.yaml")}
+    assert research == set(REPRO) | {"predictability"}
+    assert not list((CONF / "experiment").glob("*/*/*.yaml"))  # one folder deep, no chains of iterations
 
 
-# issue 29's sweep (reproduction/design/README.md): (prompts_per_step, steps, val_every, curriculum) per overlay
-REPRO3 = {"repro3_scalerl": (32, 1600, 20, "no_positive_resampling"), "repro3_batch_control": (32, 1600, 20, "no_positive_resampling"),
-          "repro3_batch_small": (16, 3200, 40, "no_positive_resampling"), "repro3_batch_large": (64, 800, 10, "no_positive_resampling"),
-          "repro3_no_npr": (32, 1600, 20, "uniform")}
-
-
-@pytest.mark.parametrize("name", sorted(REPRO3))
-def test_repro3_overlays_share_the_design_and_change_one_thing(name):
-    """Same samples generated and the same validation grid (200 prompts x 8 samples, 81 window points) in every
-    overlay; only the batch size, the micro-batching (control) or the curriculum differs."""
+def test_the_predictability_design_is_one_overlay_on_the_demo():
+    """conf/experiment/reproduction/predictability.yaml: 6,400 steps (321 window points) over 204,800 training
+    prompts, each drawn once; a warm start on the first 102,400 of them, shared by the seeds; validated. (That it
+    is the configuration of the committed runs: tests/unit/test_reproduction.py.)"""
     from scalerl_mega.config import validate
 
-    c = _compose(f"experiment={name}")
+    text = (CONF / "experiment" / "reproduction" / "predictability.yaml").read_text()
+    assert "- /experiment/demo" in text and text.count("  - ") == 1  # its only default is the demo
+    c = _compose("experiment=reproduction/predictability")
     validate(c)
-    ref = _compose("experiment=repro3_scalerl")
-    per, steps, every, curriculum = REPRO3[name]
-    assert (c.train.prompts_per_step, c.train.steps, c.train.val_every, c.curriculum.name) == (per, steps, every, curriculum)
-    assert c.train.prompts_per_step * c.train.steps == 32 * 1600 and c.train.steps // c.train.val_every + 1 == 81
-    assert (c.data.val_prompts, c.data.val_samples, c.data.synthetic_max_digits) == (200, 8, 6)
-    assert (c.train.val_mode, c.data.synthetic_num_prompts, c.data.synthetic_difficulty_weights) == (
-        "window", 24200, [0, 0, 1, 1, 0, 0.4])
-    assert c.optim.lr == pytest.approx(5e-5) and c.optim.lr == ref.optim.lr
-    assert c.run_name == name and c.loss.name == ref.loss.name and c.precision.name == ref.precision.name
-
-
-def test_repro4_is_the_reference_at_twice_the_length_on_one_pass():
-    """reproduction/repro4: repro3's reference recipe and validation grid; 3,200 steps (161 window points) over
-    102,400 training prompts, each drawn once; its own warm start."""
-    from scalerl_mega.config import validate
-
-    c, ref = _compose("experiment=repro4_scalerl"), _compose("experiment=repro3_scalerl")
-    validate(c)
-    assert c.train.steps == 3200 and c.train.steps // c.train.val_every + 1 == 161
-    assert c.data.synthetic_num_prompts - c.data.val_prompts == c.train.steps * c.train.prompts_per_step == 102_400
-    assert c.sft.checkpoint == "outputs/reproduce4/sft" and c.run_name == "repro4_scalerl"
-    differ = {"train.steps", "data.synthetic_num_prompts", "sft.checkpoint", "run_name"}
-    from scalerl_mega.config.tree import flat_config
-
-    mine, theirs = flat_config(c), flat_config(ref)
-    assert {k for k in mine if mine[k] != theirs.get(k)} == differ
-
-
-def test_repro5_is_repro4_at_twice_the_length_on_one_pass():
-    """reproduction/repro5: repro4 at 6,400 steps (321 window points) over 204,800 training prompts, each drawn
-    once; its own warm start; nothing else changes."""
-    from scalerl_mega.config import validate
-    from scalerl_mega.config.tree import flat_config
-
-    c, ref = _compose("experiment=repro5_scalerl"), _compose("experiment=repro4_scalerl")
-    validate(c)
-    assert c.train.steps == 6400 and c.train.steps // c.train.val_every + 1 == 321
+    assert c.run_name == "predictability" and c.train.steps == 6400 and c.train.steps // c.train.val_every + 1 == 321
     assert c.data.synthetic_num_prompts - c.data.val_prompts == c.train.steps * c.train.prompts_per_step == 204_800
-    assert c.sft.checkpoint == "outputs/reproduce5/sft" and c.run_name == "repro5_scalerl"
-    mine, theirs = flat_config(c), flat_config(ref)
-    assert {k for k in mine if mine[k] != theirs.get(k)} == {"train.steps", "data.synthetic_num_prompts",
-                                                            "sft.checkpoint", "run_name"}
-
-
-def test_repro6_is_repro5_from_repro4s_warm_start():
-    """reproduction/repro6: repro5 unchanged but for the warm start, which is repro4's (its fingerprint, so
-    outputs/reproduce4/sft loads as is); nothing else changes."""
-    import json
-
-    from scalerl_mega.config import validate
-    from scalerl_mega.config.tree import flat_config
-    from scalerl_mega.train import sft_fingerprint
-
-    c, r5, r4 = (_compose(f"experiment={e}") for e in ("repro6_scalerl", "repro5_scalerl", "repro4_scalerl"))
-    validate(c)
-    assert c.sft.synthetic_num_prompts == r4.data.synthetic_num_prompts == 102_600
-    assert c.sft.checkpoint == "outputs/reproduce6/sft" and c.run_name == "repro6_scalerl"
-    mine, theirs = flat_config(c), flat_config(r5)
-    assert {k for k in mine if mine[k] != theirs.get(k)} == {"sft.checkpoint", "sft.synthetic_num_prompts",
-                                                            "run_name"}
-    assert json.dumps(sft_fingerprint(c), sort_keys=True) == json.dumps(sft_fingerprint(r4), sort_keys=True)
-    assert sft_fingerprint(c) != sft_fingerprint(r5)
-
-
-def test_repro6_fast_is_repro6_on_two_engines_behind_the_trainer():
-    """reproduction/repro6_fast (issue 29 item 1): repro6's recipe, data and warm start; only the engine processes
-    (two, at niceness +10), the weight transport (flattened buckets), the checkpoint interval and the run name
-    differ, and every one of those may change when a run resumes."""
-    from scalerl_mega.run_dir import _resumable
-    from scalerl_mega.config import validate
-    from scalerl_mega.config.tree import flat_config
-    from scalerl_mega.train import sft_fingerprint
-
-    c, r6 = _compose("experiment=repro6_fast"), _compose("experiment=repro6_scalerl")
-    validate(c)
-    mine, theirs = flat_config(c), flat_config(r6)
-    diff = {k: mine[k] for k in mine if mine[k] != theirs.get(k)}
-    assert diff == {"rollout.num_engines": 2, "rollout.engine_nice": 10, "rollout.weight_sync_flattened": True,
-                    "train.save_every": 200, "run_name": "repro6_fast"}
-    assert [k for k in diff if not _resumable(k)] == ["rollout.num_engines"]
-    assert sft_fingerprint(c) == sft_fingerprint(r6) and c.sft.checkpoint == "outputs/reproduce6/sft"
-
-
-def test_repro6_twin_is_repro6_fast_with_one_engines_rows_split_between_two():
-    """reproduction/repro6_twin (issue 29 item 1): repro6_fast with 128 decode rows per engine, so that the two
-    engines hold as many samples in flight as repro6's one engine (256), and nothing else. The row count is not a
-    resumable key: it sets how stale the generated tokens are (reproduction/repro6_twin/README.md)."""
-    from scalerl_mega.config import validate
-    from scalerl_mega.config.tree import flat_config
-    from scalerl_mega.run_dir import _resumable
-
-    c, fast, r6 = (_compose(f"experiment={e}") for e in ("repro6_twin", "repro6_fast", "repro6_scalerl"))
-    validate(c)
-    mine, theirs = flat_config(c), flat_config(fast)
-    assert {k: mine[k] for k in mine if mine[k] != theirs.get(k)} == {"rollout.max_batch_size": 128,
-                                                                       "run_name": "repro6_twin"}
-    assert c.rollout.num_engines * c.rollout.max_batch_size == r6.rollout.num_engines * r6.rollout.max_batch_size
-    assert not _resumable("rollout.max_batch_size")
+    assert c.sft.synthetic_num_prompts == 102_600 and c.sft.any_seed
+    assert c.sft.checkpoint == "outputs/reproduction/predictability/sft"
+    assert _recipe(c) == DEMO
 
 
 @pytest.mark.parametrize("name", sorted(REPRO))
@@ -197,13 +103,13 @@ def test_reproduce_overlays_revert_one_axis_of_the_demo(name):
     from scalerl_mega.config import validate
     from scalerl_mega.train import sft_fingerprint
 
-    c = _compose(f"experiment={name}", "seed=2")
+    c = _compose(f"experiment=reproduction/{name}", "seed=2")
     validate(c)
     assert _recipe(c) == REPRO[name] and c.run_name == name
     assert (c.train.steps, c.train.val_every, c.data.val_prompts, c.data.val_samples, c.sft.steps) == (50, 5, 100, 4, 250)
     assert c.precision.params_dtype == "float32"
-    assert c.sft.checkpoint == "outputs/reproduce/sft" and c.sft.any_seed
-    assert sft_fingerprint(c) == sft_fingerprint(_compose("experiment=repro_scalerl", "seed=2"))
+    assert c.sft.checkpoint == "outputs/reproduction/loo/sft" and c.sft.any_seed
+    assert sft_fingerprint(c) == sft_fingerprint(_compose("experiment=reproduction/loo_scalerl", "seed=2"))
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

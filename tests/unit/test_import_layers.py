@@ -10,8 +10,10 @@ Layers, lowest first (a module takes the layer of the longest matching prefix):
   1 components data/, rewards/, rollout/, trainer/, metrics/, cluster/; they do not know each other.
   1.5 tools    built over one component: convert/'s I/O reads the trainer's checkpoints; sglang_emulation/
                serves the local engine (rollout/) behind SGLang's HTTP API.
-  2 assembly   build (config groups -> components), loop, sft, run_dir, preflight, report, compose
-  3 entry      train, serve, the launch check, the meta-device dry run, reproduce*, scaling.cli, gguf_import
+  2 assembly   build (config groups -> components), loop with its in-flight tracker (inflight) and held-out
+               validation (heldout), sft, run_dir, report, compose
+  3 entry      train, serve, the launch check, the meta-device dry run, scaling.cli, gguf_import
+The reproduction (reproduction/, a tool beside the package) is not part of the package: nothing here imports it.
 """
 
 from __future__ import annotations
@@ -27,16 +29,15 @@ BASE, COMPONENT, TOOL, ASSEMBLY, ENTRY = 0.0, 1.0, 1.5, 2.0, 3.0
 LAYERS: dict[str, float] = {
     "": BASE,  # the package root (__init__) and anything unlisted below is base: listed modules say otherwise
     "types": BASE, "interfaces": BASE, "batch": BASE, "preemption": BASE, "conf_path": BASE, "jsonvalue": BASE,
-    "weight_wire": BASE, "config": BASE, "objective": BASE, "scaling": BASE,
+    "config": BASE, "objective": BASE, "scaling": BASE, "weight_sync": BASE, "model": BASE,
     "convert.dims": BASE, "convert.layout": BASE, "convert.tables": BASE, "convert.hf_layout": BASE,
     "convert.sharding": BASE, "convert.model_config": BASE, "convert.tiny": BASE,
     "data": COMPONENT, "rewards": COMPONENT, "rollout": COMPONENT, "sglang_emulation": TOOL,
     "trainer": COMPONENT, "metrics": COMPONENT, "cluster": COMPONENT,
     "convert": TOOL,
-    "build": ASSEMBLY, "loop": ASSEMBLY, "router": ASSEMBLY, "validation": ASSEMBLY, "sft": ASSEMBLY, "warm_start": ASSEMBLY, "run_dir": ASSEMBLY,
-    "preflight": ASSEMBLY, "report": ASSEMBLY, "compose": ASSEMBLY,
-    "train": ENTRY, "serve": ENTRY, "cluster.launch_config": ENTRY, "dry_run": ENTRY, "reproduce": ENTRY,
-    "reproduce_report": ENTRY, "reproduce2_report": ENTRY, "reproduce2_analyse": ENTRY, "reproduce2_markdown": ENTRY, "reproduce4": ENTRY, "reproduce_common": ENTRY, "scaling.cli": ENTRY,
+    "build": ASSEMBLY, "loop": ASSEMBLY, "inflight": ASSEMBLY, "heldout": ASSEMBLY, "sft": ASSEMBLY,
+    "run_dir": ASSEMBLY, "report": ASSEMBLY, "compose": ASSEMBLY,
+    "train": ENTRY, "serve": ENTRY, "cluster.launch_config": ENTRY, "dry_run": ENTRY, "scaling.cli": ENTRY,
     "gguf_import": ENTRY,
 }
 COMPONENTS = ("data", "rewards", "rollout", "trainer", "metrics", "cluster")
@@ -179,6 +180,18 @@ def test_the_graph_is_read_from_the_code():
     assert "types" in graph["data.split"]  # module level
     assert "build" in graph["train"]  # inside a function
     assert sum(len(e) for e in graph.values()) > 150
+
+
+def unknown_layers(known: dict[str, Path] | None = None) -> list[str]:
+    """LAYERS keys that name no module or package: a renamed module must not leave a stale entry behind (its code
+    would fall back to the base layer unnoticed)."""
+    known = modules() if known is None else known
+    return sorted(k for k in LAYERS if k and not any(m == k or m.startswith(k + ".") for m in known))
+
+
+def test_every_layer_name_matches_a_module():
+    assert unknown_layers() == []
+    assert unknown_layers({"types": Path("types.py")}) == sorted(k for k in LAYERS if k and k != "types")
 
 
 def test_no_import_circles():

@@ -8,7 +8,7 @@ import pytest
 def test_router_stall_and_stop_request():
     """The loop's waits on engines: no completion for rollout.stall_timeout_s with requests in flight
     is an error naming the key; a stop request (SIGTERM) surfaces as Preempted at the next poll."""
-    from scalerl_mega.router import Preempted, _Pending, _Router
+    from scalerl_mega.inflight import Preempted, _Pending, _Router
     from scalerl_mega.types import Prompt, SamplingParams
 
     class Silent:  # an engine that accepts requests and never answers

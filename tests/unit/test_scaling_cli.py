@@ -96,7 +96,7 @@ def test_cli_table_and_json(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     runs = {r["run"]: r for r in data["runs"]}
     assert abs(runs["scalerl"]["A"] - 0.61) <= 0.02 and abs(runs["scout"]["A"] - 0.71) <= 0.02
-    assert runs["scalerl"]["identified"] and runs["scalerl"]["extrapolation"]["n_heldout"] > 0
+    assert runs["scalerl"]["identified"] and runs["scalerl"]["holdout"]["later"]["points"] > 0
     assert (tmp_path / "plots" / "scaling.png").exists() and (tmp_path / "plots" / "loo.svg").exists()
     loo = data["loo"]
     assert loo["A_mean"] == pytest.approx((runs["scalerl"]["A"] + runs["scout"]["A"]) / 2, abs=1e-6)
@@ -249,3 +249,28 @@ def test_json_not_identified_has_interval_and_no_A(tmp_path, capsys):
     assert lo <= 0.61 <= hi and hi - lo > 0.04
     assert r["misfit_check"]["noise_source"] == "binomial SE of each held-out point"
     assert r["verdict"].startswith(f"A not identified (95% interval {lo:.3f}..{hi:.3f})")
+
+
+def test_holdout_is_the_reproductions_first_half_forecast(capsys):
+    """One half-fit forecast, not two: `scalerl-fit RUN --holdout 0.5` on a committed curve of the reproduction's
+    predictability design gives the first-half verdict, the forecast and its score over the second half that the
+    design's analysis committed (its half is half the run's planned compute, here the last point's: the same)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "reproduction" / "predictability"
+    committed = json.loads((root / "results.json").read_text())["runs"]
+    for key in ("scalerl/seed0", "scalerl/seed1"):
+        assert main([str(root / "runs" / key), "--x", "sum:samples", "--holdout", "0.5", "--json"]) == 0
+        h = json.loads(capsys.readouterr().out)["runs"][0]["holdout"]
+        want = committed[key]
+        assert h["split_compute"] == pytest.approx(want["half_compute"] * 1e3, rel=1e-9)  # analysis: k samples
+        assert h["identified"] == want["identified"] and h["verdict"] == want["verdict"]
+        assert h["A_interval"] == pytest.approx(want["first_half"]["A_interval"], abs=1e-9)
+        for k in ("points", "forecast", "inside_band"):
+            assert h["later"][k] == want["second_half"][k]
+        for k in ("mae", "noise_floor", "ratio", "bias"):
+            assert h["later"][k] == pytest.approx(want["second_half"][k], rel=1e-6)
+        assert h["final_points"]["unvetted_mae"] == pytest.approx(want["unvetted_mae"], rel=1e-6)
+    assert main([str(root / "runs" / "scalerl" / "seed0"), "--x", "sum:samples"]) == 0
+    out = capsys.readouterr().out
+    assert "forecast error / floor" in out and "1.0x" in out  # seed 0: 0.0094 / 0.0094 over 160 points

@@ -13,7 +13,6 @@ from scalerl_mega.scaling.compare import (
     bootstrap_seeds,
     compare_loo,
     compare_runs,
-    extrapolation_error,
 )
 from scalerl_mega.scaling.fit import PAPER_CMID_GRID, FitOptions
 
@@ -76,32 +75,6 @@ def test_unidentified_run_is_not_compared():
     b = (C, eq1(C, 0.66, 1.9, 9000.0) + np.random.default_rng(0).normal(0, 0.005, C.size))
     c = compare_runs(a, b, options=FitOptions(r0=R0, fit_from=None))
     assert c.better is None and "not identified" in c.verdict
-
-
-def test_extrapolation_error_exact_on_grid_cell_data():
-    cm = float(PAPER_CMID_GRID[6])
-    C, R = run(0.61, 1.9, cm, c_max=12000.0)
-    e = extrapolation_error(C, R, fraction=0.5, options=OPTS, noise_std=0.01)
-    assert e.split_compute == 6000.0
-    assert e.n_heldout == int(np.sum(C > 6000.0)) and e.n_fit == int(np.sum((C >= 1500) & (C <= 6000)))
-    assert e.mae < 1e-6 and abs(e.final_error) < 1e-6 and e.delta_A == 0.0
-    assert e.noise_floor == pytest.approx(math.sqrt(2 / math.pi) * 0.01)
-
-
-def test_extrapolation_error_matches_manual_computation_on_noisy_data():
-    C, R = run(0.61, 1.92, 2542.0, noise=0.0075, seed=5, n=101, c_max=12710.0)
-    e = extrapolation_error(C, R, fraction=0.5, options=OPTS)
-    part = OPTS.fit(C, R, fit_to=0.5 * C.max())
-    held = C > 0.5 * C.max()
-    err = eq1(C[held], part.A, part.B, part.C_mid, part.R0) - R[held]
-    assert e.mae == pytest.approx(np.mean(np.abs(err)), rel=1e-12)
-    assert e.final_error == pytest.approx(err[-1], rel=1e-12)
-    full = OPTS.fit(C, R)
-    s = math.sqrt(full.sse / (full.n_points - 3))
-    assert e.noise_std == pytest.approx(s) and e.noise_floor == pytest.approx(0.7978845608 * s)
-    # The residual-std estimate is close to the true 0.0075, and the half fit extrapolates within ~3 floors.
-    assert 0.006 < e.noise_std < 0.009
-    assert e.mae < 3 * e.noise_floor
 
 
 def test_bootstrap_points_and_seeds():

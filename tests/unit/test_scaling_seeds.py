@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from scalerl_mega.scaling.seeds import (NOT_SEPARABLE, REFERENCE_BETTER, VARIANT_BETTER, compare_recipe, half_range,
-                                        seed_mean_curve)
+from scalerl_mega.scaling.seeds import (NOT_SEPARABLE, REFERENCE_BETTER, VARIANT_BETTER, compare_recipe, crossing,
+                                        half_range, paired_window, seed_mean_curve)
 
 
 def test_seed_mean_curve_is_pointwise_and_cut_to_the_shortest():
@@ -96,3 +96,75 @@ def test_compare_paired_uses_t_at_the_actual_dof():
     one = compare_paired({0: 0.7, 1: math.nan}, {0: 0.6, 1: 0.8})
     assert one.outcome == NOT_SEPARABLE and one.seeds == (0,) and math.isnan(one.t_crit)
     assert one.margin_rule == REFERENCE_BETTER
+
+
+def test_paired_window_by_hand():
+    c = np.array([0.0, 1.0, 2.0, 3.0])
+    ref = {0: (c, np.array([0.1, 0.2, 0.3, 0.4])), 1: (c, np.array([0.1, 0.3, 0.3, 0.5]))}
+    var = {0: (c, np.array([0.1, 0.3, 0.5, 0.4])), 1: (c, np.array([0.1, 0.35, 0.45, 0.5])), 7: (c, c)}
+    w = paired_window(ref, var, lo=1.0, hi=2.0)
+    # seed 0: mean(0.3, 0.5) - mean(0.2, 0.3) = 0.15; seed 1: mean(0.35, 0.45) - mean(0.3, 0.3) = 0.1 (seed 7 unpaired)
+    assert w.points == 2 and w.paired.seeds == (0, 1)
+    assert w.paired.differences == pytest.approx((0.15, 0.1))
+    assert w.paired.mean == pytest.approx(0.125)
+    # t_0.975(1) = 12.706; sd = 0.0353553; half width = 12.706 * sd / sqrt(2) = 0.31766
+    assert w.paired.half_width == pytest.approx(12.7062 * math.sqrt(0.00125) / math.sqrt(2), rel=1e-4)
+    assert w.paired.outcome == NOT_SEPARABLE
+
+
+def _seeds(f, noise, k=3):
+    c = np.arange(0, 41, dtype=np.float64)
+    return {s: (c, f(c) + noise * (s - 1)) for s in range(k)}
+
+
+def test_crossing_detects_the_paper_pattern_and_its_reverse():
+    small = _seeds(lambda c: 0.2 + 0.5 * c / (c + 5), 0.001)       # fast, low plateau
+    large = _seeds(lambda c: 0.2 + 0.7 * c / (c + 15), 0.002)      # slow, high plateau
+    x = crossing(small, large)
+    assert x["outcome"] == "crossed"
+    assert x["early"].paired.outcome == REFERENCE_BETTER and x["late"].paired.outcome == VARIANT_BETTER
+    assert x["early"].window == (1e-12, 10.0) and x["late"].window == (30.0, 40.0)
+    assert crossing(large, small)["outcome"] == "reversed"
+    same = crossing(small, small)
+    assert same["outcome"] == f"early: {NOT_SEPARABLE}; late: {NOT_SEPARABLE}"
+
+
+# ---------------------------------------------------------------- whole analysis on synthetic sweeps
+SAMPLES = 256.0  # per reference step
+
+
+def eq1(c, *, A, B, C_mid, R0=0.2):
+    """Eq. 1 (paper Sec. 2.1) in float64, written out independently of scaling.fit."""
+    c = np.asarray(c, dtype=np.float64)
+    return np.where(c > 0, R0 + (A - R0) / (1.0 + (C_mid / np.where(c > 0, c, 1.0)) ** B), R0)
+
+
+TRUTH = {"scalerl": (0.70, 2.0, 60.0), "batch_small": (0.62, 2.0, 40.0), "batch_large": (0.78, 2.0, 90.0),
+         "batch_control": (0.70, 2.0, 60.0)}
+"""setting -> (A, B, C_mid in reference steps); every setting validates every 20 x 256 samples."""
+
+
+def write_run(d: Path, *, A, B, C_mid, seed, per_step, steps, every, n=1600):
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    with (d / "metrics.jsonl").open("w") as fh:
+        for step in range(steps + 1):
+            if step:
+                fh.write(json.dumps({"kind": "train", "step": step, "samples": per_step,
+                                     "curriculum/curriculum/epoch": step // 100,
+                                     "curriculum/curriculum/active_prompts": 3000 - step}) + "\n")
+            if step % every == 0:  # window validation (the sweep's): the point measures R at the window's centre
+                centre = step - every // 2 if step else 0
+                p = float(eq1(centre * per_step / SAMPLES, A=A, B=B, C_mid=C_mid))
+                line = {"kind": "validation", "step": step, "val_pass_rate": p, "val_prompts": 200.0,
+                        "val_samples_per_prompt": n / 200.0}
+                if step:
+                    line["val_pass_rate"] = p + rng.normal(0.0, 0.002)
+                    line["val_center_step"] = float(centre)
+                fh.write(json.dumps(line) + "\n")
+    (d / "summary.json").write_text(json.dumps({"steps": steps, "wall_s": 10.0}))
+    (d / "provenance.json").write_text(json.dumps({"commit": "abc123def456", "dirty": False}))
+
+
+SHAPE = {"scalerl": (256.0, 800, 20), "batch_small": (128.0, 1600, 40), "batch_large": (512.0, 400, 10),
+         "batch_control": (256.0, 800, 20)}

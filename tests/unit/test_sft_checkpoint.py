@@ -121,7 +121,7 @@ def test_mismatch_is_an_error_naming_the_keys_unless_only_the_seed_and_any_seed(
 
 def test_another_micro_batching_loads_the_same_warm_start(tmp_path, warm_starts, caplog):
     """micro_batch_tokens is in the fingerprint but changes only the summation order: the same-maths control
-    (repro3_batch_control: the reference batch in ~8 micro-batches) loads the reference's warm start."""
+    (the reference batch in ~8 micro-batches) loads the reference's warm start."""
     import logging
 
     ck = str(tmp_path / "sft")
@@ -153,7 +153,7 @@ def _grown(**changes) -> TrainConfig:
 
 def test_a_warm_start_on_fewer_prompts_has_the_fingerprint_of_a_run_on_that_set():
     """sft.synthetic_num_prompts=N: the warm start is the one a run with data.synthetic_num_prompts=N writes, so
-    repro6 loads repro4's warm start as is (and a fresh machine recomputes the same one)."""
+    the predictability design's warm start on its first 102,400 prompts is that of a run on them."""
     grown = _grown()
     small = _cfg(sft__steps=5, data__synthetic_num_prompts=300, data__val_prompts=50, data__synthetic_max_digits=3)
     assert sft_fingerprint(grown) == sft_fingerprint(small)
@@ -208,7 +208,7 @@ def test_a_held_out_prompt_among_the_warm_starts_training_prompts_is_an_error():
     ({"data__name": "polaris"}, r"sft\.synthetic_num_prompts=300 needs data\.name=synthetic \(is 'polaris'\)"),
 ])
 def test_the_prompt_count_is_checked_against_the_data_config(changes, match):
-    """(repro6's valid setting passes `validate`: tests/unit/test_config.py)"""
+    """(the predictability design's valid setting passes `validate`: tests/unit/test_config.py)"""
     from scalerl_mega.config.tree import _validate_across_groups
 
     with pytest.raises(ValueError, match=match):

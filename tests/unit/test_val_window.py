@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import scalerl_mega.loop as loop_mod
-import scalerl_mega.validation as validation_mod
+import scalerl_mega.heldout as validation_mod
 from scalerl_mega.interfaces import LoopComponents
 from scalerl_mega.loop import run_rl
 from scalerl_mega.metrics.compute import ComputeCounter

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scalerl_mega.validation import validation_seed
+from scalerl_mega.heldout import validation_seed
 
 
 def test_paired_draws_keep_the_old_seed_for_every_run():

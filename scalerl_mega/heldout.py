@@ -1,0 +1,71 @@
+"""Held-out validation on the generation engines (paper Sec. 2.1: pass rate of `data.val_samples` samples on each
+held-out prompt): at one step (`train.val_mode=point`, the paper's) or spread over the `val_every` steps before
+the point (`window`, metrics/val_window.py). Both submit through the loop's router, score with the training
+reward and give the same validation-line fields (`metrics.val_window.val_metrics`)."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from scalerl_mega.interfaces import LoopComponents
+from scalerl_mega.metrics.val_window import Outcome, outcomes, val_metrics, window_slice
+from scalerl_mega.inflight import _Pending, _Router, sampling_params, score_groups
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.config import TrainConfig
+
+
+def validation_seed(*, version: int, index: int, run_seed: int, paired: bool) -> int:
+    """Sampling seed of validation prompt `index` at weight `version` (sample i uses seed + i). It includes
+    the run's seed unless `paired` (`data.val_paired_draws`): then every run draws the same numbers."""
+    base = 10_000_019 * (version + 1) + 1000 * index
+    if paired:
+        return base
+    return (base + (int(run_seed) + 1) * 0x9E3779B97F4A7C15) % (1 << 62)
+
+
+def submit(router: _Router, comps: LoopComponents, cfg: TrainConfig, indices: Iterable[int], *, version: int,
+           rng: random.Random) -> None:
+    """Submit `data.val_samples` samples of each held-out prompt in `indices` at weight `version`."""
+    for i in indices:
+        prompt = comps.val_prompts[i]
+        if prompt.token_ids is None:
+            prompt.token_ids = comps.encode(prompt.text)
+        sp = sampling_params(cfg, comps, rng, seed=validation_seed(version=version, index=i, run_seed=cfg.seed,
+                                                                    paired=cfg.data.val_paired_draws),
+                             n=cfg.data.val_samples)
+        router.submit_val(prompt, sp, version=version, index=i)
+
+
+def collect(router: _Router, comps: LoopComponents, cfg: TrainConfig) -> list[Outcome]:
+    """Wait for every submitted validation sample, score them and return their outcomes (router emptied)."""
+    n = cfg.data.val_samples
+    while any(len(c) < n for c in router.val.values()):
+        router.pump()
+    pendings, index_of = [], {}
+    for pid in list(router.val):
+        prompt, index = router.val_index.pop(pid)
+        index_of[pid] = index
+        pendings.append(_Pending(seq=-1, prompt=prompt, version=-1, completions=router.val.pop(pid)))
+    return outcomes(score_groups(pendings, comps, cfg), index_of=index_of) if pendings else []
+
+
+def validate(router: _Router, comps: LoopComponents, cfg: TrainConfig, *, version: int, rng: random.Random
+             ) -> dict[str, float]:
+    """One validation at weight `version` on every held-out prompt: the fields of its validation line
+    (`val_window.val_metrics`) and `val_seconds`, the wait for its generations."""
+    submit(router, comps, cfg, range(len(comps.val_prompts)), version=version, rng=rng)
+    t0 = time.monotonic()
+    got = collect(router, comps, cfg)
+    return {**val_metrics(got, expected_prompts=len(comps.val_prompts)), "val_seconds": time.monotonic() - t0}
+
+
+def submit_window_slice(router: _Router, comps: LoopComponents, cfg: TrainConfig, *, step: int, version: int,
+                        rng: random.Random) -> None:
+    """Window mode, at the start of step `step`: submit the held-out prompts of its position in the window."""
+    width = cfg.train.val_every
+    submit(router, comps, cfg, window_slice(len(comps.val_prompts), width=width, position=step % width),
+           version=version, rng=rng)
