@@ -30,7 +30,7 @@ test-slow: setup
 test-slurm: setup
 	$(PYTEST) -m slurm tests
 
-# Real SGLang 0.5.23 on CPU (docs/sglang_tests.md): the generator's own environment (.venv-sglang, SGLang's
+# Real SGLang 0.5.23 on CPU (docs/sglang.md): the generator's own environment (.venv-sglang, SGLang's
 # pins; idempotent like .venv), the tiny checkpoints (generated, never downloaded), then the `sglang`-marked
 # tests; each test module launches its real server(s) and stops their process groups before it ends.
 SGLANG_VENV   := .venv-sglang
@@ -43,7 +43,7 @@ test-sglang: setup
 	  $(PYTEST) -m sglang tests/sglang
 
 # The demo recipe trained end to end on a real SGLang server (CPU) and on the local engine, compared
-# (docs/sglang_tests.md; ~1 h on 2 loaded cores, not in CI): outputs/sglang_rl/{sglang_rl.md,sglang_rl.png}.
+# (docs/sglang.md; ~1 h on 2 loaded cores, not in CI): outputs/sglang_rl/{sglang_rl.md,sglang_rl.png}.
 # ENGINE=sglang|local reruns one engine (a finished run is skipped, an unfinished one resumes).
 ENGINE ?= both
 sglang-rl-compare: setup

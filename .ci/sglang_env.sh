@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates the generator environment for `make test-sglang`: SGLang 0.5.23 with its own pins, separate from the
 # trainer's .venv (SGLang needs torch 2.14.1 + torchvision 0.29.1; the trainer is pinned to torch 2.13.0).
-# Recipe: docs/sglang_tests.md. Idempotent: a stamp file holding this script's hash marks a finished
+# Recipe: docs/sglang.md. Idempotent: a stamp file holding this script's hash marks a finished
 # install; a changed script (new pins) re-runs the install into the same venv.
 # Usage: .ci/sglang_env.sh [VENV_DIR]   (default .venv-sglang)
 set -euo pipefail

@@ -7,8 +7,10 @@ tokens per CPU second of this process (`time.process_time`), so a busy machine s
 Also reports the engine with continuous admission (more requests than slots, mixed lengths), and requests in
 groups of 8 samples per prompt (as the trainer submits them) with the shared prefill (`CoreConfig.share_prefill`)
 against a prefill per request, in the same run.
-`--experiment reproduction/predictability` takes the model from that experiment instead (the reproduction sweep's
-Llama-4 MoE twin, with chunked-attention layers), with its 17-token prompts.
+`--experiment NAME` takes the model that `experiment=NAME` composes instead, with 17-token prompts (e.g.
+`reproduction/predictability`: the reproduction's Llama-4 MoE twin, with chunked-attention layers).
+Races: engine vs HF `generate()`, `CoreConfig.share_prefill` on vs off, and on a MoE model
+`CoreConfig.sparse_moe` (the engine's sparse expert dispatch) vs HF's all-experts pass.
 
     .venv/bin/python bench/generate.py [--batch 64 256] [--new-tokens 40] [--experiment NAME]
 """

@@ -1,14 +1,12 @@
-"""Benchmark: executed padding and trainer tokens/s of the micro-batch plan, before vs after issue 17.
+"""Benchmark: executed padding and trainer tokens/s of the micro-batch plan, sorted rows vs packed sequences.
 
 Variants, one full `step.train_step` (forward, backward, AdamW; CISPO loss on the logits path) of
 `tiny_dense` on CPU (world of 1, gloo) per round, alternated round by round in one process, the order
 rotated every round (best of `--rounds`):
 
-- `before`: the old execution: rows in their original order, every row padded to the batch's longest
-  row, `micro_batch_tokens // longest` rows per micro-batch (the old `step.plan_microbatches`);
-- `sorted`: the plan now (`batch.pack_micro_batches`): length-sorted, cut by dynamic programming,
-  each micro-batch trimmed to its own longest row;
-- `packed`: `train.pack_sequences`: samples packed back to back into rows of `micro_batch_tokens`
+- `sorted`: the default plan (`batch.pack_micro_batches`, `train.pack_sequences=false`): length-sorted,
+  cut by dynamic programming, each micro-batch trimmed to its own longest row;
+- `packed`: `train.pack_sequences=true`: samples packed back to back into rows of `micro_batch_tokens`
   (block-diagonal causal mask and per-sample RoPE on CPU).
 
 Two batches:
@@ -20,9 +18,10 @@ Two batches:
   448-token generation limit; budget 512 (16,384 / 32).
 
 Reported per variant: micro-batches, executed padding fraction (1 - real tokens / the step's
-`executed_tokens`; `train/padding_fraction` for `sorted` and `packed`), and trainer
-tokens/s = real (unpadded) tokens / best step time, wall and process CPU (on a shared, loaded machine
-the CPU time is the steadier). Losses are printed to show the variants train the same objective.
+`executed_tokens`, i.e. `train/padding_fraction`), and trainer tokens/s = real (unpadded) tokens / best
+step time, wall and process CPU (on a shared, loaded machine the CPU time is the steadier), with the
+ratio packed / sorted. Losses are printed to show the variants train the same objective. The race against
+the pre-issue-17 execution (rows padded to the batch's longest) is retired: bench/results/microbatch.md.
 
     PYTHONPATH=$PWD .venv/bin/python bench/microbatch.py --rounds 3
 """
@@ -33,20 +32,6 @@ import argparse
 import random
 
 from single_rank import best_of_rounds, single_rank_model
-
-
-def old_plan(rows: int, longest: int, max_tokens: int) -> list[list[int]]:
-    """The pre-issue-17 execution: rows in order, `max_tokens // longest` (at least 1) per micro-batch,
-    the fewest micro-batches with sizes differing by at most one row."""
-    fit = max(1, max_tokens // longest)
-    n = -(-rows // fit)
-    base, extra = divmod(rows, n)
-    sizes = [base + 1] * extra + [base] * (n - extra)
-    out, start = [], 0
-    for size in sizes:
-        out.append(list(range(start, start + size)))
-        start += size
-    return out
 
 
 def skewed_lengths() -> tuple[list[tuple[int, int]], int]:
@@ -124,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         lengths = [p + o for p, o in rows]
         batch = build_batch(rows, model_cfg.vocab_size, seed=args.seed)
         T = max(lengths)
-        plans = {"before": MicroBatchPlan(micro_batches=old_plan(len(rows), T, budget), lengths=[T] * len(rows)),
-                 "sorted": MicroBatchPlan(micro_batches=pack_micro_batches(lengths, max_tokens=budget), lengths=lengths),
+        plans = {"sorted": MicroBatchPlan(micro_batches=pack_micro_batches(lengths, max_tokens=budget), lengths=lengths),
                  "packed": MicroBatchPlan(micro_batches=pack_micro_batches(lengths, max_tokens=budget, pack=True),
                                           lengths=lengths, packed=True)}
         def run_one(v: str, r: int, batch=batch, plans=plans) -> dict:
@@ -139,14 +123,13 @@ def main(argv: list[str] | None = None) -> int:
         real = sum(lengths)
         print(f"\n{name}: {len(rows)} rows, {real} tokens (longest {T}, median {sorted(lengths)[len(lengths) // 2]}), "
               f"micro_batch_tokens {budget}")
-        print(f"{'variant':>8} {'micro-batches':>13} {'padding':>8} {'tokens/s wall':>14} {'x before':>8} "
-              f"{'tokens/s CPU':>13} {'x before':>8} {'loss':>10}")
+        print(f"{'variant':>8} {'micro-batches':>13} {'padding':>8} {'tokens/s wall':>14} {'x sorted':>8} "
+              f"{'tokens/s CPU':>13} {'x sorted':>8} {'loss':>10}")
         for v, plan in plans.items():
-            # executed padding against the real lengths (`before` plans every row at the batch's longest)
             padding = 1.0 - real / last[v]["executed_tokens"]
             print(f"{v:>8} {len(plan.micro_batches):>13} {padding:>8.1%} "
-                  f"{real / best[v]:>14.0f} {best['before'] / best[v]:>7.2f}x {real / best_cpu[v]:>13.0f} "
-                  f"{best_cpu['before'] / best_cpu[v]:>7.2f}x {last[v]['loss']:>10.5f}")
+                  f"{real / best[v]:>14.0f} {best['sorted'] / best[v]:>7.2f}x {real / best_cpu[v]:>13.0f} "
+                  f"{best_cpu['sorted'] / best_cpu[v]:>7.2f}x {last[v]['loss']:>10.5f}")
     par.teardown_parallel()
     return 0
 

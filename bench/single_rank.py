@@ -1,4 +1,4 @@
-"""Shared by the in-process trainer benchmarks (bench/head_pass.py, bench/microbatch.py): a Megatron
+"""Shared by the in-process trainer benchmark bench/microbatch.py: a Megatron
 model of a world of one, and the timing loop. Not a benchmark."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """`make sglang-rl-compare`: the demo's recipe trained end to end on a real SGLang 0.5.23 server (CPU) and on the
-local engine, same seed and sizes, compared side by side (issue 27, deliverable 3; docs/sglang_tests.md).
+local engine, same seed and sizes, compared side by side (issue 27, deliverable 3; docs/sglang.md).
 
     python -m reproduction.sglang_rl_compare [--out outputs/sglang_rl] [--engine sglang|local|both] [--force]
                                       [--report-only] [-- <more scalerl-train overrides>]
@@ -19,8 +19,8 @@ appended to `<out>/<engine>/launches.json`. The SGLang interpreter is `.venv-sgl
 test-sglang` builds it) or `$SCALERL_SGLANG_PYTHON`.
 
 Model: `tiny_dense` with the demo's sizes, because SGLang 0.5.23 does not serve the demo's Llama-4 MoE on
-CPU (docs/sglang_tests.md, "MoE routes on CPU"). Measured on a loaded 2-core machine: the SGLang run 27 min
-(server start 109 s, RL 6.1 s per step), the local one 4 min; the reward rises on both (docs/sglang_tests.md).
+CPU (docs/sglang.md, "MoE on SGLang's CPU path"). Measured on a loaded 2-core machine: the SGLang run 27 min
+(server start 109 s, RL 6.1 s per step), the local one 4 min; the reward rises on both (docs/sglang.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cost of --disable-radix-cache on the real CPU server (docs/sglang_tests.md): a GRPO group -- 8 samples of one
+"""Cost of --disable-radix-cache on the real CPU server (docs/sglang.md): a GRPO group -- 8 samples of one
 new 120-token prompt, 16 new tokens each, sent as one batched /generate -- timed 4 times (median of the last 3),
 with the cached prompt tokens SGLang reports.
 

@@ -1,7 +1,7 @@
 """A minimal SGLang stand-in without a model: an asyncio HTTP/1.1 server (one thread, one event loop)
 that answers `/generate` with canned outputs, for driving thousands of concurrent requests through
-the SGLang client (`tests/integration/test_sglang_client_concurrency.py`,
-`bench/sglang_client_concurrency.py`). The model-backed emulation is `scalerl_mega/sglang_emulation/`.
+the SGLang client (`tests/integration/test_sglang_client_concurrency.py`; its retired benchmark's
+figures: bench/results/sglang_client_concurrency.md). The model-backed emulation is `scalerl_mega/sglang_emulation/`.
 
 - It listens on `num_ports` ports (one "server" each, as `rollout.num_engines` servers), sharing its
   counters: `in_flight` (requests inside the handler now), `peak` (the most at once), `arrived`,

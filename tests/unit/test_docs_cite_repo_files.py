@@ -7,7 +7,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 OUTSIDE = re.compile(r"DESIGN\.md|reference/[A-Z_]+\.md|/work/shared|shared/reference")
-REPO_PATH = re.compile(r"(?<![\w/.])((?:scalerl_mega|tools|conf|tests|bench|slurm|hydra_plugins)/[\w/.-]*\w\.(?:py|yaml|sh|md|json))")
+# a path after `<commit>:` (`git show 7ab7997:bench/x.py`) names a file at that commit, not in the tree
+REPO_PATH = re.compile(r"(?<![\w/.:])((?:scalerl_mega|tools|conf|tests|bench|slurm|hydra_plugins)/[\w/.-]*\w\.(?:py|yaml|sh|md|json))")
 PENDING: set[str] = set()
 
 ABSENT_ON_PURPOSE = {"hydra_plugins/__init__.py", "bench/out/fused_cispo_gpu.json"}  # bench/out: written by make bench-gpu  # "no `hydra_plugins/__init__.py`": a namespace package
@@ -30,3 +31,8 @@ def test_cited_repo_paths_exist():
     missing = sorted({f"{p.relative_to(REPO)}: {m}" for p in _docs() for m in REPO_PATH.findall(p.read_text())
                       if not (REPO / m).exists() and m not in ABSENT_ON_PURPOSE})
     assert missing == []
+
+
+def test_a_path_at_a_commit_is_not_a_citation_of_the_tree():
+    text = "restore with `git show 7ab7997:bench/gone.py > x.py`; see bench/fit.py and (`tools/plan.py`)"
+    assert REPO_PATH.findall(text) == ["bench/fit.py", "tools/plan.py"]

@@ -53,7 +53,7 @@ class SGLangServerConfig:
 
 IN_PLACE_FLAGS = {"--disable-radix-cache": "disable_radix_cache", "--disable-overlap-schedule": "disable_overlap_schedule"}
 """Launch flags (-> their `/server_info` keys) a server updated with `pause_mode=in_place` needs; measured on
-SGLang 0.5.23 itself (docs/sglang_tests.md):
+SGLang 0.5.23 itself (docs/sglang.md):
 - --disable-radix-cache: in_place keeps requests in the running batch, so the cache cannot be flushed at the
   update (`/flush_cache` is refused while requests run) and later prompts sharing a prefix with earlier ones
   would reuse KV computed with the old weights (their log-probs off by 0.2-27 nats, tagged with the new
