@@ -7,8 +7,36 @@ PYTEST := $(PY) -m pytest
 # Default suite: everything but slow / slurm / gpu tests, two workers (2-core CI).
 TEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: setup test test-slow test-slurm test-sglang sglang-rl-compare test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-real reproduce \
+.DEFAULT_GOAL := help
+
+.PHONY: help setup test test-slow test-slurm test-sglang sglang-rl-compare test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-real reproduce \
 	reproduce-sweep reproduce-analysis bench clean
+
+help:
+	@echo "scalerl-mega: make <target>   (the targets below set up .venv first where they need it)"
+	@echo ""
+	@echo "Start here:"
+	@echo "  demo               train the embedded default end to end on the CPU (~5 min; outputs/demo/seed0/report.md)"
+	@echo "  test               the default test suite (what CI runs first: .ci/run)"
+	@echo ""
+	@echo "More tests:"
+	@echo "  test-slow          the long tests (multi-rank, kill-and-resume, conversions at size)"
+	@echo "  test-sglang        against a real SGLang 0.5.23 server on CPU (its own .venv-sglang)"
+	@echo "  test-slurm         against a real single-node Slurm (needs root and apt)"
+	@echo "  test-gpu           the GPU suite (on a machine with one NVIDIA GPU; GPU_PY=python3)"
+	@echo ""
+	@echo "Demos and clusters:"
+	@echo "  demo-seeds         the demo on 3 seeds      demo-real   a real pretrained model (SmolLM2-135M, ~1 h)"
+	@echo "  check-gpu-envs     resolve the trainer and SGLang GPU environments (needs the package index)"
+	@echo "  gpu-wheels         fetch the wheels a GPU machine without network needs (.whl/)"
+	@echo ""
+	@echo "Research and measurements:"
+	@echo "  reproduce          the paper's experiments at toy scale (DESIGN=predictability|loo; reproduction/)"
+	@echo "  reproduce-analysis rebuild the committed results from the committed curves"
+	@echo "  sglang-rl-compare  the demo recipe on a real SGLang server vs the local engine (~1 h)"
+	@echo "  bench              every benchmark in bench/ (figures against a baseline measured in the same run)"
+	@echo "  bench-gpu          the fused CISPO head benchmark on a GPU"
+	@echo "  clean              remove .venv, outputs/, multirun/"
 
 setup: $(STAMP)
 

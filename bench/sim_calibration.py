@@ -2,7 +2,7 @@
 
 A short real `scalerl-train` run (the demo recipe, 10 RL steps of 16 prompts x 8, PipelineRL-2, Megatron trainer
 and HF engine in their own processes) writes per-step timings and engine counters to metrics.jsonl; the simulator
-is calibrated on that file alone (`cluster.schedule_sim.load_calibration`) and simulates 40 steps. Printed per fraction
+is calibrated on that file alone (`cluster.schedule_calibration.load_calibration`) and simulates 40 steps. Printed per fraction
 (trainer idle, generator idle): simulated, measured, their difference, and 3 standard errors of the measured
 fraction over the run's steps (how much the measurement itself moves from step to step).
 
@@ -40,7 +40,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.steps < 3:
         raise SystemExit(f"--steps {args.steps}: need >= 3 (the calibration skips the first step)")
-    from scalerl_mega.cluster.schedule_sim import config_from_calibration, load_calibration, simulate, trainer_busy_s
+    from scalerl_mega.cluster.schedule_calibration import config_from_calibration, load_calibration, trainer_busy_s
+    from scalerl_mega.cluster.schedule_sim import simulate
 
     with tempfile.TemporaryDirectory() as tmp:
         out = args.keep or Path(tmp) / "run"

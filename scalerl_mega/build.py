@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalerl_mega.config import TrainConfig, pause_mode
+from scalerl_mega.config import DataConfig, TrainConfig, pause_mode
+from scalerl_mega.interfaces import LoopComponents, PolicyTrainer, RewardFn, RolloutEngine, Tokenizer
 
 log = logging.getLogger("scalerl_mega.build")
 
@@ -27,7 +28,7 @@ log = logging.getLogger("scalerl_mega.build")
 class Task:
     """Prompts and tokenizer of the run."""
 
-    tokenizer: Any
+    tokenizer: Tokenizer
     train_prompts: list
     val_prompts: list
     stop_token_ids: list[int]
@@ -70,7 +71,7 @@ def build_task(cfg: TrainConfig) -> Task:
     return task
 
 
-def prompts_within_limit(task: Task, prompts: list, data: Any, *, where: str, allow_none: bool = False) -> list:
+def prompts_within_limit(task: Task, prompts: list, data: DataConfig, *, where: str, allow_none: bool = False) -> list:
     """`prompts` tokenised by `task` (`token_ids` set) and kept when within `data.max_prompt_tokens`;
     drops are logged. ValueError naming the key (and the prompt lengths) when none fits, unless
     `allow_none` (or there were none)."""
@@ -201,7 +202,7 @@ def build_trainer(cfg: TrainConfig):
                                  pack_sequences=bool(cfg.train.pack_sequences))
 
 
-def init_trainer_from_hf(trainer: Any, cfg: TrainConfig) -> list[str]:
+def init_trainer_from_hf(trainer: PolicyTrainer, cfg: TrainConfig) -> list[str]:
     """Load `init_from_hf` (an HF checkpoint dir) into the trainer's sharded Megatron model.
 
     Each rank converts only the tensor groups it holds (convert/load.py); a config whose shapes differ
@@ -305,7 +306,7 @@ class EngineSet:
         return [getattr(e, "pid", None) for e in self.engines]
 
 
-def write_hf_checkpoint(cfg: TrainConfig, task: Task, trainer: Any, path: Path) -> Path:
+def write_hf_checkpoint(cfg: TrainConfig, task: Task, trainer: PolicyTrainer, path: Path) -> Path:
     """The trainer's current weights as an HF model directory (config + safetensors + tokenizer):
     what an SGLang server loads at launch."""
     import torch
@@ -353,7 +354,7 @@ def sglang_route_layout(cfg: TrainConfig):
                        moe_layers=tuple(i for i in range(m.num_layers) if m.is_moe_layer(i)))
 
 
-def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: Any):
+def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
     """SGLang servers (one per engine, consecutive ports) and the client engine over them; with
     `rollout.engine_urls` set, attach to those running servers instead (e.g. the generator job steps
     of slurm/common.sh) -- the loop pushes the trainer's weights before the first request."""
@@ -393,7 +394,7 @@ def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: Any):
         sync=weight_sync_config(cfg, backend="nccl")))
 
 
-def build_engine(cfg: TrainConfig, task: Task, trainer: Any):
+def build_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
     """The generators (controller rank only): SGLang servers or local engine process(es)."""
     import os
 
@@ -437,11 +438,9 @@ def allocation_devices(cfg: TrainConfig, *, world_size: int) -> int:
 
 
 # ----------------------------------------------------------------------------- all together
-def build_components(cfg: TrainConfig, *, task: Task | None = None, trainer: Any = None, engine: Any = None,
-                     reward_fn: Any = None):
+def build_components(cfg: TrainConfig, *, task: Task | None = None, trainer: PolicyTrainer | None = None,
+                     engine: RolloutEngine | None = None, reward_fn: RewardFn | None = None) -> LoopComponents:
     """LoopComponents for `loop.run_rl` (pieces passed in are used as given)."""
-    from scalerl_mega.interfaces import LoopComponents
-
     task = task or build_task(cfg)
     trainer = trainer or build_trainer(cfg)
     engine = engine or build_engine(cfg, task, trainer)

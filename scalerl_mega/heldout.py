@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scalerl_mega.interfaces import LoopComponents
@@ -15,7 +16,7 @@ from scalerl_mega.metrics.val_window import Outcome, outcomes, val_metrics, wind
 from scalerl_mega.inflight import _Pending, _Router, sampling_params, score_groups
 
 if TYPE_CHECKING:  # pragma: no cover
-    from scalerl_mega.config import TrainConfig
+    from scalerl_mega.config import LengthConfig, RolloutConfig, TrainConfig
 
 
 def validation_seed(*, version: int, index: int, run_seed: int, paired: bool) -> int:
@@ -27,45 +28,66 @@ def validation_seed(*, version: int, index: int, run_seed: int, paired: bool) ->
     return (base + (int(run_seed) + 1) * 0x9E3779B97F4A7C15) % (1 << 62)
 
 
-def submit(router: _Router, comps: LoopComponents, cfg: TrainConfig, indices: Iterable[int], *, version: int,
+@dataclass(frozen=True, kw_only=True)
+class HeldoutSpec:
+    """What held-out validation reads from the run's config (`HeldoutSpec.of`): not the whole TrainConfig."""
+
+    samples: int
+    """Samples per held-out prompt (`data.val_samples`; the paper's mean@16)."""
+    paired_draws: bool
+    """`data.val_paired_draws`: every run draws the same sampling seeds (`validation_seed`)."""
+    run_seed: int
+    """`seed`."""
+    val_every: int
+    """`train.val_every`: a window's width in window mode."""
+    length: LengthConfig
+    """Budget, interruptions and the length penalty: validation samples as training does."""
+    rollout: RolloutConfig
+    """Temperature and top_p."""
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> HeldoutSpec:
+        return cls(samples=int(cfg.data.val_samples), paired_draws=bool(cfg.data.val_paired_draws),
+                   run_seed=int(cfg.seed), val_every=int(cfg.train.val_every), length=cfg.length, rollout=cfg.rollout)
+
+
+def submit(router: _Router, comps: LoopComponents, spec: HeldoutSpec, indices: Iterable[int], *, version: int,
            rng: random.Random) -> None:
-    """Submit `data.val_samples` samples of each held-out prompt in `indices` at weight `version`."""
+    """Submit `spec.samples` samples of each held-out prompt in `indices` at weight `version`."""
     for i in indices:
         prompt = comps.val_prompts[i]
         if prompt.token_ids is None:
             prompt.token_ids = comps.encode(prompt.text)
-        sp = sampling_params(cfg, comps, rng, seed=validation_seed(version=version, index=i, run_seed=cfg.seed,
-                                                                    paired=cfg.data.val_paired_draws),
-                             n=cfg.data.val_samples)
+        seed = validation_seed(version=version, index=i, run_seed=spec.run_seed, paired=spec.paired_draws)
+        sp = sampling_params(spec.length, spec.rollout, comps, rng, seed=seed, n=spec.samples)
         router.submit_val(prompt, sp, version=version, index=i)
 
 
-def collect(router: _Router, comps: LoopComponents, cfg: TrainConfig) -> list[Outcome]:
+def collect(router: _Router, comps: LoopComponents, spec: HeldoutSpec) -> list[Outcome]:
     """Wait for every submitted validation sample, score them and return their outcomes (router emptied)."""
-    n = cfg.data.val_samples
-    while any(len(c) < n for c in router.val.values()):
+    while any(len(c) < spec.samples for c in router.val.values()):
         router.pump()
     pendings, index_of = [], {}
     for pid in list(router.val):
         prompt, index = router.val_index.pop(pid)
         index_of[pid] = index
         pendings.append(_Pending(seq=-1, prompt=prompt, version=-1, completions=router.val.pop(pid)))
-    return outcomes(score_groups(pendings, comps, cfg), index_of=index_of) if pendings else []
+    return outcomes(score_groups(pendings, comps, spec.length), index_of=index_of) if pendings else []
 
 
-def validate(router: _Router, comps: LoopComponents, cfg: TrainConfig, *, version: int, rng: random.Random
+def validate(router: _Router, comps: LoopComponents, spec: HeldoutSpec, *, version: int, rng: random.Random
              ) -> dict[str, float]:
     """One validation at weight `version` on every held-out prompt: the fields of its validation line
     (`val_window.val_metrics`) and `val_seconds`, the wait for its generations."""
-    submit(router, comps, cfg, range(len(comps.val_prompts)), version=version, rng=rng)
+    submit(router, comps, spec, range(len(comps.val_prompts)), version=version, rng=rng)
     t0 = time.monotonic()
-    got = collect(router, comps, cfg)
+    got = collect(router, comps, spec)
     return {**val_metrics(got, expected_prompts=len(comps.val_prompts)), "val_seconds": time.monotonic() - t0}
 
 
-def submit_window_slice(router: _Router, comps: LoopComponents, cfg: TrainConfig, *, step: int, version: int,
+def submit_window_slice(router: _Router, comps: LoopComponents, spec: HeldoutSpec, *, step: int, version: int,
                         rng: random.Random) -> None:
     """Window mode, at the start of step `step`: submit the held-out prompts of its position in the window."""
-    width = cfg.train.val_every
-    submit(router, comps, cfg, window_slice(len(comps.val_prompts), width=width, position=step % width),
+    width = spec.val_every
+    submit(router, comps, spec, window_slice(len(comps.val_prompts), width=width, position=step % width),
            version=version, rng=rng)

@@ -11,13 +11,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scalerl_mega.interfaces import LoopComponents, RolloutEngine
 from scalerl_mega.types import Completion, Group, Prompt, SamplingParams, ScoredCompletion
 
 if TYPE_CHECKING:  # pragma: no cover
-    from scalerl_mega.config import TrainConfig
+    from scalerl_mega.config import LengthConfig, RolloutConfig
 
 log = logging.getLogger("scalerl_mega.loop")
 
@@ -110,15 +110,15 @@ class _Router:
         return [self.queue.popleft() for _ in range(n)]
 
 
-def sampling_params(cfg: Any, comps: LoopComponents, rng: random.Random, *, seed: int, n: int) -> list[SamplingParams]:
+def sampling_params(length: LengthConfig, rollout: RolloutConfig, comps: LoopComponents, rng: random.Random, *,
+                    seed: int, n: int) -> list[SamplingParams]:
     """SamplingParams of the n samples of one prompt: temperature, budget, seed + i, and with
     length=interruption an interruption point drawn per sample uniformly in
     [interruption_min, interruption_max] (paper App. A.10)."""
-    length = cfg.length
     out = []
     for i in range(n):
-        params = SamplingParams(max_new_tokens=length.max_new_tokens, temperature=cfg.rollout.temperature,
-                                top_p=cfg.rollout.top_p, stop_token_ids=list(comps.stop_token_ids), seed=seed + i)
+        params = SamplingParams(max_new_tokens=length.max_new_tokens, temperature=rollout.temperature,
+                                top_p=rollout.top_p, stop_token_ids=list(comps.stop_token_ids), seed=seed + i)
         if length.name == "interruption":
             params.interruption_at = rng.randint(length.interruption_min, length.interruption_max)
             params.interruption_ids = list(comps.interruption_ids)
@@ -128,7 +128,7 @@ def sampling_params(cfg: Any, comps: LoopComponents, rng: random.Random, *, seed
 
 
 # ----------------------------------------------------------------------------- scoring
-def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, cfg: TrainConfig) -> list[Group]:
+def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, length: LengthConfig) -> list[Group]:
     """Rewards for every completion (batched through the reward pool); length penalty if configured."""
     prompts, texts, flat = [], [], []
     for p in pendings:
@@ -140,15 +140,15 @@ def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, cfg: Train
             flat.append(c)
     results = comps.reward_fn(prompts, texts)
     rewards = [float(r[0]) for r in results]
-    if cfg.length.name == "penalty":
+    if length.name == "penalty":
         import torch
 
         from scalerl_mega.objective.length import apply_overlong_penalty
 
         rewards = apply_overlong_penalty(
             torch.tensor(rewards, dtype=torch.float64), torch.tensor([c.num_tokens for c in flat]),
-            torch.tensor([bool(r[1]) for r in results]), l_max=cfg.length.penalty_max_len,
-            l_cache=cfg.length.penalty_cache_len).tolist()
+            torch.tensor([bool(r[1]) for r in results]), l_max=length.penalty_max_len,
+            l_cache=length.penalty_cache_len).tolist()
     groups, i = [], 0
     for p in pendings:
         samples = []

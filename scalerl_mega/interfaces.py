@@ -91,6 +91,19 @@ class PromptSampler(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+class Tokenizer(Protocol):
+    """The slice of a Hugging Face tokenizer that the data pipeline uses (the synthetic task's character tokenizer
+    has it too): `tok(text)["input_ids"]`, the chat template when there is one, the end-of-sequence id."""
+
+    eos_token_id: int | None
+
+    def __call__(self, text: str, **kwargs: Any) -> Any: ...
+
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> Any: ...
+
+    def decode(self, ids: list[int], **kwargs: Any) -> str: ...
+
+
 @dataclass(kw_only=True)
 class LoopComponents:
     """Everything the RL loop (loop.py) drives; built by build.py from the config on the controller

@@ -58,7 +58,7 @@ def loads_strict(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     return value
 
 
-def check_value(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
+def check_value(value: object, *, max_depth: int = MAX_DEPTH) -> None:
     """Raise BadValue if `value` (nested lists/dicts/tuples) holds a non-finite float, a string with
     lone surrogates, or nests deeper than `max_depth`. Iterative: safe on any depth."""
     stack: list[tuple[Any, int]] = [(value, 0)]
@@ -82,7 +82,7 @@ def check_value(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
 # ------------------------------------------------------------------------------------ code test cases
 
 
-def normalize_tests(raw: Any, *, fn_name: str | None = None) -> list[dict[str, Any]]:
+def normalize_tests(raw: object, *, fn_name: str | None = None) -> list[dict[str, Any]]:
     """Normalize test specs into the two forms above.
 
     Accepts this module's forms and the Deepcoder variants (`tests` is a JSON string there):
@@ -156,13 +156,13 @@ def _normalize_taco(raw: dict, *, fn_name: str | None) -> list[dict[str, Any]]:
     return out
 
 
-def _not_null(x: Any, where: str) -> Any:
+def _not_null(x: object, where: str) -> object:
     if x is None:
         raise ValueError(f"{where}: null expected output")
     return x
 
 
-def _as_text(x: Any, where: str = "tests") -> str:
+def _as_text(x: object, where: str = "tests") -> str:
     """stdin/stdout text: a string, a number, or a list of those (lines). Anything else (null, dicts,
     booleans) would turn into a wrong test via `str()`, so it is an error."""
     if isinstance(x, str):

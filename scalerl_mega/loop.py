@@ -56,7 +56,7 @@ from scalerl_mega.metrics.val_window import center_step, val_metrics, window_sli
 from scalerl_mega.metrics.writer import MetricsWriter
 from scalerl_mega.inflight import Preempted, _Pending, _Router, sampling_params, score_groups
 from scalerl_mega.types import Group, Prompt
-from scalerl_mega.heldout import collect, submit, submit_window_slice, validate
+from scalerl_mega.heldout import HeldoutSpec, collect, submit, submit_window_slice, validate
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.config import TrainConfig
@@ -198,14 +198,15 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
     admission = _Admission(cfg=cfg, comps=comps, router=router, state=state, readmit=readmit, rng=rng)
     window = cfg.train.val_mode == "window" and cfg.train.val_every > 0
     if state.step == 0 and cfg.train.val_every:  # window mode too: R0 is the warm start's own point
-        _record_validation(cfg, state, writer, forecaster, validate(router, comps, cfg, version=0, rng=rng),
+        _record_validation(cfg, state, writer, forecaster, validate(router, comps, HeldoutSpec.of(cfg), version=0, rng=rng),
                            compute.fields())
     elif window:  # resumed: the window's slices a stop left unscored are generated again, on these weights
         n_val, width = len(comps.val_prompts), cfg.train.val_every
         due = range(n_val) if state.val_due else [
             i for pos in range(state.step % width) for i in window_slice(n_val, width=width, position=pos)]
         scored = {o[0] for o in state.val_window}
-        submit(router, comps, cfg, [i for i in due if i not in scored], version=state.weight_version, rng=rng)
+        submit(router, comps, HeldoutSpec.of(cfg), [i for i in due if i not in scored], version=state.weight_version,
+               rng=rng)
     if state.val_due:  # a stop interrupted this step's validation: complete it before the next step
         _validate(cfg, comps, router, state, writer, compute, forecaster, rng)
 
@@ -214,10 +215,10 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
         s = state.step
         clock.start(comps.engine)
         if window:
-            submit_window_slice(router, comps, cfg, step=s, version=state.weight_version, rng=rng)
+            submit_window_slice(router, comps, HeldoutSpec.of(cfg), step=s, version=state.weight_version, rng=rng)
         pendings, trainer_idle = _admit_and_wait(cfg, router, admission, step=s)  # 1. admission, 2. wait
         t_score = time.monotonic()
-        groups = score_groups(pendings, comps, cfg)  # 3. score + curriculum
+        groups = score_groups(pendings, comps, cfg.length)  # 3. score + curriculum
         score_s = time.monotonic() - t_score
         hist, metrics = _record_groups(cfg, comps, groups, step=s)
         res = _build_batch(cfg, groups, step=s)  # 4. batch
@@ -280,8 +281,8 @@ class _Admission:
             if prompt.token_ids is None:
                 prompt.token_ids = self.comps.encode(prompt.text)
             pend = _Pending(seq=state.admitted, prompt=prompt, version=state.weight_version)
-            sp = sampling_params(cfg, self.comps, self.rng, seed=cfg.seed * 1_000_003 + state.admitted * 101,
-                                 n=router.G)
+            sp = sampling_params(cfg.length, cfg.rollout, self.comps, self.rng,
+                                 seed=cfg.seed * 1_000_003 + state.admitted * 101, n=router.G)
             if hold_tokens and len(router.queue) >= B:
                 # trained at step state.step + position // B > the current weight version: it may
                 # wait for the next update mid-generation (rollout.inflight_hold_tokens)
@@ -400,7 +401,7 @@ def _validate_save_or_stop(cfg: TrainConfig, comps: LoopComponents, router: _Rou
     saved = bool(cfg.train.save_every) and state.step % cfg.train.save_every == 0
     if saved:
         if window:  # the window's slices in flight are scored now: a resumed run continues the window
-            state.val_window += collect(router, comps, cfg)
+            state.val_window += collect(router, comps, HeldoutSpec.of(cfg))
         save_state(comps, cfg, state=state, outstanding=list(router.queue), compute=compute, rng=rng)
         clock.gen_prev = None
     if router.stop_requested is not None and router.stop_requested() and state.step < cfg.train.steps:
@@ -419,7 +420,7 @@ def _validate(cfg: TrainConfig, comps: LoopComponents, router: _Router, state: L
     state.val_due = True
     if cfg.train.val_mode == "window":
         t0 = time.monotonic()
-        state.val_window += collect(router, comps, cfg)
+        state.val_window += collect(router, comps, HeldoutSpec.of(cfg))
         vm = {**val_metrics(state.val_window, expected_prompts=len(comps.val_prompts)),
               "val_seconds": time.monotonic() - t0, "val_window_steps": float(cfg.train.val_every)}
         _record_validation(cfg, state, writer, forecaster, vm, state.val_center or compute.fields())
@@ -431,7 +432,8 @@ def _validate(cfg: TrainConfig, comps: LoopComponents, router: _Router, state: L
             push_weights(comps, version=state.step)
             state.weight_version = state.step
         _record_validation(cfg, state, writer, forecaster,
-                           validate(router, comps, cfg, version=state.weight_version, rng=rng), compute.fields())
+                           validate(router, comps, HeldoutSpec.of(cfg), version=state.weight_version, rng=rng),
+                           compute.fields())
     state.val_due = False
 
 

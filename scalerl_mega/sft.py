@@ -48,15 +48,14 @@ def warm_start(trainer: MegatronPolicyTrainer, examples: Sequence[tuple[list[int
                lr: float, warmup_steps: int, seed: int,
                on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
     """`steps` optimizer steps of next-token loss on shuffled `examples` (epochs reshuffled with
-    Random(seed)); the trainer's optimizer config is swapped for (lr, warmup) meanwhile and restored
-    after, with a fresh optimizer (`trainer.reset_optimizer()`). Returns per-step metrics."""
+    Random(seed)) with a fresh optimizer of the run's settings but (lr, warmup); afterwards a fresh optimizer of
+    the run's own settings (`trainer.reset_optimizer`; the trainer's config is not modified). Returns per-step
+    metrics."""
     if steps <= 0:
         return []
     if batch_size < 1 or batch_size > len(examples):
         raise ValueError(f"sft.batch_size={batch_size} must be in [1, {len(examples)}] (number of SFT examples)")
-    rl_optim = trainer.cfg.optim
-    trainer.cfg.optim = dataclasses.replace(rl_optim, lr=lr, warmup_steps=warmup_steps)
-    trainer.reset_optimizer()
+    trainer.reset_optimizer(dataclasses.replace(trainer.cfg.optim, lr=lr, warmup_steps=warmup_steps))
     rng = random.Random(seed)
     order: list[int] = []
     history = []
@@ -75,6 +74,5 @@ def warm_start(trainer: MegatronPolicyTrainer, examples: Sequence[tuple[list[int
             if on_step is not None:
                 on_step(s + 1, m)
     finally:
-        trainer.cfg.optim = rl_optim
         trainer.reset_optimizer()
     return history

@@ -20,7 +20,10 @@ from scalerl_mega.conf_path import conf_dir
 CONF_DIR = conf_dir()
 
 if TYPE_CHECKING:  # pragma: no cover
-    from scalerl_mega.config import TrainConfig
+    from scalerl_mega.build import Task
+    from scalerl_mega.config import ForecastConfig, TrainConfig
+    from scalerl_mega.interfaces import PolicyTrainer
+    from scalerl_mega.trainer.ranks import ControlChannel
 
 
 def run_config(config: TrainConfig) -> dict[str, Any]:
@@ -38,7 +41,7 @@ class AutoBudgetForecaster:
     every validation; budget 0 means twice the compute spent so far (paper Eq. sigmoid_law). The cut
     and the identification rule are `scaling.identify`'s (the same as `scalerl-fit` and report.md)."""
 
-    def __init__(self, fc_cfg: Any, *, gpu_hours: bool = False) -> None:
+    def __init__(self, fc_cfg: ForecastConfig, *, gpu_hours: bool = False) -> None:
         from scalerl_mega.scaling.forecast import LiveForecaster
 
         self.cfg = fc_cfg
@@ -242,7 +245,7 @@ def _warm_start_data(config: TrainConfig) -> Any:
     return dataclasses.replace(config.data, synthetic_num_prompts=n) if n else config.data
 
 
-def warm_start_task(config: TrainConfig, task: Any) -> Any:
+def warm_start_task(config: TrainConfig, task: Task) -> Task:
     """The task whose training prompts the warm start uses: `task` itself, or with `sft.synthetic_num_prompts`
     the synthetic set of that many prompts, after checking that none of `task`'s held-out prompts (compared
     by text: what the model sees) is among its training prompts (ValueError naming the key and an example).
@@ -284,7 +287,8 @@ def fingerprint_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> 
     return out
 
 
-def _warm_start_or_load(config: TrainConfig, task: Any, trainer: Any, *, out: Path | None, channel: Any) -> None:
+def _warm_start_or_load(config: TrainConfig, task: Task, trainer: PolicyTrainer, *, out: Path | None,
+                        channel: ControlChannel | None) -> None:
     """The warm start, or with `sft.checkpoint` set: load it from there when a complete checkpoint
     with a matching fingerprint exists (a mismatch is an error naming the differing keys), else run
     it and save it there (fingerprint first, then the checkpoint: only a complete save counts). The
@@ -330,7 +334,7 @@ def _warm_start_or_load(config: TrainConfig, task: Any, trainer: Any, *, out: Pa
     log.info("sft: saved the warm start to %s", root)
 
 
-def _warm_start(config: TrainConfig, task: Any, trainer: Any, *, out: Path | None) -> None:
+def _warm_start(config: TrainConfig, task: Task, trainer: PolicyTrainer, *, out: Path | None) -> None:
     """SFT warm start on every rank in lock step (identical batches: same examples, same seed); only
     the controller (`out` given) logs to sft.jsonl and the console."""
     import json

@@ -35,12 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scalerl_mega.cluster.schedule_sim import (  # noqa: E402
-    config_from_calibration,
-    load_calibration,
-    paper_layout,
-    simulate,
-)
+from scalerl_mega.cluster.schedule_calibration import config_from_calibration, load_calibration  # noqa: E402
+from scalerl_mega.cluster.schedule_sim import paper_layout, simulate  # noqa: E402
 
 
 def _row(res) -> str:

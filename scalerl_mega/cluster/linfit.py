@@ -1,4 +1,4 @@
-"""Tiny non-negative least squares for the simulator's calibration (`simulate.calibration_from_records`
+"""Tiny non-negative least squares for the simulator's calibration (`schedule_calibration.calibration_from_records`
 fits decode and trainer times as 1- or 2-coefficient linear models of the step's token counts)."""
 
 from __future__ import annotations

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 
-def one_of(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+def one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{key}={value!r} is not one of {list(allowed)}")
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from scalerl_mega.jsonvalue import BadValue, check_value, loads_strict, normalize_tests
 from scalerl_mega.data.split import prompt_id_for
+from scalerl_mega.interfaces import Tokenizer
 from scalerl_mega.types import Prompt
 
 MATH_TEMPLATE = "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
@@ -82,7 +83,7 @@ class RowError(ValueError):
         self.kind = kind
 
 
-def format_prompt(problem: str, *, task: str, tokenizer: Any = None, template: str | None = None) -> str:
+def format_prompt(problem: str, *, task: str, tokenizer: Tokenizer | None = None, template: str | None = None) -> str:
     """The model's prompt text: chat template (one user turn + generation prompt) when the tokenizer
     has one, else the plain template of the task."""
     body = (template or DEFAULT_TEMPLATES[task]).format(problem=problem)
@@ -186,7 +187,7 @@ def _detect_format(path: Path) -> str:
 # ------------------------------------------------------------------------------------ rows
 
 
-def _gold_from_row(value: Any, *, task: str, where: str, key: str) -> Any:
+def _gold_from_row(value: object, *, task: str, where: str, key: str) -> Any:
     """The gold answer: normalized tests (code), else a non-empty string. Numbers are converted
     (`str(int)` exactly; floats by `repr`); null, booleans and containers are rejected, so no gold
     ever reaches the math reward as a non-string."""
@@ -216,7 +217,7 @@ def _gold_from_row(value: Any, *, task: str, where: str, key: str) -> Any:
     return gold
 
 
-def row_to_prompt(row: Any, *, schema: SourceSchema, where: str, tokenizer: Any = None) -> Prompt:
+def row_to_prompt(row: object, *, schema: SourceSchema, where: str, tokenizer: Tokenizer | None = None) -> Prompt:
     """One dataset row -> Prompt; RowError naming `where` (file:line) and the field on bad rows."""
     if not isinstance(row, dict):
         raise RowError(f"{where}: expected a JSON object, got {type(row).__name__}", kind="not_object")
@@ -250,7 +251,7 @@ def load_prompts(
     schema: SourceSchema | str,
     fmt: str = "auto",
     on_error: str = "raise",
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     split: str = "train",
     max_line_bytes: int = 64 << 20,
 ) -> LoadResult:

@@ -1,4 +1,4 @@
-"""The per-step fields of the RL loop's metrics lines that `cluster/schedule_sim.py::calibration_from_records`
+"""The per-step fields of the RL loop's metrics lines that `cluster/schedule_calibration.py::calibration_from_records`
 fits the cluster simulator on (timing, batch shape, layout, the engines' decode counters)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 GEN_STAT_KEYS = ("busy_s", "decode_steps", "decode_tokens")
 """Engine work counters written per step as `gen/<key>` (differences over the step's wall time,
-summed over engines): what `cluster/schedule_sim.py::calibration_from_records` fits decode speed on."""
+summed over engines): what `cluster/schedule_calibration.py::calibration_from_records` fits decode speed on."""
 
 
 def engine_decode_stats(engine: RolloutEngine) -> dict[str, float] | None:
@@ -36,7 +36,7 @@ def engine_decode_stats(engine: RolloutEngine) -> dict[str, float] | None:
 
 def calibration_fields(cfg: TrainConfig, groups: Sequence[Group], *, train_s: float, sync_s: float,
                        step_s: float) -> dict[str, Any]:
-    """The per-step fields `cluster/schedule_sim.py::calibration_from_records` reads (timing, batch
+    """The per-step fields `cluster/schedule_calibration.py::calibration_from_records` reads (timing, batch
     shape, layout). The engine-side decode counters (gen/busy_s, gen/decode_steps, gen/decode_tokens)
     are differences of `engine_decode_stats` over the step, written by the loop (loop.py)."""
     comps = [s.completion for g in groups for s in g.samples]

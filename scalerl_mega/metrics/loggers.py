@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.config import MetricsConfig, TrainConfig
 
 PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
 WANDB_MODES = ("offline", "online", "disabled")
 
 
-def check_loggers(metrics: Any) -> None:
+def check_loggers(metrics: MetricsConfig) -> None:
     """ValueError naming `metrics.loggers` for an unknown name or a missing package."""
     for name in list(getattr(metrics, "loggers", []) or []):
         if name not in PACKAGES:
@@ -76,7 +79,7 @@ class MlflowLogger:
         self._client.set_terminated(self.run_id)
 
 
-def build_loggers(cfg: Any) -> list:
+def build_loggers(cfg: TrainConfig) -> list:
     """The trackers named in `cfg.metrics.loggers` for run dir `cfg.output_dir` (empty by default)."""
     names = list(getattr(cfg.metrics, "loggers", []) or [])
     if not names:

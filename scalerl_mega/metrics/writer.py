@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _clean(value: Any) -> Any:
+def _clean(value: object) -> Any:
     """JSON-safe value: NaN/inf become None, numpy/torch scalars become Python numbers."""
     if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
         value = value.item()

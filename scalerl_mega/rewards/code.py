@@ -15,7 +15,6 @@ import math
 import re
 import secrets
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from scalerl_mega.jsonvalue import normalize_tests
 from scalerl_mega.rewards.math import strip_thinking
@@ -83,7 +82,7 @@ def stdout_matches(got: str, expected: str) -> bool:
     return len(gt) == len(et) and all(_tokens_match(x, y) for x, y in zip(gt, et))
 
 
-def values_match(got: Any, expected: Any) -> bool:
+def values_match(got: object, expected: object) -> bool:
     """JSON-value equality (tuples as lists) with a 1e-6 tolerance on floats."""
     if isinstance(got, bool) or isinstance(expected, bool):
         return got is expected or got == expected and type(got) is type(expected)

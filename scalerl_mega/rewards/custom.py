@@ -82,7 +82,7 @@ class CustomItem:
 _RESOLVED: dict[str, Any] = {}
 
 
-def _as_result(out: Any, item: CustomItem) -> RewardResult:
+def _as_result(out: object, item: CustomItem) -> RewardResult:
     if isinstance(out, RewardResult):
         return out
     if isinstance(out, bool):

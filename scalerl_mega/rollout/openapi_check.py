@@ -103,7 +103,7 @@ class OpenAPIValidator:
         body = op.get("requestBody")
         return None if body is None else body["content"]["application/json"]["schema"]
 
-    def validate_request(self, endpoint: str, body: Any, method: str = "post") -> None:
+    def validate_request(self, endpoint: str, body: object, method: str = "post") -> None:
         from jsonschema import ValidationError
 
         schema = self.request_schema(endpoint, method)
@@ -119,7 +119,7 @@ class OpenAPIValidator:
                 if unknown:
                     raise ValidationError(f"unknown field `{unknown[0]}` in sampling_params")
 
-    def validate_response(self, endpoint: str, body: Any, method: str = "post") -> None:
+    def validate_response(self, endpoint: str, body: object, method: str = "post") -> None:
         op = self.spec["paths"].get(endpoint, {}).get(method.lower())
         if op is None:
             raise ValueError(f"OpenAPI: no operation {method.upper()} {endpoint}")

@@ -9,7 +9,8 @@ exactly as it drives real SGLang servers. The tests drive the production SGLang 
 * `spawned.SpawnedTestServer`: the same in a spawned process (separate torch.distributed registry).
 """
 
-from scalerl_mega.sglang_emulation.server import FLUSHED, NO_SESSION, RequestValidator, SGLangTestServer
+from scalerl_mega.sglang_emulation.server import FLUSHED, RequestValidator, SGLangTestServer
+from scalerl_mega.sglang_emulation.weight_updates import NO_SESSION
 from scalerl_mega.sglang_emulation.spawned import SpawnedTestServer
 
 __all__ = ["FLUSHED", "NO_SESSION", "RequestValidator", "SGLangTestServer", "SpawnedTestServer"]

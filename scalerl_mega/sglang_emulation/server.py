@@ -6,14 +6,9 @@ the rules the real server enforces, so the production client code drives real ge
 
 * request bodies are validated (by an injected validator, e.g. the OpenAPI one) -> 422;
   unknown `sampling_params` keys -> 400;
-* `/update_weights_from_distributed` outside a `/begin_weight_update` .. `/end_weight_update`
-  session fails with SGLang's message; names/dtypes/shapes must have equal lengths, known names,
-  and the model's shapes and dtypes, in the order the tensors are broadcast (the server allocates
-  and receives them in `names` order before checking, as SGLang does, so a bad request fails
-  fast instead of hanging the trainer);
+* the weight-update endpoints with SGLang's rules (`weight_updates.py`);
 * `/flush_cache` is refused while requests are running (or queued, unless paused); a refused
   flush after `update_weights_from_distributed(flush_cache=true)` fails the call;
-* `/init_weights_update_group` blocks until the trainer joins the group (with a deadline);
 * `/pause_generation` modes: abort (running requests return with finish_reason abort), retract
   (KV dropped, recomputed on continue), in_place (requests keep their stale KV);
 * `meta_info.weight_versions` spans report the weight version of every output token;
@@ -36,18 +31,15 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest
+from scalerl_mega.sglang_emulation.weight_updates import HTTPError, JSONBody, WeightUpdateEndpoints
 from scalerl_mega.types import Completion, FinishReason, SamplingParams
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel
 
-JSONBody = dict[str, Any] | list[Any] | str | None
-"""A request or response body as JSON decodes it."""
-
 RequestValidator = Callable[[str, Any, str], None]
 """validator(endpoint, body, method) raises on an invalid body."""
 
-NO_SESSION = "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
 FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, "
            "the operation will not be performed.)\n")
 """SGLang 0.5.23's /flush_cache answer (tests/sglang/test_real_in_place.py compares the two servers)."""
@@ -57,14 +49,7 @@ class _Killed(Exception):
     pass
 
 
-class _HTTPError(Exception):
-    def __init__(self, status: int, body: JSONBody) -> None:
-        super().__init__(str(body))
-        self.status = status
-        self.body = body
-
-
-class SGLangTestServer:
+class SGLangTestServer(WeightUpdateEndpoints):
     def __init__(
         self,
         model: "PreTrainedModel",
@@ -144,7 +129,7 @@ class SGLangTestServer:
                     except OSError:
                         pass
                     return None
-                except _HTTPError as e:
+                except HTTPError as e:
                     status, out = e.status, e.body
                 except Exception as e:  # noqa: BLE001 - a server error, reported as 500
                     status, out = 500, {"error": f"{type(e).__name__}: {e}"}
@@ -293,12 +278,12 @@ class SGLangTestServer:
         }
         fn = routes.get((method, path))
         if fn is None:
-            raise _HTTPError(404, {"detail": f"{method.upper()} {path} not served by the test server"})
+            raise HTTPError(404, {"detail": f"{method.upper()} {path} not served by the test server"})
         if self.validator is not None and not path.startswith("/_test/"):
             try:
                 self.validator(path, body, method)
             except Exception as e:  # noqa: BLE001 - FastAPI answers schema violations with 422
-                raise _HTTPError(422, {"detail": str(e).splitlines()[0]}) from None
+                raise HTTPError(422, {"detail": str(e).splitlines()[0]}) from None
         if not path.startswith("/_test/"):
             with self._cv:
                 self.events.append(path)
@@ -341,7 +326,7 @@ class SGLangTestServer:
     def _health_generate(self, body: dict) -> tuple[int, Any]:
         with self._cv:
             if self.paused:
-                raise _HTTPError(503, {"error": "server is paused"})
+                raise HTTPError(503, {"error": "server is paused"})
             busy = self.core.num_running > 0
         if not busy:
             self._run([1], SamplingParams(max_new_tokens=1), seed=0, rid=f"health-{uuid.uuid4().hex}")
@@ -369,7 +354,7 @@ class SGLangTestServer:
 
         ids = body.get("input_ids")
         if not ids:
-            raise _HTTPError(400, {"error": "input_ids is required (server runs with --skip-tokenizer-init)"})
+            raise HTTPError(400, {"error": "input_ids is required (server runs with --skip-tokenizer-init)"})
         batch = isinstance(ids[0], list)
         ids_list = ids if batch else [ids]
         sps = body.get("sampling_params") or {}
@@ -377,12 +362,12 @@ class SGLangTestServer:
         rids = body.get("rid")
         rid_list = rids if isinstance(rids, list) else [rids] * len(ids_list)
         if len(sps_list) != len(ids_list) or len(rid_list) != len(ids_list):
-            raise _HTTPError(400, {"error": "batch sizes of input_ids, sampling_params and rid differ"})
+            raise HTTPError(400, {"error": "batch sizes of input_ids, sampling_params and rid differ"})
         jobs = []
         for i, (p, sp, rid) in enumerate(zip(ids_list, sps_list, rid_list)):
             unknown = sorted(set(sp) - set(SAMPLING_PARAMS_FIELDS))
             if unknown:
-                raise _HTTPError(400, {"error": f"unknown field `{unknown[0]}`"})
+                raise HTTPError(400, {"error": f"unknown field `{unknown[0]}`"})
             params = SamplingParams(
                 max_new_tokens=int(sp.get("max_new_tokens", 128)),
                 temperature=float(sp.get("temperature", 1.0)),
@@ -408,7 +393,7 @@ class SGLangTestServer:
             try:
                 self.core.add(req)
             except ValueError as e:
-                raise _HTTPError(400, {"error": str(e)}) from None
+                raise HTTPError(400, {"error": str(e)}) from None
             self._pending[key] = (ev, box)
             self._cv.notify_all()
         return key, ev, box, len(prompt)
@@ -416,7 +401,7 @@ class SGLangTestServer:
     def _run(self, prompt: list[int], sp: SamplingParams, *, seed: int, rid: str) -> Completion:
         key, ev, box, _ = self._submit(prompt, sp, seed=seed, rid=rid)
         if not ev.wait(self.request_timeout_s):
-            raise _HTTPError(500, {"error": f"request {rid} timed out"})
+            raise HTTPError(500, {"error": f"request {rid} timed out"})
         return box[0]
 
     def _routed_experts(self, c: Completion) -> str:
@@ -432,7 +417,7 @@ class SGLangTestServer:
     def _response(self, job, *, routed_experts: bool = False) -> dict[str, Any]:
         key, ev, box, n_prompt = job
         if not ev.wait(self.request_timeout_s):
-            raise _HTTPError(500, {"error": f"request {key} timed out"})
+            raise HTTPError(500, {"error": f"request {key} timed out"})
         if self.killed or not box:
             raise _Killed()
         c: Completion = box[0]
@@ -493,7 +478,7 @@ class SGLangTestServer:
     def _flush(self, body: dict) -> tuple[int, Any]:
         with self._cv:
             if self._flush_refused():
-                raise _HTTPError(400, "Cache not flushed because there are pending requests.")
+                raise HTTPError(400, "Cache not flushed because there are pending requests.")
         return 200, FLUSHED
 
     def _abort(self, body: dict) -> tuple[int, Any]:
@@ -501,91 +486,3 @@ class SGLangTestServer:
             with self._cv:
                 self._resolve(self.core.abort_all())
         return 200, None
-
-    def _begin(self, body: dict) -> tuple[int, Any]:
-        with self._cv:
-            if self.session_open:
-                raise _HTTPError(400, {"success": False, "message": "a weight update session is already open"})
-            self.session_open = True
-        return 200, {"success": True, "message": "weight update session opened"}
-
-    def _end(self, body: dict) -> tuple[int, Any]:
-        with self._cv:
-            if not self.session_open:
-                raise _HTTPError(400, {"success": False, "message": "no weight update session is open"})
-            self.session_open = False
-        return 200, {"success": True, "message": "weight update session closed"}
-
-    def _init_group(self, body: dict) -> tuple[int, Any]:
-        from scalerl_mega.weight_sync import DistWeightReceiver, WeightSyncError, init_custom_process_group
-
-        if self.group is not None:
-            raise _HTTPError(400, {"success": False, "message": "weight update group already initialized"})
-        try:
-            group = init_custom_process_group(
-                backend=body.get("backend", "nccl"),
-                init_method=f"tcp://{body['master_address']}:{body['master_port']}",
-                world_size=int(body["world_size"]),
-                rank=int(body["rank_offset"]),  # + tp_rank (the test server is TP 1)
-                group_name=body.get("group_name", "weight_update_group"),
-                timeout_s=self.sync_timeout_s,
-            )
-        except WeightSyncError as e:
-            raise _HTTPError(400, {"success": False, "message": str(e)}) from None
-        self.group = group
-        self.group_name = body.get("group_name", "weight_update_group")
-        self.receiver = DistWeightReceiver(group, timeout_s=self.sync_timeout_s)
-        return 200, {"success": True, "message": "Succeeded to initialize custom process group."}
-
-    def _destroy_group(self, body: dict) -> tuple[int, Any]:
-        from scalerl_mega.weight_sync import destroy_group
-
-        if self.group is not None and body.get("group_name", "weight_update_group") == self.group_name:
-            destroy_group(self.group)
-            self.group = self.receiver = None
-        return 200, {"success": True, "message": "destroyed"}
-
-    def _update_weights(self, body: dict) -> tuple[int, Any]:
-        from scalerl_mega.weight_sync import BucketMeta, WeightSyncError, dtype_from_name, dtype_name
-
-        def fail(msg: str):
-            return _HTTPError(400, {"success": False, "message": msg})
-
-        if not self.session_open:
-            raise fail(NO_SESSION)
-        if self.receiver is None or body.get("group_name", "weight_update_group") != self.group_name:
-            raise fail(f"no weight update group named {body.get('group_name')!r}")
-        names, dtypes, shapes = body["names"], body["dtypes"], body["shapes"]
-        if not (len(names) == len(dtypes) == len(shapes)):
-            raise fail(f"names/dtypes/shapes lengths differ: {len(names)}/{len(dtypes)}/{len(shapes)}")
-        try:
-            for d in dtypes:
-                dtype_from_name(d)
-        except ValueError as e:
-            raise fail(str(e)) from None
-        version = body.get("weight_version")
-        meta = BucketMeta(names=names, dtypes=dtypes, shapes=shapes, version=-1, load_format=body.get("load_format"))
-        try:
-            tensors = self.receiver.receive_bucket(meta)
-        except WeightSyncError as e:
-            raise fail(f"broadcast failed: {e}") from None
-        params = dict(self.core.model.named_parameters())
-        if "lm_head.weight" not in params:
-            params["lm_head.weight"] = self.core.model.get_output_embeddings().weight
-        for i, (n, t) in enumerate(tensors):
-            p = params.get(n)
-            if p is None:
-                raise fail(f"names[{i}]={n!r} is not a parameter of the model")
-            if list(p.shape) != list(t.shape) or dtype_name(p.dtype) != dtypes[i]:
-                raise fail(
-                    f"names[{i}]={n!r}: got {dtypes[i]}{list(t.shape)}, model has {dtype_name(p.dtype)}{list(p.shape)}"
-                )
-        with self._cv:
-            self.core.load_weights(tensors)
-            if version is not None:
-                if version not in self.version_names:
-                    self.version_names.append(version)
-                self.core.set_version(self.version_names.index(version))
-            if body.get("flush_cache", True) and self._flush_refused():
-                raise fail("weights loaded but flush_cache was refused: requests are running")
-        return 200, {"success": True, "message": "Succeeded to update parameter online."}

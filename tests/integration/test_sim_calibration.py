@@ -63,7 +63,8 @@ def test_engine_counters_hand_worked():
 
 
 def test_a_measured_run_calibrates_the_simulator(tmp_path):
-    from scalerl_mega.cluster.schedule_sim import config_from_calibration, load_calibration, simulate
+    from scalerl_mega.cluster.schedule_calibration import config_from_calibration, load_calibration
+    from scalerl_mega.cluster.schedule_sim import simulate
 
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")

@@ -77,17 +77,20 @@ def test_sft_batch_layout():
 
 
 class _RecordingTrainer:
-    """Records what warm_start feeds it (the optimizer swap and the example order)."""
+    """Records what warm_start feeds it (the optimizer settings of each step and the example order), with
+    `MegatronPolicyTrainer`'s contract: `reset_optimizer(optim)` sets the settings of the steps until the next reset,
+    `None` the run's own (`cfg.optim`)."""
 
     def __init__(self):
         self.cfg = SimpleNamespace(optim=OptimConfig(lr=1e-4, warmup_steps=0))
-        self.seen, self.lrs, self.resets = [], [], 0
+        self.seen, self.lrs, self.resets, self.optim = [], [], [], self.cfg.optim
 
-    def reset_optimizer(self):
-        self.resets += 1
+    def reset_optimizer(self, optim=None):
+        self.resets.append(optim)
+        self.optim = optim or self.cfg.optim
 
     def sft_step(self, batch):
-        self.lrs.append((self.cfg.optim.lr, self.cfg.optim.warmup_steps))
+        self.lrs.append((self.optim.lr, self.optim.warmup_steps))
         self.seen.append(batch.input_ids_BT[:, 0].tolist())
         return {"loss": 1.0}
 
@@ -96,9 +99,10 @@ def test_warm_start_epochs_and_optimizer_swap():
     tr = _RecordingTrainer()
     examples = [([i + 1], [7]) for i in range(6)]
     hist = warm_start(tr, examples, steps=5, batch_size=4, lr=1e-3, warmup_steps=2, seed=3)
-    assert len(hist) == 5 and tr.resets == 2
+    assert len(hist) == 5 and len(tr.resets) == 2 and tr.resets[1] is None  # then RL's own settings again
     assert tr.lrs == [(1e-3, 2)] * 5
-    assert tr.cfg.optim.lr == 1e-4 and tr.cfg.optim.warmup_steps == 0  # RL optimizer config restored
+    assert tr.cfg.optim == OptimConfig(lr=1e-4, warmup_steps=0)  # the run's config is never modified
+    assert tr.resets[0] == OptimConfig(lr=1e-3, warmup_steps=2)  # every other setting is the run's
     flat = [x for batch in tr.seen for x in batch]
     # epochs are permutations from Random(seed): the first 6 and the next 6 examples each cover all
     assert sorted(flat[:6]) == [1, 2, 3, 4, 5, 6] and sorted(flat[6:12]) == [1, 2, 3, 4, 5, 6]
@@ -148,14 +152,14 @@ def test_interruption_point_drawn_per_sample():
                                answer_budget=5),
         rollout=SimpleNamespace(temperature=1.0, top_p=1.0))
     comps = SimpleNamespace(stop_token_ids=[2], interruption_ids=[9, 8])
-    params = sampling_params(cfg, comps, random.Random(7), seed=100, n=8)
+    params = sampling_params(cfg.length, cfg.rollout, comps, random.Random(7), seed=100, n=8)
     ref = random.Random(7)
     assert [p.interruption_at for p in params] == [ref.randint(10, 60) for _ in range(8)]
     assert len({p.interruption_at for p in params}) > 1  # not shared by the group
     assert [p.seed for p in params] == list(range(100, 108))
     assert all(p.interruption_ids == [9, 8] and p.answer_budget == 5 for p in params)
     cfg.length.name = "penalty"
-    assert all(p.interruption_at is None for p in sampling_params(cfg, comps, random.Random(7), seed=0, n=3))
+    assert all(p.interruption_at is None for p in sampling_params(cfg.length, cfg.rollout, comps, random.Random(7), seed=0, n=3))
 
 
 def test_build_task_checks_vocab_and_phrase():

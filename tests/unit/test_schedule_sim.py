@@ -10,14 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from scalerl_mega.cluster.schedule_sim import (
-    LengthDist,
-    SimConfig,
-    calibration_from_records,
-    config_from_calibration,
-    fit_linear,
-    simulate,
-)
+from scalerl_mega.cluster.linfit import fit_linear
+from scalerl_mega.cluster.schedule_calibration import calibration_from_records, config_from_calibration
+from scalerl_mega.cluster.schedule_sim import LengthDist, SimConfig, simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 L, C, S, Y, B = 100, 0.01, 0.3, 0.2, 8

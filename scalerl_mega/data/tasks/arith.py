@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
 
 from scalerl_mega.data.split import held_out_split, prompt_id_for
+from scalerl_mega.interfaces import Tokenizer
 from scalerl_mega.types import Prompt
 
 TASK = "synthetic"
@@ -96,7 +96,7 @@ def sft_examples(prompts: Sequence[Prompt]) -> list[tuple[str, str]]:
     return [(p.text, target_text(p.meta["a"], p.meta["b"])) for p in prompts]
 
 
-def sft_token_ids(tokenizer: Any, prompt: Prompt) -> tuple[list[int], list[int]]:
+def sft_token_ids(tokenizer: Tokenizer, prompt: Prompt) -> tuple[list[int], list[int]]:
     """(prompt ids with <bos>, target ids + <eos>) for SFT; the loss goes on the target ids."""
     p_ids = tokenizer(prompt.text)["input_ids"]
     t_ids = tokenizer(target_text(prompt.meta["a"], prompt.meta["b"]), add_special_tokens=False)["input_ids"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from scalerl_mega.model.config import MegatronConfig
+from scalerl_mega.model.config import MegatronConfig, OptimConfig
 from scalerl_mega.trainer.megatron.step import HeadLossFn, LossFn, next_token_ce_loss
 from scalerl_mega.trainer.microbatch import MicroBatchPlan
 from scalerl_mega.trainer.policy_loss import batch_tensors, finalize_train_metrics
@@ -52,6 +52,8 @@ class MegatronPolicyTrainer:
         self.chunks = [wrap.wrap_model(model, self.tcfg, cfg)]
         step.configure_schedule(self.tcfg, self.chunks)
         self.optimizer = wrap.build_optimizer(self.chunks, cfg)
+        self._optim: OptimConfig | None = None
+        """Settings given to `reset_optimizer` for the steps since (the warm start's), else None: `cfg.optim`."""
         self.step = 0
         self.routing_replay = cfg.routing_replay
         """MoE routing replay mode of the next steps (none | ids | ids_and_weights); may be changed
@@ -107,7 +109,7 @@ class MegatronPolicyTrainer:
     def _optimizer_step(self, data: dict[str, Tensor], plan: MicroBatchPlan) -> dict[str, float]:
         from scalerl_mega.trainer.megatron import step
 
-        metrics = step.train_step(self.chunks, self.optimizer, data, step=self.step, optim=self.cfg.optim,
+        metrics = step.train_step(self.chunks, self.optimizer, data, step=self.step, optim=self.optim,
                                   parallel=self.cfg.parallel, loss_fn=self.loss_fn,
                                   head_loss_fn=self.head_loss_fn, plan=plan, routes=self._routes(plan))
         metrics = finalize_train_metrics(metrics)
@@ -161,11 +163,22 @@ class MegatronPolicyTrainer:
         return PlannedTensors(export.export_to_rank0(self.chunks, self.cfg.model, dtype=dtype),
                               plan=export.export_plan(self.cfg.model, dtype=dtype))
 
-    def reset_optimizer(self) -> None:
-        """Fresh optimizer state and step counter (e.g. after an SFT warm start, before RL)."""
+    @property
+    def optim(self) -> OptimConfig:
+        """The optimizer settings of the steps being taken: `cfg.optim` (RL), or those given to `reset_optimizer`
+        (the SFT warm start's lr and warmup) until the next reset."""
+        return self._optim if self._optim is not None else self.cfg.optim
+
+    def reset_optimizer(self, optim: OptimConfig | None = None) -> None:
+        """Fresh optimizer state and step counter (e.g. after an SFT warm start, before RL), with the settings
+        `optim` (default: the run's `cfg.optim`; `cfg` itself is never changed)."""
+        import dataclasses
+
         from scalerl_mega.trainer.megatron import wrap
 
-        self.optimizer = wrap.build_optimizer(self.chunks, self.cfg)
+        self._optim = optim
+        cfg = self.cfg if optim is None else dataclasses.replace(self.cfg, optim=optim)
+        self.optimizer = wrap.build_optimizer(self.chunks, cfg)
         self.step = 0
 
     def save(self, path: str, *, extra_state: Optional[dict[str, Any]] = None) -> None:
