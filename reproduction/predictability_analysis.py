@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from scalerl_mega.metrics.writer import read_metrics
+from scalerl_mega.scaling.band import forecast_band
 from scalerl_mega.scaling.holdout import FINAL_POINTS, first_half_assessment, half_fit, overdispersion, params, \
     score_later
 from scalerl_mega.scaling.identify import verdict_text
@@ -110,7 +111,36 @@ def score_run(c: np.ndarray, r: np.ndarray, n: np.ndarray, *, half: float, regis
     later = score_later(c, r, n, half=h)
     if later is not None:
         out["second_half"] = later
+        out["band"] = band_check(c, r, n, half=half, fit=h.assessment.fit)
     return out
+
+
+BAND_CHECKPOINTS = (0.625, 0.75, 0.875, 1.0)
+"""Where the README reads the band: these shares of the run's last compute (the half is 0.5)."""
+WINDOW = 20
+"""Observed points averaged around each checkpoint (a point's binomial SE is ~0.012; 20 average to ~0.003)."""
+
+
+def band_check(c: np.ndarray, r: np.ndarray, n: np.ndarray, *, half: float, fit) -> dict[str, Any]:
+    """What the 95% forecast band of the first-half fit (`scalerl_mega.scaling.band`, fitted on the points up to the
+    half only, as registered) says about the second half: at each checkpoint the forecast and its band next to the
+    mean of the WINDOW observed points closest to it (with that mean's binomial SE), and the share of second-half
+    points inside the band widened by 2 binomial SE (a single point's noise)."""
+    first, later = c <= half, c > half
+    band = forecast_band(c[first], r[first], fit=fit, at=c[later], n_samples=n[first])
+    two_se = 2.0 * np.sqrt(np.clip(r[later] * (1 - r[later]), 0, None) / n[later])
+    inside = (r[later] >= band.lo - two_se) & (r[later] <= band.hi + two_se)
+    rows = []
+    for q in BAND_CHECKPOINTS:
+        target = q * float(c.max())
+        k = int(np.argmin(np.abs(band.compute - target)))
+        near = np.argsort(np.abs(c - band.compute[k]))[:WINDOW]
+        mean = float(r[near].mean())
+        se = float(np.sqrt(np.mean(r[near] * (1 - r[near]) / n[near]) / near.size))
+        rows.append({"compute": float(band.compute[k]), "reward": float(band.reward[k]), "lo": float(band.lo[k]),
+                     "hi": float(band.hi[k]), "observed_mean": mean, "observed_se": se,
+                     "covered": bool(band.lo[k] <= mean <= band.hi[k])})
+    return {"kappa": band.kappa, "inside_2se": int(inside.sum()), "points": int(later.sum()), "checkpoints": rows}
 
 
 def analyse(*, sweep_dir: Path | None, out_dir: Path, run_name: str = RUN_NAME, label: str = RUN_NAME
@@ -195,9 +225,29 @@ def markdown(results: dict[str, Any]) -> str:
                      f"| {last} | {sh_txt} | {v['unvetted_mae']:.4f} | {whole} | {reg_txt} |")
     lines += ["", "Compute: cumulative generated samples, thousands. Noise floor: sqrt(2/pi) x the mean binomial SE "
               "of the points scored (the mean |error| a perfect forecast would still show). Inside A's band: "
-              "second-half points within Eq. 1 at A's 95% interval +- 2 binomial SE.",
-              "", "![first half fitted, second half forecast](forecast_samples.png)", "", END]
+              "second-half points within Eq. 1 at A's 95% interval +- 2 binomial SE.", ""]
+    lines += _band_lines(results)
+    lines += ["", "![first half fitted, second half forecast](forecast_samples.png)", "", END]
     return "\n".join(lines)
+
+
+def _band_lines(results: dict[str, Any]) -> list[str]:
+    """What the 95% forecast band (`scaling.band`) of each registered first-half fit says, checkpoint by checkpoint:
+    the forecast, the band, and the mean of the 20 observed points around it."""
+    runs = {k: v["band"] for k, v in results["runs"].items() if v.get("band")}
+    if not runs:
+        return []
+    cps = next(iter(runs.values()))["checkpoints"]
+    lines = ["The 95% forecast band of each first-half fit (`scalerl_mega/scaling/band.py`: parameter uncertainty and "
+             "the misfit of Eq. 1 measured on the first half's own tail), at 5/8, 3/4, 7/8 and all of the run's "
+             "compute: forecast [band], then the mean of the 20 observed points around it (+- its binomial SE).", "",
+             "| run | kappa | " + " | ".join(f"{cp['compute']:.0f}k" for cp in cps) + " | second-half points in the band "
+             "+- 2 SE |", "|---|---|" + "---|" * len(cps) + "---|"]
+    for key, b in runs.items():
+        cells = [f"{cp['reward']:.3f} [{cp['lo']:.3f}, {cp['hi']:.3f}]: {cp['observed_mean']:.3f} +- "
+                 f"{cp['observed_se']:.3f}{'' if cp['covered'] else ' **outside**'}" for cp in b["checkpoints"]]
+        lines.append(f"| {key} | {b['kappa']:.4f} | " + " | ".join(cells) + f" | {b['inside_2se']} of {b['points']} |")
+    return lines
 
 
 def _plot(rows: dict[str, Any], curves: dict[str, tuple[np.ndarray, ...]], path: Path, *, label: str) -> list[str]:

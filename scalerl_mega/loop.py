@@ -54,6 +54,7 @@ from scalerl_mega.metrics.progress import progress_line
 from scalerl_mega.metrics.rollout_stats import rollout_metrics, staleness_histogram, tokens_per_version
 from scalerl_mega.metrics.val_window import center_step, val_metrics, window_slice
 from scalerl_mega.metrics.writer import MetricsWriter
+from scalerl_mega.scaling.forecast import plain_line
 from scalerl_mega.inflight import Preempted, _Pending, _Router, sampling_params, score_groups
 from scalerl_mega.types import Group, Prompt
 from scalerl_mega.heldout import HeldoutSpec, collect, submit, submit_window_slice, validate
@@ -167,8 +168,8 @@ def run_rl(cfg: TrainConfig, comps: LoopComponents, *, compute: ComputeCounter, 
         readmit = [Prompt(**d) for d in extra["outstanding"]]
         if forecaster is not None:
             n_val = len(comps.val_prompts) * cfg.data.val_samples  # what `validate` recorded per point
-            for _, c, r in state.val_points:
-                forecaster.add(c, r, n_val)
+            for step, c, r in state.val_points:
+                forecaster.add(c, r, n_val, step=step)
         log.info("resumed from %s at step %d (%d prompts re-admitted)", ckpt, state.step, len(readmit))
     from scalerl_mega.metrics.loggers import build_loggers
 
@@ -446,9 +447,11 @@ def _record_validation(cfg: TrainConfig, state: LoopState, writer: MetricsWriter
     writer.write("validation", state.step, {**vm, **fields})
     log.info("validation step %d: pass rate %.3f", state.step, vm["val_pass_rate"])
     if forecaster is not None:
-        fc = forecaster.add(x, vm["val_pass_rate"], vm["val_prompts"] * vm["val_samples_per_prompt"])
-        if fc is not None:  # A and the prediction are null unless identified (scaling/identify.py)
+        fc = forecaster.add(x, vm["val_pass_rate"], vm["val_prompts"] * vm["val_samples_per_prompt"],
+                            step=fields.get("val_center_step", state.step))
+        if fc is not None:  # A and the prediction are null unless identified; the band always (scaling/band.py)
             writer.write("forecast", state.step, {**fc.summary(), **fields})
+            log.info("%s", plain_line(fc, unit=forecaster.unit))
 
 
 def _as_rng_state(state: Sequence[Any]) -> tuple:

@@ -3,8 +3,10 @@
 Reads the run's metrics.jsonl (validation lines), fits R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) and
 judges it with `scaling.identify.assess` -- the rule `scalerl-fit` and the live forecast use: the cut
 (the paper's 1.5k GPU-hours on a GPU-hour axis that reaches it, else `cut_fraction` x the final compute),
-A's 95% interval, and A and the reward at the budget only when A is identified -- draws it with the
-interval band and the cut (scaling/plot.py) and writes a short markdown summary.
+A's 95% interval, and A only when A is identified -- gives the expected reward at the run's budget (its final
+compute, or `budget`) and at twice it with their 95% bands (`scaling.band`, identified or not), says the verdict
+in plain words (also on the console), draws the curve with the bands and the cut (scaling/plot.py) and writes a
+short markdown summary.
 Multi-task runs (validation lines with several `val/<domain>_pass_rate`) also get one row and one
 fitted curve per domain (paper Sec. 5: math and code scale differently).
 """
@@ -104,35 +106,69 @@ def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget
     if note:
         lines.append(note)
     if a is not None:
-        from scalerl_mega.scaling.identify import verdict_text
-
-        fit = a.fit
-        budget = budget or 2 * points[-1][0]
-        pred = f"{float(a.predict(budget)):.3f}" if a.identified else "- (A not identified)"
-        lo, hi = a.A_interval
-        cut = "-" if a.fit_from is None else f"{a.fit_from:.4g} {unit}"
-        lines += [
-            "## Fitted scaling curve (paper Eq. 1)",
-            "",
-            "| A | A 95% interval | B | C_mid | R0 | predicted at budget | budget | fit from | points | A identified |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-            f"| {f'{fit.A:.3f}' if a.identified else 'not identified'} | {lo:.3f}..{hi:.3f} | {fit.B:.3f} | "
-            f"{fit.C_mid:.4g} | {fit.R0:.3f} | {pred} | {budget:.4g} {unit} | {cut} | {a.n_points} | "
-            f"{a.identified} |",
-            "",
-            f"Verdict: {verdict_text(a)}.",
-            "",
-        ]
+        budget = budget or points[-1][0]
+        band = _band(points, a, ns, budget=budget)
+        lines += _fit_lines(a, band, points=points, unit=unit, budget=budget)
         curves.append(CurvePlot(label=title, compute=[c for c, _, _ in points], reward=[r for _, r, _ in points],
-                                fit=fit, assessment=a))
+                                fit=a.fit, assessment=a, band=band))
     lines += _domain_lines(val, key=key, curves=curves, cut_fraction=cut_fraction, fit_from=fit_from)
     if curves:
         files = plot_scaling(curves, path=run_dir / "scaling", formats=("png",), title=title,
-                             xlabel=f"Compute ({unit})", extend_to=budget)
+                             xlabel=f"Compute ({unit})", extend_to=2 * budget if budget else None)
         lines.append(f"![scaling curve]({files[0].name})")
     out = run_dir / "report.md"
     out.write_text("\n".join(lines) + "\n")
     return out
+
+
+def _band(points, a, n_samples, *, budget: float):
+    """The 95% band at `budget` and at twice it, and on a grid from the fitted data's end to twice the budget
+    (for the plot); None when the fit has too few points for one."""
+    import numpy as np
+
+    from scalerl_mega.scaling.band import forecast_band
+
+    end = a.fit.compute_range[1]
+    at = sorted({budget, 2.0 * budget, *np.geomspace(max(end, 1e-12), 2.0 * budget, 40).tolist()})
+    try:
+        return forecast_band([c for c, _, _ in points], [r for _, r, _ in points], fit=a.fit, at=at,
+                             n_samples=n_samples)
+    except ValueError:
+        return None
+
+
+def _fit_lines(a, band, *, points, unit: str, budget: float) -> list[str]:
+    """The report's fit section: the parameters, the forecast at the budget and at twice it with their bands, the
+    verdict in plain words and the rule's own words; the verdict also goes to the console (the run's last line)."""
+    import logging
+
+    import numpy as np
+
+    from scalerl_mega.scaling.forecast import ceiling_words
+    from scalerl_mega.scaling.identify import verdict_text
+
+    fit = a.fit
+    lo, hi = a.A_interval
+    cut = "-" if a.fit_from is None else f"{a.fit_from:.4g} {unit}"
+    lines = ["## Fitted scaling curve (paper Eq. 1)", "",
+             "| A | A 95% interval | B | C_mid | R0 | fit from | points | A identified |",
+             "|---|---|---|---|---|---|---|---|",
+             f"| {f'{fit.A:.3f}' if a.identified else 'not identified'} | {lo:.3f}..{hi:.3f} | {fit.B:.3f} | "
+             f"{fit.C_mid:.4g} | {fit.R0:.3f} | {cut} | {a.n_points} | {a.identified} |", ""]
+    first, last = points[0][1], points[-1][1]
+    verdict = f"the pass rate went from {first:.3f} to {last:.3f}; {ceiling_words(a)}"
+    if band is not None:
+        k1, k2 = (int(np.argmin(np.abs(band.compute - x))) for x in (budget, 2.0 * budget))
+        lines += ["| expected pass rate at | compute | forecast | 95% band |", "|---|---|---|---|"]
+        for name, k in (("this run's budget", k1), ("twice the budget", k2)):
+            lines.append(f"| {name} | {band.compute[k]:.4g} {unit} | {band.reward[k]:.3f} | "
+                         f"{band.lo[k]:.3f}..{band.hi[k]:.3f} |")
+        lines += ["", "The band covers the fit's parameter uncertainty and the misfit of Eq. 1 measured on the "
+                  "run's own tail (scaling/band.py)."]
+        verdict += (f"; with twice this compute expect {band.reward[k2]:.3f} "
+                    f"(95% band {band.lo[k2]:.3f}-{band.hi[k2]:.3f})")
+    logging.getLogger("scalerl_mega.report").info("verdict: %s", verdict)
+    return lines + ["", f"**Verdict**: {verdict}.", "", f"The rule's words: {verdict_text(a)}.", ""]
 
 
 def _assess(compute: list[float], reward: list[float], *, n_samples, gpu_hours: bool, cut_fraction: float | None,

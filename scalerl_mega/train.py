@@ -38,20 +38,25 @@ def run_config(config: TrainConfig) -> dict[str, Any]:
 
 class AutoBudgetForecaster:
     """The live forecast of `forecast.*`: no fit before `min_points` validations, then a refit at
-    every validation; budget 0 means twice the compute spent so far (paper Eq. sigmoid_law). The cut
-    and the identification rule are `scaling.identify`'s (the same as `scalerl-fit` and report.md)."""
+    every validation (paper Eq. 1, Sec. 5); budget 0 means this run's own budget, the compute at step
+    `total_steps` extrapolated from the compute per step so far (twice the compute so far where the step is not
+    given). The cut and the identification rule are `scaling.identify`'s (the same as `scalerl-fit` and
+    report.md); the forecast carries the 95% band at the budget and at twice it (`scaling.band`)."""
 
-    def __init__(self, fc_cfg: ForecastConfig, *, gpu_hours: bool = False) -> None:
+    def __init__(self, fc_cfg: ForecastConfig, *, gpu_hours: bool = False, total_steps: int = 0) -> None:
         from scalerl_mega.scaling.forecast import LiveForecaster
 
         self.cfg = fc_cfg
+        self.total_steps = int(total_steps)
+        self.unit = "GPU-hours" if gpu_hours else "device-hours"
         self.live = LiveForecaster(budget=float(fc_cfg.budget) or 1.0, every=1,
                                    fit_from=float(fc_cfg.fit_from) or None, cut_fraction=float(fc_cfg.cut_fraction),
                                    gpu_hours=gpu_hours)
 
-    def add(self, compute: float, reward: float, n_samples: float | None = None):
+    def add(self, compute: float, reward: float, n_samples: float | None = None, *, step: float | None = None):
         if not self.cfg.budget:
-            self.live.budget = 2.0 * max(compute, 1e-12)
+            per_step = compute / step if step and self.total_steps else None
+            self.live.budget = max(per_step * self.total_steps if per_step else 2.0 * compute, compute, 1e-12)
         if len(self.live.compute) + 1 < self.cfg.min_points:
             self.live.record(compute, reward, n_samples)
             return None
@@ -134,8 +139,8 @@ def run_job(config: TrainConfig) -> dict[str, Any]:
         summary["engine_start_s"] = time.monotonic() - t0
         compute = ComputeCounter(devices=build.allocation_devices(config, world_size=world),
                                  on_gpu=config.cluster.device == "cuda")
-        forecaster = (AutoBudgetForecaster(config.forecast, gpu_hours=config.cluster.device == "cuda")
-                      if config.forecast.enabled else None)
+        forecaster = (AutoBudgetForecaster(config.forecast, gpu_hours=config.cluster.device == "cuda",
+                                           total_steps=config.train.steps) if config.forecast.enabled else None)
         t0 = time.monotonic()
         _start_segment(config, out=out, resumed=resumed)
         state = run_rl(config, comps, compute=compute, forecaster=forecaster,

@@ -171,8 +171,9 @@ class ForecastConfig:
 
     enabled: bool = True
     budget: float = 0.0
-    """Compute budget (same unit as the fit's C) at which to report the predicted reward; 0 = 2x
-    the compute spent so far."""
+    """Compute budget (same unit as the fit's C) at which to report the predicted reward and its 95% band (and at
+    twice it); 0 = this run's own budget: the compute at `train.steps`, extrapolated from the compute per step so
+    far."""
     min_points: int = 4
     """Validation points needed before a fit is attempted (A is identified only from
     `scaling.identify.MIN_POINTS` = 8 points after the cut)."""

@@ -1,8 +1,15 @@
 """`scalerl-fit`: fit Eq. 1 to one or more runs, print a table, write plots (paper Sec. 2.1, App. A.5).
 
-    scalerl-fit RUN_DIR_OR_FILE [...] [--x compute_gpu_hours] [--y val_pass_rate] [--grid auto|paper|relative]
-                [--fit-from auto|none|X] [--cut-fraction 0.1] [--fit-to X] [--r0 X] [--method fast|grid]
-                [--refine] [--val-samples N] [--holdout 0.5] [--plot-dir DIR] [--json] [--label NAME ...]
+    scalerl-fit RUN_DIR_OR_FILE [...] [--x auto] [--y val_pass_rate] [--grid auto|paper|relative]
+                [--fit-from auto|none|X] [--cut-fraction 0.1] [--fit-to X] [--forecast-at C ...] [--r0 X]
+                [--method fast|grid] [--refine] [--val-samples N] [--holdout 0.5] [--plot-dir DIR] [--json]
+                [--label NAME ...]
+
+The x axis (`--x auto`, the default): GPU-hours where a run logged any (a GPU run), else device-hours (a CPU run,
+whose GPU-hours are all 0); the choice is printed. Forecasts (`scaling.band`): every run gets the expected reward
+with a 95% band at every point beyond `--fit-to` (checking the fit against the rest of the run) and at each
+`--forecast-at` compute (default: twice the run's last compute), whether or not A is identified; the band covers
+the fit's parameter uncertainty and the misfit of Eq. 1 estimated from the run's own tail.
 
 Grids: `paper` = App. A.5 (A 0.450..0.800 step 0.005, C_mid linspace(100, 40000, 100)) with fit_from 1500;
 `relative` = `fit.relative_grids` over the fitted compute range (small runs, any unit);
@@ -29,11 +36,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
+from scalerl_mega.scaling.band import Band, forecast_band
+from scalerl_mega.scaling.cli_output import compact, json_default, loo_json, print_table, run_row
 from scalerl_mega.scaling.fit import FitOptions
 from scalerl_mega.scaling.holdout import HalfFit, half_fit, score_later
-from scalerl_mega.scaling.identify import CUT_FRACTION, Assessment, assess, auto_grid, options_for, verdict_text
+from scalerl_mega.scaling.identify import CUT_FRACTION, Assessment, assess, auto_grid, options_for
+from scalerl_mega.scaling.io import DEVICE_X, GPU_X
 
 if TYPE_CHECKING:
     from scalerl_mega.scaling.io import Series
@@ -43,9 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="scalerl-fit", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", help="run directories, metrics.jsonl files or CSV files")
-    p.add_argument("--x", default="compute_gpu_hours",
-                   help="compute key/column (default compute_gpu_hours); in a metrics.jsonl, sum:<key> is the "
-                        "running sum of <key> over earlier lines, e.g. sum:batch/tokens (rollout tokens so far)")
+    p.add_argument("--x", default="auto",
+                   help="compute key/column (default auto: compute_gpu_hours where a run logged GPU-hours, else "
+                        "compute_device_hours); in a metrics.jsonl, sum:<key> is the running sum of <key> over "
+                        "earlier lines, e.g. sum:batch/tokens (rollout tokens so far)")
     p.add_argument("--y", default="val_pass_rate", help="reward key/column (default val_pass_rate)")
     p.add_argument("--label", nargs="*", default=None, help="names for the runs (default: directory/file names)")
     p.add_argument("--domains", action="store_true",
@@ -63,7 +72,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--val-samples", type=float, default=None, metavar="N",
                    help="validation samples per point for the noise floor (default: val_prompts x "
                         "val_samples_per_prompt of the metrics.jsonl lines; unknown for CSV)")
-    p.add_argument("--fit-to", type=float, default=None, help="upper compute bound of the fit (cut a collapse)")
+    p.add_argument("--fit-to", type=float, default=None,
+                   help="upper compute bound of the fit (cut a collapse); the points beyond it get forecast rows")
+    p.add_argument("--forecast-at", type=float, nargs="+", default=None, metavar="C",
+                   help="computes to forecast the expected reward at, with its 95%% band (default: twice the "
+                        "run's last compute)")
     p.add_argument("--r0", type=float, default=None, help="R0 (default: reward at the smallest compute)")
     p.add_argument("--method", choices=("fast", "grid"), default="fast",
                    help="fast (default, same cell) or grid (the paper's 7,100 curve_fit calls)")
@@ -117,17 +130,15 @@ def _n_samples(series, args):
     return args.val_samples if args.val_samples is not None else series.n_samples
 
 
-def _compact(v: float) -> str:
-    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
-
-
-def _num(v: float, fmt: str) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
-
-
 def _run(args) -> int:
-    from scalerl_mega.scaling.compare import SEED_MARGIN_A, bootstrap_points, bootstrap_seeds, compare_loo
+    from scalerl_mega.scaling.compare import (
+        SEED_MARGIN_A,
+        bootstrap_points,
+        bootstrap_seeds,
+        compare_loo,
+    )
 
+    x_note = _resolve_x(args)
     series = _read_all(args)
     base, grid, fit_from, desc = _options(args, series)
     rows, fits, extraps, assessed = [], [], [], []
@@ -147,7 +158,13 @@ def _run(args) -> int:
                 ex_note = f"forecast check skipped: {e}"
         fits.append(f)
         extraps.append(ex)
-        rows.append(_row(s, a, ex, ex_note))
+        rows.append(run_row(s, a, ex, ex_note))
+        band = _forecast(s, a, args)
+        if band is not None:
+            observed = dict(zip(s.compute.tolist(), s.reward.tolist()))
+            rows[-1]["forecast"] = [{**row, **({"observed": observed[row["compute"]]} if row["compute"] in observed
+                                               else {})} for row in band.rows()]
+            rows[-1]["forecast_kappa"] = band.kappa
         if args.bootstrap > 0:
             bp = bootstrap_points(s.compute, s.reward, options=opts, n_boot=args.bootstrap)
             rows[-1]["bootstrap_points"] = {"n_ok": bp.n_ok, "level": bp.level, "A": list(bp.A), "B": list(bp.B),
@@ -170,10 +187,13 @@ def _run(args) -> int:
     if args.plot_dir:
         plots = _plots(args, series, assessed, extraps, loo)
     if args.json:
-        print(json.dumps({"grid": desc, "x": args.x, "y": args.y, "runs": rows, "loo": _loo_json(loo),
-                          "seeds": seeds, "plots": [str(p) for p in plots]}, indent=2, default=_json_default))
+        print(json.dumps({"grid": desc, "x": args.x, "y": args.y, "x_note": x_note, "runs": rows,
+                          "forecast_method": FORECAST_METHOD, "loo": loo_json(loo), "seeds": seeds,
+                          "plots": [str(p) for p in plots]}, indent=2, default=json_default))
     else:
-        _print_table(desc, rows, loo, plots, seeds)
+        if x_note:
+            print(x_note)
+        print_table(desc, rows, loo, plots, seeds)
     return 0
 
 
@@ -201,9 +221,50 @@ def _holdout(s: Series, whole: Assessment, args, *, grid: str, fit_from, base: F
     return _Holdout(fraction=args.holdout, half=half, later=later, whole_A=whole.A)
 
 
+FORECAST_METHOD = ("expected reward, 95% band: profile likelihood of Eq. 1's parameters, widened by the misfit of "
+                   "Eq. 1 measured on the run's own held-out tails (scaling/band.py)")
+
+
+def _forecast(s: Series, a: Assessment, args) -> Band | None:
+    """The forecast rows of one run: every point beyond `--fit-to`, and `--forecast-at` (default: twice the last
+    compute when there is no `--fit-to`)."""
+    targets = [float(c) for c in s.compute if args.fit_to is not None and c > args.fit_to]
+    extra = args.forecast_at if args.forecast_at is not None else (
+        [] if args.fit_to is not None else [2.0 * float(s.compute.max())])
+    targets += [float(c) for c in extra]
+    if not targets:
+        return None
+    try:
+        return forecast_band(s.compute, s.reward, fit=a.fit, at=sorted(targets), n_samples=_n_samples(s, args))
+    except ValueError as e:
+        raise ValueError(f"{s.source}: forecast: {e}") from None
+
+
+def _resolve_x(args) -> str:
+    """`--x auto` (`io.auto_x`): sets `args.x` and returns the line that says which and why ("" for an explicit
+    --x)."""
+    from scalerl_mega.scaling.io import auto_x
+
+    if args.x != "auto":
+        return ""
+    args.x, note = auto_x(args.paths, y=args.y if not args.domains else "val_pass_rate")
+    return note
+
+
 def _read_all(args) -> list[Series]:
     """The curves named on the command line: one per path, or with --domains one per val/<domain>_pass_rate key
-    of each path (named `<label>/<domain>`)."""
+    of each path (named `<label>/<domain>`). A run whose compute is 0 throughout is an error that says which axis
+    to use."""
+    series = _read_series(args)
+    for s in series:
+        if float(s.compute.max()) <= 0:
+            hint = (f"a CPU run logs no GPU-hours: use --x {DEVICE_X} (or the default --x auto)" if s.x_key == GPU_X
+                    else "nothing to fit against")
+            raise ValueError(f"{s.source}: every {s.x_key} is 0 ({s.compute.size} points): {hint}")
+    return series
+
+
+def _read_series(args) -> list[Series]:
     from scalerl_mega.scaling.io import domain_keys, read_series
 
     labels = args.label or []
@@ -221,128 +282,6 @@ def _read_all(args) -> list[Series]:
         series += [read_series(p, x=args.x, y=key, name=f"{base_name}/{key[len('val/'):-len('_pass_rate')]}")
                    for key in keys]
     return series
-
-
-def _loo_json(loo) -> dict | None:
-    if loo is None:
-        return None
-    return {"A_mean": loo.A_mean, "margin": loo.margin, "best": loo.best, "excluded": list(loo.excluded),
-            "runs": [{"run": r.label, "A": r.fit.A if r.fit.identified else None, "A_minus_mean": r.A_offset,
-                      "within_margin": r.within_margin, "B_at_A_mean": r.B, "C_mid_at_A_mean": r.C_mid}
-                     for r in loo.runs]}
-
-
-def _print_loo(loo) -> None:
-    print(f"leave-one-out at the common A={loo.A_mean:.4f} (mean over {len(loo.runs) - len(loo.excluded)} runs; "
-          "every run refit at it, paper Sec. 6 / App. A.5):")
-    table = [("run", "A", "A - mean", "B at mean A", "C_mid at mean A", "")]
-    for r in sorted(loo.runs, key=lambda r: -r.B if r.fixed is not None else math.inf):
-        if r.fixed is None:
-            table.append((r.label, "not identified", "-", "-", "-", "excluded"))
-            continue
-        note = "best B" if r.label == loo.best else ""
-        if not r.within_margin:
-            note = (note + "; " if note else "") + f"A beyond the +-{loo.margin:g} seed margin of the mean"
-        table.append((r.label, f"{r.fit.A:.3f}", f"{r.A_offset:+.3f}", f"{r.B:.3f}", f"{r.C_mid:.4g}", note))
-    widths = [max(len(row[k]) for row in table) for k in range(len(table[0]))]
-    for k, row in enumerate(table):
-        print("  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
-        if k == 0:
-            print("  " + "  ".join("-" * w for w in widths))
-
-
-def _json_default(o):
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(type(o).__name__)
-
-
-def _row(s, a, ex, ex_note) -> dict:
-    f = a.fit
-    row = {
-        "run": s.name, "source": s.source, **a.summary(), "verdict": verdict_text(a),
-        "r0_source": f.r0_source, "sse": f.sse, "widened": list(f.widened), "compute_range": list(f.compute_range),
-    }
-    if a.holdout is not None:
-        h = a.holdout
-        row["misfit_check"] = {"n_fit": h.n_fit, "n_heldout": h.n_heldout, "split_compute": h.split_compute,
-                               "mae": h.mae, "noise_floor": h.noise_floor, "ratio": h.ratio,
-                               "noise_source": h.noise_source, "passed": h.passed}
-    if f.refined is not None:
-        row["refined"] = {"A": f.refined.A, "B": f.refined.B, "C_mid": f.refined.C_mid, "sse": f.refined.sse,
-                          "differs": f.refined.differs}
-    if ex is not None:
-        h, first = ex.half, ex.half.assessment
-        row["holdout"] = {"fraction": ex.fraction, "split_compute": h.half_compute, "n_fit": first.fit.n_points,
-                          "identified": h.identified, "verdict": h.verdict, "A": first.A,
-                          "A_interval": list(first.A_interval),
-                          "delta_A": None if first.A is None or ex.whole_A is None else first.A - ex.whole_A,
-                          "later": ex.later, "final_points": {"compute": list(h.final_compute),
-                                                              "observed": list(h.observed),
-                                                              "predicted": None if h.predicted is None
-                                                              else list(h.predicted),
-                                                              "mae": h.mae, "noise_floor": h.noise_floor,
-                                                              "unvetted_mae": h.unvetted_mae}}
-    elif ex_note:
-        row["holdout_note"] = ex_note
-    return row
-
-
-def _print_table(desc, rows, loo, plots, seeds=None) -> None:
-    print(f"grid: {desc}")
-    head = ("run", "n", "A", "A 95% interval", "B", "C_mid", "identified", "forecast error / floor", "dA(half)")
-    table = [head]
-    notes = []
-    for r in rows:
-        ex = r.get("holdout")
-        later = (ex or {}).get("later") or {}
-        a = _num(r["A"], ".3f") if r["identified"] else "not identified"
-        table.append((
-            r["run"], str(r["n_points"]), a, f"{r['A_interval'][0]:.3f}..{r['A_interval'][1]:.3f}",
-            _num(r["B"], ".3f") if r["identified"] else "-",
-            _num(r["C_mid"], ".4g") if r["identified"] else "-",
-            "yes" if r["identified"] else "NO",
-            (f"{later['mae']:.4f} / {later['noise_floor']:.4f} = {later['ratio']:.1f}x"
-             + ("" if later["forecast"] else " (unvetted)")) if later else "-",
-            _num(ex["delta_A"], "+.3f") if ex else "-",
-        ))
-        if r.get("widened"):
-            edges = sorted(set(r["widened"]), key=r["widened"].index)
-            notes.append(f"{r['run']}: grid widened at {', '.join(edges)} ({len(r['widened'])} step(s))")
-        if "bootstrap_points" in r:
-            q = r["bootstrap_points"]
-            notes.append(f"{r['run']}: A {100 * q['level']:.0f}% point-bootstrap {q['A'][0]:.3f}..{q['A'][1]:.3f} "
-                         f"(n={q['n_ok']}); compare runs with the +-{q['seed_margin_A']:g} seed margin: point "
-                         "intervals understate seed variance")
-        if "refined" in r:
-            q = r["refined"]
-            notes.append(f"{r['run']}: continuous refit A={q['A']:.4f} B={q['B']:.3f} C_mid={q['C_mid']:.4g}"
-                         + (" (differs from the grid optimum)" if q["differs"] else ""))
-        if ex:
-            notes.append(f"{r['run']}: fit on compute <= {_compact(ex['split_compute'])} (the first "
-                         f"{ex['fraction']:g}): {ex['verdict']}"
-                         + ("" if ex["identified"] else "; no forecast (the error shown is the unvetted fit's)"))
-        if "holdout_note" in r:
-            notes.append(f"{r['run']}: {r['holdout_note']}")
-        notes.append(f"{r['run']}: R0={r['R0']:.4f} ({r['r0_source']}); {r['verdict']}")
-    widths = [max(len(str(row[k])) for row in table) for k in range(len(head))]
-    for k, row in enumerate(table):
-        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
-        if k == 0:
-            print("  ".join("-" * w for w in widths))
-    for n in notes:
-        print("  " + n)
-    if seeds is not None:
-        per = ", ".join(f"{a:.3f}" for a in seeds["per_seed_A"])
-        print(f"seeds of one config: A per seed {per}; half-range {seeds['half_range_A']:.4f} "
-              f"(paper: <= 0.015, margin {seeds['seed_margin_A']:g}); seed-bootstrap A "
-              f"{seeds['A'][0]:.3f}..{seeds['A'][1]:.3f} (n={seeds['n_ok']})")
-    if loo is not None:
-        _print_loo(loo)
-    for p in plots:
-        print(f"wrote {p}")
 
 
 def _plots(args, series, assessed, extraps, loo=None) -> list[Path]:
@@ -365,7 +304,7 @@ def _plots(args, series, assessed, extraps, loo=None) -> list[Path]:
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in s.name)
         kind = "forecast" if ex.later["forecast"] else "unvetted fit (A not identified)"
         written += plot_scaling([cv], path=out_dir / f"extrapolation_{safe}.png", xlabel=xlabel, ylabel=ylabel,
-                                title=f"{s.name}: fit on compute <= {_compact(ex.half.half_compute)}; {kind} off by "
+                                title=f"{s.name}: fit on compute <= {compact(ex.half.half_compute)}; {kind} off by "
                                 f"{ex.later['ratio']:.1f}x the noise floor")
     if loo is not None and loo.best is not None:  # Fig. 7 at the common A, with the table's B and C_mid
         loo_curves = [CurvePlot(label=s.name, compute=s.compute, reward=s.reward,

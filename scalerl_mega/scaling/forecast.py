@@ -10,7 +10,9 @@ use, with the same options (`identify.options_for`): on a GPU-hour axis that rea
 over the points after the cut, the cut being `cut_fraction` (default 0.1) x the compute so far, or
 `fit_from` when given. `method="fast"` (grid widening on, as in `scalerl-fit`), well under a second a
 refit. A and the reward at the budget are reported only when A is identified (identify.py's rule);
-otherwise they are NaN, and the interval and the reason are given.
+otherwise they are NaN, and the interval and the reason are given. Whether or not A is identified, the expected
+reward at the budget and at twice the budget comes with its 95% band (`scaling.band`: parameter uncertainty and
+the misfit of Eq. 1 measured on the run's own tail), and `plain_line` says all of it in words for the console.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from scalerl_mega.scaling.band import Band, forecast_band
 from scalerl_mega.scaling.fit import SIGMOID_PARAMS, FitOptions, SigmoidFit
 from scalerl_mega.scaling.identify import CUT_FRACTION, Assessment, assess, auto_grid, options_for
 
@@ -48,6 +51,8 @@ class Forecast:
     fit_from: float | None = None
     """The cut: points below this compute were not fitted."""
     assessment: Assessment | None = None
+    band: Band | None = None
+    """The expected reward with its 95% band at `budget` and at 2 x `budget` (None when no fit was made)."""
 
     def summary(self) -> dict:
         """The fields of a `forecast` line in metrics.jsonl (A and the prediction None unless identified)."""
@@ -58,7 +63,7 @@ class Forecast:
                 "A_interval": [num(float(v)) for v in self.A_interval], "identified": self.identified,
                 "reason": self.reason, "budget": self.budget,
                 "predicted_reward_at_budget": num(self.predicted_reward_at_budget), "n_points": self.n_points,
-                "fit_from": self.fit_from}
+                "fit_from": self.fit_from, "forecast": [] if self.band is None else self.band.rows()}
 
 
 def forecast(compute: Sequence[float], reward: Sequence[float], *, budget: float, r0: float | None = None,
@@ -95,9 +100,56 @@ def forecast(compute: Sequence[float], reward: Sequence[float], *, budget: float
         return fail(str(e), opts.fit_from)
     f = a.fit
     pred = float(a.predict(float(budget))) if a.identified else nan
+    try:
+        band = forecast_band(c, r, fit=f, at=[float(budget), 2.0 * float(budget)], n_samples=n_samples)
+    except ValueError:
+        band = None
     return Forecast(ok=True, n_points=n, compute_so_far=so_far, budget=float(budget), A=f.A if a.identified else nan,
                     B=f.B, C_mid=f.C_mid, R0=f.R0, predicted_reward_at_budget=pred, identified=a.identified,
-                    reason=a.reason, fit=f, A_interval=a.A_interval, fit_from=opts.fit_from, assessment=a)
+                    reason=a.reason, fit=f, A_interval=a.A_interval, fit_from=opts.fit_from, assessment=a, band=band)
+
+
+def _range(band: Band, k: int) -> str:
+    return f"{band.reward[k]:.3f} (95% band {band.lo[k]:.3f}-{band.hi[k]:.3f})"
+
+
+PLAIN_REASONS = (
+    ("points after the cut", "too few validation points yet"),
+    ("data stop before C_mid", "the curve has not bent over yet"),
+    ("of its gain", "the curve has not bent over yet"),
+    ("misfit", "Eq. 1 does not yet fit the latest points within the noise (the curve is still changing)"),
+    ("wide", "the points do not pin it to the paper's +-0.02 yet"),
+    ("grid's edge", "the points do not bound it yet"),
+    ("upper edge", "the points do not bound it from above yet"),
+)
+"""`identify`'s reasons (a key phrase) in plain words."""
+
+
+def plain_reason(reason: str) -> str:
+    """The first of `identify.assess`'s reasons in plain words, with the advice that holds for all of them."""
+    first = reason.split("; ")[0] if reason else ""
+    words = next((w for key, w in PLAIN_REASONS if key in first), first or "the points do not pin it down yet")
+    return f"{words}: not enough data to forecast the ceiling, run longer"
+
+
+def ceiling_words(a: Assessment) -> str:
+    """The asymptote A in words: its value when identified, else why it is not pinned down yet."""
+    lo, hi = a.A_interval
+    if a.identified:
+        return f"ceiling A = {a.fit.A:.3f} ({lo:.3f}-{hi:.3f})"
+    return f"ceiling A somewhere in {lo:.3f}-{hi:.3f}: {plain_reason(a.reason)}"
+
+
+def plain_line(fc: Forecast, *, unit: str, budget_name: str = "at the end of this run") -> str:
+    """One console line at a validation point: what the run should reach at its budget and at twice it, with the
+    bands, and where the ceiling stands; or why there is no forecast yet."""
+    if not fc.ok:
+        return f"forecast: none yet ({fc.reason})"
+    words = ceiling_words(fc.assessment) if fc.assessment is not None else ""
+    if fc.band is None:
+        return f"forecast: {words}"
+    return (f"forecast: {budget_name} ({fc.budget:.3g} {unit}) {_range(fc.band, 0)}; with twice that compute "
+            f"{_range(fc.band, 1)}; {words}")
 
 
 @dataclass(kw_only=True)

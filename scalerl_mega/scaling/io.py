@@ -250,3 +250,23 @@ def domain_keys(path: str | Path) -> list[str]:
             if isinstance(obj, dict):
                 found.update(k for k in obj if k.startswith("val/") and k.endswith("_pass_rate"))
     return sorted(found)
+
+
+GPU_X, DEVICE_X = "compute_gpu_hours", "compute_device_hours"
+"""The two compute axes every validation line carries (metrics/compute.py)."""
+
+
+def auto_x(paths, *, y: str = "val_pass_rate") -> tuple[str, str]:
+    """(x key, a line saying why) for runs read with `--x auto`: GPU-hours where any run logged some, else
+    device-hours (a CPU run's GPU-hours are all 0). A run that cannot be read with GPU-hours for another reason
+    than lacking them decides for GPU-hours, so that reading it reports the problem."""
+    for p in paths:
+        try:
+            s = read_series(p, x=GPU_X, y=y)
+        except ValueError as e:
+            if f"but no {GPU_X!r}" in str(e) or "missing column" in str(e):
+                continue  # this run logged no GPU-hours at all
+            return GPU_X, f"x axis: {GPU_X} (--x auto)"
+        if float(s.compute.max()) > 0:
+            return GPU_X, f"x axis: {GPU_X} (--x auto: {s.name} logged GPU-hours)"
+    return DEVICE_X, f"x axis: {DEVICE_X} (--x auto: no run logged GPU-hours, e.g. CPU runs)"

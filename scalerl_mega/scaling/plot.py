@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from scalerl_mega.scaling.band import Band
 from scalerl_mega.scaling.fit import SigmoidFit, loo_transform, sigmoid_law
 from scalerl_mega.scaling.identify import Assessment
 
@@ -38,6 +39,27 @@ class CurvePlot:
     """Points with compute above this were held out of the fit: drawn as crosses."""
     assessment: Assessment | None = None
     """The verdict of `identify.assess` for `fit`: band, cut line and identification come from it."""
+    band: Band | None = None
+    """The 95% forecast band (`scaling.band`) over its computes beyond the fitted data: drawn shaded, with the
+    forecast dashed, whether or not A is identified."""
+
+
+def short_number(v: float) -> str:
+    """A compute value for a legend or a tick: 3 significant digits, no trailing zeros (0.006981 -> 0.00698)."""
+    return f"{v:.3g}"
+
+
+def _log_ticks(ax) -> None:
+    """Readable log-axis ticks: labels at 1, 2, 5 x 10^k over at most two decades, at powers of ten beyond; no
+    minor-tick labels (matplotlib labels minor ticks on short ranges, where they overlap)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    lo, hi = ax.get_xlim()
+    decades = math.log10(max(hi, 1e-300) / max(lo, 1e-300))
+    subs = (1.0, 2.0, 5.0) if decades <= 2.0 else (1.0,)
+    ax.xaxis.set_major_locator(LogLocator(base=10.0, subs=subs, numticks=12))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: short_number(v)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _new_figure(figsize: tuple[float, float], dpi: int):
@@ -70,6 +92,15 @@ def plot_scaling(curves: Sequence[CurvePlot], *, path: str | Path, formats: Sequ
 
     The image is figsize x dpi pixels (default 800 x 500). The curve extends to `extend_to` (default: the
     largest compute shown)."""
+    fig = scaling_figure(curves, title=title, xlabel=xlabel, ylabel=ylabel, log_x=log_x, extend_to=extend_to,
+                         figsize=figsize, dpi=dpi)
+    return _save(fig, path, formats, dpi)
+
+
+def scaling_figure(curves: Sequence[CurvePlot], *, title: str | None = None, xlabel: str = "Compute (GPU-hours)",
+                   ylabel: str = "Validation pass rate", log_x: bool = True, extend_to: float | None = None,
+                   figsize: tuple[float, float] = (8.0, 5.0), dpi: int = 100):
+    """The matplotlib Figure `plot_scaling` saves (tests read its artists)."""
     if not curves:
         raise ValueError("plot_scaling needs at least one curve")
     fig = _new_figure(figsize, dpi)
@@ -86,6 +117,7 @@ def plot_scaling(curves: Sequence[CurvePlot], *, path: str | Path, formats: Sequ
     ax.set_ylim(lo_y, max(hi_y, y_top + 0.04 * (y_top - lo_y)))
     if log_x:
         ax.set_xscale("log")
+        _log_ticks(ax)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
@@ -93,7 +125,7 @@ def plot_scaling(curves: Sequence[CurvePlot], *, path: str | Path, formats: Sequ
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="lower right", fontsize=8, frameon=False)
     fig.tight_layout()
-    return _save(fig, path, formats, dpi)
+    return fig
 
 
 def _draw_curve(ax, cv: CurvePlot, *, color: str, c_min: float, c_max: float, log_x: bool, single: bool,
@@ -121,9 +153,16 @@ def _draw_curve(ax, cv: CurvePlot, *, color: str, c_min: float, c_max: float, lo
         ax.axhspan(a_lo, a_hi, color=color, alpha=0.12, lw=0, zorder=1)
         if a.fit_from is not None and (a.fit_from > 0 or not log_x):
             ax.axvline(a.fit_from, color=color, lw=0.9, ls=":", alpha=0.8, zorder=2,
-                       label=f"{cv.label}: fit cut {a.fit_from:.4g}")
+                       label=f"{cv.label}: points before {short_number(a.fit_from)} not fitted")
     ax.plot(xs_in, f.predict(xs_in), "-", color=color, lw=2.0, label=label, zorder=3)
-    if c_max > hi and identified:
+    if cv.band is not None:
+        b = cv.band
+        beyond = b.compute >= hi
+        ax.fill_between(b.compute[beyond], b.lo[beyond], b.hi[beyond], color=color, alpha=0.18, lw=0, zorder=2,
+                        label=f"{cv.label}: forecast, 95% band")
+        ax.plot(b.compute[beyond], b.reward[beyond], "--", color=color, lw=1.8, zorder=3)
+        y_top = max(y_top, float(np.max(b.hi[beyond], initial=-math.inf)))
+    elif c_max > hi and identified:
         xs_out = np.geomspace(hi, c_max, 120) if log_x else np.linspace(hi, c_max, 120)
         ax.plot(xs_out, f.predict(xs_out), "--", color=color, lw=1.8, zorder=3,
                 label=f"{cv.label}: extrapolated" if single else None)

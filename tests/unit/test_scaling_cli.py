@@ -274,3 +274,59 @@ def test_holdout_is_the_reproductions_first_half_forecast(capsys):
     assert main([str(root / "runs" / "scalerl" / "seed0"), "--x", "sum:samples"]) == 0
     out = capsys.readouterr().out
     assert "forecast error / floor" in out and "1.0x" in out  # seed 0: 0.0094 / 0.0094 over 160 points
+
+
+def cpu_run(tmp_path, name="cpu"):
+    """A CPU run as the loop logs it: GPU-hours 0 on every line, device-hours growing; 1,600 samples per point."""
+    d = tmp_path / name
+    d.mkdir()
+    C = np.linspace(0.0, 0.4, 81)
+    R = eq1(C, 0.7, 1.6, 0.05, 0.2) + np.random.default_rng(1).normal(0, 0.004, C.size)
+    with (d / "metrics.jsonl").open("w") as fh:
+        for i, (c, r) in enumerate(zip(C, R)):
+            fh.write(json.dumps({"kind": "validation", "step": i, "compute_gpu_hours": 0.0, "compute_device_hours": c,
+                                 "val_pass_rate": float(r), "val_prompts": 200.0, "val_samples_per_prompt": 8.0})
+                     + "\n")
+    return d, C, R
+
+
+def test_a_cpu_run_is_fitted_on_device_hours_by_default(tmp_path, capsys):
+    """Issue 49: GPU-hours are 0 on a CPU run; the default axis picks device-hours and says so, an explicit
+    GPU-hour axis fails with the way out."""
+    d, C, _ = cpu_run(tmp_path)
+    assert main([str(d), "--json", "--holdout", "0"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["x"] == "compute_device_hours" and "no run logged GPU-hours" in data["x_note"]
+    assert data["runs"][0]["compute_range"][1] == pytest.approx(C.max())
+    assert main([str(d), "--holdout", "0"]) == 0
+    assert capsys.readouterr().out.startswith("x axis: compute_device_hours (--x auto")
+    assert main([str(d), "--x", "compute_gpu_hours"]) == 2
+    err = capsys.readouterr().err
+    assert "every compute_gpu_hours is 0" in err and "--x compute_device_hours" in err
+    gpu = scalerl_run(tmp_path)  # a GPU run: auto takes GPU-hours
+    assert main([str(gpu), "--json", "--holdout", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["x"] == "compute_gpu_hours"
+
+
+def test_forecast_rows_beyond_fit_to_and_at_chosen_budgets(tmp_path, capsys):
+    """Issue 52 item 1: with --fit-to X every point beyond X gets a row {compute, reward, lo, hi} (and the point
+    observed there), --forecast-at adds budgets; the band holds Eq. 1's truth; the table shows the same rows."""
+    d, C, R = cpu_run(tmp_path)
+    assert main([str(d), "--fit-to", "0.2", "--forecast-at", "0.8", "--json", "--holdout", "0"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    run = data["runs"][0]
+    later = C[C > 0.2]
+    rows = run["forecast"]
+    assert [r["compute"] for r in rows] == pytest.approx(sorted([*later.tolist(), 0.8]))
+    assert set(rows[0]) == {"compute", "reward", "lo", "hi", "observed"} and "observed" not in rows[-1]
+    truth = eq1(np.array([r["compute"] for r in rows]), 0.7, 1.6, 0.05, 0.2)
+    assert all(r["lo"] <= r["reward"] <= r["hi"] for r in rows)
+    assert np.mean([r["lo"] <= t <= r["hi"] for r, t in zip(rows, truth)]) >= 0.9
+    assert rows[0]["observed"] == pytest.approx(float(R[C > 0.2][0]))
+    assert "profile likelihood" in data["forecast_method"]
+    assert main([str(d), "--fit-to", "0.2", "--forecast-at", "0.8", "--holdout", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "forecast for cpu" in out and f"{rows[-1]['lo']:.4f}..{rows[-1]['hi']:.4f}" in out and "--json has all" in out
+    assert main([str(d), "--json", "--holdout", "0"]) == 0  # default: one row at twice the last compute
+    rows = json.loads(capsys.readouterr().out)["runs"][0]["forecast"]
+    assert [r["compute"] for r in rows] == pytest.approx([0.8])

@@ -69,3 +69,49 @@ def test_forecast_cut_gpu_hours_and_small_runs():
     assert small.fit_from == pytest.approx(12.0)  # 0.1 x 120 GPU-hours
     fixed = forecast(C, R, budget=24000.0, fit_from=3000.0)
     assert fixed.fit_from == 3000.0 and fixed.assessment.n_points == int(np.sum(C >= 3000.0))
+
+
+def test_the_live_forecast_carries_the_band_at_the_budget_and_twice_it_identified_or_not():
+    """Issue 52 items 2-3: every fitted forecast has the expected reward with a 95% band at the budget and at
+    2 x the budget (rows in its metrics line), also when A is not identified; the band holds Eq. 1's truth."""
+    from scalerl_mega.scaling.forecast import plain_line
+
+    for n, c_max, identified in ((60, 1.25, True), (20, 0.8 * CM, False)):
+        C, R = tiny(n, c_max)
+        f = forecast(C, R, budget=BUDGET)  # Gaussian noise of 0.005: the residual variance stands for it
+        assert f.ok and f.identified is identified, f.reason
+        rows = f.summary()["forecast"]
+        assert [r["compute"] for r in rows] == [BUDGET, 2 * BUDGET]
+        truth = eq1([BUDGET, 2 * BUDGET], A, B, CM, R0)
+        for r, t in zip(rows, truth):
+            assert r["lo"] <= r["reward"] <= r["hi"] and r["lo"] <= t <= r["hi"], (identified, r, t)
+        line = plain_line(f, unit="device-hours")
+        assert f"{rows[0]['reward']:.3f} (95% band {rows[0]['lo']:.3f}-{rows[0]['hi']:.3f})" in line
+        assert f"with twice that compute {rows[1]['reward']:.3f}" in line
+        assert ("ceiling A = " in line) is identified and ("run longer" in line) is (not identified)
+    assert f.summary()["A"] is None and f.summary()["predicted_reward_at_budget"] is None  # the rule still holds
+    none = forecast([0.0, 0.1, 0.2], [0.1, 0.2, 0.25], budget=BUDGET)
+    assert plain_line(none, unit="device-hours") == f"forecast: none yet ({none.reason})"
+
+
+def test_the_runs_own_budget_is_its_planned_end():
+    """forecast.budget=0: the budget is the compute at train.steps, extrapolated from the compute per step so far
+    (2 x the compute so far where the step is unknown)."""
+    from types import SimpleNamespace
+
+    from scalerl_mega.train import AutoBudgetForecaster
+
+    fc = AutoBudgetForecaster(SimpleNamespace(budget=0.0, min_points=2, fit_from=0.0, cut_fraction=0.1),
+                              total_steps=400)
+    fc.add(0.0, 0.1, 1600, step=0)
+    fc.add(0.05, 0.3, 1600, step=20)
+    assert fc.live.budget == pytest.approx(0.05 * 400 / 20)
+    fc.add(0.11, 0.4, 1600, step=40)
+    assert fc.live.budget == pytest.approx(0.11 * 400 / 40)
+    fc.add(0.2, 0.45, 1600)
+    assert fc.live.budget == pytest.approx(0.4) and fc.unit == "device-hours"
+    fixed = AutoBudgetForecaster(SimpleNamespace(budget=3.0, min_points=2, fit_from=0.0, cut_fraction=0.1),
+                                 total_steps=400, gpu_hours=True)
+    fixed.add(0.0, 0.1, step=0)
+    fixed.add(0.05, 0.3, step=20)
+    assert fixed.live.budget == 3.0 and fixed.unit == "GPU-hours"

@@ -207,18 +207,27 @@ def test_live_forecast_cli_and_report_agree(tmp_path, capsys, seed):
     live = LiveForecaster(budget=2.0, every=C.size)  # one refit, at the last point
     for c, r in zip(C, y):
         fc = live.add(c, r, N) or live.latest
-    assert main([str(tmp_path), "--x", "compute_device_hours", "--json"]) == 0
+    assert main([str(tmp_path), "--x", "compute_device_hours", "--forecast-at", "2.0", "4.0", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)["runs"][0]
     md = write_report(tmp_path, budget=2.0).read_text()
+    # the expected reward with its band at the budget and at twice it: one function (scaling.band), one answer
+    got = [v for f in row["forecast"] for v in (f["compute"], f["reward"], f["lo"], f["hi"])]
+    assert got == pytest.approx([float(v) for x in zip(fc.band.compute, fc.band.reward, fc.band.lo, fc.band.hi)
+                                 for v in x], abs=1e-12)
+    for name, k in (("this run's budget", 0), ("twice the budget", 1)):
+        assert (f"| {name} | {fc.band.compute[k]:.4g} device-hours | {fc.band.reward[k]:.3f} | "
+                f"{fc.band.lo[k]:.3f}..{fc.band.hi[k]:.3f} |") in md
     assert row["A_interval"] == pytest.approx(list(fc.A_interval), abs=1e-12)
     assert row["identified"] == fc.identified and row["reason"] == fc.reason and row["fit_from"] == fc.fit_from
     assert row["B"] == fc.B and row["C_mid"] == fc.C_mid and row["n_points"] == fc.assessment.n_points
     lo, hi = fc.A_interval
     assert f"| {lo:.3f}..{hi:.3f} |" in md and f"| {fc.identified} |" in md
     if fc.identified:
-        assert row["A"] == fc.A and f"| {fc.A:.3f} |" in md and f"| {fc.predicted_reward_at_budget:.3f} |" in md
+        assert row["A"] == fc.A and f"| {fc.A:.3f} |" in md and f"ceiling A = {fc.A:.3f}" in md
+        assert fc.predicted_reward_at_budget == pytest.approx(fc.band.reward[0], abs=1e-12)
     else:
-        assert row["A"] is None and "not identified" in md and "- (A not identified)" in md
+        assert row["A"] is None and "| not identified |" in md and "ceiling A somewhere in" in md
+        assert "run longer" in md and math.isnan(fc.predicted_reward_at_budget)
 
 
 def test_same_answer_for_both_seeds_is_not_trivial(tmp_path):

@@ -48,7 +48,7 @@ def _write_run(d: Path, *, A: float, B: float, C_mid: float, R0: float, finished
         (d / "summary.json").write_text(json.dumps({"steps": 16}))
 
 
-def test_sweep_report_fits_each_point(tmp_path):
+def test_sweep_report_fits_each_point(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     _write_run(sweep / "a", A=0.8, B=1.5, C_mid=2.0, R0=0.1, finished=True, override="experiment=scalerl")
     _write_run(sweep / "b", A=0.6, B=1.0, C_mid=1.0, R0=0.1, finished=False, override="experiment=loo_dapo")
@@ -61,7 +61,37 @@ def test_sweep_report_fits_each_point(tmp_path):
     assert a.fit.C_mid == pytest.approx(2.0, rel=0.1) and b.fit.C_mid == pytest.approx(1.0, rel=0.1)
     assert [p.name for p in plots] == ["sweep_curves.png"] and plots[0].stat().st_size > 1000
     text = md.read_text()
-    assert text.count("| experiment=") == 2 and f"| {a.fit.A:.3f} |" in text
+    assert text.count("| experiment=") == 2
+    # one identification rule everywhere (scaling.identify.assess): the same verdict as scalerl-fit's
+    from scalerl_mega.scaling.cli import main as fit_main
+
+    for p in points:
+        assert fit_main([str(p.path), "--x", "compute_device_hours", "--json", "--holdout", "0"]) == 0
+        row = json.loads(capsys.readouterr().out)["runs"][0]
+        assert p.assessment.identified == row["identified"] and p.assessment.reason == row["reason"]
+        cell = f"| {row['A']:.3f} |" if row["identified"] else "| not identified |"
+        line = next(x for x in text.splitlines() if x.startswith(f"| {p.name} |"))
+        assert cell in line and f"{row['A_interval'][0]:.3f}..{row['A_interval'][1]:.3f}" in line
+
+
+def test_sweep_report_does_not_call_a_five_point_fit_identified(tmp_path, capsys):
+    """Issue 49's case: 5 validation points (4 after C = 0) fit well, but the rule needs >= 8 after the cut: the
+    report says "not identified" with that reason, like scalerl-fit and report.md."""
+    sweep = tmp_path / "sweep"
+    d = sweep / "short"
+    d.mkdir(parents=True)
+    C = [0.0, 0.5, 1.0, 2.0, 4.0]
+    with open(d / "metrics.jsonl", "w") as f:
+        for i, c in enumerate(C):
+            r = 0.1 + (0.72 - 0.1) / (1 + (1.0 / c) ** 1.5) if c else 0.1
+            f.write(json.dumps({"kind": "validation", "step": i, "val_pass_rate": r, "compute_device_hours": c})
+                    + "\n")
+    md, _, points = sweep_report.write_report(sweep, out_dir=sweep, x="compute_device_hours")
+    assert not points[0].assessment.identified and "need >= 8" in points[0].assessment.reason
+    line = next(x for x in md.read_text().splitlines() if x.startswith("| short |"))
+    assert "| not identified |" in line and "no: " in line and "yes" not in line.split("|")[-2]
+    assert sweep_report.main([str(sweep)]) == 0
+    assert "x axis: compute_device_hours (--x auto: no run logged GPU-hours" in capsys.readouterr().out
 
 
 def test_sweep_report_cli_errors(tmp_path, capsys):
