@@ -11,7 +11,9 @@ which is why the kernels and their helpers live at module level here.
 - `logits_tile`: one [BLOCK_N, BLOCK_V] FP32 tile of h @ W^T over BLOCK_H slices of H. FP32 operands
   (FP32 inputs, or any input under the interpreter, whose bf16 dot is wrong) use `input_precision=PRECISION`,
   "ieee" unless the caller asks for "tf32x3": Triton's default for FP32 dots on tensor-core GPUs is TF32
-  (10-bit mantissa inputs). 16-bit operands keep the default (exact products, FP32 accumulation).
+  (10-bit mantissa inputs). 16-bit operands keep the default (exact products, FP32 accumulation). HP / WP:
+  1 or 3 bf16 pieces of h and W (pointers h, h1, h2 / w, w1, w2; the bf16x3 path, objective/bf16_split.py):
+  the piece products of significance <= 2 are accumulated, smallest first.
 - `logprob_fwd_kernel`: grid (row blocks, vocab splits). Each program streams its share of the vocabulary
   and writes, for its rows, the online max m, sum exp(logit - m) s and the target logit t (0 if the target
   is not in its share); with WITH_ENTROPY (a separate compilation, as it costs registers) also
@@ -20,7 +22,8 @@ which is why the kernels and their helpers live at module level here.
 - `dlogits_kernel`: grid (row blocks, vocab blocks) of a row chunk. Each program recomputes one logits
   tile and writes dL/dlogits = g * (onehot - softmax) for the upstream gradient g = dL/dlogp, so that
   grad_h = dlogits @ W and grad_W = dlogits^T @ h are plain GEMMs on the written chunk (see
-  `fused_logprob`). No atomics anywhere: every output element is written by exactly one program.
+  `fused_logprob`); with DP = 3 it writes the FP32 dlogits as three exact bf16 pieces (bf16x3 path, GEMMs on
+  bf16 tensor cores). No atomics anywhere: every output element is written by exactly one program.
 """
 
 from __future__ import annotations

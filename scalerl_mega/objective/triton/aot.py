@@ -3,8 +3,9 @@ get: registers, spill bytes, shared memory, and which dot instructions the PTX u
 
 Triton compiles to PTX and, with the `ptxas` its wheel ships, to a cubin without a driver; only launching
 needs one. This checks, on CPU, what the interpreter cannot: that FP32 dots lower to FMA instructions (IEEE)
-rather than TF32 tensor-core `mma`/`wgmma`, that bf16 dots use `wgmma` on sm_90, and which autotune
-configurations spill. Launch-time specialisation is mimicked: pointers and integer arguments are marked
+rather than TF32 tensor-core `mma`/`wgmma`, that bf16 dots use `wgmma` on sm_90, that the bf16x3 path (FP32
+operands as bf16 pieces, `split_path`) lowers to bf16 `wgmma` only, 3 (6) per 16-deep step with one (three)
+hidden-state pieces, and which autotune configurations spill. Launch-time specialisation is mimicked: pointers and integer arguments are marked
 16-divisible, as Triton does at launch for 16-aligned tensors and multiples of 16 (N, V, H and the strides
 of real shapes). Not covered: speed, and anything the driver decides at load time.
 
