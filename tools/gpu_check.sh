@@ -20,9 +20,9 @@ set -u -o pipefail
 mode=gpu
 if [ "${1:-}" = "--cpu" ]; then mode=cpu; shift; fi
 out=${1:?usage: tools/gpu_check.sh [--cpu] OUT [SUITE_S HEAD_S RL_S]}
-suite_s=${2:-240}
-head_s=${3:-110}
-rl_s=${4:-170}
+suite_s=${2:-220}
+head_s=${3:-100}
+rl_s=${4:-200}
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${GPU_PY:-python3}
 wheels=${GPU_WHEELS:-$root/.whl}

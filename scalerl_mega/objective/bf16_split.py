@@ -79,11 +79,8 @@ def split_pairs(na: int, nb: int) -> list[tuple[int, int]]:
 def mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, accumulate: bool) -> None:
     """out (FP32) = / += a @ b for bf16 a, b: exact products, FP32 accumulation. CUDA: one cuBLAS GEMM with
     an FP32 output (`out_dtype`); CPU (no bf16 x bf16 -> FP32 GEMM): on FP32 copies, the same products."""
-    if a.is_cuda:
-        if accumulate:
-            torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
-        else:
-            torch.mm(a, b, out_dtype=torch.float32, out=out)
+    if a.is_cuda:  # beta=0: out's old contents are ignored (NaN included)
+        torch.addmm(out, a, b, out_dtype=torch.float32, beta=1 if accumulate else 0, out=out)
         return
     if accumulate:
         out.addmm_(a.float(), b.float())
