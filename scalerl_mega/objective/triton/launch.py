@@ -20,7 +20,7 @@ AUTOTUNE_CONFIGS = {
     ),
     "bf16x3": (  # FP32 operands as exact bf16 pieces (objective/bf16_split.py): 3 or 6 wgmma dots per slice
         (128, 128, 64, 8, 2),
-        (128, 128, 32, 8, 3),
+        (128, 128, 64, 8, 3),
         (128, 64, 64, 4, 3),
         (64, 128, 64, 4, 3),
         (64, 64, 64, 4, 3),
@@ -71,11 +71,13 @@ def kernels():
     return triton, k
 
 
-def config_kind(upcast: bool, precision: str) -> str:
-    """The AUTOTUNE_CONFIGS list for FP32 operands (`upcast`) in `precision`, or for 16-bit operands
-    (bf16x3 pieces included: `precision="bf16x3"` with `upcast=False`)."""
+def config_kind(upcast: bool, precision: str, *, pieces: bool = False) -> str:
+    """The AUTOTUNE_CONFIGS list for FP32 operands (`upcast`) in `precision`, for bf16 pieces (`pieces`: the
+    bf16x3 path's kernels, split_path.py), or for 16-bit operands."""
+    if pieces:
+        return "bf16x3"
     if not upcast:
-        return "bf16x3" if precision == "bf16x3" else "16bit"
+        return "16bit"
     return precision if precision == "tf32x3" else "fp32"
 
 
@@ -96,13 +98,15 @@ def launch(name: str, grid, args: tuple, *, blocks: tuple[int, int, int] | None,
     """Launch `_kernels.<name>`: autotuned when `blocks` is None, else with these (BLOCK_N, BLOCK_V, BLOCK_H).
 
     `grid(meta) -> tuple` receives the block sizes (as Triton's autotuner passes them); `constexprs`: the
-    kernel's other compile-time flags (WITH_ENTROPY, HP, WP, DP). `precision` selects the configuration
-    list (`config_kind`); the kernels' PRECISION is "ieee" unless FP32 operands run in tf32x3."""
+    kernel's other compile-time flags (WITH_ENTROPY, HP, WP, DP). The configuration list (`config_kind`)
+    follows the operands: bf16 pieces (any of HP, WP, DP > 1), FP32 (`upcast`, by `precision`) or 16-bit;
+    the kernels' PRECISION is "ieee" unless FP32 operands run in tf32x3."""
     _, k = kernels()
     dot_precision = precision if upcast and precision == "tf32x3" else "ieee"
     flags = dict(UPCAST=upcast, PRECISION=dot_precision, **constexprs)
     if blocks is None:
-        _tuned(name, config_kind(upcast, precision))[grid](*args, **flags)
+        pieces = constexprs.get("HP", 1) > 1 or constexprs.get("WP", 1) > 1 or constexprs.get("DP", 1) > 1
+        _tuned(name, config_kind(upcast, precision, pieces=pieces))[grid](*args, **flags)
         return
     meta = dict(BLOCK_N=blocks[0], BLOCK_V=blocks[1], BLOCK_H=blocks[2])
     getattr(k, name)[grid(meta)](*args, **meta, **flags)
