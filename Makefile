@@ -87,12 +87,17 @@ GPU_PY     ?= python3
 GPU_WHEELS ?= .whl
 GPU_SITE   ?= /tmp/scalerl-gpu-site
 GPU_PKGS   := megatron-core==0.16.1 omegaconf==2.3.0
+# tools/gpu_check.sh's RL stage runs scalerl-train there: what a Python with only torch, Triton, numpy and pytest
+# lacks for it (found by running `tools/gpu_check.sh --cpu` in such an environment; docs/cluster_and_gpu.md)
+GPU_RL_PKGS := hydra-core==1.3.8 PyYAML==6.0.4 transformers==5.23.0 tokenizers==0.23.3 safetensors==0.8.0 \
+	huggingface_hub==2.4.0 httpx2==2.16.2 httpcore2==2.16.2 anyio==4.16.0 idna==3.20 h11==0.16.0 \
+	truststore==0.10.5 click==8.5.1 regex==2026.11.19 tqdm==4.70.1 psutil==7.2.2
 GPU_WHEEL_TAGS := --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
 	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 
 gpu-wheels:
 	mkdir -p $(GPU_WHEELS)
-	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: $(GPU_WHEEL_TAGS) -d $(GPU_WHEELS) $(GPU_PKGS)
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: $(GPU_WHEEL_TAGS) -d $(GPU_WHEELS) $(GPU_PKGS) $(GPU_RL_PKGS)
 	# omegaconf's parser runtime is an sdist on PyPI; pure Python, so a wheel built here works anywhere
 	$(PYTHON) -m pip wheel -q --no-deps -w $(GPU_WHEELS) antlr4-python3-runtime==4.9.3
 

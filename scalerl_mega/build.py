@@ -244,11 +244,24 @@ def weight_sync_config(cfg: TrainConfig, *, backend: str, **kw: Any):
 
 def build_local_engine(cfg: TrainConfig, task: Task, *, index: int = 0):
     """One LocalRolloutEngine process holding the HF twin of the trainer's model (random init; the
-    loop pushes the trainer's weights before the first request)."""
+    loop pushes the trainer's weights before the first request); with `rollout.in_process`, the same
+    engine in this process on the trainer's device (rollout/inprocess.py)."""
+    from scalerl_mega.rollout.local import LocalRolloutEngine
+
+    config = local_engine_config(cfg, task, index=index)
+    if cfg.rollout.in_process:
+        from scalerl_mega.rollout.inprocess import InProcessRolloutEngine
+
+        return InProcessRolloutEngine(config)
+    return LocalRolloutEngine(config)
+
+
+def local_engine_config(cfg: TrainConfig, task: Task, *, index: int = 0):
+    """The `LocalEngineConfig` of local engine `index`."""
     from scalerl_mega.config import records_routes
     from scalerl_mega.model.hf_export import hf_config_from_model
     from scalerl_mega.rollout.core import CoreConfig
-    from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine
+    from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec
 
     arch, hf_kwargs = hf_config_from_model(cfg.model)
     max_seq = engine_max_seq_len(cfg, task)
@@ -256,14 +269,14 @@ def build_local_engine(cfg: TrainConfig, task: Task, *, index: int = 0):
         raise ValueError(f"model.max_position_embeddings={cfg.model.max_position_embeddings} < longest request "
                          f"{max_seq} (prompt + length.max_new_tokens / interruption budget)")
     backend = "nccl" if cfg.cluster.device == "cuda" else "gloo"
-    return LocalRolloutEngine(LocalEngineConfig(
+    return LocalEngineConfig(
         model=LocalModelSpec(arch=arch, config=hf_kwargs, init_seed=int(cfg.seed), dtype=cfg.precision.params_dtype),
         core=CoreConfig(max_batch=cfg.rollout.max_batch_size, max_seq_len=max_seq,
                         fp32_lm_head=cfg.precision.name == "fp32_head", eos_token_ids=list(task.stop_token_ids),
                         record_routes=records_routes(cfg)),
         sync=weight_sync_config(cfg, backend=backend, group_name=f"weight_update_group_{index}"),
         num_threads=cfg.rollout.engine_threads, nice=int(cfg.rollout.engine_nice), seed=int(cfg.seed) + index,
-        device="cuda" if cfg.cluster.device == "cuda" else "cpu"))
+        device="cuda" if cfg.cluster.device == "cuda" else "cpu")
 
 
 class EngineSet:
@@ -428,6 +441,8 @@ def allocation_devices(cfg: TrainConfig, *, world_size: int) -> int:
     (`cluster.generator_devices`, 0 = engines x devices per engine)."""
     from scalerl_mega.metrics.compute import allocation_devices as count
 
+    if cfg.rollout.in_process:  # the engine shares the trainer's device
+        return int(cfg.cluster.trainer_devices) or world_size
     per_engine = int(cfg.rollout.sglang_tp_size) if cfg.rollout.name == "sglang" else 1
     gen = int(cfg.cluster.generator_devices)
     if gen and cfg.rollout.name == "sglang" and gen != cfg.rollout.num_engines * per_engine:

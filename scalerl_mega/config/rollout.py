@@ -45,6 +45,10 @@ class RolloutConfig:
     stall_timeout_s: float = 1800.0
     """A generation or validation wait with requests in flight and no completion for this long is an
     error naming the engines (a hung or dead server), not an endless wait."""
+    in_process: bool = False
+    """rollout=local: run the engine's GenerationCore in the trainer's process on the trainer's device (one GPU
+    for both; a weight push is an in-place copy, no process group: rollout/inprocess.py). Generation then
+    advances only while the loop waits (no overlap with training). One engine, one trainer rank."""
     inflight_hold_tokens: int = 0
     """Rehearsal/test knob (local engine, PipelineRL only): a request that cannot be trained before
     the next weight update pauses after this many tokens until that update arrives, so in-flight
@@ -70,4 +74,7 @@ def validate_rollout(rollout: RolloutConfig) -> None:
             "with vocab-parallel logits or the fused FP32 head (docs/running_scalerl.md 'Train/inference "
             "consistency'). Use rollout.top_p=1.0")
     positive("rollout.stall_timeout_s", rollout.stall_timeout_s)
+    if rollout.in_process and (rollout.name != "local" or rollout.num_engines != 1):
+        raise ValueError(f"rollout.in_process=true needs rollout.name=local and rollout.num_engines=1 (got "
+                         f"{rollout.name!r}, {rollout.num_engines})")
     positive("rollout.inflight_hold_tokens", rollout.inflight_hold_tokens, allow_zero=True)

@@ -83,3 +83,26 @@ def gpu_utilization() -> float | None:
         return float(sum(util)) / n
     finally:
         pynvml.nvmlShutdown()
+
+
+DENSE_BF16_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "H800": 989.0, "B200": 2250.0, "GB200": 2500.0}
+"""Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) by GPU model name, for MFU (NVIDIA data sheets; H100/H200
+SXM; B200/GB200 per GPU)."""
+
+
+def dense_bf16_peak_tflops(device_name: str) -> float | None:
+    """The `DENSE_BF16_TFLOPS` entry whose key the device name contains (the longest: GB200 before B200), or
+    None for an unknown device (no MFU is reported then)."""
+    hits = [k for k in DENSE_BF16_TFLOPS if k in device_name.upper()]
+    return DENSE_BF16_TFLOPS[max(hits, key=len)] if hits else None
+
+
+def train_flops(model: Any, seq_lens: list[int]) -> float:
+    """Model FLOPs of one optimizer step over sequences of these lengths (the MFU convention: forward plus
+    backward = 3 forwards, no recomputation counted): 6 P T per sequence for the P matmul parameters per
+    token (`model.num_params()["active"]` less the input embedding, whose lookup is no matmul; the LM head
+    counts), plus causal self-attention 6 L d T^2 (Q K^T and P V, 2 T^2 d each over the T^2 / 2 causal
+    positions, times 3) with d = heads x head width. `model`: a `ModelConfig`."""
+    p = model.num_params()["active"] - model.vocab_size * model.hidden_size
+    d = model.num_attention_heads * model.kv_channels
+    return float(sum(6.0 * p * t + 6.0 * model.num_layers * d * t * t for t in seq_lens))

@@ -35,3 +35,11 @@ def test_local_cluster_takes_the_world_size():
     assert cfg.cluster.trainer_devices == 0
     assert build.allocation_devices(cfg, world_size=1) == 2
     assert build.allocation_devices(cfg, world_size=2) == 3
+
+
+def test_an_in_process_engine_shares_the_trainer_device():
+    """rollout.in_process (experiment=gpu_check): trainer and engine on one device count it once."""
+    cfg = compose(["experiment=gpu_check"])
+    assert build.allocation_devices(cfg, world_size=1) == 1
+    cfg = compose(["experiment=gpu_check", "rollout.in_process=false"])
+    assert build.allocation_devices(cfg, world_size=1) == 2

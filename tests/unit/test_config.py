@@ -74,10 +74,28 @@ def _recipe(c) -> tuple:
 
 def test_every_experiment_file_is_covered():
     on_disk = {p.stem for p in (CONF / "experiment").glob("*.yaml")}
-    assert on_disk == set(EXPECTED) | {"demo", "smollm2_cpu"}
+    assert on_disk == set(EXPECTED) | {"demo", "smollm2_cpu", "gpu_check"}
     research = {p.stem for p in (CONF / "experiment" / "reproduction").glob("*.yaml")}
     assert research == set(REPRO) | {"predictability"}
     assert not list((CONF / "experiment").glob("*/*/*.yaml"))  # one folder deep, no chains of iterations
+
+
+def test_gpu_check_experiment_is_a_half_billion_bf16_loop_on_one_device():
+    """tools/gpu_check.sh's RL stage (conf/experiment/gpu_check.yaml): ~0.5B parameters, bf16 body and FP32 head,
+    trainer and engine on one CUDA device (in-process engine), synchronous so that a resume regenerates the same
+    samples, a save to resume from; rollout.in_process is refused where it cannot hold."""
+    from scalerl_mega.config import validate
+
+    c = _compose("experiment=gpu_check")
+    validate(c)
+    assert 0.45e9 < c.model.num_params()["total"] < 0.55e9
+    assert c.precision.params_dtype == "bfloat16" and c.model.fp32_lm_head and c.cluster.device == "cuda"
+    assert c.rollout.in_process and c.rollout.name == "local" and c.rollout.num_engines == 1
+    assert (c.off_policy.name, c.off_policy.k, c.train.save_every, c.metrics.weights_digest) == (
+        "ppo_off_policy", 1, 2, True)
+    for bad, msg in (("rollout.num_engines=2", "num_engines=1"), ("rollout=sglang", "rollout.name=local")):
+        with pytest.raises(ValueError, match=r"rollout.in_process=true needs .*" + msg):
+            validate(_compose("experiment=gpu_check", bad))
 
 
 def test_the_predictability_design_is_one_overlay_on_the_demo():

@@ -238,9 +238,10 @@ AOT = textwrap.dedent(r"""
     from scalerl_mega.objective.triton.aot import compile_kernel
 
     @triton.jit
-    def plain_fp32_dot(h_ptr, w_ptr, y_ptr, m_ptr, s_ptr, t_ptr, z_ptr, N, V, H, stride_h, stride_w,
-                       BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr,
-                       PRECISION: tl.constexpr, WITH_ENTROPY: tl.constexpr):
+    def plain_fp32_dot(h_ptr, h1_ptr, h2_ptr, w_ptr, w1_ptr, w2_ptr, y_ptr, m_ptr, s_ptr, t_ptr, z_ptr, N, V, H,
+                       stride_h, stride_w, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                       UPCAST: tl.constexpr, PRECISION: tl.constexpr, WITH_ENTROPY: tl.constexpr, HP: tl.constexpr,
+                       WP: tl.constexpr):
         r = tl.arange(0, BLOCK_N)
         c = tl.arange(0, BLOCK_V)
         k = tl.arange(0, BLOCK_H)
@@ -254,6 +255,13 @@ AOT = textwrap.dedent(r"""
         out[kernel + ":fp32"] = compile_kernel(kernel, "fp32", (64, 128, 32, 8, 3))
     out["entropy:bf16"] = compile_kernel("logprob_fwd_kernel", "bf16", (128, 128, 64, 8, 3), with_entropy=True)
     out["control"] = compile_kernel("logprob_fwd_kernel", "fp32", (64, 64, 32, 4, 3), fn=plain_fp32_dot)
+    # bf16x3: the FP32 head's path on CUDA, bf16-valued hidden states (1 piece) x FP32 weight (3 pieces), in the
+    # largest configuration of its autotune list; and general FP32 hidden states (3 pieces) in its smallest
+    big, small = (128, 128, 64, 8, 2), (64, 64, 64, 4, 3)
+    out["split:fwd"] = compile_kernel("logprob_fwd_kernel", "bf16x3 h1w3", big)
+    out["split:fwd+entropy"] = compile_kernel("logprob_fwd_kernel", "bf16x3 h1w3", big, with_entropy=True)
+    out["split:dlogits"] = compile_kernel("dlogits_kernel", "bf16x3 h1w3", big)
+    out["split6:fwd"] = compile_kernel("logprob_fwd_kernel", "bf16x3 h3w3", small)
     print(json.dumps({k: dataclasses.asdict(v) for k, v in out.items()}))
 """)
 
@@ -261,7 +269,9 @@ AOT = textwrap.dedent(r"""
 def test_kernels_compile_for_sm90_with_ieee_fp32_and_tensor_core_bf16(tmp_path):
     """Ahead-of-time compile for sm_90 on CPU (Triton's bundled ptxas, no driver): bf16 dots lower to wgmma
     without register spills; the FP32 path lowers to FMA (no mma/wgmma, no .tf32), while the same dot without
-    input_precision lowers to TF32 wgmma (the control). Says nothing about speed."""
+    input_precision lowers to TF32 wgmma (the control); the bf16x3 path (FP32 operands as bf16 pieces) lowers
+    to bf16 wgmma only, 3 (6) products per step, no spills in its largest configuration with bf16-valued
+    hidden states. Says nothing about speed."""
     path = tmp_path / "aot.py"
     path.write_text(AOT)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -279,11 +289,21 @@ def test_kernels_compile_for_sm90_with_ieee_fp32_and_tensor_core_bf16(tmp_path):
     assert res["control"]["wgmma"] and res["control"]["tf32"], res["control"]
     e = res["entropy:bf16"]  # the WITH_ENTROPY variant: still wgmma, no spills in the largest bf16 config
     assert e["wgmma"] and not e["tf32"] and e["spill_bytes"] == 0 and 0 < e["registers"] <= 255, e
+    # bf16x3: tensor-core bf16 dots only (no TF32, no FMA dot), no spills; 3 products per 16-deep wgmma step
+    # of a 64-deep slice with one hidden piece (12 wgmma), 6 with three (24)
+    plain = res["logprob_fwd_kernel:bf16"]["wgmma_count"]
+    for key in ("split:fwd", "split:fwd+entropy", "split:dlogits", "split6:fwd"):
+        r = res[key]
+        assert r["wgmma"] and not r["tf32"] and not r["mma_sync"] and r["fma_f32"] < 128, (key, r)
+        assert 0 < r["registers"] <= 255 and r["shared_bytes"] <= 227 * 1024 and r["spill_bytes"] == 0, (key, r)
+    assert plain == 4 and res["split:fwd"]["wgmma_count"] == res["split:dlogits"]["wgmma_count"] == 3 * plain, res
+    assert res["split6:fwd"]["wgmma_count"] == 6 * plain, res["split6:fwd"]
 
 
-def test_fp32_dot_mode_defaults_to_tf32x3_on_cuda_only(monkeypatch):
-    """The FP32 head's dots run on tensor cores (3xTF32) on a GPU unless "ieee" is asked for; off CUDA and
-    under the interpreter they stay IEEE (issue 26 item 7: FP32 FMA dots made the 8B head +50-90% slower)."""
+def test_fp32_mode_defaults_to_bf16x3_on_cuda_only(monkeypatch):
+    """The FP32 head runs on tensor cores (bf16x3: exact bf16 pieces) on a GPU unless another mode is asked
+    for; off CUDA and under the interpreter it stays IEEE (issue 26 item 7: FP32 FMA dots made the 8B head
+    +50-90% slower; issue 53: 3xTF32 still ran at 1.13x naive's time)."""
     from types import SimpleNamespace
 
     import torch
@@ -292,8 +312,9 @@ def test_fp32_dot_mode_defaults_to_tf32x3_on_cuda_only(monkeypatch):
 
     cuda_like, cpu = SimpleNamespace(is_cuda=True), torch.zeros(1)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert resolve_fp32_precision(None, cuda_like) == "tf32x3"
+    assert resolve_fp32_precision(None, cuda_like) == "bf16x3"
     assert resolve_fp32_precision("ieee", cuda_like) == "ieee"
+    assert resolve_fp32_precision("tf32x3", cuda_like) == "tf32x3"
     assert resolve_fp32_precision(None, cpu) == "ieee"
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert resolve_fp32_precision(None, cuda_like) == "ieee"
