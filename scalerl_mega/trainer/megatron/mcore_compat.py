@@ -11,11 +11,14 @@ What changed between 0.16.1 and 0.19.2 that this project meets (found by running
   undefined: cpu_compat failure 4 is fixed upstream).
 * 0.17: DDP's `_ParamAndGradBucketGroup.start_grad_sync` waits on `torch.cuda.current_stream()` for CUDA-graph
   events before every gradient reduction (cpu_compat failure 11).
-* 0.19: the optimizers group gradient norms (`MegatronOptimizer.has_grad_norm_group`), with a flag tensor
-  allocated on `device='cuda'` (cpu_compat failure 3).
 * 0.18: the MoE router records its aux losses through `moe_logging.get_moe_metrics_tracker()` (device-aware)
   instead of `moe_utils.save_to_aux_losses_tracker` (a literal CUDA allocation, cpu_compat failure 3); the old
   `moe_utils` tracker functions are deprecated wrappers of the new tracker.
+
+* 0.19: the optimizers group gradient norms (`MegatronOptimizer.has_grad_norm_group`), with a flag tensor
+  allocated on `device='cuda'` (cpu_compat failure 3).
+* 0.19: dist-checkpoints keep their common state inside the torch_dist files (no `common.pt`), and a
+  failed write worker surfaces as "error: <class 'OSError'>" with its message only in Megatron's log.
 
 Import-free at module level: megatron is imported inside the functions (it is optional on a machine
 that only runs the generator or the scaling fits).
@@ -87,6 +90,13 @@ def grad_bucket_group_class():
     from megatron.core.distributed import param_and_grad_buffer
 
     return param_and_grad_buffer._ParamAndGradBucketGroup
+
+
+def common_state_file() -> str:
+    """The checkpoint file whose loss makes a dist-checkpoint's common (non-tensor) state unreadable:
+    `common.pt` up to 0.18; 0.19+ stores the common state as a sharded object inside the torch_dist files,
+    read through their `.metadata` index (`dist_checkpointing.load_common_state_dict` reads either)."""
+    return "common.pt" if version() < (0, 19, 0) else ".metadata"
 
 
 # ----------------------------------------------------------------------------- API moves
