@@ -14,11 +14,13 @@ What changed between 0.16.1 and 0.19.2 that this project meets (found by running
 * 0.18: the MoE router records its aux losses through `moe_logging.get_moe_metrics_tracker()` (device-aware)
   instead of `moe_utils.save_to_aux_losses_tracker` (a literal CUDA allocation, cpu_compat failure 3); the old
   `moe_utils` tracker functions are deprecated wrappers of the new tracker.
-
 * 0.19: the optimizers group gradient norms (`MegatronOptimizer.has_grad_norm_group`), with a flag tensor
   allocated on `device='cuda'` (cpu_compat failure 3).
 * 0.19: dist-checkpoints keep their common state inside the torch_dist files (no `common.pt`), and a
   failed write worker surfaces as "error: <class 'OSError'>" with its message only in Megatron's log.
+* 0.19: `SelfAttention` refuses a spec's q/k norm (Llama-4's `L2Norm`) unless `TransformerConfig.qk_layernorm`
+  or `qk_l2_norm` is set; `models.transformer_config` sets `qk_l2_norm` from the model (a field in every
+  supported release, so no branch).
 
 Import-free at module level: megatron is imported inside the functions (it is optional on a machine
 that only runs the generator or the scaling fits).
