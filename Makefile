@@ -9,7 +9,7 @@ TEST_ARGS ?= -n 2 --dist loadfile
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup test test-slow test-slurm test-sglang sglang-rl-compare test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-real reproduce \
+.PHONY: help setup test test-compat test-slow test-slurm test-sglang sglang-rl-compare test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-real reproduce \
 	reproduce-sweep reproduce-analysis bench clean
 
 help:
@@ -20,6 +20,7 @@ help:
 	@echo "  test               the default test suite (what CI runs first: .ci/run)"
 	@echo ""
 	@echo "More tests:"
+	@echo "  test-compat        Megatron, conversion, checkpoint, multi-rank, loop tests on Python 3.12 + newest releases"
 	@echo "  test-slow          the long tests (multi-rank, kill-and-resume, conversions at size)"
 	@echo "  test-sglang        against a real SGLang 0.5.23 server on CPU (its own .venv-sglang)"
 	@echo "  test-slurm         against a real single-node Slurm (needs root and apt)"
@@ -44,13 +45,54 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first, exactly pinned: the CPU wheel on this machine's disk (a looser pin pulls a CUDA build).
+	# torch first, exactly: the CPU wheel on this machine's disk (pyproject's range alone would pull a CUDA build).
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	# the oldest releases pyproject's ranges allow (make test-compat runs the newest)
+	$(PY) -m pip install -q -e '.[dev]' megatron-core==0.16.1 transformers==5.23.0
 	touch $(STAMP)
 
 test: setup
 	$(PYTEST) -m "not slow and not slurm and not gpu and not sglang and not network" $(TEST_ARGS) tests
+
+# The compatibility leg (.ci/run, after `make test`): the newest releases installable here, on CPython 3.12, in
+# their own environment (.venv-compat, idempotent like .venv): torch 2.14.1 (the index's CUDA build; it runs
+# on CPU; the newest release this machine's pip constraint allows), megatron-core 0.19.2 (>= 0.17 need
+# Python 3.12), transformers 5.24.0. It runs the Megatron, conversion, checkpoint, multi-rank and loop tests
+# (COMPAT_TESTS) and the install test that `pip install -e .` keeps this torch (network + slow).
+COMPAT_PYTHON ?= python3.12
+COMPAT_VENV   := .venv-compat
+COMPAT_PY     := $(COMPAT_VENV)/bin/python
+COMPAT_STAMP  := $(COMPAT_VENV)/.installed
+COMPAT_TORCH  := torch==2.14.1
+COMPAT_PKGS   := megatron-core==0.19.2 transformers==5.24.0
+COMPAT_TESTS  := tests/unit/test_megatron_cpu_compat.py tests/unit/test_mcore_compat.py \
+	tests/unit/test_megatron_models.py tests/unit/test_megatron_config.py tests/unit/test_llama4_attention.py \
+	tests/unit/test_routing.py tests/unit/test_sparse_moe.py tests/unit/test_convert_roundtrip.py \
+	tests/unit/test_convert_tables.py tests/unit/test_convert_distckpt_errors.py tests/unit/test_convert_load_shards.py \
+	tests/unit/test_weight_manifest.py tests/unit/test_rollout_weight_sync.py tests/unit/test_hf_model_config.py \
+	tests/integration/test_megatron_parallel.py tests/integration/test_megatron_reshard.py \
+	tests/integration/test_megatron_trainer.py tests/integration/test_megatron_fresh_checkpoint.py \
+	tests/integration/test_convert_megatron.py tests/integration/test_convert_distckpt.py \
+	tests/integration/test_dry_run.py tests/integration/test_routing_replay.py \
+	tests/integration/test_multirank_dense.py tests/integration/test_multirank_moe.py \
+	tests/integration/test_loop_megatron.py tests/integration/test_loop_pipeline.py \
+	tests/integration/test_weight_push_dtypes.py tests/integration/test_init_from_hf.py \
+	tests/faults/test_checkpoint_faults.py
+COMPAT_INSTALL_TEST := tests/integration/test_install_keeps_torch.py
+
+$(COMPAT_STAMP): pyproject.toml
+	@py="$(COMPAT_PYTHON)"; $$py -c "" 2>/dev/null || py="env PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12' | tail -1) python3.12"; \
+	  $$py -c "import sys; assert sys.version_info[:2] == (3, 12)" 2>/dev/null || { echo "test-compat: need CPython 3.12 (set COMPAT_PYTHON=...)"; exit 1; }; \
+	  test -x $(COMPAT_PY) || $$py -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install -q --upgrade pip
+	$(COMPAT_PY) -m pip install -q $(COMPAT_TORCH)
+	$(COMPAT_PY) -m pip install -q -e '.[dev]' $(COMPAT_PKGS)
+	$(COMPAT_PY) -c "import torch, megatron.core as m, transformers as t, sys; print('test-compat env: Python', sys.version.split()[0], 'torch', torch.__version__, 'megatron-core', m.__version__, 'transformers', t.__version__)"
+	touch $(COMPAT_STAMP)
+
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_PY) -m pytest -m "not slow and not slurm and not gpu and not sglang and not network" $(TEST_ARGS) $(COMPAT_TESTS)
+	$(COMPAT_PY) -m pytest $(COMPAT_INSTALL_TEST)
 
 test-slow: setup
 	$(PYTEST) -m "slow and not slurm and not network and not sglang" tests
@@ -86,17 +128,22 @@ sglang-rl-compare: setup
 GPU_PY     ?= python3
 GPU_WHEELS ?= .whl
 GPU_SITE   ?= /tmp/scalerl-gpu-site
-GPU_PKGS   := megatron-core==0.16.1 omegaconf==2.3.0
+# The newest megatron-core (GPU_MCORE=0.16.1 for the oldest supported) and what it needs beyond torch/numpy
+# (packaging >= 24.2; psutil, for dist-checkpointing's save workers, is in GPU_RL_PKGS); GPU_ARCH=aarch64 for GB200 hosts.
+GPU_MCORE  ?= 0.19.2
+GPU_ARCH   ?= x86_64
+GPU_PKGS   := megatron-core==$(GPU_MCORE) "packaging>=24.2" omegaconf==2.3.0
 # tools/gpu_check.sh's RL stage runs scalerl-train there: what a Python with only torch, Triton, numpy and pytest
 # lacks for it (found by running `tools/gpu_check.sh --cpu` in such an environment; docs/cluster_and_gpu.md)
 GPU_RL_PKGS := hydra-core==1.3.8 PyYAML==6.0.4 transformers==5.23.0 tokenizers==0.23.3 safetensors==0.8.0 \
 	huggingface_hub==2.4.0 httpx2==2.16.2 httpcore2==2.16.2 anyio==4.16.0 idna==3.20 h11==0.16.0 \
 	truststore==0.10.5 click==8.5.1 regex==2026.11.19 tqdm==4.70.1 psutil==7.2.2
-GPU_WHEEL_TAGS := --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
-	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+GPU_WHEEL_TAGS := --python-version 3.12 --implementation cp --platform manylinux_2_28_$(GPU_ARCH) \
+	--platform manylinux_2_17_$(GPU_ARCH) --platform manylinux2014_$(GPU_ARCH)
 
 gpu-wheels:
 	mkdir -p $(GPU_WHEELS)
+	rm -f $(GPU_WHEELS)/megatron_core-*.whl  # one release only: test-gpu installs every wheel here
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: $(GPU_WHEEL_TAGS) -d $(GPU_WHEELS) $(GPU_PKGS) $(GPU_RL_PKGS)
 	# omegaconf's parser runtime is an sdist on PyPI; pure Python, so a wheel built here works anywhere
 	$(PYTHON) -m pip wheel -q --no-deps -w $(GPU_WHEELS) antlr4-python3-runtime==4.9.3
@@ -111,7 +158,8 @@ test-gpu:
 	  $(GPU_PY) -m pytest -m gpu -s tests/gpu
 
 # The two GPU environments (docs/cluster_install.md: trainer env + SGLang's env, one NCCL wheel) resolved
-# by pip against the package index for linux x86_64 / CPython 3.11 wheels: metadata only, nothing installed.
+# by pip against the package index for linux x86_64 and aarch64 x CPython 3.11 and 3.12 wheels (one line
+# per combination): metadata only, nothing installed.
 # Fails on any conflict or when the two envs would load different NCCL versions. Needs the index.
 check-gpu-envs: setup
 	PYTHONPATH=$(CURDIR) $(PY) -m scalerl_mega.cluster.gpu_envs resolve
@@ -153,4 +201,4 @@ bench: setup
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) outputs multirun .pytest_cache
+	rm -rf $(VENV) $(COMPAT_VENV) outputs multirun .pytest_cache

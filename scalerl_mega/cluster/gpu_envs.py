@@ -1,13 +1,14 @@
 """The two GPU environments (docs/cluster_install.md): one NCCL for both, checked at launch and at install.
 
-The trainer env holds this project (torch 2.13.0, transformers 5.23.0, megatron-core, TransformerEngine);
-the generator env holds SGLang 0.5.23 with its own exact pins (its wheel METADATA: `torch==2.14.1`,
-`transformers==5.19.0`), so the two cannot share one interpreter. Weights travel between them over an
-NCCL group (weight_sync.py), and NCCL refuses communicators whose ranks run different NCCL
-versions (at init: "Mismatched NCCL version detected", ncclInvalidUsage), so the first weight push of a
+The trainer env holds this project (torch 2.13.0..2.14.1, transformers 5.23.0..5.24.0, megatron-core
+0.16.1..0.19.2, TransformerEngine); the generator env holds SGLang 0.5.23 with its own exact pins (its wheel
+METADATA: `torch==2.14.1`, `transformers==5.19.0`), so the two cannot share one interpreter. Weights travel
+between them over an NCCL group (weight_sync.py), and NCCL refuses communicators whose ranks run different
+NCCL versions (at init: "Mismatched NCCL version detected", ncclInvalidUsage), so the first weight push of a
 run would fail. Both environments therefore install the same `nvidia-nccl-cu13` wheel: torch 2.14.1's pin
-(NCCL_VERSION below); the trainer's torch 2.13.0 pins 2.29.7 and is overridden upwards (the NCCL library
-keeps its ABI across 2.x releases: an older-built torch runs on a newer libnccl.so.2, not the reverse).
+(NCCL_VERSION below), which the trainer's resolution picks too; a trainer on torch 2.13.0 (pins 2.29.7) is
+overridden upwards (the NCCL library keeps its ABI across 2.x releases: an older-built torch runs on a newer
+libnccl.so.2, not the reverse).
 
 Two uses:
 
@@ -16,9 +17,10 @@ Two uses:
   library torch actually loaded; without a CUDA torch, the installed `nvidia-nccl-cu*` wheel's version
   from its metadata), prints both and exits 2 when they differ or cannot be read.
 * `python -m scalerl_mega.cluster.gpu_envs resolve` (`make check-gpu-envs`): resolves both environments
-  with pip's resolver against the package index for linux x86_64 / CPython 3.11 GPU wheels (`pip install
-  --dry-run --ignore-installed --report`, binary wheels only; pip reads each wheel's metadata, not the
-  wheel) and fails on any conflict, or when the NCCL of the two installs would differ.
+  with pip's resolver against the package index for each of linux x86_64 and aarch64 (GB200's Grace hosts)
+  and CPython 3.11 and 3.12 (`pip install --dry-run --ignore-installed --report`, binary wheels only; pip
+  reads each wheel's metadata, not the wheel), one line per combination, and fails on any conflict, or when
+  the NCCL of the two installs would differ.
 
 Standard library only (the tool runs before any environment exists).
 """
@@ -45,9 +47,15 @@ NCCL_VERSION = "2.30.7"
 SGLANG_REQUIREMENT = "sglang==0.5.23"
 TE_VERSION = "2.20.2"
 """TransformerEngine for the trainer env (CUDA 13 core wheels, like torch 2.13.0's default build)."""
-PYTHON_VERSION = "3.11"
-# glibc 2.17 .. 2.34 (sglang's wheel is manylinux_2_34): a node with glibc >= 2.34 installs them all
-PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(34, 16, -1)] + ["manylinux2014_x86_64"]
+ARCHS = ("x86_64", "aarch64")
+"""x86_64 nodes and GB200's Grace (aarch64) hosts."""
+PYTHON_VERSIONS = ("3.11", "3.12")
+"""The supported CPython versions (pyproject's requires-python)."""
+
+
+def platforms(arch: str) -> list[str]:
+    """glibc 2.17 .. 2.34 (sglang's wheel is manylinux_2_34): a node with glibc >= 2.34 installs them all."""
+    return [f"manylinux_2_{minor}_{arch}" for minor in range(34, 16, -1)] + [f"manylinux2014_{arch}"]
 # Pure-Python dependencies published as sdists only (hydra-core's parser runtime): built into a wheel
 # here first (pip refuses sdists when resolving for another platform), the wheel then offered by --find-links.
 SOURCE_ONLY = ("antlr4-python3-runtime==4.9.3",)
@@ -188,14 +196,15 @@ def _pip_env() -> dict[str, str]:
 
 
 def pip_resolve(requirements: list[str], *, label: str, python: str = sys.executable, fast_deps: bool = False,
-                workdir: Path) -> dict[str, str]:
-    """{canonical name: version} that pip's resolver would install for linux x86_64 / CPython 3.11
-    (binary wheels only); SystemExit naming the environment and pip's error on a conflict."""
+                workdir: Path, arch: str = "x86_64", python_version: str = "3.11") -> dict[str, str]:
+    """{canonical name: version} that pip's resolver would install for linux `arch` / CPython
+    `python_version` (binary wheels only); SystemExit naming the environment and pip's error on a conflict."""
     report = workdir / f"{label}.json"
+    abi = "cp" + python_version.replace(".", "")
     cmd = [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
-           "--target", str(workdir / f"{label}-target"), "--only-binary=:all:", "--python-version", PYTHON_VERSION,
-           "--implementation", "cp", "--abi", "cp311", "--abi", "abi3", "--abi", "none"]
-    for plat in PLATFORMS:
+           "--target", str(workdir / f"{label}-target"), "--only-binary=:all:", "--python-version", python_version,
+           "--implementation", "cp", "--abi", abi, "--abi", "abi3", "--abi", "none"]
+    for plat in platforms(arch):
         cmd += ["--platform", plat]
     wheels = workdir / "sdist-wheels"
     if not wheels.exists():
@@ -209,7 +218,8 @@ def pip_resolve(requirements: list[str], *, label: str, python: str = sys.execut
     r = subprocess.run([*cmd, *requirements], capture_output=True, text=True, env=_pip_env())
     if r.returncode != 0:
         err = "\n".join([x for x in r.stderr.strip().splitlines() if not x.startswith("WARNING")][-15:])
-        raise SystemExit(f"check-gpu-envs: the {label} environment does not resolve:\n{err}")
+        raise SystemExit(f"check-gpu-envs: the {label} environment ({arch}, CPython {python_version}) does not "
+                         f"resolve:\n{err}")
     installs = json.loads(report.read_text())["install"]
     got = {_canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in installs}
     local = {k: v for k, v in got.items() if "+" in v}
@@ -253,29 +263,50 @@ def _version_key(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v)[:4])
 
 
+def resolve_combination(reqs: list[str], *, arch: str, python_version: str, pip_python: str, fast_deps: bool,
+                        workdir: Path) -> tuple[str, list[str]]:
+    """(the combination's one line, its problems): both environments resolved for linux `arch` / CPython
+    `python_version`; a conflict is a problem (reported with pip's error), not an exit."""
+    tag = f"linux {arch} CPython {python_version}"
+    envs: dict[str, dict[str, str]] = {}
+    for label, requirements in (("trainer", reqs), ("generator", [SGLANG_REQUIREMENT])):
+        try:
+            envs[label] = pip_resolve(requirements, label=f"{label}-{arch}-{python_version}", python=pip_python,
+                                      fast_deps=fast_deps, workdir=workdir, arch=arch, python_version=python_version)
+        except SystemExit as exc:
+            return f"{tag}: FAILED ({label} env does not resolve)", [str(exc)]
+    trainer, generator = envs["trainer"], envs["generator"]
+    _, problems = nccl_plan(trainer, generator)
+    line = (f"{tag}: trainer {len(trainer)} packages (torch {trainer.get('torch')}, megatron-core "
+            f"{trainer.get('megatron-core')}, transformers {trainer.get('transformers')}, {NCCL_WHEEL} "
+            f"{trainer.get(NCCL_WHEEL)}); generator {len(generator)} packages (sglang {generator.get('sglang')}, "
+            f"torch {generator.get('torch')}, {NCCL_WHEEL} {generator.get(NCCL_WHEEL)}): "
+            f"{'FAILED' if problems else 'OK'}")
+    return line, [f"{tag}: {p}" for p in problems]
+
+
 def resolve_main(args) -> int:
     t0 = time.monotonic()
     repo = Path(args.repo)
+    all_problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="check-gpu-envs-") as tmp:
         work = Path(tmp)
         te = te_torch_requirements()
         print(f"trainer env: project + gpu extra + transformer-engine[core-cu13]=={TE_VERSION}; "
-              f"transformer_engine_torch {TE_VERSION} (sdist) requires {te}", flush=True)
-        trainer = pip_resolve(trainer_requirements(repo / "pyproject.toml", te_requires=te), label="trainer",
-                              python=args.pip_python, fast_deps=args.fast_deps, workdir=work)
-        print(f"trainer env resolves: {len(trainer)} packages, torch {trainer.get('torch')}, "
-              f"transformers {trainer.get('transformers')}, megatron-core {trainer.get('megatron-core')}", flush=True)
-        generator = pip_resolve([SGLANG_REQUIREMENT], label="generator", python=args.pip_python,
-                                fast_deps=args.fast_deps, workdir=work)
-        print(f"generator env resolves: {len(generator)} packages, torch {generator.get('torch')}, "
-              f"transformers {generator.get('transformers')}, sglang {generator.get('sglang')}", flush=True)
-    lines, problems = nccl_plan(trainer, generator)
-    for line in lines:
-        print(line)
-    for p in problems:
+              f"transformer_engine_torch {TE_VERSION} (sdist) requires {te}; generator env: {SGLANG_REQUIREMENT}; "
+              f"after the override both envs install {NCCL_WHEEL}=={NCCL_VERSION}", flush=True)
+        reqs = trainer_requirements(repo / "pyproject.toml", te_requires=te)
+        for arch in args.arch or ARCHS:
+            for python_version in args.python or PYTHON_VERSIONS:
+                line, problems = resolve_combination(reqs, arch=arch, python_version=python_version,
+                                                     pip_python=args.pip_python, fast_deps=args.fast_deps,
+                                                     workdir=work)
+                print(line, flush=True)
+                all_problems += problems
+    for p in all_problems:
         print(f"check-gpu-envs: {p}", file=sys.stderr)
-    print(f"check-gpu-envs: {'FAILED' if problems else 'OK'} in {time.monotonic() - t0:.0f} s")
-    return 1 if problems else 0
+    print(f"check-gpu-envs: {'FAILED' if all_problems else 'OK'} in {time.monotonic() - t0:.0f} s")
+    return 1 if all_problems else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("resolve", help="resolve both GPU environments against the package index")
     r.add_argument("--repo", default=str(Path(__file__).resolve().parents[2]))
     r.add_argument("--pip-python", default=sys.executable, help="interpreter whose pip (>= 23) resolves")
+    r.add_argument("--arch", action="append", choices=ARCHS, help=f"only this architecture (default: {ARCHS})")
+    r.add_argument("--python", action="append", choices=PYTHON_VERSIONS,
+                   help=f"only this CPython version (default: {PYTHON_VERSIONS})")
     r.add_argument("--no-fast-deps", dest="fast_deps", action="store_false",
                    help="do not fall back to HTTP range requests where the index serves no PEP 658 metadata")
     args = ap.parse_args(argv)

@@ -15,6 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from scalerl_mega.trainer.megatron import mcore_compat
+
 pytestmark = pytest.mark.timeout(600)  # bounded: a hang fails instead of stalling the suite
 
 HERE = Path(__file__).resolve().parent
@@ -36,11 +38,11 @@ def _damage(ckpt: Path, mode: str) -> None:
         data = bytearray(tensors[-1].read_bytes())
         data[len(data) // 2] ^= 0x10
         tensors[-1].write_bytes(bytes(data))
-    elif mode == "no_common":
-        (ckpt / "common.pt").unlink()
+    elif mode == "no_common":  # common.pt (megatron-core <= 0.18) or the torch_dist index holding it (0.19+)
+        (ckpt / mcore_compat.common_state_file()).unlink()
     elif mode == "legacy_no_common":  # a checkpoint without recorded checksums: caught when loading
         (ckpt / "checksums.json").unlink()
-        (ckpt / "common.pt").unlink()
+        (ckpt / mcore_compat.common_state_file()).unlink()
     else:
         raise ValueError(mode)
 
@@ -65,6 +67,13 @@ def worker(root: str, out: str) -> None:
             logs.append(record.getMessage())
 
     logging.getLogger("scalerl_mega.trainer.megatron.checkpoint").addHandler(Keep())
+    megatron_errors: list[str] = []  # megatron-core 0.19 logs a write worker's error, raises only its type
+
+    class KeepMegatron(logging.Handler):
+        def emit(self, record):
+            megatron_errors.append(record.getMessage())
+
+    logging.getLogger("megatron.core.dist_checkpointing").addHandler(KeepMegatron(level=logging.ERROR))
     torch.set_num_threads(1)
     cfg = MegatronConfig(model=load_model_preset("tiny_dense"), parallel=ParallelConfig(), optim=OptimConfig(lr=1e-2))
     t = MegatronPolicyTrainer(cfg)
@@ -101,7 +110,7 @@ def worker(root: str, out: str) -> None:
             t.save(str(ck), extra_state={"marker": 3})
             res["enospc_raised"] = ""
         except BaseException as exc:  # noqa: BLE001 - torch's CheckpointException is a BaseException
-            res["enospc_raised"] = repr(exc)[:2000]
+            res["enospc_raised"] = " ".join([repr(exc)[:2000], *megatron_errors])
         finally:
             filesystem_async._write_item = original
         res["latest_after_enospc"] = (ck / "latest").read_text().strip()
@@ -161,7 +170,8 @@ def test_checksums_recorded_for_every_file(scenario):
     root = Path(scenario["root"]) / "ckpt" / "step_00000002"
     sums = json.loads((root / "checksums.json").read_text())
     files = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()} - {"COMPLETE", "checksums.json"}
-    assert set(sums["files"]) == files and "common.pt" in files and any(f.endswith(".distcp") for f in files)
+    assert set(sums["files"]) == files and mcore_compat.common_state_file() in files
+    assert any(f.endswith(".distcp") for f in files)
     import hashlib
 
     for name, rec in sums["files"].items():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import json
 import os
 import sys
@@ -194,6 +195,11 @@ def mode_ckpt(out: Path) -> None:
         return original(*args, **kwargs)
 
     filesystem_async._write_item = broken_write_item
+    # megatron-core >= 0.19 raises "error: <class 'RuntimeError'>" and logs the worker's message instead
+    logged: list[str] = []
+    handler = logging.Handler(level=logging.ERROR)
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger("megatron.core.dist_checkpointing").addHandler(handler)
     try:
         checkpoint.save_checkpoint(ck, step=2, chunks=run.chunks, optimizer=run.optimizer, extra_state={"step": 2})
         res["crash_raised"] = False
@@ -202,6 +208,8 @@ def mode_ckpt(out: Path) -> None:
         res["crash_error"] = repr(exc)[:500]
     finally:
         filesystem_async._write_item = original
+        logging.getLogger("megatron.core.dist_checkpointing").removeHandler(handler)
+    res["crash_logged"] = [m[:300] for m in logged]
     torch.distributed.barrier()
     res["latest_after_crash"] = (ck / "latest").read_text().strip()
     res["dirs_after_crash"] = sorted(p.name for p in ck.iterdir())

@@ -102,7 +102,8 @@ def test_checkpoint_optimizer_state_round_trips(runs):
 def test_crash_mid_save_keeps_previous_latest(runs):
     res = _result(runs, "ckpt")
     assert res["crash_raised"], "the simulated writer crash must surface as an exception"
-    assert "simulated crash inside the checkpoint writer" in res["crash_error"]
+    # the cause reaches the exception (megatron-core 0.16.1) or Megatron's error log (0.19.2 raises only the type)
+    assert "simulated crash inside the checkpoint writer" in " ".join([res["crash_error"], *res["crash_logged"]])
     assert res["latest_after_crash"] == "step_00000001"
     assert res["dirs_after_crash"] == ["latest", "step_00000001"]  # partial temp dir removed
     # ...and that previous checkpoint was then loaded and resumed exactly (see round-trip test)

@@ -67,6 +67,9 @@ def _logits(model_dir, cls_name, ids):
     import transformers
 
     model = getattr(transformers, cls_name).from_pretrained(model_dir, local_files_only=True).eval()
+    # text only, a conditional model's forward is its language_model's; transformers 5.24.0's
+    # Llama4ForConditionalGeneration.forward fails building its output without images (AttributeError)
+    model = getattr(model, "language_model", model)
     with torch.no_grad():
         return model(input_ids=ids).logits
 

@@ -553,10 +553,11 @@ def load_checkpoint(path: str | os.PathLike, *, chunks: list, optimizer=None,
 
 def _load_common(ckpt: Path) -> dict[str, Any]:
     from megatron.core import dist_checkpointing
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
     try:
         return dist_checkpointing.load_common_state_dict(str(ckpt))
-    except Exception as exc:  # noqa: BLE001 - a missing/corrupt common.pt in a checkpoint without checksums
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - common state missing/corrupt, no checksums
         raise ValueError(f"common state unreadable ({type(exc).__name__}: {str(exc)[:200]})") from exc
 
 

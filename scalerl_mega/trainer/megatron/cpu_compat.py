@@ -1,7 +1,11 @@
-"""CPU compatibility layer for megatron-core 0.16.1 (failures 1-8 below).
+"""CPU compatibility layer for megatron-core 0.16.1 .. 0.19.2 (failures 1-11 below).
 
-Megatron-Core's training path runs on CPU over gloo except for eight places that assume CUDA.
-Each is fixed here by the narrowest change found, listed failure by failure:
+Megatron-Core's training path runs on CPU over gloo except for the places below that assume CUDA.
+Each is fixed here by the narrowest change found, listed failure by failure. Where the releases
+differ (failures 3, 4 and 11), `mcore_compat` says which targets the installed release has; a
+patch whose failure the release does not have is not installed. On a CUDA build of torch on a
+machine without a GPU (the default torch wheel for Python 3.12) the same calls fail with
+"Found no NVIDIA driver on your system" instead of "Torch not compiled with CUDA enabled".
 
 1. `torch.cuda.current_device()` raises "Torch not compiled with CUDA enabled" (~100 calls, e.g.
    RotaryEmbedding, router init, DDP buffers). Fix: that one function returns "cpu". It is replaced
@@ -10,7 +14,8 @@ Each is fixed here by the narrowest change found, listed failure by failure:
    single place Megatron creates its tracker) installs `CpuRNGStatesTracker`, a subclass whose
    add/fork keep named CPU generator states. `model_parallel_cuda_manual_seed` then works unchanged.
 3. Literal `device="cuda"` allocations (causal mask, `total_num_tokens` in the schedules, clip-grads
-   buffers, optimizer scale tensors, MoE aux-loss tracker). Fix: only these functions run inside a
+   buffers, optimizer scale tensors, MoE aux-loss tracker <= 0.17, the grad-norm-group flag of
+   `MegatronOptimizer.has_grad_norm_group` >= 0.19). Fix: only these functions run inside a
    scoped `TorchFunctionMode` that maps cuda devices to cpu, makes `Tensor.cuda()` a no-op and drops
    `pin_memory`. The mode is active only for the duration of a wrapped call, never globally.
 4. MoE router: `NameError: name 'te_general_gemm' is not defined` (moe_utils, a bug when TE is
@@ -45,6 +50,9 @@ Each is fixed here by the narrowest change found, listed failure by failure:
 10. bf16 mixed precision: `Float16OptimizerWithFloat16Params.__init__` allocates its unit loss scale
    `_scale_one` with `device="cuda"` (as in 3) and checks `param.type() in ['torch.cuda.HalfTensor',
    'torch.cuda.BFloat16Tensor']` (as in 6). Fix: its constructor runs in the scoped mode of 3/6.
+11. megatron-core >= 0.17: DDP's `_ParamAndGradBucketGroup.start_grad_sync` waits on
+   `torch.cuda.current_stream()` for CUDA-graph events before every gradient reduction. Fix: it runs
+   with the stand-in streams of 5 (no parameter carries such an event on CPU, so nothing is waited on).
 
 `apply()` is idempotent and does nothing when CUDA is available. `revert()` restores every original
 (tests use it to reproduce each failure). Every replaced callable carries `__scalerl_cpu_compat__`.
@@ -207,6 +215,8 @@ class _Patch:
     failure: str
     targets: Callable[[], _Targets]
     """Returns the patch's (owner, attribute, make_replacement(original)) triples."""
+    needed: Callable[[], bool] = lambda: True
+    """Whether the installed megatron-core has this failure at all (mcore_compat)."""
 
 
 def _targets_1() -> _Targets:
@@ -240,15 +250,23 @@ def _targets_3() -> _Targets:
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.transformer.moe import moe_utils, router
 
+    from scalerl_mega.trainer.megatron import mcore_compat
+
     scoped = lambda orig: _scoped(orig, _cuda_to_cpu_mode)  # noqa: E731
-    return [
+    targets = [
         (fused_softmax, "get_default_causal_mask", scoped),
         (schedules, "forward_backward_no_pipelining", scoped),
         (schedules, "forward_backward_pipelining_without_interleaving", scoped),
         (schedules, "forward_backward_pipelining_with_interleaving", scoped),
         (moe_utils, "save_to_aux_losses_tracker", scoped),
-        (router, "save_to_aux_losses_tracker", scoped),
     ]
+    if mcore_compat.router_saves_aux_losses_through_moe_utils():
+        targets.append((router, "save_to_aux_losses_tracker", scoped))
+    if mcore_compat.optimizer_has_grad_norm_groups():
+        from megatron.core.optimizer import optimizer
+
+        targets.append((optimizer.MegatronOptimizer, "has_grad_norm_group", scoped))
+    return targets
 
 
 def _targets_4() -> _Targets:
@@ -300,6 +318,13 @@ def _targets_10() -> _Targets:
     return [(optimizer.Float16OptimizerWithFloat16Params, "__init__", scoped)]
 
 
+def _targets_11() -> _Targets:
+    from scalerl_mega.trainer.megatron import mcore_compat
+
+    scoped = lambda orig: _scoped(orig, _fake_cuda_streams)  # noqa: E731
+    return [(mcore_compat.grad_bucket_group_class(), "start_grad_sync", scoped)]
+
+
 def _targets_8() -> _Targets:
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
 
@@ -318,17 +343,22 @@ def _targets_8() -> _Targets:
 
 
 def _patches() -> list[_Patch]:
+    from scalerl_mega.trainer.megatron import mcore_compat
+
     return [
         _Patch(1, "torch.cuda.current_device: Torch not compiled with CUDA enabled", _targets_1),
         _Patch(2, "CudaRNGStatesTracker.add: torch.cuda.get_rng_state", _targets_2),
         _Patch(3, "literal device='cuda' allocations", _targets_3),
-        _Patch(4, "moe_utils: name 'te_general_gemm' is not defined", _targets_4),
+        _Patch(4, "moe_utils: name 'te_general_gemm' is not defined", _targets_4,
+               needed=lambda: not mcore_compat.moe_utils_defines_te_general_gemm()),
         _Patch(5, "token_dispatcher: torch.cuda.Stream requires CUDA support", _targets_5),
         _Patch(6, "param.grad.type() == 'torch.cuda.FloatTensor'", _targets_6),
         # 7 is not a patch: see SequenceParallelTorchNorm (used by models.py).
         _Patch(8, "all_to_all_single(): incompatible function arguments (tensor split sizes)", _targets_8),
         _Patch(9, "activation recompute: CUDA RNG state get/set", _targets_9),
         _Patch(10, "Float16OptimizerWithFloat16Params: param.type() == 'torch.cuda.BFloat16Tensor'", _targets_10),
+        _Patch(11, "DDP start_grad_sync: torch.cuda.current_stream()", _targets_11,
+               needed=mcore_compat.grad_sync_uses_cuda_streams),
     ]
 
 
@@ -345,10 +375,8 @@ def _mark(value: object) -> object:
 
 
 def _is_marked(owner: object, attr: str) -> bool:
-    value = owner.__dict__.get(attr, _MISSING) if isinstance(owner, type) else getattr(owner, attr, _MISSING)
-    if attr == "te_general_gemm":  # patch 4 installs None: applied iff the attribute exists
-        return value is not _MISSING
-    return getattr(value, _MARK, False)
+    """Installed iff the owner itself keeps the original (patch 4 installs None, which carries no mark)."""
+    return f"_scalerl_orig_{attr}" in vars(owner)
 
 
 def needed() -> bool:
@@ -367,7 +395,7 @@ def apply(*, only: tuple[int, ...] | None = None, force: bool = False) -> list[i
         return []
     installed = []
     for patch in _patches():
-        if only is not None and patch.number not in only:
+        if (only is not None and patch.number not in only) or not patch.needed():
             continue
         changed = False
         for owner, attr, make in patch.targets():
@@ -407,7 +435,12 @@ def revert(*, only: tuple[int, ...] | None = None) -> list[int]:
 
 def installed() -> list[int]:
     """Numbers of the patches currently installed."""
-    return [p.number for p in _patches() if all(_is_marked(o, a) for o, a, _ in p.targets())]
+    return [p.number for p in _patches() if all(_is_marked(o, a) for o, a, _ in p.targets()) and p.needed()]
+
+
+def applicable() -> list[int]:
+    """Numbers of the patches the installed megatron-core needs on CPU (mcore_compat)."""
+    return [p.number for p in _patches() if p.needed()]
 
 
 # ----------------------------------------------------------------------------- failure 7

@@ -96,6 +96,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, *, params_d
         attention_dropout=0.0,
         init_method_std=model.init_method_std,
         qk_layernorm=model.qk_layernorm,
+        qk_l2_norm=bool(model.qk_l2_norm),  # megatron-core >= 0.19 refuses the spec's L2Norm without it
         tensor_model_parallel_size=parallel.tp,
         pipeline_model_parallel_size=parallel.pp,
         expert_model_parallel_size=parallel.ep,

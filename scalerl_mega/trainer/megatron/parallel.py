@@ -124,9 +124,9 @@ def teardown_parallel(*, destroy_process_group: bool = True) -> None:
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     try:  # the MoE aux-loss tracker holds tensors and groups from the previous layout
-        from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker
+        from scalerl_mega.trainer.megatron import mcore_compat
 
-        clear_aux_losses_tracker()
+        mcore_compat.clear_moe_aux_losses()
     except Exception:  # pragma: no cover - tracker absent or empty
         pass
     if destroy_process_group and dist.is_initialized():
