@@ -50,11 +50,11 @@ from scalerl_mega.interfaces import LoopComponents, RolloutEngine
 from scalerl_mega.metrics.alarms import MismatchGuard, TruncationAlarm
 from scalerl_mega.metrics.calibration import GEN_STAT_KEYS, calibration_fields, engine_decode_stats
 from scalerl_mega.metrics.compute import ComputeCounter, gpu_utilization
-from scalerl_mega.metrics.progress import progress_line
+from scalerl_mega.metrics.progress import ProgressClock, progress_line
 from scalerl_mega.metrics.rollout_stats import rollout_metrics, staleness_histogram, tokens_per_version
 from scalerl_mega.metrics.val_window import center_step, val_metrics, window_slice
 from scalerl_mega.metrics.writer import MetricsWriter
-from scalerl_mega.inflight import Preempted, _Pending, _Router, sampling_params, score_groups
+from scalerl_mega.inflight import Preempted, _Pending, _Router, reward_error_metrics, sampling_params, score_groups
 from scalerl_mega.types import Group, Prompt
 from scalerl_mega.heldout import HeldoutSpec, collect, submit, submit_window_slice, validate
 
@@ -139,14 +139,15 @@ def _prompt_dict(p: Prompt) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the loop
 def run_rl(cfg: TrainConfig, comps: LoopComponents, *, compute: ComputeCounter, forecaster: Any | None = None,
            on_step: Callable[[int, dict], None] | None = None,
-           stop_requested: Callable[[], bool] | None = None) -> LoopState:
+           stop_requested: Callable[[], bool] | None = None, started: float | None = None) -> LoopState:
     """Run RL to `cfg.train.steps` (resuming if a checkpoint exists); metrics go to
     <output_dir>/metrics.jsonl. Returns the final LoopState.
 
     `stop_requested` (SIGTERM, scalerl_mega/preemption.py) is polled at the safe points: while waiting
     for generations or validation, and after each step. When it is true the loop saves a checkpoint
     (the prompts admitted but not trained are re-admitted on resume; their partial generations are
-    regenerated) and returns with `state.preempted` set."""
+    regenerated) and returns with `state.preempted` set. `started` (`time.monotonic()` at the launch's start)
+    is the origin of the progress lines' elapsed time."""
     G = cfg.train.generations_per_prompt
     rng = random.Random(cfg.seed)
     state = LoopState()
@@ -175,8 +176,10 @@ def run_rl(cfg: TrainConfig, comps: LoopComponents, *, compute: ComputeCounter, 
     writer = MetricsWriter(cfg.output_dir, tensorboard=cfg.metrics.tensorboard,
                            resume_step=state.step if ckpt is not None else None, loggers=build_loggers(cfg))
     try:
+        progress = ProgressClock(first_step=state.step, started=started)
         return _loop(cfg, comps, state=state, router=router, readmit=readmit, rng=rng, writer=writer,
-                     compute=compute, forecaster=forecaster, alarm=alarm, guard=guard, on_step=on_step)
+                     compute=compute, forecaster=forecaster, alarm=alarm, guard=guard, on_step=on_step,
+                     progress=progress)
     except Preempted:
         save_state(comps, cfg, state=state, outstanding=list(router.queue), compute=compute, rng=rng)
         state.preempted = True
@@ -190,7 +193,7 @@ def run_rl(cfg: TrainConfig, comps: LoopComponents, *, compute: ComputeCounter, 
 def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: _Router, readmit: list[Prompt],
           rng: random.Random, writer: MetricsWriter, compute: ComputeCounter,
           forecaster: Any | None, alarm: TruncationAlarm, guard: MismatchGuard,
-          on_step: Callable[[int, dict], None] | None) -> LoopState:
+          on_step: Callable[[int, dict], None] | None, progress: ProgressClock) -> LoopState:
     k = cfg.off_policy.k
     pipeline = cfg.off_policy.name == "pipeline_rl"
     state.weight_version = state.step
@@ -218,7 +221,8 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
             submit_window_slice(router, comps, HeldoutSpec.of(cfg), step=s, version=state.weight_version, rng=rng)
         pendings, trainer_idle = _admit_and_wait(cfg, router, admission, step=s)  # 1. admission, 2. wait
         t_score = time.monotonic()
-        groups = score_groups(pendings, comps, cfg.length)  # 3. score + curriculum
+        groups = score_groups(pendings, comps, cfg.length, stop_error_rate=cfg.reward.stop_error_rate,
+                              where=f"step {s + 1}")  # 3. score + curriculum
         score_s = time.monotonic() - t_score
         hist, metrics = _record_groups(cfg, comps, groups, step=s)
         res = _build_batch(cfg, groups, step=s)  # 4. batch
@@ -249,7 +253,9 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
         rec = writer.write("train", state.step, {**metrics, **fields})
         guard.check(step=state.step, metrics=metrics)  # before this step's checkpoint (metrics/alarms.py)
         if cfg.metrics.progress_every and state.step % cfg.metrics.progress_every == 0:
-            log.info("%s", progress_line(step=state.step, total_steps=cfg.train.steps, metrics=rec))
+            elapsed, eta = progress.timing(step=state.step, total_steps=cfg.train.steps)
+            log.info("%s", progress_line(step=state.step, total_steps=cfg.train.steps, metrics=rec, elapsed_s=elapsed,
+                                         eta_s=eta))
         if on_step is not None:
             on_step(state.step, rec)
         if window and state.step == center_step(end=-(-state.step // cfg.train.val_every) * cfg.train.val_every,
@@ -348,7 +354,7 @@ def _record_groups(cfg: TrainConfig, comps: LoopComponents, groups: list[Group],
     hist = staleness_histogram(groups, step=step)
     if max(hist) > max_staleness:
         raise AssertionError(f"step {step}: staleness {max(hist)} > bound {max_staleness} ({cfg.off_policy.name}-{k})")
-    metrics = rollout_metrics(groups, step=step)
+    metrics = {**rollout_metrics(groups, step=step), **reward_error_metrics(groups)}
     if hasattr(comps.sampler, "metrics"):  # data/curriculum.py: removed prompts, epoch, ...
         metrics.update({f"curriculum/{key}": v for key, v in comps.sampler.metrics().items()})
     return hist, metrics

@@ -139,7 +139,7 @@ def run_job(config: TrainConfig) -> dict[str, Any]:
         t0 = time.monotonic()
         _start_segment(config, out=out, resumed=resumed)
         state = run_rl(config, comps, compute=compute, forecaster=forecaster,
-                       stop_requested=lambda: preemption.requested)
+                       stop_requested=lambda: preemption.requested, started=t_start)
         summary["rl_s"] = time.monotonic() - t0
         finish_segment(out, to_step=state.step, wall_s=summary["rl_s"], preempted=state.preempted)
         summary["steps"] = state.step

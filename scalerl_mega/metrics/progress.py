@@ -1,11 +1,44 @@
-"""One console line per step: step, reward, pass rate, truncation rate, staleness, tokens/s."""
+"""One console line per step: step, reward, pass rate, truncation rate, staleness, tokens/s, scoring errors,
+and the time: elapsed since the launch started, and the ETA of the remaining steps (`ProgressClock`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 
-def progress_line(*, step: int, total_steps: int, metrics: Mapping[str, float]) -> str:
+def format_duration(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h07m` (rounded down to the unit shown)."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class ProgressClock:
+    """Elapsed time since `started` (the launch's start, `time.monotonic()` clock) and the ETA of the
+    remaining steps at this launch's mean seconds per step (validations and saves included) since `first_step`
+    at `t0` (the RL loop's start). `now` is injectable for tests."""
+
+    def __init__(self, *, first_step: int, started: float | None = None, t0: float | None = None,
+                 now=time.monotonic) -> None:
+        self.now = now
+        self.t0 = now() if t0 is None else t0
+        self.started = self.t0 if started is None else started
+        self.first_step = first_step
+
+    def timing(self, *, step: int, total_steps: int) -> tuple[float, float | None]:
+        """(elapsed seconds, ETA seconds or None before the first step of this launch)."""
+        t = self.now()
+        done = step - self.first_step
+        eta = (t - self.t0) / done * max(total_steps - step, 0) if done > 0 else None
+        return t - self.started, eta
+
+
+def progress_line(*, step: int, total_steps: int, metrics: Mapping[str, float], elapsed_s: float | None = None,
+                  eta_s: float | None = None) -> str:
     """Format the step's progress line; missing metrics print as '-'."""
 
     def get(key: str, fmt: str) -> str:
@@ -27,4 +60,8 @@ def progress_line(*, step: int, total_steps: int, metrics: Mapping[str, float]) 
     ]
     if "val_pass_rate" in metrics:
         parts.append(f"val {get('val_pass_rate', '.3f')}")
+    if metrics.get("reward/errors"):
+        parts.append(f"reward errors {get('reward/errors', '.0f')}/{get('samples', '.0f')}")
+    if elapsed_s is not None:
+        parts.append(f"{format_duration(elapsed_s)} elapsed, ETA " + ("-" if eta_s is None else format_duration(eta_s)))
     return " | ".join(parts)
