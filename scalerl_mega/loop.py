@@ -82,7 +82,7 @@ class LoopState:
     """A stop interrupted the validation of `step` (trained and logged): the resumed run records that point
     before its next step."""
     preempted: bool = False
-    """This launch stopped early on SIGTERM after checkpointing (not saved: reset on resume)."""
+    """This launch stopped early on SIGTERM / Ctrl-C after checkpointing (not saved: reset on resume)."""
 
 
 # ----------------------------------------------------------------------------- weights
@@ -143,7 +143,7 @@ def run_rl(cfg: TrainConfig, comps: LoopComponents, *, compute: ComputeCounter, 
     """Run RL to `cfg.train.steps` (resuming if a checkpoint exists); metrics go to
     <output_dir>/metrics.jsonl. Returns the final LoopState.
 
-    `stop_requested` (SIGTERM, scalerl_mega/preemption.py) is polled at the safe points: while waiting
+    `stop_requested` (SIGTERM / Ctrl-C, scalerl_mega/preemption.py) is polled at the safe points: while waiting
     for generations or validation, and after each step. When it is true the loop saves a checkpoint
     (the prompts admitted but not trained are re-admitted on resume; their partial generations are
     regenerated) and returns with `state.preempted` set. `started` (`time.monotonic()` at the launch's start)
@@ -183,8 +183,7 @@ def run_rl(cfg: TrainConfig, comps: LoopComponents, *, compute: ComputeCounter, 
     except Preempted:
         save_state(comps, cfg, state=state, outstanding=list(router.queue), compute=compute, rng=rng)
         state.preempted = True
-        log.warning("stopped at step %d on request (SIGTERM) after saving a checkpoint; rerun to resume", state.step)
-        print(f"preempted: checkpoint saved at step {state.step}; rerun the same command to resume", flush=True)
+        log.warning("stopped at step %d on request (SIGTERM / Ctrl-C) after saving a checkpoint", state.step)
         return state
     finally:
         writer.close()
@@ -397,14 +396,18 @@ def _step_fields(cfg: TrainConfig, comps: LoopComponents, groups: list[Group], p
 def _validate_save_or_stop(cfg: TrainConfig, comps: LoopComponents, router: _Router, state: LoopState,
                            writer: MetricsWriter, compute: ComputeCounter, forecaster: Any | None,
                            rng: random.Random, *, clock: _StepClock) -> bool:
-    """After a step's metrics: validation every `val_every` steps, a checkpoint every `save_every`,
-    and the stop request (SIGTERM). True: the loop returns now (stopped after this step's checkpoint);
+    """After a step's metrics: validation every `val_every` steps, a checkpoint every `save_every` and at the
+    last step (also with `save_every=0` when the run has a checkpoint, e.g. a stop's), and the stop request
+    (SIGTERM / Ctrl-C). True: the loop returns now (stopped after this step's checkpoint);
     raises Preempted when a stop is requested without one (run_rl saves)."""
     window = cfg.train.val_mode == "window"
     if cfg.train.val_every and state.step % cfg.train.val_every == 0:
         _validate(cfg, comps, router, state, writer, compute, forecaster, rng)
         clock.gen_prev = None  # validation's decoding is outside every step's wall time
-    saved = bool(cfg.train.save_every) and state.step % cfg.train.save_every == 0
+    every = int(cfg.train.save_every)
+    saved = bool(every) and state.step % every == 0
+    if state.step == cfg.train.steps and not saved and (every or latest_checkpoint(cfg) is not None):
+        saved = True  # the last step of a run with checkpoints: a rerun finds it finished (train.py), not its tail
     if saved:
         if window:  # the window's slices in flight are scored now: a resumed run continues the window
             state.val_window += collect(router, comps, HeldoutSpec.of(cfg))

@@ -181,7 +181,9 @@ def test_build_task_checks_vocab_and_phrase():
         build_task(cfg(model=SimpleNamespace(vocab_size=16)))
     with pytest.raises(ValueError, match="interruption_phrase"):
         build_task(cfg(length=SimpleNamespace(interruption_phrase="</think> ~")))
-    with pytest.raises(ValueError, match="data.tokenizer_path is empty"):
+    with pytest.raises(ValueError, match=r"data.name='polaris' needs a tokenizer \(data.tokenizer_path and "
+                                         r"init_from_hf are empty\): the model \(model.vocab_size=48: the embedded "
+                                         r"demo model reads only the synthetic task's digits and symbols\)"):
         build_task(cfg(data=SimpleNamespace(name="polaris", tokenizer_path="")))
 
 
