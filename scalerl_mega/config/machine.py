@@ -100,8 +100,8 @@ FREE_TEXT_VOCAB = 1000
 def free_text_hint(cfg: TrainConfig) -> str:
     """What to set for a dataset run, with why the model cannot read it when its vocabulary is the demo's."""
     v = int(cfg.model.vocab_size)
-    why = (f"the model (model.vocab_size={v}: the embedded demo model reads only the synthetic task's digits and "
-           "symbols) cannot read free text; " if v < FREE_TEXT_VOCAB else "")
+    why = (f"a model of model.vocab_size={v} tokens cannot read free text (the embedded demo model's vocabulary is "
+           "the synthetic task's digits and symbols); " if v < FREE_TEXT_VOCAB else "")
     return (f"{why}use a pretrained model and its tokenizer: model=hf init_from_hf=/path/to/hf_checkpoint (its "
             "tokenizer is used), or data.tokenizer_path=/path/to/tokenizer with a model whose vocab_size covers it "
             "(docs/extending.md)")

@@ -75,7 +75,8 @@ def test_own_data_with_the_demo_model_says_it_cannot_read_free_text(tmp_path):
         _compose("data=jsonl", f"data.train_files=[{f}]")
     msg = str(e.value)
     assert msg.startswith("data.name='jsonl' needs a tokenizer (data.tokenizer_path and init_from_hf are empty)")
-    assert "embedded demo model reads only the synthetic task's digits and symbols) cannot read free text" in msg
+    assert "a model of model.vocab_size=48 tokens cannot read free text (the embedded demo model's vocabulary is the " \
+           "synthetic task's digits and symbols)" in msg
     assert "model=hf init_from_hf=/path/to/hf_checkpoint" in msg and "data.tokenizer_path=" in msg
     # a tokenizer alone is not enough: the demo model's 48-token vocabulary cannot hold it
     from test_data_build import _tokenizer_dir
