@@ -130,11 +130,41 @@ def config_errors() -> Iterator[None]:
         config_error_exit(exc)
 
 
+TRAIN_FLAGS = ("--validate",)
+"""`scalerl-train`'s own flags (Hydra's are its argument parser's)."""
+
+
+def argv_problem(argv: list[str]) -> str | None:
+    """The first misspelled name of a `scalerl-train` command line, with the closest valid one: an unknown flag,
+    config key, group or group option (config/keys.py); None when every name is known."""
+    from hydra._internal.utils import get_args_parser
+
+    from scalerl_mega.config.keys import override_problem
+    from scalerl_mega.suggest import did_you_mean
+
+    flags = [*TRAIN_FLAGS, *get_args_parser()._option_string_actions]
+    for a in argv:
+        if a.startswith("-"):
+            flag = a.split("=", 1)[0]
+            if flag not in flags:
+                return f"unknown option {flag}{did_you_mean(flag, flags)}"
+        else:
+            problem = override_problem(a)
+            if problem:
+                return problem
+    return None
+
+
 def precheck_overrides(argv: list[str]) -> None:
     """Compose `conf/train.yaml` with the command line's overrides as Hydra will, so that a bad
     override (unknown key, wrong type, missing group option) is one `config error:` line with exit
-    code 2 instead of Hydra's multi-line report. Skipped when the command line has flags (`--cfg`,
-    `-m`, `--help`, ...: Hydra handles those); `hydra.*` overrides are Hydra's own."""
+    code 2 instead of Hydra's multi-line report; a misspelled name first gets the closest valid one
+    (`argv_problem`). Composing is skipped when the command line has flags (`--cfg`, `-m`, `--help`, ...:
+    Hydra handles those); `hydra.*` overrides are Hydra's own."""
+    problem = argv_problem(argv)
+    if problem:
+        config_error_exit(ValueError(problem))
+    argv = [a for a in argv if a not in TRAIN_FLAGS]
     if any(a.startswith("-") for a in argv):
         return
     from hydra.errors import HydraException

@@ -467,10 +467,10 @@ def main() -> None:
     from scalerl_mega.run_dir import config_or_exit, precheck_overrides
 
     register_configs()
+    precheck_overrides(sys.argv[1:])  # a bad override or a misspelled name: one line, exit 2
     validate_only = "--validate" in sys.argv[1:]  # compose + every compose-time check, then exit
     if validate_only:
         sys.argv.remove("--validate")
-    precheck_overrides(sys.argv[1:])  # a bad override: one line, exit 2
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
     def _entry(cfg) -> None:
