@@ -193,7 +193,7 @@ def config_or_exit(cfg: TrainConfig, *, validate_only: bool = False):
     log = logging.getLogger("scalerl_mega.run_dir")
     if diffs:
         log.warning("resume=force: resuming under a config that differs in %s", "; ".join(diffs))
-    if not validate_only and os.environ.get("RANK", "0") == "0":
+    if not validate_only and not config.dry_run and os.environ.get("RANK", "0") == "0":
         print(start_banner(config), flush=True)  # before the heavy imports: the first line comes in seconds
     if validate_only:
         n = config.model.num_params()

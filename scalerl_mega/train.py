@@ -23,7 +23,9 @@ CONF_DIR = conf_dir()
 if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.build import Task
     from scalerl_mega.config import ForecastConfig, TrainConfig
-    from scalerl_mega.interfaces import PolicyTrainer
+    from scalerl_mega.interfaces import LoopComponents, PolicyTrainer
+    from scalerl_mega.loop import LoopState
+    from scalerl_mega.preemption import Preemption
     from scalerl_mega.trainer.ranks import ControlChannel
 
 
@@ -173,8 +175,8 @@ def run_job(config: TrainConfig) -> dict[str, Any]:
     return _finish(config, summary, out=out, resumed=resumed, steps=state.step, world=world)
 
 
-def _run_rl(config: TrainConfig, comps: Any, summary: dict[str, Any], *, out: Path, resumed: bool, world: int,
-            preemption: Any, started: float) -> Any:
+def _run_rl(config: TrainConfig, comps: LoopComponents, summary: dict[str, Any], *, out: Path, resumed: bool,
+            world: int, preemption: Preemption, started: float) -> LoopState:
     """The RL phase of `run_job` on the controller: compute counter, live forecast, provenance segment, the loop
     (a stop request checkpointed at its next safe point from here on); fills `summary`, returns the LoopState."""
     import time

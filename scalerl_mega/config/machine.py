@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.config.tree import TrainConfig
+    from scalerl_mega.interfaces import Tokenizer
 
 
 def validate_machine(cfg: TrainConfig) -> None:
@@ -126,7 +127,7 @@ def check_tokenizer_source(cfg: TrainConfig) -> None:
         check_tokenizer_fits(check_tokenizer_dir(path, key=key), cfg, key=key, path=path)
 
 
-def check_tokenizer_fits(tok: Any, cfg: TrainConfig, *, key: str, path: str) -> None:
+def check_tokenizer_fits(tok: Tokenizer, cfg: TrainConfig, *, key: str, path: str) -> None:
     """The dataset tokenizer `tok` (of `key`=`path`) against the run: the model's vocabulary holds it, it has an
     EOS token, and it maps no character of the interruption phrase to unknown. ValueError naming the keys."""
     if len(tok) > int(cfg.model.vocab_size):
