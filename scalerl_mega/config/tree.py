@@ -116,10 +116,23 @@ def validate(cfg: TrainConfig) -> None:
     validate_metrics(cfg.metrics)
     validate_moe(cfg.moe)
     validate_forecast(cfg.forecast)
-    megatron_config(cfg).validate(world_size=int(cfg.cluster.trainer_devices) or None)  # what build_trainer checks
+    _validate_trainer(cfg)
     if not str(cfg.resume):
         raise ValueError("resume='' must be 'auto', 'never' or a checkpoint directory")
     _validate_across_groups(cfg)
+
+
+def _validate_trainer(cfg: TrainConfig) -> None:
+    """What building the trainer checks (`MegatronConfig.validate`: model, parallel, optim, precision), first on its
+    own, then against the world size `cluster.trainer_devices` when it is set (the error then names that key)."""
+    mcfg = megatron_config(cfg)
+    mcfg.validate()
+    world = int(cfg.cluster.trainer_devices)
+    if world:
+        try:
+            mcfg.validate(world_size=world)
+        except ValueError as exc:
+            raise ValueError(f"cluster.trainer_devices={world}: {exc}") from None
 
 
 def _validate_across_groups(cfg: TrainConfig) -> None:
