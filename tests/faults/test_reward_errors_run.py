@@ -5,7 +5,9 @@ first traceback is in the console and in the run's train.log, once."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,17 +24,24 @@ def test_a_raising_custom_reward_stops_the_run_with_one_line_and_its_traceback_l
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "-m", "scalerl_mega.train", *TINY, "train.steps=5",
-                        "reward.custom._target_=tests.faults.raising_reward.score",
+                        "reward=custom_example", "reward.custom._target_=tests.faults.raising_reward.score",
                         f"output_dir={out}", f"hydra.run.dir={out}"], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=500)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("reward error: all 16 samples of step 1 failed to score, e.g. ValueError at "
-                           "raising_reward.py:6: could not convert string to float:"), last
-    assert "reward.stop_error_rate=null" in last
+    m = re.match(r"reward error: all 16 samples of step (\d+) failed to score, e.g. ValueError at raising_reward.py:6: "
+                 r"could not convert string to float: .*reward.stop_error_rate=null to train on", last)
+    assert m, last
     console = r.stdout + r.stderr
-    assert console.count("Traceback (most recent call last)") == 1  # the reward's, logged; none for the stop
+    assert console.count("Traceback (most recent call last)") == 1  # the reward's, logged once; none for the stop
     assert "return float(completion)" in console
     log = (out / "train.log").read_text()
     assert "reward scoring failed: error: ValueError at raising_reward.py:6" in log and "return float(completion)" in log
-    assert not _train_steps(out)  # nothing was trained on the failed scores
+    # the steps before it (a random policy sometimes writes a number) were trained with their errors counted
+    stop = int(m.group(1))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()] if stop > 1 else []
+    train = [x for x in rows if x["kind"] == "train"]
+    assert [x["step"] for x in train] == list(range(1, stop)) == _train_steps(out)
+    for x in train:
+        assert 0 < x["reward/errors"] < 16 and x["reward/errors_by_kind"] == {
+            "ValueError at raising_reward.py:6": x["reward/errors"]}
