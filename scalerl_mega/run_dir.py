@@ -214,7 +214,7 @@ def start_banner(config: TrainConfig) -> str:
     moe = f", MoE {m.num_experts} experts top-{m.moe_topk}" if m.is_moe else ""
     ckpt = latest_checkpoint(config)
     step = latest_step(ckpt) if ckpt is not None else None
-    start = (f"resuming from step {step}" if step is not None else
+    start = (f"resuming at step {step} of" if step is not None else
              f"{config.sft.steps} SFT warm-start steps, then" if config.sft.steps else "fresh run:")
     val = (f"; validation every {t.val_every} steps on {config.data.val_prompts} held-out prompts x "
            f"{config.data.val_samples}" if t.val_every else "; no validation")

@@ -18,22 +18,25 @@ def format_duration(seconds: float) -> str:
 
 
 class ProgressClock:
-    """Elapsed time since `started` (the launch's start, `time.monotonic()` clock) and the ETA of the
-    remaining steps at this launch's mean seconds per step (validations and saves included) since `first_step`
-    at `t0` (the RL loop's start). `now` is injectable for tests."""
+    """Elapsed time since `started` (the launch's start, `time.monotonic()` clock) and the ETA of the remaining
+    steps at this launch's mean seconds per step (validations and saves included), measured from the end of its
+    first step: the first step also carries the loop's start (the step-0 validation, the first weight push), so the
+    ETA starts at the second. `now` is injectable for tests."""
 
-    def __init__(self, *, first_step: int, started: float | None = None, t0: float | None = None,
-                 now=time.monotonic) -> None:
+    def __init__(self, *, first_step: int, started: float | None = None, now=time.monotonic) -> None:
         self.now = now
-        self.t0 = now() if t0 is None else t0
-        self.started = self.t0 if started is None else started
+        self.started = now() if started is None else started
         self.first_step = first_step
+        self.t_first: float | None = None
+        """When this launch's first step ended."""
 
     def timing(self, *, step: int, total_steps: int) -> tuple[float, float | None]:
-        """(elapsed seconds, ETA seconds or None before the first step of this launch)."""
+        """(elapsed seconds, ETA seconds or None until two steps of this launch are done)."""
         t = self.now()
-        done = step - self.first_step
-        eta = (t - self.t0) / done * max(total_steps - step, 0) if done > 0 else None
+        if self.t_first is None and step > self.first_step:
+            self.t_first = t
+        done = step - self.first_step - 1
+        eta = (t - self.t_first) / done * max(total_steps - step, 0) if done > 0 and self.t_first is not None else None
         return t - self.started, eta
 
 

@@ -121,3 +121,22 @@ def test_scalerl_fit_flags_get_a_did_you_mean(capsys):
     with pytest.raises(SystemExit):
         _parser().parse_args(["run", "--grid", "papr"])
     assert "invalid choice: 'papr'" in (err := capsys.readouterr().err) and "(did you mean paper?)" in err
+
+
+def test_start_banner_names_output_recipe_model_and_schedule(tmp_path):
+    """Issue 49 item 7: the console's first lines (printed before the heavy imports) say where the run writes, its
+    recipe, model size and steps, and whether it resumes."""
+    from scalerl_mega.run_dir import start_banner
+
+    lines = start_banner(_config(tmp_path / "run")).splitlines()
+    assert lines[0] == f"scalerl-train: run 'demo' (seed 0) -> {tmp_path / 'run'} (report.md there at the end)"
+    assert lines[1].split()[1:4] == ["loss=cispo", "aggregation=prompt", "adv_norm=batch"]
+    assert "off_policy=pipeline_rl(k=2)" in lines[1] and "precision=fp32_head" in lines[1]
+    assert lines[2].startswith("  model   0.7M parameters (4 layers, hidden 128, MoE 4 experts top-1); data=synthetic")
+    assert lines[3] == ("  steps   250 SFT warm-start steps, then 80 RL steps x 32 prompts x 8 samples; validation every "
+                        "10 steps on 200 held-out prompts x 4")
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000040"
+    ckpt.mkdir(parents=True)
+    (ckpt / "COMPLETE").write_text('{"step": 40}')
+    (ckpt.parent / "latest").write_text(ckpt.name)
+    assert start_banner(_config(tmp_path / "run")).splitlines()[3].startswith("  steps   resuming at step 40 of 80 RL")
