@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalerl_mega.config import DataConfig, TrainConfig, pause_mode
+from scalerl_mega.config import (
+    DataConfig,
+    TrainConfig,
+    check_tokenizer_fits,
+    check_tokenizer_source,
+    megatron_config,
+    pause_mode,
+)
 from scalerl_mega.interfaces import LoopComponents, PolicyTrainer, RewardFn, RolloutEngine, Tokenizer
 
 log = logging.getLogger("scalerl_mega.build")
@@ -49,20 +56,15 @@ def build_task(cfg: TrainConfig) -> Task:
     if cfg.data.name != "synthetic":
         return build_dataset_task(cfg)
     from scalerl_mega.data.tasks.arith import arith_prompts
-    from scalerl_mega.data.tasks.tokenizer import build_arith_tokenizer
+    from scalerl_mega.data.tasks.tokenizer import build_arith_tokenizer, check_synthetic_vocab
 
+    check_synthetic_vocab(vocab_size=int(cfg.model.vocab_size), interruption_phrase=cfg.length.interruption_phrase)
     tok = build_arith_tokenizer()
-    if len(tok) > cfg.model.vocab_size:
-        raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the synthetic task's "
-                         f"vocabulary ({len(tok)} tokens)")
     num_val = int(cfg.data.val_prompts)
     train, val = arith_prompts(num_train=int(cfg.data.synthetic_num_prompts) - num_val, num_val=num_val,
                                seed=int(cfg.data.split_seed), max_digits=int(cfg.data.synthetic_max_digits),
                                difficulty_weights=[float(x) for x in cfg.data.synthetic_difficulty_weights] or None)
-    phrase = cfg.length.interruption_phrase
-    interruption_ids = list(tok(phrase, add_special_tokens=False)["input_ids"])
-    if tok.unk_token_id in interruption_ids:
-        raise ValueError(f"length.interruption_phrase={phrase!r} has characters outside the task vocabulary")
+    interruption_ids = list(tok(cfg.length.interruption_phrase, add_special_tokens=False)["input_ids"])
     task = Task(tokenizer=tok, train_prompts=[], val_prompts=[], stop_token_ids=[tok.eos_token_id],
                 interruption_ids=interruption_ids)
     where = f"data.name=synthetic, data.synthetic_max_digits={int(cfg.data.synthetic_max_digits)}"
@@ -122,15 +124,12 @@ def build_dataset_task(cfg: TrainConfig) -> Task:
 
     data = cfg.data
     check_data_keys(data)
+    check_tokenizer_source(cfg)
     tok_path, tok_key = str(data.tokenizer_path), "data.tokenizer_path"
     if not tok_path and str(getattr(cfg, "init_from_hf", "")):
         tok_path, tok_key = str(cfg.init_from_hf), "init_from_hf"  # the policy checkpoint's own tokenizer
     tok = load_tokenizer(tok_path, key=tok_key)
-    if len(tok) > cfg.model.vocab_size:
-        raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's vocabulary "
-                         f"({len(tok)} tokens, data.tokenizer_path={str(data.tokenizer_path)!r})")
-    if tok.eos_token_id is None:
-        raise ValueError(f"data.tokenizer_path={str(data.tokenizer_path)!r}: the tokenizer has no EOS token")
+    check_tokenizer_fits(tok, cfg, key=tok_key, path=tok_path)
     chat = bool(data.use_chat_template) and bool(getattr(tok, "chat_template", None))
     prompts, sources = [], check_data_files(data)
     for key, files, schema in sources:
@@ -144,9 +143,6 @@ def build_dataset_task(cfg: TrainConfig) -> Task:
     task.train_prompts, task.val_prompts = held_out_split(kept, num_val=int(data.val_prompts),
                                                           seed=int(data.split_seed))
     task.interruption_ids = list(tok(cfg.length.interruption_phrase, add_special_tokens=False)["input_ids"])
-    if tok.unk_token_id is not None and tok.unk_token_id in task.interruption_ids:
-        raise ValueError(f"length.interruption_phrase={cfg.length.interruption_phrase!r} has characters the "
-                         f"tokenizer maps to unknown (data.tokenizer_path={str(data.tokenizer_path)!r})")
     return task
 
 
@@ -167,15 +163,6 @@ def build_reward_fn(cfg: TrainConfig, *, num_workers: int | None = None):
 
 
 # ----------------------------------------------------------------------------- trainer
-def megatron_config(cfg: TrainConfig):
-    from scalerl_mega.model.config import MegatronConfig, OptimConfig
-
-    optim = OptimConfig(**{**vars(cfg.optim), "seed": int(cfg.optim.seed) + int(cfg.seed)})
-    return MegatronConfig(model=cfg.model, parallel=cfg.parallel, optim=optim, params_dtype=cfg.precision.params_dtype,
-                          grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32, recompute=cfg.train.recompute,
-                          routing_replay=cfg.moe.routing_replay, logit_temperature=float(cfg.rollout.temperature))
-
-
 def use_fused_cispo(cfg: TrainConfig) -> bool:
     """The fused FP32 CISPO head (`train.fused_cispo`, on by default) applies to loss=cispo with the
     FP32 head (paper Sec. 3.2) without an IS correction (`loss.is_correction`: its masks need the

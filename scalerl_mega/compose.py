@@ -7,7 +7,9 @@ Preparation (`prepare`) is everything that can be checked or derived before a pr
 engine exists:
 
     model     model=hf -> the checkpoint's shapes; an explicit preset is checked against init_from_hf
-    data      column keys / template, and that every data file exists (data/columns.py)
+    data      column keys / template; every data file exists and every row loads (data/columns.py: the first
+              bad row or missing column, `file:line`); data.val_prompts leaves prompts to train on; a dataset
+              run has a tokenizer (config/machine.py); the synthetic task's vocabulary fits the model
     reward    the reward group, incl. that a custom `_target_` imports and is callable
     metrics   optional trackers (metrics.loggers) are known and installed
 """
@@ -28,18 +30,41 @@ CONFIG_NAME = "train"
 
 def prepare(config: TrainConfig) -> TrainConfig:
     """`config` with `model=hf` resolved; ValueError naming the key on any problem."""
-    from scalerl_mega.data.columns import check_data_files, check_data_keys
+    from scalerl_mega.config import check_tokenizer_source
+    from scalerl_mega.data.columns import check_data_files, check_data_keys, check_data_rows
+    from scalerl_mega.data.tasks.tokenizer import check_synthetic_vocab
     from scalerl_mega.metrics.loggers import check_loggers
     from scalerl_mega.model.hf_import import resolve_model
     from scalerl_mega.rewards.custom import check_reward_settings
 
     resolve_model(config)
     check_data_keys(config.data)
-    if config.data.name != "synthetic" and not getattr(config, "dry_run", False):
-        check_data_files(config.data)  # a dry run builds the layout only: no data is read
+    if config.data.name == "synthetic":
+        check_synthetic_vocab(vocab_size=int(config.model.vocab_size),
+                              interruption_phrase=config.length.interruption_phrase)
+    elif not getattr(config, "dry_run", False):  # a dry run builds the layout only: no data is read
+        check_data_files(config.data)
+        check_tokenizer_source(config)
+        distinct = check_data_rows(config.data)
+        check_sft_examples(config, distinct=distinct)
     check_reward_settings(config.reward)
     check_loggers(config.metrics)
     return config
+
+
+def check_sft_examples(config: TrainConfig, *, distinct: int) -> None:
+    """A dataset run's warm start draws batches of `sft.batch_size` from its training prompts: at most the
+    `distinct` prompts less the held-out ones (`data.split.held_out_size`; prompts over `data.max_prompt_tokens`,
+    dropped at the start, can only make it fewer)."""
+    from scalerl_mega.data.split import MAX_HELD_OUT_FRACTION, held_out_size
+
+    if not config.sft.steps:
+        return
+    n_train = distinct - held_out_size(distinct, num_val=int(config.data.val_prompts),
+                                        max_fraction=MAX_HELD_OUT_FRACTION)
+    if config.sft.batch_size > n_train:
+        raise ValueError(f"sft.batch_size={config.sft.batch_size} exceeds the {n_train} SFT examples (the dataset's "
+                         f"{distinct} distinct prompts less the held-out ones)")
 
 
 def from_node(node: DictConfig, *, preflight: bool = True, machine: bool = True) -> TrainConfig:

@@ -44,11 +44,14 @@ class HeldoutSpec:
     """Budget, interruptions and the length penalty: validation samples as training does."""
     rollout: RolloutConfig
     """Temperature and top_p."""
+    stop_error_rate: float | None = None
+    """`reward.stop_error_rate`: a validation whose samples fail to score at this rate stops the run."""
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> HeldoutSpec:
         return cls(samples=int(cfg.data.val_samples), paired_draws=bool(cfg.data.val_paired_draws),
-                   run_seed=int(cfg.seed), val_every=int(cfg.train.val_every), length=cfg.length, rollout=cfg.rollout)
+                   run_seed=int(cfg.seed), val_every=int(cfg.train.val_every), length=cfg.length, rollout=cfg.rollout,
+                   stop_error_rate=cfg.reward.stop_error_rate)
 
 
 def submit(router: _Router, comps: LoopComponents, spec: HeldoutSpec, indices: Iterable[int], *, version: int,
@@ -72,7 +75,11 @@ def collect(router: _Router, comps: LoopComponents, spec: HeldoutSpec) -> list[O
         prompt, index = router.val_index.pop(pid)
         index_of[pid] = index
         pendings.append(_Pending(seq=-1, prompt=prompt, version=-1, completions=router.val.pop(pid)))
-    return outcomes(score_groups(pendings, comps, spec.length), index_of=index_of) if pendings else []
+    if not pendings:
+        return []
+    groups = score_groups(pendings, comps, spec.length, stop_error_rate=spec.stop_error_rate,
+                          where="a validation (held-out prompts)")
+    return outcomes(groups, index_of=index_of)
 
 
 def validate(router: _Router, comps: LoopComponents, spec: HeldoutSpec, *, version: int, rng: random.Random

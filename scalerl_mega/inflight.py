@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -128,8 +128,11 @@ def sampling_params(length: LengthConfig, rollout: RolloutConfig, comps: LoopCom
 
 
 # ----------------------------------------------------------------------------- scoring
-def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, length: LengthConfig) -> list[Group]:
-    """Rewards for every completion (batched through the reward pool); length penalty if configured."""
+def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, length: LengthConfig, *,
+                 stop_error_rate: float | None = None, where: str = "") -> list[Group]:
+    """Rewards for every completion (batched through the reward pool); length penalty if configured. With
+    `stop_error_rate` (`reward.stop_error_rate`), `RewardErrorStop` when at least that share of the samples failed
+    to score (`where` names them in the message: "step 3", "the validation at step 0")."""
     prompts, texts, flat = [], [], []
     for p in pendings:
         for c in sorted(p.completions, key=lambda c: c.sample_index):
@@ -157,4 +160,47 @@ def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, length: Le
                                             reason=str(results[i][2])))
             i += 1
         groups.append(Group(prompt=p.prompt, samples=samples))
+    if stop_error_rate is not None:
+        check_reward_errors(groups, stop_error_rate=stop_error_rate, where=where)
     return groups
+
+
+class RewardErrorStop(SystemExit):
+    """`reward.stop_error_rate`: the run ends (exit status 1, the one-line message on stderr, no traceback)."""
+
+
+def reward_error_counts(groups: Sequence[Group]) -> tuple[Counter[str], int]:
+    """(samples per distinct scoring error, `rewards.result.error_key`; number of samples)."""
+    from scalerl_mega.rewards.result import error_key
+
+    keys = [error_key(s.reason) for g in groups for s in g.samples]
+    return Counter(k for k in keys if k is not None), len(keys)
+
+
+def reward_error_metrics(groups: Sequence[Group]) -> dict[str, object]:
+    """A step's scoring failures (the reward raised or its worker died; a timeout is a verdict): `reward/errors`
+    (samples), `reward/error_rate`, `reward/errors_by_kind` ({"ValueError at my_reward.py:3": n}, when any) and
+    `reward/timeouts` (samples past the per-item deadline)."""
+    counts, n = reward_error_counts(groups)
+    out: dict[str, object] = {"reward/errors": float(sum(counts.values())),
+                              "reward/error_rate": sum(counts.values()) / max(n, 1),
+                              "reward/timeouts": float(sum(s.reason == "pool_timeout" for g in groups
+                                                           for s in g.samples))}
+    if counts:
+        out["reward/errors_by_kind"] = dict(counts.most_common())
+    return out
+
+
+def check_reward_errors(groups: Sequence[Group], *, stop_error_rate: float, where: str) -> None:
+    """`RewardErrorStop` when at least `stop_error_rate` of the samples of `groups` failed to score."""
+    counts, n = reward_error_counts(groups)
+    errors = sum(counts.values())
+    if not n or not errors or errors / n < stop_error_rate:
+        return
+    first = next(s.reason for g in groups for s in g.samples if s.reason.startswith(("error: ", "worker_died")))
+    share = f"all {n}" if errors == n else f"{errors} of {n}"
+    kinds = f" ({len(counts)} distinct errors)" if len(counts) > 1 else ""
+    raise RewardErrorStop(
+        f"reward error: {share} samples of {where or 'a step'} failed to score{kinds}, e.g. {first.removeprefix('error: ')}; "
+        f"the first traceback of each error is logged above and in the run's train.log. Fix the reward function, "
+        f"or set reward.stop_error_rate=null to train on (reward.stop_error_rate={stop_error_rate:g})")

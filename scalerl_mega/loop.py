@@ -50,12 +50,12 @@ from scalerl_mega.interfaces import LoopComponents, RolloutEngine
 from scalerl_mega.metrics.alarms import MismatchGuard, TruncationAlarm
 from scalerl_mega.metrics.calibration import GEN_STAT_KEYS, calibration_fields, engine_decode_stats
 from scalerl_mega.metrics.compute import ComputeCounter, gpu_utilization
-from scalerl_mega.metrics.progress import progress_line
+from scalerl_mega.metrics.progress import ProgressClock, progress_line
 from scalerl_mega.metrics.rollout_stats import rollout_metrics, staleness_histogram, tokens_per_version
 from scalerl_mega.metrics.val_window import center_step, val_metrics, window_slice
 from scalerl_mega.metrics.writer import MetricsWriter
 from scalerl_mega.scaling.forecast import plain_line
-from scalerl_mega.inflight import Preempted, _Pending, _Router, sampling_params, score_groups
+from scalerl_mega.inflight import Preempted, _Pending, _Router, reward_error_metrics, sampling_params, score_groups
 from scalerl_mega.types import Group, Prompt
 from scalerl_mega.heldout import HeldoutSpec, collect, submit, submit_window_slice, validate
 
@@ -83,7 +83,7 @@ class LoopState:
     """A stop interrupted the validation of `step` (trained and logged): the resumed run records that point
     before its next step."""
     preempted: bool = False
-    """This launch stopped early on SIGTERM after checkpointing (not saved: reset on resume)."""
+    """This launch stopped early on SIGTERM / Ctrl-C after checkpointing (not saved: reset on resume)."""
 
 
 # ----------------------------------------------------------------------------- weights
@@ -140,14 +140,15 @@ def _prompt_dict(p: Prompt) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the loop
 def run_rl(cfg: TrainConfig, comps: LoopComponents, *, compute: ComputeCounter, forecaster: Any | None = None,
            on_step: Callable[[int, dict], None] | None = None,
-           stop_requested: Callable[[], bool] | None = None) -> LoopState:
+           stop_requested: Callable[[], bool] | None = None, started: float | None = None) -> LoopState:
     """Run RL to `cfg.train.steps` (resuming if a checkpoint exists); metrics go to
     <output_dir>/metrics.jsonl. Returns the final LoopState.
 
-    `stop_requested` (SIGTERM, scalerl_mega/preemption.py) is polled at the safe points: while waiting
+    `stop_requested` (SIGTERM / Ctrl-C, scalerl_mega/preemption.py) is polled at the safe points: while waiting
     for generations or validation, and after each step. When it is true the loop saves a checkpoint
     (the prompts admitted but not trained are re-admitted on resume; their partial generations are
-    regenerated) and returns with `state.preempted` set."""
+    regenerated) and returns with `state.preempted` set. `started` (`time.monotonic()` at the launch's start)
+    is the origin of the progress lines' elapsed time."""
     G = cfg.train.generations_per_prompt
     rng = random.Random(cfg.seed)
     state = LoopState()
@@ -176,13 +177,14 @@ def run_rl(cfg: TrainConfig, comps: LoopComponents, *, compute: ComputeCounter, 
     writer = MetricsWriter(cfg.output_dir, tensorboard=cfg.metrics.tensorboard,
                            resume_step=state.step if ckpt is not None else None, loggers=build_loggers(cfg))
     try:
+        progress = ProgressClock(first_step=state.step, started=started)
         return _loop(cfg, comps, state=state, router=router, readmit=readmit, rng=rng, writer=writer,
-                     compute=compute, forecaster=forecaster, alarm=alarm, guard=guard, on_step=on_step)
+                     compute=compute, forecaster=forecaster, alarm=alarm, guard=guard, on_step=on_step,
+                     progress=progress)
     except Preempted:
         save_state(comps, cfg, state=state, outstanding=list(router.queue), compute=compute, rng=rng)
         state.preempted = True
-        log.warning("stopped at step %d on request (SIGTERM) after saving a checkpoint; rerun to resume", state.step)
-        print(f"preempted: checkpoint saved at step {state.step}; rerun the same command to resume", flush=True)
+        log.warning("stopped at step %d on request (SIGTERM / Ctrl-C) after saving a checkpoint", state.step)
         return state
     finally:
         writer.close()
@@ -191,7 +193,7 @@ def run_rl(cfg: TrainConfig, comps: LoopComponents, *, compute: ComputeCounter, 
 def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: _Router, readmit: list[Prompt],
           rng: random.Random, writer: MetricsWriter, compute: ComputeCounter,
           forecaster: Any | None, alarm: TruncationAlarm, guard: MismatchGuard,
-          on_step: Callable[[int, dict], None] | None) -> LoopState:
+          on_step: Callable[[int, dict], None] | None, progress: ProgressClock) -> LoopState:
     k = cfg.off_policy.k
     pipeline = cfg.off_policy.name == "pipeline_rl"
     state.weight_version = state.step
@@ -219,7 +221,8 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
             submit_window_slice(router, comps, HeldoutSpec.of(cfg), step=s, version=state.weight_version, rng=rng)
         pendings, trainer_idle = _admit_and_wait(cfg, router, admission, step=s)  # 1. admission, 2. wait
         t_score = time.monotonic()
-        groups = score_groups(pendings, comps, cfg.length)  # 3. score + curriculum
+        groups = score_groups(pendings, comps, cfg.length, stop_error_rate=cfg.reward.stop_error_rate,
+                              where=f"step {s + 1}")  # 3. score + curriculum
         score_s = time.monotonic() - t_score
         hist, metrics = _record_groups(cfg, comps, groups, step=s)
         res = _build_batch(cfg, groups, step=s)  # 4. batch
@@ -250,7 +253,9 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
         rec = writer.write("train", state.step, {**metrics, **fields})
         guard.check(step=state.step, metrics=metrics)  # before this step's checkpoint (metrics/alarms.py)
         if cfg.metrics.progress_every and state.step % cfg.metrics.progress_every == 0:
-            log.info("%s", progress_line(step=state.step, total_steps=cfg.train.steps, metrics=rec))
+            elapsed, eta = progress.timing(step=state.step, total_steps=cfg.train.steps)
+            log.info("%s", progress_line(step=state.step, total_steps=cfg.train.steps, metrics=rec, elapsed_s=elapsed,
+                                         eta_s=eta))
         if on_step is not None:
             on_step(state.step, rec)
         if window and state.step == center_step(end=-(-state.step // cfg.train.val_every) * cfg.train.val_every,
@@ -349,7 +354,7 @@ def _record_groups(cfg: TrainConfig, comps: LoopComponents, groups: list[Group],
     hist = staleness_histogram(groups, step=step)
     if max(hist) > max_staleness:
         raise AssertionError(f"step {step}: staleness {max(hist)} > bound {max_staleness} ({cfg.off_policy.name}-{k})")
-    metrics = rollout_metrics(groups, step=step)
+    metrics = {**rollout_metrics(groups, step=step), **reward_error_metrics(groups)}
     if hasattr(comps.sampler, "metrics"):  # data/curriculum.py: removed prompts, epoch, ...
         metrics.update({f"curriculum/{key}": v for key, v in comps.sampler.metrics().items()})
     return hist, metrics
@@ -392,14 +397,18 @@ def _step_fields(cfg: TrainConfig, comps: LoopComponents, groups: list[Group], p
 def _validate_save_or_stop(cfg: TrainConfig, comps: LoopComponents, router: _Router, state: LoopState,
                            writer: MetricsWriter, compute: ComputeCounter, forecaster: Any | None,
                            rng: random.Random, *, clock: _StepClock) -> bool:
-    """After a step's metrics: validation every `val_every` steps, a checkpoint every `save_every`,
-    and the stop request (SIGTERM). True: the loop returns now (stopped after this step's checkpoint);
+    """After a step's metrics: validation every `val_every` steps, a checkpoint every `save_every` and at the
+    last step (also with `save_every=0` when the run has a checkpoint, e.g. a stop's), and the stop request
+    (SIGTERM / Ctrl-C). True: the loop returns now (stopped after this step's checkpoint);
     raises Preempted when a stop is requested without one (run_rl saves)."""
     window = cfg.train.val_mode == "window"
     if cfg.train.val_every and state.step % cfg.train.val_every == 0:
         _validate(cfg, comps, router, state, writer, compute, forecaster, rng)
         clock.gen_prev = None  # validation's decoding is outside every step's wall time
-    saved = bool(cfg.train.save_every) and state.step % cfg.train.save_every == 0
+    every = int(cfg.train.save_every)
+    saved = bool(every) and state.step % every == 0
+    if state.step == cfg.train.steps and not saved and (every or latest_checkpoint(cfg) is not None):
+        saved = True  # the last step of a run with checkpoints: a rerun finds it finished (train.py), not its tail
     if saved:
         if window:  # the window's slices in flight are scored now: a resumed run continues the window
             state.val_window += collect(router, comps, HeldoutSpec.of(cfg))

@@ -1,10 +1,11 @@
-"""SIGTERM (Slurm preemption, time limit, `scancel`): checkpoint at the next safe point, then exit 0.
+"""SIGTERM (Slurm preemption, time limit, `scancel`) and Ctrl-C (SIGINT): checkpoint at the next safe point,
+then exit 0 (SIGTERM) or 130 (Ctrl-C; a second Ctrl-C exits at once, without a checkpoint).
 
-`Preemption.install(grace_s=...)` replaces the SIGTERM handler of this process. The handler only
-records the request; the RL loop polls `requested` at its safe points (while it waits for
-generations, and at the end of every step), saves a checkpoint there, stops the engines and reward
-workers it started and returns, and `scalerl-train` exits 0, so a requeued job resumes
-(`resume=auto`). If no safe point comes within `grace_s` seconds (a step stuck in a collective), a
+`Preemption.install(grace_s=...)` replaces the SIGTERM and SIGINT handlers of this process. The handler only
+records the request (Ctrl-C before the RL loop, when there is nothing to checkpoint, stops at once); the RL
+loop polls `requested` at its safe points (while it waits for generations, and at the end of every step),
+saves a checkpoint there, stops the engines and reward workers it started and returns, and `scalerl-train`
+exits 0 after SIGTERM, so a requeued job resumes (`resume=auto`), or 130 after Ctrl-C. If no safe point comes within `grace_s` seconds (a step stuck in a collective), a
 watchdog kills every process this one started and exits with 143 (128 + SIGTERM): the previous
 checkpoint stays the newest complete one. Follower ranks of a multi-rank job install it too: they keep
 serving the controller's commands (its checkpoint save is collective) until it releases them.
@@ -191,30 +192,60 @@ def kill_process_tree(pid: int | None = None) -> int:
 
 
 class Preemption:
-    """The SIGTERM request flag of this process (see module doc)."""
+    """The stop request of this process: SIGTERM and SIGINT (Ctrl-C) alike (see module doc).
+
+    Once `armed` (the RL loop polls `requested` at its safe points; a follower rank serves the controller), a
+    signal only records the request: the loop checkpoints and returns, and `scalerl-train` exits with
+    `exit_status` (0 after SIGTERM, so a requeued job resumes; 130 after Ctrl-C). Before that (set-up, the SFT
+    warm start: nothing to checkpoint yet) Ctrl-C raises KeyboardInterrupt at once, which `scalerl-train` turns
+    into one line and exit status 130. A second Ctrl-C after a request exits at once (130), without a checkpoint,
+    after killing every process this one started."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
         self.grace_s = 0.0
+        self.signal: str | None = None
+        """The first stop signal's name ("SIGTERM", "SIGINT"), or None."""
+        self.armed = False
+        """Set by the caller when its safe points poll `requested` (module doc)."""
 
     @property
     def requested(self) -> bool:
         return self._event.is_set()
 
-    def request(self) -> None:
+    @property
+    def exit_status(self) -> int:
+        """The exit status of a launch that stopped on this request: 130 after SIGINT, else 0."""
+        return 128 + int(signal.SIGINT) if self.signal == "SIGINT" else 0
+
+    def request(self, signum: int = signal.SIGTERM) -> None:
         """What the handler does (callable directly, e.g. from a test hook)."""
+        name = signal.Signals(signum).name
         if self._event.is_set():
+            if signum == signal.SIGINT:
+                self._exit_now()
             return
+        if signum == signal.SIGINT and not self.armed:
+            raise KeyboardInterrupt
+        self.signal = name
         self._event.set()
-        log.warning("SIGTERM: checkpointing at the next safe point (grace %.0fs, train.sigterm_grace_s)", self.grace_s)
+        again = " (Ctrl-C again: exit at once, without a checkpoint)" if signum == signal.SIGINT else ""
+        log.warning("%s: checkpointing at the next safe point (grace %.0fs, train.sigterm_grace_s)%s", name,
+                    self.grace_s, again)
         timer = threading.Timer(self.grace_s, self._expire)
         timer.daemon = True
         timer.start()
 
+    def _exit_now(self) -> None:
+        print(f"interrupted: second Ctrl-C after {self.signal}, exiting now without a checkpoint (the newest "
+              "complete one stays; rerun the same command to resume from it)", file=sys.stderr, flush=True)
+        kill_process_tree()
+        os._exit(128 + int(signal.SIGINT))
+
     def _expire(self) -> None:
-        log.error("no safe point within train.sigterm_grace_s=%.0fs after SIGTERM: killing the processes this "
-                  "run started and exiting 143; the newest complete checkpoint stays", self.grace_s)
+        log.error("no safe point within train.sigterm_grace_s=%.0fs after %s: killing the processes this "
+                  "run started and exiting 143; the newest complete checkpoint stays", self.grace_s, self.signal)
         kill_process_tree()
         os._exit(143)
 
@@ -223,10 +254,12 @@ class Preemption:
             raise ValueError(f"train.sigterm_grace_s={grace_s} must be > 0")
         self.grace_s = float(grace_s)
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, lambda *_: self.request())
+            for sig in GROUP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, lambda signum, _frame: self.request(signum))
         return self
 
     def uninstall(self) -> None:
-        if self._previous is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        if self._previous and threading.current_thread() is threading.main_thread():
+            for sig, previous in self._previous.items():
+                signal.signal(sig, previous)
+            self._previous = {}

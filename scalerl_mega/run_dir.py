@@ -14,10 +14,12 @@ Config errors (this and every compose-time check, scalerl_mega/compose.py) print
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from scalerl_mega.config import TrainConfig, flat_config
 
@@ -112,11 +114,57 @@ def _one_line(exc: BaseException) -> str:
     return "; ".join(parts).replace(".;", ";") or "invalid configuration"
 
 
+def config_error_exit(exc: BaseException) -> NoReturn:
+    """`config error: <one line>` on stderr, exit status 2 (SystemExit: the caller's `finally` blocks run)."""
+    print(f"config error: {_one_line(exc)}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_CONFIG_ERROR)
+
+
+@contextlib.contextmanager
+def config_errors() -> Iterator[None]:
+    """Around a run's set-up (building the task, trainer, engines; the warm start's checks): a ValueError there is
+    a configuration the compose-time checks could not see (it needs the built objects), reported like theirs."""
+    try:
+        yield
+    except ValueError as exc:
+        config_error_exit(exc)
+
+
+TRAIN_FLAGS = ("--validate",)
+"""`scalerl-train`'s own flags (Hydra's are its argument parser's)."""
+
+
+def argv_problem(argv: list[str]) -> str | None:
+    """The first misspelled name of a `scalerl-train` command line, with the closest valid one: an unknown flag,
+    config key, group or group option (config/keys.py); None when every name is known."""
+    from hydra._internal.utils import get_args_parser
+
+    from scalerl_mega.config.keys import override_problem
+    from scalerl_mega.suggest import did_you_mean
+
+    flags = [*TRAIN_FLAGS, *get_args_parser()._option_string_actions]
+    for a in argv:
+        if a.startswith("-"):
+            flag = a.split("=", 1)[0]
+            if flag not in flags:
+                return f"unknown option {flag}{did_you_mean(flag, flags)}"
+        else:
+            problem = override_problem(a)
+            if problem:
+                return problem
+    return None
+
+
 def precheck_overrides(argv: list[str]) -> None:
     """Compose `conf/train.yaml` with the command line's overrides as Hydra will, so that a bad
     override (unknown key, wrong type, missing group option) is one `config error:` line with exit
-    code 2 instead of Hydra's multi-line report. Skipped when the command line has flags (`--cfg`,
-    `-m`, `--help`, ...: Hydra handles those); `hydra.*` overrides are Hydra's own."""
+    code 2 instead of Hydra's multi-line report; a misspelled name first gets the closest valid one
+    (`argv_problem`). Composing is skipped when the command line has flags (`--cfg`, `-m`, `--help`, ...:
+    Hydra handles those); `hydra.*` overrides are Hydra's own."""
+    problem = argv_problem(argv)
+    if problem:
+        config_error_exit(ValueError(problem))
+    argv = [a for a in argv if a not in TRAIN_FLAGS]
     if any(a.startswith("-") for a in argv):
         return
     from hydra.errors import HydraException
@@ -127,8 +175,7 @@ def precheck_overrides(argv: list[str]) -> None:
     try:
         compose_node(argv)
     except (HydraException, OmegaConfBaseException) as exc:
-        print(f"config error: {_one_line(exc)}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_CONFIG_ERROR)
+        config_error_exit(exc)
 
 
 def config_or_exit(cfg: TrainConfig, *, validate_only: bool = False):
@@ -142,14 +189,50 @@ def config_or_exit(cfg: TrainConfig, *, validate_only: bool = False):
         config = from_node(cfg)
         diffs = check_resume(config, write=not validate_only)
     except ValueError as exc:
-        print(f"config error: {_one_line(exc)}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_CONFIG_ERROR)
+        config_error_exit(exc)
     log = logging.getLogger("scalerl_mega.run_dir")
     if diffs:
         log.warning("resume=force: resuming under a config that differs in %s", "; ".join(diffs))
+    if not validate_only and not config.dry_run and os.environ.get("RANK", "0") == "0":
+        print(start_banner(config), flush=True)  # before the heavy imports: the first line comes in seconds
     if validate_only:
         n = config.model.num_params()
         print(f"config OK: model '{config.model.name}' ({n['total'] / 1e6:.1f}M parameters), data={config.data.name}, "
               f"loss={config.loss.name}, reward={config.reward.name}, output_dir={config.output_dir}", flush=True)
         return None
     return config
+
+
+def start_banner(config: TrainConfig) -> str:
+    """The lines `scalerl-train` prints first: where the run writes, its recipe, model and schedule, and whether it
+    resumes (what a user would otherwise wait a minute to learn from the first progress line)."""
+    from scalerl_mega.loop import latest_checkpoint
+    from scalerl_mega.trainer.megatron.checkpoint import latest_step
+
+    m, t = config.model, config.train
+    n = m.num_params()
+    moe = f", MoE {m.num_experts} experts top-{m.moe_topk}" if m.is_moe else ""
+    ckpt = latest_checkpoint(config)
+    step = latest_step(ckpt) if ckpt is not None else None
+    start = (f"resuming at step {step} of" if step is not None else
+             f"{config.sft.steps} SFT warm-start steps, then" if config.sft.steps else "fresh run:")
+    val = (f"; validation every {t.val_every} steps on {config.data.val_prompts} held-out prompts x "
+           f"{config.data.val_samples}" if t.val_every else "; no validation")
+    op = config.off_policy
+    recipe = " ".join([f"loss={config.loss.name}", f"aggregation={config.aggregation.name}",
+                       f"adv_norm={config.adv_norm.name}", f"off_policy={op.name}(k={op.k})",
+                       f"length={config.length.name}", f"curriculum={config.curriculum.name}",
+                       f"filter={config.filter.name}", f"precision={config.precision.name}"])
+    return "\n".join([
+        f"scalerl-train: run '{config.run_name}' (seed {config.seed}) -> {config.output_dir} "
+        "(report.md there at the end)",
+        f"  recipe  {recipe}",
+        f"  model   {_count(n['total'])} parameters ({m.num_layers} layers, hidden {m.hidden_size}{moe}); "
+        f"data={config.data.name}, reward={config.reward.name}; {config.cluster.device}, rollout={config.rollout.name}",
+        f"  steps   {start} {t.steps} RL steps x {t.prompts_per_step} prompts x {t.generations_per_prompt} "
+        f"samples{val}",
+    ])
+
+
+def _count(n: float) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"

@@ -11,6 +11,7 @@ The config lives in `conf/` at the repository root (shipped in the wheel as `sca
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,9 @@ CONF_DIR = conf_dir()
 if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.build import Task
     from scalerl_mega.config import ForecastConfig, TrainConfig
-    from scalerl_mega.interfaces import PolicyTrainer
+    from scalerl_mega.interfaces import LoopComponents, PolicyTrainer
+    from scalerl_mega.loop import LoopState
+    from scalerl_mega.preemption import Preemption
     from scalerl_mega.trainer.ranks import ControlChannel
 
 
@@ -67,12 +70,12 @@ def _process_setup(config: TrainConfig) -> int:
     """Logging, torch threads and the launcher watch of this trainer process; returns the world size
     (checked against `cluster.trainer_devices`)."""
     import logging
-    import os
 
     from scalerl_mega.preemption import watch_parent
     from scalerl_mega.trainer.megatron.parallel import world_size_from_env
 
     logging.getLogger("megatron").setLevel(logging.WARNING)  # per-parameter DDP / optimizer dumps
+    _quiet_megatron_imports(cpu=config.cluster.device == "cpu")
     if config.cluster.trainer_threads:
         import torch
 
@@ -87,6 +90,19 @@ def _process_setup(config: TrainConfig) -> int:
     return world
 
 
+MEGATRON_IMPORT_WARNINGS = (r"(Transformer Engine|Apex) (and Apex )?(is|are) not installed", r"full scope is deprecated")
+"""UserWarnings Megatron-Core emits while it is imported, about nothing the run chose: on a CPU (no Transformer
+Engine or Apex there) and its own default `cuda_graph_scope` (megatron-core 0.16). Hidden from the console."""
+
+
+def _quiet_megatron_imports(*, cpu: bool) -> None:
+    import warnings
+
+    for i, pattern in enumerate(MEGATRON_IMPORT_WARNINGS):
+        if cpu or i > 0:
+            warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
+
+
 def run_job(config: TrainConfig) -> dict[str, Any]:
     """Build the components, SFT warm start (fresh runs only), RL (resuming if a checkpoint exists),
     then report.md + scaling.png in `output_dir`. Returns a summary dict.
@@ -97,24 +113,31 @@ def run_job(config: TrainConfig) -> dict[str, Any]:
     trainer calls (`trainer/ranks.py`). Followers return a short summary
     and write nothing.
     """
+    import logging
     import time
 
     from scalerl_mega import build
-    from scalerl_mega.loop import latest_checkpoint, run_rl
-    from scalerl_mega.metrics.compute import ComputeCounter
-    from scalerl_mega.metrics.provenance import finish_segment
+    from scalerl_mega.loop import latest_checkpoint
     from scalerl_mega.preemption import Preemption
+    from scalerl_mega.run_dir import config_errors
     from scalerl_mega.trainer.ranks import ControlChannel, ControllerTrainer, serve
 
-    world = _process_setup(config)
+    log = logging.getLogger("scalerl_mega.train")
+    with config_errors():  # a set-up error is a config error: one line, exit 2 (run_dir.py)
+        world = _process_setup(config)
     t_start = time.monotonic()
     out = Path(config.output_dir)
-    task = build.build_task(config)
-    trainer = build.build_trainer(config)
+    finished = _finished_run(config, out=out)
+    if finished is not None:
+        return finished
+    with config_errors():
+        task = build.build_task(config)
+        trainer = build.build_trainer(config)
     channel = ControlChannel(timeout_s=config.train.follower_timeout_s) if world > 1 else None
     controller = channel is None or channel.is_controller
     if controller:
         out.mkdir(parents=True, exist_ok=True)
+        log.info("trainer built (Megatron-Core, %d rank(s)) %.0f s after the start", world, time.monotonic() - t_start)
     engine = reward_fn = None
     summary: dict[str, Any] = {"output_dir": str(out)}
     preemption = Preemption().install(grace_s=config.train.sigterm_grace_s)
@@ -122,34 +145,29 @@ def run_job(config: TrainConfig) -> dict[str, Any]:
         resumed = latest_checkpoint(config) is not None
         if channel is not None:  # the controller's view of the run directory decides for every rank
             resumed = channel.share(resumed)
-        if config.init_from_hf and not resumed:
-            build.init_trainer_from_hf(trainer, config)
         t0 = time.monotonic()
-        if config.sft.steps and not resumed:
-            _warm_start_or_load(config, task, trainer, out=out if controller else None, channel=channel)
+        with config_errors():
+            if config.init_from_hf and not resumed:
+                build.init_trainer_from_hf(trainer, config)
+            if config.sft.steps and not resumed:
+                _warm_start_or_load(config, task, trainer, out=out if controller else None, channel=channel)
         summary["sft_s"] = time.monotonic() - t0
         if not controller:
+            preemption.armed = True  # a stop request waits for the controller's (collective) checkpoint
             steps = serve(trainer, channel)
-            return {"rank": channel.rank, "steps": steps, "sft_s": summary["sft_s"]}
+            return {"rank": channel.rank, "steps": steps, "sft_s": summary["sft_s"],
+                    "exit_status": preemption.exit_status if preemption.requested else 0}
         handle = ControllerTrainer(trainer, channel) if channel is not None else trainer
         t0 = time.monotonic()
-        engine = build.build_engine(config, task, handle)
-        reward_fn = build.build_reward_fn(config)
-        comps = build.build_components(config, task=task, trainer=handle, engine=engine, reward_fn=reward_fn)
+        with config_errors():
+            engine = build.build_engine(config, task, handle)
+            reward_fn = build.build_reward_fn(config)
+            comps = build.build_components(config, task=task, trainer=handle, engine=engine, reward_fn=reward_fn)
         summary["engine_start_s"] = time.monotonic() - t0
-        compute = ComputeCounter(devices=build.allocation_devices(config, world_size=world),
-                                 on_gpu=config.cluster.device == "cuda")
-        forecaster = (AutoBudgetForecaster(config.forecast, gpu_hours=config.cluster.device == "cuda",
-                                           total_steps=config.train.steps) if config.forecast.enabled else None)
-        t0 = time.monotonic()
-        _start_segment(config, out=out, resumed=resumed)
-        state = run_rl(config, comps, compute=compute, forecaster=forecaster,
-                       stop_requested=lambda: preemption.requested)
-        summary["rl_s"] = time.monotonic() - t0
-        finish_segment(out, to_step=state.step, wall_s=summary["rl_s"], preempted=state.preempted)
-        summary["steps"] = state.step
-        summary["preempted"] = state.preempted
-        summary["val_points"] = [list(p) for p in state.val_points]
+        log.info("%d %s engine(s) ready in %.0f s", config.rollout.num_engines, config.rollout.name,
+                 summary["engine_start_s"])
+        state = _run_rl(config, comps, summary, out=out, resumed=resumed, world=world, preemption=preemption,
+                        started=t_start)
         if channel is not None:
             handle.stop_followers()
     finally:
@@ -162,9 +180,72 @@ def run_job(config: TrainConfig) -> dict[str, Any]:
     return _finish(config, summary, out=out, resumed=resumed, steps=state.step, world=world)
 
 
-def _start_segment(config: TrainConfig, *, out: Path, resumed: bool) -> None:
+def _run_rl(config: TrainConfig, comps: LoopComponents, summary: dict[str, Any], *, out: Path, resumed: bool,
+            world: int, preemption: Preemption, started: float) -> LoopState:
+    """The RL phase of `run_job` on the controller: compute counter, live forecast, provenance segment, the loop
+    (a stop request checkpointed at its next safe point from here on); fills `summary`, returns the LoopState."""
+    import time
+
+    from scalerl_mega import build
+    from scalerl_mega.loop import run_rl
+    from scalerl_mega.metrics.compute import ComputeCounter
+    from scalerl_mega.metrics.provenance import finish_segment
+
+    compute = ComputeCounter(devices=build.allocation_devices(config, world_size=world),
+                             on_gpu=config.cluster.device == "cuda")
+    forecaster = (AutoBudgetForecaster(config.forecast, gpu_hours=config.cluster.device == "cuda",
+                                       total_steps=config.train.steps) if config.forecast.enabled else None)
+    t0 = time.monotonic()
+    summary["from_step"] = _start_segment(config, out=out, resumed=resumed)
+    preemption.armed = True
+    state = run_rl(config, comps, compute=compute, forecaster=forecaster,
+                   stop_requested=lambda: preemption.requested, started=started)
+    summary["rl_s"] = time.monotonic() - t0
+    finish_segment(out, to_step=state.step, wall_s=summary["rl_s"], preempted=state.preempted)
+    summary.update(steps=state.step, preempted=state.preempted, val_points=[list(p) for p in state.val_points],
+                   stop_signal=preemption.signal if state.preempted else None,
+                   exit_status=preemption.exit_status if state.preempted else 0)
+    return state
+
+
+def _finished_run(config: TrainConfig, *, out: Path) -> dict[str, Any] | None:
+    """A rerun of a finished run (its newest checkpoint at `train.steps` or beyond, its summary.json written):
+    the saved summary, untouched (report.md and summary.json keep the timings of the launches that trained; issue
+    49), after one line saying so. None when there is something to train."""
+    import json
+    import logging
+
+    from scalerl_mega.loop import latest_checkpoint
+    from scalerl_mega.trainer.megatron.checkpoint import latest_step
+
+    ckpt = latest_checkpoint(config)
+    step = latest_step(ckpt) if ckpt is not None else None
+    path = out / "summary.json"
+    if step is None or step < config.train.steps or not path.is_file():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except ValueError:
+        return None
+    if int(os.environ.get("RANK", "0")) == 0:
+        logging.getLogger("scalerl_mega.train").info(
+            "%s already finished at step %d (train.steps=%d): nothing to train; report.md and summary.json kept "
+            "(raise train.steps to train on, or resume=never to start over)", out, step, config.train.steps)
+    return {**summary, "exit_status": 0}
+
+
+def launch_timings(previous: dict[str, Any] | None, this: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's launches so far: those of its previous summary.json (`launches`; a summary from before they were
+    recorded counts as one launch) and `this` one ({"wall_s", "sft_s", "rl_s", "steps": [from, to], "preempted"})."""
+    prev = list((previous or {}).get("launches") or [])
+    if previous and not prev and "wall_s" in previous:
+        prev = [{k: previous.get(k) for k in ("wall_s", "sft_s", "rl_s")} | {"steps": [None, previous.get("steps")]}]
+    return [*prev, this]
+
+
+def _start_segment(config: TrainConfig, *, out: Path, resumed: bool) -> int:
     """Record which code trains this launch's steps (metrics/provenance.py): the run's `provenance.jsonl` gains a
-    segment from the checkpoint's step (0 for a fresh run)."""
+    segment from the checkpoint's step (0 for a fresh run), which is returned."""
     import shlex
     from importlib.metadata import PackageNotFoundError, version
 
@@ -182,11 +263,13 @@ def _start_segment(config: TrainConfig, *, out: Path, resumed: bool) -> None:
         ver = None
     start_segment(out, from_step=from_step, version=ver,
                   command=" ".join(["scalerl-train", *map(shlex.quote, sys.argv[1:])]))
+    return from_step
 
 
 def _finish(config: TrainConfig, summary: dict[str, Any], *, out: Path, resumed: bool, steps: int,
             world: int) -> dict[str, Any]:
-    """The controller's end of a job: report.md + scaling.png, summary.json and the closing log line."""
+    """The controller's end of a job: report.md + scaling.png, summary.json and the closing log line. Timings are
+    the sums over the run's launches (`launch_timings`: a resumed run adds this launch's to the saved ones)."""
     import json
     import logging
 
@@ -196,9 +279,22 @@ def _finish(config: TrainConfig, summary: dict[str, Any], *, out: Path, resumed:
     if summary.get("val_points"):
         summary["first_val_pass_rate"] = summary["val_points"][0][2]
         summary["last_val_pass_rate"] = summary["val_points"][-1][2]
+    previous = None
+    if resumed and (out / "summary.json").is_file():
+        try:
+            previous = json.loads((out / "summary.json").read_text())
+        except ValueError:
+            previous = None
+    this = {k: summary[k] for k in ("wall_s", "sft_s", "rl_s")}
+    launches = launch_timings(previous, {**this, "steps": [summary.pop("from_step", 0), steps],
+                                         "preempted": bool(summary.get("preempted"))})
+    for k in this:
+        summary[k] = sum(float(x.get(k) or 0.0) for x in launches)
+    summary["launches"] = launches
+    over = f", {len(launches)} launches" if len(launches) > 1 else ""
     report = write_report(out, title=f"{config.run_name} (seed {config.seed})", extra={
-        "wall time (this launch, setup excluded)": f"{summary['wall_s']:.0f} s",
-        "SFT warm start": f"{summary['sft_s']:.0f} s ({config.sft.steps if not resumed else 0} steps)",
+        f"wall time (setup excluded{over})": f"{summary['wall_s']:.0f} s",
+        "SFT warm start": f"{summary['sft_s']:.0f} s ({config.sft.steps} steps)",
         "RL": f"{summary['rl_s']:.0f} s ({steps} steps)",
         "trainer ranks": str(world),
     }, cut_fraction=float(config.forecast.cut_fraction), fit_from=float(config.forecast.fit_from) or None)
@@ -209,6 +305,9 @@ def _finish(config: TrainConfig, summary: dict[str, Any], *, out: Path, resumed:
     if "first_val_pass_rate" in summary:
         log.info("validation pass rate: first %.3f -> last %.3f; wall %.0f s", summary["first_val_pass_rate"],
                  summary["last_val_pass_rate"], summary["wall_s"])
+    if summary.get("preempted"):
+        what = "interrupted" if summary.get("stop_signal") == "SIGINT" else "preempted"
+        print(f"{what}: checkpoint saved at step {steps}; rerun the same command to resume", flush=True)
     return summary
 
 
@@ -354,6 +453,8 @@ def _warm_start(config: TrainConfig, task: Task, trainer: PolicyTrainer, *, out:
     if out is None:
         sft.warm_start(trainer, examples, **kwargs)
         return
+    logging.getLogger("scalerl_mega.train").info("sft: warm start, %d steps of batch %d on %d examples",
+                                                 config.sft.steps, config.sft.batch_size, len(examples))
     with open(out / "sft.jsonl", "w", buffering=1) as f:
         def log_sft(step: int, m: dict) -> None:
             f.write(json.dumps({"step": step, **m}) + "\n")
@@ -373,18 +474,25 @@ def main() -> None:
     from scalerl_mega.run_dir import config_or_exit, precheck_overrides
 
     register_configs()
+    precheck_overrides(sys.argv[1:])  # a bad override or a misspelled name: one line, exit 2
     validate_only = "--validate" in sys.argv[1:]  # compose + every compose-time check, then exit
     if validate_only:
         sys.argv.remove("--validate")
-    precheck_overrides(sys.argv[1:])  # a bad override: one line, exit 2
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
     def _entry(cfg) -> None:
         config = config_or_exit(cfg, validate_only=validate_only)  # config errors: one line, exit 2
         if config is not None:
-            run_config(config)
+            status = run_config(config).get("exit_status", 0)
+            if status:
+                sys.exit(status)  # 130: stopped by Ctrl-C after its checkpoint
 
-    _entry()
+    try:
+        _entry()
+    except KeyboardInterrupt:  # Ctrl-C before the RL loop could checkpoint (preemption.Preemption)
+        print("interrupted (Ctrl-C) before the RL loop started: nothing saved by this launch; rerun the same "
+              "command to start again", file=sys.stderr, flush=True)
+        sys.exit(128 + 2)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -17,6 +17,11 @@
 #   TRAINER_NODES       nodes given to the trainer (the last ones of the allocation)
 #   GEN_TP              devices per inference server (SGLang --tp-size)
 #   TP PP EP            Megatron tensor / pipeline / expert parallel sizes (DP is derived)
+#   RECOMPUTE           train.recompute (none | selective | full; empty: the config's)
+#   SEQUENCE_PARALLEL   1: parallel.sequence_parallel=true when TP > 1
+#   SCALERL_LAYOUT      the defaults of the variables above (scalerl_mega/cluster/layouts.py; the GPU scripts set it)
+#   GPU_TYPE            h100_80gb | h200 | gb200: the GPU memory the layout is checked against when NVML gives no
+#                       reading (a login node, DRY_RUN); GPU_MEM_BYTES overrides both
 #   EXPERIMENT MODEL    Hydra `experiment=` and `model=` choices
 #   MODEL_PATH          HF checkpoint the servers load and the trainer starts from (init_from_hf)
 #   DATA                Hydra data group (polaris | deepcoder | math_code; empty: the experiment's)
@@ -58,12 +63,24 @@ if [[ -z ${SCALERL_PYTHON:-} ]]; then
 fi
 SGLANG_PYTHON=${SGLANG_PYTHON:-$SCALERL_PYTHON}
 DRY_RUN=${DRY_RUN:-0}
+# A GPU script's default layout (SCALERL_LAYOUT=train_scout|train_dense): scalerl_mega/cluster/layouts.py, the
+# same the memory planner plans (tools/plan.py --layout NAME). The environment overrides each value.
+if [[ -n ${SCALERL_LAYOUT:-} ]]; then
+  layout_defaults=$(PYTHONPATH="$SCALERL_REPO${PYTHONPATH:+:$PYTHONPATH}" "$SCALERL_PYTHON" -m scalerl_mega.cluster.layouts defaults "$SCALERL_LAYOUT") \
+    || { printf '[scalerl] ERROR: no default layout %s (scalerl_mega/cluster/layouts.py)\n' "$SCALERL_LAYOUT" >&2; exit 2; }
+  while IFS='=' read -r key value; do
+    if [[ -z ${!key:-} ]]; then printf -v "$key" '%s' "$value"; fi
+  done <<<"$layout_defaults"
+fi
 GPUS_PER_NODE=${GPUS_PER_NODE:-0}
 TRAINER_NODES=${TRAINER_NODES:-1}
 GEN_TP=${GEN_TP:-1}
 TP=${TP:-1}
 PP=${PP:-1}
 EP=${EP:-1}
+RECOMPUTE=${RECOMPUTE:-}
+SEQUENCE_PARALLEL=${SEQUENCE_PARALLEL:-0}
+GPU_TYPE=${GPU_TYPE:-}
 EXPERIMENT=${EXPERIMENT:-scalerl}
 MODEL=${MODEL:-llama3_8b}
 MODEL_PATH=${MODEL_PATH:-}
@@ -185,6 +202,8 @@ scalerl_overrides() {
   OVERRIDES=("experiment=$EXPERIMENT" "model=$MODEL" "rollout=$ROLLOUT" "cluster=$CLUSTER"
     "rollout.engine_urls=$(scalerl_engine_list)" "rollout.num_engines=${#ENGINE_URLS[@]}"
     "rollout.sglang_tp_size=$GEN_TP" "parallel.tp=$TP" "parallel.pp=$PP" "parallel.ep=$EP")
+  if [[ $SEQUENCE_PARALLEL == 1 ]] && ((TP > 1)); then OVERRIDES+=("parallel.sequence_parallel=true"); fi
+  if [[ -n $RECOMPUTE ]]; then OVERRIDES+=("train.recompute=$RECOMPUTE"); fi
   if [[ -n $MODEL_PATH ]]; then OVERRIDES+=("init_from_hf=$MODEL_PATH"); fi
   if [[ -n $DATA ]]; then OVERRIDES+=("data=$DATA"); fi
   if [[ -n $TRAIN_FILES ]]; then OVERRIDES+=("data.train_files=$(scalerl_list "$TRAIN_FILES")"); fi
@@ -206,8 +225,12 @@ scalerl_overrides() {
 scalerl_validate_config() {
   local out line check=(--check-files)
   if [[ $DRY_RUN == 1 ]]; then check=(); fi
-  # GPU runs: the layout's planned peak must fit this node's GPUs (nvidia-ml-py; GPU_MEM_BYTES overrides)
-  if ((GPUS_PER_NODE > 0)); then check+=(--gpu-mem-bytes "${GPU_MEM_BYTES:-auto}"); fi
+  # GPU runs: the layout's planned peak must fit this node's GPUs (nvidia-ml-py; without a reading, GPU_TYPE's
+  # memory; GPU_MEM_BYTES overrides both)
+  if ((GPUS_PER_NODE > 0)); then
+    check+=(--gpu-mem-bytes "${GPU_MEM_BYTES:-auto}")
+    if [[ -n $GPU_TYPE ]]; then check+=(--gpu-type "$GPU_TYPE"); fi
+  fi
   if ! out=$("$SCALERL_PYTHON" -m scalerl_mega.cluster.launch_config "${check[@]}" "${OVERRIDES[@]}"); then
     scalerl_log "the trainer config does not validate (see the error above); no step started"
     exit 2

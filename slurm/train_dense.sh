@@ -29,13 +29,10 @@
 #SBATCH --signal=B:USR1@300
 #SBATCH --output=slurm-%x-%j.out
 set -euo pipefail
-export GPUS_PER_NODE=${GPUS_PER_NODE:-4}
-export TRAINER_NODES=${TRAINER_NODES:-4}
-export GEN_TP=${GEN_TP:-1}
-export TP=${TP:-2} PP=${PP:-1} EP=${EP:-1}
-export EXPERIMENT=${EXPERIMENT:-scalerl} MODEL=${MODEL:-llama3_8b} ROLLOUT=${ROLLOUT:-sglang}
-# TP > 1 runs sequence parallel (splits the norm/residual activations; not automatic for dense models)
-if ((TP > 1)); then export EXTRA_OVERRIDES="parallel.sequence_parallel=true ${EXTRA_OVERRIDES:-}"; fi
+# The default layout (GPUS_PER_NODE=4 TRAINER_NODES=4 GEN_TP=1 TP=2 PP=1 EP=1, sequence parallel when TP > 1,
+# GPU_TYPE=gb200) is scalerl_mega/cluster/layouts.py's, the one `tools/plan.py --layout train_dense` plans
+export SCALERL_LAYOUT=train_dense
+export EXPERIMENT=${EXPERIMENT:-scalerl} ROLLOUT=${ROLLOUT:-sglang}
 if [[ -z ${SCALERL_REPO:-} ]]; then
   if [[ -f ${SLURM_SUBMIT_DIR:-}/slurm/common.sh ]]; then SCALERL_REPO=$SLURM_SUBMIT_DIR; else SCALERL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd); fi
 fi

@@ -30,14 +30,10 @@
 #SBATCH --signal=B:USR1@300
 #SBATCH --output=slurm-%x-%j.out
 set -euo pipefail
-export GPUS_PER_NODE=${GPUS_PER_NODE:-4}
-export TRAINER_NODES=${TRAINER_NODES:-4}
-export GEN_TP=${GEN_TP:-2}
-export TP=${TP:-4} PP=${PP:-1} EP=${EP:-16}
-export EXPERIMENT=${EXPERIMENT:-scalerl} MODEL=${MODEL:-scout_17b16e} ROLLOUT=${ROLLOUT:-sglang}
-# MoE with TP > 1 runs sequence parallel (Megatron requires it for MoE + TP); full recompute fits GB200
-export RECOMPUTE=${RECOMPUTE:-full}
-export EXTRA_OVERRIDES="parallel.sequence_parallel=true train.recompute=$RECOMPUTE ${EXTRA_OVERRIDES:-}"
+# The default layout (GPUS_PER_NODE=4 TRAINER_NODES=4 GEN_TP=2 TP=4 PP=1 EP=16 RECOMPUTE=full, sequence parallel,
+# GPU_TYPE=gb200) is scalerl_mega/cluster/layouts.py's, the one `tools/plan.py --layout train_scout` plans
+export SCALERL_LAYOUT=train_scout
+export EXPERIMENT=${EXPERIMENT:-scalerl} ROLLOUT=${ROLLOUT:-sglang}
 if [[ -z ${SCALERL_REPO:-} ]]; then
   if [[ -f ${SLURM_SUBMIT_DIR:-}/slurm/common.sh ]]; then SCALERL_REPO=$SLURM_SUBMIT_DIR; else SCALERL_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd); fi
 fi

@@ -38,4 +38,11 @@ scalerl_generator_cmd() {
        "experiment=$EXPERIMENT" "model=$MODEL" "${extra[@]}")
   : "$1" "$3"
 }
+# One node only: the generator listens on 127.0.0.1, which a trainer on another node cannot reach.
+if [[ -n ${SLURM_JOB_NODELIST:-} ]]; then
+  mapfile -t tiny_nodes < <(scalerl_hostnames "$SLURM_JOB_NODELIST")
+  if ((${#tiny_nodes[@]} > 1)); then
+    scalerl_die "train_tiny.sh runs on one node: its generator listens on 127.0.0.1 only, unreachable from a trainer on another node; SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST has ${#tiny_nodes[@]} nodes (sbatch --nodes=1)"
+  fi
+fi
 scalerl_main

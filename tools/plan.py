@@ -2,6 +2,8 @@
 """Per-GPU memory plan for a model + parallel layout (trainer: Megatron-Core; generators: SGLang).
 
 Examples:
+  tools/plan.py --layout train_scout       # slurm/train_scout.sh's default layout (scalerl_mega/cluster/layouts.py)
+  tools/plan.py --layout train_scout --device h200 --tp 8 --gen-tp 4 --recompute selective  # flags override it
   tools/plan.py --model llama3_8b --device h100_80gb --tp 4 --dp 4 --gen-tp 1
   tools/plan.py --model scout_17b16e --device gb200 --tp 4 --pp 1 --dp 4 --ep 4 --gen-tp 2
   tools/plan.py --table            # the table in docs/cluster_and_gpu.md: both models on every device
@@ -74,7 +76,11 @@ def table(*, seq_len: int, micro_batch: int, trainer_gpus: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from scalerl_mega.cluster.layouts import LAYOUTS, RECOMPUTE_DEFAULT
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layout", choices=sorted(LAYOUTS),
+                    help="a Slurm script's default layout (model, device, TP/PP/DP/EP, recompute, SP, gen TP)")
     ap.add_argument("--model", choices=sorted(MODELS), default="llama3_8b")
     ap.add_argument("--device", choices=sorted(DEVICES), default="h100_80gb")
     ap.add_argument("--tp", type=int, default=1)
@@ -85,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bf16-head", action="store_true", help="precision=bf16_head (default: FP32 output layer)")
     ap.add_argument("--no-sequence-parallel", action="store_true")
     ap.add_argument("--no-distributed-optimizer", action="store_true")
-    ap.add_argument("--recompute", choices=("none", "selective", "full"), default="selective")
+    ap.add_argument("--recompute", choices=("none", "selective", "full"), default=RECOMPUTE_DEFAULT)
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--seq-len", type=int, default=16384, help="paper Sec. 2: 16,384 tokens")
     ap.add_argument("--num-microbatches", type=int, default=None)
@@ -96,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table", action="store_true", help="print the table of docs/cluster_and_gpu.md and exit")
     ap.add_argument("--trainer-gpus", type=int, default=16, help="for --table: paper App. A.3 uses 16 trainers")
     ap.add_argument("--json", action="store_true")
+    known, _ = ap.parse_known_args(argv)
+    if known.layout:  # the script's defaults; flags given on the command line still override them
+        sl = LAYOUTS[known.layout]
+        lay0 = sl.train_layout()
+        ap.set_defaults(model=sl.model, device=sl.gpu_type, tp=lay0.tp, pp=lay0.pp, dp=lay0.dp, ep=lay0.ep,
+                        recompute=lay0.recompute, no_sequence_parallel=not lay0.sequence_parallel, gen_tp=sl.gen_tp)
     args = ap.parse_args(argv)
 
     if args.table:

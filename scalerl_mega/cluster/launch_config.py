@@ -88,12 +88,30 @@ def gpu_memory_bytes() -> int | None:
     return min(totals) if totals else None
 
 
+def check_memory_of(gpu_mem: str, gpu_type: str | None) -> tuple[int | None, str]:
+    """The GPU memory to check the layout against: `gpu_mem` bytes, or with "auto" this node's NVML reading, else
+    the planner's memory of `gpu_type` (`plan.DEVICES`: a login node or a dry run has no GPU). Returns (bytes or
+    None, a line saying what was used when it is not this node's own reading)."""
+    from scalerl_mega.cluster.plan import DEVICES
+
+    if gpu_mem != "auto":
+        return int(gpu_mem), ""
+    mem = gpu_memory_bytes()
+    if mem is not None:
+        return mem, ""
+    if not gpu_type:
+        return None, "no GPU memory reading (nvidia-ml-py / NVML unavailable) and no GPU_TYPE: the layout's fit is not checked"
+    if gpu_type not in DEVICES:
+        return None, f"GPU_TYPE={gpu_type!r} is not one of {sorted(DEVICES)} (or set GPU_MEM_BYTES)"
+    dev = DEVICES[gpu_type]
+    return dev.capacity_bytes, (f"no NVML reading here: checked against GPU_TYPE={gpu_type} "
+                                f"({dev.capacity_bytes / 2**30:.1f} GiB; set GPU_TYPE or GPU_MEM_BYTES for other GPUs)")
+
+
 def _layout_vars(lay) -> str:
-    sp = "parallel.sequence_parallel=true" if lay.sequence_parallel and lay.tp > 1 else ""
-    out = f"TP={lay.tp} PP={lay.pp} EP={lay.ep}"
-    if lay.recompute == "full":
-        sp = f"{sp} train.recompute=full".strip()
-    return out + (f" EXTRA_OVERRIDES='{sp}'" if sp else "")
+    """A planner layout as the Slurm scripts' variables (slurm/common.sh)."""
+    sp = " SEQUENCE_PARALLEL=1" if lay.sequence_parallel and lay.tp > 1 else ""
+    return f"TP={lay.tp} PP={lay.pp} EP={lay.ep} RECOMPUTE={lay.recompute}{sp}"
 
 
 def fit_problem(cfg, gpu_mem_bytes: int) -> str | None:
@@ -135,11 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     check_files = "--check-files" in args
     args = [a for a in args if a != "--check-files"]
-    gpu_mem = None
-    if "--gpu-mem-bytes" in args:
-        i = args.index("--gpu-mem-bytes")
-        gpu_mem = args[i + 1]
-        del args[i:i + 2]
+    gpu_mem = gpu_type = None
+    for flag in ("--gpu-mem-bytes", "--gpu-type"):
+        if flag in args:
+            i = args.index(flag)
+            if flag == "--gpu-type":
+                gpu_type = args[i + 1]
+            else:
+                gpu_mem = args[i + 1]
+            del args[i:i + 2]
     try:
         cfg = compose(args, check_files=check_files)
     except ValueError as exc:
@@ -149,15 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {type(exc).__name__}: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     if gpu_mem is not None:
-        mem = gpu_memory_bytes() if gpu_mem == "auto" else int(gpu_mem)
+        mem, why = check_memory_of(gpu_mem, gpu_type)
+        if why:
+            print(f"memory check: {why}", file=sys.stderr)
         if mem is None:
-            print("memory check: no GPU memory reading (nvidia-ml-py / NVML unavailable); the layout's fit is "
-                  "not checked", file=sys.stderr)
-        else:
-            problem = fit_problem(cfg, mem)
-            if problem:
-                print(f"config error: {problem}", file=sys.stderr)
-                return 2
+            return 2 if gpu_type else 0
+        problem = fit_problem(cfg, mem)
+        if problem:
+            print(f"config error: {problem}", file=sys.stderr)
+            return 2
     for key, value in settings(cfg).items():
         print(f"{key}={value}")
     return 0

@@ -73,6 +73,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from scalerl_mega.config.run import TrainLoopConfig
+
 GiB = 1024**3
 CUDA_CONTEXT_BYTES = 1 * GiB
 NCCL_COMM_BYTES = 512 * 2**20
@@ -217,7 +219,7 @@ class TrainLayout:
     fp32_head: bool = True  # precision=fp32_head: output layer FP32 (weights 4 B, no main copy)
     sequence_parallel: bool = True
     distributed_optimizer: bool = True
-    recompute: str = "selective"
+    recompute: str = TrainLoopConfig.recompute  # the trainer's default (`train.recompute`)
     micro_batch: int = 1
     seq_len: int = 16384
     num_microbatches: int | None = None  # None: at least pp (typical for RL batches of hundreds)

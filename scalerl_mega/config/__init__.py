@@ -14,7 +14,14 @@ it imports nothing above it (docs/architecture.md).
 """
 
 from scalerl_mega.config.data import DATA_NAMES, DataConfig
-from scalerl_mega.config.machine import check_tokenizer_dir, cpu_native_bf16, validate_machine, warn_cpu_bf16
+from scalerl_mega.config.machine import (
+    check_tokenizer_dir,
+    check_tokenizer_fits,
+    check_tokenizer_source,
+    cpu_native_bf16,
+    validate_machine,
+    warn_cpu_bf16,
+)
 from scalerl_mega.config.recipe import (
     ADV_NORM_NAMES,
     AGGREGATION_NAMES,
@@ -48,7 +55,15 @@ from scalerl_mega.config.run import (
     SFTConfig,
     TrainLoopConfig,
 )
-from scalerl_mega.config.tree import SCHEMA_NAME, TrainConfig, flat_config, records_routes, register_configs, validate
+from scalerl_mega.config.tree import (
+    SCHEMA_NAME,
+    TrainConfig,
+    flat_config,
+    megatron_config,
+    records_routes,
+    register_configs,
+    validate,
+)
 from scalerl_mega.model.config import ModelConfig, OptimConfig, ParallelConfig
 
 __all__ = [
@@ -58,6 +73,7 @@ __all__ = [
     "CurriculumConfig", "DataConfig", "FilterConfig", "ForecastConfig", "LengthConfig", "LossConfig",
     "MetricsConfig", "MoEConfig", "ModelConfig", "OffPolicyConfig", "OptimConfig", "ParallelConfig",
     "PrecisionConfig", "RewardSettings", "RolloutConfig", "SFTConfig", "TrainConfig", "TrainLoopConfig",
-    "check_tokenizer_dir", "cpu_native_bf16", "flat_config", "pause_mode", "records_routes", "register_configs",
+    "check_tokenizer_dir", "check_tokenizer_fits", "check_tokenizer_source", "cpu_native_bf16", "flat_config",
+    "megatron_config", "pause_mode", "records_routes", "register_configs",
     "validate", "validate_machine", "warn_cpu_bf16",
 ]

@@ -4,10 +4,11 @@ and a warning when bf16 parameters would be emulated on this CPU."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.config.tree import TrainConfig
+    from scalerl_mega.interfaces import Tokenizer
 
 
 def validate_machine(cfg: TrainConfig) -> None:
@@ -29,7 +30,7 @@ def validate_machine(cfg: TrainConfig) -> None:
     if cfg.cluster.name == "local" and cfg.data.name != "synthetic":
         for key, path in (("data.tokenizer_path", str(cfg.data.tokenizer_path)), ("init_from_hf", str(cfg.init_from_hf))):
             if path:
-                check_tokenizer_dir(path, key=key)
+                check_tokenizer_fits(check_tokenizer_dir(path, key=key), cfg, key=key, path=path)
                 break
     if cfg.cluster.name == "local" and cfg.cluster.device == "cpu" and cfg.precision.params_dtype == "bfloat16":
         warn_cpu_bf16()
@@ -75,9 +76,9 @@ def warn_cpu_bf16(*, cpuinfo: str | None = None) -> bool:
     return True
 
 
-def check_tokenizer_dir(path: str, *, key: str) -> None:
-    """Load the HF tokenizer in `path` once; any failure (missing dir, corrupt tokenizer.json -- which
-    surfaces from `tokenizers` as KeyError/Exception) becomes ValueError naming `key` and the path."""
+def check_tokenizer_dir(path: str, *, key: str) -> Any:
+    """Load the HF tokenizer in `path` once and return it; any failure (missing dir, corrupt tokenizer.json --
+    which surfaces from `tokenizers` as KeyError/Exception) becomes ValueError naming `key` and the path."""
     import os
 
     if not os.path.isdir(path):
@@ -90,3 +91,52 @@ def check_tokenizer_dir(path: str, *, key: str) -> None:
         raise ValueError(f"{key}={path!r}: not a loadable HF tokenizer ({type(exc).__name__}: {exc})") from exc
     if getattr(tok, "eos_token_id", None) is None:
         raise ValueError(f"{key}={path!r}: the tokenizer has no EOS token")
+    return tok
+
+
+FREE_TEXT_VOCAB = 1000
+"""A model with a smaller vocabulary cannot read free text (the embedded demo model has the synthetic task's 48)."""
+
+
+def free_text_hint(cfg: TrainConfig) -> str:
+    """What to set for a dataset run, with why the model cannot read it when its vocabulary is the demo's."""
+    v = int(cfg.model.vocab_size)
+    why = (f"a model of model.vocab_size={v} tokens cannot read free text (the embedded demo model's vocabulary is "
+           "the synthetic task's digits and symbols); " if v < FREE_TEXT_VOCAB else "")
+    return (f"{why}use a pretrained model and its tokenizer: model=hf init_from_hf=/path/to/hf_checkpoint (its "
+            "tokenizer is used), or data.tokenizer_path=/path/to/tokenizer with a model whose vocab_size covers it "
+            "(docs/extending.md)")
+
+
+def check_tokenizer_source(cfg: TrainConfig) -> None:
+    """A dataset run (data.name != synthetic) needs a tokenizer: `data.tokenizer_path` or `init_from_hf`. With a
+    model of fewer than `FREE_TEXT_VOCAB` tokens (the demo's) the tokenizer is also loaded and checked against it
+    here, first: that mismatch, not the data's details, is what such a run must hear about."""
+    if cfg.data.name == "synthetic":
+        return
+    for key in ("data.tokenizer_path", "init_from_hf"):
+        path = str(cfg.data.tokenizer_path if key == "data.tokenizer_path" else getattr(cfg, "init_from_hf", ""))
+        if path:
+            break
+    else:
+        raise ValueError(f"data.name={cfg.data.name!r} needs a tokenizer (data.tokenizer_path and init_from_hf are "
+                         f"empty): {free_text_hint(cfg)}")
+    import os
+
+    if int(cfg.model.vocab_size) < FREE_TEXT_VOCAB and os.path.isdir(path):
+        check_tokenizer_fits(check_tokenizer_dir(path, key=key), cfg, key=key, path=path)
+
+
+def check_tokenizer_fits(tok: Tokenizer, cfg: TrainConfig, *, key: str, path: str) -> None:
+    """The dataset tokenizer `tok` (of `key`=`path`) against the run: the model's vocabulary holds it, it has an
+    EOS token, and it maps no character of the interruption phrase to unknown. ValueError naming the keys."""
+    if len(tok) > int(cfg.model.vocab_size):
+        hint = f"; {free_text_hint(cfg)}" if int(cfg.model.vocab_size) < FREE_TEXT_VOCAB else ""
+        raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's vocabulary "
+                         f"({len(tok)} tokens, {key}={path!r}){hint}")
+    if getattr(tok, "eos_token_id", None) is None:
+        raise ValueError(f"{key}={path!r}: the tokenizer has no EOS token")
+    ids = list(tok(cfg.length.interruption_phrase, add_special_tokens=False)["input_ids"])
+    if tok.unk_token_id is not None and tok.unk_token_id in ids:
+        raise ValueError(f"length.interruption_phrase={cfg.length.interruption_phrase!r} has characters the "
+                         f"tokenizer maps to unknown ({key}={path!r})")

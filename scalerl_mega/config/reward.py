@@ -30,5 +30,10 @@ class RewardSettings:
     item_timeout_s: Optional[float] = None
     """Hard per-item deadline (worker killed); None: math_timeout_s + 1 s (math-verify runs in the worker,
     this is its timeout), code: per-test limits."""
+    stop_error_rate: Optional[float] = 1.0
+    """Stop the run (one-line message, exit status 1) when at least this share of a step's samples, or of a
+    validation's, fail to score: the reward function raised or its worker died (counted per step as
+    `reward/errors`, the first traceback of each distinct error logged). 1.0: when every sample fails; null:
+    never (errors score `incorrect`)."""
     custom: Any = None
     """Optional {_target_: dotted.path.to.fn, **kwargs}: replaces the built-in verifiers."""

@@ -41,7 +41,7 @@ from scalerl_mega.config.run import (
     validate_sft,
     validate_train_loop,
 )
-from scalerl_mega.model.config import ModelConfig, OptimConfig, ParallelConfig
+from scalerl_mega.model.config import MegatronConfig, ModelConfig, OptimConfig, ParallelConfig
 
 SCHEMA_NAME = "train_schema"
 
@@ -116,9 +116,23 @@ def validate(cfg: TrainConfig) -> None:
     validate_metrics(cfg.metrics)
     validate_moe(cfg.moe)
     validate_forecast(cfg.forecast)
+    _validate_trainer(cfg)
     if not str(cfg.resume):
         raise ValueError("resume='' must be 'auto', 'never' or a checkpoint directory")
     _validate_across_groups(cfg)
+
+
+def _validate_trainer(cfg: TrainConfig) -> None:
+    """What building the trainer checks (`MegatronConfig.validate`: model, parallel, optim, precision), first on its
+    own, then against the world size `cluster.trainer_devices` when it is set (the error then names that key)."""
+    mcfg = megatron_config(cfg)
+    mcfg.validate()
+    world = int(cfg.cluster.trainer_devices)
+    if world:
+        try:
+            mcfg.validate(world_size=world)
+        except ValueError as exc:
+            raise ValueError(f"cluster.trainer_devices={world}: {exc}") from None
 
 
 def _validate_across_groups(cfg: TrainConfig) -> None:
@@ -155,6 +169,18 @@ def _validate_across_groups(cfg: TrainConfig) -> None:
     if need > cfg.model.max_position_embeddings:
         raise ValueError(f"data.max_prompt_tokens + length.max_new_tokens = {need} exceeds "
                          f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
+
+
+def megatron_config(cfg: TrainConfig) -> MegatronConfig:
+    """The trainer's settings (`MegatronConfig`: model, parallel, optim with the run's seed added, precision,
+    recompute, routing replay, logit temperature); `config.validate` checks them before anything is built."""
+    from dataclasses import replace
+
+    return MegatronConfig(model=cfg.model, parallel=cfg.parallel,
+                          optim=replace(cfg.optim, seed=int(cfg.optim.seed) + int(cfg.seed)),
+                          params_dtype=cfg.precision.params_dtype, grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32,
+                          recompute=cfg.train.recompute, routing_replay=cfg.moe.routing_replay,
+                          logit_temperature=float(cfg.rollout.temperature))
 
 
 def flat_config(config: Any) -> dict[str, Any]:

@@ -92,6 +92,25 @@ def check_data_files(data: DataConfig) -> list[tuple[str, list[str], SourceSchem
     return sources
 
 
+def check_data_rows(data: DataConfig) -> int:
+    """Read every row of every data file once, as the run will (`sources.load_prompts`, which raises on the first
+    bad row: `file:line: reason`, e.g. bad JSON or a missing column), and check the held-out split leaves prompts
+    to train on. ValueError naming the key; returns the number of distinct prompts. Prompt texts are formatted
+    without the tokenizer's chat template here (it changes the text, not which rows load)."""
+    from scalerl_mega.data.sources import load_prompts
+    from scalerl_mega.data.split import check_held_out
+
+    ids: set[str] = set()
+    for key, files, schema in check_data_files(data):
+        for f in files:
+            try:
+                ids.update(p.prompt_id for p in load_prompts(f, schema=schema).prompts)
+            except ValueError as exc:
+                raise ValueError(f"{key}: {exc}") from None
+    check_held_out(len(ids), num_val=int(data.val_prompts))
+    return len(ids)
+
+
 def check_data_keys(data: DataConfig) -> None:
     """Compose-time checks of the data keys (no file is opened)."""
     if str(data.name) != "synthetic":
@@ -100,5 +119,5 @@ def check_data_keys(data: DataConfig) -> None:
         check_template(str(data.template))
 
 
-__all__ = ["DATASET_SCHEMAS", "check_data_files", "check_data_keys", "data_sources",
+__all__ = ["DATASET_SCHEMAS", "check_data_files", "check_data_keys", "check_data_rows", "data_sources",
            "train_schema"]

@@ -23,6 +23,10 @@ def _key(seed: int, prompt_id: str) -> str:
     return hashlib.sha256(f"{seed}\x00{prompt_id}".encode()).hexdigest()
 
 
+MAX_HELD_OUT_FRACTION = 0.2
+"""The most of a (tiny) dataset's distinct prompts the held-out split takes (`held_out_size`)."""
+
+
 def held_out_size(n: int, *, num_val: int, max_fraction: float) -> int:
     """`num_val`, but at most `max_fraction` of the (deduplicated) prompts for tiny sets."""
     if num_val < 0 or not 0.0 <= max_fraction < 1.0:
@@ -30,8 +34,14 @@ def held_out_size(n: int, *, num_val: int, max_fraction: float) -> int:
     return min(num_val, int(n * max_fraction))
 
 
+def check_held_out(distinct: int, *, num_val: int) -> None:
+    """`data.val_prompts` must leave prompts to train on: ValueError when it is >= the `distinct` prompts (> 0)."""
+    if distinct and num_val >= distinct:
+        raise ValueError(f"data.val_prompts={num_val} must be smaller than the dataset's {distinct} distinct prompts")
+
+
 def held_out_split(
-    prompts: Sequence[Prompt], *, num_val: int = 1000, seed: int = 0, max_fraction: float = 0.2
+    prompts: Sequence[Prompt], *, num_val: int = 1000, seed: int = 0, max_fraction: float = MAX_HELD_OUT_FRACTION
 ) -> tuple[list[Prompt], list[Prompt]]:
     """(train, val): val holds the `k` prompts with the smallest hash(seed, prompt_id), sorted by that
     hash; train keeps the input order. Disjoint by prompt_id; duplicates keep their first occurrence.
@@ -44,9 +54,7 @@ def held_out_split(
         if p.prompt_id not in seen:
             seen.add(p.prompt_id)
             unique.append(p)
-    if unique and num_val >= len(unique):
-        raise ValueError(f"data.val_prompts={num_val} must be smaller than the dataset's {len(unique)} distinct "
-                         "prompts")
+    check_held_out(len(unique), num_val=num_val)
     k = held_out_size(len(unique), num_val=num_val, max_fraction=max_fraction)
     ranked = sorted(unique, key=lambda p: _key(seed, p.prompt_id))
     val = ranked[:k]

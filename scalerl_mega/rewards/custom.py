@@ -64,6 +64,8 @@ def check_reward_settings(s: RewardSettings) -> None:
     """Compose-time checks of the reward group (the custom target is imported, not called)."""
     if s.item_timeout_s is not None and not s.item_timeout_s > 0:
         raise ValueError(f"reward.item_timeout_s={s.item_timeout_s!r} must be > 0 (or null)")
+    if s.stop_error_rate is not None and not 0.0 < s.stop_error_rate <= 1.0:
+        raise ValueError(f"reward.stop_error_rate={s.stop_error_rate!r} must be in (0, 1] (or null: never stop)")
     pool_config(s)
     if s.custom is not None:
         resolve_target(_custom_parts(s.custom)[0])

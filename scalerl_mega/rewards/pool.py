@@ -14,6 +14,7 @@ scored in the caller's process, and only the rest go to the pool.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import time
@@ -23,7 +24,9 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from scalerl_mega.preemption import child_setup, start_child
-from scalerl_mega.rewards.result import RewardResult, RewardValues
+from scalerl_mega.rewards.result import RewardResult, RewardValues, error_key, error_result
+
+log = logging.getLogger("scalerl_mega.rewards")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -118,7 +121,7 @@ def _worker_main(conn: Connection, score_fn: Callable[[Any], RewardResult], init
         try:
             res = score_fn(item)
         except Exception as e:  # noqa: BLE001 - an item's failure is a reward, never a pool failure
-            res = RewardResult(passed=False, reward=float("nan"), reason=f"error: {type(e).__name__}: {e}"[:300])
+            res = error_result(e)
         conn.send((idx, res))
 
 
@@ -162,6 +165,8 @@ class RewardPool:
         self._workers = [self._new_worker() for _ in range(num_workers)]
         self.replaced = 0
         """Workers replaced so far (killed at a deadline or died)."""
+        self.errors_seen: set[str] = set()
+        """The distinct scoring errors logged so far (`result.error_key`): each one's first traceback only."""
 
     def map(self, items: Sequence[Any]) -> list[RewardResult]:
         """Score all items; the result list is in input order."""
@@ -201,7 +206,19 @@ class RewardPool:
                     self._replace(w, results, f"worker_died: exitcode {w.proc.exitcode}")
                 elif w.busy and time.monotonic() >= w.busy[1]:
                     self._replace(w, results, "pool_timeout")
+        self._log_first_errors(results)
         return [r for r in results]  # type: ignore[misc]
+
+    def _log_first_errors(self, results: Sequence[RewardResult | None]) -> None:
+        """Log the first traceback of each distinct scoring error of this pool (console and run log); later
+        ones are only counted (the loop's `reward/errors` metrics)."""
+        for r in results:
+            key = error_key(r.reason) if r is not None else None
+            if key is None or key in self.errors_seen:
+                continue
+            self.errors_seen.add(key)
+            log.error("reward scoring failed: %s (first of its kind: the same error again is only counted, metrics "
+                      "reward/errors)\n%s", r.reason, r.detail.rstrip() or "(no traceback: the worker process died)")
 
     def _new_worker(self) -> _Worker:
         return _Worker(self._ctx, self._score_fn, self._init_fn)

@@ -42,14 +42,15 @@ from scalerl_mega.scaling.fit import FitOptions
 from scalerl_mega.scaling.holdout import HalfFit, half_fit, score_later
 from scalerl_mega.scaling.identify import CUT_FRACTION, Assessment, assess, auto_grid, options_for
 from scalerl_mega.scaling.io import DEVICE_X, GPU_X
+from scalerl_mega.suggest import SuggestingArgumentParser
 
 if TYPE_CHECKING:
     from scalerl_mega.scaling.io import Series
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="scalerl-fit", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = SuggestingArgumentParser(prog="scalerl-fit", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", help="run directories, metrics.jsonl files or CSV files")
     p.add_argument("--x", default="auto",
                    help="compute key/column (default auto: compute_gpu_hours where a run logged GPU-hours, else "

@@ -83,17 +83,15 @@ def test_cli_layout_that_cannot_initialise_exits_2_naming_keys(tmp_path):
 
 # ----------------------------------------------------------------------------- startup net
 def slurm_layout(script: str) -> dict:
-    """The layout a slurm/train_*.sh launches: defaults of TP/PP/EP, MODEL, TRAINER_NODES x GPUS_PER_NODE."""
-    text = (REPO / "slurm" / script).read_text()
+    """The layout a slurm/train_*.sh launches: its defaults (scalerl_mega/cluster/layouts.py, the one source the
+    script reads: SCALERL_LAYOUT) of TP/PP/EP, MODEL, RECOMPUTE, TRAINER_NODES x GPUS_PER_NODE."""
+    from scalerl_mega.cluster.layouts import LAYOUTS
 
-    def default(name: str) -> str:
-        m = re.search(rf"\b{name}=\$\{{{name}:-([^}}]+)\}}", text)
-        assert m, f"{script}: no default for {name}"
-        return m.group(1)
-
-    world = int(default("TRAINER_NODES")) * int(default("GPUS_PER_NODE"))
-    return {"model": default("MODEL"), "tp": int(default("TP")), "pp": int(default("PP")),
-            "ep": int(default("EP")), "world": world}
+    name = Path(script).stem
+    assert f"SCALERL_LAYOUT={name}" in (REPO / "slurm" / script).read_text(), f"{script} does not read its layout"
+    sl = LAYOUTS[name]
+    return {"model": sl.model, "tp": sl.tp, "pp": sl.pp, "ep": sl.ep, "world": sl.trainer_gpus,
+            "recompute": sl.recompute}
 
 
 def experiments() -> list[str]:
@@ -188,8 +186,7 @@ def layout_overrides(script: str, env: dict[str, str]) -> list[str]:
            f"parallel.pp={pp}", f"parallel.ep={ep}"]
     if tp > 1:  # both scripts add sequence parallel for TP > 1
         ovs.append("parallel.sequence_parallel=true")
-    if script == "train_scout.sh":
-        ovs.append(f"train.recompute={env.get('RECOMPUTE', 'full')}")
+    ovs.append(f"train.recompute={env.get('RECOMPUTE', lay['recompute'])}")
     return ovs
 
 

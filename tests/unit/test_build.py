@@ -181,7 +181,9 @@ def test_build_task_checks_vocab_and_phrase():
         build_task(cfg(model=SimpleNamespace(vocab_size=16)))
     with pytest.raises(ValueError, match="interruption_phrase"):
         build_task(cfg(length=SimpleNamespace(interruption_phrase="</think> ~")))
-    with pytest.raises(ValueError, match="data.tokenizer_path is empty"):
+    with pytest.raises(ValueError, match=r"data.name='polaris' needs a tokenizer \(data.tokenizer_path and "
+                                         r"init_from_hf are empty\): a model of model.vocab_size=48 tokens cannot "
+                                         r"read free text \(the embedded demo model's vocabulary is the synthetic"):
         build_task(cfg(data=SimpleNamespace(name="polaris", tokenizer_path="")))
 
 

@@ -100,7 +100,8 @@ def test_math_code_mixes_both_sources(tmp_path):
 def test_errors_name_the_key_or_file(tmp_path):
     tok_dir, n_vocab = _tokenizer_dir(tmp_path, chat=False)
     good = _write_jsonl(tmp_path / "good.jsonl", _polaris_rows(5))
-    with pytest.raises(ValueError, match="data.tokenizer_path is empty"):
+    with pytest.raises(ValueError, match=r"data.name='polaris' needs a tokenizer \(data.tokenizer_path and init_from_hf "
+                                         r"are empty\): a model of model.vocab_size=512 tokens cannot read free text"):
         build_task(_cfg(train_files=[good], tokenizer_path=""))
     with pytest.raises(ValueError, match="data.tokenizer_path='/nonexistent/tok'"):
         build_task(_cfg(train_files=[good], tokenizer_path="/nonexistent/tok"))

@@ -152,8 +152,8 @@ def test_smollm2_cpu_experiment_validates(tmp_path):
     from scalerl_mega.config import validate
     from scalerl_mega.compose import prepare
 
-    data = tmp_path / "problems.jsonl"
-    data.write_text('{"problem": "1 + 1?", "answer": "2"}\n')
+    data = tmp_path / "problems.jsonl"  # as many distinct problems as the docs' command writes (every row is read)
+    data.write_text("".join(f'{{"problem": "{i} + 1?", "answer": "{i + 1}"}}\n' for i in range(2000)))
     c = prepare(_compose("experiment=smollm2_cpu", f"init_from_hf={_ckpt(tmp_path, SMOLLM2_135M)}",
                          f"data.train_files=[{data}]"))
     validate(c)

@@ -134,3 +134,24 @@ def test_progress_line():
     assert line == ("[#####...............] step  5/20 | reward 0.250 | pass 0.625 | trunc 3.1% | "
                     "stale 1.50/2 | tok/s 1234")
     assert "pass -" in progress_line(step=0, total_steps=3, metrics={})
+
+
+def test_progress_line_has_elapsed_time_and_eta():
+    """Issue 49: the progress lines had no elapsed time or ETA. Launch started at t=0, resuming at step 20 of 80;
+    the first step (it carries the loop's start) ends at t=150, step 30 at t=204: 6 s per step since, 50 steps
+    left -> ETA 300 s."""
+    from scalerl_mega.metrics.progress import ProgressClock, format_duration
+
+    t = [100.0]
+    clock = ProgressClock(first_step=20, started=0.0, now=lambda: t[0])
+    assert clock.timing(step=20, total_steps=80) == (100.0, None)
+    t[0] = 150.0
+    assert clock.timing(step=21, total_steps=80) == (150.0, None)
+    t[0] = 204.0
+    elapsed, eta = clock.timing(step=30, total_steps=80)
+    assert (elapsed, eta) == (204.0, 300.0)
+    line = progress_line(step=30, total_steps=80, metrics={}, elapsed_s=elapsed, eta_s=eta)
+    assert line.endswith(" | 3m24s elapsed, ETA 5m00s")
+    assert progress_line(step=0, total_steps=3, metrics={}, elapsed_s=5.0, eta_s=None).endswith("5s elapsed, ETA -")
+    assert [format_duration(s) for s in (0, 59.9, 60, 3599, 3600, 7620)] == ["0s", "59s", "1m00s", "59m59s", "1h00m",
+                                                                         "2h07m"]

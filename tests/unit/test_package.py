@@ -22,3 +22,21 @@ def test_completion_mask_defaults_to_ones():
                    finish_reason=FinishReason.STOP)
     assert c.mask() == [1, 1, 1]
     assert c.num_tokens == 3
+
+
+def test_build_ships_every_conf_file_without_setuptools_warnings(tmp_path):
+    """`make setup` was ~840 lines of setuptools "Package would be ignored" warnings (issue 49): every conf/
+    directory is a package in the wheel, and must be listed. Building the package lists none and ships every
+    conf/**.yaml as scalerl_mega/conf/**.yaml."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "build"
+    r = subprocess.run([sys.executable, "setup.py", "build_py", "-d", str(out)], cwd=repo, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = r.stdout + r.stderr
+    assert "would be ignored" not in text and "Deprecat" not in text, text[-3000:]
+    shipped = sorted(p.relative_to(out / "scalerl_mega" / "conf") for p in (out / "scalerl_mega" / "conf").rglob("*.yaml"))
+    assert shipped == sorted(p.relative_to(repo / "conf") for p in (repo / "conf").rglob("*.yaml"))
+    assert len(shipped) > 40

@@ -69,7 +69,8 @@ def test_custom_reward_deadline_and_errors_score_incorrect():
     fn = CustomRewardFn(RewardSettings(custom={"_target_": f"{__name__}.raises"}))
     try:
         reward, passed, reason = fn([_prompt("1")], ["x"])[0]
-        assert (reward, passed) == (-1.0, False) and "RuntimeError: boom" in reason
+        assert (reward, passed) == (-1.0, False) and reason.startswith("error: RuntimeError at test_reward_group.py:")
+        assert reason.endswith(": boom")
     finally:
         fn.close()
 
@@ -79,6 +80,8 @@ def test_custom_reward_deadline_and_errors_score_incorrect():
     ("reward.custom={foo: 1}", r"reward.custom=.*must be a mapping with _target_"),
     ("reward.num_workers=0", r"reward.num_workers must be >= 1, got 0"),
     ("reward.item_timeout_s=0", r"reward.item_timeout_s=0.0 must be > 0"),
+    ("reward.stop_error_rate=0", r"reward.stop_error_rate=0.0 must be in \(0, 1\] \(or null: never stop\)"),
+    ("reward.stop_error_rate=1.5", r"reward.stop_error_rate=1.5 must be in \(0, 1\]"),
 ])
 def test_reward_errors_at_compose_time(override, match):
     from test_hf_model_config import _compose

@@ -38,7 +38,7 @@ def test_pool_survives_hangs_crashes_and_errors():
         assert [r.passed for r in res] == [True, False, False, False, False, True]
         assert res[1].reason == "pool_timeout"
         assert res[3].reason.startswith("worker_died") and "3" in res[3].reason
-        assert "RuntimeError: boom" in res[4].reason
+        assert res[4].reason.startswith("error: RuntimeError at test_rewards_pool.py:") and res[4].reason.endswith(": boom")
         assert pool.replaced == 2
         # still usable afterwards
         assert [r.passed for r in pool.map([("ok", True)] * 5)] == [True] * 5
@@ -84,3 +84,41 @@ def test_power_tower_in_the_pool_is_stopped_at_the_item_deadline_and_the_pool_go
         assert time.monotonic() - t0 < 120  # generous: the point is that it returns at all
     finally:
         fn.close()
+
+
+def raise_value_error(item):
+    value = float(item)  # the user's `return float(completion)` of issue 49
+    return RewardResult(passed=value > 0, reward=value, reason="parsed")
+
+
+def test_a_raising_score_fn_reports_type_place_and_traceback_and_logs_each_distinct_error_once(caplog):
+    """Issue 49: a reward that raises was silent (every sample -1, no line anywhere). The reason names the
+    exception and where it was raised; the pool logs the first traceback of each distinct error only."""
+    import logging
+
+    from scalerl_mega.rewards.result import error_key
+
+    line = raise_value_error.__code__.co_firstlineno + 1
+    with caplog.at_level(logging.ERROR, logger="scalerl_mega.rewards"):
+        with RewardPool(num_workers=1, score_fn=raise_value_error, deadline_fn=lambda _: 60.0, init_fn=None) as pool:
+            res = pool.map(["1.5x", "abc", "2"])
+            again = pool.map(["zz"])
+            fine = pool.map(["3"])
+    assert res[0].reason == f"error: ValueError at test_rewards_pool.py:{line}: could not convert string to float: '1.5x'"
+    assert res[0].reward != res[0].reward and not res[0].passed  # NaN: the RewardFn turns it into `incorrect`
+    assert "Traceback (most recent call last)" in res[0].detail and "value = float(item)" in res[0].detail
+    assert (res[2].reason, res[2].reward, res[2].detail) == ("parsed", 2.0, "")
+    assert error_key(res[1].reason) == error_key(again[0].reason) == f"ValueError at test_rewards_pool.py:{line}"
+    logged = [r for r in caplog.records if r.name == "scalerl_mega.rewards"]
+    assert len(logged) == 1, [r.getMessage() for r in logged]  # 3 errors of one kind: one traceback
+    assert "'1.5x'" in logged[0].getMessage() and "value = float(item)" in logged[0].getMessage()
+    assert fine[0].reward == 3.0 and len(logged) == 1
+
+
+def test_error_key_distinguishes_scoring_failures_from_verdicts():
+    from scalerl_mega.rewards.result import error_key
+
+    assert error_key("error: KeyError at my_reward.py:12: 'answer'") == "KeyError at my_reward.py:12"
+    assert error_key("worker_died: exitcode -11") == "worker died"
+    for verdict in ("pool_timeout", "exact", "math_verify", "test0: wrong_answer (0/3)", "custom", ""):
+        assert error_key(verdict) is None

@@ -83,3 +83,60 @@ def test_cli_config_errors_one_line_exit_2_and_validate(tmp_path):
         assert bad.returncode == 2, (args, bad.stderr[-2000:])
         lines = bad.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("config error: ") and line in lines[0], bad.stderr
+
+
+@pytest.mark.parametrize("arg, line", [
+    ("train.stepz=3", "config error: unknown key 'train.stepz' (did you mean train.steps?)"),
+    ("+train.stepz=3", "config error: unknown key 'train.stepz' (did you mean train.steps?)"),  # `+` added it silently
+    ("trian.steps=3", "config error: unknown key 'trian.steps' (did you mean train.steps?)"),
+    ("los=cispo", "config error: unknown key or group 'los' (did you mean loss?)"),
+    ("loss=cispoo", "config error: loss=cispoo: no option 'cispoo' in conf/loss/ (did you mean cispo?); options: "
+                    "cispo, dapo, grpo, gspo"),
+    ("--validat", "config error: unknown option --validat (did you mean --validate?)"),
+])
+def test_misspelled_names_get_a_did_you_mean_not_hydras_plus_advice(tmp_path, arg, line):
+    """Issue 49: a typo got Hydra's advice to append it with `+` (which then adds the typo silently)."""
+    bad = _cli(tmp_path, "--validate", "experiment=demo", arg, f"output_dir={tmp_path / 'run'}")
+    assert bad.returncode == 2 and bad.stderr.strip() == line, bad.stderr
+    assert "+train" not in bad.stderr and "To append" not in bad.stderr
+
+
+def test_override_names_checked_against_the_schema_and_conf_groups():
+    from scalerl_mega.config.keys import override_problem
+
+    for ok in ("reward.custom._target_=pkg.fn", "+reward.custom.scale=2", "experiment=reproduction/predictability",
+               "hydra.run.dir=x", "loss=cispo,dapo", "model=hf", "seed=1", "data.train_files=[a,b]", "experiment=null"):
+        assert override_problem(ok) is None, ok
+    assert override_problem("model.hiden_size=3") == "unknown key 'model.hiden_size' (did you mean model.hidden_size?)"
+    assert override_problem("train.steps.x=1") == "'train.steps' has no keys below it (it is a value): 'train.steps.x'"
+    assert override_problem("train.zzzz=1").startswith("unknown key 'train.zzzz'; the keys of train: ")
+
+
+def test_scalerl_fit_flags_get_a_did_you_mean(capsys):
+    from scalerl_mega.scaling.cli import _parser
+
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["run", "--plotdir", "p"])
+    assert "unrecognized arguments: --plotdir (did you mean --plot-dir?) p" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["run", "--grid", "papr"])
+    assert "invalid choice: 'papr'" in (err := capsys.readouterr().err) and "(did you mean paper?)" in err
+
+
+def test_start_banner_names_output_recipe_model_and_schedule(tmp_path):
+    """Issue 49 item 7: the console's first lines (printed before the heavy imports) say where the run writes, its
+    recipe, model size and steps, and whether it resumes."""
+    from scalerl_mega.run_dir import start_banner
+
+    lines = start_banner(_config(tmp_path / "run")).splitlines()
+    assert lines[0] == f"scalerl-train: run 'demo' (seed 0) -> {tmp_path / 'run'} (report.md there at the end)"
+    assert lines[1].split()[1:4] == ["loss=cispo", "aggregation=prompt", "adv_norm=batch"]
+    assert "off_policy=pipeline_rl(k=2)" in lines[1] and "precision=fp32_head" in lines[1]
+    assert lines[2].startswith("  model   0.7M parameters (4 layers, hidden 128, MoE 4 experts top-1); data=synthetic")
+    assert lines[3] == ("  steps   250 SFT warm-start steps, then 80 RL steps x 32 prompts x 8 samples; validation every "
+                        "10 steps on 200 held-out prompts x 4")
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000040"
+    ckpt.mkdir(parents=True)
+    (ckpt / "COMPLETE").write_text('{"step": 40}')
+    (ckpt.parent / "latest").write_text(ckpt.name)
+    assert start_banner(_config(tmp_path / "run")).splitlines()[3].startswith("  steps   resuming at step 40 of 80 RL")

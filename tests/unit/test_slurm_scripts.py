@@ -235,7 +235,7 @@ def test_layout_that_does_not_fit_the_gpus_is_refused_naming_one_that_does():
     r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "plans 131.8 GiB per GPU, more than 75.7 GiB" in r.stderr
-    assert "a layout that fits at 16 GPUs: TP=2 PP=1 EP=1 EXTRA_OVERRIDES='parallel.sequence_parallel=true'" in r.stderr
+    assert "a layout that fits at 16 GPUs: TP=2 PP=1 EP=1 RECOMPUTE=selective SEQUENCE_PARALLEL=1" in r.stderr
     assert not [x for x in r.stdout.splitlines() if x.startswith("step ")]
     e["GPU_MEM_BYTES"] = str(186 * 10**9)
     r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=120)
@@ -264,3 +264,72 @@ def test_gpu_memory_is_read_by_nvml_smallest_gpu(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_driver))
     assert launch_config.gpu_memory_bytes() is None
+
+
+def test_tiny_refuses_a_multi_node_allocation():
+    """Issue 49: train_tiny.sh accepted a two-node list although its generator listens on 127.0.0.1 only."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    e.update(DRY_RUN="1", SLURM_JOB_NODELIST="node[1-2]", SCALERL_PYTHON=sys.executable)
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_tiny.sh")], env=e, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and not [x for x in r.stdout.splitlines() if x.startswith("step ")], r.stdout + r.stderr
+    assert ("train_tiny.sh runs on one node: its generator listens on 127.0.0.1 only, unreachable from a trainer on "
+            "another node; SLURM_JOB_NODELIST=node[1-2] has 2 nodes") in r.stderr
+
+
+@pytest.mark.parametrize("script", ["train_scout", "train_dense"])
+def test_scripts_launch_the_layout_the_planner_plans(script):
+    """Issue 49: one source for the GPU scripts' default layouts (cluster/layouts.py). The trainer step of the dry
+    run carries exactly that layout, `tools/plan.py --layout` plans it, and it fits its GPU type."""
+    from scalerl_mega.cluster.layouts import LAYOUTS
+
+    sl = LAYOUTS[script]
+    lines = _dry(f"{script}.sh", "gb[001-020]", TRAIN_FILES="/d/p.jsonl")
+    trainer = _steps(lines)["trainer"][1]
+    run = trainer[trainer.index("torch.distributed.run"):]
+    assert run[run.index("--nnodes") + 1] == str(sl.trainer_nodes) and run[run.index("--nproc-per-node") + 1] == \
+        str(sl.gpus_per_node)
+    for arg in (f"model={sl.model}", f"parallel.tp={sl.tp}", f"parallel.pp={sl.pp}", f"parallel.ep={sl.ep}",
+                f"train.recompute={sl.recompute}", f"rollout.sglang_tp_size={sl.gen_tp}",
+                "parallel.sequence_parallel=true"):
+        assert arg in trainer, (arg, trainer)
+    plan = subprocess.run([sys.executable, str(ROOT / "tools/plan.py"), "--layout", script, "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    import json
+
+    out = json.loads(plan.stdout)
+    assert (out["model"], out["device"], out["trainer"]["fits"]) == (sl.model, sl.gpu_type, True)
+
+
+def test_the_docs_plan_commands_accept_the_scripts_defaults():
+    """Every `tools/plan.py` command of docs/cluster_and_gpu.md exits 0 (the Scout one refused the script's own
+    default layout: the planner assumed selective recompute, the script runs full)."""
+    doc = (ROOT / "docs/cluster_and_gpu.md").read_text()
+    cmds = [shlex.split(m.split("#")[0]) for m in re.findall(r"^\.venv/bin/python (tools/plan\.py.*)$", doc, re.M)]
+    assert any("--layout" in c and "train_scout" in c for c in cmds), cmds
+    for cmd in cmds:
+        r = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, (cmd, r.stdout[-2000:], r.stderr)
+    selective = subprocess.run([sys.executable, "tools/plan.py", "--layout", "train_scout", "--recompute", "selective"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert selective.returncode == 2 and "170.92 GiB of 164.56 GiB -> DOES NOT FIT" in selective.stdout
+
+
+def test_dry_run_checks_memory_without_nvml_against_the_gpu_type():
+    """Issue 49: the dry run did not check memory when NVML was absent. It now uses the layout's GPU type (or
+    GPU_TYPE): Scout with selective recompute is refused on GB200 before any step; on a type NVML-less and
+    GPU_TYPE-less machines fall back to, the reason is printed."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    e.update(DRY_RUN="1", SLURM_JOB_NODELIST="gb[001-020]", SCALERL_PYTHON=sys.executable, TRAIN_FILES="/d/p.jsonl",
+             RECOMPUTE="selective")
+    e.pop("GPU_MEM_BYTES", None)
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_scout.sh")], env=e, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "memory check: no NVML reading here: checked against GPU_TYPE=gb200" in r.stderr
+    assert "plans 169.5 GiB per GPU, more than 164.6 GiB" in r.stderr
+    assert "a layout that fits at 16 GPUs: TP=8 PP=1 EP=16 RECOMPUTE=selective SEQUENCE_PARALLEL=1" in r.stderr
+    assert not [x for x in r.stdout.splitlines() if x.startswith("step ")]
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_scout.sh")], env={**e, "GPU_TYPE": "h100_80gb",
+                                                                          "RECOMPUTE": "full"},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "checked against GPU_TYPE=h100_80gb" in r.stderr and "more than 75.7 GiB" in r.stderr

@@ -19,6 +19,26 @@ MULTI_CHAR = ["<think>", "</think>", "\\boxed{"]
 TASK_CHARS = list("0123456789+=:} Qc")
 
 
+PIECES = r"<think>|</think>|\\boxed\{|."
+"""How the tokenizer splits text: the multi-character tokens first, then one token per character."""
+
+
+def check_synthetic_vocab(*, vocab_size: int, interruption_phrase: str) -> None:
+    """What building the synthetic task checks, without building the tokenizer (no transformers import): the
+    model's vocabulary holds the task's tokens, and the interruption phrase has none outside them. ValueError
+    naming the key."""
+    import re
+
+    vocab = arith_vocab()
+    if len(vocab) > vocab_size:
+        raise ValueError(f"model.vocab_size={vocab_size} is smaller than the synthetic task's vocabulary "
+                         f"({len(vocab)} tokens)")
+    unknown = sorted({p for p in re.findall(PIECES, interruption_phrase, flags=re.S) if p not in set(vocab)})
+    if unknown:
+        raise ValueError(f"length.interruption_phrase={interruption_phrase!r} has characters outside the task "
+                         f"vocabulary: {unknown}")
+
+
 def arith_vocab() -> list[str]:
     """Token strings in id order."""
     phrase_chars = sorted(set(INTERRUPTION_PHRASE.replace("</think>", "")) - set(TASK_CHARS))
@@ -33,7 +53,7 @@ def build_arith_tokenizer() -> Any:
     vocab = {tok: i for i, tok in enumerate(arith_vocab())}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     # multi-character tokens first, then one token per character
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"<think>|</think>|\\boxed\{|."), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(PIECES), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])]

@@ -1,0 +1,87 @@
+"""The default layouts of the GPU Slurm scripts, in one place: `slurm/train_<name>.sh` takes its defaults from here
+(`python -m scalerl_mega.cluster.layouts defaults <name>`, read by slurm/common.sh before its own), and the memory
+planner plans the same layout (`tools/plan.py --layout <name>`), so the plan command of docs/cluster_and_gpu.md and
+the script's launch agree on every setting: GPUs per node, trainer nodes, TP/PP/EP, sequence parallelism and
+activation recompute (issue 49: the planner assumed selective recompute where the Scout script runs full).
+
+`gpu_type` is the GPU a layout is planned for (a key of `plan.DEVICES`): a launch with no NVML reading (a login
+node, a dry run) checks the layout against that GPU's memory (`GPU_TYPE` in the scripts).
+
+    python -m scalerl_mega.cluster.layouts defaults train_scout     # KEY=value lines for slurm/common.sh
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from scalerl_mega.cluster.plan import DEVICES, MODELS, TrainLayout
+from scalerl_mega.config.run import TrainLoopConfig
+
+RECOMPUTE_DEFAULT = TrainLoopConfig.recompute
+"""The trainer's default activation recompute (`train.recompute`), the planner's default too (`plan.TrainLayout`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScriptLayout:
+    """One GPU script's default allocation and trainer layout."""
+
+    model: str
+    """`model=` group option and planner model (`plan.MODELS`)."""
+    gpu_type: str
+    """The GPU the layout is planned for (`plan.DEVICES`)."""
+    gpus_per_node: int
+    trainer_nodes: int
+    gen_tp: int
+    tp: int
+    pp: int = 1
+    ep: int = 1
+    recompute: str = RECOMPUTE_DEFAULT
+    sequence_parallel: bool = True
+    """On whenever tp > 1 (Megatron requires it for MoE with TP; for a dense model it splits the norm activations)."""
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS or self.gpu_type not in DEVICES:
+            raise ValueError(f"ScriptLayout: model {self.model!r} / gpu_type {self.gpu_type!r} unknown to the planner")
+
+    @property
+    def trainer_gpus(self) -> int:
+        return self.gpus_per_node * self.trainer_nodes
+
+    def train_layout(self, *, seq_len: int = 16384, micro_batch: int = 1) -> TrainLayout:
+        """The planner's `TrainLayout` of this script's trainer (DP = trainer GPUs / (TP x PP))."""
+        return TrainLayout(tp=self.tp, pp=self.pp, dp=self.trainer_gpus // (self.tp * self.pp), ep=self.ep,
+                           sequence_parallel=self.sequence_parallel and self.tp > 1, recompute=self.recompute,
+                           seq_len=seq_len, micro_batch=micro_batch)
+
+    def shell_defaults(self) -> dict[str, str]:
+        """The script's environment defaults (slurm/common.sh applies each one the environment does not set)."""
+        return {"MODEL": self.model, "GPU_TYPE": self.gpu_type, "GPUS_PER_NODE": str(self.gpus_per_node),
+                "TRAINER_NODES": str(self.trainer_nodes), "GEN_TP": str(self.gen_tp), "TP": str(self.tp),
+                "PP": str(self.pp), "EP": str(self.ep), "RECOMPUTE": self.recompute,
+                "SEQUENCE_PARALLEL": "1" if self.sequence_parallel else "0"}
+
+
+LAYOUTS: dict[str, ScriptLayout] = {
+    # Llama-4 Scout 17Bx16E on GB200 (paper App. A.3): 16 trainer GPUs, TP 4 x EP 16 x DP 4; full recompute (with
+    # selective it plans 169.5 GiB per GPU, over GB200's budget)
+    "train_scout": ScriptLayout(model="scout_17b16e", gpu_type="gb200", gpus_per_node=4, trainer_nodes=4, gen_tp=2,
+                                tp=4, ep=16, recompute="full"),
+    # Llama-3.1-8B: 16 trainer GPUs, TP 2 (sequence parallel) x DP 8 on the same 4-GPU GB200 nodes; fits H100 80GB
+    # and H200 too (slurm/train_dense.sh's header)
+    "train_dense": ScriptLayout(model="llama3_8b", gpu_type="gb200", gpus_per_node=4, trainer_nodes=4, gen_tp=1, tp=2),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or args[0] != "defaults" or args[1] not in LAYOUTS:
+        print(f"usage: python -m scalerl_mega.cluster.layouts defaults {{{','.join(LAYOUTS)}}}", file=sys.stderr)
+        return 2
+    for key, value in LAYOUTS[args[1]].shell_defaults().items():
+        print(f"{key}={value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

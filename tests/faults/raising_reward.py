@@ -1,0 +1,6 @@
+"""A custom reward with the bug of issue 49 (tests/faults/test_reward_errors_run.py): it parses the completion as a
+number, which raises on every real completion."""
+
+
+def score(completion: str, gold: str, **kwargs: float) -> float:
+    return float(completion)
