@@ -4,7 +4,7 @@ world size 1 over NCCL, with Megatron's local (non-Transformer-Engine) layer spe
 the trainer takes STEPS steps, saves and takes two more (the reference); a fresh trainer loads the
 checkpoint and takes the same two; a control loads only the model (fresh Adam state). Megatron's inner
 optimizer is whatever it selects here: TransformerEngine's FusedAdam when TE is installed (the optimizer a
-resume used to crash with KeyError 'step', checkpoint._prime_fresh_optimizer).
+resume used to crash with KeyError 'step', optimizer_state.prime_fresh_optimizer).
 
 Run by the test in a subprocess so that the NCCL process group and Megatron's global state live and die
 with it.

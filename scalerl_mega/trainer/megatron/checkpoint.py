@@ -41,7 +41,7 @@ shaped and sharded like the parameter itself, so it loads under any TP/PP/EP/DP 
 checkpointing reshards it with the model); the cost is that gather at save time, and each rank
 reading its whole TP/PP shard of the state (not only its DP slice) at load time. Non-distributed
 optimizers keep their state in model space in either format. megatron-core 0.16.1 cannot load
-`fully_reshardable` with torch Adam (KeyError 'step'); `_adam_step_kept` is the scoped fix.
+`fully_reshardable` with torch Adam (KeyError 'step'); `optimizer_state.adam_step_kept` is the scoped fix.
 
 Note: Megatron's save starts a spawn-based multiprocessing Manager, so entry scripts need an
 `if __name__ == "__main__":` guard.
@@ -56,7 +56,6 @@ initializer: it ignores that SIGTERM too and exits when the trainer is gone, eve
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -67,6 +66,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from scalerl_mega.preemption import child_setup, shielded
+from scalerl_mega.trainer.megatron import optimizer_state
 
 COMPLETE = "COMPLETE"
 MODEL_CONFIG = "model_config.json"
@@ -165,7 +165,7 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
     model_sd = _model_sharded_state_dict(chunks)
     # An optimizer that has not stepped yet has no moments: Megatron would save none and then fail to
     # load ("optimizer.state.exp_avg... not in state dict"). Record it as fresh instead.
-    fresh = optimizer is not None and _optimizer_is_fresh(optimizer)
+    fresh = optimizer is not None and optimizer_state.optimizer_is_fresh(optimizer)
     state: dict[str, Any] = {"model": model_sd, "extra_state": dict(extra_state or {}),
                              "has_optimizer": optimizer is not None and not fresh, "optimizer_fresh": fresh,
                              "optimizer_format": optimizer_format, "layout": _layout()}
@@ -297,7 +297,7 @@ def clean_incomplete(root: str | os.PathLike) -> list[Path]:
         for p in removed:
             log.warning("checkpoint: removing incomplete save %s", p)
             shutil.rmtree(p, ignore_errors=True)
-        for p in root.glob(f"*.tmp") if root.is_dir() else []:
+        for p in root.glob("*.tmp") if root.is_dir() else []:
             p.unlink(missing_ok=True)  # an interrupted `latest` / marker replacement
     _barrier()
     return removed
@@ -358,118 +358,6 @@ def _layout() -> dict[str, int]:
         return {}
     return {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
             "ep": ps.get_expert_model_parallel_world_size(), "etp": ps.get_expert_tensor_parallel_world_size()}
-
-
-def _is_distributed(optimizer) -> bool:
-    subs = getattr(optimizer, "chained_optimizers", None) or [optimizer]
-    return any(type(o).__name__ == "DistributedOptimizer" for o in subs)
-
-
-@contextlib.contextmanager
-def _adam_step_kept(optimizer):
-    """Scoped fix for loading a `fully_reshardable` distributed-optimizer state (megatron-core 0.16.1).
-
-    `DistributedOptimizer.load_parameter_state_from_fully_reshardable` leaves torch Adam's per-parameter
-    'step' out of the tensors it hands to `_set_main_param_and_optimizer_states` (the step comes from
-    the saved param_groups and `load_state_dict` has just set it), but that method copies every key of
-    the parameter's optimizer state, 'step' included, and fails with KeyError 'step'. While loading,
-    each instance's method is wrapped to pass the parameter's own (already restored) step along.
-    """
-    patched = []
-    for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
-        orig = getattr(sub, "_set_main_param_and_optimizer_states", None)
-        if orig is None:
-            continue
-
-        def fixed(model_param, tensors, _orig=orig, _sub=sub):
-            group, order = _sub.model_param_group_index_map[model_param]
-            state = _sub.optimizer.state.get(_sub.optimizer.param_groups[group]["params"][order], {})
-            if "step" in state and "step" not in tensors:
-                tensors = {**tensors, "step": state["step"]}
-            return _orig(model_param, tensors)
-
-        sub._set_main_param_and_optimizer_states = fixed  # instance attribute: shadows the method
-        patched.append(sub)
-    try:
-        yield
-    finally:
-        for sub in patched:
-            del sub._set_main_param_and_optimizer_states
-
-
-def _optimizer_is_fresh(optimizer) -> bool:
-    """True when no (chained) torch optimizer under the Megatron wrapper holds any state yet."""
-    subs = getattr(optimizer, "chained_optimizers", None) or [optimizer]
-    return all(len(getattr(getattr(o, "optimizer", o), "state", {})) == 0 for o in subs)
-
-
-def _keeps_per_param_step(inner) -> bool:
-    """True for torch's Adam/AdamW, which keep a per-parameter 'step' tensor in their state.
-
-    Megatron's inner optimizer is torch's only without TransformerEngine and Apex
-    (megatron/core/optimizer/__init__.py imports `transformer_engine.pytorch.optimizers.FusedAdam`
-    first). TE's FusedAdam keeps one 'step' per param group, and its `state_dict()` /
-    `load_state_dict()` map every per-parameter state key through `name_to_dtype_map`, which has
-    only 'exp_avg', 'exp_avg_sq' and 'master_param': a per-parameter 'step' is a KeyError there.
-    """
-    import torch
-
-    return isinstance(inner, (torch.optim.Adam, torch.optim.AdamW))
-
-
-def _prime_fresh_optimizer(optimizer) -> bool:
-    """Give a never-stepped torch Adam(W) zero moments and step 0 before loading into it.
-
-    Megatron builds the state dict to load into from the optimizer's current state, and the
-    distributed optimizer with torch's Adam asserts one common 'step' over it
-    (`DistributedOptimizer.state_dict`: `assert len(steps) == 1`), which fails when there is no state
-    yet. The load overwrites all of it. Any other inner optimizer (TE/Apex FusedAdam on GPU) is left
-    as it is: Megatron reads its step from the param groups and allocates its state while loading
-    (`DistributedOptimizer.load_state_dict`), and a primed per-parameter 'step' would break it
-    (`_keeps_per_param_step`).
-    """
-    import torch
-
-    primed = False
-    for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
-        inner, init = getattr(sub, "optimizer", None), getattr(sub, "init_state_fn", None)
-        if inner is None or init is None or len(inner.state) or not _keeps_per_param_step(inner):
-            continue
-        init(inner, sub.config)
-        for st in inner.state.values():
-            st.setdefault("step", torch.tensor(0.0))
-        primed = True
-    return primed
-
-
-def _restore_adam_step(optimizer, loaded: object) -> None:
-    """After loading into a primed optimizer: the distributed optimizer's dp_reshardable load copies
-    each parameter's 'step' from the *local* (non-persistent) value, i.e. the 0 of the priming, so
-    Adam's bias correction would restart. Set every state's step to the saved common step (the
-    'step' of the saved param_groups)."""
-    import torch
-
-    steps: set[float] = set()
-
-    def walk(node: object) -> None:
-        if isinstance(node, dict):
-            for group in node.get("param_groups", []) if isinstance(node.get("param_groups"), list) else []:
-                if isinstance(group, dict) and "step" in group:
-                    steps.add(float(group["step"]))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, (list, tuple)):
-            for value in node:
-                walk(value)
-
-    walk(loaded)
-    if len(steps) != 1:
-        return
-    step = steps.pop()
-    for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
-        for st in getattr(getattr(sub, "optimizer", None), "state", {}).values():
-            if "step" in st:
-                st["step"] = torch.tensor(step, dtype=torch.float32)
 
 
 def _model_config_json(model_config) -> Optional[str]:
@@ -574,13 +462,13 @@ def _load_verified(ckpt: Path, common: dict[str, Any], *, chunks: list, optimize
             raise ValueError(f"checkpoint {ckpt}: has no optimizer state (saved with optimizer=None)")
         fmt = common.get("optimizer_format", "dp_reshardable")
         saved, now = common.get("layout") or {}, _layout()
-        if fmt == "dp_reshardable" and saved and saved != now and _is_distributed(optimizer):
+        if fmt == "dp_reshardable" and saved and saved != now and optimizer_state.is_distributed(optimizer):
             raise ValueError(
                 f"checkpoint {ckpt}: its distributed-optimizer state was saved as dp_reshardable under "
                 f"{saved}, which reshards over data parallelism only; this run is {now}. Resume under the "
                 "saved layout (and save again with optim.checkpoint_format=fully_reshardable), or load "
                 "the model without the optimizer state")
-        primed = _prime_fresh_optimizer(optimizer)
+        primed = optimizer_state.prime_fresh_optimizer(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=optim_metadata(fmt))
     try:
         loaded = dist_checkpointing.load(state, str(ckpt))
@@ -588,8 +476,8 @@ def _load_verified(ckpt: Path, common: dict[str, Any], *, chunks: list, optimize
         raise RuntimeError(f"checkpoint {ckpt}: load failed ({type(exc).__name__}: {str(exc)[:300]})") from exc
     _unwrap(chunks[0]).load_state_dict(loaded["model"])
     if with_opt:
-        with torch.no_grad(), _adam_step_kept(optimizer):
+        with torch.no_grad(), optimizer_state.adam_step_kept(optimizer):
             optimizer.load_state_dict(loaded["optimizer"])
             if primed:
-                _restore_adam_step(optimizer, loaded["optimizer"])
+                optimizer_state.restore_adam_step(optimizer, loaded["optimizer"])
     return dict(common.get("extra_state", {}))
