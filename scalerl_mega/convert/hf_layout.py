@@ -2,8 +2,9 @@
 
 Two layouts carry a Llama-4 text model:
 
-- ``causal``: ``Llama4ForCausalLM`` / ``LlamaForCausalLM`` (``model_type`` ``llama4_text`` /
-  ``llama``), text tensors at the top level (``model.layers.0...``, ``lm_head.weight``).
+- ``causal``: ``Llama4ForCausalLM`` (``model_type`` ``llama4_text``), and the only layout of every
+  other architecture (``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ``Qwen3MoeForCausalLM``; model/archs.py):
+  text tensors at the top level (``model.layers.0...``, ``lm_head.weight``).
 - ``conditional``: ``Llama4ForConditionalGeneration``, the multimodal checkpoint Meta publishes
   (``model_type`` ``llama4``, the text config under ``text_config``); text tensors under
   ``language_model.``, the vision tower under ``vision_model.`` and ``multi_modal_projector.``.
@@ -28,7 +29,6 @@ CAUSAL, CONDITIONAL = "causal", "conditional"
 LAYOUTS = (CAUSAL, CONDITIONAL)
 TEXT_PREFIX = "language_model."
 NON_TEXT_PREFIXES = ("vision_model.", "multi_modal_projector.")
-_CAUSAL_ARCH = {"llama": "LlamaForCausalLM", "llama4_text": "Llama4ForCausalLM"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +79,9 @@ def output_config(kind: str, text_config: Mapping[str, Any], *, source: Mapping[
     without it transformers' defaults apply to the vision tower."""
     text = dict(text_config)
     if kind == CAUSAL:
-        return {**text, "architectures": [_CAUSAL_ARCH.get(text.get("model_type"), "LlamaForCausalLM")]}
+        from scalerl_mega.model.archs import arch_of_model_type
+
+        return {**text, "architectures": [arch_of_model_type(text.get("model_type")).causal_lm]}
     if kind != CONDITIONAL:
         raise ValueError(f"layout={kind!r}: expected one of {LAYOUTS}")
     if text.get("model_type") != "llama4_text":

@@ -1,4 +1,4 @@
-"""CPU compatibility layer for megatron-core 0.16.1 (failures 1-8 below).
+"""CPU compatibility layer for megatron-core 0.16.1 (failures 1-11 below).
 
 Megatron-Core's training path runs on CPU over gloo except for eight places that assume CUDA.
 Each is fixed here by the narrowest change found, listed failure by failure:
@@ -45,6 +45,10 @@ Each is fixed here by the narrowest change found, listed failure by failure:
 10. bf16 mixed precision: `Float16OptimizerWithFloat16Params.__init__` allocates its unit loss scale
    `_scale_one` with `device="cuda"` (as in 3) and checks `param.type() in ['torch.cuda.HalfTensor',
    'torch.cuda.BFloat16Tensor']` (as in 6). Fix: its constructor runs in the scoped mode of 3/6.
+
+11. Tied embeddings with PP > 1 (Qwen3-0.6B, Llama-3.2-1B): `LanguageModule.setup_embeddings_and_output_layer`
+   moves the last stage's copy of the word embedding to CUDA (`weight.data.cuda()`) before the all-reduce
+   over the embedding group that makes both copies equal. Fix: the method runs in the scoped mode of 3.
 
 `apply()` is idempotent and does nothing when CUDA is available. `revert()` restores every original
 (tests use it to reproduce each failure). Every replaced callable carries `__scalerl_cpu_compat__`.
@@ -300,6 +304,12 @@ def _targets_10() -> _Targets:
     return [(optimizer.Float16OptimizerWithFloat16Params, "__init__", scoped)]
 
 
+def _targets_11() -> _Targets:
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    return [(LanguageModule, "setup_embeddings_and_output_layer", lambda orig: _scoped(orig, _cuda_to_cpu_mode))]
+
+
 def _targets_8() -> _Targets:
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
 
@@ -329,6 +339,7 @@ def _patches() -> list[_Patch]:
         _Patch(8, "all_to_all_single(): incompatible function arguments (tensor split sizes)", _targets_8),
         _Patch(9, "activation recompute: CUDA RNG state get/set", _targets_9),
         _Patch(10, "Float16OptimizerWithFloat16Params: param.type() == 'torch.cuda.BFloat16Tensor'", _targets_10),
+        _Patch(11, "tied embeddings with PP > 1: LanguageModule.setup_embeddings_and_output_layer .cuda()", _targets_11),
     ]
 
 

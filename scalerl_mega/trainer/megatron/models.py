@@ -60,7 +60,8 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, *, params_d
     dtype = torch.bfloat16 if bf16 else torch.float32
     moe: dict[str, Any] = {}
     if model.is_moe:
-        freq: Any = 1 if model.moe_layer_freq == 1 else [int(model.is_moe_layer(i)) for i in range(model.num_layers)]
+        pattern = [int(model.is_moe_layer(i)) for i in range(model.num_layers)]
+        freq: Any = 1 if all(pattern) else pattern  # Megatron's list form: 1 = MoE layer
         moe = dict(
             num_moe_experts=model.num_experts,
             moe_router_topk=model.moe_topk,
