@@ -98,7 +98,9 @@ class ModelShape:
     top_k: int = 0
     expert_ffn: int = 0
     shared_expert_ffn: int = 0
-    moe_every: int = 1  # every n-th layer is MoE (HF interleave_moe_layer_step)
+    moe_every: int = 1  # every n-th layer is MoE (HF interleave_moe_layer_step / decoder_sparse_step)
+    moe_dense: tuple[int, ...] = ()  # layers kept dense although moe_every selects them (Qwen3-MoE mlp_only_layers)
+    qk_norm: bool = False  # per-head RMSNorm weights on q and k (Qwen3): 2 * head_dim per layer
 
     def __post_init__(self) -> None:
         for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "vocab"):
@@ -109,9 +111,19 @@ class ModelShape:
         if self.num_experts and (self.top_k <= 0 or self.expert_ffn <= 0):
             raise ValueError(f"ModelShape {self.name!r}: MoE needs top_k > 0 and expert_ffn > 0")
 
+    def moe_layers_in(self, layers: range) -> int:
+        """How many of `layers` (0-based) are MoE layers."""
+        if not self.num_experts:
+            return 0
+        return sum(1 for i in layers if (i + 1) % self.moe_every == 0 and i not in self.moe_dense)
+
+    def stage_moe_layers(self, pp: int, stage: int) -> int:
+        lps = self.layers // pp
+        return self.moe_layers_in(range(stage * lps, (stage + 1) * lps))
+
     @property
     def moe_layers(self) -> int:
-        return self.layers // self.moe_every if self.num_experts else 0
+        return self.moe_layers_in(range(self.layers))
 
     @property
     def dense_layers(self) -> int:
@@ -123,7 +135,7 @@ class ModelShape:
         return h * self.heads * d * 2 + h * self.kv_heads * d * 2  # q, o + k, v
 
     def norm_params_per_layer(self) -> int:
-        return 2 * self.hidden
+        return 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
 
     def dense_mlp_params(self) -> int:
         return 3 * self.hidden * self.ffn
@@ -181,7 +193,16 @@ SCOUT_17B16E = ModelShape(
     shared_expert_ffn=8192,
     moe_every=1,
 )
-MODELS = {m.name: m for m in (LLAMA3_8B, SCOUT_17B16E)}
+# Qwen3 (Qwen/Qwen3-*/config.json, tests/data/hf_configs/): head_dim 128 independent of hidden / heads,
+# per-head q/k RMSNorm, vocab 151936, untied; the MoE models route top-8 of 128 experts in every layer
+# (decoder_sparse_step 1, mlp_only_layers []) without a shared expert.
+QWEN3_8B = ModelShape(name="qwen3_8b", hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=12288,
+                      vocab=151936, qk_norm=True)
+QWEN3_30B_A3B = ModelShape(name="qwen3_30b_a3b", hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, ffn=6144,
+                           vocab=151936, num_experts=128, top_k=8, expert_ffn=768, qk_norm=True)
+QWEN3_235B_A22B = ModelShape(name="qwen3_235b_a22b", hidden=4096, layers=94, heads=64, kv_heads=4, head_dim=128,
+                             ffn=12288, vocab=151936, num_experts=128, top_k=8, expert_ffn=1536, qk_norm=True)
+MODELS = {m.name: m for m in (LLAMA3_8B, SCOUT_17B16E, QWEN3_8B, QWEN3_30B_A3B, QWEN3_235B_A22B)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -303,7 +324,7 @@ def stage_params(model: ModelShape, layout: TrainLayout, stage: int) -> dict[str
     (the output layer on the last stage; tied embeddings: its copy when pp > 1) and ``expert``."""
     t, p = layout.tp, layout.pp
     lps = model.layers // p
-    moe_per_stage = lps // model.moe_every if model.num_experts else 0
+    moe_per_stage = model.stage_moe_layers(p, stage)
     dense_per_stage = lps - moe_per_stage
     vpad = padded_vocab(model.vocab, tp=t, divisible_by=layout.vocab_divisible_by)
     sharded = lps * model.attention_params() + dense_per_stage * model.dense_mlp_params()
@@ -376,7 +397,7 @@ def stage_activation_bytes(model: ModelShape, layout: TrainLayout, stage: int) -
     """Activation bytes of one GPU of pipeline stage ``stage`` under 1F1B: ``min(pp - stage, m)``
     micro-batches in flight (Korthikanti Sec. 4.2.3), plus the head's on the last stage."""
     lps = model.layers // layout.pp
-    moe_per_stage = lps // model.moe_every if model.num_experts else 0
+    moe_per_stage = model.stage_moe_layers(layout.pp, stage)
     dense_per_stage = lps - moe_per_stage
     per_mb = moe_per_stage * layer_activation_bytes(model, layout, moe=True)
     per_mb += dense_per_stage * layer_activation_bytes(model, layout, moe=False)
@@ -415,8 +436,7 @@ def runtime_bytes(model: ModelShape, layout: TrainLayout, stage: int, *, activat
             head = 4 * n * h
     routes = 0
     if model.num_experts:
-        lps = model.layers // layout.pp
-        moe_per_stage = lps // model.moe_every
+        moe_per_stage = model.stage_moe_layers(layout.pp, stage)
         sp_div = t if layout.sequence_parallel else 1
         m = layout.pp if layout.num_microbatches is None else layout.num_microbatches
         in_flight = min(layout.pp - stage, m)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from typing import Any, Mapping
 
 CAUSAL, CONDITIONAL = "causal", "conditional"
@@ -126,9 +127,34 @@ def sglang_llama4_target(name: str, *, kind: str) -> str | None:
     return name
 
 
+_SGLANG_EXPERT = re.compile(r"\.experts\.(?P<e>\d+)\.(?P<proj>gate|up|down)_proj\.")
+_SGLANG_SHARDS = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+                  "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+def sglang_qwen3_target(name: str) -> tuple[str, str | int | None, int | None]:
+    """(parameter, shard, expert) that checkpoint tensor ``name`` of a Qwen3 / Qwen3-MoE model loads
+    into in SGLang 0.5.23 (``qwen3.py`` / ``qwen3_moe.py`` ``load_weights``): q/k/v -> ``qkv_proj`` shards
+    q/k/v and a dense MLP's gate/up -> ``gate_up_proj`` shards 0/1; routed expert e's gate/up/down ->
+    ``experts.w13_weight`` shards w1/w3 and ``experts.w2_weight`` shard w2 of expert e
+    (``FusedMoE.make_expert_params_mapping``); every other name (q/k norms, ``mlp.gate`` router, norms,
+    embedding, head) loads under its own name."""
+    m = _SGLANG_EXPERT.search(name)
+    if m:
+        param = "w13_weight" if m["proj"] in ("gate", "up") else "w2_weight"
+        return name[:m.start()] + ".experts." + param, {"gate": "w1", "up": "w3", "down": "w2"}[m["proj"]], int(m["e"])
+    for ckpt, (param, shard) in _SGLANG_SHARDS.items():
+        if ckpt in name:
+            return name.replace(ckpt, param), shard, None
+    return name, None, None
+
+
 def sglang_warnings(kind: str, text_config: Mapping[str, Any], names: list[str] | None = None) -> list[str]:
-    """Why SGLang 0.5.23 would serve this Llama-4 export wrongly (empty: none known). ``names``:
-    the exported text tensors in causal-layout naming."""
+    """Why SGLang 0.5.23 would serve this export wrongly (empty: none known). ``names``: the exported
+    text tensors in causal-layout naming."""
+    if text_config.get("model_type") == "qwen3_moe" and text_config.get("tie_word_embeddings"):
+        return ["tied embeddings: SGLang 0.5.23's Qwen3MoeForCausalLM keeps its own lm_head and never loads it from "
+                "model.embed_tokens.weight (its load_weights has no tie), so it would serve an untrained head"]
     if kind != CAUSAL or text_config.get("model_type") != "llama4_text":
         return []
     skipped = [n for n in names or () if sglang_llama4_target(n, kind=CAUSAL) is None]

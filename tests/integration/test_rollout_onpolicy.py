@@ -1,5 +1,5 @@
 """On-policy check: right after a weight sync, the Megatron trainer's FP32 log-probs of the local
-engine's sampled tokens equal the engine's own to 1e-5 (dense and MoE).
+engine's sampled tokens equal the engine's own to 1e-5 (dense and MoE: Llama-3, Llama-4, Qwen3 tied, Qwen3-MoE).
 
 This exercises the whole chain: Megatron model -> `export_hf_weights` (converter) -> bucketed gloo
 sync into the engine process -> HF `transformers` forward with a KV cache and FP32 LM head ->
@@ -121,7 +121,7 @@ def worker(preset: str, out: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("preset", ["tiny_dense", "tiny_moe"])
+@pytest.mark.parametrize("preset", ["tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe"])
 def test_trainer_logprobs_equal_engine_logprobs_after_sync(tmp_path, preset):
     pytest.importorskip("scalerl_mega.trainer.megatron.trainer", reason="the Megatron trainer has not landed")
     out = str(tmp_path / "report.json")
