@@ -36,7 +36,7 @@ Byte counts (all per GPU, per parameter held by that GPU):
   logits ``4 N V_pad / t`` of the FP32 LM head (paper Sec. 3.2), or ``logits_chunk_tokens`` rows of
   them when the fused chunked log-prob is used.
 * Generators (SGLang, TP ``g``): bf16 weights ``2 P / g`` (+ replicated norms/router); KV cache
-  ``2 (K and V) * L * (n_kv/g) * head_dim * kv_bytes`` per token; SGLang reserves
+  ``2 (K and V) * L * max(1, n_kv/g) * head_dim * kv_bytes`` per token (``g > n_kv``: KV heads replicated); SGLang reserves
   ``--mem-fraction-static`` of the GPU for weights + KV pool; the pool must hold ``min_seqs``
   full-length sequences.
 
@@ -289,8 +289,9 @@ class GenLayout:
     min_seqs: int = 16  # one prompt's group of G=16 full-length sequences must fit
 
     def validate(self, model: ModelShape) -> None:
-        if self.tp < 1 or model.kv_heads % self.tp:
-            raise ValueError(f"GenLayout.tp={self.tp} must be >= 1 and divide kv_heads={model.kv_heads}")
+        if self.tp < 1 or (model.kv_heads % self.tp and self.tp % model.kv_heads):
+            raise ValueError(f"GenLayout.tp={self.tp} must be >= 1 and divide kv_heads={model.kv_heads} or be a "
+                             "multiple of it (each KV head then replicated on tp / kv_heads GPUs)")
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"GenLayout.mem_fraction_static={self.mem_fraction_static} must be in (0, 1]")
 
@@ -474,7 +475,9 @@ def trainer_memory(model: ModelShape, layout: TrainLayout, device: Device) -> Me
 
 # ------------------------------------------------------------------------- generators
 def kv_bytes_per_token(model: ModelShape, layout: GenLayout) -> int:
-    return 2 * model.layers * (model.kv_heads // layout.tp) * model.head_dim * layout.kv_bytes
+    """K and V of one token on one GPU; with tp > kv_heads every GPU keeps one (replicated) KV head, as
+    SGLang's QKVParallelLinear does (`num_kv_heads = max(1, total_num_kv_heads // tp_size)`)."""
+    return 2 * model.layers * max(1, model.kv_heads // layout.tp) * model.head_dim * layout.kv_bytes
 
 
 def generator_weight_bytes(model: ModelShape, layout: GenLayout) -> int:
@@ -538,7 +541,7 @@ def smallest_trainer_layout(
 
 def smallest_generator_layout(model: ModelShape, device: Device, *, base: GenLayout) -> GenLayout | None:
     for t in (1, 2, 4, 8):
-        if model.kv_heads % t:
+        if model.kv_heads % t and t % model.kv_heads:
             continue
         lay = replace(base, tp=t)
         if generator_memory(model, lay, device).fits:
