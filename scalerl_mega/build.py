@@ -370,7 +370,8 @@ def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: Any):
     routes = sglang_route_layout(cfg)
     arch, hf_kwargs = hf_config_from_model(cfg.model)
     if arch == "qwen3_moe" and (bad := sglang_warnings(CAUSAL, {"model_type": arch_of(arch).model_type, **hf_kwargs})):
-        raise ValueError(f"model '{cfg.model.name}' with rollout.engine=sglang: {bad[0]}; use model.tie_embeddings=false")
+        raise ValueError(f"model '{cfg.model.name}' with rollout.engine=sglang: {'; '.join(bad)}; use "
+                         "model.tie_embeddings=false and no model.moe_dense_layers / moe_layer_freq 1 with SGLang")
     served = LocalModelSpec(arch=arch, config=hf_kwargs)  # its names/shapes: every push is checked before sending
     if cfg.rollout.engine_urls:
         backend = "nccl" if cfg.cluster.device == "cuda" else "gloo"

@@ -152,9 +152,18 @@ def sglang_qwen3_target(name: str) -> tuple[str, str | int | None, int | None]:
 def sglang_warnings(kind: str, text_config: Mapping[str, Any], names: list[str] | None = None) -> list[str]:
     """Why SGLang 0.5.23 would serve this export wrongly (empty: none known). ``names``: the exported
     text tensors in causal-layout naming."""
-    if text_config.get("model_type") == "qwen3_moe" and text_config.get("tie_word_embeddings"):
-        return ["tied embeddings: SGLang 0.5.23's Qwen3MoeForCausalLM keeps its own lm_head and never loads it from "
-                "model.embed_tokens.weight (its load_weights has no tie), so it would serve an untrained head"]
+    if text_config.get("model_type") == "qwen3_moe":
+        out = []
+        if text_config.get("tie_word_embeddings"):
+            out.append("tied embeddings: SGLang 0.5.23's Qwen3MoeForCausalLM keeps its own lm_head and never loads "
+                       "it from model.embed_tokens.weight (its load_weights has no tie), so it would serve an "
+                       "untrained head")
+        if text_config.get("mlp_only_layers") or int(text_config.get("decoder_sparse_step") or 1) != 1:
+            out.append(f"dense layers (mlp_only_layers={list(text_config.get('mlp_only_layers') or [])}, "
+                       f"decoder_sparse_step={text_config.get('decoder_sparse_step')}): SGLang 0.5.23's "
+                       "Qwen3MoeDecoderLayer makes every layer sparse (stage_facts), skips the dense MLP weights and "
+                       "would serve those layers with untrained experts")
+        return out
     if kind != CAUSAL or text_config.get("model_type") != "llama4_text":
         return []
     skipped = [n for n in names or () if sglang_llama4_target(n, kind=CAUSAL) is None]

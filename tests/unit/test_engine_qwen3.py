@@ -167,6 +167,22 @@ def test_every_exported_tensor_has_its_own_sglang_parameter_shard():
     assert by_param["model.layers.2.self_attn.qkv_proj.weight"] == {("q", None), ("k", None), ("v", None)}
     assert by_param["model.layers.1.mlp.gate_up_proj.weight"] == {(0, None), (1, None)}
     assert {"model.layers.0.mlp.gate.weight", "model.layers.0.self_attn.q_norm.weight", "lm_head.weight"} <= set(by_param)
-    assert sglang_warnings("causal", {"model_type": "qwen3_moe", **spec.config}) == []
+    every_layer_moe = {**spec.config, "mlp_only_layers": []}
+    assert sglang_warnings("causal", {"model_type": "qwen3_moe", **every_layer_moe}) == []
     tied = sglang_warnings("causal", {"model_type": "qwen3_moe", "tie_word_embeddings": True})
-    assert tied and "never loads it from model.embed_tokens.weight" in tied[0]
+    assert len(tied) == 1 and "never loads it from model.embed_tokens.weight" in tied[0]
+    dense = sglang_warnings("causal", {"model_type": "qwen3_moe", **spec.config})  # tiny_qwen3_moe: layer 1 dense
+    assert len(dense) == 1 and "mlp_only_layers=[1]" in dense[0] and "makes every layer sparse" in dense[0]
+
+
+def test_sglang_engine_refuses_a_qwen3_moe_it_would_serve_wrongly():
+    """rollout=sglang with a Qwen3-MoE that has a dense layer (tiny_qwen3_moe's layer 1): refused naming
+    SGLang's limitation before any server is launched or attached."""
+    from scalerl_mega.build import build_sglang_engine
+    from scalerl_mega.compose import compose
+
+    cfg = compose(["experiment=demo", "model=tiny_qwen3_moe", "model.shared_expert_ffn=0", "rollout=sglang",
+                   "model.vocab_size=48"])
+    with pytest.raises(ValueError, match=r"rollout.engine=sglang: dense layers \(mlp_only_layers=\[1\].*makes every "
+                                         r"layer sparse"):
+        build_sglang_engine(cfg, None, None)
