@@ -11,7 +11,8 @@ Byte counts (all per GPU, per parameter held by that GPU):
   data-parallel group ``edp = world / (etp * ep * pp)``; expert weights are split over ``etp``.
   FP32 LM head (paper Sec. 3.2, ``precision=fp32_head``; the trainer keeps the output layer FP32
   after the bf16 wrap): its weights are 4 B, grads 4 B, and the optimizer holds only Adam m and v
-  (8 B, sharded); the FP32 parameter is its own main copy.
+  (8 B, sharded); the FP32 parameter is its own main copy. Tied embeddings have no head parameter: the
+  embedding (and its last-stage copy under pipeline parallelism) is a bf16 body parameter the head reads.
   These counts are reconciled with the trainer's real Megatron buffers by the meta-device dry run
   (`scalerl_mega/dry_run.py`, tests/integration/test_dry_run.py: within 5%).
 * Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
@@ -322,7 +323,7 @@ def padded_vocab(vocab: int, *, tp: int, divisible_by: int) -> int:
 def stage_params(model: ModelShape, layout: TrainLayout, stage: int) -> dict[str, int]:
     """Parameters held by one GPU of pipeline stage ``stage``: ``body`` (non-expert, bf16 in mixed
     precision; includes the embedding on the first stage and the final norm on the last), ``head``
-    (the output layer on the last stage; tied embeddings: its copy when pp > 1) and ``expert``."""
+    (the untied output layer on the last stage; a tied embedding's last-stage copy counts as body) and ``expert``."""
     t, p = layout.tp, layout.pp
     lps = model.layers // p
     moe_per_stage = model.stage_moe_layers(p, stage)
@@ -338,8 +339,10 @@ def stage_params(model: ModelShape, layout: TrainLayout, stage: int) -> dict[str
         body += vpad * model.hidden // t
     if last:
         body += model.hidden
-        if not model.tied_embeddings or p > 1:
+        if not model.tied_embeddings:
             head = vpad * model.hidden // t
+        elif p > 1:  # the last stage's copy of the tied embedding: a body parameter (bf16, FP32 main copy)
+            body += vpad * model.hidden // t
     expert = moe_per_stage * (model.num_experts // layout.ep) * 3 * model.hidden * model.expert_ffn // layout.etp
     return {"body": body, "head": head, "expert": expert}
 

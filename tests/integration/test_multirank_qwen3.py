@@ -70,6 +70,23 @@ def test_qwen3_tied_pp2_matches_one_rank(tmp_path, qwen3_init, qwen3_single):
     _check_run(qwen3_single, out, tmp_path)
 
 
+@pytest.mark.slow
+def test_qwen3_tied_bf16_body_fp32_head_pp2_trains_and_checkpoints(tmp_path, qwen3_init):
+    """precision=fp32_head with bf16 params at PP2 (distributed optimizer): the tied embedding's last-stage copy
+    stays a bf16 body parameter (checkpointed under the embedding's key; an FP32 copy made the save fail on the
+    dtype) and the head computes FP32 logits from it; every step trains, the engine (bf16 with an FP32 head copy)
+    agrees with the trainer to bf16 accuracy, and the checkpoint converts to HF."""
+    out = tmp_path / "bf16"
+    run_job(out, [*COMMON, *QWEN3, "sft.steps=0", "train.steps=2", "train.save_every=2", f"init_from_hf={qwen3_init}",
+                  "precision=fp32_head", "precision.params_dtype=bfloat16", "parallel.pp=2"], nproc=2)
+    recs = records(out)
+    assert [r["step"] for r in recs] == [1, 2]
+    for r in recs:
+        assert r["train/loss"] == r["train/loss"] and r["train/grad_norm"] > 0  # trained, finite
+        assert r["train/onpolicy_abs_log_ratio_max"] < 0.1  # bf16 on both sides
+    convert(out / "checkpoints", tmp_path / "hf")
+
+
 def test_qwen3_moe_ep2_matches_one_rank(tmp_path, moe_init, moe_single):
     out = tmp_path / "ep2"
     run_job(out, [*COMMON, *QWEN3_MOE, *STEPS, f"init_from_hf={moe_init}", "parallel.ep=2"], nproc=2)

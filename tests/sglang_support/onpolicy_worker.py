@@ -16,37 +16,6 @@ import json
 import sys
 
 
-def _batch(completions):
-    import torch
-
-    from scalerl_mega.types import SftBatch
-
-    seqs = [c.prompt_ids + c.output_ids for c in completions]
-    T, B = max(len(s) for s in seqs), len(seqs)
-    ids = torch.zeros((B, T), dtype=torch.long)
-    mask = torch.zeros((B, T), dtype=torch.float32)
-    for b, (c, s) in enumerate(zip(completions, seqs)):
-        ids[b, : len(s)] = torch.tensor(s)
-        mask[b, len(c.prompt_ids) - 1: len(c.prompt_ids) - 1 + len(c.output_ids)] = 1.0
-    targets = torch.zeros_like(ids)
-    targets[:, :-1] = ids[:, 1:]
-    return SftBatch(input_ids_BT=ids, position_ids_BT=torch.arange(T).unsqueeze(0).expand(B, T).contiguous(),
-                    targets_BT=targets, loss_mask_BT=mask)
-
-
-def _trainer_logprobs(chunks, batch):
-    import torch
-
-    from scalerl_mega.trainer.megatron.global_names import unwrap
-
-    (gpt,) = unwrap(chunks)
-    gpt.eval()
-    with torch.no_grad():
-        logits = gpt(batch.input_ids_BT, batch.position_ids_BT, None)
-    gpt.train()
-    return torch.log_softmax(logits.double(), dim=-1).gather(-1, batch.targets_BT[..., None])[..., 0]
-
-
 def main(url: str, model_dir: str, out: str) -> None:
     import random
 
@@ -62,6 +31,7 @@ def main(url: str, model_dir: str, out: str) -> None:
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
     from scalerl_mega.types import Prompt, SamplingParams
     from scalerl_mega.weight_sync import WeightSyncConfig
+    from tests.support.onpolicy import completion_batch, max_logprob_diff, trainer_logprobs
 
     torch.set_num_threads(1)
     model = model_config_from_hf(read_hf_config(model_dir), name="served")
@@ -86,11 +56,9 @@ def main(url: str, model_dir: str, out: str) -> None:
             while len(done) < 6:
                 done += engine.poll(1.0)
             assert all(set(c.weight_versions) == {version} for c in done), [c.weight_versions for c in done]
-            batch = _batch(done)
-            logp = _trainer_logprobs(trainer.chunks, batch)
-            worst = max(abs(float(logp[b, len(c.prompt_ids) - 1 + j]) - lp)
-                        for b, c in enumerate(done) for j, lp in enumerate(c.gen_logprobs))
-            report["diffs"].append(worst)
+            batch = completion_batch(done)
+            logp = trainer_logprobs(trainer.chunks, batch)
+            report["diffs"].append(max_logprob_diff(logp, done))
             report["spread"].append(float(logp[batch.loss_mask_BT > 0].std()))
             trainer.sft_step(batch)  # other weights for the second push
     finally:

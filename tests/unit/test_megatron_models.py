@@ -95,3 +95,15 @@ def test_qwen3_moe_transformer_config():
     assert t.moe_shared_expert_intermediate_size is None and t.moe_router_load_balancing_type == "aux_loss"
     every = models.transformer_config(dataclasses.replace(m, moe_dense_layers=[]), ParallelConfig())
     assert every.moe_layer_freq == 1
+
+
+def test_tied_head_under_the_fp32_hook_runs_the_log_softmax_in_fp32():
+    """Tied embeddings with bf16 params (Qwen3-0.6B, Llama-3.2-1B): the head's weight is the bf16 embedding,
+    the hook upcasts it, and the log-softmax must run on those FP32 logits, not on a bf16 copy of them."""
+    emb = torch.nn.Parameter(torch.randn(8, 16).to(torch.bfloat16))
+    gpt = types.SimpleNamespace(post_process=True, share_embeddings_and_output_weights=True,
+                                output_layer=types.SimpleNamespace(weight=None),
+                                shared_embedding_or_output_weight=lambda: emb)
+    assert models.head_dtype(gpt) == torch.bfloat16  # bf16_head: the shared weight's dtype
+    gpt.output_layer._scalerl_fp32 = True  # what ensure_fp32_lm_head marks
+    assert models.head_dtype(gpt) == torch.float32
