@@ -102,6 +102,9 @@ def dims_from_model_config(m) -> ArchDims:
     if llama4 and m.is_moe and m.shared_expert_ffn and m.shared_expert_ffn != m.expert_ffn:
         raise ValueError(f"model '{m.name}': shared_expert_ffn={m.shared_expert_ffn} != expert width {m.expert_ffn}; "
                          "HF Llama-4 uses one width for both")
+    if m.arch == "qwen3_moe" and m.shared_expert_ffn:
+        raise ValueError(f"model '{m.name}': shared_expert_ffn={m.shared_expert_ffn} but HF Qwen3-MoE has no shared "
+                         "expert (its weights would have no HF name); set model.shared_expert_ffn=0")
     return ArchDims(
         arch=m.arch, hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_attention_heads,
         num_kv_heads=m.num_query_groups, head_dim=m.kv_channels, ffn_hidden_size=m.ffn_hidden_size,

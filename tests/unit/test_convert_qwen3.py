@@ -232,3 +232,14 @@ def test_qk_layernorm_must_match_the_architecture():
         ModelConfig(arch="llama", qk_layernorm=True).validate()
     with pytest.raises(ValueError, match=r"moe_dense_layers=\[5\] names 5"):
         ModelConfig(arch="qwen3_moe", qk_layernorm=True, num_experts=4, moe_topk=2, moe_dense_layers=[5]).validate()
+
+
+def test_a_shared_expert_has_no_qwen3_moe_name():
+    import dataclasses
+
+    from scalerl_mega.convert.model_config import dims_from_model_config
+    from scalerl_mega.model.config import load_model_preset
+
+    m = dataclasses.replace(load_model_preset("tiny_qwen3_moe"), shared_expert_ffn=32)
+    with pytest.raises(ValueError, match="shared_expert_ffn=32 but HF Qwen3-MoE has no shared expert"):
+        dims_from_model_config(m)
