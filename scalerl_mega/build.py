@@ -312,6 +312,7 @@ def write_hf_checkpoint(cfg: TrainConfig, task: Task, trainer: PolicyTrainer, pa
     import torch
 
     from scalerl_mega.model.hf_export import hf_config_from_model
+    from scalerl_mega.rollout.hf_params import checkpoint_target
     from scalerl_mega.rollout.local import LocalModelSpec
     from scalerl_mega.rollout.local import build_model as build_hf
 
@@ -319,8 +320,8 @@ def write_hf_checkpoint(cfg: TrainConfig, task: Task, trainer: PolicyTrainer, pa
     model = build_hf(LocalModelSpec(arch=arch, config=hf_kwargs))
     params = dict(model.named_parameters())
     with torch.no_grad():
-        for name, t in trainer.export_hf_weights():
-            params[name].copy_(t)
+        for name, t in trainer.export_hf_weights():  # checkpoint names (Qwen3-MoE experts: fused-parameter slices)
+            checkpoint_target(params, name).copy_(t)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     task.tokenizer.save_pretrained(path)
@@ -363,9 +364,15 @@ def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
     from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
     from scalerl_mega.trainer.megatron.parallel import world_size_from_env
 
+    from scalerl_mega.convert.hf_layout import CAUSAL, sglang_warnings
+    from scalerl_mega.model.archs import arch_of
+
     pause = pause_mode(cfg.off_policy)
     routes = sglang_route_layout(cfg)
     arch, hf_kwargs = hf_config_from_model(cfg.model)
+    if arch == "qwen3_moe" and (bad := sglang_warnings(CAUSAL, {"model_type": arch_of(arch).model_type, **hf_kwargs})):
+        raise ValueError(f"model '{cfg.model.name}' with rollout.engine=sglang: {'; '.join(bad)}; use "
+                         "model.tie_embeddings=false and no model.moe_dense_layers / moe_layer_freq 1 with SGLang")
     served = LocalModelSpec(arch=arch, config=hf_kwargs)  # its names/shapes: every push is checked before sending
     if cfg.rollout.engine_urls:
         backend = "nccl" if cfg.cluster.device == "cuda" else "gloo"

@@ -231,7 +231,8 @@ def model_shape(model):
                       ffn=model.ffn_hidden_size, vocab=model.vocab_size, tied_embeddings=model.tie_embeddings,
                       num_experts=model.num_experts, top_k=model.moe_topk if model.is_moe else 0,
                       expert_ffn=model.expert_ffn if model.is_moe else 0,
-                      shared_expert_ffn=model.shared_expert_ffn, moe_every=model.moe_layer_freq)
+                      shared_expert_ffn=model.shared_expert_ffn, moe_every=model.moe_layer_freq,
+                      moe_dense=tuple(model.moe_dense_layers), qk_norm=model.qk_layernorm)
 
 
 def sequence_shape(cfg) -> tuple[int, int]:

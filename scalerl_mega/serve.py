@@ -76,7 +76,10 @@ def spec_from_hf_dir(path: str, *, max_seq_len: int, max_batch: int, fp32_lm_hea
     if not cfg_file.is_file():
         raise ValueError(f"--hf-dir {path}: no config.json")
     hf = json.loads(cfg_file.read_text())
-    arch = "llama4" if str(hf.get("model_type", "")).startswith("llama4") else "llama"
+    from scalerl_mega.model.archs import arch_of_model_type
+    from scalerl_mega.model.hf_import import hf_text_config
+
+    arch = arch_of_model_type(hf_text_config(hf).get("model_type"), where=f"--hf-dir {path}: config.json").name
     eos = hf.get("eos_token_id")
     eos_ids = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
     return ServeSpec(model=LocalModelSpec(arch=arch, path=path),

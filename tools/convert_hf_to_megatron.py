@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Convert a Hugging Face Llama-3 / Llama-4 checkpoint to the converter's Megatron layout.
+"""Convert a Hugging Face Llama-3 / Llama-4 / Qwen3 / Qwen3-MoE checkpoint to the converter's Megatron layout.
 
-Accepts LlamaForCausalLM, Llama4ForCausalLM and Meta's multimodal Llama4ForConditionalGeneration
+Accepts LlamaForCausalLM, Llama4ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and Meta's multimodal Llama4ForConditionalGeneration
 (text weights under ``language_model.``): its vision tower is reported and left out of the Megatron
 model, and kept unchanged in OUT/hf_non_text/ so that ``convert_megatron_to_hf.py --layout
 conditional`` writes the original checkpoint back.
@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from scalerl_mega.model.archs import ARCHS
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -27,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (default: --tp)")
-    p.add_argument("--arch", choices=("llama", "llama4"), default=None, help="fail unless the checkpoint is this architecture")
+    p.add_argument("--arch", choices=tuple(ARCHS), default=None, help="fail unless the checkpoint is this architecture")
     p.add_argument("--vocab-multiple", type=int, default=128, help="pad vocab to a multiple of this times --tp")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)

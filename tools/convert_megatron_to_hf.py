@@ -25,12 +25,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from scalerl_mega.model.archs import ARCHS
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="converter checkpoint dir, trainer step_N dir, or trainer checkpoint root (follows 'latest')")
     p.add_argument("--out", required=True, help="output HF directory (must not exist)")
-    p.add_argument("--arch", choices=("llama", "llama4"), default=None, help="fail unless the checkpoint is this architecture")
+    p.add_argument("--arch", choices=tuple(ARCHS), default=None, help="fail unless the checkpoint is this architecture")
     p.add_argument("--layout", choices=("auto", "causal", "conditional"), default="auto",
                    help="HF layout to write: Llama4ForCausalLM/LlamaForCausalLM or Llama4ForConditionalGeneration")
     p.add_argument("--max-shard-gb", type=float, default=2.0)

@@ -37,17 +37,26 @@ import sys
 
 def compose(overrides: list[str], *, check_files: bool = False):
     """The validated TrainConfig of `scalerl-train OVERRIDES` (machine checks skipped: the batch
-    node is not necessarily a trainer node). `check_files`: the data files and `init_from_hf` must
-    exist here (shared storage), else ValueError naming the key."""
-    from scalerl_mega.compose import compose as compose_config
+    node is not necessarily a trainer node). The model is that of the run: `model=hf` takes the shapes of
+    `init_from_hf`'s config.json, and a preset is checked against it when that file is readable here
+    (`model.hf_import.resolve_model`), before the layout's fit is planned. `check_files`: the data files and
+    `init_from_hf` must exist here (shared storage), else ValueError naming the key."""
+    from pathlib import Path
 
-    cfg = compose_config(overrides, preflight=False, machine=False)
+    from omegaconf import OmegaConf
+
+    from scalerl_mega.compose import compose_node
+    from scalerl_mega.config import validate
+    from scalerl_mega.model.hf_import import HF_MODEL_NAME, resolve_model
+
+    cfg = OmegaConf.to_object(compose_node(overrides))
+    if cfg.model.name == HF_MODEL_NAME or (cfg.init_from_hf and (Path(cfg.init_from_hf) / "config.json").is_file()):
+        resolve_model(cfg)
+    validate(cfg)
     if cfg.data.name != "synthetic" and not cfg.data.train_files:
         raise ValueError(f"data.train_files is empty: data={cfg.data.name} needs prompt files on a cluster run "
                          "(slurm scripts: TRAIN_FILES=/path/a.jsonl,/path/b.parquet)")
     if check_files:
-        from pathlib import Path
-
         named = [("init_from_hf", cfg.init_from_hf)] if cfg.init_from_hf else []
         if cfg.data.name != "synthetic":
             named += [("data.train_files", f) for f in cfg.data.train_files]

@@ -70,6 +70,10 @@ LAYOUTS: dict[str, ScriptLayout] = {
     # Llama-3.1-8B: 16 trainer GPUs, TP 2 (sequence parallel) x DP 8 on the same 4-GPU GB200 nodes; fits H100 80GB
     # and H200 too (slurm/train_dense.sh's header)
     "train_dense": ScriptLayout(model="llama3_8b", gpu_type="gb200", gpus_per_node=4, trainer_nodes=4, gen_tp=1, tp=2),
+    # Qwen3-30B-A3B: the trainer on one 8xH100 node, TP 4 x EP 8 x DP 2; full recompute (with selective it plans
+    # 95.6 GiB per GPU, over H100's budget); 12 SGLang servers of TP 2 on 3 more nodes (slurm/train_qwen3_moe.sh)
+    "train_qwen3_moe": ScriptLayout(model="qwen3_30b_a3b", gpu_type="h100_80gb", gpus_per_node=8, trainer_nodes=1,
+                                    gen_tp=2, tp=4, ep=8, recompute="full"),
 }
 
 

@@ -11,7 +11,8 @@ Byte counts (all per GPU, per parameter held by that GPU):
   data-parallel group ``edp = world / (etp * ep * pp)``; expert weights are split over ``etp``.
   FP32 LM head (paper Sec. 3.2, ``precision=fp32_head``; the trainer keeps the output layer FP32
   after the bf16 wrap): its weights are 4 B, grads 4 B, and the optimizer holds only Adam m and v
-  (8 B, sharded); the FP32 parameter is its own main copy.
+  (8 B, sharded); the FP32 parameter is its own main copy. Tied embeddings have no head parameter: the
+  embedding (and its last-stage copy under pipeline parallelism) is a bf16 body parameter the head reads.
   These counts are reconciled with the trainer's real Megatron buffers by the meta-device dry run
   (`scalerl_mega/dry_run.py`, tests/integration/test_dry_run.py: within 5%).
 * Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
@@ -36,7 +37,7 @@ Byte counts (all per GPU, per parameter held by that GPU):
   logits ``4 N V_pad / t`` of the FP32 LM head (paper Sec. 3.2), or ``logits_chunk_tokens`` rows of
   them when the fused chunked log-prob is used.
 * Generators (SGLang, TP ``g``): bf16 weights ``2 P / g`` (+ replicated norms/router); KV cache
-  ``2 (K and V) * L * (n_kv/g) * head_dim * kv_bytes`` per token; SGLang reserves
+  ``2 (K and V) * L * max(1, n_kv/g) * head_dim * kv_bytes`` per token (``g > n_kv``: KV heads replicated); SGLang reserves
   ``--mem-fraction-static`` of the GPU for weights + KV pool; the pool must hold ``min_seqs``
   full-length sequences.
 
@@ -100,7 +101,9 @@ class ModelShape:
     top_k: int = 0
     expert_ffn: int = 0
     shared_expert_ffn: int = 0
-    moe_every: int = 1  # every n-th layer is MoE (HF interleave_moe_layer_step)
+    moe_every: int = 1  # every n-th layer is MoE (HF interleave_moe_layer_step / decoder_sparse_step)
+    moe_dense: tuple[int, ...] = ()  # layers kept dense although moe_every selects them (Qwen3-MoE mlp_only_layers)
+    qk_norm: bool = False  # per-head RMSNorm weights on q and k (Qwen3): 2 * head_dim per layer
 
     def __post_init__(self) -> None:
         for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "vocab"):
@@ -111,9 +114,19 @@ class ModelShape:
         if self.num_experts and (self.top_k <= 0 or self.expert_ffn <= 0):
             raise ValueError(f"ModelShape {self.name!r}: MoE needs top_k > 0 and expert_ffn > 0")
 
+    def moe_layers_in(self, layers: range) -> int:
+        """How many of `layers` (0-based) are MoE layers."""
+        if not self.num_experts:
+            return 0
+        return sum(1 for i in layers if (i + 1) % self.moe_every == 0 and i not in self.moe_dense)
+
+    def stage_moe_layers(self, pp: int, stage: int) -> int:
+        lps = self.layers // pp
+        return self.moe_layers_in(range(stage * lps, (stage + 1) * lps))
+
     @property
     def moe_layers(self) -> int:
-        return self.layers // self.moe_every if self.num_experts else 0
+        return self.moe_layers_in(range(self.layers))
 
     @property
     def dense_layers(self) -> int:
@@ -125,7 +138,7 @@ class ModelShape:
         return h * self.heads * d * 2 + h * self.kv_heads * d * 2  # q, o + k, v
 
     def norm_params_per_layer(self) -> int:
-        return 2 * self.hidden
+        return 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
 
     def dense_mlp_params(self) -> int:
         return 3 * self.hidden * self.ffn
@@ -183,7 +196,16 @@ SCOUT_17B16E = ModelShape(
     shared_expert_ffn=8192,
     moe_every=1,
 )
-MODELS = {m.name: m for m in (LLAMA3_8B, SCOUT_17B16E)}
+# Qwen3 (Qwen/Qwen3-*/config.json, tests/data/hf_configs/): head_dim 128 independent of hidden / heads,
+# per-head q/k RMSNorm, vocab 151936, untied; the MoE models route top-8 of 128 experts in every layer
+# (decoder_sparse_step 1, mlp_only_layers []) without a shared expert.
+QWEN3_8B = ModelShape(name="qwen3_8b", hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=12288,
+                      vocab=151936, qk_norm=True)
+QWEN3_30B_A3B = ModelShape(name="qwen3_30b_a3b", hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, ffn=6144,
+                           vocab=151936, num_experts=128, top_k=8, expert_ffn=768, qk_norm=True)
+QWEN3_235B_A22B = ModelShape(name="qwen3_235b_a22b", hidden=4096, layers=94, heads=64, kv_heads=4, head_dim=128,
+                             ffn=12288, vocab=151936, num_experts=128, top_k=8, expert_ffn=1536, qk_norm=True)
+MODELS = {m.name: m for m in (LLAMA3_8B, SCOUT_17B16E, QWEN3_8B, QWEN3_30B_A3B, QWEN3_235B_A22B)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,8 +292,9 @@ class GenLayout:
     min_seqs: int = 16  # one prompt's group of G=16 full-length sequences must fit
 
     def validate(self, model: ModelShape) -> None:
-        if self.tp < 1 or model.kv_heads % self.tp:
-            raise ValueError(f"GenLayout.tp={self.tp} must be >= 1 and divide kv_heads={model.kv_heads}")
+        if self.tp < 1 or (model.kv_heads % self.tp and self.tp % model.kv_heads):
+            raise ValueError(f"GenLayout.tp={self.tp} must be >= 1 and divide kv_heads={model.kv_heads} or be a "
+                             "multiple of it (each KV head then replicated on tp / kv_heads GPUs)")
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"GenLayout.mem_fraction_static={self.mem_fraction_static} must be in (0, 1]")
 
@@ -302,10 +325,10 @@ def padded_vocab(vocab: int, *, tp: int, divisible_by: int) -> int:
 def stage_params(model: ModelShape, layout: TrainLayout, stage: int) -> dict[str, int]:
     """Parameters held by one GPU of pipeline stage ``stage``: ``body`` (non-expert, bf16 in mixed
     precision; includes the embedding on the first stage and the final norm on the last), ``head``
-    (the output layer on the last stage; tied embeddings: its copy when pp > 1) and ``expert``."""
+    (the untied output layer on the last stage; a tied embedding's last-stage copy counts as body) and ``expert``."""
     t, p = layout.tp, layout.pp
     lps = model.layers // p
-    moe_per_stage = lps // model.moe_every if model.num_experts else 0
+    moe_per_stage = model.stage_moe_layers(p, stage)
     dense_per_stage = lps - moe_per_stage
     vpad = padded_vocab(model.vocab, tp=t, divisible_by=layout.vocab_divisible_by)
     sharded = lps * model.attention_params() + dense_per_stage * model.dense_mlp_params()
@@ -318,8 +341,10 @@ def stage_params(model: ModelShape, layout: TrainLayout, stage: int) -> dict[str
         body += vpad * model.hidden // t
     if last:
         body += model.hidden
-        if not model.tied_embeddings or p > 1:
+        if not model.tied_embeddings:
             head = vpad * model.hidden // t
+        elif p > 1:  # the last stage's copy of the tied embedding: a body parameter (bf16, FP32 main copy)
+            body += vpad * model.hidden // t
     expert = moe_per_stage * (model.num_experts // layout.ep) * 3 * model.hidden * model.expert_ffn // layout.etp
     return {"body": body, "head": head, "expert": expert}
 
@@ -378,7 +403,7 @@ def stage_activation_bytes(model: ModelShape, layout: TrainLayout, stage: int) -
     """Activation bytes of one GPU of pipeline stage ``stage`` under 1F1B: ``min(pp - stage, m)``
     micro-batches in flight (Korthikanti Sec. 4.2.3), plus the head's on the last stage."""
     lps = model.layers // layout.pp
-    moe_per_stage = lps // model.moe_every if model.num_experts else 0
+    moe_per_stage = model.stage_moe_layers(layout.pp, stage)
     dense_per_stage = lps - moe_per_stage
     per_mb = moe_per_stage * layer_activation_bytes(model, layout, moe=True)
     per_mb += dense_per_stage * layer_activation_bytes(model, layout, moe=False)
@@ -417,8 +442,7 @@ def runtime_bytes(model: ModelShape, layout: TrainLayout, stage: int, *, activat
             head = 4 * n * h
     routes = 0
     if model.num_experts:
-        lps = model.layers // layout.pp
-        moe_per_stage = lps // model.moe_every
+        moe_per_stage = model.stage_moe_layers(layout.pp, stage)
         sp_div = t if layout.sequence_parallel else 1
         m = layout.pp if layout.num_microbatches is None else layout.num_microbatches
         in_flight = min(layout.pp - stage, m)
@@ -456,7 +480,9 @@ def trainer_memory(model: ModelShape, layout: TrainLayout, device: Device) -> Me
 
 # ------------------------------------------------------------------------- generators
 def kv_bytes_per_token(model: ModelShape, layout: GenLayout) -> int:
-    return 2 * model.layers * (model.kv_heads // layout.tp) * model.head_dim * layout.kv_bytes
+    """K and V of one token on one GPU; with tp > kv_heads every GPU keeps one (replicated) KV head, as
+    SGLang's QKVParallelLinear does (`num_kv_heads = max(1, total_num_kv_heads // tp_size)`)."""
+    return 2 * model.layers * max(1, model.kv_heads // layout.tp) * model.head_dim * layout.kv_bytes
 
 
 def generator_weight_bytes(model: ModelShape, layout: GenLayout) -> int:
@@ -520,7 +546,7 @@ def smallest_trainer_layout(
 
 def smallest_generator_layout(model: ModelShape, device: Device, *, base: GenLayout) -> GenLayout | None:
     for t in (1, 2, 4, 8):
-        if model.kv_heads % t:
+        if model.kv_heads % t and t % model.kv_heads:
             continue
         lay = replace(base, tp=t)
         if generator_memory(model, lay, device).fits:

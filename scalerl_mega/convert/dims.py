@@ -12,7 +12,7 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
-ARCH_BY_MODEL_TYPE = {"llama": "llama", "llama4_text": "llama4"}
+from scalerl_mega.model.archs import ARCH_BY_MODEL_TYPE, arch_of_model_type  # noqa: F401  (re-exported)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,6 +50,8 @@ class ArchDims:
     floor_scale: float = 8192.0
     attn_scale: float = 0.1
     rope_interleaved_in_hf: bool = False  # HF Llama-4 rotates complex pairs (2i, 2i+1)
+    qk_layernorm: bool = False  # Qwen3: per-head RMSNorm on q and k (HF q_norm / k_norm)
+    moe_norm_topk: bool = False  # softmax over all experts, top-k, weights renormalised (HF norm_topk_prob)
 
     @property
     def heads_per_group(self) -> int:
@@ -93,20 +95,18 @@ def _rope(cfg: Mapping[str, Any], where: str) -> tuple[float, dict[str, Any]]:
 
 def dims_from_hf_config(cfg: Mapping[str, Any], *, where: str = "config.json", expect_arch: str | None = None) -> ArchDims:
     """Validate an HF config dict and return its ``ArchDims`` (raises ValueError naming the key)."""
-    model_type = cfg.get("model_type")
-    if model_type not in ARCH_BY_MODEL_TYPE:
-        raise ValueError(
-            f"{where}: model_type={model_type!r} is not supported; expected one of {sorted(ARCH_BY_MODEL_TYPE)}"
-        )
-    arch = ARCH_BY_MODEL_TYPE[model_type]
-    if expect_arch is not None and arch != expect_arch:
-        raise ValueError(f"{where}: model_type={model_type!r} is architecture {arch!r}, but {expect_arch!r} was requested")
+    arch = arch_of_model_type(cfg.get("model_type"), where=where)
+    if expect_arch is not None and arch.name != expect_arch:
+        raise ValueError(f"{where}: model_type={cfg.get('model_type')!r} is architecture {arch.name!r}, but "
+                         f"{expect_arch!r} was requested")
     if cfg.get("attention_bias"):
         raise ValueError(f"{where}: attention_bias=True is not supported")
     if cfg.get("mlp_bias"):
         raise ValueError(f"{where}: mlp_bias=True is not supported")
     if cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"{where}: hidden_act={cfg.get('hidden_act')!r} is not supported (only 'silu')")
+    if cfg.get("use_sliding_window"):
+        raise ValueError(f"{where}: use_sliding_window=True is not supported (full causal attention only)")
     hidden = int(_require(cfg, "hidden_size", where))
     heads = int(_require(cfg, "num_attention_heads", where))
     kv = int(cfg.get("num_key_value_heads") or heads)
@@ -116,7 +116,7 @@ def dims_from_hf_config(cfg: Mapping[str, Any], *, where: str = "config.json", e
         raise ValueError(f"{where}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
     theta, rope_scaling = _rope(cfg, where)
     common = dict(
-        arch=arch,
+        arch=arch.name,
         hidden_size=hidden,
         num_layers=layers,
         num_heads=heads,
@@ -128,10 +128,48 @@ def dims_from_hf_config(cfg: Mapping[str, Any], *, where: str = "config.json", e
         rope_theta=theta,
         **rope_scaling,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        qk_layernorm=arch.qk_layernorm,
     )
-    if arch == "llama":
-        return ArchDims(ffn_hidden_size=int(_require(cfg, "intermediate_size", where)), **common)
-    return _llama4_dims(cfg, common, where=where, layers=layers)
+    return _ARCH_FIELDS[arch.name](cfg, common, where=where, layers=layers)
+
+
+def _dense_dims(cfg: Mapping[str, Any], common: dict[str, Any], *, where: str, layers: int) -> ArchDims:
+    """Llama-3 and Qwen3 dense: one MLP width (`intermediate_size`)."""
+    return ArchDims(ffn_hidden_size=int(_require(cfg, "intermediate_size", where)), **common)
+
+
+def _qwen3_moe_dims(cfg: Mapping[str, Any], common: dict[str, Any], *, where: str, layers: int) -> ArchDims:
+    """Qwen3-MoE: layer i is MoE when i is not in `mlp_only_layers` and (i + 1) % `decoder_sparse_step` == 0
+    (as transformers' Qwen3MoeDecoderLayer decides); softmax top-k routing, renormalised when `norm_topk_prob`.
+    The expert count is `num_experts` in the published files, `num_local_experts` in transformers 5's."""
+    counts = {k: int(cfg[k]) for k in ("num_experts", "num_local_experts") if cfg.get(k) is not None}
+    if len(set(counts.values())) > 1:
+        raise ValueError(f"{where}: num_experts={counts['num_experts']} and num_local_experts="
+                         f"{counts['num_local_experts']} disagree")
+    if not counts:
+        raise ValueError(f"{where}: config key 'num_experts' is missing")
+    experts = next(iter(counts.values()))
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    dense = [int(i) for i in cfg.get("mlp_only_layers") or []]
+    bad = [i for i in dense if not 0 <= i < layers]
+    if bad:
+        raise ValueError(f"{where}: mlp_only_layers={dense} names layer {bad[0]}, outside 0..{layers - 1}")
+    moe_layers = tuple(i for i in range(layers) if experts > 0 and i not in dense and (i + 1) % step == 0)
+    if not moe_layers:
+        raise ValueError(f"{where}: model_type='qwen3_moe' with no MoE layer (num_experts={experts}, "
+                         f"decoder_sparse_step={step}, mlp_only_layers={dense}); a dense Qwen3 is model_type 'qwen3'")
+    top_k = int(_require(cfg, "num_experts_per_tok", where))
+    if not 1 <= top_k <= experts:
+        raise ValueError(f"{where}: num_experts_per_tok={top_k} must be in [1, num_experts={experts}]")
+    return ArchDims(
+        ffn_hidden_size=int(_require(cfg, "intermediate_size", where)),
+        num_experts=experts,
+        moe_ffn_hidden_size=int(_require(cfg, "moe_intermediate_size", where)),
+        moe_top_k=top_k,
+        moe_layers=moe_layers,
+        moe_norm_topk=bool(cfg.get("norm_topk_prob", False)),
+        **common,
+    )
 
 
 def _llama4_dims(cfg: Mapping[str, Any], common: dict[str, Any], *, where: str, layers: int) -> ArchDims:
@@ -169,3 +207,7 @@ def _llama4_dims(cfg: Mapping[str, Any], common: dict[str, Any], *, where: str, 
         rope_interleaved_in_hf=True,
         **common,
     )
+
+
+_ARCH_FIELDS = {"llama": _dense_dims, "llama4": _llama4_dims, "qwen3": _dense_dims, "qwen3_moe": _qwen3_moe_dims}
+"""The config.json fields each architecture adds to the common ones (model/archs.py lists the architectures)."""

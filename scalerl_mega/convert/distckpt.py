@@ -27,15 +27,16 @@ def is_dist_checkpoint(path: str | os.PathLike) -> bool:
 
 
 def hf_config_dict(model_cfg) -> dict[str, Any]:
-    """HF ``config.json`` contents (``LlamaConfig`` / ``Llama4TextConfig``) for a trainer ``ModelConfig``."""
+    """HF ``config.json`` contents (the architecture's config class, model/archs.py) for a trainer ``ModelConfig``."""
     import torch
-    from transformers import Llama4TextConfig, LlamaConfig
+    import transformers
 
+    from scalerl_mega.model.archs import arch_of
     from scalerl_mega.model.hf_export import hf_config_from_model
 
     arch, kwargs = hf_config_from_model(model_cfg)
-    cls, model_cls = (LlamaConfig, "LlamaForCausalLM") if arch == "llama" else (Llama4TextConfig, "Llama4ForCausalLM")
-    cfg = cls(**kwargs, architectures=[model_cls], dtype=torch.float32)
+    a = arch_of(arch)
+    cfg = getattr(transformers, a.config_class)(**kwargs, architectures=[a.causal_lm], dtype=torch.float32)
     return json.loads(cfg.to_json_string(use_diff=False))
 
 

@@ -2,8 +2,9 @@
 
 Two layouts carry a Llama-4 text model:
 
-- ``causal``: ``Llama4ForCausalLM`` / ``LlamaForCausalLM`` (``model_type`` ``llama4_text`` /
-  ``llama``), text tensors at the top level (``model.layers.0...``, ``lm_head.weight``).
+- ``causal``: ``Llama4ForCausalLM`` (``model_type`` ``llama4_text``), and the only layout of every
+  other architecture (``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ``Qwen3MoeForCausalLM``; model/archs.py):
+  text tensors at the top level (``model.layers.0...``, ``lm_head.weight``).
 - ``conditional``: ``Llama4ForConditionalGeneration``, the multimodal checkpoint Meta publishes
   (``model_type`` ``llama4``, the text config under ``text_config``); text tensors under
   ``language_model.``, the vision tower under ``vision_model.`` and ``multi_modal_projector.``.
@@ -22,13 +23,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from typing import Any, Mapping
 
 CAUSAL, CONDITIONAL = "causal", "conditional"
 LAYOUTS = (CAUSAL, CONDITIONAL)
 TEXT_PREFIX = "language_model."
 NON_TEXT_PREFIXES = ("vision_model.", "multi_modal_projector.")
-_CAUSAL_ARCH = {"llama": "LlamaForCausalLM", "llama4_text": "Llama4ForCausalLM"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +80,9 @@ def output_config(kind: str, text_config: Mapping[str, Any], *, source: Mapping[
     without it transformers' defaults apply to the vision tower."""
     text = dict(text_config)
     if kind == CAUSAL:
-        return {**text, "architectures": [_CAUSAL_ARCH.get(text.get("model_type"), "LlamaForCausalLM")]}
+        from scalerl_mega.model.archs import arch_of_model_type
+
+        return {**text, "architectures": [arch_of_model_type(text.get("model_type")).causal_lm]}
     if kind != CONDITIONAL:
         raise ValueError(f"layout={kind!r}: expected one of {LAYOUTS}")
     if text.get("model_type") != "llama4_text":
@@ -124,9 +127,43 @@ def sglang_llama4_target(name: str, *, kind: str) -> str | None:
     return name
 
 
+_SGLANG_EXPERT = re.compile(r"\.experts\.(?P<e>\d+)\.(?P<proj>gate|up|down)_proj\.")
+_SGLANG_SHARDS = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+                  "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+def sglang_qwen3_target(name: str) -> tuple[str, str | int | None, int | None]:
+    """(parameter, shard, expert) that checkpoint tensor ``name`` of a Qwen3 / Qwen3-MoE model loads
+    into in SGLang 0.5.23 (``qwen3.py`` / ``qwen3_moe.py`` ``load_weights``): q/k/v -> ``qkv_proj`` shards
+    q/k/v and a dense MLP's gate/up -> ``gate_up_proj`` shards 0/1; routed expert e's gate/up/down ->
+    ``experts.w13_weight`` shards w1/w3 and ``experts.w2_weight`` shard w2 of expert e
+    (``FusedMoE.make_expert_params_mapping``); every other name (q/k norms, ``mlp.gate`` router, norms,
+    embedding, head) loads under its own name."""
+    m = _SGLANG_EXPERT.search(name)
+    if m:
+        param = "w13_weight" if m["proj"] in ("gate", "up") else "w2_weight"
+        return name[:m.start()] + ".experts." + param, {"gate": "w1", "up": "w3", "down": "w2"}[m["proj"]], int(m["e"])
+    for ckpt, (param, shard) in _SGLANG_SHARDS.items():
+        if ckpt in name:
+            return name.replace(ckpt, param), shard, None
+    return name, None, None
+
+
 def sglang_warnings(kind: str, text_config: Mapping[str, Any], names: list[str] | None = None) -> list[str]:
-    """Why SGLang 0.5.23 would serve this Llama-4 export wrongly (empty: none known). ``names``:
-    the exported text tensors in causal-layout naming."""
+    """Why SGLang 0.5.23 would serve this export wrongly (empty: none known). ``names``: the exported
+    text tensors in causal-layout naming."""
+    if text_config.get("model_type") == "qwen3_moe":
+        out = []
+        if text_config.get("tie_word_embeddings"):
+            out.append("tied embeddings: SGLang 0.5.23's Qwen3MoeForCausalLM keeps its own lm_head and never loads "
+                       "it from model.embed_tokens.weight (its load_weights has no tie), so it would serve an "
+                       "untrained head")
+        if text_config.get("mlp_only_layers") or int(text_config.get("decoder_sparse_step") or 1) != 1:
+            out.append(f"dense layers (mlp_only_layers={list(text_config.get('mlp_only_layers') or [])}, "
+                       f"decoder_sparse_step={text_config.get('decoder_sparse_step')}): SGLang 0.5.23's "
+                       "Qwen3MoeDecoderLayer makes every layer sparse (stage_facts), skips the dense MLP weights and "
+                       "would serve those layers with untrained experts")
+        return out
     if kind != CAUSAL or text_config.get("model_type") != "llama4_text":
         return []
     skipped = [n for n in names or () if sglang_llama4_target(n, kind=CAUSAL) is None]

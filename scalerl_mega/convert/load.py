@@ -6,7 +6,8 @@ vocabulary to the model's size and copies its TP/EP shard. Works for any checkpo
 From an HF checkpoint (`init_from_hf`, ``load_hf_checkpoint``) a rank opens only the safetensors shards
 that hold its tensors (names are located by ``model.safetensors.index.json``; a shard's header is read
 on first use), and of a fused expert tensor (Llama-4 ``experts.gate_up_proj`` [E, H, 2F]) it reads only
-the rows of its own experts (a contiguous byte range), so an EP-16 rank reads 1/16 of the experts.
+the rows of its own experts (a contiguous byte range), so an EP-16 rank reads 1/16 of the experts; of
+per-expert tensors (Qwen3-MoE ``mlp.experts.{e}.gate_proj.weight``) it opens only its own experts'.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def hf_tensor_source(src: HFShardReader, hf, dims: ArchDims, *, wanted: Iterable
             if g is group:
                 return tensors[name]
         local = [e for e, n in enumerate(group.mcore) if n in wanted or n == name]
-        if "{e}" in group.rule.mcore[0] and local:  # fused experts [E, ...] in one HF tensor: this rank's rows
+        if group.rule.fused_experts and local:  # fused experts [E, ...] in one HF tensor: this rank's rows
             lo, hi = min(local), max(local) + 1
             part = group.to_mcore([read(group.hf[0], rows=(lo, hi))], dims, dims.vocab_size)
             converted = dict(zip(group.mcore[lo:hi], part, strict=True))

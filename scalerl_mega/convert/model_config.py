@@ -27,8 +27,29 @@ def _rope_fields(d: ArchDims) -> dict[str, Any]:
                 rope_original_max_position_embeddings=d.rope_original_max_position_embeddings)
 
 
+def _moe_layer_fields(d: ArchDims) -> dict[str, Any]:
+    """`moe_layer_freq` (+ `moe_dense_layers`) reproducing ``d.moe_layers``: every N-th layer when that
+    is exact, else the period of the first MoE layer with the remaining layers listed dense."""
+    flags = [int(d.is_moe_layer(i)) for i in range(d.num_layers)]
+    n = next(i for i, f in enumerate(flags) if f) + 1
+    every = [i for i in range(d.num_layers) if (i + 1) % n == 0]
+    if all(flags[i] for i in every):
+        return {"moe_layer_freq": n, "moe_dense_layers": [i for i in every if not flags[i]]}
+    return {"moe_layer_freq": 1, "moe_dense_layers": [i for i, f in enumerate(flags) if not f]}
+
+
+def _qwen3_moe_fields(d: ArchDims, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Qwen3-MoE routing in Megatron's terms: softmax scores, top-k; `norm_topk_prob` (renormalised top-k
+    weights) is Megatron's softmax over the top-k logits (`moe_router_pre_softmax=False`), without it the
+    all-expert softmax (`pre_softmax=True`); the Switch load-balancing loss with `router_aux_loss_coef`."""
+    return dict(num_experts=d.num_experts, moe_topk=d.moe_top_k, moe_ffn_hidden_size=d.moe_ffn_hidden_size,
+                shared_expert_ffn=0, **_moe_layer_fields(d), moe_router_score_function="softmax",
+                moe_router_pre_softmax=not d.moe_norm_topk, moe_router_load_balancing_type="aux_loss",
+                moe_aux_loss_coeff=float(cfg.get("router_aux_loss_coef", 0.001)))
+
+
 def model_config_from_hf(cfg: Mapping[str, Any], *, name: str = "hf", where: str = "config.json"):
-    """``ModelConfig`` (trainer) equivalent to an HF Llama / Llama-4 text config."""
+    """``ModelConfig`` (trainer) equivalent to an HF Llama / Llama-4 text / Qwen3 / Qwen3-MoE config."""
     from scalerl_mega.model.config import ModelConfig
 
     d = dims_from_hf_config(cfg, where=where)
@@ -37,10 +58,12 @@ def model_config_from_hf(cfg: Mapping[str, Any], *, name: str = "hf", where: str
         num_layers=d.num_layers, num_attention_heads=d.num_heads, num_query_groups=d.num_kv_heads, head_dim=d.head_dim,
         max_position_embeddings=d.max_position_embeddings, rope_theta=d.rope_theta,
         rope_scaling=d.rope_scaling_factor is not None, **_rope_fields(d),
-        norm_eps=d.rms_norm_eps, tie_embeddings=d.tie_word_embeddings,
+        norm_eps=d.rms_norm_eps, tie_embeddings=d.tie_word_embeddings, qk_layernorm=d.qk_layernorm,
     )
-    if d.arch == "llama":
+    if d.arch in ("llama", "qwen3"):
         return ModelConfig(**common).validate()
+    if d.arch == "qwen3_moe":
+        return ModelConfig(**common, **_qwen3_moe_fields(d, cfg)).validate()
     moe_freq = _every_nth([int(d.is_moe_layer(i)) for i in range(d.num_layers)], key="moe_layers", where=where)
     return ModelConfig(
         **common,
@@ -76,9 +99,12 @@ def dims_from_model_config(m) -> ArchDims:
         return m
     n = int(m.no_rope_freq or 0)
     llama4 = m.arch == "llama4"
-    if m.is_moe and m.shared_expert_ffn and m.shared_expert_ffn != m.expert_ffn:
+    if llama4 and m.is_moe and m.shared_expert_ffn and m.shared_expert_ffn != m.expert_ffn:
         raise ValueError(f"model '{m.name}': shared_expert_ffn={m.shared_expert_ffn} != expert width {m.expert_ffn}; "
                          "HF Llama-4 uses one width for both")
+    if m.arch == "qwen3_moe" and m.shared_expert_ffn:
+        raise ValueError(f"model '{m.name}': shared_expert_ffn={m.shared_expert_ffn} but HF Qwen3-MoE has no shared "
+                         "expert (its weights would have no HF name); set model.shared_expert_ffn=0")
     return ArchDims(
         arch=m.arch, hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_attention_heads,
         num_kv_heads=m.num_query_groups, head_dim=m.kv_channels, ffn_hidden_size=m.ffn_hidden_size,
@@ -91,5 +117,6 @@ def dims_from_model_config(m) -> ArchDims:
         no_rope_layers=tuple(int(bool(n) and (i + 1) % n == 0) for i in range(m.num_layers)) if llama4 else (),
         qk_l2_norm=m.qk_l2_norm, attention_chunk_size=m.attention_chunk_size or None,
         attn_temperature_tuning=m.attn_temperature_tuning, floor_scale=m.floor_scale, attn_scale=m.attn_scale,
-        rope_interleaved_in_hf=llama4,
+        rope_interleaved_in_hf=llama4, qk_layernorm=m.qk_layernorm,
+        moe_norm_topk=m.is_moe and m.moe_router_score_function == "softmax" and not m.moe_router_pre_softmax,
     )

@@ -1,8 +1,10 @@
 """Per-architecture name/layout tables between Megatron-Core and Hugging Face weights.
 
 A table is a tuple of ``Rule``s. A rule links a group of Megatron tensors to a group of HF tensors
-(``{i}`` = global layer, ``{e}`` = global expert, expanded over all experts) and carries the two pure
-layout functions. ``scope`` says where the rule applies: once per model ("model"), per layer
+(``{i}`` = global layer, ``{e}`` = global expert: all experts in one group, or one group per expert
+for a ``per_expert`` rule) and carries the two pure layout functions. The tables are assembled from
+shared pieces (embedding, attention with optional Qwen3 q/k norms, SwiGLU MLP, final norm and head):
+an architecture's table spells out only what differs (its MoE block, its HF prefixes). ``scope`` says where the rule applies: once per model ("model"), per layer
 ("layer"), only dense-MLP layers ("dense"), only MoE layers ("moe"); ``untied`` rules are skipped
 when the embeddings are tied. Megatron names are the unsharded, global-index names of a local-spec
 ``GPTModel`` (``mlp.experts.linear_fc1.weight{e}`` for experts, as in the grouped-GEMM layout).
@@ -13,6 +15,7 @@ Everything here is pure: ``(names, tensors) -> (names, tensors)``; no files, no 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -31,6 +34,12 @@ class Rule:
     to_mcore: Fn  # (hf tensors, dims, padded_vocab) -> mcore tensors
     to_hf: Fn  # (mcore tensors, dims, padded_vocab) -> hf tensors
     untied: bool = False
+    per_expert: bool = False  # "{e}" on both sides: one group per expert (else all experts in one group)
+
+    @property
+    def fused_experts(self) -> bool:
+        """All experts of a layer in one HF tensor (Llama-4 `experts.gate_up_proj` [E, H, 2F])."""
+        return not self.per_expert and any("{e}" in n for n in self.mcore)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,72 +111,81 @@ def _experts_fc2_to_hf(ts, dims, pv):
 
 
 _L = "decoder.layers.{i}."
+_HL = "model.layers.{i}."
 
-LLAMA_TABLE: tuple[Rule, ...] = (
-    Rule(scope="model", mcore=("embedding.word_embeddings.weight",), hf=("model.embed_tokens.weight",), to_mcore=_pad, to_hf=_unpad),
-    Rule(scope="layer", mcore=(_L + "input_layernorm.weight",), hf=("model.layers.{i}.input_layernorm.weight",), to_mcore=_same, to_hf=_same),
-    Rule(
-        scope="layer",
-        mcore=(_L + "self_attention.linear_qkv.weight",),
-        hf=tuple(f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkv"),
-        to_mcore=_qkv_to_mcore,
-        to_hf=_qkv_to_hf,
-    ),
-    Rule(scope="layer", mcore=(_L + "self_attention.linear_proj.weight",), hf=("model.layers.{i}.self_attn.o_proj.weight",), to_mcore=_same, to_hf=_same),
-    Rule(scope="layer", mcore=(_L + "pre_mlp_layernorm.weight",), hf=("model.layers.{i}.post_attention_layernorm.weight",), to_mcore=_same, to_hf=_same),
-    Rule(
-        scope="layer",
-        mcore=(_L + "mlp.linear_fc1.weight",),
-        hf=("model.layers.{i}.mlp.gate_proj.weight", "model.layers.{i}.mlp.up_proj.weight"),
-        to_mcore=_gate_up_to_mcore,
-        to_hf=_gate_up_to_hf,
-    ),
-    Rule(scope="layer", mcore=(_L + "mlp.linear_fc2.weight",), hf=("model.layers.{i}.mlp.down_proj.weight",), to_mcore=_same, to_hf=_same),
+
+def _mlp(*, scope: str, mcore: str, hf: str, suffix: str = "", per_expert: bool = False) -> tuple[Rule, Rule]:
+    """A SwiGLU MLP: HF gate/up/down (`<hf>gate_proj.weight`, ...) <-> Megatron fused `linear_fc1` and
+    `linear_fc2` (`<mcore>linear_fc1.weight<suffix>`). The dense MLP of every architecture, Llama-4's
+    shared expert and each Qwen3-MoE routed expert (`per_expert`: one group per expert) are this rule."""
+    return (
+        Rule(scope=scope, mcore=(_L + mcore + "linear_fc1.weight" + suffix,), hf=(hf + "gate_proj.weight", hf + "up_proj.weight"),
+             to_mcore=_gate_up_to_mcore, to_hf=_gate_up_to_hf, per_expert=per_expert),
+        Rule(scope=scope, mcore=(_L + mcore + "linear_fc2.weight" + suffix,), hf=(hf + "down_proj.weight",),
+             to_mcore=_same, to_hf=_same, per_expert=per_expert),
+    )
+
+
+def _attention(*, qk_norm: bool = False) -> tuple[Rule, ...]:
+    """Pre-attention norm, fused q/k/v (GQA, grouped per query group), output projection, pre-MLP norm;
+    `qk_norm`: Qwen3's per-head q/k RMSNorm weights [head_dim] (Megatron `q_layernorm` / `k_layernorm`)."""
+    norms = tuple(Rule(scope="layer", mcore=(_L + f"self_attention.{p}_layernorm.weight",), hf=(_HL + f"self_attn.{p}_norm.weight",),
+                       to_mcore=_same, to_hf=_same) for p in "qk") if qk_norm else ()
+    return (
+        Rule(scope="layer", mcore=(_L + "input_layernorm.weight",), hf=(_HL + "input_layernorm.weight",), to_mcore=_same, to_hf=_same),
+        Rule(scope="layer", mcore=(_L + "self_attention.linear_qkv.weight",), hf=tuple(f"{_HL}self_attn.{p}_proj.weight" for p in "qkv"),
+             to_mcore=_qkv_to_mcore, to_hf=_qkv_to_hf),
+        *norms,
+        Rule(scope="layer", mcore=(_L + "self_attention.linear_proj.weight",), hf=(_HL + "self_attn.o_proj.weight",), to_mcore=_same, to_hf=_same),
+        Rule(scope="layer", mcore=(_L + "pre_mlp_layernorm.weight",), hf=(_HL + "post_attention_layernorm.weight",), to_mcore=_same, to_hf=_same),
+    )
+
+
+_EMBEDDING = (Rule(scope="model", mcore=("embedding.word_embeddings.weight",), hf=("model.embed_tokens.weight",), to_mcore=_pad, to_hf=_unpad),)
+_FINAL = (
     Rule(scope="final", mcore=("decoder.final_layernorm.weight",), hf=("model.norm.weight",), to_mcore=_same, to_hf=_same),
     Rule(scope="final", mcore=("output_layer.weight",), hf=("lm_head.weight",), to_mcore=_pad, to_hf=_unpad, untied=True),
 )
+_FF = _HL + "feed_forward."
 
-_FF = "model.layers.{i}.feed_forward."
+LLAMA_TABLE: tuple[Rule, ...] = (*_EMBEDDING, *_attention(), *_mlp(scope="layer", mcore="mlp.", hf=_HL + "mlp."), *_FINAL)
 
 LLAMA4_TABLE: tuple[Rule, ...] = (
-    Rule(scope="model", mcore=("embedding.word_embeddings.weight",), hf=("model.embed_tokens.weight",), to_mcore=_pad, to_hf=_unpad),
-    Rule(scope="layer", mcore=(_L + "input_layernorm.weight",), hf=("model.layers.{i}.input_layernorm.weight",), to_mcore=_same, to_hf=_same),
-    Rule(
-        scope="layer",
-        mcore=(_L + "self_attention.linear_qkv.weight",),
-        hf=tuple(f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkv"),
-        to_mcore=_qkv_to_mcore,
-        to_hf=_qkv_to_hf,
-    ),
-    Rule(scope="layer", mcore=(_L + "self_attention.linear_proj.weight",), hf=("model.layers.{i}.self_attn.o_proj.weight",), to_mcore=_same, to_hf=_same),
-    Rule(scope="layer", mcore=(_L + "pre_mlp_layernorm.weight",), hf=("model.layers.{i}.post_attention_layernorm.weight",), to_mcore=_same, to_hf=_same),
-    # dense (non-MoE) layers
-    Rule(scope="dense", mcore=(_L + "mlp.linear_fc1.weight",), hf=(_FF + "gate_proj.weight", _FF + "up_proj.weight"), to_mcore=_gate_up_to_mcore, to_hf=_gate_up_to_hf),
-    Rule(scope="dense", mcore=(_L + "mlp.linear_fc2.weight",), hf=(_FF + "down_proj.weight",), to_mcore=_same, to_hf=_same),
+    *_EMBEDDING,
+    *_attention(),
+    *_mlp(scope="dense", mcore="mlp.", hf=_FF),
     # MoE layers: router, routed experts (HF fused [E, H, 2F] / [E, F, H]), shared expert
     Rule(scope="moe", mcore=(_L + "mlp.router.weight",), hf=(_FF + "router.weight",), to_mcore=_same, to_hf=_same),
     Rule(scope="moe", mcore=(_L + "mlp.experts.linear_fc1.weight{e}",), hf=(_FF + "experts.gate_up_proj",), to_mcore=_experts_fc1_to_mcore, to_hf=_experts_fc1_to_hf),
     Rule(scope="moe", mcore=(_L + "mlp.experts.linear_fc2.weight{e}",), hf=(_FF + "experts.down_proj",), to_mcore=_experts_fc2_to_mcore, to_hf=_experts_fc2_to_hf),
-    Rule(
-        scope="moe",
-        mcore=(_L + "mlp.shared_experts.linear_fc1.weight",),
-        hf=(_FF + "shared_expert.gate_proj.weight", _FF + "shared_expert.up_proj.weight"),
-        to_mcore=_gate_up_to_mcore,
-        to_hf=_gate_up_to_hf,
-    ),
-    Rule(scope="moe", mcore=(_L + "mlp.shared_experts.linear_fc2.weight",), hf=(_FF + "shared_expert.down_proj.weight",), to_mcore=_same, to_hf=_same),
-    Rule(scope="final", mcore=("decoder.final_layernorm.weight",), hf=("model.norm.weight",), to_mcore=_same, to_hf=_same),
-    Rule(scope="final", mcore=("output_layer.weight",), hf=("lm_head.weight",), to_mcore=_pad, to_hf=_unpad, untied=True),
+    *_mlp(scope="moe", mcore="mlp.shared_experts.", hf=_FF + "shared_expert."),
+    *_FINAL,
 )
 
-TABLES: dict[str, tuple[Rule, ...]] = {"llama": LLAMA_TABLE, "llama4": LLAMA4_TABLE}
+QWEN3_TABLE: tuple[Rule, ...] = (*_EMBEDDING, *_attention(qk_norm=True), *_mlp(scope="layer", mcore="mlp.", hf=_HL + "mlp."), *_FINAL)
+
+QWEN3_MOE_TABLE: tuple[Rule, ...] = (
+    *_EMBEDDING,
+    *_attention(qk_norm=True),
+    *_mlp(scope="dense", mcore="mlp.", hf=_HL + "mlp."),  # `mlp_only_layers` / `decoder_sparse_step` layers
+    # MoE layers: router (`mlp.gate`), then each routed expert as its own SwiGLU MLP (no shared expert)
+    Rule(scope="moe", mcore=(_L + "mlp.router.weight",), hf=(_HL + "mlp.gate.weight",), to_mcore=_same, to_hf=_same),
+    *_mlp(scope="moe", mcore="mlp.experts.", hf=_HL + "mlp.experts.{e}.", suffix="{e}", per_expert=True),
+    *_FINAL,
+)
+
+TABLES: dict[str, tuple[Rule, ...]] = {"llama": LLAMA_TABLE, "llama4": LLAMA4_TABLE, "qwen3": QWEN3_TABLE,
+                                       "qwen3_moe": QWEN3_MOE_TABLE}
 
 
-def _expand(templates: tuple[str, ...], layer: int | None, num_experts: int) -> tuple[str, ...]:
+def _expand(templates: tuple[str, ...], layer: int | None, num_experts: int, expert: int | None = None) -> tuple[str, ...]:
+    """Concrete names: `{i}` -> `layer`; `{e}` -> `expert`, or every expert 0..num_experts-1."""
     out: list[str] = []
     for t in templates:
-        if "{e}" in t:
+        if "{e}" in t and expert is None:
             out.extend(t.format(i=layer, e=e) for e in range(num_experts))
+        elif "{e}" in t:
+            out.append(t.format(i=layer, e=expert))
         else:
             out.append(t.format(i=layer) if layer is not None else t)
     return tuple(out)
@@ -195,8 +213,10 @@ def iter_groups(dims: ArchDims, *, layers: Sequence[int] | None = None, first_st
                 yield Group(rule, None, _expand(rule.mcore, None, 0), _expand(rule.hf, None, 0))
     for i in layer_ids:
         for rule in table:
-            if rule.scope in ("layer", "dense", "moe") and _applies(rule, dims, i):
-                yield Group(rule, i, _expand(rule.mcore, i, dims.num_experts), _expand(rule.hf, i, dims.num_experts))
+            if rule.scope not in ("layer", "dense", "moe") or not _applies(rule, dims, i):
+                continue
+            for e in range(dims.num_experts) if rule.per_expert else [None]:
+                yield Group(rule, i, _expand(rule.mcore, i, dims.num_experts, e), _expand(rule.hf, i, dims.num_experts, e))
     if last_stage:
         for rule in table:
             if rule.scope == "final" and _applies(rule, dims, None):
@@ -223,34 +243,32 @@ def hf_to_mcore(group: Group, tensors: Sequence[torch.Tensor], *, dims: ArchDims
     return list(zip(group.mcore, out, strict=True))
 
 
-def _hf_shape_by_suffix(dims: ArchDims) -> list[tuple[str, tuple[int, ...]]]:
+def _hf_shape_by_pattern(dims: ArchDims) -> list[tuple[str, tuple[int, ...]]]:
+    """(regex on the HF name, shape); the first match wins, so specific names come before general ones."""
     H, V, hd = dims.hidden_size, dims.vocab_size, dims.head_dim
     nq, nkv, F, Fm, E = dims.num_heads * hd, dims.num_kv_heads * hd, dims.ffn_hidden_size, dims.moe_ffn_hidden_size, dims.num_experts
     return [
-        ("embed_tokens.weight", (V, H)),
-        ("lm_head.weight", (V, H)),
-        ("layernorm.weight", (H,)),
-        ("norm.weight", (H,)),
-        ("q_proj.weight", (nq, H)),
-        ("k_proj.weight", (nkv, H)),
-        ("v_proj.weight", (nkv, H)),
-        ("o_proj.weight", (H, nq)),
-        ("shared_expert.gate_proj.weight", (Fm, H)),
-        ("shared_expert.up_proj.weight", (Fm, H)),
-        ("shared_expert.down_proj.weight", (H, Fm)),
-        ("gate_proj.weight", (F, H)),
-        ("up_proj.weight", (F, H)),
-        ("down_proj.weight", (H, F)),
-        ("router.weight", (E, H)),
-        ("experts.gate_up_proj", (E, H, 2 * Fm)),
-        ("experts.down_proj", (E, Fm, H)),
+        (r"embed_tokens\.weight$", (V, H)),
+        (r"lm_head\.weight$", (V, H)),
+        (r"self_attn\.[qk]_norm\.weight$", (hd,)),
+        (r"norm\.weight$", (H,)),
+        (r"q_proj\.weight$", (nq, H)),
+        (r"[kv]_proj\.weight$", (nkv, H)),
+        (r"o_proj\.weight$", (H, nq)),
+        (r"(shared_expert|experts\.\d+)\.(gate|up)_proj\.weight$", (Fm, H)),
+        (r"(shared_expert|experts\.\d+)\.down_proj\.weight$", (H, Fm)),
+        (r"(gate|up)_proj\.weight$", (F, H)),
+        (r"down_proj\.weight$", (H, F)),
+        (r"(router|mlp\.gate)\.weight$", (E, H)),
+        (r"experts\.gate_up_proj$", (E, H, 2 * Fm)),
+        (r"experts\.down_proj$", (E, Fm, H)),
     ]
 
 
 def expected_hf_shape(name: str, dims: ArchDims) -> tuple[int, ...]:
-    """Shape an HF tensor of this architecture must have (first matching suffix wins)."""
-    for suffix, shape in _hf_shape_by_suffix(dims):
-        if name.endswith(suffix):
+    """Shape an HF tensor of this architecture must have (first matching pattern wins)."""
+    for pattern, shape in _hf_shape_by_pattern(dims):
+        if re.search(pattern, name):
             return shape
     raise ValueError(f"no expected shape for HF tensor {name!r}")
 

@@ -12,11 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-ARCHS = ("llama", "llama4")
+from scalerl_mega.model.archs import ARCHS as _ARCH_RECORDS
+from scalerl_mega.model.archs import arch_of
+
+ARCHS = tuple(_ARCH_RECORDS)
 DISPATCHERS = ("alltoall", "allgather")
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
-PRESETS = ("tiny_dense", "tiny_moe", "llama3_8b", "scout_17b16e")
+PRESETS = ("tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe", "llama3_8b", "scout_17b16e", "qwen3_0p6b",
+           "qwen3_8b", "qwen3_30b_a3b", "qwen3_235b_a22b")
 
 
 def _conf_dir() -> Path:
@@ -28,11 +32,12 @@ def _conf_dir() -> Path:
 
 @dataclass(kw_only=True)
 class ModelConfig:
-    """Decoder-only transformer shape (Llama-3 dense or Llama-4 Scout-style MoE)."""
+    """Decoder-only transformer shape: Llama-3 dense, Llama-4 Scout-style MoE, Qwen3 dense, Qwen3-MoE."""
 
     name: str = "custom"
     arch: str = "llama"
-    """"llama" (Llama-3 family) or "llama4" (Llama-4: MoE + NoPE/chunked attention features)."""
+    """"llama" (Llama-3 family), "llama4" (Llama-4: MoE + NoPE/chunked attention features), "qwen3"
+    (Qwen3 dense: per-head q/k RMSNorm) or "qwen3_moe" (Qwen3-MoE); model/archs.py."""
     vocab_size: int = 256
     """Used unpadded: must be divisible by the tensor-parallel size (so exported logits are exact)."""
     hidden_size: int = 64
@@ -56,6 +61,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     qk_layernorm: bool = False
+    """Per-head RMSNorm on q and k before RoPE (Qwen3: required; Llama: off)."""
     init_method_std: float = 0.02
     fp32_lm_head: bool = True
     """Compute the output layer and logits in FP32 (paper Sec. 3.2, "FP32 Precision for LLM logits")."""
@@ -68,8 +74,12 @@ class ModelConfig:
     """Shared expert width (0: none). Scout has one shared expert next to the routed ones."""
     moe_layer_freq: int = 1
     """Every Nth layer is MoE (1: all layers, 2: alternate dense/MoE starting with dense)."""
+    moe_dense_layers: list[int] = field(default_factory=list)
+    """0-based layers kept dense although `moe_layer_freq` selects them (HF Qwen3-MoE `mlp_only_layers`)."""
     moe_router_pre_softmax: bool = False
-    """Normalise scores before top-k; required by Megatron for top-1 routing."""
+    """Softmax over all experts before top-k, top-k weights not renormalised (HF `norm_topk_prob=False`);
+    False: softmax over the top-k logits = all-expert softmax renormalised over the top-k (Qwen3-MoE's
+    `norm_topk_prob=True`). Required by Megatron for top-1 softmax routing."""
     moe_router_score_function: str = "softmax"
     moe_router_load_balancing_type: str = "aux_loss"
     moe_aux_loss_coeff: float = 1e-2
@@ -113,12 +123,22 @@ class ModelConfig:
         return on
 
     def is_moe_layer(self, layer: int) -> bool:
-        """Layer `layer` (0-based) is MoE: every `moe_layer_freq`-th layer, the last of each period."""
-        return self.is_moe and (layer + 1) % self.moe_layer_freq == 0
+        """Layer `layer` (0-based) is MoE: every `moe_layer_freq`-th layer, the last of each period, unless
+        listed in `moe_dense_layers`."""
+        return self.is_moe and (layer + 1) % self.moe_layer_freq == 0 and layer not in self.moe_dense_layers
 
     def validate(self) -> "ModelConfig":
         where = f"model '{self.name}'"
         _choice(where, "arch", self.arch, ARCHS)
+        arch = arch_of(self.arch, where=where)
+        if bool(self.qk_layernorm) != arch.qk_layernorm:
+            raise ValueError(f"{where}: qk_layernorm={self.qk_layernorm} but arch={self.arch!r} ({arch.family}) "
+                             f"{'has' if arch.qk_layernorm else 'has no'} per-head q/k RMSNorm; set model.qk_layernorm="
+                             f"{str(arch.qk_layernorm).lower()}")
+        bad = [i for i in self.moe_dense_layers if not isinstance(i, int) or not 0 <= i < self.num_layers]
+        if bad:
+            raise ValueError(f"{where}: moe_dense_layers={list(self.moe_dense_layers)} names {bad[0]!r}, not a layer "
+                             f"in 0..{self.num_layers - 1}")
         for key in ("vocab_size", "hidden_size", "ffn_hidden_size", "num_layers", "num_attention_heads",
                     "num_query_groups", "max_position_embeddings", "moe_layer_freq"):
             _positive(where, key, getattr(self, key))

@@ -1,7 +1,7 @@
 """The reverse of `convert.model_config.model_config_from_hf`: trainer ModelConfig -> HF config kwargs.
 
-The local engine builds its HF `transformers` model from these kwargs (LlamaConfig or
-Llama4TextConfig), so trainer and engine hold the same architecture and the trainer's exported
+The local engine builds its HF `transformers` model from these kwargs (the architecture's config class,
+model/archs.py: LlamaConfig, Llama4TextConfig, Qwen3Config, Qwen3MoeConfig), so trainer and engine hold the same architecture and the trainer's exported
 HF-named tensors load into the engine one to one.
 """
 
@@ -26,10 +26,14 @@ def hf_config_from_model(m: Any) -> tuple[str, dict[str, Any]]:
                   head_dim=m.kv_channels, max_position_embeddings=m.max_position_embeddings,
                   rms_norm_eps=m.norm_eps, tie_word_embeddings=m.tie_embeddings, rope_parameters=rope,
                   initializer_range=m.init_method_std, attention_bias=False)
-    if m.arch == "llama":
+    if m.arch in ("llama", "qwen3"):
         if m.is_moe:
-            raise ValueError(f"model '{m.name}': arch='llama' with num_experts={m.num_experts}; MoE needs arch: llama4")
-        return "llama", dict(common, intermediate_size=m.ffn_hidden_size, mlp_bias=False)
+            raise ValueError(f"model '{m.name}': arch={m.arch!r} with num_experts={m.num_experts}; MoE needs arch: "
+                             f"{'llama4' if m.arch == 'llama' else 'qwen3_moe'}")
+        extra = {"mlp_bias": False} if m.arch == "llama" else {"use_sliding_window": False}
+        return m.arch, dict(common, intermediate_size=m.ffn_hidden_size, **extra)
+    if m.arch == "qwen3_moe":
+        return "qwen3_moe", _qwen3_moe_kwargs(m, common)
     if m.arch != "llama4":
         raise ValueError(f"model '{m.name}': arch={m.arch!r} has no HF config mapping")
     if m.is_moe:
@@ -55,3 +59,19 @@ def hf_config_from_model(m: Any) -> tuple[str, dict[str, Any]]:
         floor_scale=int(m.floor_scale),
         attn_scale=float(m.attn_scale),
     )
+
+
+def _qwen3_moe_kwargs(m: Any, common: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3MoeConfig kwargs: HF routes softmax top-k over every expert (renormalised when
+    `norm_topk_prob`, Megatron's `moe_router_pre_softmax=False`), without a shared expert; a layer is MoE
+    unless in `mlp_only_layers`, every `decoder_sparse_step`-th layer."""
+    if not m.is_moe:
+        raise ValueError(f"model '{m.name}': arch='qwen3_moe' without experts (num_experts=0); a dense Qwen3 is arch: qwen3")
+    if m.moe_router_score_function != "softmax" or m.shared_expert_ffn or m.moe_apply_probs_on_input:
+        raise ValueError(f"model '{m.name}': HF Qwen3-MoE routes with softmax scores on the expert output and has no "
+                         f"shared expert; got moe_router_score_function={m.moe_router_score_function!r}, "
+                         f"shared_expert_ffn={m.shared_expert_ffn}, moe_apply_probs_on_input={m.moe_apply_probs_on_input}")
+    return dict(common, intermediate_size=m.ffn_hidden_size, moe_intermediate_size=m.expert_ffn,
+                num_experts=m.num_experts, num_experts_per_tok=m.moe_topk, norm_topk_prob=not m.moe_router_pre_softmax,
+                decoder_sparse_step=m.moe_layer_freq, mlp_only_layers=sorted(m.moe_dense_layers),
+                router_aux_loss_coef=float(m.moe_aux_loss_coeff), use_sliding_window=False)

@@ -6,9 +6,10 @@
 Both run at compose time (`resolve_model`, called from `compose.prepare`), before any model is
 built, so a mismatch is reported before a size check such as "built only on GPU" could fire.
 
-Supported `config.json` kinds: Llama-3.x dense (`model_type: llama`, incl. `rope_scaling` of type
-`llama3` and tied embeddings as in Llama-3.2-1B/3B and SmolLM2) and Llama-4 text
-(`model_type: llama4_text`). A multimodal Llama-4 `config.json` (`model_type: llama4`) carries its
+Supported `config.json` kinds (model/archs.py): Llama-3.x dense (`model_type: llama`, incl. `rope_scaling`
+of type `llama3` and tied embeddings as in Llama-3.2-1B/3B and SmolLM2), Llama-4 text
+(`model_type: llama4_text`), Qwen3 dense (`qwen3`: per-head q/k RMSNorm, tied embeddings in the small
+ones) and Qwen3-MoE (`qwen3_moe`: softmax top-k routing, `norm_topk_prob`, `mlp_only_layers`). A multimodal Llama-4 `config.json` (`model_type: llama4`) carries its
 text model under `text_config`; `hf_text_config` is the hook that unwraps it (loading its weights
 is the converter's job, scalerl_mega/convert/).
 """
@@ -44,9 +45,10 @@ ARCH_KEY = {  # ArchDims field -> the `model.*` key a user would override
     "rope_theta": "model.rope_theta", "rope_scaling_factor": "model.rope_scaling / model.rope_scaling_factor",
     "max_position_embeddings": "model.max_position_embeddings", "num_experts": "model.num_experts",
     "moe_ffn_hidden_size": "model.moe_ffn_hidden_size", "moe_top_k": "model.moe_topk",
-    "moe_layers": "model.moe_layer_freq", "no_rope_layers": "model.no_rope_freq", "qk_l2_norm": "model.qk_l2_norm",
+    "moe_layers": "model.moe_layer_freq / model.moe_dense_layers", "no_rope_layers": "model.no_rope_freq", "qk_l2_norm": "model.qk_l2_norm",
     "attention_chunk_size": "model.attention_chunk_size", "attn_temperature_tuning": "model.attn_temperature_tuning",
-    "floor_scale": "model.floor_scale", "attn_scale": "model.attn_scale",
+    "floor_scale": "model.floor_scale", "attn_scale": "model.attn_scale", "qk_layernorm": "model.qk_layernorm",
+    "moe_norm_topk": "model.moe_router_pre_softmax (false = renormalised top-k, HF norm_topk_prob)",
 }
 
 

@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from scalerl_mega.rollout.hf_params import moe_layers, moe_routers  # noqa: F401  (moe_layers: re-exported)
 from scalerl_mega.types import Completion, FinishReason, Routes, SamplingParams, route_id_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -266,19 +267,21 @@ class GenerationCore:
     def check_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> list[tuple[str, Any, "torch.Tensor"]]:
         """Resolve HF names to parameters without touching the model: [(name, parameter, tensor)].
 
-        `lm_head.weight` is accepted for tied embeddings. The first unknown name or shape mismatch
-        raises ValueError naming the tensor."""
+        Names are checkpoint names (`hf_params.checkpoint_target`: a Qwen3-MoE expert's tensors load into
+        its slice of the fused expert parameter); `lm_head.weight` is accepted for tied embeddings. The
+        first unknown name or shape mismatch raises ValueError naming the tensor."""
+        from scalerl_mega.rollout.hf_params import checkpoint_target
+
         params = dict(self.model.named_parameters())
         emb = self.model.get_input_embeddings().weight
         tied = self.model.get_output_embeddings().weight is emb
         out = []
         for name, tensor in named_tensors:
-            key = name
-            if key not in params and tied and key == "lm_head.weight":
-                key = next(n for n, p in params.items() if p is emb)
-            if key not in params:
+            p = checkpoint_target(params, name)
+            if p is None and tied and name == "lm_head.weight":
+                p = emb
+            if p is None:
                 raise ValueError(f"load_weights: unknown parameter name {name!r}")
-            p = params[key]
             if tuple(p.shape) != tuple(tensor.shape):
                 raise ValueError(
                     f"load_weights: {name!r} has shape {tuple(tensor.shape)}, model expects {tuple(p.shape)}"
@@ -345,9 +348,15 @@ class GenerationCore:
     def _route_hook(self, module: "torch.nn.Module", args: tuple["torch.Tensor", ...],
                     output: tuple["torch.Tensor", "torch.Tensor"]) -> None:
         """Forward hook on each HF MoE router: (expert ids, gate weights) of the top-k experts of every
-        token of this forward (HF Llama-4: `router_scores` [N, E] = sigmoid of the top-k logits, 0
-        elsewhere; `router_logits` [N, E]; the ids are the top-k of the logits, as in the router)."""
+        token of this forward. HF Llama-4 returns (`router_scores` [N, E] = sigmoid of the top-k logits, 0
+        elsewhere, `router_logits` [N, E]); the ids are the top-k of the logits, as in the router. HF
+        Qwen3-MoE returns (`router_logits` [N, E], the top-k weights [N, K] (softmax over all experts,
+        renormalised over the top-k when `norm_topk_prob`), their expert ids [N, K])."""
         if self._route_buf is None:
+            return
+        if len(output) == 3:
+            _, weights, ids = output
+            self._route_buf.append((ids, weights.float()))
             return
         scores, logits = output
         ids = self._torch.topk(logits, module.top_k, dim=1).indices
@@ -578,20 +587,3 @@ class GenerationCore:
         versions = [v for c in r.routes for v in [c[2]] * c[0].shape[0]]
         return Routes(num_layers=L, topk=K, expert_ids=ids.flatten().cpu().numpy(),
                       weights=w.flatten().cpu().numpy(), versions=versions)
-
-
-def moe_layers(model: "torch.nn.Module") -> list[tuple[int, "torch.nn.Module"]]:
-    """(layer index, router module) of the MoE layers of an HF causal LM, in layer order (HF Llama-4:
-    `feed_forward.router` of the layers whose `feed_forward` is a `Llama4TextMoe`); [] if dense."""
-    layers = getattr(getattr(model, "model", model), "layers", [])
-    out = []
-    for i, layer in enumerate(layers):
-        router = getattr(getattr(layer, "feed_forward", None), "router", None)
-        if router is not None and hasattr(router, "top_k"):
-            out.append((i, router))
-    return out
-
-
-def moe_routers(model: "torch.nn.Module") -> list["torch.nn.Module"]:
-    """The MoE router modules of an HF causal LM in layer order (`moe_layers`)."""
-    return [router for _, router in moe_layers(model)]

@@ -66,9 +66,11 @@ class LocalModelSpec:
     """A model for the local engine: an HF config (tiny random models) or a local HF directory."""
 
     arch: str = "llama"
-    """"llama" (LlamaForCausalLM) or "llama4" (Llama4ForCausalLM, text only)."""
+    """"llama" (LlamaForCausalLM), "llama4" (Llama4ForCausalLM, text only), "qwen3" (Qwen3ForCausalLM) or
+    "qwen3_moe" (Qwen3MoeForCausalLM); model/archs.py."""
     config: dict[str, Any] | None = None
-    """Keyword arguments of LlamaConfig / Llama4TextConfig (random init with `init_seed`)."""
+    """Keyword arguments of the architecture's config class (LlamaConfig, Llama4TextConfig, Qwen3Config,
+    Qwen3MoeConfig; random init with `init_seed`)."""
     path: str | None = None
     """A local HF model directory (config.json + safetensors); overrides `config`."""
     dtype: str = "float32"
@@ -103,23 +105,24 @@ def build_model(spec: LocalModelSpec, *, device: str = "cpu") -> Any:
 
 def _class_and_config(spec: LocalModelSpec) -> tuple[Any, Any]:
     """(HF model class, its config) for a spec given by config kwargs."""
-    if spec.arch == "llama":
-        from transformers import LlamaConfig as Cfg
-        from transformers import LlamaForCausalLM as Model
-    else:
-        from transformers import Llama4ForCausalLM as Model
-        from transformers import Llama4TextConfig as Cfg
+    import transformers
+
+    from scalerl_mega.model.archs import arch_of
+
+    arch = arch_of(spec.arch, where="LocalModelSpec")
+    Model, Cfg = getattr(transformers, arch.causal_lm), getattr(transformers, arch.config_class)
     cfg = Cfg(**spec.config)
     cfg._attn_implementation = "sdpa"
     return Model, cfg
 
 
 def model_manifest(spec: LocalModelSpec) -> "WeightManifest":
-    """The parameter names and shapes of the model `spec` describes (`weight_sync.WeightManifest`),
-    from its HF class instantiated on the meta device: no weights are read or allocated."""
+    """The checkpoint names and shapes of the model `spec` describes (`weight_sync.WeightManifest`; the
+    names weights travel under, `hf_params.checkpoint_manifest`), from its HF class instantiated on the
+    meta device: no weights are read or allocated."""
     import torch
 
-    from scalerl_mega.weight_sync import WeightManifest
+    from scalerl_mega.rollout.hf_params import checkpoint_manifest
 
     with torch.device("meta"):
         if spec.path is not None:
@@ -131,7 +134,7 @@ def model_manifest(spec: LocalModelSpec) -> "WeightManifest":
             model_cls, cfg = _class_and_config(spec)
             model = model_cls(cfg)
             source = f"{model_cls.__name__} from its config"
-    return WeightManifest.of_module(model, source=source)
+    return checkpoint_manifest(model, source=source)
 
 
 @dataclass(kw_only=True)

@@ -66,7 +66,7 @@ class SGLangTestServer(WeightUpdateEndpoints):
     ) -> None:
         import dataclasses
 
-        from scalerl_mega.rollout.core import moe_layers
+        from scalerl_mega.rollout.hf_params import moe_layers
 
         self.return_routed_experts = return_routed_experts
         if return_routed_experts:

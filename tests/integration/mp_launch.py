@@ -51,16 +51,16 @@ def wait(procs: list, *, logdir: Path, log_name: str, what: str, timeout: float 
         raise AssertionError(f"worker {what} failed on {failed}:\n{tail}")
 
 
-def run_single_worker(script: str, out: Path, *, timeout: float = 550) -> dict:
-    """Run `script --worker OUT` as one process outside any rendezvous (Megatron's global state stays out of
-    pytest; one thread), assert it exits 0 (its stderr tail in the message) and return the JSON it wrote."""
+def run_single_worker(script: str, out: Path, *, timeout: float = 550, args: tuple[str, ...] = ()) -> dict:
+    """Run `script --worker OUT [ARGS]` as one process outside any rendezvous (Megatron's global state stays out
+    of pytest; one thread), assert it exits 0 (its stderr tail in the message) and return the JSON it wrote."""
     import json
 
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    proc = subprocess.run([sys.executable, os.path.abspath(script), "--worker", str(out)], env=env,
+    proc = subprocess.run([sys.executable, os.path.abspath(script), "--worker", str(out), *args], env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(Path(out).read_text())

@@ -79,3 +79,36 @@ def test_llama4_conditional_checkpoint_logits_tp2_ep2_pp2(tmp_path):
     convert_hf_to_megatron(hf_dir=hf, out=ckpt, tp=2, ep=2)
     layouts = ["tp2", "ep2", "pp2_hf"]
     _check(_launch(tmp_path, hf, ckpt, layouts), hf, layouts, full_export_layouts=("tp2", "ep2"))
+
+
+@pytest.mark.timeout(900)
+def test_qwen3_tied_logits_and_export_tp1_tp2_pp2(tmp_path):
+    """Tiny Qwen3ForCausalLM with tied embeddings (q/k norms, head_dim 32 != hidden / heads, RoPE base 1e6):
+    logits <= 1e-5 from HF's at TP2 and at PP2, where the last stage's copy of the embedding is made equal
+    to the first stage's by Megatron's embedding group (loaded from the converted and from the HF checkpoint)."""
+    hf, ckpt = str(tmp_path / "hf"), str(tmp_path / "mc")
+    save_tiny_hf("qwen3", hf, tie=True)
+    convert_hf_to_megatron(hf_dir=hf, out=ckpt, tp=2)
+    layouts = ["tp1", "tp2", "pp2", "pp2_hf"]
+    _check(_launch(tmp_path, hf, ckpt, layouts), hf, layouts, full_export_layouts=("tp1", "tp2"))
+
+
+@pytest.mark.timeout(900)
+def test_qwen3_moe_logits_and_export_tp2_ep2_pp2(tmp_path):
+    """Tiny Qwen3MoeForCausalLM (4 experts top-2 renormalised, layer 1 dense through mlp_only_layers): TP2
+    (with sequence parallelism), EP2 and PP2 straight from the HF checkpoint; each expert exported once."""
+    hf, ckpt = str(tmp_path / "hf"), str(tmp_path / "mc")
+    save_tiny_hf("qwen3_moe", hf)
+    convert_hf_to_megatron(hf_dir=hf, out=ckpt, ep=2)
+    layouts = ["tp2", "ep2", "pp2_hf"]
+    _check(_launch(tmp_path, hf, ckpt, layouts), hf, layouts, full_export_layouts=("tp2", "ep2"))
+
+
+@pytest.mark.slow  # ~25 s; the all-expert softmax (no renormalisation), Megatron's moe_router_pre_softmax=True
+@pytest.mark.timeout(900)
+def test_qwen3_moe_without_norm_topk_prob_logits_tp1_ep2(tmp_path):
+    hf, ckpt = str(tmp_path / "hf"), str(tmp_path / "mc")
+    save_tiny_hf("qwen3_moe", hf, norm_topk_prob=False)
+    convert_hf_to_megatron(hf_dir=hf, out=ckpt)
+    layouts = ["tp1", "ep2"]
+    _check(_launch(tmp_path, hf, ckpt, layouts), hf, layouts, full_export_layouts=("tp1", "ep2"))

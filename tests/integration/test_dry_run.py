@@ -3,8 +3,10 @@ built on the meta device in one CPU process with a fake process group.
 
 * the CLI contract (`dry_run=true output_dir=DIR` -> DIR/dry_run.json + table, exit 0; exit 2 naming
   the keys for a layout that cannot initialise), with Llama-3.1-8B's byte counts checked by hand;
-* the startup net: every conf/experiment overlay at the layouts slurm/train_dense.sh and
-  slurm/train_scout.sh launch, at their real world sizes;
+* the startup net: every conf/experiment overlay at the layouts slurm/train_dense.sh,
+  slurm/train_scout.sh and slurm/train_qwen3_moe.sh launch, at their real world sizes;
+* the shipped Qwen3 layouts (8B on H100/H200, 30B-A3B on one 8xH100 node, 235B-A22B on H200/GB200):
+  built at full size, within the planner and within each GPU type's memory;
 * cluster/plan.py (tools/plan.py) agrees with the built buffers within 5% on H100, H200 and GB200.
 """
 
@@ -82,6 +84,9 @@ def test_cli_layout_that_cannot_initialise_exits_2_naming_keys(tmp_path):
 
 
 # ----------------------------------------------------------------------------- startup net
+SCRIPTS = ("train_dense.sh", "train_scout.sh", "train_qwen3_moe.sh")
+
+
 def slurm_layout(script: str) -> dict:
     """The layout a slurm/train_*.sh launches: its defaults (scalerl_mega/cluster/layouts.py, the one source the
     script reads: SCALERL_LAYOUT) of TP/PP/EP, MODEL, RECOMPUTE, TRAINER_NODES x GPUS_PER_NODE."""
@@ -91,7 +96,7 @@ def slurm_layout(script: str) -> dict:
     assert f"SCALERL_LAYOUT={name}" in (REPO / "slurm" / script).read_text(), f"{script} does not read its layout"
     sl = LAYOUTS[name]
     return {"model": sl.model, "tp": sl.tp, "pp": sl.pp, "ep": sl.ep, "world": sl.trainer_gpus,
-            "recompute": sl.recompute}
+            "recompute": sl.recompute, "gpus_per_node": sl.gpus_per_node, "trainer_nodes": sl.trainer_nodes}
 
 
 def experiments() -> list[str]:
@@ -101,8 +106,9 @@ def experiments() -> list[str]:
 
 def test_startup_net_every_experiment_at_the_slurm_layouts(tmp_path):
     cases = {}
-    layouts = {s: slurm_layout(s) for s in ("train_dense.sh", "train_scout.sh")}
+    layouts = {s: slurm_layout(s) for s in SCRIPTS}
     assert layouts["train_scout.sh"]["world"] == 16 and layouts["train_scout.sh"]["ep"] == 16
+    assert layouts["train_qwen3_moe.sh"]["world"] == 8 and layouts["train_qwen3_moe.sh"]["ep"] == 8
     for exp in experiments():
         if exp == "demo" or exp.startswith("reproduction/"):  # CPU presets (train_tiny.sh, make reproduce):
             cases[exp] = [f"experiment={exp}"]            # their own model and a world of 1
@@ -121,6 +127,9 @@ def test_startup_net_every_experiment_at_the_slurm_layouts(tmp_path):
     assert scout["layout"] == {"tp": 4, "cp": 1, "pp": 1, "ep": 16, "etp": 1, "dp": 4, "expert_dp": 1,
                                "sequence_parallel": True, "distributed_optimizer": True}
     assert scout["ranks"]["15"]["ep_rank"] == 15
+    qwen = results["scalerl@train_qwen3_moe.sh"]  # Qwen3-30B-A3B on one 8-GPU node: TP 4 x EP 8, experts unsplit
+    assert qwen["layout"] == {"tp": 4, "cp": 1, "pp": 1, "ep": 8, "etp": 1, "dp": 2, "expert_dp": 1,
+                              "sequence_parallel": True, "distributed_optimizer": True}
     # the bf16-head ablation really builds a bf16 output layer: 2 bytes less per head parameter
     for script, head in (("train_dense.sh", LLAMA_HEAD // layouts["train_dense.sh"]["tp"]),
                          ("train_scout.sh", 202048 * 5120 // layouts["train_scout.sh"]["tp"])):
@@ -179,12 +188,11 @@ def documented_layouts(script: str) -> list[tuple[str, dict[str, str]]]:
 def layout_overrides(script: str, env: dict[str, str]) -> list[str]:
     """What the script launches under `env` (its defaults otherwise): the same rules as the script text."""
     lay = slurm_layout(script)
-    nodes = int(env.get("TRAINER_NODES", 4)) if "TRAINER_NODES" in env else None
-    world = nodes * int(env.get("GPUS_PER_NODE", 4)) if nodes else lay["world"]
+    world = int(env.get("TRAINER_NODES", lay["trainer_nodes"])) * int(env.get("GPUS_PER_NODE", lay["gpus_per_node"]))
     tp, pp, ep = (int(env.get(k, lay[k.lower()])) for k in ("TP", "PP", "EP"))
-    ovs = [f"model={lay['model']}", "cluster=slurm", f"cluster.trainer_devices={world}", f"parallel.tp={tp}",
-           f"parallel.pp={pp}", f"parallel.ep={ep}"]
-    if tp > 1:  # both scripts add sequence parallel for TP > 1
+    ovs = [f"model={env.get('MODEL', lay['model'])}", "cluster=slurm", f"cluster.trainer_devices={world}",
+           f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.ep={ep}"]
+    if tp > 1:  # every script adds sequence parallel for TP > 1
         ovs.append("parallel.sequence_parallel=true")
     ovs.append(f"train.recompute={env.get('RECOMPUTE', lay['recompute'])}")
     return ovs
@@ -206,7 +214,7 @@ def planned_layout(script: str, env: dict[str, str]) -> tuple[P.ModelShape, P.Tr
 def test_documented_layouts_fit_by_the_planner():
     """Fast twin of the dry-run test below: every `layout[device]` line fits that device by cluster/plan.py,
     and the layout TP 1 for 8B fits neither H100 nor H200."""
-    for script in ("train_dense.sh", "train_scout.sh"):
+    for script in SCRIPTS:
         for device, env in documented_layouts(script):
             model, lay = planned_layout(script, env)
             rep = P.trainer_memory(model, lay, P.DEVICES[device])
@@ -222,7 +230,7 @@ def test_each_script_documents_a_fitting_layout_per_gpu_type(tmp_path):
     built, activations, CUDA context, NCCL, head transients, route tensors, fragmentation, 5% margin); the
     defaults are among them; 8B at TP 1 (119.7 GiB of buffers + activations) fits neither H100 nor H200."""
     cases, expect = {}, {}
-    for script in ("train_dense.sh", "train_scout.sh"):
+    for script in SCRIPTS:
         docs = documented_layouts(script)
         assert {d for d, _ in docs} == {"h100_80gb", "h200", "gb200"}, script
         assert any(not env for _, env in docs), f"{script}: its defaults are not documented"
@@ -252,3 +260,40 @@ def test_each_script_documents_a_fitting_layout_per_gpu_type(tmp_path):
     assert rt["cuda_context"] == P.GiB and rt["nccl"] == 2 * 512 * 2**20 and rt["route_tensors"] == 0
     assert rt["head_transients"] == 4 * v * h + 512 * 2**20 + 8 * n * h
     assert rt["fragmentation"] == int(0.10 * (rank["activations_bytes"] + rt["head_transients"]))
+
+
+# ----------------------------------------------------------------------------- Qwen3 layouts
+QWEN3_LAYOUTS = {  # name: (script, env of its `layout[...]` line, the GPU type it is documented for)
+    "qwen3_8b@h100": ("train_dense.sh", {"MODEL": "qwen3_8b"}, "h100_80gb"),
+    "qwen3_30b_a3b@8xh100": ("train_qwen3_moe.sh", {}, "h100_80gb"),
+    "qwen3_235b_a22b@h200": ("train_qwen3_moe.sh", {"MODEL": "qwen3_235b_a22b", "TRAINER_NODES": "8", "TP": "4",
+                                                    "PP": "2", "EP": "32", "GEN_TP": "8"}, "h200"),
+    "qwen3_235b_a22b@gb200": ("train_qwen3_moe.sh", {"MODEL": "qwen3_235b_a22b", "GPUS_PER_NODE": "4",
+                                                     "TRAINER_NODES": "8", "TP": "4", "PP": "2", "EP": "16",
+                                                     "GEN_TP": "4"}, "gb200"),
+}
+
+
+def test_qwen3_layouts_build_at_full_size_and_fit(tmp_path):
+    """Each shipped Qwen3 layout (documented in its script) initialises in Megatron at its real world size on
+    the meta device (every pipeline / expert role); the built parameter, gradient and optimizer bytes are the
+    planner's within 5%; the planned peak fits the GPU type it is documented for."""
+    for name, (script, env, device) in QWEN3_LAYOUTS.items():
+        assert (device, env) in documented_layouts(script), name
+    cases = {name: layout_overrides(script, env) for name, (script, env, _) in QWEN3_LAYOUTS.items()}
+    results = run_worker(tmp_path, cases)
+    for name, (script, env, device) in QWEN3_LAYOUTS.items():
+        res = results[name]
+        assert "error" not in res, (name, res)
+        model, lay = planned_layout(script, env)
+        assert res["world_size"] == lay.world and res["devices"][device]["fits"], (name, res["devices"])
+        roles = {e["role"] for e in res["ranks"].values()}
+        assert len(roles) == (2 if lay.pp == 1 else 4) if lay.ep > 1 else 1, roles
+        for rank in res["ranks"].values():
+            planned = P.stage_static_bytes(model, lay, rank["pp_rank"])
+            for ours, theirs in (("params_bytes", "weights"), ("grads_bytes", "grads"), ("optimizer_bytes", "optimizer")):
+                assert rank[ours] == pytest.approx(planned[theirs], rel=0.05), (name, rank["role"], ours)
+            stage = P.stage_params(model, lay, rank["pp_rank"])
+            assert rank["params"] == stage["body"] + stage["head"] + stage["expert"], (name, rank["role"])
+        peak = max(e["peak_bytes"] for e in res["ranks"].values())
+        assert peak == pytest.approx(P.trainer_memory(model, lay, P.DEVICES[device]).total_bytes, rel=0.05), name

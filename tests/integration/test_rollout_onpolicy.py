@@ -1,5 +1,5 @@
 """On-policy check: right after a weight sync, the Megatron trainer's FP32 log-probs of the local
-engine's sampled tokens equal the engine's own to 1e-5 (dense and MoE).
+engine's sampled tokens equal the engine's own to 1e-5 (dense and MoE: Llama-3, Llama-4, Qwen3 tied, Qwen3-MoE).
 
 This exercises the whole chain: Megatron model -> `export_hf_weights` (converter) -> bucketed gloo
 sync into the engine process -> HF `transformers` forward with a KV cache and FP32 LM head ->
@@ -23,48 +23,21 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def _batch(completions):
-    """Right-padded [B, T] rows of prompt + output; targets are the next tokens."""
-    import torch
+    from tests.support.onpolicy import completion_batch
 
-    seqs = [c.prompt_ids + c.output_ids for c in completions]
-    T = max(len(s) for s in seqs)
-    B = len(seqs)
-    ids = torch.zeros((B, T), dtype=torch.long)
-    mask = torch.zeros((B, T), dtype=torch.float32)
-    for b, (c, s) in enumerate(zip(completions, seqs)):
-        ids[b, : len(s)] = torch.tensor(s)
-        p = len(c.prompt_ids)
-        mask[b, p - 1 : p - 1 + len(c.output_ids)] = 1.0
-    targets = torch.zeros_like(ids)
-    targets[:, :-1] = ids[:, 1:]
-    from scalerl_mega.types import SftBatch
-
-    return SftBatch(input_ids_BT=ids, position_ids_BT=torch.arange(T).unsqueeze(0).expand(B, T).contiguous(),
-                    targets_BT=targets, loss_mask_BT=mask)
+    return completion_batch(completions)
 
 
 def _max_diff(logp_BT, completions) -> float:
-    worst = 0.0
-    for b, c in enumerate(completions):
-        p = len(c.prompt_ids)
-        for j, lp in enumerate(c.gen_logprobs):
-            worst = max(worst, abs(float(logp_BT[b, p - 1 + j]) - lp))
-    return worst
+    from tests.support.onpolicy import max_logprob_diff
+
+    return max_logprob_diff(logp_BT, completions)
 
 
 def _megatron_logprobs(chunks, batch):
-    """FP32 log p(target) from the trainer's Megatron GPTModel forward (TP1: full-vocab logits)."""
-    import torch
+    from tests.support.onpolicy import trainer_logprobs
 
-    from scalerl_mega.trainer.megatron.global_names import unwrap
-
-    (gpt,) = unwrap(chunks)
-    gpt.eval()
-    with torch.no_grad():
-        logits = gpt(batch.input_ids_BT, batch.position_ids_BT, None)
-    gpt.train()
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return logp.gather(-1, batch.targets_BT[..., None])[..., 0]
+    return trainer_logprobs(chunks, batch)
 
 
 def worker(preset: str, out: str) -> None:
@@ -121,7 +94,7 @@ def worker(preset: str, out: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("preset", ["tiny_dense", "tiny_moe"])
+@pytest.mark.parametrize("preset", ["tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe"])
 def test_trainer_logprobs_equal_engine_logprobs_after_sync(tmp_path, preset):
     pytest.importorskip("scalerl_mega.trainer.megatron.trainer", reason="the Megatron trainer has not landed")
     out = str(tmp_path / "report.json")

@@ -518,7 +518,7 @@ def test_routed_experts_requested_parsed_and_positioned(schema):
     """Llama-4 with MoE layers 1 and 3 of 4: the client requests `return_routed_experts` (valid per the
     0.5.23 schema), decodes the MoE columns of the response (checked against the schema contract) and
     the routes equal a full-sequence forward's, for an interrupted sample (two requests) too."""
-    from scalerl_mega.rollout.core import moe_routers
+    from scalerl_mega.rollout.hf_params import moe_routers
     from scalerl_mega.rollout.sglang import RouteLayout
 
     model = build_model(LocalModelSpec(arch="llama4", config=LLAMA4_MOE, init_seed=0))

@@ -20,7 +20,7 @@ from mp_launch import run_single_worker  # noqa: E402
 
 
 
-def worker(out: str) -> None:
+def worker(out: str, preset: str = "tiny_moe") -> None:
     import random
 
     import torch
@@ -30,7 +30,7 @@ def worker(out: str) -> None:
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
     torch.set_num_threads(1)
-    cfg = MegatronConfig(model=load_model_preset("tiny_moe"), parallel=ParallelConfig(), optim=OptimConfig(lr=1e-2))
+    cfg = MegatronConfig(model=load_model_preset(preset), parallel=ParallelConfig(), optim=OptimConfig(lr=1e-2))
     trainer = MegatronPolicyTrainer(cfg)
     rng = random.Random(0)
     prompts = [[rng.randrange(cfg.model.vocab_size) for _ in range(rng.randrange(3, 9))] for _ in range(6)]
@@ -54,10 +54,14 @@ def worker(out: str) -> None:
         json.dump(report, f)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_replay_makes_routes_agree_and_does_not_increase_log_ratio(tmp_path):
-    report = run_single_worker(__file__, tmp_path / "report.json")
+@pytest.mark.parametrize("preset,moe_layers", [pytest.param("tiny_moe", 2, marks=pytest.mark.slow),
+                                               ("tiny_qwen3_moe", 3)])
+def test_replay_makes_routes_agree_and_does_not_increase_log_ratio(tmp_path, preset, moe_layers):
+    """tiny_moe: Llama-4 top-1 sigmoid routing; tiny_qwen3_moe: Qwen3-MoE softmax top-2 renormalised, whose
+    replayed gate weights (`ids`: the trainer's softmax over the replayed experts' logits) and the engine's
+    (`ids_and_weights`: HF's renormalised top-k) must follow the same semantics for the log-probs to match."""
+    report = run_single_worker(__file__, tmp_path / "report.json", args=(preset,))
     modes = report["modes"]
     n = report["onpolicy_tokens"]
     assert n > 100
@@ -70,7 +74,7 @@ def test_replay_makes_routes_agree_and_does_not_increase_log_ratio(tmp_path):
     assert off["max"] > 1e-3
     for mode in (ids, both):
         assert mode["routing_agreement_onpolicy"] == 1.0 and mode["routing_agreement"] == 1.0
-        assert all(mode[f"routing_agreement/layer{j}"] == 1.0 for j in range(2))
+        assert all(mode[f"routing_agreement/layer{j}"] == 1.0 for j in range(moe_layers))
         # the trainer's own routers still disagree (layer >= 1 sees replayed inputs, so not exactly as
         # often as without replay): the agreement comes from the replay
         assert mode["routing_agreement_natural_onpolicy"] < 0.995
@@ -82,5 +86,5 @@ def test_replay_makes_routes_agree_and_does_not_increase_log_ratio(tmp_path):
     assert step["routing_agreement"] == 1.0 and step["routing_tokens"] == step.get("routing_tokens_onpolicy", n)
 
 
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":
-    worker(sys.argv[2])
+if __name__ == "__main__" and len(sys.argv) >= 3 and sys.argv[1] == "--worker":
+    worker(*sys.argv[2:])

@@ -195,3 +195,22 @@ def test_unusable_config_json_is_one_line_naming_init_from_hf(tmp_path, capsys, 
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"config error: init_from_hf={path!r}: "), lines
     assert why in lines[0]
+
+
+@pytest.mark.parametrize("file,arch,moe", [("Qwen3-0.6B.config.json", "qwen3", False),
+                                           ("Qwen3-30B-A3B.config.json", "qwen3_moe", True)])
+def test_model_hf_detects_qwen3_and_qwen3_moe(tmp_path, file, arch, moe):
+    """`model=hf` on the published Qwen3 files: the architecture, QK-norm, head_dim independent of hidden /
+    heads, tied embeddings (0.6B), and the MoE router (128 experts, top-8 renormalised, aux coefficient)."""
+    from scalerl_mega.model.hf_import import resolve_model
+
+    cfg = json.loads((REPO / "tests" / "data" / "hf_configs" / file).read_text())
+    m = resolve_model(_compose("experiment=scalerl", f"init_from_hf={_ckpt(tmp_path, cfg)}", "model=hf")).model
+    assert (m.arch, m.qk_layernorm, m.kv_channels, m.rope_theta, m.is_moe) == (arch, True, 128, 1e6, moe)
+    assert m.tie_embeddings is (arch == "qwen3") and m.fp32_lm_head is True
+    if moe:
+        assert (m.num_experts, m.moe_topk, m.expert_ffn, m.shared_expert_ffn) == (128, 8, 768, 0)
+        assert (m.moe_router_score_function, m.moe_router_pre_softmax, m.moe_aux_loss_coeff) == ("softmax", False, 0.001)
+        assert all(m.is_moe_layer(i) for i in range(48)) and m.moe_dense_layers == []
+    else:
+        assert m.kv_channels * m.num_attention_heads == 2 * m.hidden_size  # 16 heads of 128 over hidden 1024

@@ -22,7 +22,7 @@ CUDA_MSG = "Torch not compiled with CUDA enabled|Found no NVIDIA driver"
 NO_CUDA = (AssertionError, RuntimeError)
 # The failures of each release, written out by hand (cpu_compat's docstring): 4 is fixed upstream in 0.17,
 # 11 appears in 0.17.
-ALL = [1, 2, 3, 4, 5, 6, 8, 9, 10] if mcore_compat.version() < (0, 17, 0) else [1, 2, 3, 5, 6, 8, 9, 10, 11]
+ALL = [1, 2, 3, 4, 5, 6, 8, 9, 10, 12] if mcore_compat.version() < (0, 17, 0) else [1, 2, 3, 5, 6, 8, 9, 10, 11, 12]
 
 
 @pytest.fixture(autouse=True)
@@ -241,3 +241,37 @@ def test_10_float16_optimizer_type_check():
     opt = build()
     main = opt.fp32_from_float16_groups[0][0]
     assert main.dtype == torch.float32 and main.tolist() == [1.0, 2.0]  # the FP32 main copy
+
+
+def test_12_tied_embedding_copy_on_the_last_stage():
+    """`setup_embeddings_and_output_layer` of a last pipeline stage with tied embeddings (a world of one
+    gloo rank that is its own embedding group): the copy stays on CPU and the all-reduce runs on it."""
+    import torch.distributed as dist
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    weight = torch.nn.Parameter(torch.tensor([[1.5, -2.0]]))
+    calls = []
+    fake = types.SimpleNamespace(
+        config=types.SimpleNamespace(pipeline_model_parallel_size=2, mtp_num_layers=0),
+        pre_process=False, post_process=True, share_embeddings_and_output_weights=True, vp_stage=None, vp_size=None,
+        pp_group=None, output_layer=types.SimpleNamespace(weight=weight), embd_group="embd",
+        shared_embedding_or_output_weight=lambda: weight, _is_in_embd_group=lambda: True)
+    real = dist.all_reduce, dist.is_initialized
+    dist.all_reduce, dist.is_initialized = (lambda t, group=None: calls.append((t.device.type, group))), (lambda: True)
+    try:
+        import megatron.core.models.common.language_module.language_module as lm
+
+        first = lm.is_pp_first_stage
+        lm.is_pp_first_stage = lambda group: False
+        try:
+            cpu_compat.revert(only=(12,))
+            with pytest.raises(AssertionError, match=CUDA_MSG):
+                LanguageModule.setup_embeddings_and_output_layer(fake)
+            cpu_compat.apply(only=(12,))
+            weight.data.fill_(3.0)
+            LanguageModule.setup_embeddings_and_output_layer(fake)
+        finally:
+            lm.is_pp_first_stage = first
+    finally:
+        dist.all_reduce, dist.is_initialized = real
+    assert calls == [("cpu", "embd")] and weight.tolist() == [[0.0, 0.0]]  # zeroed, then summed with stage 0's

@@ -79,3 +79,31 @@ def test_fp32_lm_head_computes_logits_in_fp32():
     err16 = (bf16_logits.double() - ref).abs().max().item()
     assert err32 < 1e-5 < err16
     assert len(model.output_layer._forward_pre_hooks) == 1
+
+
+def test_qwen3_moe_transformer_config():
+    """Qwen3-MoE in Megatron's terms: per-head q/k norm, kv_channels independent of hidden / heads, RoPE base
+    1e6 (build_model), softmax top-2 over the top-k logits (renormalised), the dense layer as a 0 in the
+    moe_layer_freq list, the configured aux-loss coefficient, and no shared expert."""
+    from scalerl_mega.model.config import ParallelConfig, load_model_preset
+
+    m = load_model_preset("tiny_qwen3_moe")
+    t = models.transformer_config(m, ParallelConfig())
+    assert (t.qk_layernorm, t.kv_channels, t.num_attention_heads, t.hidden_size) == (True, 32, 4, 64)
+    assert (t.moe_layer_freq, t.num_moe_experts, t.moe_router_topk, t.moe_ffn_hidden_size) == ([1, 0, 1, 1], 4, 2, 32)
+    assert (t.moe_router_score_function, t.moe_router_pre_softmax, t.moe_aux_loss_coeff) == ("softmax", False, 0.001)
+    assert t.moe_shared_expert_intermediate_size is None and t.moe_router_load_balancing_type == "aux_loss"
+    every = models.transformer_config(dataclasses.replace(m, moe_dense_layers=[]), ParallelConfig())
+    assert every.moe_layer_freq == 1
+
+
+def test_tied_head_under_the_fp32_hook_runs_the_log_softmax_in_fp32():
+    """Tied embeddings with bf16 params (Qwen3-0.6B, Llama-3.2-1B): the head's weight is the bf16 embedding,
+    the hook upcasts it, and the log-softmax must run on those FP32 logits, not on a bf16 copy of them."""
+    emb = torch.nn.Parameter(torch.randn(8, 16).to(torch.bfloat16))
+    gpt = types.SimpleNamespace(post_process=True, share_embeddings_and_output_weights=True,
+                                output_layer=types.SimpleNamespace(weight=None),
+                                shared_embedding_or_output_weight=lambda: emb)
+    assert models.head_dtype(gpt) == torch.bfloat16  # bf16_head: the shared weight's dtype
+    gpt.output_layer._scalerl_fp32 = True  # what ensure_fp32_lm_head marks
+    assert models.head_dtype(gpt) == torch.float32

@@ -18,8 +18,12 @@ DATA = REPO / "tests" / "data" / "hf_configs"
 PUBLISHED = {  # preset -> its model's config.json (a new preset for a published model adds a row)
     "llama3_8b": "Llama-3.1-8B.config.json",
     "scout_17b16e": "Llama-4-Scout-17B-16E-Instruct.config.json",
+    "qwen3_0p6b": "Qwen3-0.6B.config.json",
+    "qwen3_8b": "Qwen3-8B.config.json",
+    "qwen3_30b_a3b": "Qwen3-30B-A3B.config.json",
+    "qwen3_235b_a22b": "Qwen3-235B-A22B.config.json",
 }
-NOT_PUBLISHED = {"tiny_dense", "tiny_moe", "hf"}  # toy shapes; `hf` takes its shapes from the checkpoint
+NOT_PUBLISHED = {"tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe", "hf"}  # toy shapes; `hf` takes its shapes from the checkpoint
 
 
 def _ckpt_dir(tmp_path: Path, preset: str) -> Path:
@@ -62,3 +66,28 @@ def test_scout_fixture_is_the_multimodal_layout_and_a_wrong_context_is_caught(tm
     with pytest.raises(ValueError, match=r"max_position_embeddings=10485760 in config.json but "
                                          r"model.max_position_embeddings gives 262144"):
         check_model_matches_hf(old, _ckpt_dir(tmp_path, "scout_17b16e"))
+
+
+@pytest.mark.parametrize("preset,total,active", [("qwen3_0p6b", 0.596, 0.596), ("qwen3_8b", 8.19, 8.19),
+                                                 ("qwen3_30b_a3b", 30.53, 3.35), ("qwen3_235b_a22b", 235.09, 22.19)])
+def test_qwen3_presets_count_the_published_sizes(preset, total, active):
+    """Parameter counts from the preset's shapes against the model cards (0.6B; 8.2B; 30.5B total, 3.3B
+    active; 235B total, 22B active), to the card's precision."""
+    from scalerl_mega.model.config import load_model_preset
+
+    n = load_model_preset(preset).num_params()
+    assert abs(n["total"] / 1e9 - total) < 0.01 and abs(n["active"] / 1e9 - active) < 0.01
+
+
+def test_qwen3_moe_router_semantics_follow_norm_topk_prob(tmp_path):
+    """norm_topk_prob=true is Megatron's softmax over the top-k logits (pre_softmax false); a preset with
+    the all-expert softmax instead is named as a mismatch against the published file."""
+    from scalerl_mega.model.config import load_model_preset
+    from scalerl_mega.model.hf_import import check_model_matches_hf
+
+    preset = load_model_preset("qwen3_30b_a3b")
+    assert preset.moe_router_pre_softmax is False and json.loads((DATA / PUBLISHED["qwen3_30b_a3b"]).read_text())[
+        "norm_topk_prob"] is True
+    wrong = dataclasses.replace(preset, moe_router_pre_softmax=True)
+    with pytest.raises(ValueError, match=r"moe_norm_topk=True in config.json but model.moe_router_pre_softmax"):
+        check_model_matches_hf(wrong, _ckpt_dir(tmp_path, "qwen3_30b_a3b"))

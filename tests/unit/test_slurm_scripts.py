@@ -333,3 +333,56 @@ def test_dry_run_checks_memory_without_nvml_against_the_gpu_type():
                                                                           "RECOMPUTE": "full"},
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "checked against GPU_TYPE=h100_80gb" in r.stderr and "more than 75.7 GiB" in r.stderr
+
+
+def test_qwen3_moe_dry_run_trainer_on_one_8_gpu_node():
+    """Qwen3-30B-A3B: 3 generator nodes of 4 SGLang servers (TP 2) and the trainer on one 8-GPU node
+    (TP 4, EP 8, sequence parallel, full recompute); on 80 GB GPUs the layout fits (70.9 of 75.7 GiB)."""
+    steps = _steps(_dry("train_qwen3_moe.sh", "h[001-004]", MODEL_PATH="/ckpt/q30", TRAIN_FILES="/data/p.jsonl",
+                        GPU_MEM_BYTES=str(81559 * 2**20)))
+    gens = {k: v for k, v in steps.items() if k.startswith("gen")}
+    assert len(gens) == 12 and {n for n, _ in gens.values()} == {"h001", "h002", "h003"}
+    gargv = gens["gen0"][1]
+    assert "--gres=gpu:2" in gargv and gargv[gargv.index("--tp-size") + 1] == "2"
+    assert gargv[gargv.index("--model-path") + 1] == "/ckpt/q30"
+    tnode, targv = steps["trainer"]
+    assert tnode == "h004" and targv[targv.index("--nnodes") + 1] == "1"
+    assert targv[targv.index("--nproc-per-node") + 1] == "8"
+    for ov in ("model=qwen3_30b_a3b", "parallel.tp=4", "parallel.pp=1", "parallel.ep=8", "cluster.trainer_devices=8",
+               "parallel.sequence_parallel=true", "train.recompute=full", "rollout.sglang_tp_size=2",
+               "rollout.num_engines=12", "init_from_hf=/ckpt/q30"):
+        assert ov in targv, ov
+
+
+def test_qwen3_235b_dry_run_h200_layout():
+    steps = _steps(_dry("train_qwen3_moe.sh", "h[001-012]", MODEL="qwen3_235b_a22b", TRAINER_NODES="8", TP="4",
+                        PP="2", EP="32", GEN_TP="8", TRAIN_FILES="/data/p.jsonl", GPU_MEM_BYTES=str(141 * 10**9)))
+    gens = {k: v for k, v in steps.items() if k.startswith("gen")}
+    assert len(gens) == 4 and all("--gres=gpu:8" in a for _, a in gens.values())
+    targv = steps["trainer"][1]
+    assert targv[targv.index("--nnodes") + 1] == "8"
+    for ov in ("model=qwen3_235b_a22b", "parallel.tp=4", "parallel.pp=2", "parallel.ep=32",
+               "cluster.trainer_devices=64", "rollout.sglang_tp_size=8"):
+        assert ov in targv, ov
+
+
+def test_dense_script_takes_a_qwen3_checkpoint(tmp_path):
+    """A Qwen3 MODEL_PATH (its config.json says model_type qwen3): the trainer runs model=hf, every shape from
+    that file (validated before any step); MODEL=qwen3_8b checks the checkpoint against the preset instead."""
+    ckpt = tmp_path / "Qwen3-8B"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text((ROOT / "tests/data/hf_configs/Qwen3-8B.config.json").read_text())
+    steps = _steps(_dry("train_dense.sh", "gb[001-002]", TRAINER_NODES="1", MODEL_PATH=str(ckpt),
+                        TRAIN_FILES="/data/p.jsonl"))
+    targv = steps["trainer"][1]
+    assert "model=hf" in targv and f"init_from_hf={ckpt}" in targv
+    assert steps["gen0"][1][steps["gen0"][1].index("--model-path") + 1] == str(ckpt)
+    targv = _steps(_dry("train_dense.sh", "gb[001-002]", TRAINER_NODES="1", MODEL_PATH=str(ckpt), MODEL="qwen3_8b",
+                        TRAIN_FILES="/data/p.jsonl"))["trainer"][1]
+    assert "model=qwen3_8b" in targv
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    e.update(DRY_RUN="1", SLURM_JOB_NODELIST="gb[001-002]", TRAINER_NODES="1", SCALERL_PYTHON=sys.executable,
+             TRAIN_FILES="/data/p.jsonl", MODEL_PATH=str(ckpt), MODEL="llama3_8b")
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "does not match model" in r.stderr  # a Qwen3 checkpoint for the Llama preset
+    assert "arch='qwen3' in config.json but model.arch gives 'llama'" in r.stderr

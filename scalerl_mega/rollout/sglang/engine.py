@@ -222,7 +222,9 @@ class SGLangRolloutEngine:
         from scalerl_mega.model.hf_import import config_mismatches
         from scalerl_mega.weight_sync import WeightSyncError
 
-        ours = {"model_type": "llama" if spec.arch == "llama" else "llama4_text", **spec.config}
+        from scalerl_mega.model.archs import arch_of
+
+        ours = {"model_type": arch_of(spec.arch).model_type, **spec.config}
         for server, client in zip(self.servers, self._ctl_clients):
             if server.config is not None:  # launched here from the trainer's own export
                 continue

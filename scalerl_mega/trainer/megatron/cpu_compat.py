@@ -1,4 +1,4 @@
-"""CPU compatibility layer for megatron-core 0.16.1 .. 0.19.2 (failures 1-11 below).
+"""CPU compatibility layer for megatron-core 0.16.1 .. 0.19.2 (failures 1-12 below).
 
 Megatron-Core's training path runs on CPU over gloo except for the places below that assume CUDA.
 Each is fixed here by the narrowest change found, listed failure by failure. Where the releases
@@ -53,6 +53,9 @@ machine without a GPU (the default torch wheel for Python 3.12) the same calls f
 11. megatron-core >= 0.17: DDP's `_ParamAndGradBucketGroup.start_grad_sync` waits on
    `torch.cuda.current_stream()` for CUDA-graph events before every gradient reduction. Fix: it runs
    with the stand-in streams of 5 (no parameter carries such an event on CPU, so nothing is waited on).
+12. Tied embeddings with PP > 1 (Qwen3-0.6B, Llama-3.2-1B): `LanguageModule.setup_embeddings_and_output_layer`
+   moves the last stage's copy of the word embedding to CUDA (`weight.data.cuda()`) before the all-reduce
+   over the embedding group that makes both copies equal. Fix: the method runs in the scoped mode of 3.
 
 `apply()` is idempotent and does nothing when CUDA is available. `revert()` restores every original
 (tests use it to reproduce each failure). Every replaced callable carries `__scalerl_cpu_compat__`.
@@ -325,6 +328,12 @@ def _targets_11() -> _Targets:
     return [(mcore_compat.grad_bucket_group_class(), "start_grad_sync", scoped)]
 
 
+def _targets_12() -> _Targets:
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    return [(LanguageModule, "setup_embeddings_and_output_layer", lambda orig: _scoped(orig, _cuda_to_cpu_mode))]
+
+
 def _targets_8() -> _Targets:
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
 
@@ -359,6 +368,7 @@ def _patches() -> list[_Patch]:
         _Patch(10, "Float16OptimizerWithFloat16Params: param.type() == 'torch.cuda.BFloat16Tensor'", _targets_10),
         _Patch(11, "DDP start_grad_sync: torch.cuda.current_stream()", _targets_11,
                needed=mcore_compat.grad_sync_uses_cuda_streams),
+        _Patch(12, "tied embeddings with PP > 1: LanguageModule.setup_embeddings_and_output_layer .cuda()", _targets_12),
     ]
 
 

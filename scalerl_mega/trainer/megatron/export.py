@@ -83,9 +83,7 @@ def export_hf_weights(model, model_cfg, *, dtype: torch.dtype | str | None = Non
     ``ModelConfig`` (or a ``convert.dims.ArchDims``); ``dtype``: cast of the yielded tensors, a spec of
     ``weight_dtypes`` (None keeps the parameters' dtypes; "<dtype>+fp32_head" keeps an FP32 LM head FP32).
     """
-    from megatron.core import parallel_state as ps
-
-    from scalerl_mega.convert import sharding, tables
+    from scalerl_mega.convert import tables
     from scalerl_mega.trainer.megatron.global_names import global_params, unwrap
     from scalerl_mega.convert.model_config import dims_from_model_config
 
@@ -98,10 +96,6 @@ def export_hf_weights(model, model_cfg, *, dtype: torch.dtype | str | None = Non
         return t if to is None or t.dtype == to else t.to(to)
 
     emit = is_emitting_rank()
-    tp_group = ps.get_tensor_model_parallel_group()
-    etp_group = ps.get_expert_tensor_parallel_group() if dims.num_experts else None
-    ep_group = ps.get_expert_model_parallel_group() if dims.num_experts else None
-    ep = ps.get_expert_model_parallel_world_size() if dims.num_experts else 1
     for gpt in unwrap(model):
         params = global_params(gpt, dims)
         layers = sorted({int(n.split(".")[2]) for n in params if n.startswith("decoder.layers.")})
@@ -110,30 +104,57 @@ def export_hf_weights(model, model_cfg, *, dtype: torch.dtype | str | None = Non
             first_stage="embedding.word_embeddings.weight" in params,
             last_stage="decoder.final_layernorm.weight" in params,
         )
-        for group in groups:
-            full: dict[str, torch.Tensor] = {}
-            experts = [n for n in group.mcore if sharding.expert_index(n) is not None]
-            for name in group.mcore:
-                if name in experts:
-                    continue
-                shards = _all_gather(params[name].data, tp_group) if sharding.tp_kind(name) != sharding.REPLICATED else [params[name].data]
-                full[name] = _owned(sharding.tp_merge(name, shards))
-            if experts:
-                # every EP rank holds E/ep consecutive experts; gather local expert j from all of them
-                local = {sharding.expert_index(n): n for n in experts if n in params}
-                n_local = dims.num_experts // ep
-                base = min(local)
-                for j in range(n_local):
-                    mine = [n for e, n in local.items() if e == base + j][0]
-                    merged = sharding.tp_merge(mine, _all_gather(params[mine].data, etp_group))
-                    for r, t in enumerate(_all_gather(merged, ep_group)):
-                        e = r * n_local + j
-                        full[mine.rsplit("weight", 1)[0] + f"weight{e}"] = _owned(t)
+        for batch in _batches(groups):
+            full = _gather_full([n for g in batch for n in g.mcore], params, dims=dims)
             if emit:
-                for name, t in tables.mcore_to_hf(group, [full[n] for n in group.mcore], dims=dims,
-                                                  padded_vocab=dims.vocab_size):
-                    yield name, cast(name, t)
+                for group in batch:
+                    for name, t in tables.mcore_to_hf(group, [full[n] for n in group.mcore], dims=dims,
+                                                      padded_vocab=dims.vocab_size):
+                        yield name, cast(name, t)
             del full
+
+
+def _batches(groups):
+    """Table groups in order, the per-expert groups of one (layer, rule) together (Qwen3-MoE: one
+    layer's experts are gathered in one pass over the expert-parallel ranks, as a fused rule's are)."""
+    batch: list = []
+    for g in groups:
+        if batch and not (g.rule.per_expert and batch[-1].rule is g.rule and batch[-1].layer == g.layer):
+            yield batch
+            batch = []
+        batch.append(g)
+    if batch:
+        yield batch
+
+
+def _gather_full(names: list[str], params: dict, *, dims) -> dict[str, torch.Tensor]:
+    """Full (unsharded) tensors of the global Megatron `names` on every rank of this stage (collective):
+    TP shards over the tensor-parallel group; experts over the expert-TP, then expert-parallel group."""
+    from megatron.core import parallel_state as ps
+
+    from scalerl_mega.convert import sharding
+
+    full: dict[str, torch.Tensor] = {}
+    experts = [n for n in names if sharding.expert_index(n) is not None]
+    for name in names:
+        if name in experts:
+            continue
+        shards = (_all_gather(params[name].data, ps.get_tensor_model_parallel_group())
+                  if sharding.tp_kind(name) != sharding.REPLICATED else [params[name].data])
+        full[name] = _owned(sharding.tp_merge(name, shards))
+    if experts:
+        # every EP rank holds E/ep consecutive experts; gather local expert j (per tensor kind) from all of them
+        ep = ps.get_expert_model_parallel_world_size()
+        n_local = dims.num_experts // ep
+        local = [n for n in experts if n in params]
+        kinds = sorted({n.rsplit("weight", 1)[0] for n in local})
+        for kind in kinds:
+            mine = sorted((n for n in local if n.startswith(kind + "weight")), key=sharding.expert_index)
+            for j, name in enumerate(mine):
+                merged = sharding.tp_merge(name, _all_gather(params[name].data, ps.get_expert_tensor_parallel_group()))
+                for r, t in enumerate(_all_gather(merged, ps.get_expert_model_parallel_group())):
+                    full[f"{kind}weight{r * n_local + j}"] = _owned(t)
+    return full
 
 
 def export_plan(model_cfg, *, dtype: torch.dtype | str | None = None) -> list:

@@ -60,7 +60,8 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, *, params_d
     dtype = torch.bfloat16 if bf16 else torch.float32
     moe: dict[str, Any] = {}
     if model.is_moe:
-        freq: Any = 1 if model.moe_layer_freq == 1 else [int(model.is_moe_layer(i)) for i in range(model.num_layers)]
+        pattern = [int(model.is_moe_layer(i)) for i in range(model.num_layers)]
+        freq: Any = 1 if all(pattern) else pattern  # Megatron's list form: 1 = MoE layer
         moe = dict(
             num_moe_experts=model.num_experts,
             moe_router_topk=model.moe_topk,
@@ -200,11 +201,16 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, *, use_te: bool | 
 
 
 def head_dtype(gpt):
-    """dtype of the output layer (the shared embedding when tied): the log-softmax runs in it
-    (FP32 head, or FP32 model: float32; `bf16_head` with bf16 params: bfloat16)."""
+    """dtype the logits come out in, which the log-softmax then runs in: float32 under `ensure_fp32_lm_head`
+    (also with tied embeddings, whose shared weight is a bf16 body parameter that the hook upcasts), else the
+    output layer's (the shared embedding's when tied): `bf16_head` with bf16 params gives bfloat16."""
     if not getattr(gpt, "post_process", False):
         return None
     layer = getattr(gpt, "output_layer", None)
+    if getattr(layer, "_scalerl_fp32", False):
+        import torch
+
+        return torch.float32
     weight = getattr(layer, "weight", None) if layer is not None else None
     if weight is None and getattr(gpt, "share_embeddings_and_output_weights", False):
         weight = gpt.shared_embedding_or_output_weight()
@@ -215,13 +221,16 @@ def ensure_fp32_lm_head(gpt) -> None:
     """Keep the output layer in FP32 and feed it FP32 hidden states, so logits are FP32 even when
     the rest of the model runs in 16 bit (paper Sec. 3.2). A no-op for an all-FP32 model. Call it again
     after a `Float16Module` wrap (which casts every module to bf16): the layer goes back to FP32, the
-    hook is registered once."""
+    hook is registered once. Tied embeddings: the head's weight is the word embedding, a body parameter
+    (on the last pipeline stage, Megatron's copy of it, kept equal to the first stage's and checkpointed
+    under its key), so it keeps the body's dtype and the hook upcasts it: the logits are FP32 all the same."""
     import torch
 
     layer = getattr(gpt, "output_layer", None)
     if layer is None:
         return
-    layer.float()
+    if not getattr(gpt, "share_embeddings_and_output_weights", False):
+        layer.float()
     if getattr(layer, "_scalerl_fp32", False):
         return
 
