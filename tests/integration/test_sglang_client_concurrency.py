@@ -65,7 +65,8 @@ def test_2000_requests_are_all_in_flight_at_once():
                 reqs[(r.prompt_id, r.sample_index)] = r
         done = _collect(engine, N, stub=stub)
         assert stub.peak == N and stub.served == N
-        assert threading.active_count() - before == 1 and len(_gen_threads()) == 1
+        # one loop thread, not one per request (the stub's own handler threads come and go: only a bound is exact)
+        assert len(_gen_threads()) == 1 and threading.active_count() - before < 50
         assert sorted((c.prompt_id, c.sample_index) for c in done) == sorted(reqs)
         for c in done:
             r = reqs[(c.prompt_id, c.sample_index)]
