@@ -21,7 +21,8 @@ the generator's ids are replayed unchanged at any EP size. Layers: the generator
 layers in ascending order; trainer layer `layer_number` (1-based, global over pipeline stages) is MoE
 column `sorted(moe layers).index(layer_number - 1)`.
 
-Positions without a generator route (the last token, padding) replay expert 0: they come after every
+Positions without a generator route (the last token, padding) replay experts 0..k-1 (k distinct
+experts: Megatron's dispatcher moves exactly N*k token copies, a repeated id would lose some): they come after every
 trained position of their row (right padding, causal attention), so no trained log-prob depends on
 them; they are left out of the metrics.
 
@@ -104,16 +105,22 @@ class RouteTracker:
         if not self.routers or "route_ids" not in mb:
             yield
             return
+        import torch
+
         self.seen = True
         if self.mode == "ids_and_weights" and "route_weights" not in mb:
             raise ValueError("moe.routing_replay='ids_and_weights': the generator reported expert ids without "
                              "gate weights (SGLang returns ids only); use moe.routing_replay=ids")
         tokens = _token_layout(mb, sequence_parallel=_sequence_parallel(self.routers))
+        unrouted_N = _flat(mb["route_mask"], tokens) == 0
         installed = []
         try:
             for col, router in self.routers:
                 # the batch carries compact ids (uint8 up to 256 experts); RouterReplay and scatter index int64
                 ids_NK = _flat(mb["route_ids"][:, :, col], tokens).long()
+                # k distinct experts where no route was recorded: the dispatcher sends N*k token copies
+                # (megatron-core >= 0.17 sizes its buffers so), a repeated id would drop some
+                ids_NK[unrouted_N] = torch.arange(ids_NK.shape[1], device=ids_NK.device)
                 w_NK = _flat(mb["route_weights"][:, :, col], tokens) if "route_weights" in mb else None
                 if self.mode != "none":
                     from megatron.core.transformer.moe.router_replay import RouterReplayAction
