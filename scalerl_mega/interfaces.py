@@ -54,7 +54,10 @@ class PolicyTrainer(Protocol):
         """HF-named full tensors on the training device, cast to `dtype` (the generator's, e.g.
         "bfloat16"; None keeps the training dtype), deterministic order, bounded memory."""
 
-    def save(self, path: str, *, extra_state: dict[str, Any] | None = None) -> None: ...
+    def save(self, path: str, *, step: int | None = None, extra_state: dict[str, Any] | None = None) -> None:
+        """Collectively save model + optimizer + `extra_state` under root `path` as checkpoint `step`: the
+        loop's step (a step whose groups were all filtered out takes no optimizer step, so the trainer's own
+        count can lag it); None: the trainer's optimizer-step count."""
 
     def load(self, path: str) -> dict[str, Any]:
         """Load model + optimizer; return the extra state saved with them."""

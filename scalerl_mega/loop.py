@@ -126,7 +126,8 @@ def save_state(comps: LoopComponents, cfg: TrainConfig, *, state: LoopState, out
         "python_rng": rng.getstate(),
         "numpy_rng": np.random.get_state(),
     }
-    comps.trainer.save(str(_ckpt_root(cfg)), extra_state=extra)
+    # named by the loop's step: the trainer's optimizer-step count lags it when a step's groups were all filtered
+    comps.trainer.save(str(_ckpt_root(cfg)), step=state.step, extra_state=extra)
     from scalerl_mega.trainer.megatron.checkpoint import prune_checkpoints
 
     prune_checkpoints(_ckpt_root(cfg), keep=int(cfg.train.keep_checkpoints))

@@ -9,7 +9,7 @@ controller's trainer calls on their shard in lock step:
     controller (ControllerTrainer)                 followers (serve)
     train_step(batch)   --"train_step" + batch-->  trainer.train_step(batch)   (each trains its DP shard)
     export_hf_weights() --"export" + dtype------>  exhaust trainer.export_hf_weights(dtype)  (TP/EP/PP gathers)
-    save(path, extra)   --"save" + path--------->  trainer.save(path)          (collective dist-checkpoint)
+    save(path, step, extra) --"save" + path, step-->  trainer.save(path, step)  (collective dist-checkpoint)
     load(path)          --"load" + path--------->  trainer.load(path)
     close()             --"stop"---------------->  return
 
@@ -187,9 +187,9 @@ class ControllerTrainer:
         self.channel.send("export", dtype)
         return self.trainer.export_hf_weights(dtype=dtype)
 
-    def save(self, path: str, *, extra_state: dict[str, Any] | None = None) -> None:
-        self.channel.send("save", str(path))
-        self.trainer.save(path, extra_state=extra_state)
+    def save(self, path: str, *, step: int | None = None, extra_state: dict[str, Any] | None = None) -> None:
+        self.channel.send("save", (str(path), step))
+        self.trainer.save(path, step=step, extra_state=extra_state)
 
     def load(self, path: str) -> dict[str, Any]:
         self.channel.send("load", str(path))
@@ -223,7 +223,8 @@ def serve(trainer: PolicyTrainer, channel: ControlChannel) -> int:
             for _ in trainer.export_hf_weights(dtype=payload):
                 pass
         elif command == "save":
-            trainer.save(payload, extra_state=None)
+            path, step = payload
+            trainer.save(path, step=step, extra_state=None)
         elif command == "load":
             trainer.load(payload)
         else:  # pragma: no cover - send() refuses unknown commands

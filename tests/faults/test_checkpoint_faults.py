@@ -261,12 +261,9 @@ def test_loop_save_applies_train_keep_checkpoints(tmp_path):
     from scalerl_mega.loop import LoopState, save_state
 
     class Trainer:
-        step = 0
-
-        def save(self, root, *, extra_state):  # the checkpoint layout `save_checkpoint` writes
-            self.step += 1
-            _fake_ckpts(Path(root), [self.step], latest=None)
-            (Path(root) / "latest").write_text(f"step_{self.step:08d}")
+        def save(self, root, *, step, extra_state):  # the checkpoint layout `save_checkpoint` writes
+            _fake_ckpts(Path(root), [step], latest=None)
+            (Path(root) / "latest").write_text(f"step_{step:08d}")
 
     class State:
         def state_dict(self):
@@ -274,8 +271,8 @@ def test_loop_save_applies_train_keep_checkpoints(tmp_path):
 
     comps = SimpleNamespace(trainer=Trainer(), sampler=State())
     cfg = SimpleNamespace(output_dir=str(tmp_path), train=SimpleNamespace(keep_checkpoints=2))
-    for _ in range(4):
-        save_state(comps, cfg, state=LoopState(), outstanding=[], compute=State(), rng=random.Random(0))
+    for step in range(1, 5):
+        save_state(comps, cfg, state=LoopState(step=step), outstanding=[], compute=State(), rng=random.Random(0))
     assert _names(tmp_path / "checkpoints") == ["latest", "step_00000003", "step_00000004"]
 
 

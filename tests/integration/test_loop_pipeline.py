@@ -76,7 +76,7 @@ class TorchPolicy:
         for name, p in self.model.named_parameters():
             yield name, p.detach().clone()
 
-    def save(self, path: str, *, extra_state=None) -> None:
+    def save(self, path: str, *, step=None, extra_state=None) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
         tmp = Path(path) / "latest.pt.tmp"
         torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "version": self.version,

@@ -1,5 +1,6 @@
-"""A checkpoint saved before the first optimizer step (e.g. every group of step 1 was filtered as
-zero-variance) loads, and training continues exactly as without the save/load round trip."""
+"""A checkpoint saved before the first optimizer step (e.g. every group of loop steps 1-3 was filtered as
+zero-variance) is named by the loop's step, loads, restores the optimizer-step count (0) and training continues
+exactly as without the save/load round trip."""
 
 from __future__ import annotations
 
@@ -25,15 +26,17 @@ def worker(ckpt: str, out: str, roundtrip: bool = True) -> None:
     batch = SftBatch(input_ids_BT=ids[:, :-1], position_ids_BT=torch.arange(12).expand(4, 12).contiguous(),
                      targets_BT=ids[:, 1:], loss_mask_BT=torch.ones(4, 12))
     try:
-        extra = {}
+        extra, trainer_step = {}, None
         if roundtrip:
-            t.save(ckpt, extra_state={"marker": 7})  # no optimizer step taken yet
+            t.save(ckpt, step=3, extra_state={"marker": 7})  # loop step 3, no optimizer step taken yet
+            t.step = 5  # clobbered: load must restore the saved optimizer-step count
             extra = t.load(ckpt)
+            trainer_step = t.step
         losses = [t.sft_step(batch)["loss"] for _ in range(2)]
     finally:
         t.close()
     with open(out, "w") as f:
-        json.dump({"losses": losses, "marker": extra.get("marker")}, f)
+        json.dump({"losses": losses, "marker": extra.get("marker"), "trainer_step": trainer_step}, f)
 
 
 def _run(tmp_path, name: str, ckpt: str, roundtrip: bool = True) -> dict:
@@ -50,8 +53,9 @@ def _run(tmp_path, name: str, ckpt: str, roundtrip: bool = True) -> dict:
 @pytest.mark.timeout(600)
 def test_checkpoint_before_first_step_loads_and_training_continues(tmp_path):
     res = _run(tmp_path, "a", str(tmp_path / "ckpt"))
-    assert res["marker"] == 7
-    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step_00000000"
+    assert res["marker"] == 7 and res["trainer_step"] == 0
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step_00000003"
+    assert json.loads((tmp_path / "ckpt" / "step_00000003" / "COMPLETE").read_text()) == {"step": 3}
     # the same run without the save/load round trip gives the same losses
     again = _run(tmp_path, "b", str(tmp_path / "unused"), roundtrip=False)
     assert res["losses"] == again["losses"]

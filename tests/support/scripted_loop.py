@@ -58,7 +58,7 @@ class RecordingTrainer:
     def export_hf_weights(self, *, dtype=None):
         return iter(())
 
-    def save(self, path, *, extra_state=None):
+    def save(self, path, *, step=None, extra_state=None):
         if self.saved is None:
             raise AssertionError("no checkpoint expected")
         self.saved[path] = copy.deepcopy(extra_state)

@@ -40,8 +40,9 @@ class ScriptedTrainer:
     def export_hf_weights(self, *, dtype=None):
         return iter(())
 
-    def save(self, path, *, extra_state=None):
-        self.saved_steps.append(extra_state["loop"]["step"])
+    def save(self, path, *, step=None, extra_state=None):
+        assert step == extra_state["loop"]["step"]  # the checkpoint is named by the loop's step
+        self.saved_steps.append(step)
 
     def load(self, path):
         raise AssertionError("no checkpoint expected")

@@ -54,8 +54,8 @@ class _Recorder:
         self.calls.append(("export", dtype))
         return iter([("w", torch.zeros(1))])
 
-    def save(self, path, *, extra_state=None):
-        self.calls.append(("save", path, extra_state))
+    def save(self, path, *, step=None, extra_state=None):
+        self.calls.append(("save", path, step, extra_state))
 
     def load(self, path):
         self.calls.append(("load", path))
@@ -74,7 +74,7 @@ def _worker(rank: int, port: int, q, done, mode: str):
                 b = _batch()
                 ch.send("train_step", b)
                 ch.send("export", "bfloat16")
-                ch.send("save", "/ckpt")
+                ch.send("save", ("/ckpt", 12))
                 ch.send("load", "/ckpt")
                 ch.send("stop")
                 q.put(("controller", ch.share("resume?")))
@@ -122,7 +122,7 @@ def test_follower_executes_commands_in_order():
     out = _run("serve")
     steps, calls, dtype, save_args, shared = out["follower"]
     assert steps == 1 and calls == ["train_step", "export", "save", "load"]
-    assert dtype == "bfloat16" and save_args == ("/ckpt", None)  # the loop's extras stay on the controller
+    assert dtype == "bfloat16" and save_args == ("/ckpt", 12, None)  # the loop's extras stay on the controller
     assert shared == "resume?" and out["controller"] == ("resume?",)
 
 
@@ -167,6 +167,6 @@ def test_controller_trainer_declares_its_surface():
     with pytest.raises(AttributeError):
         handle.logprobs  # noqa: B018 - not part of the declared surface
     handle.train_step("b")
-    handle.save("/ckpt", extra_state={"loop": 1})
-    assert ch.sent == [("train_step", "b"), ("save", "/ckpt")]  # the loop's extras stay on the controller
-    assert rec.calls == [("train_step", "b"), ("save", "/ckpt", {"loop": 1})]
+    handle.save("/ckpt", step=4, extra_state={"loop": 1})
+    assert ch.sent == [("train_step", "b"), ("save", ("/ckpt", 4))]  # the loop's extras stay on the controller
+    assert rec.calls == [("train_step", "b"), ("save", "/ckpt", 4, {"loop": 1})]

@@ -68,7 +68,7 @@ class FakeTrainer:
     def __init__(self):
         self.calls = []
 
-    def save(self, path, *, extra_state=None):
+    def save(self, path, *, step=None, extra_state=None):
         root = Path(path)
         (root / "step_00000000").mkdir(parents=True, exist_ok=True)
         (root / "step_00000000" / "COMPLETE").write_text(json.dumps({"step": 0}))

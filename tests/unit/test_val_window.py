@@ -72,9 +72,9 @@ def _launch(tmp_path, saved, *overrides, stop_at=None, stop_after_save_at=None, 
 
     save = comps.trainer.save
 
-    def save_then_stop(path, *, extra_state=None):
-        save(path, extra_state=extra_state)
-        flag["stop"] = extra_state["loop"]["step"] == stop_after_save_at
+    def save_then_stop(path, *, step=None, extra_state=None):
+        save(path, step=step, extra_state=extra_state)
+        flag["stop"] = step == stop_after_save_at
 
     comps.trainer.save = save_then_stop
     real_collect = loop_mod.collect

@@ -181,14 +181,16 @@ class MegatronPolicyTrainer:
         self.optimizer = wrap.build_optimizer(self.chunks, cfg)
         self.step = 0
 
-    def save(self, path: str, *, extra_state: Optional[dict[str, Any]] = None) -> None:
+    def save(self, path: str, *, step: Optional[int] = None, extra_state: Optional[dict[str, Any]] = None) -> None:
+        """The checkpoint is named `step` (the loop's; default the optimizer-step count); the optimizer-step
+        count itself is saved in the extra state (the LR schedule resumes from it)."""
         import torch
 
         from scalerl_mega.trainer.megatron import checkpoint
 
         state = {"step": self.step, "torch_rng_state": torch.get_rng_state(), **(extra_state or {})}
-        checkpoint.save_checkpoint(path, step=self.step, chunks=self.chunks, optimizer=self.optimizer,
-                                   extra_state=state, model_config=self.cfg.model,
+        checkpoint.save_checkpoint(path, step=self.step if step is None else int(step), chunks=self.chunks,
+                                   optimizer=self.optimizer, extra_state=state, model_config=self.cfg.model,
                                    optimizer_format=self.cfg.optim.checkpoint_format)
 
     def load(self, path: str) -> dict[str, Any]:
