@@ -116,3 +116,23 @@ def probe(trainer: "MegatronPolicyTrainer", batch: "TrainBatch", *, modes: tuple
     finally:
         trainer.routing_replay = saved
     return out
+
+
+def hf_router_logits(model, seq: list[int], *, output: int) -> "torch.Tensor":
+    """[N, L, E] float64 router logits of an HF MoE model's full-sequence forward over `seq`, one column per MoE
+    router in layer order (`rollout.core.moe_routers`); `output` picks the logits from the router module's output
+    tuple (HF Qwen3-MoE's router returns them first, Llama-4's second)."""
+    import torch
+
+    from scalerl_mega.rollout.core import moe_routers
+
+    logits = []
+    hooks = [r.register_forward_hook(lambda m, a, o: logits.append(o[output].detach().double()))
+             for r in moe_routers(model)]
+    try:
+        with torch.no_grad():
+            model(torch.tensor([seq]))
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.stack(logits, dim=1)

@@ -22,6 +22,7 @@ from scalerl_mega.model.hf_export import hf_config_from_model
 from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest, moe_routers
 from scalerl_mega.rollout.local import LocalModelSpec, build_model, model_manifest
 from scalerl_mega.types import SamplingParams
+from tests.support.routing_probe import hf_router_logits
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -92,15 +93,7 @@ def test_engine_loads_per_expert_checkpoint_tensors_into_its_fused_experts(tmp_p
 def _oracle_routes(model, seq, *, top_k: int, renormalise: bool):
     """[N, L, K] expert ids and float64 weights of a full-sequence forward, recomputed from the router
     logits: softmax over every expert, top-k, renormalised over the top-k when `renormalise`."""
-    logits = []
-    hooks = [r.register_forward_hook(lambda m, a, o: logits.append(o[0].detach().double())) for r in moe_routers(model)]
-    try:
-        with torch.no_grad():
-            model(torch.tensor([seq]))
-    finally:
-        for h in hooks:
-            h.remove()
-    probs = torch.softmax(torch.stack(logits, dim=1), dim=-1)  # [N, L, E]
+    probs = torch.softmax(hf_router_logits(model, seq, output=0), dim=-1)  # [N, L, E]
     w, ids = torch.topk(probs, top_k, dim=-1)
     return ids, (w / w.sum(-1, keepdim=True) if renormalise else w)
 

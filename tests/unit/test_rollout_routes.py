@@ -13,6 +13,7 @@ import torch
 from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest, moe_routers
 from scalerl_mega.rollout.local import LocalModelSpec, build_model
 from scalerl_mega.types import SamplingParams
+from tests.support.routing_probe import hf_router_logits
 
 LLAMA4 = dict(vocab_size=61, hidden_size=32, intermediate_size=32, intermediate_size_mlp=64, num_hidden_layers=4,
               num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=1,
@@ -39,16 +40,7 @@ def _req(rid, prompt, **sp):
 
 def _oracle_routes(model, seq):
     """[N, L] expert ids and float64 gates of a full-sequence forward over `seq` (top-1 routers)."""
-    logits = []
-    hooks = [r.register_forward_hook(lambda m, a, o: logits.append(o[1].detach().double())) for r in moe_routers(model)]
-    try:
-        with torch.no_grad():
-            model(torch.tensor([seq]))
-    finally:
-        for h in hooks:
-            h.remove()
-    lg = torch.stack(logits, dim=1)  # [N, L, E]
-    top, ids = lg.max(dim=-1)
+    top, ids = hf_router_logits(model, seq, output=1).max(dim=-1)  # over [N, L, E]
     return ids, torch.sigmoid(top)
 
 
