@@ -122,8 +122,8 @@ def _fine_grid(x: np.ndarray, r: np.ndarray, r0: float) -> tuple[np.ndarray, np.
         sy, ss, yy = Sys[:, m - 1], Sss[:, m - 1], float(syy[m - 1])
         a = np.clip(sy / np.where(ss > 0, ss, 1.0), -r0, 1.0 - r0)
         sse = yy - 2.0 * a * sy + a * a * ss
-        best = float(sse.min())
-        keep |= sse <= best * (1.0 + 3.0 * (profile_factor(m, 3) - 1.0))
+        best = float(sse.min())  # may round below 0 on an exactly fitted prefix: the allowance is never negative
+        keep |= sse <= best + abs(best) * 3.0 * (profile_factor(m, 3) - 1.0)
     jm, jb = np.unravel_index(np.flatnonzero(keep), (lcm_all.size, lb_all.size))
     dm, db = lcm_all[1] - lcm_all[0], lb_all[1] - lb_all[0]
     lcm = np.linspace(max(lcm_all[jm.min()] - dm, lcm_all[0]), min(lcm_all[jm.max()] + dm, lcm_all[-1]), FINE[1])
@@ -188,6 +188,8 @@ def _kappa(x, r, r0, s_fit, noise_var) -> float:
         p = int(np.argmin(sse))
         e = r[m:] - (r0 + a[p] * s_fit[p, m:])
         a_lo, a_hi, ok = _admissible(sy, ss, yy, float(sse[p]) * profile_factor(m, 3), r0)
+        ok[p] = True  # the best pair is admissible; rounding can drop it when the prefix is fitted exactly
+        a_lo[p], a_hi[p] = min(a_lo[p], a[p]), max(a_hi[p], a[p])
         later = s_fit[ok, m:]
         width = np.max(a_hi[ok, None] * later, axis=0) - np.min(a_lo[ok, None] * later, axis=0)
         v_param = (0.5 * width / Z95) ** 2  # the prefix fit's own uncertainty, as a variance

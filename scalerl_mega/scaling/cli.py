@@ -23,7 +23,9 @@ identified; otherwise "not identified", the interval and the reason.
 With several runs, the leave-one-out table of the paper (Sec. 6, App. A.5): A averaged over all runs,
 every run refit at that common A, B compared (runs whose own A is beyond the +-0.02 seed margin of the
 mean are flagged); `--plot-dir` draws them in loo.png (Fig. 7) at the common A.
-Bad input exits with status 2 and one line naming the file and the problem.
+A run that cannot be read or fitted (a NaN on a line, too few points, a curve Eq. 1 cannot be fitted to) gets a
+line saying why, naming the file and line, and the other runs are fitted; the exit status is 0 when at least one
+run was fitted, else 2 with one line naming each file and its problem.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from scalerl_mega.scaling.cli_output import compact, json_default, loo_json, pri
 from scalerl_mega.scaling.fit import FitOptions
 from scalerl_mega.scaling.holdout import HalfFit, half_fit, score_later
 from scalerl_mega.scaling.identify import CUT_FRACTION, Assessment, assess, auto_grid, options_for
-from scalerl_mega.scaling.io import DEVICE_X, GPU_X
+from scalerl_mega.scaling.io import DEVICE_X, GPU_X, METRICS_NAMES
 from scalerl_mega.suggest import SuggestingArgumentParser
 
 if TYPE_CHECKING:
@@ -140,40 +142,36 @@ def _run(args) -> int:
     )
 
     x_note = _resolve_x(args)
-    series = _read_all(args)
-    base, grid, fit_from, desc = _options(args, series)
-    rows, fits, extraps, assessed = [], [], [], []
+    series, failed = _read_all(args)
+    rows, fits, extraps, assessed, fitted = [], [], [], [], []
+    base, grid, fit_from, desc = _options(args, series) if series else (None, "relative", None, "-")
     for s in series:
-        opts = _opts_for(s, base, grid, fit_from, args)
         try:
-            a = assess(s.compute, s.reward, options=opts, n_samples=_n_samples(s, args))
+            row, a, ex = _fit_one(s, args, base=base, grid=grid, fit_from=fit_from)
         except ValueError as e:
-            raise ValueError(f"{s.source}: {e}") from None
-        f = a.fit
+            failed.append((s.name, s.source, f"{s.source}: {e}"))
+            continue
+        fitted.append(s)
         assessed.append(a)
-        ex, ex_note = None, ""
-        if args.holdout > 0:
-            try:
-                ex = _holdout(s, a, args, grid=grid, fit_from=fit_from, base=base)
-            except ValueError as e:
-                ex_note = f"forecast check skipped: {e}"
-        fits.append(f)
+        fits.append(a.fit)
         extraps.append(ex)
-        rows.append(run_row(s, a, ex, ex_note))
-        band = _forecast(s, a, args)
-        if band is not None:
-            observed = dict(zip(s.compute.tolist(), s.reward.tolist()))
-            rows[-1]["forecast"] = [{**row, **({"observed": observed[row["compute"]]} if row["compute"] in observed
-                                               else {})} for row in band.rows()]
-            rows[-1]["forecast_kappa"] = band.kappa
+        rows.append(row)
         if args.bootstrap > 0:
+            opts = _opts_for(s, base, grid, fit_from, args)
             bp = bootstrap_points(s.compute, s.reward, options=opts, n_boot=args.bootstrap)
             rows[-1]["bootstrap_points"] = {"n_ok": bp.n_ok, "level": bp.level, "A": list(bp.A), "B": list(bp.B),
                                             "C_mid": list(bp.C_mid), "seed_margin_A": SEED_MARGIN_A}
+    if not fitted:
+        errors = [e for _, _, e in failed]
+        raise ValueError(errors[0] if len(errors) == 1 else
+                         f"none of the {len(errors)} runs could be fitted: " + "; ".join(errors))
+    series = fitted
+    not_fitted = [{"run": name, "source": src, "fitted": False, "error": e} for name, src, e in failed]
     seeds = None
     if args.same_config:
         if len(series) < 2:
-            raise ValueError("--same-config needs at least 2 runs")
+            raise ValueError("--same-config needs at least 2 runs" + (
+                f" that can be fitted ({len(failed)} could not)" if failed else ""))
         bs = bootstrap_seeds([(s.compute, s.reward) for s in series],
                              options=_opts_for(series[0], base, grid, fit_from, args),
                              n_boot=args.bootstrap or 100)
@@ -189,13 +187,39 @@ def _run(args) -> int:
         plots = _plots(args, series, assessed, extraps, loo)
     if args.json:
         print(json.dumps({"grid": desc, "x": args.x, "y": args.y, "x_note": x_note, "runs": rows,
-                          "forecast_method": FORECAST_METHOD, "loo": loo_json(loo), "seeds": seeds,
-                          "plots": [str(p) for p in plots]}, indent=2, default=json_default))
+                          "not_fitted": not_fitted, "forecast_method": FORECAST_METHOD, "loo": loo_json(loo),
+                          "seeds": seeds, "plots": [str(p) for p in plots]}, indent=2, default=json_default))
     else:
         if x_note:
             print(x_note)
-        print_table(desc, rows, loo, plots, seeds)
+        print_table(desc, rows, loo, plots, seeds, not_fitted=not_fitted)
     return 0
+
+
+def _fit_one(s: Series, args, *, base: FitOptions, grid: str,
+             fit_from) -> tuple[dict, Assessment, _Holdout | None]:
+    """One run's row, assessment and forecast check; ValueError (in plain words) when the run cannot be fitted.
+    A forecast check or a band that cannot be made is a note in the row, not a failure of the run."""
+    opts = _opts_for(s, base, grid, fit_from, args)
+    a = assess(s.compute, s.reward, options=opts, n_samples=_n_samples(s, args))
+    ex, ex_note = None, ""
+    if args.holdout > 0:
+        try:
+            ex = _holdout(s, a, args, grid=grid, fit_from=fit_from, base=base)
+        except ValueError as e:
+            ex_note = f"forecast check skipped: {e}"
+    row = run_row(s, a, ex, ex_note)
+    try:
+        band = _forecast(s, a, args)
+    except ValueError as e:
+        row["forecast_note"] = f"no forecast band: {e}"
+        band = None
+    if band is not None:
+        observed = dict(zip(s.compute.tolist(), s.reward.tolist()))
+        row["forecast"] = [{**r, **({"observed": observed[r["compute"]]} if r["compute"] in observed else {})}
+                           for r in band.rows()]
+        row["forecast_kappa"] = band.kappa
+    return row, a, ex
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,10 +259,7 @@ def _forecast(s: Series, a: Assessment, args) -> Band | None:
     targets += [float(c) for c in extra]
     if not targets:
         return None
-    try:
-        return forecast_band(s.compute, s.reward, fit=a.fit, at=sorted(targets), n_samples=_n_samples(s, args))
-    except ValueError as e:
-        raise ValueError(f"{s.source}: forecast: {e}") from None
+    return forecast_band(s.compute, s.reward, fit=a.fit, at=sorted(targets), n_samples=_n_samples(s, args))
 
 
 def _resolve_x(args) -> str:
@@ -252,37 +273,45 @@ def _resolve_x(args) -> str:
     return note
 
 
-def _read_all(args) -> list[Series]:
-    """The curves named on the command line: one per path, or with --domains one per val/<domain>_pass_rate key
-    of each path (named `<label>/<domain>`). A run whose compute is 0 throughout is an error that says which axis
-    to use."""
-    series = _read_series(args)
-    for s in series:
-        if float(s.compute.max()) <= 0:
-            hint = (f"a CPU run logs no GPU-hours: use --x {DEVICE_X} (or the default --x auto)" if s.x_key == GPU_X
-                    else "nothing to fit against")
-            raise ValueError(f"{s.source}: every {s.x_key} is 0 ({s.compute.size} points): {hint}")
-    return series
-
-
-def _read_series(args) -> list[Series]:
-    from scalerl_mega.scaling.io import domain_keys, read_series
-
+def _read_all(args) -> tuple[list[Series], list[tuple[str, str, str]]]:
+    """The curves named on the command line (one per path, or with --domains one per val/<domain>_pass_rate key
+    of each path, named `<label>/<domain>`) and, for each path that cannot be read, (name, path, why): a run
+    whose file is bad (NaN, a decreasing compute, ...) or whose compute is 0 throughout (with the axis to use)
+    does not take the other runs down with it."""
     labels = args.label or []
     if labels and len(labels) != len(args.paths):
         raise ValueError(f"--label got {len(labels)} names for {len(args.paths)} paths")
-    if not args.domains:
-        return [read_series(p, x=args.x, y=args.y, name=labels[k] if labels else None)
-                for k, p in enumerate(args.paths)]
-    series = []
+    series, failed = [], []
     for k, p in enumerate(args.paths):
-        keys = domain_keys(p)
-        if not keys:
-            raise ValueError(f"{p}: --domains found no val/<domain>_pass_rate key")
-        base_name = labels[k] if labels else read_series(p, x=args.x, y=keys[0]).name
-        series += [read_series(p, x=args.x, y=key, name=f"{base_name}/{key[len('val/'):-len('_pass_rate')]}")
-                   for key in keys]
-    return series
+        q = Path(p)
+        name = labels[k] if labels else q.parent.name if q.name in METRICS_NAMES else q.stem if q.is_file() else q.name
+        try:
+            got = _read_path(p, args, label=labels[k] if labels else None)
+        except ValueError as e:
+            failed.append((name, str(p), str(e)))
+            continue
+        for s in got:
+            if float(s.compute.max()) <= 0:
+                hint = (f"a CPU run logs no GPU-hours: use --x {DEVICE_X} (or the default --x auto)"
+                        if s.x_key == GPU_X else "nothing to fit against")
+                failed.append((s.name, s.source,
+                               f"{s.source}: every {s.x_key} is 0 ({s.compute.size} points): {hint}"))
+            else:
+                series.append(s)
+    return series, failed
+
+
+def _read_path(p, args, *, label: str | None) -> list[Series]:
+    from scalerl_mega.scaling.io import domain_keys, read_series
+
+    if not args.domains:
+        return [read_series(p, x=args.x, y=args.y, name=label)]
+    keys = domain_keys(p)
+    if not keys:
+        raise ValueError(f"{p}: --domains found no val/<domain>_pass_rate key")
+    base_name = label or read_series(p, x=args.x, y=keys[0]).name
+    return [read_series(p, x=args.x, y=key, name=f"{base_name}/{key[len('val/'):-len('_pass_rate')]}")
+            for key in keys]
 
 
 def _plots(args, series, assessed, extraps, loo=None) -> list[Path]:

@@ -83,7 +83,7 @@ def run_row(s, a, ex, ex_note) -> dict:
     return row
 
 
-def print_table(desc, rows, loo, plots, seeds=None) -> None:
+def print_table(desc, rows, loo, plots, seeds=None, *, not_fitted=()) -> None:
     print(f"grid: {desc}")
     head = ("run", "n", "A", "A 95% interval", "B", "C_mid", "identified", "forecast error / floor", "dA(half)")
     table = [head]
@@ -117,9 +117,13 @@ def print_table(desc, rows, loo, plots, seeds=None) -> None:
             notes.append(f"{r['run']}: fit on compute <= {compact(ex['split_compute'])} (the first "
                          f"{ex['fraction']:g}): {ex['verdict']}"
                          + ("" if ex["identified"] else "; no forecast (the error shown is the unvetted fit's)"))
-        if "holdout_note" in r:
-            notes.append(f"{r['run']}: {r['holdout_note']}")
+        for key in ("holdout_note", "forecast_note"):
+            if key in r:
+                notes.append(f"{r['run']}: {r[key]}")
         notes.append(f"{r['run']}: R0={r['R0']:.4f} ({r['r0_source']}); {r['verdict']}")
+    for r in not_fitted:
+        table.append((r["run"], "-", "not fitted", "-", "-", "-", "NO", "-", "-"))
+        notes.append(f"{r['run']}: not fitted: {r['error']}")
     widths = [max(len(str(row[k])) for row in table) for k in range(len(head))]
     for k, row in enumerate(table):
         print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())

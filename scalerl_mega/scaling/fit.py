@@ -56,6 +56,9 @@ MIN_GAIN_FRACTION = 0.7
 gain A - R0 (0.5 = C_mid itself). Data that stop just past C_mid can mimic a sigmoid's bend with noise."""
 A_BOUNDS = (0.0, 1.0)
 """Eq. 1: 0 <= A <= 1 (pass rates); the limit of grid widening and of continuous refinement."""
+LOG_CMID_REACH = 40.0
+"""The continuous refit keeps log C_mid within this many e-folds of the fitted compute (C_mid within a factor
+e^40 = 2e17 of the data: beyond it every Eq. 1 curve is flat over the points)."""
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -285,12 +288,15 @@ def _refine(C, R, R0, *, A0, B0, cm0, fixed_A: float | None) -> tuple[float, flo
         return R0 + (A - R0) * expit(B * (x - lcm)) - R
 
     lb0 = math.log(max(B0, 1e-6))
+    # log C_mid within LOG_CMID_REACH of the data: beyond it Eq. 1 is flat over the points (a curve that never
+    # bends, or a run cut long before its midpoint, otherwise sends C_mid to an overflow)
+    lcm_lo, lcm_hi = float(x.min()) - LOG_CMID_REACH, float(x.max()) + LOG_CMID_REACH
     if fixed_A is None:
         p0 = np.array([min(max(A0, A_BOUNDS[0]), A_BOUNDS[1]), lb0, math.log(cm0)])
-        bounds = ([A_BOUNDS[0], -12.0, -np.inf], [A_BOUNDS[1], 8.0, np.inf])
+        bounds = ([A_BOUNDS[0], -12.0, lcm_lo], [A_BOUNDS[1], 8.0, lcm_hi])
     else:
         p0 = np.array([lb0, math.log(cm0)])
-        bounds = ([-12.0, -np.inf], [8.0, np.inf])
+        bounds = ([-12.0, lcm_lo], [8.0, lcm_hi])
     p0 = np.clip(p0, np.array(bounds[0]) + 1e-12, np.array(bounds[1]) - 1e-12)
     with np.errstate(all="ignore"):
         res = least_squares(resid, p0, bounds=bounds, x_scale="jac", xtol=1e-12, ftol=1e-12, gtol=1e-12)

@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from scalerl_mega.scaling.band import Band, forecast_band
-from scalerl_mega.scaling.fit import SIGMOID_PARAMS, FitOptions, SigmoidFit
+from scalerl_mega.scaling.fit import SIGMOID_PARAMS, FitOptions, SigmoidFit, _as_series
 from scalerl_mega.scaling.identify import CUT_FRACTION, Assessment, assess, auto_grid, options_for
 
 
@@ -85,6 +85,10 @@ def forecast(compute: Sequence[float], reward: Sequence[float], *, budget: float
         return fail(f"budget must be a positive number, got {budget}")
     if n == 0:
         return fail(f"0 point(s) in the fit window; need at least {len(SIGMOID_PARAMS) + 1}")
+    try:  # NaN/inf and a compute that goes back are named before anything else
+        _as_series(c, r)
+    except ValueError as e:
+        return fail(str(e))
     grid = auto_grid([so_far], gpu_hours=gpu_hours)
     opts = options_for(c, grid=grid, fit_from="auto" if fit_from is None else fit_from, cut_fraction=cut_fraction,
                        base=FitOptions(r0=r0, method="fast"))

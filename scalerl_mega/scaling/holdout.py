@@ -26,7 +26,8 @@ from typing import Any, Literal
 import numpy as np
 
 from scalerl_mega.scaling.fit import FitOptions, SigmoidFit, sigmoid_law
-from scalerl_mega.scaling.identify import Assessment, assess, binomial_noise_floor, options_for, verdict_text
+from scalerl_mega.scaling.identify import (Assessment, assess, binomial_noise_floor, noise_ratio, options_for,
+                                           verdict_text)
 
 FINAL_POINTS = 3
 """Validation points at the end of a run on which the extrapolation is scored."""
@@ -101,7 +102,7 @@ def half_fit(compute, reward, n_samples, *, final_points: int = FINAL_POINTS, ha
     return HalfFit(unvetted_mae=unvetted, identified=a.identified, assessment=a, verdict=verdict_text(a),
                    half_compute=half, final_compute=tuple(fc.tolist()), observed=tuple(fr.tolist()),
                    predicted=None if pred is None else tuple(pred.tolist()), mae=mae, noise_floor=floor,
-                   ratio=None if mae is None else mae / floor)
+                   ratio=None if mae is None else noise_ratio(mae, floor))
 
 
 def params(fit: SigmoidFit) -> dict[str, float]:
@@ -134,7 +135,7 @@ def score_later(compute, reward, n_samples, *, half: HalfFit, noise_std: float |
     else:
         two_se = np.full(int(later.sum()), 2.0 * floor / NOISE_FLOOR_FACTOR)
     return {"points": int(later.sum()), "mae": float(err.mean()), "noise_floor": floor,
-            "ratio": float(err.mean()) / floor, "bias": float(np.mean(r[later] - pred)),
+            "ratio": noise_ratio(float(err.mean()), floor), "bias": float(np.mean(r[later] - pred)),
             "inside_band": int(np.sum((r[later] >= lo - two_se) & (r[later] <= hi + two_se))),
             "forecast": half.identified}
 

@@ -164,6 +164,12 @@ def binomial_noise_floor(p, n_samples) -> float:
     return math.sqrt(2.0 / math.pi) * float(np.mean(_noise_se(p, n)))
 
 
+def noise_ratio(mae: float, floor: float) -> float:
+    """mae / floor, where a zero floor (a constant curve at 0 or 1, or an exact fit) gives 0 for no error and inf
+    for any error."""
+    return mae / floor if floor > 0 else (math.inf if mae > 0 else 0.0)
+
+
 def holdout_check(compute, reward, *, fit: SigmoidFit, options: FitOptions, n_samples=None,
                   holdout_fraction: float = HOLDOUT_FRACTION, misfit_ratio: float = MISFIT_RATIO) -> HoldoutCheck:
     """Condition 4 of the module docstring for the full fit `fit` made with `options` (raises ValueError
@@ -190,7 +196,7 @@ def holdout_check(compute, reward, *, fit: SigmoidFit, options: FitOptions, n_sa
         floor = binomial_noise_floor(fit.predict(c[held]), ns)
         src = "binomial SE of each held-out point"
     mae = float(np.mean(err))
-    ratio = mae / floor if floor > 0 else (math.inf if mae > 0 else 0.0)
+    ratio = noise_ratio(mae, floor)
     return HoldoutCheck(n_fit=part.n_points, n_heldout=int(k), split_compute=split, mae=mae, noise_floor=floor,
                         ratio=ratio, noise_source=src, passed=ratio <= misfit_ratio,
                         A_interval=_interval(c, r, part, options, r0=fit.R0, fit_to=split))
