@@ -46,8 +46,11 @@ from scalerl_mega.scaling.records import SigmoidFit
 
 Z95 = 1.959963984540054
 """The two-sided 95% normal quantile."""
-Z_ONE_SIDED = 1.6448536269514722
-"""The one-sided 95% normal quantile: kappa^2 is taken at its upper 95% bound (a run's tails are few)."""
+KAPPA_Z = 2.75
+"""kappa^2 is taken this many standard errors above its estimate (a run's tails are few). Chosen on the design set
+of simulated runs (tests/support/band_calibration.py), checked on a disjoint set."""
+KAPPA_FLOOR = 0.0275
+"""The least misfit of Eq. 1 the band assumes, per unit of log compute beyond the data (chosen with KAPPA_Z)."""
 B_RANGE = (0.05, 20.0)
 """B values the band considers."""
 CMID_RANGE = (0.05, 1000.0)
@@ -84,6 +87,8 @@ class Band:
     """The misspecification slope per unit of log compute (module docstring)."""
     fit_end: float
     """The largest fitted compute."""
+    kappa_sums: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """`kappa_terms`' (num, var, den), from which `with_kappa_z` recomputes the band at another `KAPPA_Z`."""
 
     def rows(self) -> list[dict[str, float]]:
         """`{"compute", "reward", "lo", "hi"}` per target (`scalerl-fit --json`'s `forecast` rows)."""
@@ -92,6 +97,22 @@ class Band:
 
     def half_width(self) -> np.ndarray:
         return 0.5 * (self.hi - self.lo)
+
+    def with_kappa(self, *, z: float, floor: float) -> Band:
+        """The same band with kappa^2 taken `z` standard errors above its estimate and kappa at least `floor` (how
+        `KAPPA_Z` and `KAPPA_FLOOR` are chosen on simulated runs without refitting them)."""
+        kappa = kappa_bound(*self.kappa_sums, z=z, floor=floor)
+        return _combine(self.compute, self.reward, self.param_lo, self.param_hi, kappa=kappa, fit_end=self.fit_end,
+                        kappa_sums=self.kappa_sums)
+
+
+def _combine(at, f, p_lo, p_hi, *, kappa: float, fit_end: float, kappa_sums) -> Band:
+    """Parts 1 and 2 in quadrature on each side of the forecast `f`, clipped to [0, 1] (module docstring)."""
+    mis = Z95 * kappa * np.maximum(np.log(at / fit_end), 0.0)
+    lo = np.clip(f - np.sqrt((f - p_lo) ** 2 + mis ** 2), 0.0, 1.0)
+    hi = np.clip(f + np.sqrt((p_hi - f) ** 2 + mis ** 2), 0.0, 1.0)
+    return Band(compute=at, reward=f, lo=lo, hi=hi, param_lo=p_lo, param_hi=p_hi, misspecification=mis, kappa=kappa,
+                fit_end=fit_end, kappa_sums=kappa_sums)
 
 
 def _expit(z: np.ndarray) -> np.ndarray:
@@ -169,9 +190,18 @@ def _profile(y_by_r0, r0s, s_fit, s_at, sse_min_hint: float | None) -> tuple[np.
     return lo, hi
 
 
-def _kappa(x, r, r0, s_fit, noise_var) -> float:
-    """Part 2's slope: Eq. 1 fitted on each prefix of the points (`CUTS`) forecasts the rest; what the errors
-    show beyond the points' noise and the prefix fit's own (profile) uncertainty (module docstring)."""
+def kappa_bound(num: float, var: float, den: float, *, z: float, floor: float) -> float:
+    """kappa = max(floor, sqrt(max(0, num + z sqrt(var)) / den)): the estimate of kappa^2 (num / den) raised by z of
+    its standard errors, never below `floor` (`KAPPA_FLOOR`, also when no held-out tail exists: den = 0)."""
+    if den <= 0:
+        return floor
+    return max(floor, math.sqrt(max(num + z * math.sqrt(var), 0.0) / den))
+
+
+def kappa_terms(x, r, r0, s_fit, noise_var) -> tuple[float, float, float]:
+    """Part 2's sums: Eq. 1 fitted on each prefix of the points (`CUTS`) forecasts the rest; what the errors
+    show beyond the points' noise and the prefix fit's own (profile) uncertainty (module docstring), as
+    (num, var, den): kappa^2 is estimated by num / den with variance var / den^2."""
     n = x.size
     y = r - r0
     Sys = np.cumsum(s_fit * y[None, :], axis=1)
@@ -201,9 +231,7 @@ def _kappa(x, r, r0, s_fit, noise_var) -> float:
             num += excess * d_b * d_b
             den += d_b ** 4
             var += (2.0 * tau2 * tau2 + 4.0 * tau2 * max(excess, 0.0)) * d_b ** 4  # Var(e_b^2), e_b ~ N(mu, tau2)
-    if den <= 0:
-        return 0.0
-    return math.sqrt(max(num + Z_ONE_SIDED * math.sqrt(var), 0.0) / den)  # an upper 95% bound on kappa^2
+    return num, var, den
 
 
 def forecast_band(compute, reward, *, fit: SigmoidFit, at, n_samples=None) -> Band:
@@ -239,9 +267,5 @@ def forecast_band(compute, reward, *, fit: SigmoidFit, at, n_samples=None) -> Ba
     p_lo, p_hi = _profile([rf - v for v in r0s], r0s, s_fit, s_at, sse_min_hint=fit.sse)
     f = fit.predict(at)
     p_lo, p_hi = np.minimum(p_lo, f), np.maximum(p_hi, f)
-    kappa = _kappa(x, rf, r0, s_fit, noise_var)
-    mis = Z95 * kappa * np.maximum(np.log(at / cf.max()), 0.0)
-    lo = np.clip(f - np.sqrt((f - p_lo) ** 2 + mis ** 2), 0.0, 1.0)
-    hi = np.clip(f + np.sqrt((p_hi - f) ** 2 + mis ** 2), 0.0, 1.0)
-    return Band(compute=at, reward=f, lo=lo, hi=hi, param_lo=p_lo, param_hi=p_hi, misspecification=mis, kappa=kappa,
-                fit_end=float(cf.max()))
+    sums = kappa_terms(x, rf, r0, s_fit, noise_var)
+    return _combine(at, f, p_lo, p_hi, kappa=kappa_bound(*sums, z=KAPPA_Z, floor=KAPPA_FLOOR), fit_end=float(cf.max()), kappa_sums=sums)

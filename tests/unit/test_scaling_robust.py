@@ -106,8 +106,14 @@ def test_assess_and_the_band_never_raise(curve, grid, n_samples):
     assert np.all((0.0 <= band.lo) & (band.lo <= band.hi) & (band.hi <= 1.0)), (kind, band)
 
 
+ZEROS = ("zeros", *make_curve("zeros", n=41, scale=10.0, seed=0, noise=0.0))
+CUT_EARLY = ("cut_early", *make_curve("cut_early", n=21, scale=5.0, seed=3, noise=0.01))
+
+
 @FEWER
 @given(curve=curves(), grid=st.sampled_from(("relative", "paper")), n_samples=st.sampled_from((None, 256)))
+@example(curve=ZEROS, grid="relative", n_samples=None)  # was ZeroDivisionError: a zero noise floor
+@example(curve=CUT_EARLY, grid="relative", n_samples=None)
 def test_the_first_half_check_never_raises(curve, grid, n_samples):
     """What `scalerl-fit --holdout 0.5` runs (the path of the reported OverflowError: a run cut before its
     midpoint, refitted continuously on the relative grid)."""
