@@ -20,16 +20,18 @@ validation point) and has two parts, combined in quadrature on each side of the 
    error e at log-compute distance d = log(C / C_cut) has expected square sigma^2 + (kappa d)^2, where sigma^2 is
    the point's noise (binomial p (1 - p) / N, or the residual variance where N is unknown) and kappa d what the
    curve family misses at that distance (plus the prefix fit's own uncertainty: conservative). kappa^2 =
-   max(0, sum (e^2 - sigma^2) d^2) / sum d^4 over every held-out point of every cut. Beyond the fitted data the
-   band widens by 1.96 kappa log(C / C_end) on each side. A slow rise that continues after the knee (the
+   max(0, sum (e^2 - sigma^2) d^2) / sum d^4 over every held-out point of every cut, raised by `KAPPA_Z` of its
+   standard errors; kappa is never below `KAPPA_FLOOR` (Eq. 1 is never exact beyond the data). Beyond the fitted
+   data the band widens by 1.96 kappa log(C / C_end) on each side. A slow rise that continues after the knee (the
    reproduction's late creep, reproduction/predictability/README.md) shows in these tails as errors growing with
    distance; a run that follows Eq. 1 shows errors of the noise's size, and kappa near 0.
 
 Why this method: the profile band is exact for the family and costs one pass over a (C_mid, B) grid; the
 misspecification term needs no second model, uses only the run's points, and grows with the distance of the
 extrapolation, as the reproduction's misses did. It cannot see a change that starts after the data end (e.g. a
-prompt pool that drains); no band can. Calibration on synthetic runs (paper scale, toy scale, a late creep):
-tests/unit/test_scaling_band.py.
+prompt pool that drains); no band can. Calibration out of sample: the two constants of part 2 (`KAPPA_Z`,
+`KAPPA_FLOOR`) are chosen on one set of simulated runs and their coverage is reported on another
+(tests/support/band_calibration.py, docs/scaling_science.md).
 
 Pure math: arrays in, a dataclass out; no I/O.
 """
@@ -268,4 +270,5 @@ def forecast_band(compute, reward, *, fit: SigmoidFit, at, n_samples=None) -> Ba
     f = fit.predict(at)
     p_lo, p_hi = np.minimum(p_lo, f), np.maximum(p_hi, f)
     sums = kappa_terms(x, rf, r0, s_fit, noise_var)
-    return _combine(at, f, p_lo, p_hi, kappa=kappa_bound(*sums, z=KAPPA_Z, floor=KAPPA_FLOOR), fit_end=float(cf.max()), kappa_sums=sums)
+    kappa = kappa_bound(*sums, z=KAPPA_Z, floor=KAPPA_FLOOR)
+    return _combine(at, f, p_lo, p_hi, kappa=kappa, fit_end=float(cf.max()), kappa_sums=sums)

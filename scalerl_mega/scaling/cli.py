@@ -143,7 +143,7 @@ def _run(args) -> int:
 
     x_note = _resolve_x(args)
     series, failed = _read_all(args)
-    rows, fits, extraps, assessed, fitted = [], [], [], [], []
+    rows, extraps, assessed, fitted = [], [], [], []
     base, grid, fit_from, desc = _options(args, series) if series else (None, "relative", None, "-")
     for s in series:
         try:
@@ -153,7 +153,6 @@ def _run(args) -> int:
             continue
         fitted.append(s)
         assessed.append(a)
-        fits.append(a.fit)
         extraps.append(ex)
         rows.append(row)
         if args.bootstrap > 0:

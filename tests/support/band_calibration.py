@@ -8,7 +8,8 @@ and two whose noise is NOT the binomial model the band assumes: `overdispersed` 
 rate is itself drawn around the curve, 2.5x the binomial variance, as a policy that moves between validations) and
 `drift` (an AR(1) wander of the policy on the logit scale, rho 0.9, SD 0.06: errors correlated over many points).
 
-`choose_constants` picks `band.KAPPA_Z` and `band.KAPPA_FLOOR` on the design seeds; `report` gives the numbers for another set of seeds."""
+`choose_constants` picks `band.KAPPA_Z` and `band.KAPPA_FLOOR` on the design seeds; `coverage` and `table` give the
+numbers for another set of seeds; `real_run` reads a committed run for the same check on real data."""
 
 from __future__ import annotations
 

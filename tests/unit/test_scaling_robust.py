@@ -24,6 +24,7 @@ from scalerl_mega.scaling.fit import FitOptions, _refine, fit_sigmoid
 from scalerl_mega.scaling.forecast import forecast, plain_line
 from scalerl_mega.scaling.holdout import half_fit, score_later
 from scalerl_mega.scaling.identify import assess, options_for
+from tests.support.band_calibration import eq1
 
 FEW = settings(derandomize=True, database=None, deadline=None, max_examples=10,
                suppress_health_check=list(HealthCheck))
@@ -34,13 +35,6 @@ KINDS = ("sigmoid", "cut_early", "flat", "zeros", "ones", "falling", "jump", "st
 SCALES = (1e-9, 1.0, 1e4, 1e12)
 INTERNALS = re.compile(r"zero-size|identity|math range|division|Traceback|numpy|overflow", re.IGNORECASE)
 """Words of Python's and numpy's own errors: a message for a user names the curve's problem instead."""
-
-
-def eq1(c, A, B, Cm, R0):
-    """Eq. 1 (paper Sec. 2.1) written out here; C = 0 gives R0."""
-    c = np.asarray(c, dtype=np.float64)
-    with np.errstate(over="ignore"):
-        return np.where(c > 0, R0 + (A - R0) / (1.0 + (Cm / np.where(c > 0, c, 1.0)) ** B), R0)
 
 
 def make_curve(kind: str, *, n: int, scale: float, seed: int, noise: float) -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +54,9 @@ def make_curve(kind: str, *, n: int, scale: float, seed: int, noise: float) -> t
         "jump": lambda: np.where(u > 0.2 + 0.6 * rng.random(), A, R0),
         "steep": lambda: eq1(u, A, 30.0 + 70 * rng.random(), 0.2 + 0.6 * rng.random(), R0),
         "two_points": lambda: np.array([R0, A])[: u.size],
-    }.get(kind, lambda: eq1(u, A, 2.0, 0.3, R0))()
+    }.get(kind, lambda: eq1(u, A, 2.0, 0.3, R0))
+    with np.errstate(over="ignore"):
+        truth = truth()
     r = truth if kind in ("zeros", "ones") else np.clip(truth + rng.normal(0.0, noise, u.size), 0.0, 1.0)
     return u * scale, r
 
@@ -223,3 +219,38 @@ def test_nan_and_inf_are_refused_naming_the_point(n, where, bad, column):
         assess(c, r, options=FitOptions(fit_from=None, method="fast"))
     fc = forecast(c, r, budget=10.0)
     assert not fc.ok and (f"{column}[{i}]" in fc.reason or "compute" in fc.reason), fc.reason
+
+
+def test_report_md_and_the_sweep_report_say_why_instead_of_raising(tmp_path):
+    """report.md and tools/sweep_report.py on adversarial runs: each gets a fit or a line saying why, never an
+    exception, and the sweep keeps the runs that fit."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from scalerl_mega.metrics.writer import MetricsWriter
+    from scalerl_mega.report import write_report
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("sweep_report_robust", root / "tools" / "sweep_report.py")
+    sweep_report = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = sweep_report
+    spec.loader.exec_module(sweep_report)
+    kinds = {"good": GOOD, "zeros": make_curve("zeros", n=30, scale=1.0, seed=0, noise=0.0),
+             "jump": make_curve("jump", n=30, scale=1.0, seed=2, noise=0.0),
+             "two": make_curve("two_points", n=2, scale=1.0, seed=0, noise=0.0)}
+    for name, (c, r) in kinds.items():
+        with MetricsWriter(tmp_path / "sweep" / name) as w:
+            for k, (x, y) in enumerate(zip(c, r)):
+                w.write("validation", k, {"val_pass_rate": float(y), "compute_gpu_hours": 0.0,
+                                          "compute_device_hours": float(x)})
+        md = write_report(tmp_path / "sweep" / name, title=name).read_text()
+        fitted = "## Fitted scaling curve" in md
+        assert fitted or "No fit:" in md or "Fit failed:" in md, md
+        assert not INTERNALS.search(md), md
+        assert fitted == (name != "two"), (name, md)
+    _, _, points = sweep_report.write_report(tmp_path / "sweep", out_dir=tmp_path / "out", x="compute_device_hours")
+    by_name = {p.name: p for p in points}
+    assert sorted(by_name) == sorted(kinds)
+    assert by_name["good"].assessment is not None and by_name["two"].error.startswith("1 validation point(s)")
+    assert all(p.assessment is not None or (p.error and not INTERNALS.search(p.error)) for p in points)
