@@ -53,3 +53,32 @@ def test_running_doc_states_time_and_agreement_as_ranges():
     worst = value_range([r["onpolicy_abs_log_ratio_max"] for r in runs], "{:.0e}")
     for part in (f"{minutes} minutes over {len(runs)} runs", f"mean {mean}, max {worst}"):
         assert part in text, part
+
+
+def test_demo_summary_by_hand(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from demo_summary import summarise
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    run = tmp_path / "run7"
+    run.mkdir()
+    (run / "run_config.yaml").write_text("run_name: demo\nseed: 3\n")
+    (run / "summary.json").write_text(json.dumps({
+        "val_points": [[0, 0.1, 0.5], [10, 0.2, 0.8], [20, 0.3, 0.7]], "wall_s": 100.04, "sft_s": 30.0,
+        "rl_s": 60.0, "steps": 20}))
+    rows = [{"kind": "validation", "step": 0},
+            {"kind": "train", "step": 1, "train/onpolicy_tokens": 10.0, "train/onpolicy_abs_log_ratio_sum": 2e-6,
+             "train/onpolicy_abs_log_ratio_max": 5e-7},
+            {"kind": "train", "step": 2, "train/onpolicy_tokens": 30.0, "train/onpolicy_abs_log_ratio_sum": 6e-6,
+             "train/onpolicy_abs_log_ratio_max": 9e-7},
+            {"kind": "train", "step": 3, "train/onpolicy_tokens": 0.0}]  # a step with no on-policy token
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    got = summarise(run)
+    assert got == {"run": "run7", "seed": 3, "first": 0.5, "last": 0.7, "peak": 0.8, "peak_step": 10,
+                   "val_steps": [0, 10, 20], "wall_s": 100.0, "sft_s": 30.0, "rl_s": 60.0, "rl_steps": 20,
+                   "onpolicy_abs_log_ratio_mean": got["onpolicy_abs_log_ratio_mean"],
+                   "onpolicy_abs_log_ratio_max": 9e-7}
+    assert abs(got["onpolicy_abs_log_ratio_mean"] - 8e-6 / 40) < 1e-18  # token-weighted: (2e-6 + 6e-6) / 40
