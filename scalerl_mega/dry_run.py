@@ -346,7 +346,7 @@ def _model_label(model) -> str:
         from hydra.core.hydra_config import HydraConfig
 
         return str(HydraConfig.get().runtime.choices["model"])
-    except Exception:
+    except (ValueError, KeyError):  # not under Hydra ("HydraConfig was not set"), or no model choice
         return model.name
 
 

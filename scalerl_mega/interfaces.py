@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from scalerl_mega.scaling.forecast import Forecast
     from scalerl_mega.types import Completion, Prompt, SamplingParams, TrainBatch
 
 PAUSE_MODES = ("in_place", "retract", "abort")
@@ -92,6 +93,16 @@ class PromptSampler(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Forecaster(Protocol):
+    """The live forecast the loop feeds one validation point at a time (train.AutoBudgetForecaster implements
+    it): a Forecast once it has enough points, else None; `unit` names the compute axis in its console line."""
+
+    unit: str
+
+    def add(self, compute: float, reward: float, n_samples: float | None = None, *,
+            step: float | None = None) -> "Forecast | None": ...
 
 
 class Tokenizer(Protocol):

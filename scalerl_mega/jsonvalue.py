@@ -16,6 +16,9 @@ import json
 import math
 from typing import Any
 
+JSON = dict[str, "JSON"] | list["JSON"] | str | int | float | bool | None
+"""A decoded JSON value (what `json.loads` returns): the type of HTTP bodies and dataset rows before their checks."""
+
 MAX_DEPTH = 64
 """Deepest nesting of lists/dicts accepted in a row (tests of real datasets nest < 10 deep)."""
 
@@ -46,7 +49,7 @@ def _int(text: str) -> int:
         raise BadValue("bad_number", f"integer with {len(text)} digits is too large") from None
 
 
-def loads_strict(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
+def loads_strict(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> JSON:
     """`json.loads` that raises BadValue (kinds: bad_json, bad_number, too_deep, bad_unicode)."""
     try:
         value = json.loads(text, parse_constant=_bad_constant, parse_float=_finite_float, parse_int=_int)

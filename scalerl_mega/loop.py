@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.batch import BatchResult, build_train_batch
-from scalerl_mega.interfaces import LoopComponents, RolloutEngine
+from scalerl_mega.interfaces import Forecaster, LoopComponents, RolloutEngine
 from scalerl_mega.metrics.alarms import MismatchGuard, TruncationAlarm
 from scalerl_mega.metrics.calibration import GEN_STAT_KEYS, calibration_fields, engine_decode_stats
 from scalerl_mega.metrics.compute import ComputeCounter, gpu_utilization
@@ -139,9 +139,10 @@ def _prompt_dict(p: Prompt) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- the loop
-def run_rl(cfg: TrainConfig, comps: LoopComponents, *, compute: ComputeCounter, forecaster: Any | None = None,
+def run_rl(cfg: TrainConfig, comps: LoopComponents, *, compute: ComputeCounter, forecaster: Forecaster | None = None,
            on_step: Callable[[int, dict], None] | None = None,
-           stop_requested: Callable[[], bool] | None = None, started: float | None = None) -> LoopState:
+           stop_requested: Callable[[], bool] | None = None, started: float | None = None,
+           on_start: Callable[[int], None] | None = None) -> LoopState:
     """Run RL to `cfg.train.steps` (resuming if a checkpoint exists); metrics go to
     <output_dir>/metrics.jsonl. Returns the final LoopState.
 
@@ -149,7 +150,9 @@ def run_rl(cfg: TrainConfig, comps: LoopComponents, *, compute: ComputeCounter, 
     for generations or validation, and after each step. When it is true the loop saves a checkpoint
     (the prompts admitted but not trained are re-admitted on resume; their partial generations are
     regenerated) and returns with `state.preempted` set. `started` (`time.monotonic()` at the launch's start)
-    is the origin of the progress lines' elapsed time."""
+    is the origin of the progress lines' elapsed time. `on_start(step)` is called once before the first step
+    with the step the checkpoint actually loaded held (after a damaged newest checkpoint, the previous one's;
+    0 for a fresh run): provenance records it (train.py)."""
     G = cfg.train.generations_per_prompt
     rng = random.Random(cfg.seed)
     state = LoopState()
@@ -173,6 +176,8 @@ def run_rl(cfg: TrainConfig, comps: LoopComponents, *, compute: ComputeCounter, 
             for step, c, r in state.val_points:
                 forecaster.add(c, r, n_val, step=step)
         log.info("resumed from %s at step %d (%d prompts re-admitted)", ckpt, state.step, len(readmit))
+    if on_start is not None:
+        on_start(state.step)
     from scalerl_mega.metrics.loggers import build_loggers
 
     writer = MetricsWriter(cfg.output_dir, tensorboard=cfg.metrics.tensorboard,
@@ -193,7 +198,7 @@ def run_rl(cfg: TrainConfig, comps: LoopComponents, *, compute: ComputeCounter, 
 
 def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: _Router, readmit: list[Prompt],
           rng: random.Random, writer: MetricsWriter, compute: ComputeCounter,
-          forecaster: Any | None, alarm: TruncationAlarm, guard: MismatchGuard,
+          forecaster: Forecaster | None, alarm: TruncationAlarm, guard: MismatchGuard,
           on_step: Callable[[int, dict], None] | None, progress: ProgressClock) -> LoopState:
     k = cfg.off_policy.k
     pipeline = cfg.off_policy.name == "pipeline_rl"
@@ -396,7 +401,7 @@ def _step_fields(cfg: TrainConfig, comps: LoopComponents, groups: list[Group], p
 
 
 def _validate_save_or_stop(cfg: TrainConfig, comps: LoopComponents, router: _Router, state: LoopState,
-                           writer: MetricsWriter, compute: ComputeCounter, forecaster: Any | None,
+                           writer: MetricsWriter, compute: ComputeCounter, forecaster: Forecaster | None,
                            rng: random.Random, *, clock: _StepClock) -> bool:
     """After a step's metrics: validation every `val_every` steps, a checkpoint every `save_every` and at the
     last step (also with `save_every=0` when the run has a checkpoint, e.g. a stop's), and the stop request
@@ -424,7 +429,7 @@ def _validate_save_or_stop(cfg: TrainConfig, comps: LoopComponents, router: _Rou
 
 
 def _validate(cfg: TrainConfig, comps: LoopComponents, router: _Router, state: LoopState, writer: MetricsWriter,
-              compute: ComputeCounter, forecaster: Any | None, rng: random.Random) -> None:
+              compute: ComputeCounter, forecaster: Forecaster | None, rng: random.Random) -> None:
     """The validation point of `state.step`. Window mode: the window's outcomes (scored at its checkpoints and
     now), at the centre's compute; point mode: all held-out prompts on the trainer's current weights.
     `state.val_due` is set while it runs, so a stop (Preempted) inside it is checkpointed with the point due."""
@@ -448,7 +453,7 @@ def _validate(cfg: TrainConfig, comps: LoopComponents, router: _Router, state: L
     state.val_due = False
 
 
-def _record_validation(cfg: TrainConfig, state: LoopState, writer: MetricsWriter, forecaster: Any | None,
+def _record_validation(cfg: TrainConfig, state: LoopState, writer: MetricsWriter, forecaster: Forecaster | None,
                        vm: dict[str, float], fields: dict[str, float]) -> None:
     """The validation line (its compute `fields`: the step's, or the window centre's), the point for the
     forecast and, when the forecaster has enough points, the forecast line."""

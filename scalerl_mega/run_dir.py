@@ -207,15 +207,19 @@ def start_banner(config: TrainConfig) -> str:
     """The lines `scalerl-train` prints first: where the run writes, its recipe, model and schedule, and whether it
     resumes (what a user would otherwise wait a minute to learn from the first progress line)."""
     from scalerl_mega.loop import latest_checkpoint
-    from scalerl_mega.trainer.megatron.checkpoint import latest_step
+    from scalerl_mega.trainer.megatron.checkpoint import latest_step, loadable_step
 
     m, t = config.model, config.train
     n = m.num_params()
     moe = f", MoE {m.num_experts} experts top-{m.moe_topk}" if m.is_moe else ""
     ckpt = latest_checkpoint(config)
-    step = latest_step(ckpt) if ckpt is not None else None
-    start = (f"resuming at step {step} of" if step is not None else
-             f"{config.sft.steps} SFT warm-start steps, then" if config.sft.steps else "fresh run:")
+    if ckpt is not None:  # the step the load will take (a damaged newest checkpoint falls back), not `latest`'s
+        step, newest = loadable_step(ckpt), latest_step(ckpt)
+        damaged = f" (the newest checkpoint, step {newest}, is damaged)" if newest not in (None, step) else ""
+        start = (f"resuming at step {step}{damaged} of" if step is not None else
+                 f"resuming from {ckpt}, where no checkpoint verifies (the load names each), then")
+    else:
+        start = f"{config.sft.steps} SFT warm-start steps, then" if config.sft.steps else "fresh run:"
     val = (f"; validation every {t.val_every} steps on {config.data.val_prompts} held-out prompts x "
            f"{config.data.val_samples}" if t.val_every else "; no validation")
     op = config.off_policy

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.interfaces import LoopComponents, PolicyTrainer
     from scalerl_mega.loop import LoopState
     from scalerl_mega.preemption import Preemption
+    from scalerl_mega.scaling.forecast import Forecast
     from scalerl_mega.trainer.ranks import ControlChannel
 
 
@@ -56,7 +57,8 @@ class AutoBudgetForecaster:
                                    fit_from=float(fc_cfg.fit_from) or None, cut_fraction=float(fc_cfg.cut_fraction),
                                    gpu_hours=gpu_hours)
 
-    def add(self, compute: float, reward: float, n_samples: float | None = None, *, step: float | None = None):
+    def add(self, compute: float, reward: float, n_samples: float | None = None, *,
+            step: float | None = None) -> Forecast | None:
         if not self.cfg.budget:
             per_step = compute / step if step and self.total_steps else None
             self.live.budget = max(per_step * self.total_steps if per_step else 2.0 * compute, compute, 1e-12)
@@ -166,8 +168,7 @@ def run_job(config: TrainConfig) -> dict[str, Any]:
         summary["engine_start_s"] = time.monotonic() - t0
         log.info("%d %s engine(s) ready in %.0f s", config.rollout.num_engines, config.rollout.name,
                  summary["engine_start_s"])
-        state = _run_rl(config, comps, summary, out=out, resumed=resumed, world=world, preemption=preemption,
-                        started=t_start)
+        state = _run_rl(config, comps, summary, out=out, world=world, preemption=preemption, started=t_start)
         if channel is not None:
             handle.stop_followers()
     finally:
@@ -180,8 +181,8 @@ def run_job(config: TrainConfig) -> dict[str, Any]:
     return _finish(config, summary, out=out, resumed=resumed, steps=state.step, world=world)
 
 
-def _run_rl(config: TrainConfig, comps: LoopComponents, summary: dict[str, Any], *, out: Path, resumed: bool,
-            world: int, preemption: Preemption, started: float) -> LoopState:
+def _run_rl(config: TrainConfig, comps: LoopComponents, summary: dict[str, Any], *, out: Path, world: int,
+            preemption: Preemption, started: float) -> LoopState:
     """The RL phase of `run_job` on the controller: compute counter, live forecast, provenance segment, the loop
     (a stop request checkpointed at its next safe point from here on); fills `summary`, returns the LoopState."""
     import time
@@ -196,10 +197,13 @@ def _run_rl(config: TrainConfig, comps: LoopComponents, summary: dict[str, Any],
     forecaster = (AutoBudgetForecaster(config.forecast, gpu_hours=config.cluster.device == "cuda",
                                        total_steps=config.train.steps) if config.forecast.enabled else None)
     t0 = time.monotonic()
-    summary["from_step"] = _start_segment(config, out=out, resumed=resumed)
+
+    def on_start(from_step: int) -> None:  # the step the loop actually loaded (0 for a fresh run)
+        summary["from_step"] = _start_segment(config, out=out, from_step=from_step)
+
     preemption.armed = True
     state = run_rl(config, comps, compute=compute, forecaster=forecaster,
-                   stop_requested=lambda: preemption.requested, started=started)
+                   stop_requested=lambda: preemption.requested, started=started, on_start=on_start)
     summary["rl_s"] = time.monotonic() - t0
     finish_segment(out, to_step=state.step, wall_s=summary["rl_s"], preempted=state.preempted)
     summary.update(steps=state.step, preempted=state.preempted, val_points=[list(p) for p in state.val_points],
@@ -216,10 +220,10 @@ def _finished_run(config: TrainConfig, *, out: Path) -> dict[str, Any] | None:
     import logging
 
     from scalerl_mega.loop import latest_checkpoint
-    from scalerl_mega.trainer.megatron.checkpoint import latest_step
+    from scalerl_mega.trainer.megatron.checkpoint import loadable_step
 
     ckpt = latest_checkpoint(config)
-    step = latest_step(ckpt) if ckpt is not None else None
+    step = loadable_step(ckpt) if ckpt is not None else None  # what a resume would load, not `latest`'s step
     path = out / "summary.json"
     if step is None or step < config.train.steps or not path.is_file():
         return None
@@ -243,20 +247,14 @@ def launch_timings(previous: dict[str, Any] | None, this: dict[str, Any]) -> lis
     return [*prev, this]
 
 
-def _start_segment(config: TrainConfig, *, out: Path, resumed: bool) -> int:
+def _start_segment(config: TrainConfig, *, out: Path, from_step: int) -> int:
     """Record which code trains this launch's steps (metrics/provenance.py): the run's `provenance.jsonl` gains a
-    segment from the checkpoint's step (0 for a fresh run), which is returned."""
+    segment from `from_step`, the step the loop loaded (0 for a fresh run), which is returned."""
     import shlex
     from importlib.metadata import PackageNotFoundError, version
 
     from scalerl_mega.metrics.provenance import start_segment
-    from scalerl_mega.trainer.megatron.checkpoint import latest_step
 
-    from_step = 0
-    if resumed:
-        from scalerl_mega.loop import latest_checkpoint
-
-        from_step = latest_step(latest_checkpoint(config)) or 0
     try:
         ver = version("scalerl-mega")
     except PackageNotFoundError:

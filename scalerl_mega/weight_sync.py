@@ -19,6 +19,7 @@ Every wait has a deadline; failures raise `WeightSyncError` naming the bucket, t
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:  # pragma: no cover
     import torch
     from torch.distributed import ProcessGroup
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BUCKET_BYTES = 512 << 20
 FLATTENED_BUCKET = "flattened_bucket"
@@ -307,8 +310,8 @@ def destroy_group(group: "ProcessGroup") -> None:
 
     try:
         dist.destroy_process_group(group)
-    except Exception:  # noqa: BLE001 - best effort on shutdown
-        pass
+    except (RuntimeError, ValueError) as exc:  # already destroyed or never formed: nothing left to free
+        log.warning("weight sync: destroying the process group failed (%s)", exc)
 
 
 def engine_rank_offsets(gpus_per_engine: list[int]) -> tuple[int, list[int]]:

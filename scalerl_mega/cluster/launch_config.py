@@ -87,7 +87,7 @@ def gpu_memory_bytes() -> int | None:
         return None
     try:
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no driver / no GPU
+    except pynvml.NVMLError:  # no driver or library: no GPU
         return None
     try:
         count = pynvml.nvmlDeviceGetCount()

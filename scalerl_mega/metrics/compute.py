@@ -73,7 +73,7 @@ def gpu_utilization() -> float | None:
         return None
     try:
         pynvml.nvmlInit()
-    except Exception:  # no driver: a CPU machine
+    except pynvml.NVMLError:  # no driver or library: a CPU machine
         return None
     try:
         n = pynvml.nvmlDeviceGetCount()

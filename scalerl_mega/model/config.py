@@ -452,12 +452,12 @@ class MegatronConfig:
         return self
 
 
-def _positive(where: str, key: str, value: Any) -> None:
+def _positive(where: str, key: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{where}: {key}={value!r} must be a positive integer")
 
 
-def _choice(where: str, key: str, value: Any, allowed: tuple[str, ...]) -> None:
+def _choice(where: str, key: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{where}: {key}={value!r} is not one of {list(allowed)}")
 

@@ -7,10 +7,13 @@ HF-named tensors load into the engine one to one.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.model.config import ModelConfig
 
 
-def hf_config_from_model(m: Any) -> tuple[str, dict[str, Any]]:
+def hf_config_from_model(m: ModelConfig) -> tuple[str, dict[str, Any]]:
     """(arch, kwargs) for `LocalModelSpec(arch=..., config=kwargs)`; `m` is a trainer ModelConfig.
 
     Llama-4: HF's `no_rope_layers` uses 1 = RoPE layer (Megatron's convention is the opposite);
@@ -61,7 +64,7 @@ def hf_config_from_model(m: Any) -> tuple[str, dict[str, Any]]:
     )
 
 
-def _qwen3_moe_kwargs(m: Any, common: dict[str, Any]) -> dict[str, Any]:
+def _qwen3_moe_kwargs(m: ModelConfig, common: dict[str, Any]) -> dict[str, Any]:
     """Qwen3MoeConfig kwargs: HF routes softmax top-k over every expert (renormalised when
     `norm_topk_prob`, Megatron's `moe_router_pre_softmax=False`), without a shared expert; a layer is MoE
     unless in `mlp_only_layers`, every `decoder_sparse_step`-th layer."""

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.config import TrainConfig
+    from scalerl_mega.convert.dims import ArchDims
+    from scalerl_mega.model.config import ModelConfig
 
 HF_MODEL_NAME = "hf"
 """`model.name` of conf/model/hf.yaml: derive the model from `init_from_hf`'s config.json."""
@@ -86,7 +88,7 @@ def _naming(key: str, path: str | Path):
         raise ValueError(f"{key}={str(path)!r}: {exc}") from exc
 
 
-def model_from_hf_dir(path: str | Path, *, base: Any = None, key: str = "init_from_hf"):
+def model_from_hf_dir(path: str | Path, *, base: ModelConfig | None = None, key: str = "init_from_hf") -> ModelConfig:
     """Trainer `ModelConfig` equivalent to `<path>/config.json`; `base` (a ModelConfig) supplies the
     `KEEP_FROM_COMPOSED` keys. Raises ValueError naming `key` and the offending config.json field."""
     from scalerl_mega.convert.model_config import model_config_from_hf
@@ -109,7 +111,7 @@ def _normalised(d):
     return dataclasses.replace(d, attention_chunk_size=chunk, no_rope_layers=flags, rope_interleaved_in_hf=False)
 
 
-def _same(a: Any, b: Any, *, rel_tol: float) -> bool:
+def _same(a: object, b: object, *, rel_tol: float) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         if a is None or b is None:
             return a is b
@@ -117,13 +119,13 @@ def _same(a: Any, b: Any, *, rel_tol: float) -> bool:
     return a == b
 
 
-def _dims_diff(theirs: Any, ours: Any, *, rel_tol: float) -> list[tuple[str, Any, Any]]:
+def _dims_diff(theirs: ArchDims, ours: ArchDims, *, rel_tol: float) -> list[tuple[str, object, object]]:
     theirs, ours = _normalised(theirs), _normalised(ours)
     return [(f.name, getattr(theirs, f.name), getattr(ours, f.name)) for f in dataclasses.fields(theirs)
             if not _same(getattr(theirs, f.name), getattr(ours, f.name), rel_tol=rel_tol)]
 
 
-def model_mismatches(model: Any, hf_cfg: Mapping[str, Any], *, rel_tol: float = REL_TOL,
+def model_mismatches(model: ModelConfig, hf_cfg: Mapping[str, Any], *, rel_tol: float = REL_TOL,
                      where: str = "config.json") -> list[str]:
     """Every architecture field where trainer `model` and HF `hf_cfg` differ, one line each:
     `<field>=<checkpoint value> in config.json but <model key>=<model value>` (floats: `rel_tol`)."""
@@ -146,7 +148,7 @@ def config_mismatches(theirs: Mapping[str, Any], ours: Mapping[str, Any], *, rel
     return [f"{name}={a!r} in {where} but {b!r} expected" for name, a, b in _dims_diff(a_dims, b_dims, rel_tol=rel_tol)]
 
 
-def check_model_matches_hf(model: Any, path: str | Path, *, key: str = "init_from_hf") -> None:
+def check_model_matches_hf(model: ModelConfig, path: str | Path, *, key: str = "init_from_hf") -> None:
     """ValueError listing every mismatching field when `model` cannot hold `<path>`'s weights."""
     with _naming(key, path):  # an unusable config.json (unsupported model_type, missing key, ...)
         bad = model_mismatches(model, read_hf_config(path, key=key), where="config.json")
@@ -155,7 +157,7 @@ def check_model_matches_hf(model: Any, path: str | Path, *, key: str = "init_fro
                          + "; ".join(bad) + ". Use model=hf to take the shapes from the checkpoint, or fix model.*")
 
 
-def resolve_model(config: TrainConfig) -> Any:
+def resolve_model(config: TrainConfig) -> TrainConfig:
     """Compose-time step of `scalerl-train` (a TrainConfig in, the same object out).
 
     `model=hf` (model.name == 'hf'): `config.model` becomes the checkpoint's; needs `init_from_hf`.

@@ -65,7 +65,7 @@ def call_in_child(
         return ("timeout", None)
     try:
         return pickle.loads(b"".join(chunks))
-    except Exception:  # noqa: BLE001 - truncated output: the child died (e.g. MemoryError in pickling)
+    except (pickle.UnpicklingError, EOFError, ValueError, MemoryError):  # truncated: the child died mid-write
         return ("crash", os.waitstatus_to_exitcode(status))
 
 

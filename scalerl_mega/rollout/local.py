@@ -34,6 +34,7 @@ settings and requests it shares with this handle are local_spec.py.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import time
@@ -52,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from scalerl_mega.types import Completion, Prompt, SamplingParams
 
+log = logging.getLogger(__name__)
 
 # ---- trainer-side handle -------------------------------------------------------------------------
 class _PipeAnnouncer:
@@ -190,8 +192,8 @@ class LocalRolloutEngine:
         if self._proc.is_alive():
             try:
                 self._cmd_q.put(("close",))
-            except Exception:  # noqa: BLE001
-                pass
+            except (ValueError, OSError) as exc:  # the queue is already closed: the kill below ends the child
+                log.warning("local engine: close request not sent (%s); stopping the process", exc)
             self._proc.join(timeout=10)
             if self._proc.is_alive():
                 self._proc.kill()

@@ -253,7 +253,7 @@ class SGLangTestServer(WeightUpdateEndpoints):
                 entry[0].set()
 
     # ---- routing -----------------------------------------------------------------------------------
-    def _route(self, method: str, path: str, body: JSONBody) -> tuple[int, Any]:
+    def _route(self, method: str, path: str, body: JSONBody) -> tuple[int, JSONBody]:
         routes = {
             ("get", "/health"): self._health,
             ("get", "/health_generate"): self._health_generate,
@@ -290,7 +290,7 @@ class SGLangTestServer(WeightUpdateEndpoints):
         return fn(body or {})
 
     # ---- endpoints ---------------------------------------------------------------------------------
-    def _test_state(self, body: dict) -> tuple[int, Any]:
+    def _test_state(self, body: dict) -> tuple[int, JSONBody]:
         """Introspection for tests driving a server in another process (not an SGLang endpoint)."""
         with self._cv:
             return 200, {
@@ -303,27 +303,27 @@ class SGLangTestServer(WeightUpdateEndpoints):
                 "held": self._test_hold is not None and self._test_hold[0].is_set(),
             }
 
-    def _test_hold_at(self, body: dict) -> tuple[int, Any]:
+    def _test_hold_at(self, body: dict) -> tuple[int, JSONBody]:
         """`{"min_output_len": n}`: hold the scheduler once a running request has n output tokens (`hold_when`)
         until `/_test/release`; `held` in `/_test/state` tells when it is."""
         n = int(body["min_output_len"])
         self._test_hold = self.hold_when(lambda srv: any(len(r.output_ids) >= n for r in srv.core.rows))
         return 200, {}
 
-    def _test_release(self, body: dict) -> tuple[int, Any]:
+    def _test_release(self, body: dict) -> tuple[int, JSONBody]:
         if self._test_hold is not None:
             self._test_hold[1].set()
         return 200, {}
 
-    def _test_clear_events(self, body: dict) -> tuple[int, Any]:
+    def _test_clear_events(self, body: dict) -> tuple[int, JSONBody]:
         with self._cv:
             self.events.clear()
         return 200, {}
 
-    def _health(self, body: dict) -> tuple[int, Any]:
+    def _health(self, body: dict) -> tuple[int, JSONBody]:
         return 200, None
 
-    def _health_generate(self, body: dict) -> tuple[int, Any]:
+    def _health_generate(self, body: dict) -> tuple[int, JSONBody]:
         with self._cv:
             if self.paused:
                 raise HTTPError(503, {"error": "server is paused"})
@@ -332,7 +332,7 @@ class SGLangTestServer(WeightUpdateEndpoints):
             self._run([1], SamplingParams(max_new_tokens=1), seed=0, rid=f"health-{uuid.uuid4().hex}")
         return 200, {}
 
-    def _model_info(self, body: dict) -> tuple[int, Any]:
+    def _model_info(self, body: dict) -> tuple[int, JSONBody]:
         return 200, {
             "model_path": self.model_path,
             "tokenizer_path": self.model_path,  # SGLang: --tokenizer-path defaults to --model-path
@@ -342,14 +342,14 @@ class SGLangTestServer(WeightUpdateEndpoints):
             "architectures": [type(self.core.model).__name__],
         }
 
-    def _server_info(self, body: dict) -> tuple[int, Any]:
+    def _server_info(self, body: dict) -> tuple[int, JSONBody]:
         # the subset of SGLang's server arguments the client reads: this server has no prefix cache and
         # no overlap scheduler (every token is computed after the previous one, with the weights of its tag)
         return 200, {"model_path": self.model_path, "disable_radix_cache": True, "disable_overlap_schedule": True,
                      "skip_tokenizer_init": True, "weight_version": self.version_names[self.core.version],
                      "enable_return_routed_experts": self.return_routed_experts}
 
-    def _generate(self, body: dict) -> tuple[int, Any]:
+    def _generate(self, body: dict) -> tuple[int, JSONBody]:
         from scalerl_mega.rollout.openapi_check import SAMPLING_PARAMS_FIELDS
 
         ids = body.get("input_ids")
@@ -456,7 +456,7 @@ class SGLangTestServer(WeightUpdateEndpoints):
             },
         }
 
-    def _pause(self, body: dict) -> tuple[int, Any]:
+    def _pause(self, body: dict) -> tuple[int, JSONBody]:
         mode = body.get("mode", "abort")
         with self._cv:
             if mode == "abort":
@@ -466,7 +466,7 @@ class SGLangTestServer(WeightUpdateEndpoints):
             self.paused = True
         return 200, {"message": "Generation paused successfully.", "status": "ok"}
 
-    def _continue(self, body: dict) -> tuple[int, Any]:
+    def _continue(self, body: dict) -> tuple[int, JSONBody]:
         with self._cv:
             self.paused = False
             self._cv.notify_all()
@@ -475,13 +475,13 @@ class SGLangTestServer(WeightUpdateEndpoints):
     def _flush_refused(self) -> bool:
         return self.core.num_running > 0 or (not self.paused and self.core.num_waiting > 0)
 
-    def _flush(self, body: dict) -> tuple[int, Any]:
+    def _flush(self, body: dict) -> tuple[int, JSONBody]:
         with self._cv:
             if self._flush_refused():
                 raise HTTPError(400, "Cache not flushed because there are pending requests.")
         return 200, FLUSHED
 
-    def _abort(self, body: dict) -> tuple[int, Any]:
+    def _abort(self, body: dict) -> tuple[int, JSONBody]:
         if body.get("abort_all"):
             with self._cv:
                 self._resolve(self.core.abort_all())

@@ -3,6 +3,7 @@ run it when the trainer and the server must own separate torch.distributed regis
 
 from __future__ import annotations
 
+import queue
 from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.rollout.core import CoreConfig
@@ -53,7 +54,7 @@ class SpawnedTestServer:
         self.proc.start()
         try:
             self.url: str = q.get(timeout=start_timeout_s)
-        except Exception:
+        except queue.Empty:
             self.proc.kill()
             raise RuntimeError(f"test server process did not start within {start_timeout_s}s") from None
 

@@ -5,9 +5,9 @@ they are checked (as SGLang does); `/init_weights_update_group` blocks until the
 
 from __future__ import annotations
 
-from typing import Any
+from scalerl_mega.jsonvalue import JSON
 
-JSONBody = dict[str, Any] | list[Any] | str | None
+JSONBody = JSON
 """A request or response body as JSON decodes it."""
 
 NO_SESSION = "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
@@ -26,21 +26,21 @@ class WeightUpdateEndpoints:
     """Mixed into `SGLangTestServer`, which provides `_cv` (its lock), `core` (the engine), `session_open`,
     `group`, `group_name`, `receiver`, `version_names`, `sync_timeout_s` and `_flush_refused`."""
 
-    def _begin(self, body: dict) -> tuple[int, Any]:
+    def _begin(self, body: dict) -> tuple[int, JSONBody]:
         with self._cv:
             if self.session_open:
                 raise HTTPError(400, {"success": False, "message": "a weight update session is already open"})
             self.session_open = True
         return 200, {"success": True, "message": "weight update session opened"}
 
-    def _end(self, body: dict) -> tuple[int, Any]:
+    def _end(self, body: dict) -> tuple[int, JSONBody]:
         with self._cv:
             if not self.session_open:
                 raise HTTPError(400, {"success": False, "message": "no weight update session is open"})
             self.session_open = False
         return 200, {"success": True, "message": "weight update session closed"}
 
-    def _init_group(self, body: dict) -> tuple[int, Any]:
+    def _init_group(self, body: dict) -> tuple[int, JSONBody]:
         from scalerl_mega.weight_sync import DistWeightReceiver, WeightSyncError, init_custom_process_group
 
         if self.group is not None:
@@ -61,7 +61,7 @@ class WeightUpdateEndpoints:
         self.receiver = DistWeightReceiver(group, timeout_s=self.sync_timeout_s)
         return 200, {"success": True, "message": "Succeeded to initialize custom process group."}
 
-    def _destroy_group(self, body: dict) -> tuple[int, Any]:
+    def _destroy_group(self, body: dict) -> tuple[int, JSONBody]:
         from scalerl_mega.weight_sync import destroy_group
 
         if self.group is not None and body.get("group_name", "weight_update_group") == self.group_name:
@@ -69,7 +69,7 @@ class WeightUpdateEndpoints:
             self.group = self.receiver = None
         return 200, {"success": True, "message": "destroyed"}
 
-    def _update_weights(self, body: dict) -> tuple[int, Any]:
+    def _update_weights(self, body: dict) -> tuple[int, JSONBody]:
         from scalerl_mega.weight_sync import BucketMeta, WeightSyncError, dtype_from_name, dtype_name
 
         def fail(msg: str):

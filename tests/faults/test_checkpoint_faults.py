@@ -57,6 +57,7 @@ def worker(root: str, out: str) -> None:
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
+    from scalerl_mega.trainer.megatron.checkpoint import latest_step, loadable_step
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
     from scalerl_mega.types import SftBatch
 
@@ -126,6 +127,8 @@ def worker(root: str, out: str) -> None:
             (copy / ".tmp-step_00000003").mkdir()  # and a leftover of a killed save
             (copy / ".tmp-step_00000003" / "__0_0.distcp").write_bytes(b"half")
             logs.clear()
+            # what the start banner, provenance and the finished-run check report (issue 56 item 4)
+            res[f"{mode}_steps"] = [latest_step(copy), loadable_step(copy)]
             t.sft_step(batch)  # move the weights away from both checkpoints
             res[f"{mode}_marker"] = t.load(str(copy))["marker"]
             res[f"{mode}_w"] = _weights(t)
@@ -189,6 +192,7 @@ def test_disk_full_during_save_leaves_latest_intact(scenario):
 @pytest.mark.parametrize("mode", ["truncate", "bitflip", "no_common", "legacy_no_common"])
 def test_damaged_latest_is_named_and_previous_checkpoint_loads(scenario, mode):
     assert scenario[f"{mode}_marker"] == 1
+    assert scenario[f"{mode}_steps"] == [2, 1]  # `latest` names step 2; loadable_step is the step loaded
     assert scenario[f"{mode}_w"] == scenario["w1"] != scenario["w2"]
     damaged = f"ckpt_{mode}/step_00000002 is damaged"
     assert any(damaged in m for m in scenario[f"{mode}_logs"]), scenario[f"{mode}_logs"]

@@ -25,7 +25,10 @@ from tests.sglang_support.oracle import collect, full_logprobs, in_place_logprob
 from tests.sglang_support.real_server import ROOT, engine_for
 
 pytestmark = [pytest.mark.sglang, pytest.mark.usefixtures("one_torch_thread")]
-TOL = 1e-4  # measured 6.5e-7 to 2.2e-6 between SGLang's FP32 CPU path and transformers
+TOL = 1e-5
+"""Max |log-prob diff| between SGLang's FP32 CPU path and transformers / the trainer (docs/sglang.md states it):
+measured 6.5e-7 to 2.4e-6 over the runs of issues 48-56 (2.36e-6 Qwen3, 1.90e-6 Qwen3-MoE on 2026-11-29), so 1e-5
+keeps a 4x margin (issue 56: was 1e-4)."""
 _WEIGHTS: dict = {}
 
 
@@ -69,12 +72,15 @@ def _generate(engine, prompt, n_tokens, *, seed, n=1):
 
 def test_logprobs_match_transformers(served):
     arch, _, _, engine = served
+    diffs = []
     for i, p in enumerate(([1, 17, 300, 5], [1, 900, 901, 902, 903, 42])):
         for c in _generate(engine, p, 12, seed=i, n=2):
             assert c.finish_reason == FinishReason.LENGTH and c.weight_versions == [0] * 12
-            assert max_diff(c.gen_logprobs, full_logprobs(weights(arch, 0), p, c.output_ids)) < TOL
+            diffs.append(max_diff(c.gen_logprobs, full_logprobs(weights(arch, 0), p, c.output_ids)))
             # the check tells weights apart: another seed's model is whole nats away
             assert max_diff(c.gen_logprobs, full_logprobs(weights(arch, 1), p, c.output_ids)) > 0.5
+    print(f"{arch}: max |SGLang - transformers| log-prob {max(diffs):.2e}")
+    assert max(diffs) < TOL, diffs
 
 
 def test_manifest_is_the_checkpoint_format(served):

@@ -10,14 +10,12 @@ from pathlib import Path
 import pytest
 
 from scalerl_mega.train import launch_timings, run_job
+from tests.support.fake_checkpoint import save_fake_checkpoint
 
 
 def _checkpoint(out: Path, step: int) -> None:
-    """What `checkpoint.latest_step` reads: `latest` -> a step directory with its COMPLETE marker."""
-    d = out / "checkpoints" / f"step_{step:08d}"
-    d.mkdir(parents=True)
-    (d / "COMPLETE").write_text(json.dumps({"step": step}))
-    (out / "checkpoints" / "latest").write_text(d.name)
+    """What `checkpoint.loadable_step` reads: `latest` -> a step directory that verifies."""
+    save_fake_checkpoint(out / "checkpoints", step)
 
 
 def _config(out: Path, steps: int):

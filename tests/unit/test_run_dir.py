@@ -135,8 +135,7 @@ def test_start_banner_names_output_recipe_model_and_schedule(tmp_path):
     assert lines[2].startswith("  model   0.7M parameters (4 layers, hidden 128, MoE 4 experts top-1); data=synthetic")
     assert lines[3] == ("  steps   250 SFT warm-start steps, then 80 RL steps x 32 prompts x 8 samples; validation every "
                         "10 steps on 200 held-out prompts x 4")
-    ckpt = tmp_path / "run" / "checkpoints" / "step_00000040"
-    ckpt.mkdir(parents=True)
-    (ckpt / "COMPLETE").write_text('{"step": 40}')
-    (ckpt.parent / "latest").write_text(ckpt.name)
+    from tests.support.fake_checkpoint import save_fake_checkpoint
+
+    save_fake_checkpoint(tmp_path / "run" / "checkpoints", 40)
     assert start_banner(_config(tmp_path / "run")).splitlines()[3].startswith("  steps   resuming at step 40 of 80 RL")

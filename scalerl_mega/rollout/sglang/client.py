@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.interfaces import PAUSE_MODES
+from scalerl_mega.jsonvalue import JSON
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.weight_sync import BucketMeta
@@ -34,7 +35,7 @@ def generate_body(*, input_ids: list[int], sampling_params: dict[str, Any], rid:
     return body
 
 
-def reply_json(method: str, url: str, endpoint: str, *, status: int, content: bytes, body_hook: BodyHook | None) -> Any:
+def reply_json(method: str, url: str, endpoint: str, *, status: int, content: bytes, body_hook: BodyHook | None) -> JSON:
     """An HTTP answer -> its JSON body (text if not JSON); SGLangError on a non-200 status or
     `success: false`. Shared by the blocking control client and the pooled /generate client."""
     import json
@@ -64,7 +65,7 @@ class SGLangClient:
         self._session = requests.Session()
 
     def _call(self, method: str, endpoint: str, body: dict[str, Any] | None = None, *, timeout_s: float | None = None,
-              params: dict[str, str] | None = None) -> Any:
+              params: dict[str, str] | None = None) -> JSON:
         import requests
 
         if body is not None and self.body_hook is not None:
@@ -95,29 +96,29 @@ class SGLangClient:
         return self._call("POST", "/generate", generate_body(input_ids=input_ids, sampling_params=sampling_params,
                                                            rid=rid, return_routed_experts=return_routed_experts))
 
-    def pause_generation(self, mode: str) -> Any:
+    def pause_generation(self, mode: str) -> JSON:
         if mode not in PAUSE_MODES:
             raise ValueError(f"pause mode={mode!r} must be one of {PAUSE_MODES}")
         return self._call("POST", "/pause_generation", {"mode": mode})
 
-    def continue_generation(self) -> Any:
+    def continue_generation(self) -> JSON:
         return self._call("POST", "/continue_generation", {"torch_empty_cache": False})
 
-    def abort_all(self) -> Any:
+    def abort_all(self) -> JSON:
         return self._call("POST", "/abort_request", {"abort_all": True})
 
-    def flush_cache(self) -> Any:
+    def flush_cache(self) -> JSON:
         return self._call("POST", "/flush_cache")
 
-    def begin_weight_update(self) -> Any:
+    def begin_weight_update(self) -> JSON:
         return self._call("POST", "/begin_weight_update", {"selector": "all"})
 
-    def end_weight_update(self) -> Any:
+    def end_weight_update(self) -> JSON:
         return self._call("POST", "/end_weight_update", {})
 
     def init_weights_update_group(
         self, *, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
-    ) -> Any:
+    ) -> JSON:
         body = {
             "master_address": master_address,
             "master_port": master_port,
@@ -128,10 +129,10 @@ class SGLangClient:
         }
         return self._call("POST", "/init_weights_update_group", body)
 
-    def destroy_weights_update_group(self, group_name: str) -> Any:
+    def destroy_weights_update_group(self, group_name: str) -> JSON:
         return self._call("POST", "/destroy_weights_update_group", {"group_name": group_name})
 
-    def update_weights_from_distributed(self, meta: BucketMeta, *, group_name: str, flush_cache: bool) -> Any:
+    def update_weights_from_distributed(self, meta: BucketMeta, *, group_name: str, flush_cache: bool) -> JSON:
         body = {
             "names": meta.names,
             "dtypes": meta.dtypes,

@@ -62,6 +62,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -230,18 +231,23 @@ def _file_digest(path: Path) -> dict[str, Any]:
     return {"size": path.stat().st_size, "sha256": h.hexdigest()}
 
 
-def _my_share(names: list[str]) -> list[str]:
-    import torch.distributed as dist
+def _dist():
+    """torch.distributed when a process group is up, else None (without importing torch when nothing has:
+    `loadable_step` runs in the start banner, before the heavy imports)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist if dist is not None and dist.is_available() and dist.is_initialized() else None
 
-    if not dist.is_initialized():
+
+def _my_share(names: list[str]) -> list[str]:
+    dist = _dist()
+    if dist is None:
         return names
     return names[dist.get_rank()::dist.get_world_size()]
 
 
 def _gather(obj: object) -> list[Any]:
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
+    dist = _dist()
+    if dist is None:
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
@@ -401,12 +407,27 @@ def resolve(path: str | os.PathLike) -> Path:
 
 
 def latest_step(root: str | os.PathLike) -> Optional[int]:
-    """Step of the checkpoint `latest` points to, or None when there is none."""
+    """Step of the checkpoint `latest` points to, or None when there is none. Not necessarily the step a
+    resume loads (a damaged `latest` falls back): `loadable_step` is that one."""
     try:
         path = resolve(root)
     except ValueError:
         return None
     return int(json.loads((path / COMPLETE).read_text())["step"])
+
+
+def loadable_step(path: str | os.PathLike) -> Optional[int]:
+    """The step `load_checkpoint(path)` will load: that of the first of `candidates(path)` that passes
+    `verify_checkpoint` (the load's own check, so a damaged `latest` gives the previous step) and, when it
+    was saved without checksums, still holds its common-state file; None when none does. Reads and hashes
+    the files, as the load does (collective when torch.distributed is initialized)."""
+    from scalerl_mega.trainer.megatron import mcore_compat
+
+    for ckpt in candidates(path):
+        if verify_checkpoint(ckpt) is None and ((ckpt / CHECKSUMS).is_file()
+                                                or (ckpt / mcore_compat.common_state_file()).is_file()):
+            return _step_of(ckpt)
+    return None
 
 
 def load_checkpoint(path: str | os.PathLike, *, chunks: list, optimizer=None,

@@ -10,6 +10,7 @@ The output layer computes logits in FP32 (paper Sec. 3.2, "FP32 Precision for LL
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.model.config import ModelConfig, ParallelConfig
@@ -20,9 +21,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def te_available() -> bool:
+    """True when TransformerEngine imports. Not installed: False. Installed but broken (its CUDA libraries
+    missing: OSError, or an ImportError from inside the package): False, with a warning naming the error, so
+    a GPU run that silently falls back to the local spec says why."""
     try:
         import transformer_engine  # noqa: F401
-    except Exception:
+    except (ImportError, OSError) as exc:
+        if not (isinstance(exc, ModuleNotFoundError) and exc.name == "transformer_engine"):
+            logging.getLogger(__name__).warning("TransformerEngine does not import (%s): local layer spec", exc)
         return False
     return True
 

@@ -123,12 +123,11 @@ def teardown_parallel(*, destroy_process_group: bool = True) -> None:
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
-    try:  # the MoE aux-loss tracker holds tensors and groups from the previous layout
-        from scalerl_mega.trainer.megatron import mcore_compat
+    # the MoE aux-loss tracker holds tensors and groups from the previous layout; a failure here is a
+    # megatron-core release difference mcore_compat has to learn about, so it is raised, not hidden
+    from scalerl_mega.trainer.megatron import mcore_compat
 
-        mcore_compat.clear_moe_aux_losses()
-    except Exception:  # pragma: no cover - tracker absent or empty
-        pass
+    mcore_compat.clear_moe_aux_losses()
     if destroy_process_group and dist.is_initialized():
         dist.destroy_process_group()
 
