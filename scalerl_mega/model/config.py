@@ -484,6 +484,9 @@ def load_model_preset(name: str, *, overrides: Optional[dict[str, Any]] = None,
     data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping, got {type(data).__name__}")
+    bases = [b for b in data.pop("defaults", []) if b != "_self_"]  # a preset on another (conf/model/demo_moe.yaml)
+    for base in bases:
+        data = {**dataclasses.asdict(load_model_preset(base, conf_dir=directory)), **data}
     data.setdefault("name", name)
     data.update(overrides or {})
     return model_from_dict(data, source=str(path)).validate()
