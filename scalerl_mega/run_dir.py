@@ -92,7 +92,8 @@ def check_resume(config: TrainConfig, *, write: bool = True) -> list[str]:
         if diffs and not force:
             raise ValueError(f"resume=auto: {run_dir} holds a checkpoint of a run whose config differs in "
                              f"{len(diffs)} key(s): " + "; ".join(diffs)
-                             + " (use another output_dir, resume=never to start over, or resume=force)")
+                             + " (use another run_name= (runs go to outputs/<run_name>/seed<seed>) or output_dir=, "
+                             "resume=never to start over, or resume=force)")
     if write:
         write_config(config, run_dir)
     return diffs
@@ -147,6 +148,9 @@ def argv_problem(argv: list[str]) -> str | None:
         if a.startswith("-"):
             flag = a.split("=", 1)[0]
             if flag not in flags:
+                key = flag.lstrip("-").replace("-", "_")
+                if override_problem(f"{key}=1") is None:  # a config key written as a flag: --dry-run
+                    return f"unknown option {flag}: {key} is a config key, written {key}=<value> (e.g. {key}=true)"
                 return f"unknown option {flag}{did_you_mean(flag, flags)}"
         else:
             problem = override_problem(a)
