@@ -155,3 +155,14 @@ def test_start_banner_names_output_recipe_model_and_schedule(tmp_path):
     (ckpt / "COMPLETE").write_text('{"step": 40}')
     (ckpt.parent / "latest").write_text(ckpt.name)
     assert start_banner(_config(tmp_path / "run")).splitlines()[3].startswith("  steps   resuming at step 40 of 80 RL")
+
+
+def test_help_is_short_and_names_validate(tmp_path):
+    """Issue 59: `--help` was 248 lines of Hydra's help without `--validate`; now the project's usage, the flags a
+    user needs and every config group with its options (conf/train.yaml hydra.help)."""
+    r = _cli(tmp_path, "--help")
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 0 and lines[0].startswith("scalerl-train [--validate]"), r.stdout[:500] + r.stderr[-500:]
+    assert len(lines) < 40 and any(ln.strip().startswith("--validate ") for ln in lines)
+    assert any(ln.startswith("model: ") and "tiny_qwen3_moe" in ln for ln in lines)
+    assert any(ln.startswith("experiment: ") and "qwen3_moe" in ln for ln in lines)
