@@ -86,6 +86,20 @@ def test_presets_keep_their_sizes_and_names_under_every_experiment():
 def test_qwen3_experiments():
     from scalerl_mega.compose import compose_node
 
-    for exp, model, replay in (("qwen3", "qwen3_8b", "none"), ("qwen3_moe", "qwen3_30b_a3b", "ids")):
+    for exp, model, replay in (("qwen3", "qwen3_8b", "none"), ("qwen3_moe", "qwen3_30b_a3b", "none")):
         c = compose_node([f"experiment={exp}"])
         assert (c.model.name, c.moe.routing_replay, c.run_name) == (model, replay, exp)
+
+
+def test_qwen3_experiments_pass_the_launch_check_of_their_scripts():
+    """`EXPERIMENT=qwen3 ... slurm/train_dense.sh MODEL=qwen3_8b` and `EXPERIMENT=qwen3_moe ... train_qwen3_moe.sh`
+    (full recompute) compose and validate as the batch node's launch check does."""
+    from test_docs_plan_tables import launch_overrides
+
+    from scalerl_mega.cluster import launch_config as LC
+    from scalerl_mega.cluster.layouts import LAYOUTS
+
+    for exp, name, env in (("qwen3", "train_dense", {"MODEL": "qwen3_8b"}), ("qwen3_moe", "train_qwen3_moe", {})):
+        ovs = [o for o in launch_overrides(LAYOUTS[name].with_env(env)) if not o.startswith("experiment=")]
+        cfg = LC.compose([f"experiment={exp}", *ovs])
+        assert cfg.run_name == exp and cfg.model.name == LAYOUTS[name].with_env(env).model
