@@ -201,7 +201,7 @@ def config_or_exit(cfg: TrainConfig, *, validate_only: bool = False):
         print(start_banner(config), flush=True)  # before the heavy imports: the first line comes in seconds
     if validate_only:
         n = config.model.num_params()
-        print(f"config OK: model '{config.model.name}' ({n['total'] / 1e6:.1f}M parameters), data={config.data.name}, "
+        print(f"config OK: model '{config.model.name}' ({n['total'] / 1e6:.1f}M parameters), data={data_label(config)}, "
               f"loss={config.loss.name}, reward={config.reward.name}, output_dir={config.output_dir}", flush=True)
         return None
     return config
@@ -232,10 +232,19 @@ def start_banner(config: TrainConfig) -> str:
         "(report.md there at the end)",
         f"  recipe  {recipe}",
         f"  model   {_count(n['total'])} parameters ({m.num_layers} layers, hidden {m.hidden_size}{moe}); "
-        f"data={config.data.name}, reward={config.reward.name}; {config.cluster.device}, rollout={config.rollout.name}",
+        f"data={data_label(config)}, reward={config.reward.name}; {config.cluster.device}, rollout={config.rollout.name}",
         f"  steps   {start} {t.steps} RL steps x {t.prompts_per_step} prompts x {t.generations_per_prompt} "
         f"samples{val}",
     ])
+
+
+def data_label(config: TrainConfig) -> str:
+    """The data group, with the user's files when it reads some (`data=polaris` alone read as Polaris-53K)."""
+    files = [*config.data.train_files, *config.data.code_files] if config.data.name != "synthetic" else []
+    if not files:
+        return str(config.data.name)
+    more = f" + {len(files) - 1} more" if len(files) > 1 else ""
+    return f"{config.data.name} ({Path(files[0]).name}{more})"
 
 
 def _count(n: float) -> str:

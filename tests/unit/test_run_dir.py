@@ -166,3 +166,16 @@ def test_help_is_short_and_names_validate(tmp_path):
     assert len(lines) < 40 and any(ln.strip().startswith("--validate ") for ln in lines)
     assert any(ln.startswith("model: ") and "tiny_qwen3_moe" in ln for ln in lines)
     assert any(ln.startswith("experiment: ") and "qwen3_moe" in ln for ln in lines)
+
+
+def test_banner_names_the_users_data_files(tmp_path):
+    """Issue 59: the banner said `data=polaris` for the user's own JSONL."""
+    from test_hf_model_config import _compose
+
+    from scalerl_mega.run_dir import data_label, start_banner
+
+    cfg = _compose("experiment=demo", f"output_dir={tmp_path / 'run'}", "data=polaris",
+                   "data.train_files=[/d/mine.jsonl,/d/more.parquet]")  # composed only: the files are not read
+    assert data_label(cfg) == "polaris (mine.jsonl + 1 more)"
+    assert "data=polaris (mine.jsonl + 1 more), reward=" in start_banner(cfg)
+    assert data_label(_config(tmp_path / "run2")) == "synthetic"
