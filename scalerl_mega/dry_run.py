@@ -20,13 +20,14 @@ Per rank it reports the bytes of
   [V/tp, H], the dlogits buffer, FP32 hidden copies), MoE route tensors and allocator fragmentation
   (`cluster.plan.runtime_bytes`: the formulas are in cluster/plan.py's module doc),
 and the generator's weights + KV cache for one prompt's group of full-length sequences. `peak_bytes` is
-the sum; `devices` says for H100 80 GB, H200 141 GB and GB200 186 GB whether the largest rank's peak stays
+the sum; `devices` says for H100 80 GB, H200 141 GB and GB200 186 GB whether the planned peak (`trainer_plan`) stays
 within the device's memory less the planner's margin (`plan.MARGIN_FRACTION`).
 
 Output (interface read by outside tooling): `output_dir/dry_run.json` =
 `{"world_size": W, "ranks": {"<rank>": {"params", "params_bytes", "grads_bytes", "optimizer_bytes",
 "activations_bytes", ...}}, ...}` and the same as a table on stdout; exit 0. A layout that cannot
-initialise exits 2 with a message naming the keys.
+initialise exits 2 with a message naming the keys; so does one whose planned peak (`trainer_plan`, the figure of
+tools/plan.py and the Slurm launch check) does not fit `dry_run_gpu` (any of the planner's GPUs when empty).
 """
 
 from __future__ import annotations
