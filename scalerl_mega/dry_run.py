@@ -20,13 +20,14 @@ Per rank it reports the bytes of
   [V/tp, H], the dlogits buffer, FP32 hidden copies), MoE route tensors and allocator fragmentation
   (`cluster.plan.runtime_bytes`: the formulas are in cluster/plan.py's module doc),
 and the generator's weights + KV cache for one prompt's group of full-length sequences. `peak_bytes` is
-the sum; `devices` says for H100 80 GB, H200 141 GB and GB200 186 GB whether the largest rank's peak stays
+the sum; `devices` says for H100 80 GB, H200 141 GB and GB200 186 GB whether the planned peak (`trainer_plan`) stays
 within the device's memory less the planner's margin (`plan.MARGIN_FRACTION`).
 
 Output (interface read by outside tooling): `output_dir/dry_run.json` =
 `{"world_size": W, "ranks": {"<rank>": {"params", "params_bytes", "grads_bytes", "optimizer_bytes",
 "activations_bytes", ...}}, ...}` and the same as a table on stdout; exit 0. A layout that cannot
-initialise exits 2 with a message naming the keys.
+initialise exits 2 with a message naming the keys; so does one whose planned peak (`trainer_plan`, the figure of
+tools/plan.py and the Slurm launch check) does not fit `dry_run_gpu` (any of the planner's GPUs when empty).
 """
 
 from __future__ import annotations
@@ -257,10 +258,21 @@ def train_layout(cfg, mcfg, world_size: int):
         chunk = default_chunk_size(cfg.model.vocab_size // par.tp)
     dp = par.dp(world_size)
     return TrainLayout(tp=par.tp, pp=par.pp, dp=dp * par.cp, ep=par.ep, etp=par.expert_tp(),
-                       fp32_head=bool(cfg.model.fp32_lm_head),
+                       fp32_head=bool(cfg.model.fp32_lm_head), fused_head=chunk is not None,
                        sequence_parallel=par.sequence_parallel_on(mcfg.model),
                        distributed_optimizer=mcfg.distributed_optimizer(dp), recompute=mcfg.recompute,
                        micro_batch=mb, seq_len=seq, logits_chunk_tokens=chunk)
+
+
+def trainer_plan(cfg, *, world_size: int, device):
+    """The one per-GPU memory answer for a run's trainer layout on `device` (a `plan.Device`): the planned peak of
+    its most loaded pipeline stage (`plan.trainer_memory`). The meta-device dry run's verdict, the Slurm launch
+    check (cluster/launch_config.py) and `tools/plan.py` all give this figure for the same layout."""
+    from scalerl_mega.build import megatron_config
+    from scalerl_mega.cluster.plan import trainer_memory
+
+    mcfg = megatron_config(cfg)
+    return trainer_memory(model_shape(mcfg.model), train_layout(cfg, mcfg, world_size), device)
 
 
 def generator_estimate(cfg) -> dict[str, Any]:
@@ -331,13 +343,31 @@ def dry_run(cfg, *, cache: dict | None = None) -> dict[str, Any]:
         "activations": {"recompute": mcfg.recompute, "seq_len": layout.seq_len, "micro_batch": layout.micro_batch,
                         "logits_chunk_tokens": layout.logits_chunk_tokens},
         "generator": generator_estimate(cfg),
-        "devices": device_fit(max(e["peak_bytes"] for e in ranks.values()), DEVICES.values()),
+        "devices": device_fit(cfg, world, DEVICES.values()),
     }
 
 
-def device_fit(peak: int, devices) -> dict[str, dict[str, Any]]:
-    """{device name: {"budget_bytes", "fits"}} for a planned per-GPU peak (plan.Device.budget_bytes)."""
-    return {d.name: {"budget_bytes": d.budget_bytes, "fits": peak <= d.budget_bytes} for d in devices}
+def device_fit(cfg, world_size: int, devices) -> dict[str, dict[str, Any]]:
+    """{device name: {"planned_peak_bytes", "budget_bytes", "fits"}}: `trainer_plan` on each device."""
+    out = {}
+    for d in devices:
+        rep = trainer_plan(cfg, world_size=world_size, device=d)
+        out[d.name] = {"planned_peak_bytes": rep.total_bytes, "budget_bytes": rep.budget_bytes, "fits": rep.fits}
+    return out
+
+
+def fit_failure(result: dict[str, Any], gpu: str) -> str | None:
+    """None when the planned peak fits `gpu` (any of the planner's GPUs when empty), else the message."""
+    devs = result["devices"]
+    peak = next(iter(devs.values()))["planned_peak_bytes"] / GiB
+    if gpu and not devs[gpu]["fits"]:
+        return (f"the trainer layout plans {peak:.2f} GiB per GPU, more than {gpu}'s "
+                f"{devs[gpu]['budget_bytes'] / GiB:.2f} GiB (dry_run_gpu={gpu}; tools/plan.py suggests a layout that fits)")
+    if not gpu and not any(d["fits"] for d in devs.values()):
+        return (f"the trainer layout plans {peak:.2f} GiB per GPU: it fits none of "
+                + ", ".join(f"{n} ({d['budget_bytes'] / GiB:.2f} GiB)" for n, d in devs.items())
+                + "; tools/plan.py suggests a layout that fits")
+    return None
 
 
 def _model_label(model) -> str:
@@ -364,8 +394,10 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"{rank:>6} {e['role']:<18} {e['params']:>14,} "
                      + " ".join(f"{e[c] / GiB:>14.2f}" for c in cols)
                      + f" {sum(e['runtime_bytes'].values()) / GiB:>12.2f} {e['peak_bytes'] / GiB:>10.2f}")
+    planned = next(iter(result["devices"].values()))["planned_peak_bytes"] / GiB
     lines.append("runtime = CUDA context + NCCL buffers + fused-head transients + MoE route tensors + fragmentation "
-                 "(cluster/plan.py); fits (peak within memory less a 5% margin): "
+                 f"(cluster/plan.py); planned peak {planned:.2f} GiB per GPU (tools/plan.py's figure); "
+                 "fits (within memory less a 5% margin): "
                  + ", ".join(f"{name} {'yes' if d['fits'] else 'NO'}" for name, d in result["devices"].items()))
     g = result["generator"]
     lines.append(f"generator (tp={g['tp']}): weights {g['weights_bytes'] / GiB:.2f} GiB + KV "
@@ -374,10 +406,17 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def run_and_exit(cfg) -> None:
-    """`dry_run=true`: write `output_dir/dry_run.json`, print the table, exit 0 (2: bad layout)."""
+    """`dry_run=true`: write `output_dir/dry_run.json`, print the table, exit 0; exit 2 when the layout cannot
+    initialise or its planned peak does not fit `dry_run_gpu` (any of the planner's GPUs when empty)."""
     import logging
 
+    from scalerl_mega.cluster.plan import DEVICES
+
     logging.getLogger("megatron").setLevel(logging.WARNING)
+    gpu = str(cfg.dry_run_gpu)
+    if gpu and gpu not in DEVICES:
+        print(f"dry run: dry_run_gpu={gpu!r} is not one of {sorted(DEVICES)}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_BAD_LAYOUT)
     try:
         result = dry_run(cfg)
     except LayoutError as exc:
@@ -387,4 +426,8 @@ def run_and_exit(cfg) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "dry_run.json").write_text(json.dumps(result, indent=1) + "\n")
     print(format_table(result), flush=True)
+    problem = fit_failure(result, gpu)
+    if problem:
+        print(f"dry run: DOES NOT FIT: {problem}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_BAD_LAYOUT)
     sys.exit(0)

@@ -92,7 +92,8 @@ def check_resume(config: TrainConfig, *, write: bool = True) -> list[str]:
         if diffs and not force:
             raise ValueError(f"resume=auto: {run_dir} holds a checkpoint of a run whose config differs in "
                              f"{len(diffs)} key(s): " + "; ".join(diffs)
-                             + " (use another output_dir, resume=never to start over, or resume=force)")
+                             + " (use another run_name= (runs go to outputs/<run_name>/seed<seed>) or output_dir=, "
+                             "resume=never to start over, or resume=force)")
     if write:
         write_config(config, run_dir)
     return diffs
@@ -147,6 +148,9 @@ def argv_problem(argv: list[str]) -> str | None:
         if a.startswith("-"):
             flag = a.split("=", 1)[0]
             if flag not in flags:
+                key = flag.lstrip("-").replace("-", "_")
+                if override_problem(f"{key}=1") is None:  # a config key written as a flag: --dry-run
+                    return f"unknown option {flag}: {key} is a config key, written {key}=<value> (e.g. {key}=true)"
                 return f"unknown option {flag}{did_you_mean(flag, flags)}"
         else:
             problem = override_problem(a)
@@ -197,7 +201,7 @@ def config_or_exit(cfg: TrainConfig, *, validate_only: bool = False):
         print(start_banner(config), flush=True)  # before the heavy imports: the first line comes in seconds
     if validate_only:
         n = config.model.num_params()
-        print(f"config OK: model '{config.model.name}' ({n['total'] / 1e6:.1f}M parameters), data={config.data.name}, "
+        print(f"config OK: model '{config.model.name}' ({n['total'] / 1e6:.1f}M parameters), data={data_label(config)}, "
               f"loss={config.loss.name}, reward={config.reward.name}, output_dir={config.output_dir}", flush=True)
         return None
     return config
@@ -232,10 +236,19 @@ def start_banner(config: TrainConfig) -> str:
         "(report.md there at the end)",
         f"  recipe  {recipe}",
         f"  model   {_count(n['total'])} parameters ({m.num_layers} layers, hidden {m.hidden_size}{moe}); "
-        f"data={config.data.name}, reward={config.reward.name}; {config.cluster.device}, rollout={config.rollout.name}",
+        f"data={data_label(config)}, reward={config.reward.name}; {config.cluster.device}, rollout={config.rollout.name}",
         f"  steps   {start} {t.steps} RL steps x {t.prompts_per_step} prompts x {t.generations_per_prompt} "
         f"samples{val}",
     ])
+
+
+def data_label(config: TrainConfig) -> str:
+    """The data group, with the user's files when it reads some (`data=polaris` alone read as Polaris-53K)."""
+    files = [*config.data.train_files, *config.data.code_files] if config.data.name != "synthetic" else []
+    if not files:
+        return str(config.data.name)
+    more = f" + {len(files) - 1} more" if len(files) > 1 else ""
+    return f"{config.data.name} ({Path(files[0]).name}{more})"
 
 
 def _count(n: float) -> str:

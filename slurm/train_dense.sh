@@ -3,12 +3,12 @@
 # (4 SGLang servers of TP 1 each = 64 GPUs) + 4 trainer nodes (16 GPUs: Megatron TP 2 with sequence parallel, DP 8).
 # Layout per GPU type: planned per-GPU peak of the trainer (meta-device dry run + runtime overheads,
 # cluster/plan.py) within the GPU's memory less 5%; tests/integration/test_dry_run.py checks each line:
-#   layout[h100_80gb]: (the defaults)                        70.7 of 75.7 GiB
-#   layout[h200]: (the defaults)                             70.7 of 124.8 GiB
+#   layout[h100_80gb]: GPU_TYPE=h100_80gb                        70.7 of 75.7 GiB
+#   layout[h200]: GPU_TYPE=h200                             70.7 of 124.8 GiB
 #   layout[gb200]: (the defaults)                            70.7 of 164.6 GiB
 #   layout[gb200]: TP=1                                      131.8 of 164.6 GiB (DP 16, no TP traffic)
-#   layout[h100_80gb]: MODEL=qwen3_8b                        72.5 of 75.7 GiB
-#   layout[h200]: MODEL=qwen3_8b                             72.5 of 124.8 GiB
+#   layout[h100_80gb]: GPU_TYPE=h100_80gb MODEL=qwen3_8b                        72.5 of 75.7 GiB
+#   layout[h200]: GPU_TYPE=h200 MODEL=qwen3_8b                             72.5 of 124.8 GiB
 # TP 1 (DP 16) needs 131.8 GiB per GPU (Qwen3-8B: 135.3): it does not fit H100 or H200.
 # Qwen3 dense: a MODEL_PATH whose config.json says model_type "qwen3" (Qwen3-0.6B ... 32B) runs with model=hf
 # (every shape from that config.json) unless MODEL is set; MODEL=qwen3_8b checks the checkpoint against the

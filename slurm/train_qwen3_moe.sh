@@ -7,10 +7,10 @@
 # cluster/plan.py) within the GPU's memory less 5%; tests/integration/test_dry_run.py checks each line
 # (set `sbatch --nodes` to the generator nodes + TRAINER_NODES):
 #   layout[h100_80gb]: (the defaults)                                               70.9 of 75.7 GiB
-#   layout[h200]: (the defaults)                                                    70.9 of 124.8 GiB
-#   layout[gb200]: GPUS_PER_NODE=4 TRAINER_NODES=2                                  70.9 of 164.6 GiB
-#   layout[h200]: MODEL=qwen3_235b_a22b TRAINER_NODES=8 TP=4 PP=2 EP=32 GEN_TP=8    75.5 of 124.8 GiB
-#   layout[gb200]: MODEL=qwen3_235b_a22b GPUS_PER_NODE=4 TRAINER_NODES=8 TP=4 PP=2 EP=16 GEN_TP=4  136.3 of 164.6
+#   layout[h200]: GPU_TYPE=h200                                                    70.9 of 124.8 GiB
+#   layout[gb200]: GPU_TYPE=gb200 GPUS_PER_NODE=4 TRAINER_NODES=2                                  70.9 of 164.6 GiB
+#   layout[h200]: GPU_TYPE=h200 MODEL=qwen3_235b_a22b TRAINER_NODES=8 TP=4 PP=2 EP=32 GEN_TP=8    75.5 of 124.8 GiB
+#   layout[gb200]: GPU_TYPE=gb200 MODEL=qwen3_235b_a22b GPUS_PER_NODE=4 TRAINER_NODES=8 TP=4 PP=2 EP=16 GEN_TP=4  136.3 of 164.6
 # Generators: 30B-A3B at GEN_TP 2 holds 30.5 GiB of bf16 weights per H100; 235B-A22B at GEN_TP 8 on H200
 # (4 KV heads, each on 2 GPUs) 55 GiB, at GEN_TP 4 on GB200 110 GiB, leaving KV for >= 51 sequences of 16k.
 # The launch reads the GPUs' memory (nvidia-ml-py) and refuses a layout that does not fit (exit 2,

@@ -6,8 +6,8 @@
 # cluster/plan.py) within the GPU's memory less 5%; tests/integration/test_dry_run.py checks each line
 # (8-GPU H100/H200 nodes: set `sbatch --nodes` to the generator nodes + TRAINER_NODES):
 #   layout[gb200]: (the defaults)                                             133.2 of 164.6 GiB
-#   layout[h200]: GPUS_PER_NODE=8 TRAINER_NODES=4 TP=8 EP=16 GEN_TP=4 RECOMPUTE=selective  104.3 of 124.8 GiB
-#   layout[h100_80gb]: GPUS_PER_NODE=8 TRAINER_NODES=8 TP=8 PP=2 EP=16 GEN_TP=4 RECOMPUTE=selective  63.7 of 75.7
+#   layout[h200]: GPU_TYPE=h200 GPUS_PER_NODE=8 TRAINER_NODES=4 TP=8 EP=16 GEN_TP=4 RECOMPUTE=selective  104.3 of 124.8 GiB
+#   layout[h100_80gb]: GPU_TYPE=h100_80gb GPUS_PER_NODE=8 TRAINER_NODES=8 TP=8 PP=2 EP=16 GEN_TP=4 RECOMPUTE=selective  63.7 of 75.7
 # The launch reads the GPUs' memory (nvidia-ml-py) and refuses a layout that does not fit (exit 2,
 # naming one that does).
 # Submit from the repository root:

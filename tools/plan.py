@@ -6,7 +6,10 @@ Examples:
   tools/plan.py --layout train_scout --device h200 --tp 8 --gen-tp 4 --recompute selective  # flags override it
   tools/plan.py --model llama3_8b --device h100_80gb --tp 4 --dp 4 --gen-tp 1
   tools/plan.py --model scout_17b16e --device gb200 --tp 4 --pp 1 --dp 4 --ep 4 --gen-tp 2
-  tools/plan.py --table            # the table in docs/cluster_and_gpu.md: both models on every device
+  tools/plan.py --table            # the table in docs/cluster_and_gpu.md: every model on every device
+
+The trainer figure is the one the meta-device dry run (`dry_run=true`) and the Slurm launch check give for the
+same layout (scalerl_mega/dry_run.py trainer_plan; the default recipe: CISPO with the fused FP32 head).
 
 Exit status: 0 when the layout fits, 2 when it does not (the smallest layout that fits is printed),
 1 on invalid arguments. Byte counts and formulas: scalerl_mega/cluster/plan.py.
@@ -50,7 +53,7 @@ def table(*, seq_len: int, micro_batch: int, trainer_gpus: int) -> str:
         f"{trainer_gpus} GPUs | GiB/GPU | generator TP | gen GiB/GPU (weights + KV pool) | full seqs in KV |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    base = TrainLayout(seq_len=seq_len, micro_batch=micro_batch)
+    base = TrainLayout(seq_len=seq_len, micro_batch=micro_batch, fused_head=True)
     gbase = GenLayout(seq_len=seq_len)
     for model in MODELS.values():
         for dev in DEVICES.values():
@@ -95,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--seq-len", type=int, default=16384, help="paper Sec. 2: 16,384 tokens")
     ap.add_argument("--num-microbatches", type=int, default=None)
-    ap.add_argument("--logits-chunk-tokens", type=int, default=None)
+    ap.add_argument("--logits-chunk-tokens", type=int, default=None,
+                    help="logit rows the head holds at once (default: the fused CISPO head's chunk for V / tp)")
+    ap.add_argument("--full-logits", action="store_true",
+                    help="the logits path (a loss other than CISPO, an IS correction, temperature != 1): all N rows")
     ap.add_argument("--gen-tp", type=int, default=1)
     ap.add_argument("--mem-fraction-static", type=float, default=0.85)
     ap.add_argument("--min-seqs", type=int, default=16)
@@ -128,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         seq_len=args.seq_len,
         num_microbatches=args.num_microbatches,
         logits_chunk_tokens=args.logits_chunk_tokens,
+        fused_head=not (args.full_logits or args.bf16_head),  # build.use_fused_cispo: the default recipe's head
     )
     glay = GenLayout(
         tp=args.gen_tp, seq_len=args.seq_len, mem_fraction_static=args.mem_fraction_static, min_seqs=args.min_seqs

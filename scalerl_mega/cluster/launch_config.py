@@ -18,9 +18,9 @@ steps must agree on as shell-sourceable `KEY=value` lines:
 A config error prints one line naming the key (`config error: <key>=<value> ...`) and exits 2, so a
 bad sweep point or typo fails in seconds instead of after the servers loaded their weights.
 
-`--gpu-mem-bytes N|auto` (GPU launches): the trainer layout's planned per-GPU peak (cluster/plan.py:
-buffers, activations, CUDA context, NCCL, head transients, route tensors, fragmentation; the same
-numbers as the meta-device dry run) must fit in N bytes less the planner's 5% margin, else exit 2
+`--gpu-mem-bytes N|auto` (GPU launches): the trainer layout's planned per-GPU peak (`dry_run.trainer_plan`:
+buffers, activations, CUDA context, NCCL, head transients, route tensors, fragmentation; the figure
+tools/plan.py and the meta-device dry run give for the same layout) must fit in N bytes less the planner's 5% margin, else exit 2
 naming a layout that fits at the same world size (TP/PP/EP and SP, as the Slurm scripts' variables).
 `auto` reads this node's GPUs with nvidia-ml-py (the smallest of them); without NVML or a GPU the
 check is skipped with a note. The trainer nodes are taken to be of the batch node's GPU type.
@@ -130,7 +130,7 @@ def fit_problem(cfg, gpu_mem_bytes: int) -> str | None:
 
     from scalerl_mega.build import megatron_config
     from scalerl_mega.cluster import plan
-    from scalerl_mega.dry_run import model_shape, train_layout
+    from scalerl_mega.dry_run import model_shape, train_layout, trainer_plan
 
     world = int(cfg.cluster.trainer_devices)
     if world < 1:
@@ -139,7 +139,7 @@ def fit_problem(cfg, gpu_mem_bytes: int) -> str | None:
     layout = train_layout(cfg, mcfg, world)
     shape = model_shape(mcfg.model)
     dev = plan.Device(name="this node's GPU", capacity_bytes=int(gpu_mem_bytes))
-    rep = plan.trainer_memory(shape, layout, dev)
+    rep = trainer_plan(cfg, world_size=world, device=dev)
     if rep.fits:
         return None
     par = mcfg.parallel

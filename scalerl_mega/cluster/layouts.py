@@ -52,7 +52,17 @@ class ScriptLayout:
         """The planner's `TrainLayout` of this script's trainer (DP = trainer GPUs / (TP x PP))."""
         return TrainLayout(tp=self.tp, pp=self.pp, dp=self.trainer_gpus // (self.tp * self.pp), ep=self.ep,
                            sequence_parallel=self.sequence_parallel and self.tp > 1, recompute=self.recompute,
-                           seq_len=seq_len, micro_batch=micro_batch)
+                           seq_len=seq_len, micro_batch=micro_batch, fused_head=True)
+
+    def with_env(self, env: dict[str, str]) -> ScriptLayout:
+        """This layout under a script's environment overrides (`MODEL`, `GPU_TYPE`, `GPUS_PER_NODE`,
+        `TRAINER_NODES`, `GEN_TP`, `TP`, `PP`, `EP`, `RECOMPUTE`; slurm/common.sh applies the same)."""
+        from dataclasses import replace
+
+        ints = {k.lower(): int(env[k]) for k in ("GPUS_PER_NODE", "TRAINER_NODES", "GEN_TP", "TP", "PP", "EP")
+                if k in env}
+        strs = {k.lower(): env[k] for k in ("MODEL", "GPU_TYPE", "RECOMPUTE") if k in env}
+        return replace(self, **ints, **strs)
 
     def shell_defaults(self) -> dict[str, str]:
         """The script's environment defaults (slurm/common.sh applies each one the environment does not set)."""

@@ -246,6 +246,7 @@ class TrainLayout:
     seq_len: int = 16384
     num_microbatches: int | None = None  # None: at least pp (typical for RL batches of hundreds)
     logits_chunk_tokens: int | None = None
+    fused_head: bool = False  # the fused CISPO head (build.use_fused_cispo): chunk rows as the trainer sizes them
     vocab_divisible_by: int = 1  # the trainer builds the unpadded vocabulary (Megatron's flag: 128)
     moe_imbalance: float = 1.0  # routed tokens per EP rank relative to perfectly balanced
 
@@ -257,6 +258,15 @@ class TrainLayout:
     def edp(self) -> int:
         """Expert data-parallel size: world / (etp * ep * pp)."""
         return self.tp * self.dp // (self.ep * self.etp)
+
+    def head_rows(self, model: ModelShape) -> int | None:
+        """Logit rows the LM head holds at once: `logits_chunk_tokens`, else with `fused_head` the trainer's
+        chunk for the vocabulary shard V / tp (objective.fused_logprob.default_chunk_size), else None (all N)."""
+        if self.logits_chunk_tokens is not None or not self.fused_head:
+            return self.logits_chunk_tokens
+        from scalerl_mega.objective.fused_logprob import default_chunk_size
+
+        return default_chunk_size(model.vocab // self.tp)
 
     def validate(self, model: ModelShape) -> None:
         for key in ("tp", "pp", "dp", "ep", "micro_batch", "seq_len", "num_microbatches"):
@@ -413,7 +423,8 @@ def stage_activation_bytes(model: ModelShape, layout: TrainLayout, stage: int) -
     n = layout.seq_len * layout.micro_batch
     t = layout.tp
     vpad = padded_vocab(model.vocab, tp=t, divisible_by=layout.vocab_divisible_by)
-    logit_rows = n if layout.logits_chunk_tokens is None else min(n, layout.logits_chunk_tokens)
+    rows = layout.head_rows(model)
+    logit_rows = n if rows is None else min(n, rows)
     sp_div = t if layout.sequence_parallel else 1
     head = 2 * n * model.hidden // sp_div + 2 * n * model.hidden // t + 4 * logit_rows * vpad // t
     m = layout.pp if layout.num_microbatches is None else layout.num_microbatches
@@ -436,7 +447,7 @@ def runtime_bytes(model: ModelShape, layout: TrainLayout, stage: int, *, activat
     vpad = padded_vocab(model.vocab, tp=t, divisible_by=layout.vocab_divisible_by)
     head = 0
     if stage == layout.pp - 1:
-        if layout.logits_chunk_tokens is not None:  # the fused head (module doc)
+        if layout.head_rows(model) is not None:  # the fused head (module doc)
             head = 4 * vpad // t * h + min(FUSED_HEAD_DLOGITS_BYTES, 4 * n * vpad // t) + 2 * 4 * n * h
         else:
             head = 4 * n * h

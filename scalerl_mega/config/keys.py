@@ -80,10 +80,11 @@ def override_problem(arg: str, *, conf: Path | None = None) -> str | None:
     groups = group_options(conf)
     tree = schema_tree()
     if "." not in key and "/" not in key and key in groups:
-        simple = re.fullmatch(r"[\w/.-]+", value) is not None
-        if simple and value != "null" and value not in groups[key]:
-            return (f"{key}={value}: no option {value!r} in conf/{key}/{did_you_mean(value, groups[key])}; options: "
-                    f"{', '.join(groups[key])}")
+        for option in value.split(","):  # one option, or a multirun sweep's list (`-m loss=cispo,dapo`)
+            simple = re.fullmatch(r"[\w/.-]+", option) is not None
+            if simple and option != "null" and option not in groups[key]:
+                return (f"{key}={value}: no option {option!r} in conf/{key}/{did_you_mean(option, groups[key])}; "
+                        f"options: {', '.join(groups[key])}")
         return None
     if "." not in key and key not in tree:
         hint = did_you_mean(key, [*groups, *tree])

@@ -65,6 +65,9 @@ class TrainConfig:
     """Build the trainer's real Megatron layout on the meta device for every distinct rank role of a
     `cluster.trainer_devices` world (fake process group, one CPU process), write
     `output_dir/dry_run.json` with per-rank bytes and exit (scalerl_mega/dry_run.py)."""
+    dry_run_gpu: str = ""
+    """The GPU type the dry run's planned peak must fit (a key of cluster/plan.py's DEVICES: h100_80gb, h200,
+    gb200), else it exits 2; empty: it must fit at least one of them."""
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -354,22 +354,22 @@ class OptimConfig:
     def validate(self) -> "OptimConfig":
         where = "optim"
         if not self.lr > 0:
-            raise ValueError(f"{where}: lr={self.lr} must be > 0")
+            raise ValueError(f"{where}.lr={self.lr} must be > 0")
         if self.warmup_steps < 0:
-            raise ValueError(f"{where}: warmup_steps={self.warmup_steps} must be >= 0")
+            raise ValueError(f"{where}.warmup_steps={self.warmup_steps} must be >= 0")
         for key in ("adam_beta1", "adam_beta2"):
             v = getattr(self, key)
             if not 0 <= v < 1:
-                raise ValueError(f"{where}: {key}={v} must be in [0, 1)")
+                raise ValueError(f"{where}.{key}={v} must be in [0, 1)")
         if not self.adam_eps > 0:
-            raise ValueError(f"{where}: adam_eps={self.adam_eps} must be > 0")
+            raise ValueError(f"{where}.adam_eps={self.adam_eps} must be > 0")
         if self.weight_decay < 0 or self.clip_grad < 0:
-            raise ValueError(f"{where}: weight_decay={self.weight_decay} and clip_grad={self.clip_grad} must be >= 0")
+            raise ValueError(f"{where}.weight_decay={self.weight_decay} and clip_grad={self.clip_grad} must be >= 0")
         if self.checkpoint_format not in ("dp_reshardable", "fully_reshardable"):
-            raise ValueError(f"{where}: checkpoint_format={self.checkpoint_format!r} must be 'dp_reshardable' or "
+            raise ValueError(f"{where}.checkpoint_format={self.checkpoint_format!r} must be 'dp_reshardable' or "
                              "'fully_reshardable'")
         if self.overlap_param_gather and self.use_distributed_optimizer is False:
-            raise ValueError(f"{where}: overlap_param_gather=True needs the distributed optimizer "
+            raise ValueError(f"{where}.overlap_param_gather=True needs the distributed optimizer "
                              "(use_distributed_optimizer is False)")
         return self
 
@@ -484,6 +484,9 @@ def load_model_preset(name: str, *, overrides: Optional[dict[str, Any]] = None,
     data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping, got {type(data).__name__}")
+    bases = [b for b in data.pop("defaults", []) if b != "_self_"]  # a preset on another (conf/model/demo_moe.yaml)
+    for base in bases:
+        data = {**dataclasses.asdict(load_model_preset(base, conf_dir=directory)), **data}
     data.setdefault("name", name)
     data.update(overrides or {})
     return model_from_dict(data, source=str(path)).validate()

@@ -54,7 +54,12 @@ def resolve_target(target: str):
     try:
         fn = getattr(importlib.import_module(module), attr) if module else None
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"reward.custom._target_={target!r}: cannot import it ({exc})") from None
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name and module.split(".")[0] == exc.name.split(".")[0]:
+            hint = (f"; a module of your own must be importable where the run starts: put the directory holding "
+                    f"{exc.name.split('.')[0]}/ or {exc.name.split('.')[0]}.py on PYTHONPATH "
+                    f"(PYTHONPATH=/path/to/dir scalerl-train ...) or pip install it")
+        raise ValueError(f"reward.custom._target_={target!r}: cannot import it ({exc}){hint}") from None
     if not callable(fn):
         raise ValueError(f"reward.custom._target_={target!r}: not a callable")
     return fn

@@ -77,11 +77,13 @@ def fit_cut(compute_max: float, *, grid: GridKind, cut_fraction: float = CUT_FRA
 
 def options_for(compute, *, grid: GridKind, fit_from: float | None | Literal["auto"] = "auto",
                 cut_fraction: float = CUT_FRACTION, base: FitOptions = FitOptions()) -> FitOptions:
-    """The fit options of one series: `base` with the cut (`fit_cut` when fit_from="auto") and the grid
+    """The fit options of one series: `base` with the cut (`fit_cut` of the largest compute fitted, i.e. up to
+    `base.fit_to`, when fit_from="auto") and the grid
     (paper grids as in `base`, or `fit.relative_grids` over the compute inside the window)."""
     c = np.asarray(compute, dtype=np.float64)
-    if fit_from == "auto":
-        fit_from = fit_cut(float(c.max()) if c.size else 0.0, grid=grid, cut_fraction=cut_fraction)
+    if fit_from == "auto":  # the cut is a share of the compute fitted: within `base.fit_to` when it is set
+        window = c if base.fit_to is None else c[c <= base.fit_to]
+        fit_from = fit_cut(float(window.max()) if window.size else 0.0, grid=grid, cut_fraction=cut_fraction)
     opts = replace(base, fit_from=fit_from)
     return relative_options(c, opts) if grid == "relative" else opts
 

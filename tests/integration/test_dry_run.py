@@ -75,6 +75,23 @@ def test_cli_llama8b_dense_layout_by_hand(tmp_path):
     assert "rank" in table and re.search(r"^\s+0 pp only\s+8,030,261,248", table, re.M), table
 
 
+def test_cli_layout_that_does_not_fit_exits_2(tmp_path):
+    """The default layout (8B, DP 16: tools/plan.py plans 131.8 GiB) fits GB200 only: `dry_run_gpu=h100_80gb`
+    exits 2 with the planner's figure (the table and dry_run.json are still written); gb200 exits 0."""
+    planned = P.trainer_memory(P.LLAMA3_8B, P.TrainLayout(dp=16, sequence_parallel=False, fused_head=True),
+                               P.H100_80GB).total_bytes
+    r = run_cli(tmp_path, "dry_run_gpu=h100_80gb")
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"plans {planned / P.GiB:.2f} GiB per GPU, more than h100_80gb's 75.67 GiB" in r.stderr, r.stderr
+    assert f"planned peak {planned / P.GiB:.2f} GiB" in r.stdout and "h100_80gb NO" in r.stdout
+    data = json.loads((tmp_path / "dry_run.json").read_text())
+    assert data["devices"]["h100_80gb"] == {"planned_peak_bytes": planned, "budget_bytes": P.H100_80GB.budget_bytes,
+                                            "fits": False}
+    assert run_cli(tmp_path / "gb", "dry_run_gpu=gb200").returncode == 0
+    bad = run_cli(tmp_path / "bad", "dry_run_gpu=a100")
+    assert bad.returncode == 2 and "dry_run_gpu='a100' is not one of" in bad.stderr
+
+
 def test_cli_layout_that_cannot_initialise_exits_2_naming_keys(tmp_path):
     # Megatron's default expert TP = TP: 4 * 16 * 1 = 64 does not divide 16 ranks
     r = run_cli(tmp_path, "model=scout_17b16e", "parallel.tp=4", "parallel.ep=16", "parallel.etp=4")

@@ -34,6 +34,9 @@ EXPECTED = {
                   "uniform", "zero_variance", "bf16_head", 80),
     "magistral": ("dapo", 0.2, 0.26, "prompt", "prompt", "pipeline_rl", 8, "interruption",
                   "uniform", "zero_variance", "bf16_head", 80),
+    # ScaleRL on Qwen3 dense / MoE (issue 59): the recipe unchanged, only the model
+    "qwen3": SCALERL,
+    "qwen3_moe": SCALERL,
     "minimax": ("cispo", None, 5.0, "prompt", "prompt", "ppo_off_policy", 8, "interruption",
                 "uniform", "zero_variance", "fp32_head", 80),
 }

@@ -90,3 +90,19 @@ def test_reward_errors_at_compose_time(override, match):
 
     with pytest.raises(ValueError, match=match):
         prepare(_compose("experiment=demo", override))
+
+
+def test_custom_reward_module_not_importable_names_pythonpath():
+    """Issue 59: a module of the user's own that the run cannot import gets the PYTHONPATH hint; a missing
+    attribute of an importable module does not."""
+    from scalerl_mega.rewards.custom import resolve_target
+
+    with pytest.raises(ValueError) as e:
+        resolve_target("my_scoring_pkg_59.score")
+    assert str(e.value) == (
+        "reward.custom._target_='my_scoring_pkg_59.score': cannot import it (No module named 'my_scoring_pkg_59'); "
+        "a module of your own must be importable where the run starts: put the directory holding my_scoring_pkg_59/ "
+        "or my_scoring_pkg_59.py on PYTHONPATH (PYTHONPATH=/path/to/dir scalerl-train ...) or pip install it")
+    with pytest.raises(ValueError) as e:
+        resolve_target("scalerl_mega.rewards.examples.no_such_fn")
+    assert "PYTHONPATH" not in str(e.value)

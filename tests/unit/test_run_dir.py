@@ -47,6 +47,7 @@ def test_resume_with_other_loss_is_refused_and_force_overrides(tmp_path):
     msg = str(e.value)
     assert "differs in 4 key(s)" in msg and "loss.name: 'cispo' -> 'dapo'" in msg and "optim.lr: 0.0001 -> 0.001" in msg
     assert "loss.eps_high: 5.0 -> 0.28" in msg and "loss.eps_low: None -> 0.2" in msg
+    assert "use another run_name= (runs go to outputs/<run_name>/seed<seed>) or output_dir=" in msg  # issue 59
     forced = _config(tmp_path, "loss=dapo", "optim.lr=0.001", "resume=force")
     assert len(check_resume(forced)) == 4 and forced.resume == "auto"  # the loop resumes as usual
     assert load_saved(tmp_path)["loss.name"] == "dapo"  # the new config is now the run's
@@ -93,6 +94,9 @@ def test_cli_config_errors_one_line_exit_2_and_validate(tmp_path):
     ("loss=cispoo", "config error: loss=cispoo: no option 'cispoo' in conf/loss/ (did you mean cispo?); options: "
                     "cispo, dapo, grpo, gspo"),
     ("--validat", "config error: unknown option --validat (did you mean --validate?)"),
+    # issue 59: a config key written as a flag was offered `--run`
+    ("--dry-run", "config error: unknown option --dry-run: dry_run is a config key, written dry_run=<value> "
+                  "(e.g. dry_run=true)"),
 ])
 def test_misspelled_names_get_a_did_you_mean_not_hydras_plus_advice(tmp_path, arg, line):
     """Issue 49: a typo got Hydra's advice to append it with `+` (which then adds the typo silently)."""
@@ -110,6 +114,17 @@ def test_override_names_checked_against_the_schema_and_conf_groups():
     assert override_problem("model.hiden_size=3") == "unknown key 'model.hiden_size' (did you mean model.hidden_size?)"
     assert override_problem("train.steps.x=1") == "'train.steps' has no keys below it (it is a value): 'train.steps.x'"
     assert override_problem("train.zzzz=1").startswith("unknown key 'train.zzzz'; the keys of train: ")
+
+
+def test_a_misspelled_option_in_a_multirun_sweep_is_one_line(capsys):
+    """Issue 59: `-m loss=cispo,dapoo` got Hydra's 13-line error (single runs said "did you mean")."""
+    from scalerl_mega.run_dir import precheck_overrides
+
+    with pytest.raises(SystemExit) as e:
+        precheck_overrides(["-m", "experiment=demo", "loss=cispo,dapoo"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == ("config error: loss=cispo,dapoo: no option 'dapoo' in conf/loss/ "
+                                               "(did you mean dapo?); options: cispo, dapo, grpo, gspo")
 
 
 def test_scalerl_fit_flags_get_a_did_you_mean(capsys):
@@ -139,3 +154,27 @@ def test_start_banner_names_output_recipe_model_and_schedule(tmp_path):
 
     save_fake_checkpoint(tmp_path / "run" / "checkpoints", 40)
     assert start_banner(_config(tmp_path / "run")).splitlines()[3].startswith("  steps   resuming at step 40 of 80 RL")
+
+
+def test_help_is_short_and_names_validate(tmp_path):
+    """Issue 59: `--help` was 248 lines of Hydra's help without `--validate`; now the project's usage, the flags a
+    user needs and every config group with its options (conf/train.yaml hydra.help)."""
+    r = _cli(tmp_path, "--help")
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 0 and lines[0].startswith("scalerl-train [--validate]"), r.stdout[:500] + r.stderr[-500:]
+    assert len(lines) < 40 and any(ln.strip().startswith("--validate ") for ln in lines)
+    assert any(ln.startswith("model: ") and "tiny_qwen3_moe" in ln for ln in lines)
+    assert any(ln.startswith("experiment: ") and "qwen3_moe" in ln for ln in lines)
+
+
+def test_banner_names_the_users_data_files(tmp_path):
+    """Issue 59: the banner said `data=polaris` for the user's own JSONL."""
+    from test_hf_model_config import _compose
+
+    from scalerl_mega.run_dir import data_label, start_banner
+
+    cfg = _compose("experiment=demo", f"output_dir={tmp_path / 'run'}", "data=polaris",
+                   "data.train_files=[/d/mine.jsonl,/d/more.parquet]")  # composed only: the files are not read
+    assert data_label(cfg) == "polaris (mine.jsonl + 1 more)"
+    assert "data=polaris (mine.jsonl + 1 more), reward=" in start_banner(cfg)
+    assert data_label(_config(tmp_path / "run2")) == "synthetic"

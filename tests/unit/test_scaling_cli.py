@@ -330,3 +330,18 @@ def test_forecast_rows_beyond_fit_to_and_at_chosen_budgets(tmp_path, capsys):
     assert main([str(d), "--json", "--holdout", "0"]) == 0  # default: one row at twice the last compute
     rows = json.loads(capsys.readouterr().out)["runs"][0]["forecast"]
     assert [r["compute"] for r in rows] == pytest.approx([0.8])
+
+
+def test_fit_to_moves_the_auto_cut_into_the_fit_window(tmp_path, capsys):
+    """Issue 59: `--fit-to 0.01` on a run of compute 0..0.1 kept the auto cut at 0.1 x 0.1 = 0.01, leaving no point
+    to fit ("empty fit window"); the cut is now 0.1 x the largest compute fitted (<= 0.01): 0.001."""
+    from scalerl_mega.scaling.fit import FitOptions
+    from scalerl_mega.scaling.identify import options_for
+
+    C = np.linspace(0.0, 0.1, 81)
+    d = write_run(tmp_path / "demo", C, eq1(C, 0.8, 1.5, 0.004))
+    assert options_for(C, grid="relative", base=FitOptions(fit_to=0.01)).fit_from == pytest.approx(0.1 * 0.01)
+    assert options_for(C, grid="relative", base=FitOptions()).fit_from == pytest.approx(0.1 * 0.1)
+    assert main([str(d), "--fit-to", "0.01", "--forecast-at", "0.05", "--json"]) == 0, capsys.readouterr().err
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    assert run["n_points"] == int(np.sum((C >= 0.001) & (C <= 0.01))), run.get("n_points")

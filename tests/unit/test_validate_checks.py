@@ -45,7 +45,7 @@ def hf_model(tmp_path):
 
 
 def test_negative_learning_rate_is_refused_at_compose_time():
-    with pytest.raises(ValueError, match=r"^optim: lr=-0.0001 must be > 0$"):
+    with pytest.raises(ValueError, match=r"^optim.lr=-0.0001 must be > 0$"):
         _compose("optim.lr=-1e-4")
 
 
@@ -102,7 +102,7 @@ def _cli(tmp_path, *args):
 
 def test_validate_refuses_what_the_run_refuses_and_a_run_time_config_error_is_the_same_line(tmp_path):
     bad = _cli(tmp_path, "--validate", "experiment=demo", "optim.lr=-1e-4", f"output_dir={tmp_path / 'a'}")
-    assert bad.returncode == 2 and bad.stderr.strip() == "config error: optim: lr=-0.0001 must be > 0", bad.stderr
+    assert bad.returncode == 2 and bad.stderr.strip() == "config error: optim.lr=-0.0001 must be > 0", bad.stderr
     # only the launched job knows its world size: found at the run's start, reported the same way
     run = _cli(tmp_path, "experiment=demo", "cluster.trainer_devices=2", f"output_dir={tmp_path / 'b'}")
     lines = run.stderr.strip().splitlines()

@@ -1,0 +1,88 @@
+#!/usr/bin/env python
+"""Write a tiny random Hugging Face checkpoint of a supported architecture, offline (nothing is downloaded).
+
+    .venv/bin/python tools/make_tiny_checkpoint.py qwen3 /tmp/tiny-qwen3          # Qwen3ForCausalLM
+    .venv/bin/python tools/make_tiny_checkpoint.py qwen3_moe /tmp/tiny-qwen3-moe  # Qwen3MoeForCausalLM
+    .venv/bin/python tools/make_tiny_checkpoint.py --list                         # every architecture
+
+OUT gets config.json + model.safetensors (FP32, random init of `--seed`) and the synthetic task's 47-token
+tokenizer (scalerl_mega/data/tasks/tokenizer.py), so the checkpoint converts (tools/convert_hf_to_megatron.py),
+validates and trains on the embedded task on CPU (`scalerl-train experiment=demo model=hf init_from_hf=OUT`).
+The shapes are those of the architecture's tiny preset under conf/model/ (table `TINY` below: a new architecture
+is one entry), with the vocabulary cut to the tokenizer's. Exit 0, or 2 with one line naming the problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TINY = {  # model.arch -> the tiny preset (conf/model/<preset>.yaml) whose shapes the checkpoint takes
+    "llama": "tiny_dense",
+    "llama4": "tiny_moe",
+    "qwen3": "tiny_qwen3",
+    "qwen3_moe": "tiny_qwen3_moe",
+}
+
+
+def make_tiny_checkpoint(arch: str, out: Path, *, seed: int = 0) -> Path:
+    """The tiny random `arch` checkpoint + the synthetic task's tokenizer in `out` (created; must be empty)."""
+    import torch
+    import transformers
+
+    from scalerl_mega.data.tasks.tokenizer import build_arith_tokenizer
+    from scalerl_mega.model.archs import arch_of
+    from scalerl_mega.model.config import load_model_preset
+    from scalerl_mega.model.hf_export import hf_config_from_model
+
+    if arch not in TINY:
+        raise ValueError(f"architecture {arch!r} has no tiny checkpoint; known: {', '.join(TINY)}")
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} exists and is not empty (choose a new directory)")
+    tok = build_arith_tokenizer()
+    model_cfg = load_model_preset(TINY[arch], overrides={"vocab_size": len(tok)})
+    arch_name, kwargs = hf_config_from_model(model_cfg)
+    kwargs.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    record = arch_of(arch_name)
+    config = getattr(transformers, record.config_class)(**kwargs)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = getattr(transformers, record.causal_lm)(config).float().eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("arch", nargs="?", choices=sorted(TINY), help="model.arch of the checkpoint")
+    ap.add_argument("out", nargs="?", type=Path, help="output directory (created; must be new or empty)")
+    ap.add_argument("--seed", type=int, default=0, help="random init seed (default 0)")
+    ap.add_argument("--list", action="store_true", help="print each architecture and its tiny preset, then exit")
+    args = ap.parse_args(argv)
+    if args.list:
+        for arch, preset in TINY.items():
+            print(f"{arch:<10} conf/model/{preset}.yaml")
+        return 0
+    if args.arch is None or args.out is None:
+        ap.error("give ARCH and OUT (or --list)")
+    try:
+        out = make_tiny_checkpoint(args.arch, args.out, seed=args.seed)
+    except ModuleNotFoundError as exc:
+        print(f"error: {exc.name} is not installed in {sys.executable}; run the project's environment: "
+              f".venv/bin/python tools/make_tiny_checkpoint.py", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote a tiny random {args.arch} checkpoint (shapes of conf/model/{TINY[args.arch]}.yaml, seed "
+          f"{args.seed}) to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
