@@ -35,9 +35,9 @@ range's number of components (torch 2.11.0+cu130 is 2.11). CUDA only in GPU mode
 PACKAGES = ("torch", "triton", "numpy", "megatron-core", "transformers", "hydra-core", "omegaconf", "tokenizers")
 
 
-def versions() -> dict[str, str | None]:
+def versions(*, with_torch: bool = True) -> dict[str, str | None]:
     """Python and the installed distributions' versions (metadata only: nothing heavy is imported but torch,
-    for the CUDA version and the device)."""
+    for the CUDA version and the device, unless `with_torch` is False)."""
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
@@ -47,6 +47,8 @@ def versions() -> dict[str, str | None]:
             out[name] = version(name)
         except PackageNotFoundError:
             out[name] = None
+    if not with_torch:
+        return out
     try:
         import torch
 
@@ -127,10 +129,11 @@ def rl_summary(res: dict | None) -> dict:
 
 
 def _versions_of(path: Path) -> dict | None:
-    """The `versions {json}` line of versions.txt (`--versions`), or None."""
+    """The `versions {json}` lines of versions.txt (`--versions`; the one after the install updates the
+    packages), merged, or None."""
     lines = path.read_text().splitlines() if path.is_file() else []
-    found = [ln for ln in lines if ln.startswith("versions {")]
-    return json.loads(found[-1][len("versions "):]) if found else None
+    found = [json.loads(ln[len("versions "):]) for ln in lines if ln.startswith("versions {")]
+    return {k: v for d in found for k, v in d.items()} if found else None
 
 
 def _load(path: Path):
@@ -178,12 +181,13 @@ def summarize(out: Path, *, mode: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--versions", action="store_true", help="print the versions as one line: versions {json}")
+    ap.add_argument("--packages-only", action="store_true", help="with --versions: without importing torch")
     ap.add_argument("--out", help="tools/gpu_check.sh's OUT directory")
     ap.add_argument("--mode", choices=("gpu", "cpu"), default="gpu")
     ap.add_argument("--quiet", action="store_true", help="write summary.json only (the script's interim calls)")
     args = ap.parse_args(argv)
     if args.versions:
-        print("versions " + json.dumps(versions()))
+        print("versions " + json.dumps(versions(with_torch=not args.packages_only)))
         return 0
     out = Path(args.out)
     summary = summarize(out, mode=args.mode)

@@ -61,7 +61,10 @@ finish() {  # the exit trap: stop the stage in progress, record it, write the su
   local rc=$?
   trap - EXIT TERM INT
   if [ -n "$running" ]; then
-    [ -n "$child" ] && kill -TERM -- "-$child" 2>/dev/null
+    if [ -n "$child" ]; then
+      kill -TERM -- "-$child" 2>/dev/null
+      wait "$child" 2>/dev/null
+    fi
     event "$running" killed "rc=$rc"
   fi
   summary
@@ -121,7 +124,7 @@ stage() {  # stage NAME CAP_S RESERVE_S LOG COMMAND...: run under min(CAP, left 
 } >"$out/versions.txt"
 # minimum seconds each later stage keeps: install 20, suite 60, head 30, rl_loop 90 (GPU) / 60 (CPU)
 if [ "$mode" = gpu ]; then rl_min=90; else rl_min=60; fi
-stage versions 40 $(( 20 + 60 + 30 + rl_min )) "$out/versions.txt" "$py" bench/gpu_summary.py --versions
+stage versions 60 $(( 20 + 60 + 30 + rl_min )) "$out/versions.txt" "$py" bench/gpu_summary.py --versions
 
 has_deps='import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ("megatron.core", "omegaconf", "hydra", "transformers")))'
 if "$py" -c "$has_deps" 2>/dev/null; then
@@ -148,6 +151,7 @@ else
     echo "gpu_check: the install left megatron-core/hydra/transformers unimportable" >>"$out/versions.txt"
     exit 1
   fi
+  "$py" bench/gpu_summary.py --versions --packages-only >>"$out/versions.txt" 2>&1  # what the install added
 fi
 
 if [ "$mode" = gpu ]; then
