@@ -14,7 +14,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 rm -rf "$dir"
 mkdir -p "$dir/base"
 dir=$(cd "$dir" && pwd)
-"$compat/bin/python" -m venv --without-pip "$dir/venv"
+"$compat/bin/python" -m venv "$dir/venv"  # with pip, as a GPU machine's Python has
 "$compat/bin/python" - "$dir/base" <<'EOF'
 """Symlink the device's packages (torch and its requirements, numpy, pytest and theirs) into BASE."""
 import importlib.metadata as md
@@ -56,7 +56,7 @@ import sys
 
 s = json.load(open(sys.argv[1]))
 install = s["stages"]["install"]["status"]
-print(f"gpu rehearsal: install {install}, megatron-core {s['versions'].get('megatron-core')} (before the install), "
+print(f"gpu rehearsal: install {install}, megatron-core {s['versions'].get('megatron-core')}, "
       f"rl_loop params {s['rl_loop'].get('params_dtype')}, resume matched {s['rl_loop'].get('resume_matched')}")
 sys.exit(0 if s["ok"] and install == "done" else 1)
 EOF
