@@ -11,7 +11,7 @@
 #   and end and by the exit trap, so a kill (SIGTERM, the outer timeout's SIGKILL) still leaves one naming each
 #   stage done / failed / timed out / killed / running / not reached. At most 8 files in OUT.
 # One deadline: every stage ends DEADLINE_S after the start (default 480: a 600 s command limit keeps 120 s for
-# start-up and transfers); each stage's limit is what is left minus the later stages' minimums, capped.
+# start-up and transfers; 900 with --cpu); each stage's limit is what is left minus the later stages' minimums, capped.
 #
 #   tools/gpu_check.sh OUT [--deadline S]         # GPU machine; its python3 (GPU_PY) with CUDA torch + Triton
 #   tools/gpu_check.sh --cpu OUT [--deadline S]   # rehearsal: every stage at toy size on CPU
@@ -23,13 +23,15 @@ mode=gpu
 if [ "${1:-}" = "--cpu" ]; then mode=cpu; shift; fi
 out=${1:?usage: tools/gpu_check.sh [--cpu] OUT [--deadline S]}
 shift
-deadline=480
+deadline=""
 while [ $# -gt 0 ]; do
   case $1 in
     --deadline) deadline=${2:?--deadline needs seconds}; shift 2 ;;
     *) echo "gpu_check: unknown argument '$1' (usage: tools/gpu_check.sh [--cpu] OUT [--deadline S])" >&2; exit 2 ;;
   esac
 done
+# a GPU command has 600 s; the CPU rehearsal has no such limit but shares 2 loaded cores (tests, CI)
+if [ "$mode" = gpu ]; then deadline=${deadline:-480}; rl_cap=400; else deadline=${deadline:-900}; rl_cap=600; fi
 case $deadline in ''|*[!0-9]*) echo "gpu_check: --deadline '$deadline' is not a whole number of seconds" >&2; exit 2 ;; esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${GPU_PY:-python3}
@@ -171,8 +173,8 @@ else
 fi
 # rl_loop.py's own budget ends both runs (and writes rl_loop.json) before the stage's limit kills it
 left=$(( deadline - (SECONDS - t_start) ))
-stage rl_loop 400 0 "$out/rl_loop.log" "$py" bench/rl_loop.py "${rl_args[@]}" --work "$work/rl" \
-  --json "$out/rl_loop.json" --log "$out/rl_loop.log" --budget $(( (left < 400 ? left : 400) - GRACE - 15 ))
+stage rl_loop $rl_cap 0 "$out/rl_loop.log" "$py" bench/rl_loop.py "${rl_args[@]}" --work "$work/rl" \
+  --json "$out/rl_loop.json" --log "$out/rl_loop.log" --budget $(( (left < rl_cap ? left : rl_cap) - GRACE - 15 ))
 
 summary --quiet  # exit 0 only when everything passed; the trap writes (and prints) the summary again
 "$py" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))["ok"] else 1)' "$out/summary.json"

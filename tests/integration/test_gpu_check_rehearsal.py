@@ -19,7 +19,8 @@ FILES = {"summary.json", "stages.jsonl", "versions.txt", "gpu_suite.log", "head.
 GPU_TESTS = 15
 """tests/gpu: 8 head cases x 1 shape + 2 determinism + backends + default mode (test_fused_logprob_gpu.py), and 3
 Megatron-Core tests (test_megatron_gpu.py)."""
-DEADLINE_S = 480
+DEADLINE_S = 900
+"""--cpu's default deadline (480 on a GPU)."""
 
 
 def test_gpu_check_rehearses_every_stage_on_cpu(tmp_path):
@@ -27,7 +28,7 @@ def test_gpu_check_rehearses_every_stage_on_cpu(tmp_path):
     env = dict(os.environ, GPU_PY=sys.executable, GPU_WHEELS=str(tmp_path / "no-wheels"),
                TMPDIR=str(tmp_path), OMP_NUM_THREADS="1")
     proc = subprocess.run(["bash", str(REPO / "tools" / "gpu_check.sh"), "--cpu", str(out)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=DEADLINE_S + 100)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     names = {p.name for p in out.iterdir()}
     assert names == FILES and len(names) <= 8, names
@@ -45,7 +46,7 @@ def test_gpu_check_rehearses_every_stage_on_cpu(tmp_path):
     def left(stage: str, reserve: int) -> int:  # at_s is taken just after the limit: within the same second or one
         return DEADLINE_S - starts[stage]["at_s"] - reserve
 
-    for stage, cap, reserve in (("gpu_suite", 120, 90), ("head", 90, 60), ("rl_loop", 400, 0)):
+    for stage, cap, reserve in (("gpu_suite", 120, 90), ("head", 90, 60), ("rl_loop", 600, 0)):
         assert min(cap, left(stage, reserve)) <= starts[stage]["limit_s"] <= min(cap, left(stage, reserve) + 1)
     assert all(e["at_s"] <= DEADLINE_S for e in events)
     # the suite is collected and skipped here (no CUDA): every test of tests/gpu, none failed
