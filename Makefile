@@ -20,7 +20,7 @@ help:
 	@echo "  test               the default test suite (what CI runs first: .ci/run)"
 	@echo ""
 	@echo "More tests:"
-	@echo "  test-compat        Megatron, conversion, checkpoint, multi-rank, loop tests on Python 3.12 + newest releases"
+	@echo "  test-compat        Megatron, conversion, checkpoint, multi-rank, loop tests on Python 3.12 + newest releases; the GPU kit rehearsed on the GPU wheel set"
 	@echo "  test-slow          the long tests (multi-rank, kill-and-resume, conversions at size)"
 	@echo "  test-sglang        against a real SGLang 0.5.23 server on CPU (its own .venv-sglang)"
 	@echo "  test-slurm         against a real single-node Slurm (needs root and apt)"

@@ -63,9 +63,10 @@ finish() {  # the exit trap: stop the stage in progress, record it, write the su
   local rc=$?
   trap - EXIT TERM INT
   if [ -n "$running" ]; then
-    if [ -n "$child" ]; then
+    if [ -n "$child" ]; then  # TERM to the stage's process group, KILL after 5 s
       kill -TERM -- "-$child" 2>/dev/null
-      wait "$child" 2>/dev/null
+      for _ in $(seq 50); do kill -0 -- "-$child" 2>/dev/null || break; sleep 0.1; done
+      kill -KILL -- "-$child" 2>/dev/null
     fi
     event "$running" killed "rc=$rc"
   fi
@@ -173,7 +174,7 @@ else
 fi
 # rl_loop.py's own budget ends both runs (and writes rl_loop.json) before the stage's limit kills it
 left=$(( deadline - (SECONDS - t_start) ))
-stage rl_loop $rl_cap 0 "$out/rl_loop.log" "$py" bench/rl_loop.py "${rl_args[@]}" --work "$work/rl" \
+stage rl_loop $rl_cap 0 "$out/rl_loop.log" "$py" bench/rl_loop.py ${rl_args[@]+"${rl_args[@]}"} --work "$work/rl" \
   --json "$out/rl_loop.json" --log "$out/rl_loop.log" --budget $(( (left < rl_cap ? left : rl_cap) - GRACE - 15 ))
 
 summary --quiet  # exit 0 only when everything passed; the trap writes (and prints) the summary again
