@@ -20,7 +20,7 @@ help:
 	@echo "  test               the default test suite (what CI runs first: .ci/run)"
 	@echo ""
 	@echo "More tests:"
-	@echo "  test-compat        Megatron, conversion, checkpoint, multi-rank, loop tests on Python 3.12 + newest releases"
+	@echo "  test-compat        Megatron, conversion, checkpoint, multi-rank, loop tests on Python 3.12 + newest releases; the GPU kit rehearsed on the GPU wheel set"
 	@echo "  test-slow          the long tests (multi-rank, kill-and-resume, conversions at size)"
 	@echo "  test-sglang        against a real SGLang 0.5.23 server on CPU (its own .venv-sglang)"
 	@echo "  test-slurm         against a real single-node Slurm (needs root and apt)"
@@ -90,9 +90,10 @@ $(COMPAT_STAMP): pyproject.toml
 	$(COMPAT_PY) -c "import torch, megatron.core as m, transformers as t, sys; print('test-compat env: Python', sys.version.split()[0], 'torch', torch.__version__, 'megatron-core', m.__version__, 'transformers', t.__version__)"
 	touch $(COMPAT_STAMP)
 
-test-compat: $(COMPAT_STAMP)
+test-compat: $(COMPAT_STAMP) gpu-wheels
 	$(COMPAT_PY) -m pytest -m "not slow and not slurm and not gpu and not sglang and not network" $(TEST_ARGS) $(COMPAT_TESTS)
 	$(COMPAT_PY) -m pytest $(COMPAT_INSTALL_TEST)
+	tools/gpu_rehearsal.sh $(COMPAT_VENV) $(GPU_WHEELS) build/gpu-rehearsal
 
 test-slow: setup
 	$(PYTEST) -m "slow and not slurm and not network and not sglang" tests
@@ -128,11 +129,12 @@ sglang-rl-compare: setup
 GPU_PY     ?= python3
 GPU_WHEELS ?= .whl
 GPU_SITE   ?= /tmp/scalerl-gpu-site
-# The newest megatron-core (GPU_MCORE=0.16.1 for the oldest supported) and what it needs beyond torch/numpy
-# (packaging >= 24.2; psutil, for dist-checkpointing's save workers, is in GPU_RL_PKGS); GPU_ARCH=aarch64 for GB200 hosts.
+# megatron-core 0.19.2 (what test-compat and the rehearsal below run; GPU_MCORE=0.16.1 for the oldest supported)
+# and what it needs beyond torch/numpy (packaging >= 24.2; psutil, for dist-checkpointing's save workers, is in
+# GPU_RL_PKGS); GPU_ARCH=aarch64 for GB200 hosts. Every package pinned: exactly one version of each wheel.
 GPU_MCORE  ?= 0.19.2
 GPU_ARCH   ?= x86_64
-GPU_PKGS   := megatron-core==$(GPU_MCORE) "packaging>=24.2" omegaconf==2.3.0
+GPU_PKGS   := megatron-core==$(GPU_MCORE) packaging==26.4 omegaconf==2.3.0
 # tools/gpu_check.sh's RL stage runs scalerl-train there: what a Python with only torch, Triton, numpy and pytest
 # lacks for it (found by running `tools/gpu_check.sh --cpu` in such an environment; docs/cluster_and_gpu.md)
 GPU_RL_PKGS := hydra-core==1.3.8 PyYAML==6.0.4 transformers==5.23.0 tokenizers==0.23.3 safetensors==0.8.0 \
@@ -143,7 +145,7 @@ GPU_WHEEL_TAGS := --python-version 3.12 --implementation cp --platform manylinux
 
 gpu-wheels:
 	mkdir -p $(GPU_WHEELS)
-	rm -f $(GPU_WHEELS)/megatron_core-*.whl  # one release only: test-gpu installs every wheel here
+	rm -f $(GPU_WHEELS)/*.whl  # no stale wheel: test-gpu and tools/gpu_check.sh install every wheel here
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: $(GPU_WHEEL_TAGS) -d $(GPU_WHEELS) $(GPU_PKGS) $(GPU_RL_PKGS)
 	# omegaconf's parser runtime is an sdist on PyPI; pure Python, so a wheel built here works anywhere
 	$(PYTHON) -m pip wheel -q --no-deps -w $(GPU_WHEELS) antlr4-python3-runtime==4.9.3

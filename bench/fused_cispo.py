@@ -276,9 +276,9 @@ def main_cuda(args) -> int:
                 notes[variant] = note
             else:
                 results[variant] = res
-                rows.append({"variant": variant, "N": N, "H": H, "V": V, "dtype": args.dtype,
-                             "bf16_valued_hidden": args.bf16_valued_hidden, "fp32_precision": args.fp32_precision,
-                             **res})
+                _emit(args, rows, {"variant": variant, "N": N, "H": H, "V": V, "dtype": args.dtype,
+                                   "bf16_valued_hidden": args.bf16_valued_hidden,
+                                   "fp32_precision": args.fp32_precision, **res})
         device = next((r["device_name"] for r in results.values()), "?")
         print(f"\nN={N} H={H} V={V}  (CISPO, {_inputs_text(args)}, {device}, median of {args.iters})")
         print(f"{'variant':<8} {'ms':>9} {'peak GiB':>9} {'TFLOP/s':>8} {'%bf16pk':>8} {'%fp32pk':>8} "
@@ -305,6 +305,14 @@ def _shape(shape: str) -> tuple[int, int, int]:
     return N, H, V
 
 
+def _emit(args, rows: list[dict], row: dict) -> None:
+    """Keep a measurement and, with --jsonl, append it as one line now (a later variant's timeout keeps it)."""
+    rows.append(row)
+    if args.jsonl:
+        with open(args.jsonl, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def _write_json(args, rows: list[dict]) -> None:
     if args.json:
         with open(args.json, "w") as f:
@@ -326,8 +334,8 @@ def main_cpu(args) -> int:
                     notes[variant] = note
                     continue
                 results[variant].append(res)
-                rows.append({"variant": variant, "N": N, "H": H, "V": V, "dtype": args.dtype,
-                             "bf16_valued_hidden": args.bf16_valued_hidden, **res})
+                _emit(args, rows, {"variant": variant, "N": N, "H": H, "V": V, "dtype": args.dtype,
+                                   "bf16_valued_hidden": args.bf16_valued_hidden, **res})
         print(f"\nN={N} H={H} V={V}  (CISPO, token aggregation, {_inputs_text(args)}, {os.cpu_count()} cores, "
               f"best of {args.rounds} alternating rounds)")
         print(f"{'variant':<8} {'wall s':>7} {'cpu s':>7} {'ΔRSS MB':>8} {'maxRSS':>7} {'wall/naive':>10} "
@@ -369,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="CUDA, triton variant with FP32 operands: its mode (default: the kernel's, bf16x3)")
     ap.add_argument("--error", action="store_true",
                     help="also compare each variant's loss, logp and gradients with float64 (bench/head_reference.py)")
-    ap.add_argument("--json", help="write all measurements to this file")
+    ap.add_argument("--json", help="write all measurements to this file (at the end)")
+    ap.add_argument("--jsonl", help="append each measurement to this file as one JSON line when it finishes")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")

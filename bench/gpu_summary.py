@@ -1,13 +1,18 @@
-"""tools/gpu_check.sh's first and last step: the versions line, and summary.json from the stages' outputs.
+"""tools/gpu_check.sh's first and last step: the versions line, and summary.json from whatever the stages left.
 
     python3 bench/gpu_summary.py --versions                       # python, torch, CUDA, Triton, ... versions
-    python3 bench/gpu_summary.py --out OUT --mode gpu --stage=gpu_suite:0:190 ...   # OUT/summary.json
+    python3 bench/gpu_summary.py --out OUT --mode gpu             # OUT/summary.json from OUT/stages.jsonl ...
 
-summary.json: `mode`; `stages` (rc and wall seconds of each); `versions`; `gpu_suite` (pytest's counts);
-`head` (the trainer's head call at the benchmarked shape: `error` against float64 with the GPU suite's
+The script calls `--out` at each stage's start and end and from its exit trap, so summary.json always exists
+and names what finished. summary.json: `mode`; `stages` (each stage of `STAGES`: `status` done / failed /
+timed out / killed / running / not reached, with rc, limit and wall seconds; from OUT/stages.jsonl, one JSON line
+per stage event); `versions` and `version_mismatches` (what lies outside `REHEARSED`, the versions the kit was
+rehearsed on); `gpu_suite` (pytest's counts, or `summary_line: false` when pytest printed none); `head` (the
+trainer's head call at the benchmarked shape, from OUT/head.jsonl: `error` against float64 with the GPU suite's
 bounds, `time_over_naive` and `mem_over_naive`, and the 3xTF32 mode's time over naive when measured);
-`rl_loop` (steps, tokens/s, trainer MFU, push seconds, whether the resume matched; bench/rl_loop.py);
-`ok`: every stage exited 0, no suite test failed, the head is within the bounds and the resume matched.
+`rl_loop` (params dtype, steps, tokens/s, trainer MFU, push seconds, whether the resume matched;
+bench/rl_loop.py, run A's figures as soon as run A is done); `ok`: every stage done, no suite test failed, the
+head within the bounds and the resume matched.
 """
 
 from __future__ import annotations
@@ -20,12 +25,19 @@ from pathlib import Path
 
 HEAD_BOUNDS = {"err_loss_rel": 1e-4, "err_logp_abs": 1e-4, "err_grad_h_rel": 2e-5, "err_grad_w_rel": 2e-5}
 """tests/gpu/test_fused_logprob_gpu.py's bounds for FP32 inputs (the head benchmark's hidden states are FP32)."""
+STAGES = ("versions", "install", "gpu_suite", "head", "rl_loop")
+REHEARSED = {"python": ("3.11", "3.12"), "torch": ("2.11", "2.14.1"), "triton": ("3.6", "3.9"),
+             "megatron-core": ("0.16.1", "0.19.2"), "cuda": ("13.0", "13.0")}
+"""Inclusive version ranges the kit has run on: CPU rehearsals on Python 3.11 / torch 2.13 / megatron-core 0.16.1
+and Python 3.12 / torch 2.14.1 / megatron-core 0.19.2 (Triton 3.9's interpreter), and the first H200 session's
+Python 3.12 / torch 2.11 / Triton 3.6 / CUDA 13.0 (bench/results/2026-11-28_h200). A release is compared on the
+range's number of components (torch 2.11.0+cu130 is 2.11). CUDA only in GPU mode."""
 PACKAGES = ("torch", "triton", "numpy", "megatron-core", "transformers", "hydra-core", "omegaconf", "tokenizers")
 
 
-def versions() -> dict[str, str | None]:
+def versions(*, with_torch: bool = True) -> dict[str, str | None]:
     """Python and the installed distributions' versions (metadata only: nothing heavy is imported but torch,
-    for the CUDA version and the device)."""
+    for the CUDA version and the device, unless `with_torch` is False)."""
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
@@ -35,6 +47,8 @@ def versions() -> dict[str, str | None]:
             out[name] = version(name)
         except PackageNotFoundError:
             out[name] = None
+    if not with_torch:
+        return out
     try:
         import torch
 
@@ -45,15 +59,41 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def pytest_counts(log: str) -> dict[str, int]:
-    """passed / failed / skipped / error counts of pytest's last summary line in `log` (0 when absent)."""
-    lines = [ln for ln in log.splitlines() if re.search(r"\b(passed|failed|skipped|error|errors)\b", ln)
-             and re.search(r"\d+ (passed|failed|skipped|error)", ln)]
-    counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
-    if lines:
-        for n, what in re.findall(r"(\d+) (passed|failed|skipped|errors?)", lines[-1]):
-            counts["errors" if what.startswith("error") else what] = int(n)
+def pytest_counts(log: str) -> dict:
+    """passed / failed / skipped / error counts of pytest's last summary line in `log`; when there is none (the
+    suite was killed, or never started), `summary_line: False` and no counts, not zeros."""
+    lines = [ln for ln in log.splitlines() if re.search(r"\d+ (passed|failed|skipped|errors?|deselected)\b", ln)
+             and re.search(r"\bin [\d.]+s\b", ln)]
+    if not lines:
+        return {"summary_line": False}
+    counts = {"summary_line": True, "passed": 0, "failed": 0, "skipped": 0, "errors": 0}
+    for n, what in re.findall(r"(\d+) (passed|failed|skipped|errors?)", lines[-1]):
+        counts["errors" if what.startswith("error") else what] = int(n)
     return counts
+
+
+def _release(v: str, n: int) -> tuple[int, ...]:
+    """The first `n` numeric components of a version string ('2.11.0+cu130' -> (2, 11) for n=2)."""
+    parts = re.findall(r"\d+", v.split("+")[0])[:n]
+    return tuple(int(p) for p in parts) + (0,) * (n - len(parts))
+
+
+def version_mismatches(found: dict | None, *, mode: str) -> list[str]:
+    """What in `found` (versions()) lies outside `REHEARSED`, one sentence each; CUDA only in GPU mode."""
+    if not found:
+        return ["no versions were recorded"]
+    out = []
+    for name, (lo, hi) in REHEARSED.items():
+        if name == "cuda" and mode != "gpu":
+            continue
+        v = found.get(name)
+        if v is None:
+            out.append(f"{name}: not installed (rehearsed {lo} .. {hi})")
+            continue
+        n = max(len(lo.split(".")), len(hi.split(".")))
+        if not _release(lo, n) <= _release(v, n) <= _release(hi, n):
+            out.append(f"{name} {v} is outside the rehearsed {lo} .. {hi}")
+    return out
 
 
 def head_summary(rows: list[dict]) -> dict:
@@ -83,33 +123,57 @@ def head_summary(rows: list[dict]) -> dict:
 def rl_summary(res: dict | None) -> dict:
     if not res:
         return {"measured": False}
-    keys = ("device", "params", "steps", "resumed_steps", "tokens_per_s", "train_tokens_per_s", "mfu",
-            "trainer_tflops", "push_s", "resume_matched", "resume")
+    keys = ("device", "params", "params_dtype", "steps", "resumed_steps", "tokens_per_s", "train_tokens_per_s",
+            "mfu", "trainer_tflops", "push_s", "resume_matched", "resume", "run_b")
     return {"measured": True, **{k: res.get(k) for k in keys}}
 
 
 def _versions_of(path: Path) -> dict | None:
-    """The `versions {json}` line of versions.txt (`--versions`), or None."""
+    """The `versions {json}` lines of versions.txt (`--versions`; the one after the install updates the
+    packages), merged, or None."""
     lines = path.read_text().splitlines() if path.is_file() else []
-    found = [ln for ln in lines if ln.startswith("versions {")]
-    return json.loads(found[-1][len("versions "):]) if found else None
+    found = [json.loads(ln[len("versions "):]) for ln in lines if ln.startswith("versions {")]
+    return {k: v for d in found for k, v in d.items()} if found else None
 
 
 def _load(path: Path):
-    return json.loads(path.read_text()) if path.is_file() else None
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except json.JSONDecodeError:
+        return None
 
 
-def summarize(out: Path, *, mode: str, stages: list[str]) -> dict:
-    st = {}
-    for s in stages:
-        name, rc, wall = s.rsplit(":", 2)
-        st[name] = {"rc": int(rc), "wall_s": int(wall)}
+def _jsonl(path: Path) -> list[dict]:
+    """The complete JSON lines of `path` (a line cut by a kill is left out)."""
+    rows = []
+    for ln in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            rows.append(json.loads(ln))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def stage_table(events: list[dict]) -> dict[str, dict]:
+    """Each of `STAGES` (and any other named in `events`) from its last event: status done / failed / timed out
+    / killed / running / skipped, or not reached when it has none."""
+    st: dict[str, dict] = {name: {"status": "not reached"} for name in STAGES}
+    for ev in events:
+        st[ev["stage"]] = {k: v for k, v in ev.items() if k != "stage"}
+    return st
+
+
+def summarize(out: Path, *, mode: str) -> dict:
+    st = stage_table(_jsonl(out / "stages.jsonl"))
     suite_log = out / "gpu_suite.log"
-    summary = {"mode": mode, "stages": st, "versions": _versions_of(out / "versions.txt"),
+    found = _versions_of(out / "versions.txt")
+    summary = {"mode": mode, "stages": st, "versions": found,
+               "version_mismatches": version_mismatches(found, mode=mode),
                "gpu_suite": pytest_counts(suite_log.read_text() if suite_log.is_file() else ""),
-               "head": head_summary(_load(out / "head.json") or []), "rl_loop": rl_summary(_load(out / "rl_loop.json"))}
-    summary["ok"] = (all(v["rc"] == 0 for v in st.values()) and summary["gpu_suite"]["failed"] == 0
-                     and summary["gpu_suite"]["errors"] == 0 and bool(summary["head"].get("within_bounds"))
+               "head": head_summary(_jsonl(out / "head.jsonl")), "rl_loop": rl_summary(_load(out / "rl_loop.json"))}
+    suite = summary["gpu_suite"]
+    summary["ok"] = (all(v["status"] in ("done", "skipped") for v in st.values()) and suite["summary_line"]
+                     and suite["failed"] == 0 and suite["errors"] == 0 and bool(summary["head"].get("within_bounds"))
                      and bool(summary["rl_loop"].get("resume_matched")))
     return summary
 
@@ -117,17 +181,26 @@ def summarize(out: Path, *, mode: str, stages: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--versions", action="store_true", help="print the versions as one line: versions {json}")
+    ap.add_argument("--packages-only", action="store_true", help="with --versions: without importing torch")
     ap.add_argument("--out", help="tools/gpu_check.sh's OUT directory")
     ap.add_argument("--mode", choices=("gpu", "cpu"), default="gpu")
-    ap.add_argument("--stage", action="append", default=[], help="NAME:RC:WALL_S of a stage (repeat)")
+    ap.add_argument("--quiet", action="store_true", help="write summary.json only (the script's interim calls)")
     args = ap.parse_args(argv)
     if args.versions:
-        print("versions " + json.dumps(versions()))
+        print("versions " + json.dumps(versions(with_torch=not args.packages_only)))
         return 0
     out = Path(args.out)
-    summary = summarize(out, mode=args.mode, stages=args.stage)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    summary = summarize(out, mode=args.mode)
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1) + "\n")
+    tmp.replace(out / "summary.json")  # a kill mid-write leaves the previous summary whole
+    if args.quiet:
+        return 0
     h, r = summary["head"], summary["rl_loop"]
+    for line in summary["version_mismatches"]:
+        print(f"gpu_check: version mismatch: {line}")
+    stages = ", ".join(f"{k}: {v['status']}" for k, v in summary["stages"].items())
+    print(f"gpu_check ({args.mode}): stages {stages}")
     print(f"gpu_check ({args.mode}): suite {summary['gpu_suite']}; head {h.get('time_over_naive')} x naive, "
           f"within bounds {h.get('within_bounds')}; rl_loop tokens/s {r.get('tokens_per_s')}, MFU {r.get('mfu')}, "
           f"push {r.get('push_s')} s, resume matched {r.get('resume_matched')}; ok {summary['ok']}")

@@ -390,8 +390,11 @@ def _step_fields(cfg: TrainConfig, comps: LoopComponents, groups: list[Group], p
         "prompt_ids": [p.prompt.prompt_id for p in pendings],
     }
     out.update(calibration_fields(cfg, groups, train_s=train_s, sync_s=sync_s, step_s=step_s))
-    if cfg.metrics.weights_digest and hasattr(comps.engine, "weights_digest"):
+    steps = cfg.metrics.weights_digest_steps
+    if cfg.metrics.weights_digest and hasattr(comps.engine, "weights_digest") and (not steps
+                                                                                   or state.step in steps):
         digest = comps.engine.weights_digest()
+        clock.gen_prev = None  # the digest's pass over the weights is outside every step's wall time
         out["gen/weights_sha256"] = digest["weights_sha256"]
         out["gen/weights_version"] = float(digest["version"])
     util = gpu_utilization() if cfg.cluster.device == "cuda" else None

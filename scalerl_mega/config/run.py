@@ -137,7 +137,9 @@ class MetricsConfig:
     weights_digest: bool = False
     """After every weight push, log the SHA-256 of the weights the (local) engine holds as
     `gen/weights_sha256` (checks a multi-rank export against a single-process one; costs a pass
-    over the generator's weights)."""
+    over the generator's weights, taken after the step's clock stops and outside the next step's)."""
+    weights_digest_steps: list[int] = field(default_factory=list)
+    """With `weights_digest`: only after these steps (1-based loop steps); empty: after every step."""
     truncation_alarm: float = 0.10
     """Warn when the step's truncation rate exceeds this (paper App. A.13: 10-15% destabilises)."""
     max_logprob_mismatch: Optional[float] = None
@@ -227,6 +229,10 @@ def validate_sft(sft: SFTConfig) -> None:
 
 
 def validate_metrics(metrics: MetricsConfig) -> None:
+    bad = [s for s in metrics.weights_digest_steps if int(s) < 1]
+    if bad:
+        raise ValueError(f"metrics.weights_digest_steps={list(metrics.weights_digest_steps)!r}: steps are 1-based, "
+                         f"got {bad}")
     if not 0.0 < metrics.truncation_alarm <= 1.0:
         raise ValueError(f"metrics.truncation_alarm={metrics.truncation_alarm!r} must be in (0, 1]")
     one_of("metrics.mismatch_mode", metrics.mismatch_mode, MISMATCH_MODES)

@@ -1,8 +1,9 @@
 """The Triton fused FP32 LM-head kernel on a GPU against a float64 reference (skipped without CUDA).
 
-Shapes N=4096, H=4096, V=32768 and 131072. Inputs: bf16 hidden and weight (bf16 operands); FP32 hidden and
-weight in the default mode on CUDA (bf16x3, `resolve_fp32_precision`) and explicitly in bf16x3, 3xTF32 and
-IEEE mode; FP32 hidden states holding bf16 values with an FP32 weight, the trainer's FP32 head
+Shape N=4096, H=4096, V=131072 (the Llama vocabulary: 64-bit offsets; a second, smaller V re-ran every case's
+autotuning for no new path, issue 60). Inputs: bf16 hidden and weight (bf16 operands); FP32 hidden and weight in
+bf16x3 (the default on CUDA: `test_default_fp32_mode_on_cuda_is_bf16x3`, so not run twice), 3xTF32 and IEEE
+mode; FP32 hidden states holding bf16 values with an FP32 weight, the trainer's FP32 head
 (Float16Module upcasts the last stage's bf16 output, so the head sees bf16-valued FP32 hidden states and an
 FP32 weight), in the default mode (bf16x3 with the hidden states detected as one bf16 piece: 3 exact
 products); bf16 hidden with an FP32 weight in bf16x3, IEEE and 3xTF32 mode. The loss is CISPO (Eq. (cispo))
@@ -27,7 +28,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = [(4096, 4096, 32768), (4096, 4096, 131072)]
+SHAPES = [(4096, 4096, 131072)]
 EPS_HIGH = 1.2
 TOL_LOGP = TOL_LOSS = 1e-4
 TOL_GRAD = {"float32": 2e-5, "bfloat16": 8e-3}
@@ -35,7 +36,6 @@ CASES = [  # (hidden, weight dtype, fp32_precision; None = the default, bf16x3 o
     # FP32 holding bf16 values (the trainer's head input)
     ("bfloat16", "bfloat16", "ieee"),
     ("float32_bf16", "float32", None),
-    ("float32", "float32", None),
     ("float32", "float32", "bf16x3"),
     ("float32", "float32", "ieee"),
     ("float32", "float32", "tf32x3"),

@@ -45,3 +45,28 @@ def test_a_failed_variant_fails_the_run_a_skipped_one_does_not(bench, monkeypatc
     monkeypatch.setattr(bench, "_run_worker", lambda spec, extra: (None, note))
     assert bench.main(["--device", device, "--shapes", "256,8,16", "--rounds", "1", "--variants", "naive"]) == rc
     assert note in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_each_variant_is_appended_to_jsonl_before_the_next_runs(bench, monkeypatch, tmp_path, device):
+    """--jsonl: a later variant that hangs (tools/gpu_check.sh kills it at its limit) keeps the earlier ones."""
+    out = tmp_path / "head.jsonl"
+    seen = []
+
+    def fake_worker(spec, extra):
+        seen.append([json.loads(ln)["variant"] for ln in out.read_text().splitlines()] if out.exists() else [])
+        variant = spec.split(":")[0]
+        if variant == "triton":
+            raise KeyboardInterrupt  # stands for the kill: the driver never gets to its end
+        return {"time_s": 2.0 if variant == "naive" else 1.0, "peak_gib": 1.0, "tflops": 1.0, "frac_bf16_peak": 0.1,
+                "frac_fp32_peak": 0.1, "cpu_s": 1.0, "delta_rss_mb": 1.0, "max_rss_mb": 1.0, "loss": 0.5,
+                "device_name": "x"}, None
+
+    monkeypatch.setattr(bench, "_run_worker", fake_worker)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--device", device, "--shapes", "256,8,16", "--rounds", "1", "--variants", "naive", "trainer",
+                    "triton", "--jsonl", str(out), "--json", str(tmp_path / "never.json")])
+    assert seen == [[], ["naive"], ["naive", "trainer"]]
+    rows = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert [(r["variant"], r["N"], r["time_s"]) for r in rows] == [("naive", 256, 2.0), ("trainer", 256, 1.0)]
+    assert not (tmp_path / "never.json").exists()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,12 @@ def _load(name: str):
 def test_pytest_counts_read_the_last_summary_line():
     gs = _load("gpu_summary")
     log = "x\n3 passed in 1s\n....F.s\n=== 1 failed, 22 passed, 2 skipped, 1 error in 190.2s ===\n"
-    assert gs.pytest_counts(log) == {"passed": 22, "failed": 1, "skipped": 2, "errors": 1}
-    assert gs.pytest_counts("25 skipped in 4.77s") == {"passed": 0, "failed": 0, "skipped": 25, "errors": 0}
-    assert gs.pytest_counts("") == {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
+    assert gs.pytest_counts(log) == {"summary_line": True, "passed": 22, "failed": 1, "skipped": 2, "errors": 1}
+    assert gs.pytest_counts("25 skipped in 4.77s") == {"summary_line": True, "passed": 0, "failed": 0,
+                                                       "skipped": 25, "errors": 0}
+    # killed mid-suite: progress dots and a test's own "3 passed" output, no summary line: no counts, not zeros
+    assert gs.pytest_counts("") == {"summary_line": False}
+    assert gs.pytest_counts("....F\nlog: 3 passed the check\n..") == {"summary_line": False}
 
 
 def test_head_entry_is_the_trainer_at_the_largest_shape():
@@ -56,8 +60,11 @@ def test_resume_check_matches_only_the_same_prompts_tokens_and_losses():
     a = [_rec(1, 0.5), _rec(2, 0.4), _rec(3, 0.3), _rec(4, 0.2)]
     same = rl.resume_check(a, [_rec(3, 0.3), _rec(4, 0.2)])
     assert same["matched"] and same["weights_bitwise"] and same["steps"] == [3, 4]
-    near = rl.resume_check(a, [_rec(3, 0.3), _rec(4, 0.2 * (1 + 5e-6), sha="y")])
-    assert near["matched"] and not near["weights_bitwise"]  # within RESUME_LOSS_TOL, weights differ in bits
+    near = rl.resume_check(a, [_rec(3, 0.3), _rec(4, 0.2 * (1 + 5e-6))])
+    assert near["matched"] and near["loss_rel_diff"] == pytest.approx(5e-6, rel=1e-6)  # within RESUME_LOSS_TOL
+    bits = rl.resume_check(a, [_rec(3, 0.3), _rec(4, 0.2, sha="y")])
+    assert not bits["weights_bitwise"] and not bits["matched"]  # same losses, weights differ in bits: counts
+    assert not rl.resume_check(a, [_rec(3, 0.3, sha=None)])["matched"]  # no digest at a compared step
     assert not rl.resume_check(a, [_rec(3, 0.3), _rec(4, 0.201)])["matched"]  # a lost Adam state moves it
     assert not rl.resume_check(a, [_rec(3, 0.3, prompts=("a", "c"))])["matched"]
     assert not rl.resume_check(a, [_rec(3, 0.3, tokens=11.0)])["matched"]
@@ -76,3 +83,74 @@ def test_train_flops_by_hand():
     assert train_flops(m, [3, 5]) == pytest.approx(6 * p * 8 + 6 * 2 * d * (9 + 25))
     assert dense_bf16_peak_tflops("NVIDIA H200") == 989.0 and dense_bf16_peak_tflops("NVIDIA GB200") == 2500.0
     assert dense_bf16_peak_tflops("cpu") is None
+
+
+DEVICE = {"python": "3.12.3", "torch": "2.11.0+cu130", "triton": "3.6.0", "megatron-core": "0.19.2", "cuda": "13.0"}
+"""The first H200 session's software (bench/results/2026-11-28_h200/README.md) with this kit's megatron-core."""
+
+
+def test_version_mismatches_against_the_rehearsed_ranges():
+    gs = _load("gpu_summary")
+    assert gs.version_mismatches(DEVICE, mode="gpu") == []
+    assert gs.version_mismatches({**DEVICE, "torch": "2.14.1"}, mode="gpu") == []  # the range's top, inclusive
+    found = {**DEVICE, "torch": "2.10.0+cu128", "triton": "3.5.1", "megatron-core": None, "cuda": "12.8"}
+    assert gs.version_mismatches(found, mode="gpu") == [
+        "torch 2.10.0+cu128 is outside the rehearsed 2.11 .. 2.14.1", "triton 3.5.1 is outside the rehearsed 3.6 .. 3.9",
+        "megatron-core: not installed (rehearsed 0.16.1 .. 0.19.2)", "cuda 12.8 is outside the rehearsed 13.0 .. 13.0"]
+    assert gs.version_mismatches({**DEVICE, "python": "3.13.0", "cuda": None}, mode="cpu") == [
+        "python 3.13.0 is outside the rehearsed 3.11 .. 3.12"]  # CPU: no CUDA to compare
+    assert gs.version_mismatches(None, mode="gpu") == ["no versions were recorded"]
+
+
+def test_summary_of_a_killed_run_names_what_finished(tmp_path):
+    """The exit trap's summary after a kill in the GPU suite: versions done, install skipped, the suite killed with
+    no pytest summary line, the head and RL stages not reached; a cut last line of stages.jsonl is ignored."""
+    gs = _load("gpu_summary")
+    (tmp_path / "versions.txt").write_text("mode gpu\nversions " + json.dumps(DEVICE) + "\n")
+    events = [{"stage": "versions", "status": "running", "limit_s": 40},
+              {"stage": "versions", "status": "done", "rc": 0, "wall_s": 6},
+              {"stage": "install", "status": "skipped"}, {"stage": "gpu_suite", "status": "running", "limit_s": 180},
+              {"stage": "gpu_suite", "status": "killed", "rc": 143}]
+    (tmp_path / "stages.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events) + '{"stage": "he')
+    (tmp_path / "gpu_suite.log").write_text("tests/gpu/test_megatron_gpu.py ..")
+    s = gs.summarize(tmp_path, mode="gpu")
+    assert {k: v["status"] for k, v in s["stages"].items()} == {
+        "versions": "done", "install": "skipped", "gpu_suite": "killed", "head": "not reached",
+        "rl_loop": "not reached"}
+    assert s["stages"]["gpu_suite"]["rc"] == 143 and s["version_mismatches"] == []
+    assert s["gpu_suite"] == {"summary_line": False} and s["head"] == {"measured": False}
+    assert s["rl_loop"] == {"measured": False} and s["ok"] is False
+
+
+def test_rl_loop_keeps_run_a_table_when_the_resume_fails(tmp_path, monkeypatch):
+    """bench/rl_loop.py writes run A's step table before run B starts; a failed run B leaves it, with why."""
+    rl = _load("rl_loop")
+    runs = []
+
+    def fake_run_train(out, overrides, *, log, timeout_s, triton_cache):
+        runs.append((out.name, timeout_s, triton_cache))
+        if out.name == "b":
+            assert json.loads((tmp_path / "rl.json").read_text())["run_b"] == "not started"
+            raise RuntimeError("run b timed out after 10 s")
+        return 12.5
+
+    rec = {"batch/prompt_tokens_mean": 3.0, "batch/gen_lengths": [2, 4], "timing/train_step_s": 0.5, "step_s": 2.0,
+           "batch/tokens": 13.0, "generated_tokens": 6.0, "tokens_per_s": 3.0, "gen/decode_tokens": 6.0,
+           "gen/busy_s": 1.5, "weight_sync_s": 0.25, "train/loss": 0.5}
+    m = ModelConfig(vocab_size=100, hidden_size=8, ffn_hidden_size=16, num_layers=2, num_attention_heads=2,
+                    num_query_groups=1)
+    monkeypatch.setattr(rl, "run_train", fake_run_train)
+    monkeypatch.setattr(rl, "_train_records", lambda run: [{**rec, "step": 1}, {**rec, "step": 2}])
+    monkeypatch.setattr(rl, "_model", lambda run: m)
+    monkeypatch.setattr(rl, "_run_config", lambda run: {"precision": {"params_dtype": "bfloat16"}})
+    with pytest.raises(RuntimeError, match="run b timed out"):
+        rl.main(["--cpu", "--work", str(tmp_path / "w"), "--json", str(tmp_path / "rl.json"), "--budget", "100"])
+    out = json.loads((tmp_path / "rl.json").read_text())
+    assert out["run_b"] == "run b timed out after 10 s" and out["resume"] is None and out["resume_matched"] is None
+    assert out["params_dtype"] == "bfloat16" and [r["step"] for r in out["per_step"]] == [1, 2]
+    assert out["per_step"][0]["train_tokens_per_s"] == pytest.approx(13.0 / 0.5)
+    assert out["per_step"][0]["engine_tokens_per_s"] == pytest.approx(6.0 / 1.5)
+    # run A gets its share of the budget, run B what is left; both share one Triton cache (pinned autotuning)
+    assert [r[0] for r in runs] == ["a", "b"] and runs[0][1] == pytest.approx(rl.A_SHARE * 100)
+    assert 0 < runs[1][1] <= 100
+    assert runs[0][2] == runs[1][2] == tmp_path / "w" / "triton-cache"
