@@ -46,17 +46,17 @@ def _custom_parts(custom: Any) -> tuple[str, dict[str, Any]]:
     return custom[TARGET], {k: v for k, v in custom.items() if k != TARGET}
 
 
-def resolve_target(target: str):
-    """The callable at dotted path `target`; ValueError naming `reward.custom._target_` otherwise."""
+def resolve_target(target: str, *, key: str = "reward.custom._target_"):
+    """The callable at dotted path `target`; ValueError naming `key` (the config key it came from) otherwise."""
     import importlib
 
     module, _, attr = target.rpartition(".")
     try:
         fn = getattr(importlib.import_module(module), attr) if module else None
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"reward.custom._target_={target!r}: cannot import it ({exc})") from None
+        raise ValueError(f"{key}={target!r}: cannot import it ({exc})") from None
     if not callable(fn):
-        raise ValueError(f"reward.custom._target_={target!r}: not a callable")
+        raise ValueError(f"{key}={target!r}: not a callable")
     return fn
 
 
