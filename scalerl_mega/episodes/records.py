@@ -28,6 +28,7 @@ def episode_lines(groups: Sequence[Group], *, step: int) -> list[dict[str, Any]]
         for s in g.samples:
             c = s.completion
             out.append({"step": step, "prompt_id": c.prompt_id, "sample_index": c.sample_index, "turns": c.turns,
-                        "reward": s.reward, "passed": s.passed, "prompt_len": len(c.prompt_ids),
+                        "finish_reason": c.finish_reason.value, "reward": s.reward, "passed": s.passed,
+                        "prompt_len": len(c.prompt_ids),
                         "ids": [*c.prompt_ids, *c.output_ids], "loss_mask": [0] * len(c.prompt_ids) + c.mask(), "messages": c.messages or []})
     return out
