@@ -125,6 +125,11 @@ class EpisodeEngine:
     def episodes_in_flight(self) -> int:
         return len(self._to_reset) + len(self._running)
 
+    @property
+    def in_flight_turns(self) -> list[int]:
+        """Finished turns of each episode now generating (1 or more: an episode between its turns)."""
+        return [ep.turns for ep in self._running.values()]
+
     # ---- one episode's life ------------------------------------------------------------------------------------
     def _reset_pending(self) -> None:
         eps, self._to_reset = self._to_reset, []
