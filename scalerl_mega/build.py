@@ -426,9 +426,10 @@ def episode_engine(cfg: TrainConfig, task: Task, engine: RolloutEngine) -> Rollo
     environment in a reward pool of `reward.num_workers`, the template checked now (episodes/template.py)."""
     if cfg.env.name == "single":
         return engine
-    if cfg.env.name != "custom":
-        raise ValueError(f"env.name={cfg.env.name!r}: the loop's wiring of this environment kind is not built yet")
     from scalerl_mega.config.env import episode_budget
+
+    if cfg.env.name == "agent":
+        return agent_engine(cfg, task, engine)
     from scalerl_mega.episodes.driver import EpisodeEngine, EpisodeSettings
     from scalerl_mega.episodes.env import EnvRunner
     from scalerl_mega.episodes.template import ChatSplicer
@@ -457,6 +458,30 @@ def engine_weight_dtype(cfg: TrainConfig) -> str:
 
     dtype = str(cfg.precision.params_dtype)
     return dtype + FP32_HEAD if cfg.rollout.name != "sglang" and cfg.model.fp32_lm_head else dtype
+
+
+def agent_engine(cfg: TrainConfig, task: Task, engine: RolloutEngine) -> RolloutEngine:
+    """`env=agent`: the agent episodes over `engine` (episodes/agent.py): the OpenAI-compatible endpoint in this
+    process, the agent function in a reward pool of `reward.num_workers`."""
+    import copy
+
+    from scalerl_mega.config.env import episode_budget
+    from scalerl_mega.episodes.agent import AgentEngine
+    from scalerl_mega.episodes.template import resolve_template
+
+    try:
+        tokenizer = task.tokenizer
+        if cfg.env.chat_template:  # the endpoint templates with the tokenizer's template: a copy carries the fixed one
+            tokenizer = copy.copy(tokenizer)
+            tokenizer.chat_template = resolve_template(str(cfg.env.chat_template), tokenizer)[0]
+        return AgentEngine(engine, tokenizer=tokenizer, target=str(dict(cfg.env.agent)["_target_"]),
+                           timeout_s=float(cfg.env.step_timeout_s), num_workers=int(cfg.reward.num_workers),
+                           failure_reward=float(cfg.reward.incorrect), correct=float(cfg.reward.correct),
+                           max_turns=int(cfg.env.max_turns), stop_token_ids=list(task.stop_token_ids),
+                           budget=episode_budget(cfg.env, max_new_tokens=cfg.length.max_new_tokens))
+    except Exception:
+        engine.close()
+        raise
 
 
 def allocation_devices(cfg: TrainConfig, *, world_size: int) -> int:

@@ -156,6 +156,8 @@ class Completion:
     episode_result: tuple[float, bool, str] | None = None
     """(reward, passed, reason) the episode's environment gave (the sum of its turns' rewards; a raising or
     timed-out environment: the reward pool's error result): scored as is, without the reward group."""
+    broken_prefixes: int = 0
+    """`env=agent`: calls of the episode that did not extend the previous call's ids (episodes/stitch.py)."""
     messages: list[dict[str, Any]] | None = None
     """The episode's chat messages (the assistant's decoded from its generated ids), for `episodes.jsonl`."""
 

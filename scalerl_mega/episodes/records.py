@@ -11,13 +11,15 @@ from scalerl_mega.types import Group
 def episode_metrics(groups: Sequence[Group]) -> dict[str, float]:
     """Means over the step's episodes: `episode/turns`, `episode/env_tokens`, `episode/length` (output ids,
     generated and environment), `episode/generated_tokens`; `episode/env_errors`: episodes ended by a failed
-    environment call (also counted in `reward/errors` / `reward/timeouts`)."""
+    environment call (also counted in `reward/errors` / `reward/timeouts`); `episode/broken_prefixes` (`env=agent`:
+    calls that did not extend the previous one)."""
     cs = [s.completion for g in groups for s in g.samples]
     n = max(len(cs), 1)
-    errors = sum(1 for c in cs if c.episode_result is not None and c.episode_result[2] != "env")
+    errors = sum(1 for c in cs if c.episode_result is not None and c.episode_result[2] not in ("env", "agent"))
     return {"episode/turns": sum(c.turns for c in cs) / n, "episode/env_tokens": sum(c.env_tokens for c in cs) / n,
             "episode/length": sum(len(c.output_ids) for c in cs) / n,
-            "episode/generated_tokens": sum(sum(c.mask()) for c in cs) / n, "episode/env_errors": float(errors)}
+            "episode/generated_tokens": sum(sum(c.mask()) for c in cs) / n, "episode/env_errors": float(errors),
+            "episode/broken_prefixes": float(sum(c.broken_prefixes for c in cs))}
 
 
 def episode_lines(groups: Sequence[Group], *, step: int) -> list[dict[str, Any]]:

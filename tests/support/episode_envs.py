@@ -27,3 +27,21 @@ class ScriptedEnv:
         if self.n >= self.turns:
             return [], 1.0, True
         return [{"role": "user", "content": self.feedback + self.question}], 0.25, False
+
+
+def retry_agent(base_url: str, task: dict) -> float:
+    """Agent code written against the OpenAI client (`env=agent`): asks, then asks again after the feedback `no`
+    with the history sent back unchanged; the reward 1 when the second reply contains the answer, else -1."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": task["prompt"]}]
+    first = client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": " no " + task["prompt"]}]
+    second = client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
+    return 1.0 if str(task["gold"]) in (second.choices[0].message.content or "") else -1.0
+
+
+def raising_agent(base_url: str, task: dict) -> float:
+    raise KeyError("agent failed on purpose")
