@@ -183,3 +183,29 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(tmp_path):
         ChatSplicer(TOK, template=str(strip), stop_token_ids=[EOS])
     with pytest.raises(TemplateError, match="the tokenizer has no chat template"):
         ChatSplicer(TOK, stop_token_ids=[EOS])
+
+
+def test_routes_of_an_episode_are_each_turns_own_positions():
+    """Routing replay across turns: turn 1 (prompt 3 ids, 2 generated) routed positions 0-3; turn 2 re-ran the whole
+    prefix (7 ids) and generated 2, routing positions 0-7: the episode keeps turn 1's routes for 0-3 (they produced
+    its tokens) and turn 2's for 4-7: 8 positions = 9 ids - 1, as the batch expects."""
+    import numpy as np
+
+    from scalerl_mega.episodes.driver import concat_routes
+    from scalerl_mega.types import Routes
+
+    L, K = 1, 2
+    t1 = Routes(num_layers=L, topk=K, expert_ids=np.arange(4 * K, dtype=np.uint8),
+                weights=np.full(4 * K, 0.5, np.float32), versions=[0] * 4)
+    t2 = Routes(num_layers=L, topk=K, expert_ids=np.arange(100, 100 + 8 * K, dtype=np.uint8),
+                weights=np.full(8 * K, 0.25, np.float32), versions=[1] * 8)
+    r = concat_routes([(t1, 0), (t2, 4)])
+    r.check(where="episode")
+    assert r.num_positions == 8 and r.versions == [0] * 4 + [1] * 4
+    assert r.expert_ids.tolist() == list(range(8)) + list(range(108, 116))
+    assert r.weights.tolist() == [0.5] * 8 + [0.25] * 8
+    no_weights = concat_routes([(Routes(num_layers=L, topk=K, expert_ids=t1.expert_ids, weights=[], versions=[0] * 4),
+                                 0), (Routes(num_layers=L, topk=K, expert_ids=t2.expert_ids, weights=[],
+                                             versions=[1] * 8), 4)])
+    assert len(no_weights.weights) == 0 and no_weights.num_positions == 8
+    assert concat_routes([]) is None
