@@ -17,16 +17,14 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
-from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from scalerl_mega.episodes.driver import TURN_SEED_STRIDE, EngineFront
 from scalerl_mega.episodes.env import task_row
 from scalerl_mega.interfaces import RolloutEngine
 from scalerl_mega.types import Completion, FinishReason, Prompt, SamplingParams
-
-TURN_SEED_STRIDE = 7919
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,7 +70,7 @@ class _AgentEpisode:
     opening: int | None = None
 
 
-class AgentEngine:
+class AgentEngine(EngineFront):
     """A `RolloutEngine` of agent episodes over `engine` (module doc)."""
 
     def __init__(self, engine: RolloutEngine, *, tokenizer: Any, target: str, timeout_s: float, num_workers: int,
@@ -120,15 +118,6 @@ class AgentEngine:
                 fut.set_result(c)
         return self._finished()
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], *, version: int) -> None:
-        self.inner.update_weights(named_tensors, version=version)
-
-    def pause(self) -> None:
-        self.inner.pause()
-
-    def resume(self) -> None:
-        self.inner.resume()
-
     def close(self) -> None:
         self._jobs.put(None)
         for fut in self._waiting.values():
@@ -138,11 +127,6 @@ class AgentEngine:
             self.inner.close()
         finally:
             self._pool.close()
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     @property
     def episodes_in_flight(self) -> int:

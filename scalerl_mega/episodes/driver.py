@@ -73,7 +73,28 @@ class EpisodeSettings:
     """An episode passes when its reward reaches this (`reward.correct`), like a custom reward."""
 
 
-class EpisodeEngine:
+class EngineFront:
+    """What an episode front (`EpisodeEngine`, `episodes.agent.AgentEngine`) passes to the engine it drives
+    (`inner`) unchanged: weight updates, pause/resume and the engine's extras (decode_stats, weights_digest, pids)."""
+
+    inner: RolloutEngine
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], *, version: int) -> None:
+        self.inner.update_weights(named_tensors, version=version)
+
+    def pause(self) -> None:
+        self.inner.pause()
+
+    def resume(self) -> None:
+        self.inner.resume()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+class EpisodeEngine(EngineFront):
     """A `RolloutEngine` of episodes over `engine` (see the module doc)."""
 
     def __init__(self, engine: RolloutEngine, *, runner: EnvRunner, splicer: ChatSplicer,
@@ -101,25 +122,11 @@ class EpisodeEngine:
         out, self._done = self._done, []
         return out
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], *, version: int) -> None:
-        self.inner.update_weights(named_tensors, version=version)
-
-    def pause(self) -> None:
-        self.inner.pause()
-
-    def resume(self) -> None:
-        self.inner.resume()
-
     def close(self) -> None:
         try:
             self.inner.close()
         finally:
             self.runner.close()
-
-    def __getattr__(self, name: str) -> Any:  # the engine's extras: decode_stats, weights_digest, pids, ...
-        if name.startswith("__") or name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     @property
     def episodes_in_flight(self) -> int:

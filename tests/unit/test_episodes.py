@@ -209,3 +209,17 @@ def test_routes_of_an_episode_are_each_turns_own_positions():
                                              versions=[1] * 8), 4)])
     assert len(no_weights.weights) == 0 and no_weights.num_positions == 8
     assert concat_routes([]) is None
+
+
+def test_the_python_tool_runs_code_in_the_sandbox_and_scores_the_final_answer():
+    from scalerl_mega.episodes.examples import PythonTool
+
+    env = PythonTool(time_limit_s=5.0)
+    opening = env.reset({"prompt": "What is 6 times 7?", "gold": "42"})
+    assert [m["role"] for m in opening] == ["system", "user"] and opening[1]["content"] == "What is 6 times 7?"
+    msgs, reward, done = env.step("Let me compute.\n```python\nprint(sum(range(7)) * 2)\n```")
+    assert msgs == [{"role": "tool", "content": "42\n"}] and (reward, done) == (0.0, False)
+    msgs, reward, done = env.step("```python\nimport socket\nsocket.create_connection(('1.1.1.1', 80), 2)\n```")
+    assert done is False and "Error" in msgs[0]["content"]  # no network inside the sandbox
+    assert env.step("The answer is 42.") == ([], 1.0, True)
+    assert env.step("It is 41") == ([], -1.0, True)
