@@ -2,7 +2,8 @@
 reward pool): one sample per episode through the groups, the batch and the optimizer step; `episodes.jsonl`; the
 episode metrics; and the on-policy agreement of a multi-turn run at PPO-off-policy k=1 in FP32: every generated
 token of every episode (turn 2 included, after spliced environment ids) has the trainer's log-prob within 1e-3 of
-the engine's (asserted by the loop itself, `metrics.mismatch_mode=assert`)."""
+the engine's (asserted by the loop itself, `metrics.mismatch_mode=assert`), with rollout routing replay of the
+routes each turn's forward chose."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ EPISODES = [
     "length=penalty", "length.penalty_max_len=1000", "length.penalty_cache_len=4",  # no penalty: rewards as the env gave
     "off_policy=ppo_off_policy", "off_policy.k=1", "train.val_every=0", "metrics.dump_episodes=true",
     "metrics.max_logprob_mismatch=1e-3", "metrics.mismatch_mode=assert",
+    "moe.routing_replay=ids",  # the demo's MoE replays every turn's routes (episodes/driver.py concat_routes)
 ]
 
 
