@@ -218,6 +218,10 @@ def engine_max_seq_len(cfg: TrainConfig, task: Task) -> int:
         sp.interruption_at = cfg.length.interruption_max
         sp.interruption_ids = list(task.interruption_ids)
         sp.answer_budget = cfg.length.answer_budget
+    if cfg.env.name != "single":  # an episode's turns continue its ids up to the episode budget
+        from scalerl_mega.config.env import episode_budget
+
+        return longest + max(max_total_tokens(sp), episode_budget(cfg.env, max_new_tokens=cfg.length.max_new_tokens))
     return longest + max_total_tokens(sp)
 
 
@@ -412,9 +416,36 @@ def build_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
     # exist already; the weight-sync groups created from here on are ours.
     os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     if cfg.rollout.name == "sglang":
-        return build_sglang_engine(cfg, task, trainer)
+        return episode_engine(cfg, task, build_sglang_engine(cfg, task, trainer))
     engines = [build_local_engine(cfg, task, index=i) for i in range(cfg.rollout.num_engines)]
-    return engines[0] if len(engines) == 1 else EngineSet(engines)
+    return episode_engine(cfg, task, engines[0] if len(engines) == 1 else EngineSet(engines))
+
+
+def episode_engine(cfg: TrainConfig, task: Task, engine: RolloutEngine) -> RolloutEngine:
+    """`env=single`: `engine` itself; `env=custom`: the episode driver over it (episodes/driver.py), its
+    environment in a reward pool of `reward.num_workers`, the template checked now (episodes/template.py)."""
+    if cfg.env.name == "single":
+        return engine
+    from scalerl_mega.config.env import episode_budget
+
+    if cfg.env.name == "agent":
+        return agent_engine(cfg, task, engine)
+    from scalerl_mega.episodes.driver import EpisodeEngine, EpisodeSettings
+    from scalerl_mega.episodes.env import EnvRunner
+    from scalerl_mega.episodes.template import ChatSplicer
+
+    try:
+        splicer = ChatSplicer(task.tokenizer, template=str(cfg.env.chat_template), stop_token_ids=task.stop_token_ids)
+        custom = dict(cfg.env.custom)
+        runner = EnvRunner(target=str(custom["_target_"]), kwargs=dict(custom.get("kwargs") or {}),
+                           step_timeout_s=float(cfg.env.step_timeout_s), num_workers=int(cfg.reward.num_workers),
+                           failure_reward=float(cfg.reward.incorrect))
+    except Exception:
+        engine.close()
+        raise
+    return EpisodeEngine(engine, runner=runner, splicer=splicer, decode=task.decode,
+                         settings=EpisodeSettings(max_turns=int(cfg.env.max_turns), correct=float(cfg.reward.correct),
+                                                  budget=episode_budget(cfg.env, max_new_tokens=cfg.length.max_new_tokens)))
 
 
 def engine_weight_dtype(cfg: TrainConfig) -> str:
@@ -427,6 +458,30 @@ def engine_weight_dtype(cfg: TrainConfig) -> str:
 
     dtype = str(cfg.precision.params_dtype)
     return dtype + FP32_HEAD if cfg.rollout.name != "sglang" and cfg.model.fp32_lm_head else dtype
+
+
+def agent_engine(cfg: TrainConfig, task: Task, engine: RolloutEngine) -> RolloutEngine:
+    """`env=agent`: the agent episodes over `engine` (episodes/agent.py): the OpenAI-compatible endpoint in this
+    process, the agent function in a reward pool of `reward.num_workers`."""
+    import copy
+
+    from scalerl_mega.config.env import episode_budget
+    from scalerl_mega.episodes.agent import AgentEngine
+    from scalerl_mega.episodes.template import resolve_template
+
+    try:
+        tokenizer = task.tokenizer
+        if cfg.env.chat_template:  # the endpoint templates with the tokenizer's template: a copy carries the fixed one
+            tokenizer = copy.copy(tokenizer)
+            tokenizer.chat_template = resolve_template(str(cfg.env.chat_template), tokenizer)[0]
+        return AgentEngine(engine, tokenizer=tokenizer, target=str(dict(cfg.env.agent)["_target_"]),
+                           timeout_s=float(cfg.env.step_timeout_s), num_workers=int(cfg.reward.num_workers),
+                           failure_reward=float(cfg.reward.incorrect), correct=float(cfg.reward.correct),
+                           max_turns=int(cfg.env.max_turns), stop_token_ids=list(task.stop_token_ids),
+                           budget=episode_budget(cfg.env, max_new_tokens=cfg.length.max_new_tokens))
+    except Exception:
+        engine.close()
+        raise
 
 
 def allocation_devices(cfg: TrainConfig, *, world_size: int) -> int:

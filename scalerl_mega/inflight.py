@@ -133,15 +133,19 @@ def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, length: Le
     """Rewards for every completion (batched through the reward pool); length penalty if configured. With
     `stop_error_rate` (`reward.stop_error_rate`), `RewardErrorStop` when at least that share of the samples failed
     to score (`where` names them in the message: "step 3", "the validation at step 0")."""
-    prompts, texts, flat = [], [], []
+    prompts, texts, flat, todo = [], [], [], []
     for p in pendings:
         for c in sorted(p.completions, key=lambda c: c.sample_index):
             if c.text is None:
                 c.text = comps.decode(c.output_ids)
-            prompts.append(p.prompt)
-            texts.append(c.text)
+            if c.episode_result is None:  # an episode's environment scored it (episodes/driver.py)
+                todo.append(len(flat))
+                prompts.append(p.prompt)
+                texts.append(c.text)
             flat.append(c)
-    results = comps.reward_fn(prompts, texts)
+    results: list = [c.episode_result for c in flat]
+    for i, r in zip(todo, comps.reward_fn(prompts, texts) if todo else []):
+        results[i] = r
     rewards = [float(r[0]) for r in results]
     if length.name == "penalty":
         import torch

@@ -361,6 +361,15 @@ def _record_groups(cfg: TrainConfig, comps: LoopComponents, groups: list[Group],
     if max(hist) > max_staleness:
         raise AssertionError(f"step {step}: staleness {max(hist)} > bound {max_staleness} ({cfg.off_policy.name}-{k})")
     metrics = {**rollout_metrics(groups, step=step), **reward_error_metrics(groups)}
+    if cfg.env.name != "single":
+        from scalerl_mega.episodes.records import episode_lines, episode_metrics
+
+        metrics.update(episode_metrics(groups))
+        if cfg.metrics.dump_episodes:
+            import json
+
+            with open(Path(cfg.output_dir) / "episodes.jsonl", "a") as f:
+                f.writelines(json.dumps(line) + "\n" for line in episode_lines(groups, step=step + 1))
     if hasattr(comps.sampler, "metrics"):  # data/curriculum.py: removed prompts, epoch, ...
         metrics.update({f"curriculum/{key}": v for key, v in comps.sampler.metrics().items()})
     return hist, metrics

@@ -147,6 +147,19 @@ class Completion:
     timings: dict[str, float] = field(default_factory=dict)
     routes: Routes | None = None
     """MoE routes the generator used for prompt and output positions (None: not recorded / dense)."""
+    turns: int = 1
+    """Assistant turns of the episode (`env=custom` / `env=agent`); a single-turn sample is a one-turn episode:
+    `output_ids` then holds the generated spans and the environment's spans in order, `loss_mask` 0 on the latter,
+    `gen_logprobs` 0.0 and `weight_versions` the preceding generated token's version there."""
+    env_tokens: int = 0
+    """Environment ids spliced into `output_ids` (loss mask 0)."""
+    episode_result: tuple[float, bool, str] | None = None
+    """(reward, passed, reason) the episode's environment gave (the sum of its turns' rewards; a raising or
+    timed-out environment: the reward pool's error result): scored as is, without the reward group."""
+    broken_prefixes: int = 0
+    """`env=agent`: calls of the episode that did not extend the previous call's ids (episodes/stitch.py)."""
+    messages: list[dict[str, Any]] | None = None
+    """The episode's chat messages (the assistant's decoded from its generated ids), for `episodes.jsonl`."""
 
     @property
     def num_tokens(self) -> int:

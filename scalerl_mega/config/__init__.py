@@ -5,6 +5,7 @@
     rollout   RolloutConfig                                 validate_rollout
     run       cluster, train loop, sft, metrics, moe, forecast
     reward    RewardSettings (checked by rewards/ where it is used)
+    env       EnvConfig: single-turn samples or multi-turn episodes   validate_env
     tree      TrainConfig (the whole tree), register_configs, validate (every group, then across groups)
     machine   validate_machine: devices, tokenizer directory, emulated-bf16 warning
 
@@ -14,6 +15,7 @@ it imports nothing above it (docs/architecture.md).
 """
 
 from scalerl_mega.config.data import DATA_NAMES, DataConfig
+from scalerl_mega.config.env import ENV_NAMES, EnvConfig, episode_budget
 from scalerl_mega.config.machine import (
     check_tokenizer_dir,
     check_tokenizer_fits,
@@ -70,7 +72,7 @@ __all__ = [
     "ADV_NORM_NAMES", "AGGREGATION_NAMES", "CLUSTER_NAMES", "CURRICULUM_NAMES", "DATA_NAMES", "FILTER_NAMES",
     "INTERRUPTION_PHRASE", "LENGTH_NAMES", "LOSS_NAMES", "MISMATCH_MODES", "OFF_POLICY_NAMES", "PRECISION_NAMES",
     "RESUME_MODES", "ROLLOUT_NAMES", "SCHEMA_NAME", "AdvNormConfig", "AggregationConfig", "ClusterConfig",
-    "CurriculumConfig", "DataConfig", "FilterConfig", "ForecastConfig", "LengthConfig", "LossConfig",
+    "CurriculumConfig", "DataConfig", "ENV_NAMES", "EnvConfig", "episode_budget", "FilterConfig", "ForecastConfig", "LengthConfig", "LossConfig",
     "MetricsConfig", "MoEConfig", "ModelConfig", "OffPolicyConfig", "OptimConfig", "ParallelConfig",
     "PrecisionConfig", "RewardSettings", "RolloutConfig", "SFTConfig", "TrainConfig", "TrainLoopConfig",
     "check_tokenizer_dir", "check_tokenizer_fits", "check_tokenizer_source", "cpu_native_bf16", "flat_config",

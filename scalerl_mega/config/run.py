@@ -150,6 +150,9 @@ class MetricsConfig:
     excursion, the run goes on) | stop (after logging the step, exit non-zero with a message; no
     checkpoint of that step is written) | assert (CI: like stop but an AssertionError, and the run also
     fails at its end if no step had an on-policy token to check)."""
+    dump_episodes: bool = False
+    """Write `episodes.jsonl` in the run directory: one line per trained episode (step, prompt_id, turns, reward,
+    ids, loss_mask, messages; `env=custom` / `env=agent`)."""
 
 
 @dataclass

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scalerl_mega.config.data import DataConfig, validate_data
+from scalerl_mega.config.env import EnvConfig, episode_budget, validate_env
 from scalerl_mega.config.recipe import (
     AdvNormConfig,
     AggregationConfig,
@@ -88,6 +89,7 @@ class TrainConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
 
 def records_routes(cfg: TrainConfig) -> bool:
     """Whether the generators record MoE routes: an MoE model and `moe.record_routes`, which unset
@@ -119,6 +121,7 @@ def validate(cfg: TrainConfig) -> None:
     validate_metrics(cfg.metrics)
     validate_moe(cfg.moe)
     validate_forecast(cfg.forecast)
+    validate_env(cfg.env)
     _validate_trainer(cfg)
     if not str(cfg.resume):
         raise ValueError("resume='' must be 'auto', 'never' or a checkpoint directory")
@@ -172,6 +175,12 @@ def _validate_across_groups(cfg: TrainConfig) -> None:
     if need > cfg.model.max_position_embeddings:
         raise ValueError(f"data.max_prompt_tokens + length.max_new_tokens = {need} exceeds "
                          f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
+    if cfg.env.name != "single":
+        need = cfg.data.max_prompt_tokens + episode_budget(cfg.env, max_new_tokens=cfg.length.max_new_tokens)
+        if need > cfg.model.max_position_embeddings:
+            raise ValueError(f"data.max_prompt_tokens + the episode budget (env.max_tokens, else "
+                             f"length.max_new_tokens x env.max_turns) = {need} exceeds "
+                             f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
 
 
 def megatron_config(cfg: TrainConfig) -> MegatronConfig:

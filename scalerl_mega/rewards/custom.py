@@ -46,8 +46,8 @@ def _custom_parts(custom: Any) -> tuple[str, dict[str, Any]]:
     return custom[TARGET], {k: v for k, v in custom.items() if k != TARGET}
 
 
-def resolve_target(target: str):
-    """The callable at dotted path `target`; ValueError naming `reward.custom._target_` otherwise."""
+def resolve_target(target: str, *, key: str = "reward.custom._target_"):
+    """The callable at dotted path `target`; ValueError naming `key` (the config key it came from) otherwise."""
     import importlib
 
     module, _, attr = target.rpartition(".")
@@ -59,9 +59,9 @@ def resolve_target(target: str):
             hint = (f"; a module of your own must be importable where the run starts: put the directory holding "
                     f"{exc.name.split('.')[0]}/ or {exc.name.split('.')[0]}.py on PYTHONPATH "
                     f"(PYTHONPATH=/path/to/dir scalerl-train ...) or pip install it")
-        raise ValueError(f"reward.custom._target_={target!r}: cannot import it ({exc}){hint}") from None
+        raise ValueError(f"{key}={target!r}: cannot import it ({exc}){hint}") from None
     if not callable(fn):
-        raise ValueError(f"reward.custom._target_={target!r}: not a callable")
+        raise ValueError(f"{key}={target!r}: not a callable")
     return fn
 
 

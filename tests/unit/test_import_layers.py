@@ -11,7 +11,8 @@ Layers, lowest first (a module takes the layer of the longest matching prefix):
   1.5 tools    built over one component: convert/'s I/O reads the trainer's checkpoints; sglang_emulation/
                serves the local engine (rollout/) behind SGLang's HTTP API.
   2 assembly   build (config groups -> components), loop with its in-flight tracker (inflight) and held-out
-               validation (heldout), sft, run_dir, report, compose
+               validation (heldout), sft, run_dir, report, compose, episodes/ (multi-turn episodes over the
+               engines, their environments in the reward pool)
   3 entry      train, serve, the launch check, the meta-device dry run, scaling.cli, gguf_import
 The reproduction (reproduction/, a tool beside the package) is not part of the package: nothing here imports it.
 """
@@ -36,7 +37,7 @@ LAYERS: dict[str, float] = {
     "trainer": COMPONENT, "metrics": COMPONENT, "cluster": COMPONENT,
     "convert": TOOL,
     "build": ASSEMBLY, "loop": ASSEMBLY, "inflight": ASSEMBLY, "heldout": ASSEMBLY, "sft": ASSEMBLY,
-    "run_dir": ASSEMBLY, "report": ASSEMBLY, "compose": ASSEMBLY,
+    "run_dir": ASSEMBLY, "report": ASSEMBLY, "compose": ASSEMBLY, "episodes": ASSEMBLY,
     "train": ENTRY, "serve": ENTRY, "cluster.launch_config": ENTRY, "dry_run": ENTRY, "scaling.cli": ENTRY,
     "gguf_import": ENTRY,
 }

@@ -1,0 +1,251 @@
+"""The episode driver: multi-turn episodes above any `RolloutEngine` (the engines only "continue these ids").
+
+`EpisodeEngine` is itself a `RolloutEngine`, so the loop, its in-flight groups, validation and checkpoints are
+unchanged: `submit` starts episodes, `poll` returns finished ones, one `Completion` per episode (the sample
+definition of `types.Completion`). Per episode:
+
+1. `reset(task)` (reward pool) gives the opening messages, templated once (`ChatSplicer.opening`);
+2. each turn submits the episode's full id list to the engine (a continuation: SGLang's radix cache and the
+   local engine's prefill reuse nothing of the ids' meaning, only the ids) with what is left of the budget;
+3. the engine's generated ids, log-probs, versions and routes are kept as they are; the reply text (decoded
+   from them) goes to `step` (reward pool); its messages are spliced as the template's prefix-preserving
+   difference (`ChatSplicer.environment_ids`), loss mask 0, log-prob 0.0, the preceding token's version;
+4. the episode ends when the environment says done, after `env.max_turns` turns, when the budget
+   (`env.max_tokens`) runs out (finish reason `length`: a truncation), or when a call fails (scored like a
+   raising reward: `incorrect`, with the pool's reason).
+
+Staleness counts from the episode's first token: every turn is submitted at the episode's admission version.
+Routes (routing replay) are concatenated: each turn contributes the positions after the previous turn's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from scalerl_mega.episodes.env import EnvOutcome, EnvRunner
+from scalerl_mega.episodes.template import ChatSplicer
+from scalerl_mega.interfaces import RolloutEngine
+from scalerl_mega.types import Completion, FinishReason, Prompt, Routes, SamplingParams
+
+TURN_SEED_STRIDE = 7919
+"""A turn's sampling seed: the sample's seed + turn x this (turn 0 keeps the single-turn seed)."""
+
+
+@dataclass(kw_only=True)
+class _Episode:
+    key: int
+    prompt: Prompt
+    sampling: SamplingParams
+    version: int
+    index: int
+    env: Any = None
+    messages: list[dict] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    gen_logprobs: list[float] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    routes: list[tuple[Routes, int]] = field(default_factory=list)
+    """Each turn's routes and the first position it contributes."""
+    turns: int = 0
+    reward: float = 0.0
+    env_tokens: int = 0
+    finish: FinishReason = FinishReason.STOP
+    result: tuple[float, bool, str] | None = None
+    last_stop: bool = False
+    """The last turn ended with a stop id (the template's closing tail follows it)."""
+
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+
+@dataclass(kw_only=True)
+class EpisodeSettings:
+    """The driver's settings (from `env.*`, `reward.correct/incorrect`)."""
+
+    max_turns: int
+    budget: int
+    """Output ids (generated + environment) an episode may hold (`config.env.episode_budget`)."""
+    correct: float = 1.0
+    """An episode passes when its reward reaches this (`reward.correct`), like a custom reward."""
+
+
+class EngineFront:
+    """What an episode front (`EpisodeEngine`, `episodes.agent.AgentEngine`) passes to the engine it drives
+    (`inner`) unchanged: weight updates, pause/resume and the engine's extras (decode_stats, weights_digest, pids)."""
+
+    inner: RolloutEngine
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], *, version: int) -> None:
+        self.inner.update_weights(named_tensors, version=version)
+
+    def pause(self) -> None:
+        self.inner.pause()
+
+    def resume(self) -> None:
+        self.inner.resume()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+class EpisodeEngine(EngineFront):
+    """A `RolloutEngine` of episodes over `engine` (see the module doc)."""
+
+    def __init__(self, engine: RolloutEngine, *, runner: EnvRunner, splicer: ChatSplicer,
+                 decode: Callable[[list[int]], str], settings: EpisodeSettings) -> None:
+        self.inner, self.runner, self.splicer, self.decode, self.settings = engine, runner, splicer, decode, settings
+        self._next_key = 0
+        self._to_reset: list[_Episode] = []
+        self._running: dict[str, _Episode] = {}
+        self._done: list[Completion] = []
+
+    # ---- RolloutEngine -------------------------------------------------------------------------------------
+    def submit(self, prompt: Prompt, sampling: SamplingParams, *, n: int, version: int, first_index: int = 0) -> None:
+        for j in range(n):
+            sp = dataclasses.replace(sampling, seed=None if sampling.seed is None else sampling.seed + j,
+                                     stop_token_ids=list(sampling.stop_token_ids))
+            self._to_reset.append(_Episode(key=self._next_key, prompt=prompt, sampling=sp, version=version,
+                                           index=first_index + j))
+            self._next_key += 1
+
+    def poll(self, timeout_s: float = 0.0) -> list[Completion]:
+        self._reset_pending()
+        got = self.inner.poll(0.0 if self._done else timeout_s)
+        stepping = [ep for ep in (self._absorb(c) for c in got) if ep is not None]
+        self._step(stepping)
+        out, self._done = self._done, []
+        return out
+
+    def close(self) -> None:
+        try:
+            self.inner.close()
+        finally:
+            self.runner.close()
+
+    @property
+    def episodes_in_flight(self) -> int:
+        return len(self._to_reset) + len(self._running)
+
+    @property
+    def in_flight_turns(self) -> list[int]:
+        """Finished turns of each episode now generating (1 or more: an episode between its turns)."""
+        return [ep.turns for ep in self._running.values()]
+
+    # ---- one episode's life ------------------------------------------------------------------------------------
+    def _reset_pending(self) -> None:
+        eps, self._to_reset = self._to_reset, []
+        for ep, res in zip(eps, self.runner.map([self.runner.reset_call(ep.prompt) for ep in eps])):
+            if not isinstance(res, EnvOutcome):
+                ep.prompt_ids = list(ep.prompt.token_ids or [])
+                self._fail(ep, res)
+                continue
+            ep.env, ep.messages = res.env, list(res.messages)
+            ep.prompt_ids = self.splicer.opening(ep.messages)
+            self._submit_turn(ep)
+
+    def _submit_turn(self, ep: _Episode) -> None:
+        left = self.settings.budget - len(ep.output_ids)
+        sp = dataclasses.replace(ep.sampling, max_new_tokens=min(ep.sampling.max_new_tokens, left),
+                                 stop_token_ids=list(ep.sampling.stop_token_ids))
+        if ep.turns:
+            sp.hold_at = None
+            if sp.seed is not None:
+                sp.seed += TURN_SEED_STRIDE * ep.turns
+            if sp.interruption_at is not None and sp.interruption_at + len(sp.interruption_ids) + sp.answer_budget > left:
+                sp.interruption_at = None
+        inner_id = f"{ep.prompt.prompt_id}#{ep.key}.{ep.turns}"
+        turn_prompt = Prompt(prompt_id=inner_id, text=ep.prompt.text, task=ep.prompt.task, gold=ep.prompt.gold,
+                             token_ids=ep.ids())
+        self._running[inner_id] = ep
+        self.inner.submit(turn_prompt, sp, n=1, version=ep.version, first_index=ep.index)
+
+    def _absorb(self, c: Completion) -> _Episode | None:
+        """Append a finished turn to its episode; the episode when its environment must now step."""
+        ep = self._running.pop(c.prompt_id, None)
+        if ep is None:
+            raise RuntimeError(f"episode driver: the engine returned {c.prompt_id!r}, which no episode submitted")
+        if list(c.prompt_ids) != ep.ids():
+            raise RuntimeError(f"episode driver: the engine continued {c.prompt_id!r} from other ids than submitted")
+        ep.output_ids += list(c.output_ids)
+        ep.gen_logprobs += list(c.gen_logprobs)
+        ep.weight_versions += list(c.weight_versions)
+        ep.loss_mask += c.mask()
+        if c.routes is not None:
+            ep.routes.append((c.routes, ep.routes[-1][0].num_positions if ep.routes else 0))
+        ep.turns += 1
+        ep.finish = c.finish_reason
+        reply = self.decode(list(c.output_ids))
+        ep.messages.append({"role": "assistant", "content": reply})
+        ep.last_stop = bool(c.output_ids) and c.output_ids[-1] in self.splicer.stop_token_ids
+        return ep
+
+    def _step(self, eps: list[_Episode]) -> None:
+        calls = [self.runner.step_call(ep.env, ep.messages[-1]["content"]) for ep in eps]
+        for ep, res in zip(eps, self.runner.map(calls)):
+            if not isinstance(res, EnvOutcome):
+                self._fail(ep, res)
+                continue
+            ep.env, ep.reward = res.env, ep.reward + res.reward
+            ep.messages += res.messages
+            left = self.settings.budget - len(ep.output_ids)
+            if res.done or ep.turns >= self.settings.max_turns or ep.finish not in (
+                    FinishReason.STOP, FinishReason.INTERRUPTED) or not res.messages:
+                self._finish(ep)
+                continue
+            spliced = self.splicer.environment_ids(ep.messages[:len(ep.messages) - len(res.messages)], res.messages,
+                                                   ended_with_stop=ep.last_stop)
+            if len(spliced) >= left:  # no room for the messages and one more generated token: truncated
+                ep.finish = FinishReason.LENGTH
+                self._finish(ep)
+                continue
+            last_version = ep.weight_versions[-1] if ep.weight_versions else ep.version
+            ep.output_ids += spliced
+            ep.gen_logprobs += [0.0] * len(spliced)
+            ep.weight_versions += [last_version] * len(spliced)
+            ep.loss_mask += [0] * len(spliced)
+            ep.env_tokens += len(spliced)
+            self._submit_turn(ep)
+
+    def _fail(self, ep: _Episode, res: Any) -> None:
+        """A failed reset/step: the episode ends, scored as the pool scored the failure (like a raising reward)."""
+        reward = float(res.reward)
+        if reward != reward:  # NaN: the call raised -> incorrect (the pool's failure reward)
+            reward = self.runner.failure_reward
+        ep.result = (reward, False, str(res.reason))
+        self._finish(ep)
+
+    def _finish(self, ep: _Episode) -> None:
+        if ep.result is None:
+            ep.result = (ep.reward, ep.reward >= self.settings.correct, "env")
+        self._done.append(Completion(
+            prompt_id=ep.prompt.prompt_id, sample_index=ep.index, prompt_ids=ep.prompt_ids,
+            output_ids=ep.output_ids, gen_logprobs=ep.gen_logprobs, weight_versions=ep.weight_versions,
+            finish_reason=ep.finish, loss_mask=ep.loss_mask, submitted_version=ep.version,
+            routes=concat_routes(ep.routes), turns=ep.turns, env_tokens=ep.env_tokens, episode_result=ep.result,
+            messages=ep.messages, text=ep.messages[-1]["content"] if ep.turns else ""))
+
+
+def concat_routes(parts: list[tuple[Routes, int]]) -> Routes | None:
+    """One episode's routes from its turns' (each turn's routes cover every position of its sequence; turn t
+    contributes the positions from where turn t-1's ended, whose own routes produced those tokens)."""
+    if not parts:
+        return None
+    import numpy as np
+
+    first = parts[0][0]
+    per = first.num_layers * first.topk
+    ids, weights, versions = [], [], []
+    for r, start in parts:
+        ids.append(np.asarray(r.expert_ids)[start * per:])
+        weights.append(np.asarray(r.weights, dtype=np.float32)[start * per:] if len(r.weights) else
+                       np.zeros(0, np.float32))
+        versions += list(r.versions[start:])
+    w = np.concatenate(weights)
+    return Routes(num_layers=first.num_layers, topk=first.topk, expert_ids=np.concatenate(ids),
+                  weights=w if len(w) == len(versions) * per else np.zeros(0, np.float32), versions=versions)

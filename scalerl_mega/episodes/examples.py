@@ -1,0 +1,69 @@
+"""Environments of the multi-turn demo (`experiment=demo_multiturn`) and of docs/extending.md."""
+
+from __future__ import annotations
+
+import re
+
+BOXED = re.compile(r"\\boxed\{(-?\d+)\}")
+
+
+class RetryArithmetic:
+    """The synthetic addition task with a second try: a wrong answer gets the feedback `no` and the question
+    again; a correct one ends the episode with `correct`, the last wrong one with `incorrect` (the episode's
+    reward is their sum: `correct` when solved within `attempts`, else `incorrect`). An answer counts only
+    after `</think>` (like the single-turn reward's `require_think`)."""
+
+    def __init__(self, *, attempts: int = 2, correct: float = 1.0, incorrect: float = -1.0,
+                 feedback: str = " no ") -> None:
+        if attempts < 1:
+            raise ValueError(f"env.custom.kwargs.attempts={attempts} must be >= 1")
+        self.attempts, self.correct, self.incorrect, self.feedback = attempts, correct, incorrect, feedback
+        self.question, self.gold, self.tries = "", "", 0
+
+    def reset(self, task: dict) -> list[dict]:
+        self.question, self.gold, self.tries = str(task["prompt"]), str(task["gold"]), 0
+        return [{"role": "user", "content": self.question}]
+
+    def step(self, reply: str) -> tuple[list[dict], float, bool]:
+        self.tries += 1
+        answer = BOXED.findall(reply.split("</think>", 1)[1]) if "</think>" in reply else []
+        if answer and answer[-1] == self.gold:
+            return [], self.correct, True
+        if self.tries >= self.attempts:
+            return [], self.incorrect, True
+        return [{"role": "user", "content": self.feedback + self.question}], 0.0, False
+
+
+class PythonTool:
+    """A sandboxed Python tool for chat models (the SmolLM2 example, docs/extending.md): a reply holding a
+    ```python block is run in the code reward's sandbox (rewards/sandbox.py: no network, no host files,
+    time and memory limits) and its output comes back as a `tool` message; a reply without one is the final
+    answer, scored `correct` when its last number equals the task's `gold`, else `incorrect`."""
+
+    CODE = re.compile(r"```(?:python|py)\n(.*?)```", re.S)
+    NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+    def __init__(self, *, time_limit_s: float = 5.0, max_output_chars: int = 400, correct: float = 1.0,
+                 incorrect: float = -1.0) -> None:
+        self.time_limit_s, self.max_output_chars = time_limit_s, max_output_chars
+        self.correct, self.incorrect, self.gold, self.question = correct, incorrect, "", ""
+
+    def reset(self, task: dict) -> list[dict]:
+        self.gold, self.question = str(task["gold"]), str(task["prompt"])
+        return [{"role": "system", "content": "You can run Python: write a ```python block and you will get its "
+                                              "output. Give the final answer as a number without code."},
+                {"role": "user", "content": self.question}]
+
+    def step(self, reply: str) -> tuple[list[dict], float, bool]:
+        code = self.CODE.findall(reply)
+        if code:
+            from scalerl_mega.rewards.sandbox import SandboxLimits, run_python
+
+            res = run_python({"main.py": code[-1]}, ["main.py"], limits=SandboxLimits(time_limit_s=self.time_limit_s))
+            out = (res.stdout or res.stderr).decode("utf-8", "replace")[-self.max_output_chars:]
+            if res.timed_out:
+                out = f"timed out after {self.time_limit_s:g} s"
+            return [{"role": "tool", "content": out}], 0.0, False
+        numbers = self.NUMBER.findall(reply)
+        ok = bool(numbers) and float(numbers[-1]) == float(self.gold)
+        return [], self.correct if ok else self.incorrect, True

@@ -1,0 +1,47 @@
+"""Environments used by the episode tests (importable by the reward pool's spawned workers)."""
+
+from __future__ import annotations
+
+import time
+
+
+class ScriptedEnv:
+    """Feedback `' no '` + the question for `turns - 1` turns (reward 0.25 each), then done with 1.0. The task's
+    `mode` makes a call misbehave: `raise_reset`, `raise_step` (on the 2nd step), `sleep_step` (sleeps 30 s)."""
+
+    def __init__(self, *, turns: int = 3, feedback: str = " no ") -> None:
+        self.turns, self.feedback, self.n, self.mode, self.question = turns, feedback, 0, "", ""
+
+    def reset(self, task: dict) -> list[dict]:
+        self.mode, self.question = task.get("mode", ""), task["prompt"]
+        if self.mode == "raise_reset":
+            raise RuntimeError("reset failed on purpose")
+        return [{"role": "user", "content": self.question}]
+
+    def step(self, reply: str) -> tuple[list[dict], float, bool]:
+        self.n += 1
+        if self.mode == "raise_step" and self.n == 2:
+            raise ValueError("step failed on purpose")
+        if self.mode == "sleep_step":
+            time.sleep(30)
+        if self.n >= self.turns:
+            return [], 1.0, True
+        return [{"role": "user", "content": self.feedback + self.question}], 0.25, False
+
+
+def retry_agent(base_url: str, task: dict) -> float:
+    """Agent code written against the OpenAI client (`env=agent`): asks, then asks again after the feedback `no`
+    with the history sent back unchanged; the reward 1 when the second reply contains the answer, else -1."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": task["prompt"]}]
+    first = client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": " no " + task["prompt"]}]
+    second = client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
+    return 1.0 if str(task["gold"]) in (second.choices[0].message.content or "") else -1.0
+
+
+def raising_agent(base_url: str, task: dict) -> float:
+    raise KeyError("agent failed on purpose")
