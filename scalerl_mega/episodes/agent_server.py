@@ -38,13 +38,17 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.episodes.calls import GenerateRequest, GenerateResult, RecordedCall
 from scalerl_mega.episodes.tool_calls import parse_tool_calls, same_calls, template_tool_calls
 from scalerl_mega.types import FinishReason, SamplingParams
 
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedTokenizerBase
+
 log = logging.getLogger(__name__)
+Tools = list[dict[str, Any]] | None
 
 MAX_BODY_BYTES = 32 << 20
 _EPISODE_ID = re.compile(r"^[A-Za-z0-9._~-]{1,200}$")
@@ -68,7 +72,7 @@ class _Turn:
 
     messages: list[dict[str, Any]]
     """The call's messages in template form."""
-    tools: Any
+    tools: Tools
     reply: dict[str, Any]
     """The assistant reply in template form."""
     ids: list[int]
@@ -89,7 +93,7 @@ class AgentEndpoint:
     it may be called from several request threads at once). `stop_token_ids` end every generation (default:
     the tokenizer's EOS); `default_max_tokens` applies when a request names no limit."""
 
-    def __init__(self, *, tokenizer: Any, generate: Callable[[GenerateRequest], GenerateResult],
+    def __init__(self, *, tokenizer: "PreTrainedTokenizerBase", generate: Callable[[GenerateRequest], GenerateResult],
                  host: str = "127.0.0.1", port: int = 0, stop_token_ids: list[int] | None = None,
                  default_max_tokens: int = 512, model_name: str = "scalerl-policy") -> None:
         if default_max_tokens < 1:
@@ -157,7 +161,7 @@ class AgentEndpoint:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                             "owned_by": "scalerl-mega"}]}
 
-    def chat_completion(self, episode_id: str, body: Any) -> dict[str, Any]:
+    def chat_completion(self, episode_id: str, body: object) -> dict[str, Any]:
         """Serve one parsed request body (RequestError for bad input)."""
         self._episode(episode_id)
         req = _parse_request(body, default_max_tokens=self.default_max_tokens)
@@ -219,7 +223,7 @@ class AgentEndpoint:
             out.append(ids[0])
         return out
 
-    def _prompt_ids(self, episode_id: str, messages: list[dict[str, Any]], tools: Any) -> list[int]:
+    def _prompt_ids(self, episode_id: str, messages: list[dict[str, Any]], tools: Tools) -> list[int]:
         """The previous call's ids + the template's ids for the new messages when the call extends it,
         else the messages templated afresh (module doc)."""
         with self._lock:
@@ -236,7 +240,7 @@ class AgentEndpoint:
             break
         return self._encode(self._render(messages, tools, generation_prompt=True))
 
-    def _env_ids(self, turn: _Turn, new: list[dict[str, Any]], tools: Any) -> list[int] | None:
+    def _env_ids(self, turn: _Turn, new: list[dict[str, Any]], tools: Tools) -> list[int] | None:
         """The ids after a turn's generated ids: the rest of its closing, then the template difference of
         `new`; None when the template does not preserve the prefix here."""
         history = turn.messages + [turn.reply]
@@ -251,13 +255,13 @@ class AgentEndpoint:
             return None
         return closing + after[len(before):]
 
-    def _closing_ids(self, messages: list[dict[str, Any]], tools: Any) -> list[int]:
+    def _closing_ids(self, messages: list[dict[str, Any]], tools: Tools) -> list[int]:
         """The ids the template puts after an assistant message's content (e.g. `<|im_end|>` + newline)."""
         text = self._render(messages + [{"role": "assistant", "content": _SENTINEL}], tools, generation_prompt=False)
         at = text.rfind(_SENTINEL)
         return self._encode(text[at + len(_SENTINEL):]) if at >= 0 else []
 
-    def _render(self, messages: list[dict[str, Any]], tools: Any, *, generation_prompt: bool) -> str:
+    def _render(self, messages: list[dict[str, Any]], tools: Tools, *, generation_prompt: bool) -> str:
         try:
             return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                                       add_generation_prompt=generation_prompt)
@@ -275,7 +279,7 @@ def _same_reply(sent: dict[str, Any], reply: dict[str, Any]) -> bool:
 
 
 # ---- request validation ----------------------------------------------------------------------------
-def _parse_request(body: Any, *, default_max_tokens: int) -> dict[str, Any]:
+def _parse_request(body: object, *, default_max_tokens: int) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
     n = body.get("n", 1)
@@ -307,7 +311,7 @@ def _parse_request(body: Any, *, default_max_tokens: int) -> dict[str, Any]:
             "stop": stop, "tools": _tools(body.get("tools")), "messages": _messages(body.get("messages"))}
 
 
-def _is_bool(x: Any) -> bool:
+def _is_bool(x: object) -> bool:
     return isinstance(x, bool)
 
 
@@ -321,7 +325,7 @@ def _number(body: dict[str, Any], key: str, default: float, *, lo: float, hi: fl
     return float(x)
 
 
-def _tools(tools: Any) -> list[dict[str, Any]] | None:
+def _tools(tools: object) -> list[dict[str, Any]] | None:
     if tools is None:
         return None
     if not isinstance(tools, list):
@@ -335,7 +339,7 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
     return tools or None
 
 
-def _messages(messages: Any) -> list[dict[str, Any]]:
+def _messages(messages: object) -> list[dict[str, Any]]:
     """The messages in template form: role, text content, tool_calls (arguments parsed) on assistant ones."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list", param="messages")
@@ -363,7 +367,7 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _content(content: Any, *, where: str) -> str:
+def _content(content: object, *, where: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):

@@ -122,7 +122,7 @@ class EngineGenerate:
             self.requests.append(req)
             done: list[Any] = []
             while not done:
-                done = self.engine.poll(0.0)
+                done = self.engine.poll(0.5)
         c = done[0]
         return GenerateResult(output_ids=c.output_ids, gen_logprobs=c.gen_logprobs, weight_versions=c.weight_versions,
                               finish_reason=c.finish_reason, routes=c.routes)
