@@ -6,7 +6,7 @@ that way when the agent sends the conversation back unchanged); then both are on
 new ids are environment ids (the chat template's ids for the tool/user messages and the next assistant
 header). A call that does not extend starts a new sample and is counted as a broken prefix (the agent edited
 or dropped history, or re-templating was needed). This is prime-rl's "extension property" and miles' prefix
-reuse (reference/MULTITURN_AND_SYNC.md); the sample layout is the episode sample of the seam:
+reuse; the sample layout is that of an episode sample:
 
 - `prompt_ids`: the first call's prompt ids (the opening, templated once);
 - `output_ids`: every id after it, generated and environment spans in order;
