@@ -169,8 +169,9 @@ class AgentEndpoint:
                                   top_p=req["top_p"], seed=req["seed"],
                                   stop_token_ids=sorted(set(self.stop_token_ids) | set(self._stop_ids(req["stop"]))))
         prompt_ids = self._prompt_ids(episode_id, req["messages"], req["tools"])
+        request = GenerateRequest(prompt_ids=prompt_ids, sampling=sampling, episode_id=episode_id)
         try:
-            result = self.generate(GenerateRequest(prompt_ids=prompt_ids, sampling=sampling, episode_id=episode_id))
+            result = self.generate(request)
         except ValueError as e:
             raise RequestError(f"the engine refused the call: {e}") from None
         except Exception as e:  # noqa: BLE001 - the client gets the message, the log the traceback
@@ -185,8 +186,7 @@ class AgentEndpoint:
         reply_t = {"role": "assistant", "content": content or ""}
         if tool_calls:
             reply_t["tool_calls"] = template_tool_calls(tool_calls, where="reply")
-        call = RecordedCall.of(GenerateRequest(prompt_ids=prompt_ids, sampling=sampling, episode_id=episode_id),
-                               result)
+        call = RecordedCall.of(request, result)
         with self._lock:
             ep = self._episodes.get(episode_id)
             if ep is not None:  # closed meanwhile: the call is not recorded

@@ -6,6 +6,7 @@ the server), and the server leaves no thread behind."""
 
 from __future__ import annotations
 
+import copy
 import http.client
 import json
 import random
@@ -263,3 +264,25 @@ def test_the_server_stops_with_its_context_and_leaves_no_thread(tok):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     with pytest.raises(RuntimeError, match="not serving"):
         ep.open_episode("t")
+
+
+def test_a_template_that_rewrites_earlier_turns_falls_back_to_a_new_sample(tok):
+    """Like Qwen3's stripping of earlier `<think>` blocks: this template shows an assistant turn in full only while
+    it is the last message, so templating the history with a new user turn does not extend it; the endpoint
+    templates the call afresh (the ids the model will really see) and the stitcher counts a broken prefix."""
+    tok2 = copy.deepcopy(tok)  # a copy with its own template
+    tok2.chat_template = ("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
+                          "{% if m.role == 'assistant' and not loop.last %}{{ '(earlier)' }}{% else %}{{ m.content }}"
+                          "{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}"
+                          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    with AgentEndpoint(tokenizer=tok2, generate=ae.EngineGenerate(ae.engine(seed=8))) as ep:
+        client = _client(ep.open_episode("r"))
+        messages = [{"role": "user", "content": "what is 2+3"}]
+        r = client.chat.completions.create(model="m", messages=messages, max_tokens=4, seed=1)
+        messages += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "again"}]
+        client.chat.completions.create(model="m", messages=messages, max_tokens=4, seed=2)
+        calls = ep.close_episode("r")
+    res = stitch_calls(calls, prompt_id="p")
+    assert res.broken_prefixes == 1 and len(res.samples) == 2
+    assert calls[1].prompt_ids == _enc(tok, "<|im_start|>user\nwhat is 2+3<|im_end|>\n<|im_start|>assistant\n(earlier)"
+                                            "<|im_end|>\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n")
