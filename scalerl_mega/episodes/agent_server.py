@@ -91,11 +91,13 @@ class AgentEndpoint:
     """The per-episode OpenAI endpoint (module doc). `tokenizer` is an HF tokenizer with a chat template;
     `generate` a blocking `GenerateRequest -> GenerateResult` (the episode driver's bridge to the engines;
     it may be called from several request threads at once). `stop_token_ids` end every generation (default:
-    the tokenizer's EOS); `default_max_tokens` applies when a request names no limit."""
+    the tokenizer's EOS); `default_max_tokens` applies when a request names no limit; `chat_template` (Jinja
+    source) replaces the tokenizer's own template."""
 
     def __init__(self, *, tokenizer: "PreTrainedTokenizerBase", generate: Callable[[GenerateRequest], GenerateResult],
                  host: str = "127.0.0.1", port: int = 0, stop_token_ids: list[int] | None = None,
-                 default_max_tokens: int = 512, model_name: str = "scalerl-policy") -> None:
+                 default_max_tokens: int = 512, model_name: str = "scalerl-policy",
+                 chat_template: str | None = None) -> None:
         if default_max_tokens < 1:
             raise ValueError(f"AgentEndpoint default_max_tokens={default_max_tokens} must be >= 1")
         if stop_token_ids is None:
@@ -106,6 +108,7 @@ class AgentEndpoint:
         self.stop_token_ids = list(stop_token_ids)
         self.default_max_tokens = default_max_tokens
         self.model_name = model_name
+        self.chat_template = chat_template
         self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()
         self._server: _Server | None = None
@@ -263,8 +266,8 @@ class AgentEndpoint:
 
     def _render(self, messages: list[dict[str, Any]], tools: Tools, *, generation_prompt: bool) -> str:
         try:
-            return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                      add_generation_prompt=generation_prompt)
+            return self.tokenizer.apply_chat_template(messages, tools=tools, chat_template=self.chat_template,
+                                                      tokenize=False, add_generation_prompt=generation_prompt)
         except Exception as e:  # noqa: BLE001 - a template error is the request's (e.g. a role it refuses)
             raise RequestError(f"the chat template refused these messages: {type(e).__name__}: {e}",
                                param="messages") from None

@@ -6,7 +6,6 @@ the server), and the server leaves no thread behind."""
 
 from __future__ import annotations
 
-import copy
 import http.client
 import json
 import random
@@ -237,7 +236,8 @@ def test_bad_requests_get_openai_error_bodies_and_the_server_keeps_serving(tok):
                 if rng.random() < 0.2:
                     body.pop(key, None)
                 elif key == "messages" and rng.random() < 0.5:
-                    body["messages"] = [{"role": "user", rng.choice(["content", "role", "tool_calls"]): rng.choice(junk)}]
+                    field = rng.choice(["content", "role", "tool_calls"])
+                    body["messages"] = [{"role": "user", field: rng.choice(junk)}]
                 else:
                     body[key] = rng.choice(junk)
             got, text = _post(ep.port, path, json.dumps(body).encode())
@@ -270,12 +270,11 @@ def test_a_template_that_rewrites_earlier_turns_falls_back_to_a_new_sample(tok):
     """Like Qwen3's stripping of earlier `<think>` blocks: this template shows an assistant turn in full only while
     it is the last message, so templating the history with a new user turn does not extend it; the endpoint
     templates the call afresh (the ids the model will really see) and the stitcher counts a broken prefix."""
-    tok2 = copy.deepcopy(tok)  # a copy with its own template
-    tok2.chat_template = ("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
+    rewriting = ("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
                           "{% if m.role == 'assistant' and not loop.last %}{{ '(earlier)' }}{% else %}{{ m.content }}"
                           "{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}"
                           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-    with AgentEndpoint(tokenizer=tok2, generate=ae.EngineGenerate(ae.engine(seed=8))) as ep:
+    with AgentEndpoint(tokenizer=tok, chat_template=rewriting, generate=ae.EngineGenerate(ae.engine(seed=8))) as ep:
         client = _client(ep.open_episode("r"))
         messages = [{"role": "user", "content": "what is 2+3"}]
         r = client.chat.completions.create(model="m", messages=messages, max_tokens=4, seed=1)

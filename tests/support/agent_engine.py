@@ -18,7 +18,8 @@ TOOL_JSON = '{"name": "add", "arguments": {"a": 2, "b": 3}}'
 SPECIALS = ["<pad>", "<|im_start|>", "<|im_end|>"]
 ADDED = ["<tool_call>", "</tool_call>", TOOL_JSON]
 TEMPLATE = (
-    "{%- if tools %}{{ '<|im_start|>system\\n' }}{% if messages[0].role == 'system' %}{{ messages[0].content + '\\n\\n' }}"
+    "{%- if tools %}{{ '<|im_start|>system\\n' }}"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content + '\\n\\n' }}"
     "{% endif %}{{ '# Tools\\n<tools>\\n' }}{% for t in tools %}{{ t | tojson }}{{ '\\n' }}{% endfor %}"
     "{{ '</tools>\\nCall a tool as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\\n' }}"
     "{%- elif messages[0].role == 'system' %}{{ '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
@@ -29,7 +30,8 @@ TEMPLATE = (
     "{%- for tc in m.tool_calls or [] %}{% if m.content or not loop.first %}{{ '\\n' }}{% endif %}"
     "{{ '<tool_call>\\n{\"name\": \"' + tc.function.name + '\", \"arguments\": ' }}{{ tc.function.arguments | tojson }}"
     "{{ '}\\n</tool_call>' }}{%- endfor %}{{ '<|im_end|>\\n' }}"
-    "{%- elif m.role == 'tool' %}{{ '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- elif m.role == 'tool' %}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}"
     "{%- else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
     "{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"

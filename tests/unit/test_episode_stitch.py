@@ -31,6 +31,7 @@ def test_calls_that_extend_are_one_sample_with_environment_ids_masked():
     # environment ids carry the preceding generated token's version; staleness counts from the first token's
     assert s.weight_versions == [4, 5, 5, 5, 6, 6, 6, 7]
     assert s.submitted_version == 4 and s.finish_reason == L and s.routes is None
+    assert (getattr(s, "turns", 3), getattr(s, "env_tokens", 3)) == (3, 3)  # where Completion has them
 
 
 def test_a_broken_prefix_starts_a_new_sample_and_is_counted():
