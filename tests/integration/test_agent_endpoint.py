@@ -285,3 +285,52 @@ def test_a_template_that_rewrites_earlier_turns_falls_back_to_a_new_sample(tok):
     assert res.broken_prefixes == 1 and len(res.samples) == 2
     assert calls[1].prompt_ids == _enc(tok, "<|im_start|>user\nwhat is 2+3<|im_end|>\n<|im_start|>assistant\n(earlier)"
                                             "<|im_end|>\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_moe_routes_concatenate_across_the_calls_of_an_episode(tok):
+    """Routing replay across turns: on a Llama-4 MoE engine recording routes, with a weight update between the
+    two calls, the stitched sample's routes take each position from the call whose forward sampled the next id:
+    positions before turn 1's last id are the v1 forward's (a full-sequence HF forward of the v1 model), the rest
+    the v2 forward's (call 2 prefilled the whole prompt with v2), with their versions; gates within float32
+    rounding."""
+    from scalerl_mega.rollout.core import CoreConfig, moe_routers
+    from scalerl_mega.rollout.inprocess import InProcessRolloutEngine
+    from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec
+    from tests.support.routing_probe import hf_router_logits
+
+    cfg = dict(vocab_size=ae.VOCAB, hidden_size=32, intermediate_size=32, intermediate_size_mlp=64,
+               num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+               num_experts_per_tok=1, interleave_moe_layer_step=2, no_rope_layers=[1, 1, 1, 0],
+               attention_chunk_size=1024, max_position_embeddings=1024, tie_word_embeddings=False)
+    models = {}
+    for version in (1, 2):
+        models[version] = build_model(LocalModelSpec(arch="llama4", config=cfg, init_seed=version))
+        with torch.no_grad():
+            for r in moe_routers(models[version]):
+                r.weight.mul_(20.0)  # spread the router logits: tokens and versions take different experts
+    spec = LocalModelSpec(arch="llama4", config=cfg, init_seed=0)
+    eng = InProcessRolloutEngine(LocalEngineConfig(model=spec, core=CoreConfig(max_batch=2, max_seq_len=256,
+                                                                                record_routes=True)))
+    eng.update_weights(models[1].state_dict().items(), version=1)
+    with AgentEndpoint(tokenizer=tok, generate=ae.EngineGenerate(eng)) as ep:
+        client = _client(ep.open_episode("moe"))
+        messages = [{"role": "user", "content": "what is 2+3"}]
+        r = client.chat.completions.create(model="m", messages=messages, max_tokens=5, seed=1)
+        eng.update_weights(models[2].state_dict().items(), version=2)
+        messages += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "again"}]
+        client.chat.completions.create(model="m", messages=messages, max_tokens=5, seed=2)
+        calls = ep.close_episode("moe")
+    s = stitch_calls(calls, prompt_id="p").samples[0]
+    ids = s.prompt_ids + s.output_ids
+    n1 = len(calls[0].prompt_ids) + len(calls[0].output_ids) - 1  # positions of call 1's forwards
+    R = s.routes
+    R.check(where="stitched")
+    assert R.num_positions == len(ids) - 1 and R.versions == [1] * n1 + [2] * (len(ids) - 1 - n1)
+    top1, want1 = hf_router_logits(models[1], ids, output=1).max(dim=-1)  # [N, L] top-1 over the experts
+    top2, want2 = hf_router_logits(models[2], ids, output=1).max(dim=-1)
+    want = torch.cat([want1[:n1], want2[n1:-1]])
+    assert not torch.equal(want1[:-1], want2[:-1])  # the versions route differently: provenance is visible
+    got = torch.tensor(R.expert_ids).view(R.num_positions, R.num_layers)
+    assert torch.equal(got.long(), want)
+    gates = torch.tensor(R.weights, dtype=torch.float64).view(R.num_positions, R.num_layers)
+    assert torch.allclose(gates, torch.sigmoid(torch.cat([top1[:n1], top2[n1:-1]])), atol=1e-5)
