@@ -334,3 +334,43 @@ def test_moe_routes_concatenate_across_the_calls_of_an_episode(tok):
     assert torch.equal(got.long(), want)
     gates = torch.tensor(R.weights, dtype=torch.float64).view(R.num_positions, R.num_layers)
     assert torch.allclose(gates, torch.sigmoid(torch.cat([top1[:n1], top2[n1:-1]])), atol=1e-5)
+
+
+def test_concurrent_episodes_keep_their_own_calls(tok):
+    """Two agents on two episodes at once (one thread each; both first calls are held in the server until the
+    other arrives): each episode's calls are its own and stitch into one sample whose opening is its question."""
+    gen = ae.EngineGenerate(ae.engine(seed=9))
+    results, errors = {}, []
+    both_in = threading.Barrier(2, timeout=120)
+    first = {}
+
+    def generate(req):
+        if first.setdefault(req.episode_id, True):
+            first[req.episode_id] = False
+            both_in.wait()  # both episodes' first calls are in flight at once
+        return gen(req)
+
+    def agent(url, question):
+        try:
+            client = _client(url)
+            messages = [{"role": "user", "content": question}]
+            for turn in range(3):
+                r = client.chat.completions.create(model="m", messages=messages, max_tokens=3, seed=turn)
+                messages += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    with AgentEndpoint(tokenizer=tok, generate=generate) as ep:
+        threads = [threading.Thread(target=agent, args=(ep.open_episode(f"c{i}"), q))
+                   for i, q in enumerate(["what is 2+3", "the sum of 7 and 9"])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i in range(2):
+            results[i] = ep.close_episode(f"c{i}")
+    assert errors == [] and len(gen.requests) == 6
+    for i, q in enumerate(["what is 2+3", "the sum of 7 and 9"]):
+        res = stitch_calls(results[i], prompt_id=f"c{i}")
+        assert res.broken_prefixes == 0 and len(results[i]) == 3
+        assert res.samples[0].prompt_ids == _enc(tok, f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n")
