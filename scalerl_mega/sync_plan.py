@@ -12,7 +12,8 @@ Groups per engine: `pp * k`, `k` = expert senders per stage = the largest diviso
 consecutive expert-parallel ranks form a pool whose first rank gathers and sends the pool's experts.
 `pp > max_groups` is refused (a stage's weights live on that stage only). Experts stored fused in one
 HF tensor per layer (Llama-4's `experts.gate_up_proj`) are one tensor: they go with the stage's dense
-sender, gathered over the expert-parallel group as in the single-sender export.
+sender, gathered over the expert-parallel group as in the single-sender export; their pools carry
+nothing and get no group (`sender_specs` drops empty senders), so such a model has one sender per stage.
 
 A sender's buckets are a pure function of its planned tensors (`plan_buckets`), so the controller can
 announce every group's buckets to the engines, and check the whole update against the engine's
@@ -114,7 +115,7 @@ def sender_specs(dims: "ArchDims", layout: SenderLayout, plan: Iterable["TensorS
     placed = sum(len(v) for v in out.values())
     if placed != len(by_name):
         raise ValueError(f"weight sync: the senders' plans hold {placed} tensors, the export plan {len(by_name)}")
-    return out
+    return {g: v for g, v in out.items() if v}  # fused experts leave expert pools empty: no group for them
 
 
 def spec_bytes(spec: "TensorSpec") -> int:

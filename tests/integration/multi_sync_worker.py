@@ -65,6 +65,7 @@ def run_layout(spec: str, index: int, args, engine) -> dict:
     plan = {g: plan_buckets(s, bucket_bytes=args.bucket_bytes)
             for g, s in sender_plan(model_cfg, layout, dtype=None, params_dtype="float32").items()}
     me = my_sender(layout)
+    me = me if me is not None and me.group_name in plan else None  # an expert pool with nothing to send
     url = f"tcp://127.0.0.1:{free_port()}" if me else None
     urls: list = [None] * dist.get_world_size()
     dist.all_gather_object(urls, (me.group_name, url) if me else None)
