@@ -43,12 +43,12 @@ def _remote_sender(url, name, named, buckets, version, timeout, kill_at):
                  before_bucket=hook)
 
 
-def _sync(engine, model, *, version, kill_at=None, shift=0.0):
+def _sync(engine, model, *, version, tag, kill_at=None, shift=0.0):
     """Push `model`'s weights (+ shift) over two groups: the first half of the tensors from this process, the
     second half from a spawned process (killed before its bucket `kill_at`)."""
     named = [(n, (t + shift).contiguous()) for n, t in model.state_dict().items()]
     half = len(named) // 2
-    parts = {f"v{version}-a": named[:half], f"v{version}-b": named[half:]}
+    parts = {f"{tag}v{version}-a": named[:half], f"{tag}v{version}-b": named[half:]}  # group names are per process
     buckets = {g: plan_buckets([spec_of(n, t) for n, t in part], bucket_bytes=BUCKET) for g, part in parts.items()}
     metas = {g: bucket_metas(b, version=version, flattened=False) for g, b in buckets.items()}
     engine.check_plan(metas, version=version)
@@ -93,7 +93,7 @@ def test_two_senders_in_flight_and_paused_bit_exact():
     try:
         model1 = build_model(_spec(1))
         engine.submit(P, SamplingParams(max_new_tokens=60, seed=1), n=2, version=0)  # in flight across the update
-        named, buckets = _sync(engine, model1, version=1)
+        named, buckets = _sync(engine, model1, version=1, tag="ok")
         assert all(len(b) > 1 for b in buckets.values())  # several buckets per sender
         d = engine.weights_digest()
         assert d["version"] == 1 and d["weights_sha256"] == weights_sha256(model1.named_parameters())
@@ -105,7 +105,7 @@ def test_two_senders_in_flight_and_paused_bit_exact():
         assert max(abs(a - b) for a, b in zip(_oracle(model1, [3, 4, 5], c.output_ids), c.gen_logprobs)) < 1e-5
         # paused (PPO-k): pause, sync, resume
         engine.pause("in_place")
-        named2, _ = _sync(engine, model1, version=2, shift=0.5)
+        named2, _ = _sync(engine, model1, version=2, tag="ok", shift=0.5)
         engine.resume()
         d = engine.weights_digest()
         assert d["version"] == 2 and d["weights_sha256"] == weights_sha256(named2)
@@ -126,13 +126,13 @@ def test_manifest_rejects_before_the_first_byte_and_a_killed_sender_raises_withi
             engine.check_plan(bad, version=1)
         t0 = time.monotonic()
         with pytest.raises(WeightSyncError) as err:
-            _sync(engine, model1, version=1, kill_at=1)
+            _sync(engine, model1, version=1, tag="kill", kill_at=1)
         elapsed = time.monotonic() - t0
         named = [(n, t) for n, t in model1.state_dict().items()]
         half = len(named) // 2
         first_b1 = plan_buckets([spec_of(n, t) for n, t in named[half:]], bucket_bytes=BUCKET)[1][0].name
         msg = str(err.value)
-        assert "sender 'v1-b' bucket 1" in msg and repr(first_b1) in msg and "keeps serving v0" in msg, msg
+        assert "sender 'killv1-b' bucket 1" in msg and repr(first_b1) in msg and "keeps serving v0" in msg, msg
         assert elapsed < 3 * timeout, elapsed  # the bucket's deadline, plus start-up; no hang
         after = engine.weights_digest()  # nothing applied: old weights, old version
         assert after == before
