@@ -163,6 +163,15 @@ def plan_specs(plan: dict[str, list[BucketMeta]]) -> list[TensorSpec]:
             for n, d, s in zip(m.names, m.dtypes, m.shapes)]
 
 
+def single_sender_metrics(stats: SendStats | None, *, seconds: float) -> dict[str, float]:
+    """The `sync/*` fields of a one-sender push (`DistWeightSender`'s stats; rank 0 holds every bucket, so
+    its transient sync memory is at least its largest bucket)."""
+    if stats is None:
+        return {"sync/seconds": float(seconds)}
+    return {"sync/senders": 1.0, "sync/bytes": float(stats.bytes), "sync/max_sender_bytes": float(stats.bytes),
+            "sync/seconds": float(seconds)}
+
+
 def sync_metrics(per_sender: list[dict[str, Any]], *, seconds: float) -> dict[str, float]:
     """The train record's `sync/*` fields from every sender's stats (`SenderStats` as dicts) and
     every rank's transient bytes (`transient_bytes`, 0 on ranks that only gathered)."""
