@@ -75,3 +75,22 @@ def test_plan_json_carries_weight_sync_and_the_table_lists_every_layout():
     assert all(f"| {name} |" in table for name in LAYOUTS) and "qwen3_235b_a22b (assumed" in table
     docs = (ROOT / "docs" / "cluster_and_gpu.md").read_text()
     assert table.strip() in docs  # the docs table is the tool's output
+
+
+def test_cluster_sim_takes_sync_seconds_from_the_model():
+    from scalerl_mega.cluster.layouts import LAYOUTS
+    from scalerl_mega.cluster.plan import MODELS
+
+    sl = LAYOUTS["train_qwen3_moe"]
+    pred = predict_sync(MODELS[sl.model], sl.train_layout(), SyncLinks(nics_per_node=sl.gpus_per_node))
+    sims = {}
+    for senders in ("one", "many"):
+        out = subprocess.run([sys.executable, "tools/cluster_sim.py", "--sync-layout", "train_qwen3_moe", "--senders",
+                              senders, "--mode", "pipeline_rl", "--steps", "6", "--warmup-steps", "1", "--json"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        sims[senders] = json.loads(out.stdout)
+        assert sims[senders]["weight_sync"] == pred.as_json()
+    # PipelineRL pays the sync every step: the simulator's trainer-idle sync total follows the modelled seconds
+    one, many = (sims[k]["results"][0] for k in ("one", "many"))
+    assert one["samples_per_hour"] < many["samples_per_hour"]
