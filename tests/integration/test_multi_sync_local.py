@@ -17,20 +17,14 @@ import torch
 
 from scalerl_mega.multi_sync import bucket_metas, open_sender_group, send_buckets
 from scalerl_mega.rollout.core import CoreConfig
-from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine, build_model
+from scalerl_mega.rollout.local import LocalEngineConfig, LocalRolloutEngine, build_model
 from scalerl_mega.sync_plan import plan_buckets
-from scalerl_mega.types import Prompt, SamplingParams
+from scalerl_mega.types import SamplingParams
 from scalerl_mega.weight_sync import TensorSpec, WeightSyncConfig, WeightSyncError, free_port, spec_of, weights_sha256
+from tests.integration.test_rollout_local_engine import P, _collect, _oracle, _spec  # the same tiny Llama engine
 
-CFG = dict(vocab_size=53, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-           num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
-P = Prompt(prompt_id="p", text="", task="synthetic", gold="0", token_ids=[3, 4, 5])
 BUCKET = 6_000
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _spec(seed):
-    return LocalModelSpec(arch="llama", config=CFG, init_seed=seed)
 
 
 def _remote_sender(url, name, named, buckets, version, timeout, kill_at):
@@ -71,20 +65,6 @@ def _sync(engine, model, *, version, tag, kill_at=None, shift=0.0):
             proc.kill()
             proc.join()
     return named, buckets
-
-
-def _collect(engine, n, timeout_s=120.0):
-    out, deadline = [], time.monotonic() + timeout_s
-    while len(out) < n and time.monotonic() < deadline:
-        out += engine.poll(0.5)
-    assert len(out) == n
-    return out
-
-
-def _oracle(model, prompt, output):
-    with torch.no_grad():
-        logp = torch.log_softmax(model(torch.tensor([prompt + output])).logits[0].double(), -1)
-    return [logp[len(prompt) - 1 + j, t].item() for j, t in enumerate(output)]
 
 
 def test_two_senders_in_flight_and_paused_bit_exact():

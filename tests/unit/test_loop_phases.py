@@ -40,9 +40,9 @@ def _cfg(tmp_path, *overrides):
     return c
 
 
-def _run(tmp_path, *overrides) -> list[tuple]:
+def _run(tmp_path, *overrides, engine: ScriptedEngine | None = None) -> list[tuple]:
     cfg = _cfg(tmp_path, *overrides)
-    engine = ScriptedEngine()
+    engine = engine or ScriptedEngine()
     comps = LoopComponents(engine=engine, trainer=RecordingTrainer(engine), reward_fn=reward, sampler=Sampler(),
                            val_prompts=[Prompt(prompt_id="v0", text="v", task="synthetic", gold="")],
                            decode=lambda ids: "".join(chr(i) for i in ids), encode=lambda s: [1, 2],
@@ -113,13 +113,7 @@ def test_sync_steps_record_sync_fields(tmp_path):
             super().update_weights(named_tensors, version=version)
             self.last_sync_stats = SendStats(version=version, buckets=1, tensors=1, bytes=1000 + version)
 
-    cfg = _cfg(tmp_path)
-    engine = CountingEngine()
-    comps = LoopComponents(engine=engine, trainer=RecordingTrainer(engine), reward_fn=reward, sampler=Sampler(),
-                           val_prompts=[Prompt(prompt_id="v0", text="v", task="synthetic", gold="")],
-                           decode=lambda ids: "".join(chr(i) for i in ids), encode=lambda s: [1, 2],
-                           stop_token_ids=[7])
-    run_rl(cfg, comps, compute=ComputeCounter(devices=1, on_gpu=False))
+    _run(tmp_path, engine=CountingEngine())
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train = {r["step"]: r for r in recs if r["kind"] == "train"}
     assert sorted(train) == [1, 2, 3, 4]
