@@ -6,6 +6,12 @@ per-tensor broadcasts inside a bucket or one flattened uint8 tensor. Target: buc
 for a model with >= 100 tensors. Prints medians of `--repeats` syncs and the ratios.
 
     .venv/bin/python bench/weight_sync.py [--layers 12] [--hidden 256] [--repeats 3]
+
+`--senders 1,2,4` (issue 58): one sender vs several (multi_sync.py), at the sizes `--hiddens 128,256,512`: the
+model's tensors are split into contiguous parts (as pipeline stages split layers), each sent by its own process
+over its own group, all at once, into one local engine that receives every group at once. Every sender holds its
+part already (no gather: the wire and the receiver only). Prints the median of `--repeats` syncs per size and
+sender count and the ratio against the one-sender baseline measured in the same run.
 """
 
 from __future__ import annotations
@@ -13,6 +19,94 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+
+
+def _sender_main(conn) -> None:
+    """A sender process: ("group", name, url) opens a group; ("send", name, version, named, buckets) sends."""
+    import torch
+
+    from scalerl_mega.multi_sync import open_sender_group, send_buckets
+
+    torch.set_num_threads(1)
+    groups = {}
+    while True:
+        msg = conn.recv()
+        if msg[0] == "stop":
+            return
+        if msg[0] == "group":
+            groups[msg[1]] = open_sender_group(msg[1], msg[2], world_size=2, backend="gloo", timeout_s=120)
+            conn.send("ok")
+        elif msg[0] == "send":
+            _, name, version, named, buckets = msg
+            conn.send("ready")
+            conn.recv()  # go
+            send_buckets(groups[name], iter(named), buckets=buckets, group_name=name, version=version, timeout_s=120)
+            conn.send("sent")
+
+
+def multi_sender(args, cfg) -> None:
+    import multiprocessing as mp
+
+    import torch
+
+    from scalerl_mega.multi_sync import bucket_metas
+    from scalerl_mega.rollout.core import CoreConfig
+    from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine, build_model
+    from scalerl_mega.sync_plan import plan_buckets
+    from scalerl_mega.weight_sync import DEFAULT_BUCKET_BYTES, WeightSyncConfig, free_port, spec_of
+
+    counts = [int(x) for x in args.senders.split(",")]
+    ctx = mp.get_context("spawn")
+    pipes = [ctx.Pipe() for _ in range(max(counts))]
+    procs = [ctx.Process(target=_sender_main, args=(child,), daemon=True) for _, child in pipes]
+    for p in procs:
+        p.start()
+    try:
+        for hidden in [int(x) for x in args.hiddens.split(",")]:
+            spec = LocalModelSpec(arch="llama", config=dict(cfg, hidden_size=hidden, intermediate_size=4 * hidden),
+                                  init_seed=0)
+            weights = [(n, t.contiguous()) for n, t in build_model(spec, device="cpu").state_dict().items()]
+            nbytes = sum(t.numel() * t.element_size() for _, t in weights)
+            engine = LocalRolloutEngine(LocalEngineConfig(model=spec, core=CoreConfig(max_batch=1, max_seq_len=16),
+                                                          sync=WeightSyncConfig(backend="gloo", timeout_s=120)))
+            base = None
+            try:
+                for n in counts:
+                    step = -(-len(weights) // n)
+                    parts = {f"h{hidden}-n{n}-s{i}": weights[i * step:(i + 1) * step] for i in range(n)}
+                    buckets = {g: plan_buckets([spec_of(a, t) for a, t in part], bucket_bytes=DEFAULT_BUCKET_BYTES)
+                               for g, part in parts.items()}
+                    urls = {g: f"tcp://127.0.0.1:{free_port()}" for g in parts}
+                    engine.join_groups(urls)
+                    for (conn, _), g in zip(pipes, parts):
+                        conn.send(("group", g, urls[g]))
+                    engine.wait_groups()
+                    assert all(conn.recv() == "ok" for (conn, _), _g in zip(pipes, parts))
+                    times = []
+                    for r in range(args.repeats + 1):  # the first run warms up
+                        version = r + 1
+                        metas = {g: bucket_metas(b, version=version, flattened=False) for g, b in buckets.items()}
+                        for (conn, _), g in zip(pipes, parts):
+                            conn.send(("send", g, version, parts[g], buckets[g]))
+                        assert all(conn.recv() == "ready" for (conn, _), _g in zip(pipes, parts))
+                        t0 = time.perf_counter()
+                        engine.announce_groups(metas, version=version)
+                        for (conn, _), _g in zip(pipes, parts):
+                            conn.send("go")
+                        engine.finish_groups(metas, version=version)
+                        assert all(conn.recv() == "sent" for (conn, _), _g in zip(pipes, parts))
+                        times.append(time.perf_counter() - t0)
+                    med = statistics.median(times[1:])
+                    base = med if n == counts[0] else base
+                    print(f"hidden {hidden:4d} ({nbytes / 2**20:6.1f} MiB)  senders {n}  median {med * 1e3:8.1f} ms  "
+                          f"({nbytes / med / 2**20:7.1f} MiB/s)  vs {counts[0]} sender(s): {base / med:.2f}x")
+            finally:
+                engine.close()
+    finally:
+        for conn, _ in pipes:
+            conn.send(("stop",))
+        for p in procs:
+            p.join(timeout=30)
 
 
 def main() -> None:
@@ -26,6 +120,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--senders", default=None, help="e.g. 1,2,4: one vs many senders (issue 58)")
+    ap.add_argument("--hiddens", default="128,256,512", help="model sizes for --senders")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = dict(
@@ -38,6 +134,9 @@ def main() -> None:
         max_position_embeddings=256,
         tie_word_embeddings=False,
     )
+    if args.senders:
+        multi_sender(args, cfg)
+        return
     spec = LocalModelSpec(arch="llama", config=cfg, init_seed=0)
     weights = list(build_model(spec, device="cpu").state_dict().items())
     nbytes = sum(t.numel() * t.element_size() for _, t in weights)

@@ -54,6 +54,7 @@ from scalerl_mega.metrics.progress import ProgressClock, progress_line
 from scalerl_mega.metrics.rollout_stats import rollout_metrics, staleness_histogram, tokens_per_version
 from scalerl_mega.metrics.val_window import center_step, val_metrics, window_slice
 from scalerl_mega.metrics.writer import MetricsWriter
+from scalerl_mega.multi_sync import single_sender_metrics
 from scalerl_mega.scaling.forecast import plain_line
 from scalerl_mega.inflight import Preempted, _Pending, _Router, reward_error_metrics, sampling_params, score_groups
 from scalerl_mega.types import Group, Prompt
@@ -249,6 +250,7 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
         if pipeline or state.step % k == 0 or state.step == cfg.train.steps:
             sync_s = push_weights(comps, version=state.step)
             state.weight_version = state.step
+            metrics.update(single_sender_metrics(getattr(comps.engine, "last_sync_stats", None), seconds=sync_s))
         # 7. metrics (wall time and engine counters are snapshotted together: consecutive steps tile time)
         step_s = clock.stop(comps.engine, metrics)
         metrics.update(_step_fields(cfg, comps, groups, pendings, hist, state=state, router=router, clock=clock,

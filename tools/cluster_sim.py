@@ -5,6 +5,7 @@
   tools/cluster_sim.py --scale 12 --k 8                # ~1k GPUs (768 gen + 192 trainer), batch x12
   tools/cluster_sim.py --calibration run/metrics.jsonl # calibrate on a measured run and compare
   tools/cluster_sim.py --calibration cal.json --json
+  tools/cluster_sim.py --sync-layout train_qwen3_moe --senders many   # sync_s from the weight-sync model
 
 Calibration input: either a JSON object with the keys below, or a metrics.jsonl whose step records
 carry these fields (one record per optimizer step; the first record is skipped as warm-up):
@@ -62,7 +63,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-steps", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--sync-layout", default=None,
+                    help="a shipped layout (cluster/layouts.py): sync_s = the weight-sync model's prediction for it")
+    ap.add_argument("--senders", choices=("one", "many"), default="many", help="with --sync-layout: which sync")
     args = ap.parse_args(argv)
+    weight_sync = None
+    if args.sync_layout:
+        from dataclasses import replace as _replace
+
+        from scalerl_mega.cluster.layouts import LAYOUTS
+        from scalerl_mega.cluster.plan import MODELS
+        from scalerl_mega.cluster.sync_model import SyncLinks, predict_sync
+
+        if args.sync_layout not in LAYOUTS:
+            print(f"error: --sync-layout {args.sync_layout!r} is not one of {sorted(LAYOUTS)}", file=sys.stderr)
+            return 1
+        sl = LAYOUTS[args.sync_layout]
+        pred = predict_sync(MODELS[sl.model], sl.train_layout(), _replace(SyncLinks(), nics_per_node=sl.gpus_per_node))
+        weight_sync = pred.as_json()
 
     modes = ("pipeline_rl", "ppo_off_policy") if args.mode == "both" else (args.mode,)
     results, measured = [], None
@@ -84,16 +102,22 @@ def main(argv: list[str] | None = None) -> int:
                 if warm >= steps:
                     warm = 0
             cfg = replace(cfg, steps=steps, warmup_steps=min(warm, steps - 1))
+            if weight_sync is not None:
+                cfg = replace(cfg, sync_s=weight_sync["multi_sender_s" if args.senders == "many" else "single_sender_s"])
             results.append(simulate(cfg))
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
     if args.json:
-        print(json.dumps({"results": [r.to_dict() for r in results], "measured": measured}, indent=2))
+        print(json.dumps({"results": [r.to_dict() for r in results], "measured": measured,
+                          "weight_sync": weight_sync}, indent=2))
         return 0
     total = cfg.trainer_gpus + cfg.generator_gpus
     print(f"layout: {cfg.generator_gpus} generator GPUs ({cfg.num_generators} servers) + {cfg.trainer_gpus} "
           f"trainer GPUs = {total}; {cfg.batch_samples} sequences/step")
+    if weight_sync is not None:
+        print(f"sync_s = {cfg.sync_s:.2f} s ({args.senders} sender(s), modelled for {args.sync_layout}: "
+              f"{json.dumps(weight_sync)})")
     print(HEADER)
     for r in results:
         print(_row(r))

@@ -7,6 +7,7 @@ Examples:
   tools/plan.py --model llama3_8b --device h100_80gb --tp 4 --dp 4 --gen-tp 1
   tools/plan.py --model scout_17b16e --device gb200 --tp 4 --pp 1 --dp 4 --ep 4 --gen-tp 2
   tools/plan.py --table            # the table in docs/cluster_and_gpu.md: every model on every device
+  tools/plan.py --sync-table       # predicted weight-sync seconds, one vs many senders (scalerl_mega/cluster/sync_model.py)
 
 The trainer figure is the one the meta-device dry run (`dry_run=true`) and the Slurm launch check give for the
 same layout (scalerl_mega/dry_run.py trainer_plan; the default recipe: CISPO with the fused FP32 head).
@@ -78,6 +79,38 @@ def table(*, seq_len: int, micro_batch: int, trainer_gpus: int) -> str:
     return "\n".join(rows)
 
 
+SYNC_ASSUMED = {"qwen3_235b_a22b": ("gb200", 4, TrainLayout(tp=2, pp=1, dp=16, ep=32, recompute="full"))}
+"""Models without a shipped Slurm layout: (GPU, GPUs per node, layout) for the sync table. Qwen3-235B-A22B: the
+planner's smallest trainer layout at 32 GB200 GPUs (full recompute)."""
+SYNC_PEERS = {"llama3_8b": "wire floor 0.66 s", "qwen3_30b_a3b": "0.5-1.0 s (NeMo-RL nccl_reshard)",
+              "scout_17b16e": "wire floor ~8.7 s", "qwen3_235b_a22b": "3.2-4.9 s (NeMo-RL, miles RDMA P2P)"}
+"""Peer figures (docs/cluster_and_gpu.md cites them): single-NIC wire floors at 25 GB/s, field multi-sender syncs."""
+
+
+def sync_rows() -> list[tuple[str, str, int, TrainLayout]]:
+    """(row label, model, GPUs per node, trainer layout): every shipped layout, then the assumed ones."""
+    from scalerl_mega.cluster.layouts import LAYOUTS
+
+    rows = [(name, sl.model, sl.gpus_per_node, sl.train_layout()) for name, sl in LAYOUTS.items()]
+    return rows + [(f"{m} (assumed, {dev})", m, gpn, lay) for m, (dev, gpn, lay) in SYNC_ASSUMED.items()]
+
+
+def sync_table(links) -> str:
+    """Markdown table of docs/cluster_and_gpu.md: predicted sync seconds per layout, one vs many senders."""
+    from dataclasses import replace as _replace
+
+    from scalerl_mega.cluster.sync_model import predict_sync
+
+    rows = ["| layout | model | tp/pp/ep | GiB sent | one sender s | senders | largest sender GiB | "
+            "many senders s | peers |", "|---|---|---|---|---|---|---|---|---|"]
+    for label, name, gpn, lay in sync_rows():
+        pred = predict_sync(MODELS[name], lay, _replace(links, nics_per_node=gpn))
+        rows.append(f"| {label} | {name} | {lay.tp}/{lay.pp}/{lay.ep} | {pred.total_bytes / GiB:.1f} | "
+                    f"{pred.single_sender_s:.2f} | {pred.senders} | {pred.max_sender_bytes / GiB:.1f} | "
+                    f"{pred.multi_sender_s:.2f} | {SYNC_PEERS.get(name, '-')} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     from scalerl_mega.cluster.layouts import LAYOUTS, RECOMPUTE_DEFAULT
 
@@ -108,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table", action="store_true", help="print the table of docs/cluster_and_gpu.md and exit")
     ap.add_argument("--trainer-gpus", type=int, default=16, help="for --table: paper App. A.3 uses 16 trainers")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--sync-table", action="store_true", help="print the weight-sync table of docs/cluster_and_gpu.md")
+    ap.add_argument("--link-gbps", type=float, default=25.0, help="weight sync: one sender's network GB/s")
+    ap.add_argument("--gather-gbps", type=float, default=150.0, help="weight sync: intra-node gather GB/s per GPU")
+    ap.add_argument("--nics-per-node", type=int, default=None,
+                    help="weight sync: NICs an engine node receives through (default: the layout's GPUs per node, or 8)")
     known, _ = ap.parse_known_args(argv)
     if known.layout:  # the script's defaults; flags given on the command line still override them
         sl = LAYOUTS[known.layout]
@@ -116,8 +154,15 @@ def main(argv: list[str] | None = None) -> int:
                         recompute=lay0.recompute, no_sequence_parallel=not lay0.sequence_parallel, gen_tp=sl.gen_tp)
     args = ap.parse_args(argv)
 
+    from scalerl_mega.cluster.sync_model import SyncLinks, predict_sync
+
+    nics = args.nics_per_node or (LAYOUTS[args.layout].gpus_per_node if args.layout else 8)
+    links = SyncLinks(link_gbps=args.link_gbps, gather_gbps=args.gather_gbps, nics_per_node=nics)
     if args.table:
         print(table(seq_len=args.seq_len, micro_batch=args.micro_batch, trainer_gpus=args.trainer_gpus))
+        return 0
+    if args.sync_table:
+        print(sync_table(links))
         return 0
     model, dev = MODELS[args.model], DEVICES[args.device]
     lay = TrainLayout(
@@ -146,12 +191,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     out: dict = {"model": model.name, "device": dev.name, "trainer": None, "generator": None}
+    try:
+        out["weight_sync"] = predict_sync(model, lay, links).as_json()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     status = 0
     for key, rep in (("trainer", trep), ("generator", grep_)):
         out[key] = {"components_bytes": rep.components, "total_bytes": rep.total_bytes,
                     "budget_bytes": rep.budget_bytes, "fits": rep.fits, "notes": rep.notes}
         if not args.json:
             print(format_report(rep))
+    if not args.json:
+        ws = out["weight_sync"]
+        print(f"weight sync (modelled, {links.link_gbps:g} GB/s per sender): one sender {ws['single_sender_s']:.2f} s, "
+              f"{ws['senders']} senders {ws['multi_sender_s']:.2f} s (largest sender {ws['max_sender_bytes'] / GiB:.1f} GiB)")
     if not trep.fits:
         status = 2
         sug = smallest_trainer_layout(model, dev, base=lay)

@@ -68,6 +68,8 @@ class _EngineLoop:
         self.paused = False
         self.group = None
         self.receiver = None
+        self.multi: dict[str, Any] = {}
+        """Multi-sender sync: group name -> (group, DistWeightReceiver)."""
         self.closing = False
 
     def run(self) -> None:
@@ -89,10 +91,11 @@ class _EngineLoop:
                 done = self.core.step()
                 if done:
                     self.out_q.put(("done", done))
-        if self.group is not None:
-            from scalerl_mega.weight_sync import destroy_group
+        from scalerl_mega.weight_sync import destroy_group
 
-            destroy_group(self.group)
+        for group in [self.group] + [g for g, _ in self.multi.values()]:
+            if group is not None:
+                destroy_group(group)
 
     def _handle(self, msg: tuple) -> None:
         kind = msg[0]
@@ -121,6 +124,10 @@ class _EngineLoop:
                 self.group, timeout_s=self.config.sync.timeout_s, device=self.config.device
             )
             self.out_q.put(("ack", "init_group"))
+        elif kind == "init_groups":  # multi-sender sync: one group per sender (sync_plan.py)
+            self._init_groups(msg[1])
+        elif kind == "weights_multi":
+            self._multi_session(*msg[1:])
         elif kind == "weights_begin":
             self._weight_session(msg[1])
         elif kind == "stats":
@@ -187,3 +194,41 @@ class _EngineLoop:
                 return
             else:
                 raise WeightSyncError(f"engine: unexpected {msg[0]!r} inside weight update v{version}")
+
+    def _init_groups(self, groups: dict[str, dict]) -> None:
+        """Join each sender's group (init_custom_process_group arguments by group name), in order; each
+        sender hosts its group's store and joins at the same time, so every join has the sync deadline."""
+        from scalerl_mega.weight_sync import DistWeightReceiver, init_custom_process_group
+
+        for name, args in groups.items():
+            if name not in self.multi:
+                group = init_custom_process_group(**args)
+                self.multi[name] = (group, DistWeightReceiver(group, timeout_s=self.config.sync.timeout_s,
+                                                              device=self.config.device))
+        self.out_q.put(("ack", "init_groups"))
+
+    def _multi_session(self, version: int, plan: dict[str, list[BucketMeta]]) -> None:
+        """Receive every sender's announced buckets at once (multi_sync.receive_groups), staged and checked;
+        apply them and the version only when every group delivered every bucket, else keep the current
+        weights and report the failed sender, bucket and tensor ("weights_failed")."""
+        from scalerl_mega.multi_sync import receive_groups
+
+        staged: list[tuple[str, Any]] = []
+        rejected: list[str] = []
+
+        def stage(group: str, meta: BucketMeta, received: list) -> None:
+            if rejected:
+                return
+            try:
+                staged.extend((n, t.clone()) for n, _, t in self.core.check_weights(received))
+            except ValueError as e:
+                rejected.append(f"sender {group!r} bucket {meta.index}: {e}")
+
+        res = receive_groups({g: r for g, (_, r) in self.multi.items()}, plan, on_bucket=stage)
+        problems = [f.describe() for f in res.failures] + rejected
+        if problems:
+            self.out_q.put(("weights_rejected", (version, "; ".join(problems))))
+        else:
+            self.core.load_weights(staged)
+            self.core.set_version(version)
+        self.out_q.put(("ack", ("weights_end", version)))

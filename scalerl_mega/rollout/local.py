@@ -152,6 +152,42 @@ class LocalRolloutEngine:
         self.last_sync_stats = self._sender.send(named_tensors, version=version)
         self.version = version
 
+    # ---- multi-sender sync (multi_sync.py): the controller joins the engine to every sender's group and
+    # announces every group's buckets; the senders (trainer ranks) broadcast them
+    def join_groups(self, init_methods: dict[str, str]) -> None:
+        """Ask the engine to join each sender's group (rank 1 of 2; the sender hosts `init_methods[name]`
+        as rank 0 and joins meanwhile); `wait_groups` waits for it."""
+        sync = self.config.sync
+        self._send(("init_groups", {name: dict(backend=sync.backend, init_method=url, world_size=2, rank=1,
+                                               group_name=name, timeout_s=sync.timeout_s)
+                                    for name, url in init_methods.items()}))
+
+    def wait_groups(self) -> None:
+        self._wait_ack("init_groups", timeout_s=self.config.sync.timeout_s * 2)
+
+    def check_plan(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None:
+        """The manifest check of a whole multi-sender update, before the first byte (WeightSyncError)."""
+        from scalerl_mega.multi_sync import plan_specs
+
+        if self._manifest is None:
+            self._manifest = model_manifest(self.config.model)
+        self._manifest.check(plan_specs(plan), version=version)
+
+    def announce_groups(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None:
+        """Tell the engine every group's buckets (it starts receiving them all at once)."""
+        self._send(("weights_multi", version, plan))
+
+    def finish_groups(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None:
+        """Wait until the engine received every group (bounded: each bucket has the sync deadline);
+        raise WeightSyncError naming the failed sender, bucket and tensor (nothing is applied then)."""
+        most = max((len(m) for m in plan.values()), default=0)
+        self._wait_ack(("weights_end", version), timeout_s=self.config.sync.timeout_s * (most + 1))
+        why = self._rejected.pop(version, None)
+        if why is not None:
+            raise WeightSyncError(f"engine did not apply weight update v{version} ({why}); it keeps serving "
+                                  f"v{self.version}")
+        self.version = version
+
     def decode_stats(self) -> dict[str, float]:
         """The engine's cumulative work counters (`GenerationCore.stats()`): busy_s, decode_steps,
         decode_tokens, prefill_steps, prefill_tokens. Completions that arrive meanwhile are kept."""

@@ -40,9 +40,9 @@ def _cfg(tmp_path, *overrides):
     return c
 
 
-def _run(tmp_path, *overrides) -> list[tuple]:
+def _run(tmp_path, *overrides, engine: ScriptedEngine | None = None) -> list[tuple]:
     cfg = _cfg(tmp_path, *overrides)
-    engine = ScriptedEngine()
+    engine = engine or ScriptedEngine()
     comps = LoopComponents(engine=engine, trainer=RecordingTrainer(engine), reward_fn=reward, sampler=Sampler(),
                            val_prompts=[Prompt(prompt_id="v0", text="v", task="synthetic", gold="")],
                            decode=lambda ids: "".join(chr(i) for i in ids), encode=lambda s: [1, 2],
@@ -96,3 +96,29 @@ def test_validation_runs_on_the_current_weights(tmp_path, overlap):
 def test_overlap_needs_ppo_off_policy(tmp_path):
     with pytest.raises(ValueError, match="off_policy.overlap"):
         _cfg(tmp_path, "off_policy=pipeline_rl", "off_policy.overlap=true")
+
+
+def test_sync_steps_record_sync_fields(tmp_path):
+    """Issue 58 item 4: a step that pushes weights carries sync/senders, sync/bytes, sync/max_sender_bytes and
+    sync/seconds in its train record (one sender: the engine's send stats); a step without a push (PPO-k
+    mid-phase) carries none."""
+    import json
+
+    from scalerl_mega.weight_sync import SendStats
+
+    class CountingEngine(ScriptedEngine):
+        last_sync_stats = None
+
+        def update_weights(self, named_tensors, *, version):
+            super().update_weights(named_tensors, version=version)
+            self.last_sync_stats = SendStats(version=version, buckets=1, tensors=1, bytes=1000 + version)
+
+    _run(tmp_path, engine=CountingEngine())
+    recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = {r["step"]: r for r in recs if r["kind"] == "train"}
+    assert sorted(train) == [1, 2, 3, 4]
+    for step in (2, 4):  # k = 2: pushes after steps 2 and 4
+        r = train[step]
+        assert (r["sync/senders"], r["sync/bytes"], r["sync/max_sender_bytes"]) == (1.0, 1000.0 + step, 1000.0 + step)
+        assert r["sync/seconds"] == r["weight_sync_s"] >= 0.0
+    assert not any(k.startswith("sync/") for k in train[1]) and not any(k.startswith("sync/") for k in train[3])
