@@ -23,7 +23,7 @@ PUBLISHED = {  # preset -> its model's config.json (a new preset for a published
     "qwen3_30b_a3b": "Qwen3-30B-A3B.config.json",
     "qwen3_235b_a22b": "Qwen3-235B-A22B.config.json",
 }
-NOT_PUBLISHED = {"tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe", "hf"}  # toy shapes; `hf` takes its shapes from the checkpoint
+NOT_PUBLISHED = {"tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe", "tiny_deepseek_v3", "hf"}  # toy shapes; `hf` takes its shapes from the checkpoint
 
 
 def _ckpt_dir(tmp_path: Path, preset: str) -> Path:
