@@ -89,7 +89,7 @@ def _rope(cfg: Mapping[str, Any], where: str) -> tuple[float, dict[str, Any]]:
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type in (None, "default") or (rope_type == "yarn" and cfg.get("model_type") == "deepseek_v3"):
+    if rope_type in (None, "default") or cfg.get("model_type") == "deepseek_v3":
         return theta, {"rope_scaling_factor": None}
     if rope_type != "llama3":
         raise ValueError(f"{where}: rope_type={rope_type!r} is not supported (only 'default' and 'llama3')")

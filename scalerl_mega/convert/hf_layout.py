@@ -51,7 +51,25 @@ class HFLayout:
         return self.prefix + text_name
 
     def is_non_text(self, name: str) -> bool:
-        return self.kind == CONDITIONAL and name.startswith(NON_TEXT_PREFIXES)
+        """Tensors outside the decoder the trainer builds: a conditional checkpoint's vision tower, and
+        DeepSeek-V3's multi-token-prediction layers (`model.layers.{i}` for i >= num_hidden_layers, i.e.
+        `num_nextn_predict_layers`), which RL does not need: skipped on load, carried unchanged into the
+        converter checkpoint and written back on export."""
+        if self.kind == CONDITIONAL:
+            return name.startswith(NON_TEXT_PREFIXES)
+        return self.config.get("model_type") == "deepseek_v3" and is_mtp_layer(name, self.config)
+
+    def carries_non_text(self) -> bool:
+        """Whether an export in this layout writes the non-text tensors back."""
+        return self.kind == CONDITIONAL or self.config.get("model_type") == "deepseek_v3"
+
+
+_LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def is_mtp_layer(name: str, cfg: Mapping[str, Any]) -> bool:
+    m = _LAYER_INDEX.match(name)
+    return bool(m) and int(m.group(1)) >= int(cfg.get("num_hidden_layers", 0))
 
 
 def layout_of_config(cfg: Mapping[str, Any], *, where: str = "config.json") -> HFLayout:
