@@ -160,3 +160,27 @@ def test_deepseek_settings_are_refused_on_other_architectures():
         ModelConfig(**{**vars(load_model_preset("tiny_qwen3_moe")), "kv_lora_rank": 16}).validate()
     with pytest.raises(ValueError, match="moe_topk=3 // moe_router_group_topk=2 = 1"):
         load_model_preset("tiny_deepseek_v3", overrides={"moe_topk": 3})
+
+
+@pytest.mark.parametrize("q_lora", [24, None])
+def test_every_exported_tensor_has_its_own_sglang_parameter_shard(q_lora):
+    """SGLang 0.5.23's DeepSeek-V3 loader (deepseek_weight_loader.py): each exported tensor fills its own
+    (parameter, shard, expert); q_a_proj and kv_a_proj_with_mqa are fused only with a q_lora_rank; the MTP layer is
+    skipped there (served without speculative decoding), as by the trainer."""
+    from scalerl_mega.convert.hf_layout import sglang_deepseek_v3_target
+
+    cfg = _cfg_dict(q_lora_rank=q_lora, num_nextn_predict_layers=1)
+    names = tables.hf_names(dims_from_hf_config(cfg))
+    targets = [sglang_deepseek_v3_target(n, cfg) for n in names]
+    assert None not in targets and len(set(targets)) == len(names)
+    by_param: dict[str, set] = {}
+    for param, shard, expert in targets:
+        by_param.setdefault(param, set()).add((shard, expert))
+    assert by_param["model.layers.1.mlp.experts.w13_weight"] == {(s, e) for s in ("w1", "w3") for e in range(8)}
+    assert by_param["model.layers.3.mlp.experts.w2_weight"] == {("w2", e) for e in range(8)}
+    assert by_param["model.layers.0.mlp.gate_up_proj.weight"] == {(0, None), (1, None)}
+    assert by_param["model.layers.2.mlp.shared_experts.gate_up_proj.weight"] == {(0, None), (1, None)}
+    assert ("model.layers.1.self_attn.fused_qkv_a_proj_with_mqa.weight" in by_param) == bool(q_lora)
+    assert ("model.layers.1.self_attn.kv_a_proj_with_mqa.weight" in by_param) == (not q_lora)
+    assert {"model.layers.1.mlp.gate.e_score_correction_bias", "model.layers.1.self_attn.kv_b_proj.weight"} <= set(by_param)
+    assert sglang_deepseek_v3_target("model.layers.4.eh_proj.weight", cfg) is None
