@@ -184,3 +184,47 @@ def test_every_exported_tensor_has_its_own_sglang_parameter_shard(q_lora):
     assert ("model.layers.1.self_attn.kv_a_proj_with_mqa.weight" in by_param) == (not q_lora)
     assert {"model.layers.1.mlp.gate.e_score_correction_bias", "model.layers.1.self_attn.kv_b_proj.weight"} <= set(by_param)
     assert sglang_deepseek_v3_target("model.layers.4.eh_proj.weight", cfg) is None
+
+
+def test_engine_manifest_is_the_checkpoint_format_and_accepts_the_trainer_export_plan():
+    """The local engine's DeepseekV3ForCausalLM (built from the tiny preset's config) expects exactly the table's
+    names and shapes (score-correction biases included), and the trainer's export plan fills it."""
+    from scalerl_mega.convert.model_config import dims_from_model_config
+    from scalerl_mega.model.config import load_model_preset
+    from scalerl_mega.model.hf_export import hf_config_from_model
+    from scalerl_mega.rollout.local import LocalModelSpec, model_manifest
+    from scalerl_mega.trainer.megatron.export import export_plan
+
+    m = load_model_preset("tiny_deepseek_v3")
+    arch, kwargs = hf_config_from_model(m)
+    manifest = model_manifest(LocalModelSpec(arch=arch, config=kwargs, init_seed=0))
+    assert sorted(manifest.specs) == sorted(tables.hf_names(dims_from_model_config(m)))
+    assert "model.layers.3.mlp.gate.e_score_correction_bias" in manifest.specs
+    assert manifest.problems(export_plan(m)) == []
+
+
+def test_local_engine_serves_mla_from_its_latent_cache():
+    """The local engine's slot cache holds DeepSeek-V3's latents (compressed KV 16 + RoPE key 8 per token and
+    layer, one head): three rows of different prompt lengths decoded together (past the YaRN original context of
+    16) have the log-probs of a plain transformers forward over each whole sequence."""
+    from scalerl_mega.model.config import load_model_preset
+    from scalerl_mega.model.hf_export import hf_config_from_model
+    from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest
+    from scalerl_mega.rollout.local import LocalModelSpec, build_model
+    from scalerl_mega.types import SamplingParams
+
+    arch, kwargs = hf_config_from_model(load_model_preset("tiny_deepseek_v3"))
+    model = build_model(LocalModelSpec(arch=arch, config=kwargs, init_seed=0))
+    core = GenerationCore(model, config=CoreConfig(max_batch=4, max_seq_len=40))
+    assert tuple(core.kv.keys[0].shape[1::2]) == (1, 16) and core.kv.values[0].shape[-1] == 8
+    for i, prompt in enumerate(([3, 4], [3, 4, 6], [9, 8, 7, 6])):
+        core.add(GenRequest(rid=str(i), prompt_id=str(i), sample_index=0, prompt_ids=prompt,
+                            sampling=SamplingParams(max_new_tokens=20, temperature=1.0), seed=i))
+    done = core.run_until_done()
+    assert len(done) == 3
+    for c in done:
+        full = torch.tensor([list(c.prompt_ids) + list(c.output_ids)])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(full).logits[0, len(c.prompt_ids) - 1:-1].float(), -1)
+        ref = logp.gather(1, torch.tensor(c.output_ids)[:, None])[:, 0]
+        assert len(c.output_ids) == 20 and (ref - torch.tensor(c.gen_logprobs)).abs().max() < 1e-5

@@ -78,3 +78,15 @@ def router_kwargs(model: "ModelConfig") -> dict[str, Any]:
     if model.moe_router_expert_bias:
         out.update(moe_router_enable_expert_bias=True, moe_router_bias_update_rate=0.0)
     return out
+
+
+def freeze_expert_bias(gpt) -> None:
+    """Stop the routers counting tokens per expert for the aux-free bias update: the update is off
+    (`moe_router_bias_update_rate=0`, `router_kwargs`), so the counts would only feed a zero step; and the count
+    itself fails on any padding mask in megatron-core 0.16.1 (`TopKRouter._apply_expert_bias` ands the
+    [tokens, experts] routing map with the [tokens] mask: a broadcast error). The bias stays the loaded buffer."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    for module in gpt.modules():
+        if isinstance(module, TopKRouter) and getattr(module, "enable_expert_bias", False):
+            module._apply_expert_bias = lambda *args, **kwargs: None

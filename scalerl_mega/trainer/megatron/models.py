@@ -214,6 +214,10 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, *, use_te: bool | 
         rope_scaling=False,  # Megatron fixes 3 of the 4 Llama-3 parameters; rope.apply_rope_scaling has all
     )
     apply_rope_scaling(gpt, model)
+    if model.moe_router_expert_bias:
+        from scalerl_mega.trainer.megatron.mla import freeze_expert_bias
+
+        freeze_expert_bias(gpt)
     if torch.cuda.is_available() and not on_meta:
         gpt.cuda(torch.cuda.current_device())
     if model.fp32_lm_head:
