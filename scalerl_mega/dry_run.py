@@ -233,7 +233,9 @@ def model_shape(model):
                       num_experts=model.num_experts, top_k=model.moe_topk if model.is_moe else 0,
                       expert_ffn=model.expert_ffn if model.is_moe else 0,
                       shared_expert_ffn=model.shared_expert_ffn, moe_every=model.moe_layer_freq,
-                      moe_dense=tuple(model.moe_dense_layers), qk_norm=model.qk_layernorm)
+                      moe_dense=tuple(model.moe_dense_layers), qk_norm=model.qk_layernorm,
+                      mla=(model.q_lora_rank or 0, model.kv_lora_rank, model.qk_rope_head_dim, model.v_head_dim)
+                      if model.is_mla else ())
 
 
 def sequence_shape(cfg) -> tuple[int, int]:

@@ -84,6 +84,11 @@ LAYOUTS: dict[str, ScriptLayout] = {
     # 95.6 GiB per GPU, over H100's budget); 12 SGLang servers of TP 2 on 3 more nodes (slurm/train_qwen3_moe.sh)
     "train_qwen3_moe": ScriptLayout(model="qwen3_30b_a3b", gpu_type="h100_80gb", gpus_per_node=8, trainer_nodes=1,
                                     gen_tp=2, tp=4, ep=8, recompute="full"),
+    # DeepSeek-V3 architecture, default Moonlight-16B-A3B: the trainer on one 8xH100 node, TP 2 x EP 8 x DP 4, full
+    # recompute (selective does not fit at TP 2); 24 SGLang servers of TP 1 on 3 more nodes
+    # (slurm/train_deepseek_v3.sh; DeepSeek-V3 671B's H200 / GB200 layouts are in its header)
+    "train_deepseek_v3": ScriptLayout(model="moonlight_16b_a3b", gpu_type="h100_80gb", gpus_per_node=8,
+                                      trainer_nodes=1, gen_tp=1, tp=2, ep=8, recompute="full"),
 }
 
 

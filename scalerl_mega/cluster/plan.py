@@ -104,6 +104,7 @@ class ModelShape:
     moe_every: int = 1  # every n-th layer is MoE (HF interleave_moe_layer_step / decoder_sparse_step)
     moe_dense: tuple[int, ...] = ()  # layers kept dense although moe_every selects them (Qwen3-MoE mlp_only_layers)
     qk_norm: bool = False  # per-head RMSNorm weights on q and k (Qwen3): 2 * head_dim per layer
+    mla: tuple[int, int, int, int] = ()  # DeepSeek-V3 MLA (q_lora_rank or 0, kv_lora_rank, rope dim, v dim)
 
     def __post_init__(self) -> None:
         for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "vocab"):
@@ -135,10 +136,16 @@ class ModelShape:
     # ---- parameter counts (unsharded)
     def attention_params(self) -> int:
         h, d = self.hidden, self.head_dim
+        if self.mla:  # model/deepseek.py mla_attention_params less its two latent norms (norm_params_per_layer)
+            ql, kvl, rope, v = self.mla
+            n = self.heads
+            q = h * ql + ql * n * (d + rope) if ql else h * n * (d + rope)
+            return q + h * (kvl + rope) + kvl * n * (d + v) + n * v * h
         return h * self.heads * d * 2 + h * self.kv_heads * d * 2  # q, o + k, v
 
     def norm_params_per_layer(self) -> int:
-        return 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+        latent = self.mla[0] + self.mla[1] if self.mla else 0  # MLA's q / kv latent RMSNorms (replicated over TP)
+        return 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0) + latent
 
     def dense_mlp_params(self) -> int:
         return 3 * self.hidden * self.ffn
@@ -205,7 +212,16 @@ QWEN3_30B_A3B = ModelShape(name="qwen3_30b_a3b", hidden=2048, layers=48, heads=3
                            vocab=151936, num_experts=128, top_k=8, expert_ffn=768, qk_norm=True)
 QWEN3_235B_A22B = ModelShape(name="qwen3_235b_a22b", hidden=4096, layers=94, heads=64, kv_heads=4, head_dim=128,
                              ffn=12288, vocab=151936, num_experts=128, top_k=8, expert_ffn=1536, qk_norm=True)
-MODELS = {m.name: m for m in (LLAMA3_8B, SCOUT_17B16E, QWEN3_8B, QWEN3_30B_A3B, QWEN3_235B_A22B)}
+# DeepSeek-V3 architecture (tests/data/hf_configs/): MLA, `first_k_dense_replace` dense layers, sigmoid top-k
+# with shared experts (conf/model/moonlight_16b_a3b.yaml, deepseek_v3_671b.yaml)
+MOONLIGHT_16B_A3B = ModelShape(name="moonlight_16b_a3b", hidden=2048, layers=27, heads=16, kv_heads=16, head_dim=128,
+                               ffn=11264, vocab=163840, num_experts=64, top_k=6, expert_ffn=1408,
+                               shared_expert_ffn=2816, moe_dense=(0,), mla=(0, 512, 64, 128))
+DEEPSEEK_V3_671B = ModelShape(name="deepseek_v3_671b", hidden=7168, layers=61, heads=128, kv_heads=128, head_dim=128,
+                              ffn=18432, vocab=129280, num_experts=256, top_k=8, expert_ffn=2048,
+                              shared_expert_ffn=2048, moe_dense=(0, 1, 2), mla=(1536, 512, 64, 128))
+MODELS = {m.name: m for m in (LLAMA3_8B, SCOUT_17B16E, QWEN3_8B, QWEN3_30B_A3B, QWEN3_235B_A22B, MOONLIGHT_16B_A3B,
+                              DEEPSEEK_V3_671B)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -492,7 +508,10 @@ def trainer_memory(model: ModelShape, layout: TrainLayout, device: Device) -> Me
 # ------------------------------------------------------------------------- generators
 def kv_bytes_per_token(model: ModelShape, layout: GenLayout) -> int:
     """K and V of one token on one GPU; with tp > kv_heads every GPU keeps one (replicated) KV head, as
-    SGLang's QKVParallelLinear does (`num_kv_heads = max(1, total_num_kv_heads // tp_size)`)."""
+    SGLang's QKVParallelLinear does (`num_kv_heads = max(1, total_num_kv_heads // tp_size)`). MLA: SGLang caches
+    the compressed KV and the RoPE key, (kv_lora_rank + rope dim) per layer, whole on every TP rank."""
+    if model.mla:
+        return model.layers * (model.mla[1] + model.mla[2]) * layout.kv_bytes
     return 2 * model.layers * max(1, model.kv_heads // layout.tp) * model.head_dim * layout.kv_bytes
 
 

@@ -52,6 +52,17 @@ class ArchDims:
     rope_interleaved_in_hf: bool = False  # HF Llama-4 rotates complex pairs (2i, 2i+1)
     qk_layernorm: bool = False  # Qwen3: per-head RMSNorm on q and k (HF q_norm / k_norm)
     moe_norm_topk: bool = False  # softmax over all experts, top-k, weights renormalised (HF norm_topk_prob)
+    # DeepSeek-V3 (convert/deepseek_dims.py): MLA widths (head_dim = qk_nope_head_dim), YaRN, routing
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    yarn: tuple[float, ...] = ()  # (factor, original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim)
+    shared_expert_ffn: int = 0
+    moe_num_groups: int = 0
+    moe_group_topk: int = 0
+    moe_scaling_factor: float = 1.0
+    moe_expert_bias: bool = False
 
     @property
     def heads_per_group(self) -> int:
@@ -73,11 +84,12 @@ def _require(cfg: Mapping[str, Any], key: str, where: str) -> Any:
 
 
 def _rope(cfg: Mapping[str, Any], where: str) -> tuple[float, dict[str, Any]]:
-    """(rope_theta, ArchDims RoPE-scaling fields) from HF ``rope_parameters`` / ``rope_scaling``."""
+    """(rope_theta, ArchDims RoPE-scaling fields) from HF ``rope_parameters`` / ``rope_scaling``
+    (DeepSeek-V3's YaRN is read by convert/deepseek_dims.py)."""
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type in (None, "default"):
+    if rope_type in (None, "default") or cfg.get("model_type") == "deepseek_v3":
         return theta, {"rope_scaling_factor": None}
     if rope_type != "llama3":
         raise ValueError(f"{where}: rope_type={rope_type!r} is not supported (only 'default' and 'llama3')")
@@ -209,5 +221,12 @@ def _llama4_dims(cfg: Mapping[str, Any], common: dict[str, Any], *, where: str, 
     )
 
 
-_ARCH_FIELDS = {"llama": _dense_dims, "llama4": _llama4_dims, "qwen3": _dense_dims, "qwen3_moe": _qwen3_moe_dims}
+def _deepseek_v3_dims(cfg: Mapping[str, Any], common: dict[str, Any], *, where: str, layers: int) -> ArchDims:
+    from scalerl_mega.convert.deepseek_dims import deepseek_v3_fields
+
+    return ArchDims(**deepseek_v3_fields(cfg, common, where=where, layers=layers))
+
+
+_ARCH_FIELDS = {"llama": _dense_dims, "llama4": _llama4_dims, "qwen3": _dense_dims, "qwen3_moe": _qwen3_moe_dims,
+                "deepseek_v3": _deepseek_v3_dims}
 """The config.json fields each architecture adds to the common ones (model/archs.py lists the architectures)."""

@@ -51,7 +51,25 @@ class HFLayout:
         return self.prefix + text_name
 
     def is_non_text(self, name: str) -> bool:
-        return self.kind == CONDITIONAL and name.startswith(NON_TEXT_PREFIXES)
+        """Tensors outside the decoder the trainer builds: a conditional checkpoint's vision tower, and
+        DeepSeek-V3's multi-token-prediction layers (`model.layers.{i}` for i >= num_hidden_layers, i.e.
+        `num_nextn_predict_layers`), which RL does not need: skipped on load, carried unchanged into the
+        converter checkpoint and written back on export."""
+        if self.kind == CONDITIONAL:
+            return name.startswith(NON_TEXT_PREFIXES)
+        return self.config.get("model_type") == "deepseek_v3" and is_mtp_layer(name, self.config)
+
+    def carries_non_text(self) -> bool:
+        """Whether an export in this layout writes the non-text tensors back."""
+        return self.kind == CONDITIONAL or self.config.get("model_type") == "deepseek_v3"
+
+
+_LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def is_mtp_layer(name: str, cfg: Mapping[str, Any]) -> bool:
+    m = _LAYER_INDEX.match(name)
+    return bool(m) and int(m.group(1)) >= int(cfg.get("num_hidden_layers", 0))
 
 
 def layout_of_config(cfg: Mapping[str, Any], *, where: str = "config.json") -> HFLayout:
@@ -171,3 +189,26 @@ def sglang_warnings(kind: str, text_config: Mapping[str, Any], names: list[str] 
     return [f"text-only Llama4ForCausalLM layout: SGLang 0.5.23 loads it with LlamaForCausalLM.load_weights, which "
             f"{what}does not permute q/k rows to its rotate-half RoPE; write --layout conditional "
             "(Llama4ForConditionalGeneration, served by SGLang's mllama4 loader)"]
+
+
+_SGLANG_DS_STACKED = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+                      "q_a_proj": ("fused_qkv_a_proj_with_mqa", 0), "kv_a_proj_with_mqa": ("fused_qkv_a_proj_with_mqa", 1)}
+
+
+def sglang_deepseek_v3_target(name: str, cfg: Mapping[str, Any]) -> tuple[str, str | int | None, int | None] | None:
+    """(parameter, shard, expert) that checkpoint tensor ``name`` of a DeepSeek-V3 model loads into in SGLang 0.5.23
+    (`deepseek_common/deepseek_weight_loader.py`, speculative decoding off), or None when it skips it: the MTP layers
+    (`model.layers.{i >= num_hidden_layers}`). Routed expert e's gate/up/down -> `experts.w13_weight` w1/w3 and
+    `experts.w2_weight` w2 of expert e; dense and shared-expert gate/up -> `gate_up_proj` 0/1; with a q_lora_rank,
+    `q_a_proj` and `kv_a_proj_with_mqa` -> `fused_qkv_a_proj_with_mqa` 0/1 (concatenated rows); everything else,
+    the router's `e_score_correction_bias` included, loads under its own name."""
+    if is_mtp_layer(name, cfg):
+        return None
+    m = _SGLANG_EXPERT.search(name)
+    if m:
+        param = "w13_weight" if m["proj"] in ("gate", "up") else "w2_weight"
+        return name[:m.start()] + ".experts." + param, {"gate": "w1", "up": "w3", "down": "w2"}[m["proj"]], int(m["e"])
+    for ckpt, (param, shard) in _SGLANG_DS_STACKED.items():
+        if f".{ckpt}.weight" in name and (ckpt not in ("q_a_proj", "kv_a_proj_with_mqa") or cfg.get("q_lora_rank")):
+            return name.replace(ckpt, param), shard, None
+    return name, None, None

@@ -174,7 +174,8 @@ def load_hf_checkpoint(model, hf_dir: str, *, dims: ArchDims | None = None) -> l
     src = HFShardReader(hf_dir)
     non_text = validate_hf(src, hf_dims, hf, check_shapes=False)  # names; shapes as each tensor is read
     if non_text:
-        log.info("%s: %s checkpoint; skipping its %d non-text tensors (vision tower, projector)", hf_dir,
+        log.info("%s: %s checkpoint; skipping its %d tensors outside the decoder (vision tower, projector, or "
+                 "DeepSeek-V3 multi-token-prediction layers)", hf_dir,
                  hf.kind, len(non_text))
     wanted = {n for gpt in unwrap(model) for n in global_params(gpt, hf_dims)}
     loaded = load_full_tensors(model, dims=hf_dims, full_tensor=hf_tensor_source(src, hf, hf_dims, wanted=wanted))

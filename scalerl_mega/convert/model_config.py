@@ -64,6 +64,10 @@ def model_config_from_hf(cfg: Mapping[str, Any], *, name: str = "hf", where: str
         return ModelConfig(**common).validate()
     if d.arch == "qwen3_moe":
         return ModelConfig(**common, **_qwen3_moe_fields(d, cfg)).validate()
+    if d.arch == "deepseek_v3":
+        from scalerl_mega.convert.deepseek_dims import model_config_fields
+
+        return ModelConfig(**common, **model_config_fields(d)).validate()
     moe_freq = _every_nth([int(d.is_moe_layer(i)) for i in range(d.num_layers)], key="moe_layers", where=where)
     return ModelConfig(
         **common,
@@ -105,7 +109,13 @@ def dims_from_model_config(m) -> ArchDims:
     if m.arch == "qwen3_moe" and m.shared_expert_ffn:
         raise ValueError(f"model '{m.name}': shared_expert_ffn={m.shared_expert_ffn} but HF Qwen3-MoE has no shared "
                          "expert (its weights would have no HF name); set model.shared_expert_ffn=0")
+    extra: dict[str, Any] = {}
+    if m.arch == "deepseek_v3":
+        from scalerl_mega.convert.deepseek_dims import dims_fields
+
+        extra = dims_fields(m)
     return ArchDims(
+        **extra,
         arch=m.arch, hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_attention_heads,
         num_kv_heads=m.num_query_groups, head_dim=m.kv_channels, ffn_hidden_size=m.ffn_hidden_size,
         vocab_size=m.vocab_size, tie_word_embeddings=m.tie_embeddings, rms_norm_eps=m.norm_eps,
@@ -118,5 +128,6 @@ def dims_from_model_config(m) -> ArchDims:
         qk_l2_norm=m.qk_l2_norm, attention_chunk_size=m.attention_chunk_size or None,
         attn_temperature_tuning=m.attn_temperature_tuning, floor_scale=m.floor_scale, attn_scale=m.attn_scale,
         rope_interleaved_in_hf=llama4, qk_layernorm=m.qk_layernorm,
-        moe_norm_topk=m.is_moe and m.moe_router_score_function == "softmax" and not m.moe_router_pre_softmax,
+        moe_norm_topk=m.is_moe and (m.arch == "deepseek_v3" or (m.moe_router_score_function == "softmax"
+                                                                  and not m.moe_router_pre_softmax)),
     )

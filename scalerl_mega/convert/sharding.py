@@ -17,6 +17,7 @@ REPLICATED, DIM0, DIM1, GLU = "replicated", "dim0", "dim1", "glu"
 _TP_RULES: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"(word_embeddings|output_layer)\.weight$"), DIM0),  # vocab-parallel
     (re.compile(r"linear_qkv\.weight$"), DIM0),  # column-parallel; query groups split evenly
+    (re.compile(r"linear_(q|q_down|q_up|kv_down|kv_up)_proj\.weight$"), DIM0),  # MLA (local spec: column-parallel)
     (re.compile(r"linear_fc1\.weight\d*$"), GLU),  # column-parallel, gate and up halves split alike
     (re.compile(r"(linear_proj|linear_fc2)\.weight\d*$"), DIM1),  # row-parallel
 )

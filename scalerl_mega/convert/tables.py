@@ -174,8 +174,52 @@ QWEN3_MOE_TABLE: tuple[Rule, ...] = (
     *_FINAL,
 )
 
+
+def _mla(*, q_lora: bool) -> tuple[Rule, ...]:
+    """Multi-head Latent Attention (DeepSeek-V2/V3): q (low-rank `q_a_proj` + RMSNorm + `q_b_proj`, or a full
+    `q_proj`), the joint down projection of the compressed KV and the shared RoPE key with its RMSNorm, the KV up
+    projection; each HF tensor is one Megatron tensor, same layout (the RoPE dims stay interleaved pairs, which
+    Megatron's MLA reads as HF does with `rope_interleave`)."""
+    a, m = _HL + "self_attn.", _L + "self_attention."
+    pairs = ((("q_a_proj", "linear_q_down_proj"), ("q_a_layernorm", "q_layernorm"), ("q_b_proj", "linear_q_up_proj"))
+             if q_lora else (("q_proj", "linear_q_proj"),))
+    pairs += (("kv_a_proj_with_mqa", "linear_kv_down_proj"), ("kv_a_layernorm", "kv_layernorm"),
+              ("kv_b_proj", "linear_kv_up_proj"), ("o_proj", "linear_proj"))
+    return (
+        Rule(scope="layer", mcore=(_L + "input_layernorm.weight",), hf=(_HL + "input_layernorm.weight",), to_mcore=_same, to_hf=_same),
+        *(Rule(scope="layer", mcore=(m + mc + ".weight",), hf=(a + h + ".weight",), to_mcore=_same, to_hf=_same) for h, mc in pairs),
+        Rule(scope="layer", mcore=(_L + "pre_mlp_layernorm.weight",), hf=(_HL + "post_attention_layernorm.weight",), to_mcore=_same, to_hf=_same),
+    )
+
+
+def _deepseek_v3(*, q_lora: bool) -> tuple[Rule, ...]:
+    """DeepSeek-V3: MLA; the first `first_k_dense_replace` layers dense; MoE layers with the sigmoid router and
+    its score-correction bias (a buffer: Megatron `router.expert_bias`), per-expert routed experts and the
+    shared experts as one MLP."""
+    return (
+        *_EMBEDDING,
+        *_mla(q_lora=q_lora),
+        *_mlp(scope="dense", mcore="mlp.", hf=_HL + "mlp."),
+        Rule(scope="moe", mcore=(_L + "mlp.router.weight",), hf=(_HL + "mlp.gate.weight",), to_mcore=_same, to_hf=_same),
+        Rule(scope="moe", mcore=(_L + "mlp.router.expert_bias",), hf=(_HL + "mlp.gate.e_score_correction_bias",),
+             to_mcore=_same, to_hf=_same),
+        *_mlp(scope="moe", mcore="mlp.experts.", hf=_HL + "mlp.experts.{e}.", suffix="{e}", per_expert=True),
+        *_mlp(scope="moe", mcore="mlp.shared_experts.", hf=_HL + "mlp.shared_experts."),
+        *_FINAL,
+    )
+
+
+DEEPSEEK_V3_TABLE = _deepseek_v3(q_lora=True)
+DEEPSEEK_V3_NO_Q_LORA_TABLE = _deepseek_v3(q_lora=False)  # Moonlight, DeepSeek-V2-Lite: q_lora_rank null
+
 TABLES: dict[str, tuple[Rule, ...]] = {"llama": LLAMA_TABLE, "llama4": LLAMA4_TABLE, "qwen3": QWEN3_TABLE,
-                                       "qwen3_moe": QWEN3_MOE_TABLE}
+                                       "qwen3_moe": QWEN3_MOE_TABLE, "deepseek_v3": DEEPSEEK_V3_TABLE}
+
+
+def table_of(dims: ArchDims) -> tuple[Rule, ...]:
+    if dims.arch == "deepseek_v3" and not dims.q_lora_rank:
+        return DEEPSEEK_V3_NO_Q_LORA_TABLE
+    return TABLES[dims.arch]
 
 
 def _expand(templates: tuple[str, ...], layer: int | None, num_experts: int, expert: int | None = None) -> tuple[str, ...]:
@@ -205,7 +249,7 @@ def iter_groups(dims: ArchDims, *, layers: Sequence[int] | None = None, first_st
     """All groups of the model in a fixed order: embedding, layers ascending (table order inside a
     layer), final norm, output layer. ``layers``/``first_stage``/``last_stage`` restrict it to one
     pipeline stage."""
-    table = TABLES[dims.arch]
+    table = table_of(dims)
     layer_ids = range(dims.num_layers) if layers is None else layers
     if first_stage:
         for rule in table:
@@ -247,6 +291,24 @@ def _hf_shape_by_pattern(dims: ArchDims) -> list[tuple[str, tuple[int, ...]]]:
     """(regex on the HF name, shape); the first match wins, so specific names come before general ones."""
     H, V, hd = dims.hidden_size, dims.vocab_size, dims.head_dim
     nq, nkv, F, Fm, E = dims.num_heads * hd, dims.num_kv_heads * hd, dims.ffn_hidden_size, dims.moe_ffn_hidden_size, dims.num_experts
+    return [*_mla_shapes(dims), *_plain_shapes(H, V, hd, nq, nkv, F, Fm, E)]
+
+
+def _mla_shapes(d: ArchDims) -> list[tuple[str, tuple[int, ...]]]:
+    if d.arch != "deepseek_v3":
+        return []
+    H, n, rope, ql, kvl = d.hidden_size, d.num_heads, d.qk_rope_head_dim, d.q_lora_rank, d.kv_lora_rank
+    qk = d.head_dim + rope
+    return [
+        (r"q_a_proj\.weight$", (ql, H)), (r"q_a_layernorm\.weight$", (ql,)), (r"q_b_proj\.weight$", (n * qk, ql)),
+        (r"self_attn\.q_proj\.weight$", (n * qk, H)), (r"kv_a_proj_with_mqa\.weight$", (kvl + rope, H)),
+        (r"kv_a_layernorm\.weight$", (kvl,)), (r"kv_b_proj\.weight$", (n * (d.head_dim + d.v_head_dim), kvl)),
+        (r"o_proj\.weight$", (H, n * d.v_head_dim)), (r"shared_experts\.(gate|up)_proj\.weight$", (d.shared_expert_ffn, H)),
+        (r"shared_experts\.down_proj\.weight$", (H, d.shared_expert_ffn)), (r"e_score_correction_bias$", (d.num_experts,)),
+    ]
+
+
+def _plain_shapes(H, V, hd, nq, nkv, F, Fm, E) -> list[tuple[str, tuple[int, ...]]]:
     return [
         (r"embed_tokens\.weight$", (V, H)),
         (r"lm_head\.weight$", (V, H)),

@@ -40,7 +40,30 @@ def tiny_hf_config(arch: str, *, tie: bool = False, init_std: float = 0.15, **ov
         return Qwen3MoeConfig(**{**qwen, "num_hidden_layers": 4, "moe_intermediate_size": 32, "num_experts": 4,
                                  "num_experts_per_tok": 2, "norm_topk_prob": True, "decoder_sparse_step": 1,
                                  "mlp_only_layers": [1], "router_aux_loss_coef": 0.001, **overrides})
-    raise ValueError(f"arch={arch!r}: expected 'llama', 'llama4', 'qwen3' or 'qwen3_moe'")
+    if arch == "deepseek_v3":
+        return tiny_deepseek_v3_config(tie=tie, init_std=init_std, **overrides)
+    raise ValueError(f"arch={arch!r}: expected 'llama', 'llama4', 'qwen3', 'qwen3_moe' or 'deepseek_v3'")
+
+
+# YaRN as DeepSeek-V3's (factor 40 of 4096, mscale = mscale_all_dim = 1) scaled down to an original context of 16
+DEEPSEEK_YARN_TINY = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                      "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def tiny_deepseek_v3_config(*, tie: bool = False, init_std: float = 0.15, **overrides):
+    """Tiny DeepSeek-V3: MLA (q_lora 24, kv_lora 16, no-RoPE q/k 16 + RoPE 8, v 12), YaRN past its original
+    context of 16, layer 0 dense then MoE: 8 routed experts in 4 groups, top-4 within the best 2 groups (HF's
+    top-2-per-group ranking = Megatron's top-(4 // 2)), 2 shared experts, routed_scaling_factor 2.5; the same
+    shapes as conf/model/tiny_deepseek_v3.yaml."""
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(**{**dict(
+        vocab_size=100, hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=2, n_routed_experts=8, routed_scaling_factor=2.5,
+        kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, v_head_dim=12, qk_nope_head_dim=16, n_group=4,
+        topk_group=2, num_experts_per_tok=4, first_k_dense_replace=1, norm_topk_prob=True, max_position_embeddings=128,
+        rms_norm_eps=1e-6, initializer_range=init_std, tie_word_embeddings=tie, num_nextn_predict_layers=0,
+        rope_parameters=dict(DEEPSEEK_YARN_TINY)), **overrides})
 
 
 def tiny_conditional_config(*, tie: bool = False, init_std: float = 0.15):
@@ -69,5 +92,10 @@ def save_tiny_hf(arch: str, path: str, *, seed: int = 0, tie: bool = False, max_
         model = Llama4ForConditionalGeneration._from_config(tiny_conditional_config(tie=tie), dtype=torch.float32)
     else:
         model = AutoModelForCausalLM.from_config(tiny_hf_config(arch, tie=tie, **overrides), dtype=torch.float32)
+    if arch == "deepseek_v3":  # a non-zero score-correction bias, so that it visibly changes the routes
+        with torch.no_grad():
+            for name, buf in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buf.copy_(torch.randn_like(buf) * 0.3)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, **kwargs)

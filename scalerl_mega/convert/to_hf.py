@@ -43,7 +43,8 @@ def convert_megatron_to_hf(*, ckpt: str, out: str, expect_arch: str | None = Non
     ck = MegatronShards(ckpt, expect_arch=expect_arch)
     kind = ck.meta.get("hf_layout", hf_layout.CAUSAL) if layout == "auto" else layout
     non_text_dir = os.path.join(ckpt, NON_TEXT_DIR)
-    non_text = SafetensorsDir(non_text_dir) if kind == hf_layout.CONDITIONAL and os.path.isdir(non_text_dir) else None
+    carries = hf_layout.HFLayout(kind, ck.meta["hf_config"]).carries_non_text()  # vision tower; DeepSeek MTP layers
+    non_text = SafetensorsDir(non_text_dir) if carries and os.path.isdir(non_text_dir) else None
     validate_megatron(ck)
     dims = ck.dims
     groups = list(tables.iter_groups(dims))

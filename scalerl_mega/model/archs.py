@@ -42,6 +42,9 @@ ARCHS: dict[str, Arch] = {
              moe="never", qk_layernorm=True, family="Qwen3"),
         Arch(name="qwen3_moe", model_type="qwen3_moe", causal_lm="Qwen3MoeForCausalLM",
              config_class="Qwen3MoeConfig", moe="always", qk_layernorm=True, router="mlp.gate", family="Qwen3-MoE"),
+        Arch(name="deepseek_v3", model_type="deepseek_v3", causal_lm="DeepseekV3ForCausalLM",
+             config_class="DeepseekV3Config", moe="always", qk_layernorm=False, router="mlp.gate",
+             family="DeepSeek-V3"),
     )
 }
 ARCH_BY_MODEL_TYPE: dict[str, str] = {a.model_type: a.name for a in ARCHS.values()}

@@ -19,8 +19,8 @@ ARCHS = tuple(_ARCH_RECORDS)
 DISPATCHERS = ("alltoall", "allgather")
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
-PRESETS = ("tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe", "llama3_8b", "scout_17b16e", "qwen3_0p6b",
-           "qwen3_8b", "qwen3_30b_a3b", "qwen3_235b_a22b")
+PRESETS = ("tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe", "tiny_deepseek_v3", "llama3_8b", "scout_17b16e",
+           "qwen3_0p6b", "qwen3_8b", "qwen3_30b_a3b", "qwen3_235b_a22b", "moonlight_16b_a3b", "deepseek_v3_671b")
 
 
 def _conf_dir() -> Path:
@@ -96,6 +96,35 @@ class ModelConfig:
     attn_scale: float = 0.1
     qk_l2_norm: bool = False
     """L2-normalise q and k on RoPE layers (Llama-4 Scout)."""
+    # --- DeepSeek-V3 only (model/deepseek.py): Multi-head Latent Attention, YaRN, group-limited routing ---
+    kv_lora_rank: int = 0
+    """MLA's compressed KV width (0: standard attention). With MLA `head_dim` is the no-RoPE q/k head width."""
+    q_lora_rank: Optional[int] = None
+    """MLA's compressed query width (None: a full q projection)."""
+    qk_rope_head_dim: int = 0
+    """MLA's decoupled RoPE width per head (one shared RoPE key per token)."""
+    v_head_dim: int = 0
+    """MLA's value head width."""
+    yarn_factor: float = 0.0
+    """YaRN RoPE scaling factor (0: off); the five fields below are its parameters (HF `rope_parameters`)."""
+    yarn_original_max_position_embeddings: int = 4096
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_mscale: float = 1.0
+    yarn_mscale_all_dim: float = 0.0
+    moe_router_num_groups: int = 0
+    """Expert groups for group-limited top-k (HF `n_group`; 0: no groups)."""
+    moe_router_group_topk: int = 0
+    """Groups kept per token (HF `topk_group`)."""
+    moe_router_topk_scaling_factor: float = 1.0
+    """Routed weights times this (HF `routed_scaling_factor`)."""
+    moe_router_expert_bias: bool = False
+    """A per-expert bias added to the sigmoid scores for the top-k choice only (HF `e_score_correction_bias`):
+    a buffer, loaded and exported, frozen in RL (Megatron's aux-free update rate is 0)."""
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     @property
     def kv_channels(self) -> int:
@@ -172,6 +201,9 @@ class ModelConfig:
                 raise ValueError(f"{where}: moe_apply_probs_on_input=True needs moe_topk=1 (got {self.moe_topk})")
             if self.shared_expert_ffn < 0:
                 raise ValueError(f"{where}: shared_expert_ffn={self.shared_expert_ffn} must be >= 0")
+        from scalerl_mega.model.deepseek import validate_deepseek
+
+        validate_deepseek(self, where)
         features = self.llama4_features()
         if features and self.arch != "llama4":
             raise ValueError(f"{where}: {features[0]} is a Llama-4 feature but arch={self.arch!r} "
@@ -189,9 +221,13 @@ class ModelConfig:
         (q: h*H*d, k/v: h*G*d each, o: H*d*h, two RMSNorm weights h) and either a SwiGLU MLP
         (3*h*f) or a MoE block (router h*E, E routed SwiGLU experts 3*h*f_e, shared 3*h*f_s), final norm h.
         """
+        from scalerl_mega.model.deepseek import mla_attention_params
+
         h, d = self.hidden_size, self.kv_channels
         heads, groups = self.num_attention_heads, self.num_query_groups
         attn = h * heads * d + 2 * h * groups * d + heads * d * h + 2 * h
+        if self.is_mla:
+            attn = mla_attention_params(self) + 2 * h
         if self.qk_layernorm:
             attn += 2 * d
         dense_mlp = 3 * h * self.ffn_hidden_size
@@ -293,6 +329,9 @@ class ParallelConfig:
             raise ValueError(f"{where}: tp={self.tp} does not divide model.num_attention_heads={m.num_attention_heads}")
         if m.num_query_groups % self.tp:
             raise ValueError(f"{where}: tp={self.tp} does not divide model.num_query_groups={m.num_query_groups}")
+        from scalerl_mega.model.deepseek import validate_mla_layout
+
+        validate_mla_layout(m, tp=self.tp, where=where)
         if m.vocab_size % self.tp:
             raise ValueError(f"{where}: tp={self.tp} does not divide model.vocab_size={m.vocab_size}")
         if m.num_layers % self.pp:

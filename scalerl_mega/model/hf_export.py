@@ -37,6 +37,10 @@ def hf_config_from_model(m: ModelConfig) -> tuple[str, dict[str, Any]]:
         return m.arch, dict(common, intermediate_size=m.ffn_hidden_size, **extra)
     if m.arch == "qwen3_moe":
         return "qwen3_moe", _qwen3_moe_kwargs(m, common)
+    if m.arch == "deepseek_v3":
+        from scalerl_mega.convert.deepseek_dims import hf_config_kwargs
+
+        return "deepseek_v3", hf_config_kwargs(m, common)
     if m.arch != "llama4":
         raise ValueError(f"model '{m.name}': arch={m.arch!r} has no HF config mapping")
     if m.is_moe:

@@ -151,10 +151,9 @@ class GenerationCore(RouteRecorder):
             num_layers=mcfg.num_hidden_layers,
             num_slots=config.max_batch,
             capacity=2 * config.max_seq_len,
-            num_kv_heads=getattr(mcfg, "num_key_value_heads", None) or heads,
-            head_dim=head_dim,
             dtype=param.dtype,
             device=param.device,
+            **_kv_shape(mcfg, heads=heads, head_dim=head_dim),
         )
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self._admit_min = config.admit_min_free or max(1, config.max_batch // 8)
@@ -539,3 +538,11 @@ class GenerationCore(RouteRecorder):
             timings={"queue_s": admit - r.t_submit, "generate_s": now - admit},
             routes=self._routes(r),
         )
+
+
+def _kv_shape(mcfg, *, heads: int, head_dim: int) -> dict[str, int]:
+    """What one token's cache entry holds per layer: K and V heads; DeepSeek-V3's MLA (transformers caches its
+    latents) one compressed KV of `kv_lora_rank` and one RoPE key of `qk_rope_head_dim`."""
+    if getattr(mcfg, "kv_lora_rank", None):
+        return dict(num_kv_heads=1, head_dim=mcfg.kv_lora_rank, value_head_dim=mcfg.qk_rope_head_dim)
+    return dict(num_kv_heads=getattr(mcfg, "num_key_value_heads", None) or heads, head_dim=head_dim)

@@ -94,3 +94,22 @@ def moe_layers(model: "torch.nn.Module") -> list[tuple[int, "torch.nn.Module"]]:
 def moe_routers(model: "torch.nn.Module") -> list["torch.nn.Module"]:
     """The MoE router modules of an HF causal LM in layer order (`moe_layers`)."""
     return [router for _, router in moe_layers(model)]
+
+
+ROUTER_BIAS = "e_score_correction_bias"
+"""DeepSeek-V3's per-expert routing bias: a buffer in transformers (`DeepseekV3TopkRouter`), a weight of the
+checkpoint (and a parameter in SGLang's `MoEGate`)."""
+
+
+def expose_router_biases(model: "torch.nn.Module") -> "torch.nn.Module":
+    """Turn each router's `e_score_correction_bias` buffer into a parameter without gradient (same tensor), so that
+    the engine's manifest, weight loading and digests, which follow `named_parameters`, carry it like any other
+    checkpoint tensor: the trainer pushes its (frozen) values and the engine routes with them."""
+    import torch
+
+    for module in model.modules():
+        bias = module._buffers.get(ROUTER_BIAS) if hasattr(module, "_buffers") else None
+        if bias is not None:
+            del module._buffers[ROUTER_BIAS]
+            module.register_parameter(ROUTER_BIAS, torch.nn.Parameter(bias, requires_grad=False))
+    return model

@@ -77,14 +77,18 @@ class SlotKVCache:
         head_dim: int,
         dtype: "torch.dtype",
         device: "torch.device | str" = "cpu",
+        value_head_dim: int | None = None,
     ) -> None:
+        """`value_head_dim`: the value width when it differs from the key's (DeepSeek-V3's MLA caches the
+        compressed KV as its "keys" and the RoPE key as its "values", one head each)."""
         import torch
 
         if capacity < 2:
             raise ValueError(f"SlotKVCache capacity={capacity} must be >= 2")
         shape = (num_slots, num_kv_heads, capacity, head_dim)
+        vshape = (num_slots, num_kv_heads, capacity, value_head_dim or head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(vshape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.mask_SC = torch.zeros((num_slots, capacity), dtype=torch.bool, device=device)
         self.start_S = [0] * num_slots
         self.capacity = capacity

@@ -58,7 +58,9 @@ def build_model(spec: LocalModelSpec, *, device: str = "cpu") -> Any:
             torch.manual_seed(spec.init_seed)
             model = model_cls(cfg)
         model = model.to(dtype)
-    return model.to(device).eval()
+    from scalerl_mega.rollout.hf_params import expose_router_biases
+
+    return expose_router_biases(model.to(device).eval())
 
 
 def _class_and_config(spec: LocalModelSpec) -> tuple[Any, Any]:
@@ -80,7 +82,7 @@ def model_manifest(spec: LocalModelSpec) -> "WeightManifest":
     meta device: no weights are read or allocated."""
     import torch
 
-    from scalerl_mega.rollout.hf_params import checkpoint_manifest
+    from scalerl_mega.rollout.hf_params import checkpoint_manifest, expose_router_biases
 
     with torch.device("meta"):
         if spec.path is not None:
@@ -92,7 +94,7 @@ def model_manifest(spec: LocalModelSpec) -> "WeightManifest":
             model_cls, cfg = _class_and_config(spec)
             model = model_cls(cfg)
             source = f"{model_cls.__name__} from its config"
-    return checkpoint_manifest(model, source=source)
+    return checkpoint_manifest(expose_router_biases(model), source=source)
 
 
 @dataclass(kw_only=True)

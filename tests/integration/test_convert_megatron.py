@@ -112,3 +112,16 @@ def test_qwen3_moe_without_norm_topk_prob_logits_tp1_ep2(tmp_path):
     convert_hf_to_megatron(hf_dir=hf, out=ckpt)
     layouts = ["tp1", "ep2"]
     _check(_launch(tmp_path, hf, ckpt, layouts), hf, layouts, full_export_layouts=("tp1", "ep2"))
+
+
+@pytest.mark.timeout(900)
+def test_deepseek_v3_logits_and_export_tp1_tp2_ep2_pp2(tmp_path):
+    """Tiny DeepseekV3ForCausalLM (MLA with q/kv LoRA ranks and decoupled RoPE dims, YaRN past its original
+    context, a dense first layer, sigmoid group-limited routing on bias-corrected scores, shared experts,
+    routed_scaling_factor): logits <= 1e-5 from HF's at one rank, TP2 (+SP), EP2 and PP2 (converted at TP2/EP2,
+    loaded at other layouts; pp2_hf straight from the HF checkpoint); the score-correction bias exported back."""
+    hf, ckpt = str(tmp_path / "hf"), str(tmp_path / "mc")
+    save_tiny_hf("deepseek_v3", hf)
+    convert_hf_to_megatron(hf_dir=hf, out=ckpt, tp=2, ep=2)
+    layouts = ["tp1", "tp2", "ep2", "pp2_hf"]
+    _check(_launch(tmp_path, hf, ckpt, layouts), hf, layouts, full_export_layouts=("tp1", "tp2", "ep2"))

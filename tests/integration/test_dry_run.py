@@ -102,6 +102,7 @@ def test_cli_layout_that_cannot_initialise_exits_2_naming_keys(tmp_path):
 
 # ----------------------------------------------------------------------------- startup net
 SCRIPTS = ("train_dense.sh", "train_scout.sh", "train_qwen3_moe.sh")
+LAYOUT_SCRIPTS = (*SCRIPTS, "train_deepseek_v3.sh")  # scripts whose header documents a layout per GPU type
 
 
 def slurm_layout(script: str) -> dict:
@@ -212,6 +213,9 @@ def layout_overrides(script: str, env: dict[str, str]) -> list[str]:
     if tp > 1:  # every script adds sequence parallel for TP > 1
         ovs.append("parallel.sequence_parallel=true")
     ovs.append(f"train.recompute={env.get('RECOMPUTE', lay['recompute'])}")
+    if env.get("MODEL", lay["model"]) == "moonlight_16b_a3b":  # train_deepseek_v3.sh: its 8,192-token context
+        text = (REPO / "slurm" / script).read_text()
+        ovs += re.search(r'MOONLIGHT_LENGTH="([^"]*)"', text).group(1).split()
     return ovs
 
 
@@ -231,7 +235,7 @@ def planned_layout(script: str, env: dict[str, str]) -> tuple[P.ModelShape, P.Tr
 def test_documented_layouts_fit_by_the_planner():
     """Fast twin of the dry-run test below: every `layout[device]` line fits that device by cluster/plan.py,
     and the layout TP 1 for 8B fits neither H100 nor H200."""
-    for script in SCRIPTS:
+    for script in LAYOUT_SCRIPTS:
         for device, env in documented_layouts(script):
             model, lay = planned_layout(script, env)
             rep = P.trainer_memory(model, lay, P.DEVICES[device])
@@ -247,7 +251,7 @@ def test_each_script_documents_a_fitting_layout_per_gpu_type(tmp_path):
     built, activations, CUDA context, NCCL, head transients, route tensors, fragmentation, 5% margin); the
     defaults are among them; 8B at TP 1 (119.7 GiB of buffers + activations) fits neither H100 nor H200."""
     cases, expect = {}, {}
-    for script in SCRIPTS:
+    for script in LAYOUT_SCRIPTS:
         docs = documented_layouts(script)
         assert {d for d, _ in docs} == {"h100_80gb", "h200", "gb200"}, script
         assert any(not env for _, env in docs), f"{script}: its defaults are not documented"
@@ -291,15 +295,35 @@ QWEN3_LAYOUTS = {  # name: (script, env of its `layout[...]` line, the GPU type 
 }
 
 
+DEEPSEEK_LAYOUTS = {
+    "moonlight_16b_a3b@8xh100": ("train_deepseek_v3.sh", {}, "h100_80gb"),
+    "deepseek_v3_671b@h200": ("train_deepseek_v3.sh", {"MODEL": "deepseek_v3_671b", "TRAINER_NODES": "32", "TP": "8",
+                                                      "EP": "64", "GEN_TP": "8"}, "h200"),
+    "deepseek_v3_671b@gb200": ("train_deepseek_v3.sh", {"MODEL": "deepseek_v3_671b", "GPUS_PER_NODE": "4",
+                                                       "TRAINER_NODES": "32", "TP": "8", "EP": "64", "GEN_TP": "4"},
+                               "gb200"),
+}
+
+
 def test_qwen3_layouts_build_at_full_size_and_fit(tmp_path):
     """Each shipped Qwen3 layout (documented in its script) initialises in Megatron at its real world size on
     the meta device (every pipeline / expert role); the built parameter, gradient and optimizer bytes are the
     planner's within 5%; the planned peak fits the GPU type it is documented for."""
-    for name, (script, env, device) in QWEN3_LAYOUTS.items():
+    _check_full_size_layouts(tmp_path, QWEN3_LAYOUTS)
+
+
+def test_deepseek_v3_layouts_build_at_full_size_and_fit(tmp_path):
+    """The same for the DeepSeek-V3 architecture (MLA in the planner: model/deepseek.py's parameter count):
+    Moonlight-16B-A3B on one 8xH100 node, DeepSeek-V3 671B on 256 H200 and on 128 GB200 (TP 8 x EP 64)."""
+    _check_full_size_layouts(tmp_path, DEEPSEEK_LAYOUTS)
+
+
+def _check_full_size_layouts(tmp_path, layouts):
+    for name, (script, env, device) in layouts.items():
         assert (device, env) in documented_layouts(script), name
-    cases = {name: layout_overrides(script, env) for name, (script, env, _) in QWEN3_LAYOUTS.items()}
+    cases = {name: layout_overrides(script, env) for name, (script, env, _) in layouts.items()}
     results = run_worker(tmp_path, cases)
-    for name, (script, env, device) in QWEN3_LAYOUTS.items():
+    for name, (script, env, device) in layouts.items():
         res = results[name]
         assert "error" not in res, (name, res)
         model, lay = planned_layout(script, env)

@@ -22,8 +22,11 @@ PUBLISHED = {  # preset -> its model's config.json (a new preset for a published
     "qwen3_8b": "Qwen3-8B.config.json",
     "qwen3_30b_a3b": "Qwen3-30B-A3B.config.json",
     "qwen3_235b_a22b": "Qwen3-235B-A22B.config.json",
+    "moonlight_16b_a3b": "Moonlight-16B-A3B.config.json",
+    "deepseek_v3_671b": "DeepSeek-V3.config.json",
 }
-NOT_PUBLISHED = {"tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe", "hf", "demo_moe", "gpu_check_0p5b"}  # toy shapes; `hf` takes its shapes from the checkpoint
+NOT_PUBLISHED = {"tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe", "tiny_deepseek_v3", "hf", "demo_moe",
+                 "gpu_check_0p5b"}  # toy shapes; `hf` takes its shapes from the checkpoint
 
 
 def _ckpt_dir(tmp_path: Path, preset: str) -> Path:
@@ -91,3 +94,14 @@ def test_qwen3_moe_router_semantics_follow_norm_topk_prob(tmp_path):
     wrong = dataclasses.replace(preset, moe_router_pre_softmax=True)
     with pytest.raises(ValueError, match=r"moe_norm_topk=True in config.json but model.moe_router_pre_softmax"):
         check_model_matches_hf(wrong, _ckpt_dir(tmp_path, "qwen3_30b_a3b"))
+
+
+@pytest.mark.parametrize("preset,total,active", [("moonlight_16b_a3b", 15.96, 2.91), ("deepseek_v3_671b", 671.03, 37.55)])
+def test_deepseek_presets_count_the_published_sizes(preset, total, active):
+    """Parameter counts from the preset's shapes (MLA attention, model/deepseek.py) against the model cards:
+    Moonlight 16B total / 3B active; DeepSeek-V3 671B total / 37B active without the 14B multi-token-prediction
+    module (the card's 685B counts it)."""
+    from scalerl_mega.model.config import load_model_preset
+
+    n = load_model_preset(preset).num_params()
+    assert abs(n["total"] / 1e9 - total) < 0.01 and abs(n["active"] / 1e9 - active) < 0.01

@@ -27,6 +27,9 @@ def rank_offsets(gpt, *, num_experts: int) -> tuple[int, int]:
 
 
 def global_params(gpt, dims: ArchDims) -> dict[str, torch.nn.Parameter]:
-    """This rank's parameters under their global table names (deterministic, model order)."""
+    """This rank's parameters under their global table names (deterministic, model order), and the routers'
+    score-correction biases (DeepSeek-V3 `router.expert_bias`, a buffer: loaded and exported like a weight)."""
     layer_offset, expert_offset = rank_offsets(gpt, num_experts=dims.num_experts)
-    return {sharding.to_global_name(n, layer_offset=layer_offset, expert_offset=expert_offset): p for n, p in gpt.named_parameters()}
+    tensors = list(gpt.named_parameters())
+    tensors += [(n, b) for n, b in gpt.named_buffers() if n.endswith(".router.expert_bias") and b is not None]
+    return {sharding.to_global_name(n, layer_offset=layer_offset, expert_offset=expert_offset): p for n, p in tensors}

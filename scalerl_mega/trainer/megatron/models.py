@@ -86,7 +86,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, *, params_d
             # moe.routing_replay can replay the generator's routes (Megatron-Core 0.16.1 router_replay.py)
             moe_enable_routing_replay=True,
         )
-    return TransformerConfig(
+    fields = dict(
         num_layers=model.num_layers,
         hidden_size=model.hidden_size,
         ffn_hidden_size=model.ffn_hidden_size,
@@ -125,6 +125,20 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, *, params_d
         **recompute_kwargs(recompute),
         **moe,
     )
+    return _config_for_arch(model, fields, TransformerConfig)
+
+
+def _config_for_arch(model: ModelConfig, fields: dict[str, Any], config_class: type):
+    """DeepSeek-V3: `MLATransformerConfig` with MLA's fields (its q_lora / kv_lora RMSNorms are the local spec's q/k
+    norms under MLA) and the group-limited, bias-corrected router's (trainer/megatron/mla.py)."""
+    if model.arch == "deepseek_v3":
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+        from scalerl_mega.trainer.megatron.mla import mla_config_kwargs, router_kwargs
+
+        config_class = MLATransformerConfig
+        fields.update(mla_config_kwargs(model), qk_layernorm=True, **router_kwargs(model))
+    return config_class(**fields)
 
 
 def layer_spec(model: ModelConfig, tcfg, *, use_te: bool):
@@ -142,6 +156,13 @@ def layer_spec(model: ModelConfig, tcfg, *, use_te: bool):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
         spec = get_gpt_decoder_block_spec(tcfg, use_transformer_engine=use_te, normalization="RMSNorm")
+    if model.is_mla:
+        from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+        from scalerl_mega.trainer.megatron.mla import build_fixes, mla_core_attention
+
+        build_fixes(use_te)
+        spec = replace_in_spec(spec, DotProductAttention, mla_core_attention())
     if not use_te:
         from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
@@ -194,11 +215,15 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, *, use_te: bool | 
         post_process=ps.is_pipeline_last_stage(),
         parallel_output=True,
         share_embeddings_and_output_weights=model.tie_embeddings,
-        position_embedding_type="rope",
+        position_embedding_type="none" if model.is_mla else "rope",  # MLA applies its own (YaRN) RoPE
         rotary_base=int(model.rope_theta),
         rope_scaling=False,  # Megatron fixes 3 of the 4 Llama-3 parameters; rope.apply_rope_scaling has all
     )
     apply_rope_scaling(gpt, model)
+    if model.moe_router_expert_bias:
+        from scalerl_mega.trainer.megatron.mla import freeze_expert_bias
+
+        freeze_expert_bias(gpt)
     if torch.cuda.is_available() and not on_meta:
         gpt.cuda(torch.cuda.current_device())
     if model.fp32_lm_head:
