@@ -51,7 +51,7 @@ def expert_senders_per_stage(*, pp: int, ep: int, max_groups: int = DEFAULT_MAX_
         if v < 1:
             raise ValueError(f"weight sync: {name}={v} must be >= 1")
     if pp > max_groups:
-        raise ValueError(f"weight sync: rollout.sync.max_groups={max_groups} is smaller than the {pp} pipeline "
+        raise ValueError(f"weight sync: max_groups={max_groups} (groups per engine) is smaller than the {pp} pipeline "
                          "stages; every stage sends over its own group, so raise it to at least pp")
     cap = max_groups // pp
     return max(d for d in range(1, ep + 1) if ep % d == 0 and d <= cap)

@@ -58,7 +58,7 @@ def test_group_cap_and_fused_experts():
     assert capped.senders == 4
     fused = ModelShape(**{**M.__dict__, "name": "scout_17b16e"})
     assert predict_sync(fused, TrainLayout(pp=2, ep=4)).senders == 2  # experts travel with the stage leader
-    with pytest.raises(ValueError, match="max_groups=1 is smaller than the 2 pipeline stages"):
+    with pytest.raises(ValueError, match=r"max_groups=1 \(groups per engine\) is smaller than the 2 pipeline stages"):
         predict_sync(M, TrainLayout(pp=2, ep=1), max_groups=1)
 
 

@@ -17,7 +17,7 @@ def test_group_cap_rule_largest_divisor_of_ep():
     assert expert_senders_per_stage(pp=3, ep=8, max_groups=16) == 4  # 16 // 3 = 5 -> largest divisor of 8 <= 5
     assert expert_senders_per_stage(pp=16, ep=8, max_groups=16) == 1
     assert expert_senders_per_stage(pp=2, ep=6, max_groups=9) == 3  # 9 // 2 = 4 -> divisors of 6: 1, 2, 3
-    with pytest.raises(ValueError, match="max_groups=4 is smaller than the 8 pipeline stages"):
+    with pytest.raises(ValueError, match=r"max_groups=4 \(groups per engine\) is smaller than the 8 pipeline stages"):
         expert_senders_per_stage(pp=8, ep=1, max_groups=4)
     lay = SenderLayout(pp=2, ep=8, max_groups=4)
     assert lay.pools == 2 and lay.pool_size == 4
