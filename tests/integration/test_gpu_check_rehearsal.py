@@ -1,8 +1,8 @@
 """`tools/gpu_check.sh --cpu OUT`: the GPU session's one script rehearsed on CPU at toy size, every stage (versions,
 the GPU suite's invocation, the head benchmark as the trainer calls it with errors against float64, the bf16 RL
 loop with save and resume in a fresh process), its stage log and summary.json. On a GPU the same script runs the
-full sizes (docs/cluster_and_gpu.md "GPU check"); 4.6 minutes here on 2 cores at load average ~40, dominated
-by process start-ups (the RL stage's two trainer cold starts). `make test-compat` runs it again in a bare Python 3.12 venv with the GPU wheel set
+full sizes (docs/cluster_and_gpu.md "GPU check"); 156-276 s here over two runs on the shared 2-core machine
+(2026-11-29), dominated by process start-ups (the RL stage's two trainer cold starts). `make test-compat` runs it again in a bare Python 3.12 venv with the GPU wheel set
 (tools/gpu_rehearsal.sh); tests/integration/test_gpu_check_kill.py kills it part-way."""
 
 from __future__ import annotations
