@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from multirank_util import COMMON, assert_same_run, convert, hf_digest, records, run_job, warm_hf_checkpoint
+from multirank_util import COMMON, assert_same_run, convert, records, run_job, warm_hf_checkpoint
 
 # the demo's widths; MLA needs one KV "group" per head; the demo block's expert widths set back to the preset's
 DS = ["model=tiny_deepseek_v3", "model.vocab_size=48", "model.max_position_embeddings=128",
@@ -29,6 +29,19 @@ def ds_single(tmp_path_factory, ds_init):
     out = tmp_path_factory.mktemp("ds_1rank")
     run_job(out, [*COMMON, *DS, *STEPS, f"init_from_hf={ds_init}"])
     return out
+
+
+def hf_digest(hf_dir) -> str:
+    """`weights_sha256` of an HF checkpoint as the local engine holds it: FP32, the routers' score-correction biases
+    among its parameters (`rollout.hf_params.expose_router_biases`)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from scalerl_mega.rollout.hf_params import expose_router_biases
+    from scalerl_mega.weight_sync import weights_sha256
+
+    model = expose_router_biases(AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32))
+    return weights_sha256(model.named_parameters())
 
 
 def _exported_and_frozen(out, tmp_path, init, recs):
