@@ -8,11 +8,11 @@
 # Layout per GPU type: planned per-GPU peak of the trainer (meta-device dry run + runtime overheads,
 # cluster/plan.py) within the GPU's memory less 5%; tests/integration/test_dry_run.py checks each line
 # (set `sbatch --nodes` to the generator nodes + TRAINER_NODES):
-#   layout[h100_80gb]: (the defaults)                                                         47.9 of 75.7 GiB
-#   layout[h200]: (the defaults)                                                              47.9 of 124.8 GiB
-#   layout[gb200]: GPUS_PER_NODE=4 TRAINER_NODES=2                                            47.9 of 164.6 GiB
-#   layout[h200]: MODEL=deepseek_v3_671b TRAINER_NODES=32 TP=8 EP=64 GEN_TP=8                 107.3 of 124.8 GiB
-#   layout[gb200]: MODEL=deepseek_v3_671b GPUS_PER_NODE=4 TRAINER_NODES=32 TP=8 EP=64 GEN_TP=4    136.6 of 164.6 GiB
+#   layout[h100_80gb]: (the defaults)                                                         43.8 of 75.7 GiB
+#   layout[h200]: GPU_TYPE=h200                                                                   43.8 of 124.8 GiB
+#   layout[gb200]: GPU_TYPE=gb200 GPUS_PER_NODE=4 TRAINER_NODES=2                                            43.8 of 164.6 GiB
+#   layout[h200]: GPU_TYPE=h200 MODEL=deepseek_v3_671b TRAINER_NODES=32 TP=8 EP=64 GEN_TP=8                 107.8 of 124.8 GiB
+#   layout[gb200]: GPU_TYPE=gb200 MODEL=deepseek_v3_671b GPUS_PER_NODE=4 TRAINER_NODES=32 TP=8 EP=64 GEN_TP=4    137.1 of 164.6 GiB
 # Generators (MLA caches the compressed KV + RoPE key: (512 + 64) x layers x 2 bytes per token, on every TP rank):
 # Moonlight at GEN_TP 1 holds 29.7 GiB of bf16 weights per H100 (31,104 KV bytes per token). DeepSeek-V3's
 # generators do NOT fit these lines: in bf16 a server needs TP 16 (78.3 GiB of weights per GPU, 70,272 KV bytes per

@@ -49,6 +49,9 @@ def launch_overrides(sl: ScriptLayout) -> list[str]:
            f"cluster.trainer_devices={sl.trainer_gpus}", "data.train_files=[/data/polaris.jsonl]"]
     if sl.sequence_parallel and sl.tp > 1:
         ovs.append("parallel.sequence_parallel=true")
+    if sl.model == "moonlight_16b_a3b":  # the script's lengths for Moonlight's 8,192-token context, read from it
+        m = re.search(r'^MOONLIGHT_LENGTH="([^"]*)"', (REPO / "slurm" / "train_deepseek_v3.sh").read_text(), re.M)
+        ovs.extend(m.group(1).split())
     return ovs
 
 
