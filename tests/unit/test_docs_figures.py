@@ -57,6 +57,38 @@ FIGURES = [
            "logits match the trainer's within 1e-5",
            "tests/integration/test_convert_distckpt.py::test_hf_logits_equal_trainer_logits",
            '(hf_logp - lp["logp"].double()).abs().max().item() <= 1e-5'),
+    Figure("docs/running_scalerl.md", "against float64 under `TRITON_INTERPRET=1` to 2e-5 nats",
+           "tests/unit/test_objective_triton.py::test_triton_kernel_under_interpreter_matches_torch",
+           "assert r[k] < 2e-5"),
+    Figure("docs/running_scalerl.md", "`ids_and_weights` within 1e-5",
+           "tests/integration/test_routing_replay.py::"
+           "test_replay_makes_routes_agree_and_does_not_increase_log_ratio", 'assert both["max"] < 1e-5'),
+    Figure("docs/agent_endpoint.md", "its log-probs agree with a float64 transformers forward over the whole sample "
+           "(< 1e-4)", "tests/integration/test_agent_endpoint.py::test_a_multi_call_agent_is_one_sample_of_exact_ids",
+           "for j in gen_pos) < 1e-4"),
+    Figure("docs/failure_behaviour.md", "resource tracker gone within 5 s",
+           "tests/faults/test_sigterm.py::"
+           "test_group_sigterm_checkpoints_exits_zero_resumes_and_kill_9_leaves_no_process", "killed + 5.0"),
+    Figure("docs/failure_behaviour.md", "raise within the 15 s deadline + 10 s in the test",
+           "tests/integration/test_rollout_local_engine.py::test_receiver_dying_mid_sync_fails_the_sender_within_timeout",
+           "assert elapsed < timeout + 10"),
+    Figure("docs/failure_behaviour.md", "ends the torchrun job non-zero within 60 s naming the rank",
+           "tests/integration/test_multirank_moe.py::test_kill_nine_follower_exits_and_rerun_resumes",
+           "rc = job.wait(timeout=60)"),
+    Figure("docs/cluster_and_gpu.md", "checks `tools/plan.py`'s byte counts against the dry run (within 5%",
+           "tests/integration/test_dry_run.py::test_planner_matches_the_dry_run_within_5_percent",
+           "pytest.approx(planned[theirs], rel=0.05)"),
+    Figure("docs/cluster_and_gpu.md", "a TP2 checkpoint resumes at TP1 within 2e-3 (bf16)",
+           "tests/integration/test_megatron_precision.py::test_checkpoint_reshards_tp2_to_tp1_and_training_continues",
+           'pytest.approx(after["loss"], rel=2e-3)'),
+    Figure("docs/cluster_and_gpu.md", "keeps tree + wheels under 60 MiB",
+           "tests/unit/test_device_tree_size.py::test_tracked_tree_plus_gpu_wheels_fit_the_device",
+           "LIMIT_MIB = 60.0"),
+    Figure("docs/sglang.md", "with the fix < 1e-4, and a boundary one token off either way is rejected by > 1e-2",
+           "tests/sglang/test_real_in_place.py::test_in_place_update_with_a_request_in_flight_tags_the_exact_boundary",
+           "b + 1)) > 1e-2"),
+    Figure("docs/sglang.md", "on-policy engine-vs-trainer log-prob max below 1e-3",
+           "tests/sglang/test_real_rl_demo.py::test_demo_recipe_on_real_sglang", "max(mismatch) < 1e-3"),
 ]
 
 
@@ -143,3 +175,29 @@ def test_readme_predictability_figures_are_the_committed_results():
     line = (f"for {len(held)} of {len(runs)} seeds of 6,400 steps, the fit registered at half-way held over the "
             f"second half within {min(held):.1f}x and {max(held):.1f}x the noise floor")
     assert line in text, line
+
+
+def test_running_doc_demo_phases_and_gain_are_the_committed_runs():
+    """docs/running_scalerl.md's 'SFT a-b s, RL c-d s' and '0.53 -> lo-hi' are ranges over docs/demo_runs.json."""
+    from tests.unit.test_demo_runs_doc import value_range
+
+    runs = json.loads((ROOT / "docs" / "demo_runs.json").read_text())["runs"]
+    text = _norm((ROOT / "docs" / "running_scalerl.md").read_text())
+    phases = (f"SFT {value_range([r['sft_s'] for r in runs], '{:.0f}')} s, "
+              f"RL {value_range([r['rl_s'] for r in runs], '{:.0f}')} s")
+    gain = f"{value_range([r['first'] for r in runs])} -> {value_range([r['last'] for r in runs])}"
+    assert phases in text and gain in text, (phases, gain)
+
+
+SGLANG_RL = {  # docs/sglang.md's account of `make sglang-rl-compare` -> the cell of its committed record
+    "on-policy log-probs within 1.9e-5 of the trainer's on SGLang": "| 1.9e-05 / 3.3e-07 (12) |",
+    "reward +0.23 (SGLang) and +0.20 (local)": "(+0.231) | -0.338 -> -0.138 (+0.200) |",
+    "validation +0.09 and +0.11": "(+0.094; steps 0-40) | 0.305 -> 0.414 (+0.109; steps 0-40) |",
+    "at 6.1 s per RL step on SGLang's CPU decode against 1.2 s": "| 6.1 s (972 s) | 1.2 s (55 s) |",
+}
+
+
+@pytest.mark.parametrize("doc_text", sorted(SGLANG_RL))
+def test_sglang_rl_compare_figures_are_its_committed_record(doc_text):
+    assert _norm(doc_text) in _norm((ROOT / "docs" / "sglang.md").read_text()), doc_text
+    assert SGLANG_RL[doc_text] in (ROOT / "reproduction" / "sglang_rl" / "sglang_rl.md").read_text()
