@@ -92,6 +92,19 @@ FIGURES = [
 ]
 
 
+# The GPU suite's bounds (`make test-gpu`, tests/gpu): no GPU in `.ci/run`, so these are the bounds of the dated
+# H200 session in docs/cluster_and_gpu.md; the doc and the suite must state the same bound.
+GPU_BOUNDS = [
+    Figure("docs/cluster_and_gpu.md", "CISPO loss relative error ≤ 1e-4; logp absolute error ≤ 1e-4",
+           "tests/gpu/test_fused_logprob_gpu.py::test_fused_kernel_matches_float64", "TOL_LOGP = TOL_LOSS = 1e-4"),
+    Figure("docs/cluster_and_gpu.md", "gradients ‖Δ‖/‖ref‖ ≤ 2e-5 for FP32 and ≤ 8e-3 for bf16",
+           "tests/gpu/test_fused_logprob_gpu.py::test_fused_kernel_matches_float64",
+           'TOL_GRAD = {"float32": 2e-5, "bfloat16": 8e-3}'),
+    Figure("docs/cluster_and_gpu.md", "the resumed losses equal the uninterrupted run's within 2e-6 relative",
+           "tests/gpu/test_megatron_gpu.py::test_save_load_then_the_next_steps_match_the_uninterrupted_run",
+           "RESUME_REL_TOL = 2e-6"),
+]
+
 def _norm(text: str) -> str:
     return " ".join(text.split())
 
@@ -201,3 +214,12 @@ SGLANG_RL = {  # docs/sglang.md's account of `make sglang-rl-compare` -> the cel
 def test_sglang_rl_compare_figures_are_its_committed_record(doc_text):
     assert _norm(doc_text) in _norm((ROOT / "docs" / "sglang.md").read_text()), doc_text
     assert SGLANG_RL[doc_text] in (ROOT / "reproduction" / "sglang_rl" / "sglang_rl.md").read_text()
+
+
+@pytest.mark.parametrize("fig", GPU_BOUNDS, ids=lambda f: f"{f.doc}:{f.text[:40]}")
+def test_gpu_bound_in_the_doc_is_the_gpu_suites(fig):
+    assert _norm(fig.text) in _norm((ROOT / fig.doc).read_text()), f"{fig.doc} no longer states: {fig.text}"
+    path, function = fig.test.split("::")
+    source = (ROOT / path).read_text()
+    assert "gpu" in (test_marks(source, function) or set()), f"{fig.test}: not a gpu-marked test"
+    assert _norm(fig.asserts) in _norm(source), f"{path} does not assert {fig.asserts}"
