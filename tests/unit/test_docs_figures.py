@@ -63,6 +63,9 @@ FIGURES = [
     Figure("docs/running_scalerl.md", "`ids_and_weights` within 1e-5",
            "tests/integration/test_routing_replay.py::"
            "test_replay_makes_routes_agree_and_does_not_increase_log_ratio", 'assert both["max"] < 1e-5'),
+    Figure("docs/scaling_science.md", "(A within 0.02, B and C_mid within 10%) at noise 0.005",
+           "tests/unit/test_scaling_fit.py::test_fast_recovers_paper_runs", "assert abs(f.A - A) <= 0.02 "
+           "assert abs(f.B - B) <= 0.10 * B assert abs(f.C_mid - cm) <= 0.10 * cm"),
     Figure("docs/agent_endpoint.md", "its log-probs agree with a float64 transformers forward over the whole sample "
            "(< 1e-4)", "tests/integration/test_agent_endpoint.py::test_a_multi_call_agent_is_one_sample_of_exact_ids",
            "for j in gen_pos) < 1e-4"),
