@@ -183,14 +183,16 @@ def test_marks_by_hand():
 
 @pytest.mark.parametrize("fig", FIGURES, ids=lambda f: f"{f.doc}:{f.text[:40]}")
 def test_figure_is_in_its_doc_and_asserted_in_ci(fig):
-    assert _norm(fig.text) in _norm((ROOT / fig.doc).read_text()), f"{fig.doc} no longer states: {fig.text}"
+    stated = _norm(fig.text) in _norm((ROOT / fig.doc).read_text())
+    assert stated, f"{fig.doc} no longer states: {fig.text}"
     path, function = fig.test.split("::")
     source = (ROOT / path).read_text()
     marks = test_marks(source, function)
     assert marks is not None, f"{path} has no test {function}"
     bound = _norm((ROOT / (fig.helper or path)).read_text())
     for asserts in (fig.asserts,) if isinstance(fig.asserts, str) else fig.asserts:
-        assert _norm(asserts) in bound, f"{fig.helper or path} does not assert {asserts}"
+        found = _norm(asserts) in bound
+        assert found, f"{fig.helper or path} does not assert {asserts}"
     assert ci_suite(path, marks), f"{fig.test} (marks {sorted(marks)}) is in no suite .ci/run runs"
 
 
@@ -233,7 +235,8 @@ def test_sglang_rl_compare_figures_are_its_committed_record(doc_text):
 
 @pytest.mark.parametrize("fig", GPU_BOUNDS, ids=lambda f: f"{f.doc}:{f.text[:40]}")
 def test_gpu_bound_in_the_doc_is_the_gpu_suites(fig):
-    assert _norm(fig.text) in _norm((ROOT / fig.doc).read_text()), f"{fig.doc} no longer states: {fig.text}"
+    stated = _norm(fig.text) in _norm((ROOT / fig.doc).read_text())
+    assert stated, f"{fig.doc} no longer states: {fig.text}"
     path, function = fig.test.split("::")
     source = (ROOT / path).read_text()
     assert "gpu" in (test_marks(source, function) or set()), f"{fig.test}: not a gpu-marked test"
