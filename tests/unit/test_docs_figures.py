@@ -92,6 +92,13 @@ FIGURES = [
     Figure("docs/cluster_and_gpu.md", "checks `tools/plan.py`'s byte counts against the dry run (within 5%",
            "tests/integration/test_dry_run.py::test_planner_matches_the_dry_run_within_5_percent",
            "pytest.approx(planned[theirs], rel=0.05)"),
+    Figure("docs/cluster_and_gpu.md", "Peaks: 8B dp16 131.8 GiB (GB200 only)",
+           "tests/unit/test_docs_plan_tables.py::"
+           "test_a_layout_that_does_not_fit_exits_2_in_the_planner_and_the_launch_check",
+           'round(out["trainer"]["total_bytes"] / P.GiB, 1) == 131.8'),
+    Figure("docs/cluster_and_gpu.md", "Scout tp4 ep16 dp4 169.5 GiB (none)",
+           "tests/unit/test_slurm_scripts.py::test_dry_run_checks_memory_without_nvml_against_the_gpu_type",
+           '"plans 169.5 GiB per GPU, more than 164.6 GiB" in r.stderr'),
     Figure("docs/cluster_and_gpu.md", "a TP2 checkpoint resumes at TP1 within 2e-3 (bf16)",
            "tests/integration/test_megatron_precision.py::test_checkpoint_reshards_tp2_to_tp1_and_training_continues",
            'pytest.approx(after["loss"], rel=2e-3)'),
