@@ -47,6 +47,9 @@ FIGURES = [
            "tests/sglang/test_real_qwen3.py::"
            "test_in_flight_update_under_checkpoint_names_lands_at_the_token_boundary",
            ("TOL = 1e-5", "c.output_ids, b)) < TOL")),
+    Figure("docs/sglang.md", "naming the step and URL within the 60 s sync deadline + 10 s (measured ~1 s)",
+           "tests/sglang/test_real_in_place.py::test_server_death_mid_update_raises_a_named_error_in_bounded_time",
+           "assert took < 60.0 + 10.0"),
     Figure("docs/running_scalerl.md", "loss and grad norm agree within 1e-3 relative",
            "tests/integration/test_multirank_dense.py::test_two_ranks_match_one", "REL_TOL = 1e-3",
            helper="tests/integration/multirank_util.py"),
