@@ -87,10 +87,12 @@ FIGURES = [
            "tests/faults/test_sigterm.py::"
            "test_group_sigterm_checkpoints_exits_zero_resumes_and_kill_9_leaves_no_process", "killed + 5.0"),
     Figure("docs/running_scalerl.md", "(it checks its parent every second; tested within 5 s)",
-           "tests/unit/test_preemption_children.py::test_kill_9_of_the_parent_takes_spawned_and_forked_children_within_5_s",
+           "tests/unit/test_preemption_children.py::"
+           "test_kill_9_of_the_parent_takes_spawned_and_forked_children_within_5_s",
            "assert not _wait_gone(kids, within_s=5.0)"),
     Figure("docs/failure_behaviour.md", "raise within the 15 s deadline + 10 s in the test",
-           "tests/integration/test_rollout_local_engine.py::test_receiver_dying_mid_sync_fails_the_sender_within_timeout",
+           "tests/integration/test_rollout_local_engine.py::"
+           "test_receiver_dying_mid_sync_fails_the_sender_within_timeout",
            "assert elapsed < timeout + 10"),
     Figure("docs/failure_behaviour.md", "ends the torchrun job non-zero within 60 s naming the rank",
            "tests/integration/test_multirank_moe.py::test_kill_nine_follower_exits_and_rerun_resumes",
