@@ -196,18 +196,24 @@ def test_marks_by_hand():
     assert test_marks(src, "test_d") is None
 
 
-@pytest.mark.parametrize("fig", FIGURES, ids=lambda f: f"{f.doc}:{f.text[:40]}")
-def test_figure_is_in_its_doc_and_asserted_in_ci(fig):
+def _check_stated_and_asserted(fig: Figure) -> tuple[str, set[str]]:
+    """The figure is in its doc, its test exists and the test (or helper) holds each assertion text; returns the
+    test's path and marks."""
     stated = _norm(fig.text) in _norm((ROOT / fig.doc).read_text())
     assert stated, f"{fig.doc} no longer states: {fig.text}"
     path, function = fig.test.split("::")
-    source = (ROOT / path).read_text()
-    marks = test_marks(source, function)
+    marks = test_marks((ROOT / path).read_text(), function)
     assert marks is not None, f"{path} has no test {function}"
     bound = _norm((ROOT / (fig.helper or path)).read_text())
     for asserts in (fig.asserts,) if isinstance(fig.asserts, str) else fig.asserts:
         found = _norm(asserts) in bound
         assert found, f"{fig.helper or path} does not assert {asserts}"
+    return path, marks
+
+
+@pytest.mark.parametrize("fig", FIGURES, ids=lambda f: f"{f.doc}:{f.text[:40]}")
+def test_figure_is_in_its_doc_and_asserted_in_ci(fig):
+    path, marks = _check_stated_and_asserted(fig)
     assert ci_suite(path, marks), f"{fig.test} (marks {sorted(marks)}) is in no suite .ci/run runs"
 
 
@@ -250,9 +256,5 @@ def test_sglang_rl_compare_figures_are_its_committed_record(doc_text):
 
 @pytest.mark.parametrize("fig", GPU_BOUNDS, ids=lambda f: f"{f.doc}:{f.text[:40]}")
 def test_gpu_bound_in_the_doc_is_the_gpu_suites(fig):
-    stated = _norm(fig.text) in _norm((ROOT / fig.doc).read_text())
-    assert stated, f"{fig.doc} no longer states: {fig.text}"
-    path, function = fig.test.split("::")
-    source = (ROOT / path).read_text()
-    assert "gpu" in (test_marks(source, function) or set()), f"{fig.test}: not a gpu-marked test"
-    assert _norm(fig.asserts) in _norm(source), f"{path} does not assert {fig.asserts}"
+    _, marks = _check_stated_and_asserted(fig)
+    assert "gpu" in marks, f"{fig.test}: not a gpu-marked test"
