@@ -11,18 +11,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from scalerl_mega.jsonvalue import JSON
+
 if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.convert.dims import ArchDims
     from scalerl_mega.model.config import ModelConfig
 
 
-def _req(cfg: Mapping[str, Any], key: str, where: str) -> Any:
+def _req(cfg: Mapping[str, JSON], key: str, where: str) -> Any:
     if cfg.get(key) is None:
         raise ValueError(f"{where}: config key {key!r} is missing")
     return cfg[key]
 
 
-def _yarn(cfg: Mapping[str, Any], where: str) -> tuple[float, ...]:
+def _yarn(cfg: Mapping[str, JSON], where: str) -> tuple[float, ...]:
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if rope.get("rope_type", rope.get("type", "default")) in (None, "default"):
         return ()
@@ -37,7 +39,7 @@ def _yarn(cfg: Mapping[str, Any], where: str) -> tuple[float, ...]:
             float(rope.get("mscale_all_dim", 0.0)))
 
 
-def deepseek_v3_fields(cfg: Mapping[str, Any], common: dict[str, Any], *, where: str, layers: int) -> dict[str, Any]:
+def deepseek_v3_fields(cfg: Mapping[str, JSON], common: dict[str, JSON], *, where: str, layers: int) -> dict[str, JSON]:
     """All `ArchDims` keyword arguments of a DeepSeek-V3 config (`common` from `dims_from_hf_config`)."""
     checks = {"scoring_func": ("sigmoid",), "topk_method": ("noaux_tc",), "moe_layer_freq": (1,)}
     for key, allowed in checks.items():
@@ -84,9 +86,9 @@ def deepseek_v3_fields(cfg: Mapping[str, Any], common: dict[str, Any], *, where:
     return out
 
 
-def model_config_fields(d: "ArchDims") -> dict[str, Any]:
+def model_config_fields(d: "ArchDims") -> dict[str, JSON]:
     """`ModelConfig` fields (beyond the common ones) of DeepSeek-V3 `ArchDims` `d`."""
-    out: dict[str, Any] = dict(
+    out: dict[str, JSON] = dict(
         num_experts=d.num_experts, moe_topk=d.moe_top_k, moe_ffn_hidden_size=d.moe_ffn_hidden_size,
         shared_expert_ffn=d.shared_expert_ffn, moe_layer_freq=1,
         moe_dense_layers=[i for i in range(d.num_layers) if i not in d.moe_layers],
@@ -102,7 +104,7 @@ def model_config_fields(d: "ArchDims") -> dict[str, Any]:
     return out
 
 
-def dims_fields(m: "ModelConfig") -> dict[str, Any]:
+def dims_fields(m: "ModelConfig") -> dict[str, JSON]:
     """`ArchDims` fields of a DeepSeek-V3 `ModelConfig` `m` (the inverse of `model_config_fields`)."""
     yarn = (float(m.yarn_factor), int(m.yarn_original_max_position_embeddings), float(m.yarn_beta_fast),
             float(m.yarn_beta_slow), float(m.yarn_mscale), float(m.yarn_mscale_all_dim)) if m.yarn_factor else ()
@@ -112,7 +114,7 @@ def dims_fields(m: "ModelConfig") -> dict[str, Any]:
                 moe_scaling_factor=float(m.moe_router_topk_scaling_factor), moe_expert_bias=m.moe_router_expert_bias)
 
 
-def hf_config_kwargs(m: "ModelConfig", common: dict[str, Any]) -> dict[str, Any]:
+def hf_config_kwargs(m: "ModelConfig", common: dict[str, JSON]) -> dict[str, JSON]:
     """`DeepseekV3Config` kwargs of a DeepSeek-V3 `ModelConfig` (the local engine's model, exported config.json)."""
     if m.shared_expert_ffn % m.expert_ffn:
         raise ValueError(f"model '{m.name}': shared_expert_ffn={m.shared_expert_ffn} is not a multiple of "

@@ -12,6 +12,7 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
+from scalerl_mega.jsonvalue import JSON
 from scalerl_mega.model.archs import ARCH_BY_MODEL_TYPE, arch_of_model_type  # noqa: F401  (re-exported)
 
 
@@ -77,13 +78,13 @@ class ArchDims:
         return layer in self.moe_layers
 
 
-def _require(cfg: Mapping[str, Any], key: str, where: str) -> Any:
+def _require(cfg: Mapping[str, JSON], key: str, where: str) -> Any:
     if key not in cfg or cfg[key] is None:
         raise ValueError(f"{where}: config key {key!r} is missing")
     return cfg[key]
 
 
-def _rope(cfg: Mapping[str, Any], where: str) -> tuple[float, dict[str, Any]]:
+def _rope(cfg: Mapping[str, JSON], where: str) -> tuple[float, dict[str, JSON]]:
     """(rope_theta, ArchDims RoPE-scaling fields) from HF ``rope_parameters`` / ``rope_scaling``
     (DeepSeek-V3's YaRN is read by convert/deepseek_dims.py)."""
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
@@ -105,7 +106,7 @@ def _rope(cfg: Mapping[str, Any], where: str) -> tuple[float, dict[str, Any]]:
     return theta, out
 
 
-def dims_from_hf_config(cfg: Mapping[str, Any], *, where: str = "config.json", expect_arch: str | None = None) -> ArchDims:
+def dims_from_hf_config(cfg: Mapping[str, JSON], *, where: str = "config.json", expect_arch: str | None = None) -> ArchDims:
     """Validate an HF config dict and return its ``ArchDims`` (raises ValueError naming the key)."""
     arch = arch_of_model_type(cfg.get("model_type"), where=where)
     if expect_arch is not None and arch.name != expect_arch:
@@ -145,12 +146,12 @@ def dims_from_hf_config(cfg: Mapping[str, Any], *, where: str = "config.json", e
     return _ARCH_FIELDS[arch.name](cfg, common, where=where, layers=layers)
 
 
-def _dense_dims(cfg: Mapping[str, Any], common: dict[str, Any], *, where: str, layers: int) -> ArchDims:
+def _dense_dims(cfg: Mapping[str, JSON], common: dict[str, JSON], *, where: str, layers: int) -> ArchDims:
     """Llama-3 and Qwen3 dense: one MLP width (`intermediate_size`)."""
     return ArchDims(ffn_hidden_size=int(_require(cfg, "intermediate_size", where)), **common)
 
 
-def _qwen3_moe_dims(cfg: Mapping[str, Any], common: dict[str, Any], *, where: str, layers: int) -> ArchDims:
+def _qwen3_moe_dims(cfg: Mapping[str, JSON], common: dict[str, JSON], *, where: str, layers: int) -> ArchDims:
     """Qwen3-MoE: layer i is MoE when i is not in `mlp_only_layers` and (i + 1) % `decoder_sparse_step` == 0
     (as transformers' Qwen3MoeDecoderLayer decides); softmax top-k routing, renormalised when `norm_topk_prob`.
     The expert count is `num_experts` in the published files, `num_local_experts` in transformers 5's."""
@@ -184,7 +185,7 @@ def _qwen3_moe_dims(cfg: Mapping[str, Any], common: dict[str, Any], *, where: st
     )
 
 
-def _llama4_dims(cfg: Mapping[str, Any], common: dict[str, Any], *, where: str, layers: int) -> ArchDims:
+def _llama4_dims(cfg: Mapping[str, JSON], common: dict[str, JSON], *, where: str, layers: int) -> ArchDims:
     """The llama4_text part of `dims_from_hf_config`: NoPE layers, MoE layers and the Llama-4 attention
     options on top of the `common` dimensions (raises ValueError naming the key)."""
     # absent/empty no_rope_layers and absent moe_layers: derived as transformers' Llama4TextConfig does
@@ -221,7 +222,7 @@ def _llama4_dims(cfg: Mapping[str, Any], common: dict[str, Any], *, where: str, 
     )
 
 
-def _deepseek_v3_dims(cfg: Mapping[str, Any], common: dict[str, Any], *, where: str, layers: int) -> ArchDims:
+def _deepseek_v3_dims(cfg: Mapping[str, JSON], common: dict[str, JSON], *, where: str, layers: int) -> ArchDims:
     from scalerl_mega.convert.deepseek_dims import deepseek_v3_fields
 
     return ArchDims(**deepseek_v3_fields(cfg, common, where=where, layers=layers))

@@ -24,7 +24,9 @@ import dataclasses
 import json
 import os
 import re
-from typing import Any, Mapping
+from typing import Mapping
+
+from scalerl_mega.jsonvalue import JSON
 
 CAUSAL, CONDITIONAL = "causal", "conditional"
 LAYOUTS = (CAUSAL, CONDITIONAL)
@@ -37,10 +39,10 @@ class HFLayout:
     """The layout of one HF checkpoint: ``kind`` and the full ``config.json`` dict."""
 
     kind: str
-    config: Mapping[str, Any]
+    config: Mapping[str, JSON]
 
     @property
-    def text_config(self) -> dict[str, Any]:
+    def text_config(self) -> dict[str, JSON]:
         return dict(self.config["text_config"]) if self.kind == CONDITIONAL else dict(self.config)
 
     @property
@@ -67,12 +69,12 @@ class HFLayout:
 _LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-def is_mtp_layer(name: str, cfg: Mapping[str, Any]) -> bool:
+def is_mtp_layer(name: str, cfg: Mapping[str, JSON]) -> bool:
     m = _LAYER_INDEX.match(name)
     return bool(m) and int(m.group(1)) >= int(cfg.get("num_hidden_layers", 0))
 
 
-def layout_of_config(cfg: Mapping[str, Any], *, where: str = "config.json") -> HFLayout:
+def layout_of_config(cfg: Mapping[str, JSON], *, where: str = "config.json") -> HFLayout:
     """Detect the layout from a ``config.json`` dict (ValueError naming the key otherwise)."""
     if cfg.get("model_type") != "llama4":
         return HFLayout(CAUSAL, dict(cfg))
@@ -92,7 +94,7 @@ def read_layout(hf_dir: str) -> HFLayout:
         return layout_of_config(json.load(f), where=path)
 
 
-def output_config(kind: str, text_config: Mapping[str, Any], *, source: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def output_config(kind: str, text_config: Mapping[str, JSON], *, source: Mapping[str, JSON] | None = None) -> dict[str, JSON]:
     """``config.json`` for writing ``text_config``'s model in layout ``kind``. ``source`` (a
     conditional config, e.g. the one converted from) supplies the vision config and token ids;
     without it transformers' defaults apply to the vision tower."""
@@ -167,7 +169,7 @@ def sglang_qwen3_target(name: str) -> tuple[str, str | int | None, int | None]:
     return name, None, None
 
 
-def sglang_warnings(kind: str, text_config: Mapping[str, Any], names: list[str] | None = None) -> list[str]:
+def sglang_warnings(kind: str, text_config: Mapping[str, JSON], names: list[str] | None = None) -> list[str]:
     """Why SGLang 0.5.23 would serve this export wrongly (empty: none known). ``names``: the exported
     text tensors in causal-layout naming."""
     if text_config.get("model_type") == "qwen3_moe":
@@ -195,7 +197,7 @@ _SGLANG_DS_STACKED = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_pro
                       "q_a_proj": ("fused_qkv_a_proj_with_mqa", 0), "kv_a_proj_with_mqa": ("fused_qkv_a_proj_with_mqa", 1)}
 
 
-def sglang_deepseek_v3_target(name: str, cfg: Mapping[str, Any]) -> tuple[str, str | int | None, int | None] | None:
+def sglang_deepseek_v3_target(name: str, cfg: Mapping[str, JSON]) -> tuple[str, str | int | None, int | None] | None:
     """(parameter, shard, expert) that checkpoint tensor ``name`` of a DeepSeek-V3 model loads into in SGLang 0.5.23
     (`deepseek_common/deepseek_weight_loader.py`, speculative decoding off), or None when it skips it: the MTP layers
     (`model.layers.{i >= num_hidden_layers}`). Routed expert e's gate/up/down -> `experts.w13_weight` w1/w3 and

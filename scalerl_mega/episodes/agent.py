@@ -23,7 +23,8 @@ from typing import Any
 
 from scalerl_mega.episodes.driver import TURN_SEED_STRIDE, EngineFront
 from scalerl_mega.episodes.env import task_row
-from scalerl_mega.interfaces import RolloutEngine
+from scalerl_mega.interfaces import RolloutEngine, Tokenizer
+from scalerl_mega.jsonvalue import JSON
 from scalerl_mega.types import Completion, FinishReason, Prompt, SamplingParams
 
 
@@ -41,7 +42,7 @@ class AgentOutcome:
     detail: str = ""
 
 
-_FNS: dict[str, Any] = {}
+_FNS: dict[str, JSON] = {}
 
 
 def run_agent_call(call: AgentCall) -> AgentOutcome:
@@ -73,7 +74,7 @@ class _AgentEpisode:
 class AgentEngine(EngineFront):
     """A `RolloutEngine` of agent episodes over `engine` (module doc)."""
 
-    def __init__(self, engine: RolloutEngine, *, tokenizer: Any, target: str, timeout_s: float, num_workers: int,
+    def __init__(self, engine: RolloutEngine, *, tokenizer: Tokenizer, target: str, timeout_s: float, num_workers: int,
                  failure_reward: float, correct: float, max_turns: int, budget: int, stop_token_ids: list[int],
                  start_method: str = "spawn") -> None:
         from scalerl_mega.episodes.agent_server import AgentEndpoint

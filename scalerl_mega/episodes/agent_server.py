@@ -38,17 +38,18 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scalerl_mega.episodes.calls import GenerateRequest, GenerateResult, RecordedCall
 from scalerl_mega.episodes.tool_calls import parse_tool_calls, same_calls, template_tool_calls
+from scalerl_mega.jsonvalue import JSON
 from scalerl_mega.types import FinishReason, SamplingParams
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
-Tools = list[dict[str, Any]] | None
+Tools = list[dict[str, JSON]] | None
 
 MAX_BODY_BYTES = 32 << 20
 _EPISODE_ID = re.compile(r"^[A-Za-z0-9._~-]{1,200}$")
@@ -70,10 +71,10 @@ class RequestError(Exception):
 class _Turn:
     """A served call, as the next call is matched against it."""
 
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, JSON]]
     """The call's messages in template form."""
     tools: Tools
-    reply: dict[str, Any]
+    reply: dict[str, JSON]
     """The assistant reply in template form."""
     ids: list[int]
     """prompt ids + generated ids."""
@@ -159,12 +160,12 @@ class AgentEndpoint:
         return ep.calls
 
     # ---- one call ----------------------------------------------------------------------------------
-    def models(self, episode_id: str) -> dict[str, Any]:
+    def models(self, episode_id: str) -> dict[str, JSON]:
         self._episode(episode_id)
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                             "owned_by": "scalerl-mega"}]}
 
-    def chat_completion(self, episode_id: str, body: object) -> dict[str, Any]:
+    def chat_completion(self, episode_id: str, body: object) -> dict[str, JSON]:
         """Serve one parsed request body (RequestError for bad input)."""
         self._episode(episode_id)
         req = _parse_request(body, default_max_tokens=self.default_max_tokens)
@@ -197,7 +198,7 @@ class AgentEndpoint:
                 ep.turns.append(_Turn(messages=req["messages"], tools=req["tools"], reply=reply_t,
                                       ids=prompt_ids + list(result.output_ids), stopped=stopped))
         finish = {FinishReason.LENGTH: "length", FinishReason.ABORT: "length"}.get(result.finish_reason, "stop")
-        message: dict[str, Any] = {"role": "assistant", "content": content}
+        message: dict[str, JSON] = {"role": "assistant", "content": content}
         if tool_calls:
             message["tool_calls"] = tool_calls
             finish = "tool_calls" if finish == "stop" else finish
@@ -226,7 +227,7 @@ class AgentEndpoint:
             out.append(ids[0])
         return out
 
-    def _prompt_ids(self, episode_id: str, messages: list[dict[str, Any]], tools: Tools) -> list[int]:
+    def _prompt_ids(self, episode_id: str, messages: list[dict[str, JSON]], tools: Tools) -> list[int]:
         """The previous call's ids + the template's ids for the new messages when the call extends it,
         else the messages templated afresh (module doc)."""
         with self._lock:
@@ -243,7 +244,7 @@ class AgentEndpoint:
             break
         return self._encode(self._render(messages, tools, generation_prompt=True))
 
-    def _env_ids(self, turn: _Turn, new: list[dict[str, Any]], tools: Tools) -> list[int] | None:
+    def _env_ids(self, turn: _Turn, new: list[dict[str, JSON]], tools: Tools) -> list[int] | None:
         """The ids after a turn's generated ids: the rest of its closing, then the template difference of
         `new`; None when the template does not preserve the prefix here."""
         history = turn.messages + [turn.reply]
@@ -258,13 +259,13 @@ class AgentEndpoint:
             return None
         return closing + after[len(before):]
 
-    def _closing_ids(self, messages: list[dict[str, Any]], tools: Tools) -> list[int]:
+    def _closing_ids(self, messages: list[dict[str, JSON]], tools: Tools) -> list[int]:
         """The ids the template puts after an assistant message's content (e.g. `<|im_end|>` + newline)."""
         text = self._render(messages + [{"role": "assistant", "content": _SENTINEL}], tools, generation_prompt=False)
         at = text.rfind(_SENTINEL)
         return self._encode(text[at + len(_SENTINEL):]) if at >= 0 else []
 
-    def _render(self, messages: list[dict[str, Any]], tools: Tools, *, generation_prompt: bool) -> str:
+    def _render(self, messages: list[dict[str, JSON]], tools: Tools, *, generation_prompt: bool) -> str:
         try:
             return self.tokenizer.apply_chat_template(messages, tools=tools, chat_template=self.chat_template,
                                                       tokenize=False, add_generation_prompt=generation_prompt)
@@ -276,13 +277,13 @@ class AgentEndpoint:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
 
-def _same_reply(sent: dict[str, Any], reply: dict[str, Any]) -> bool:
+def _same_reply(sent: dict[str, JSON], reply: dict[str, JSON]) -> bool:
     return (sent["role"] == "assistant" and (sent.get("content") or "") == reply["content"]
             and same_calls(sent.get("tool_calls") or [], reply.get("tool_calls") or []))
 
 
 # ---- request validation ----------------------------------------------------------------------------
-def _parse_request(body: object, *, default_max_tokens: int) -> dict[str, Any]:
+def _parse_request(body: object, *, default_max_tokens: int) -> dict[str, JSON]:
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
     n = body.get("n", 1)
@@ -318,7 +319,7 @@ def _is_bool(x: object) -> bool:
     return isinstance(x, bool)
 
 
-def _number(body: dict[str, Any], key: str, default: float, *, lo: float, hi: float, lo_open: bool) -> float:
+def _number(body: dict[str, JSON], key: str, default: float, *, lo: float, hi: float, lo_open: bool) -> float:
     x = body.get(key)
     if x is None:
         return default
@@ -328,7 +329,7 @@ def _number(body: dict[str, Any], key: str, default: float, *, lo: float, hi: fl
     return float(x)
 
 
-def _tools(tools: object) -> list[dict[str, Any]] | None:
+def _tools(tools: object) -> list[dict[str, JSON]] | None:
     if tools is None:
         return None
     if not isinstance(tools, list):
@@ -342,7 +343,7 @@ def _tools(tools: object) -> list[dict[str, Any]] | None:
     return tools or None
 
 
-def _messages(messages: object) -> list[dict[str, Any]]:
+def _messages(messages: object) -> list[dict[str, JSON]]:
     """The messages in template form: role, text content, tool_calls (arguments parsed) on assistant ones."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list", param="messages")
@@ -354,7 +355,7 @@ def _messages(messages: object) -> list[dict[str, Any]]:
         role = m.get("role")
         if role not in _ROLES:
             raise RequestError(f"{where}.role={role!r} must be one of {sorted(_ROLES)}", param="messages")
-        msg: dict[str, Any] = {"role": _ROLES[role], "content": _content(m.get("content"), where=where)}
+        msg: dict[str, JSON] = {"role": _ROLES[role], "content": _content(m.get("content"), where=where)}
         calls = m.get("tool_calls")
         if calls is not None:
             if role != "assistant" or not isinstance(calls, list):
@@ -389,7 +390,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = False  # server_close joins them
     endpoint: AgentEndpoint
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self._open: set[socket.socket] = set()
         self._open_lock = threading.Lock()
@@ -429,7 +430,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(code, {"error": {"message": message or explain or "bad request", "type": "invalid_request_error",
                                      "param": None, "code": None}})
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's name
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's name
         log.debug("agent endpoint: " + format, *args)
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
@@ -457,7 +458,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(500, {"error": {"message": f"internal error: {type(e).__name__}: {e}", "type": "server_error",
                                         "param": None, "code": None}})
 
-    def _body(self) -> Any:
+    def _body(self) -> JSON:
         size = self.headers.get("Content-Length")
         if size is None or not size.strip().isdigit():
             raise RequestError(f"Content-Length header {size!r} must be a byte count", status=411)
@@ -469,7 +470,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (UnicodeDecodeError, ValueError) as e:
             raise RequestError(f"the request body is not valid JSON ({e})") from None
 
-    def _reply(self, status: int, obj: dict[str, Any]) -> None:
+    def _reply(self, status: int, obj: dict[str, JSON]) -> None:
         data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
         try:
             self.send_response(status)

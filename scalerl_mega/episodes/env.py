@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from scalerl_mega.jsonvalue import JSON
 from scalerl_mega.types import Prompt
 
 ROLES = ("user", "tool", "system")
@@ -56,7 +57,7 @@ class EnvOutcome:
     extra: dict = field(default_factory=dict)
 
 
-_CLASSES: dict[str, Any] = {}
+_CLASSES: dict[str, JSON] = {}
 
 
 def task_row(prompt: Prompt) -> dict:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from scalerl_mega.jsonvalue import JSON
 from scalerl_mega.types import Group
 
 
@@ -22,7 +22,7 @@ def episode_metrics(groups: Sequence[Group]) -> dict[str, float]:
             "episode/broken_prefixes": float(sum(c.broken_prefixes for c in cs))}
 
 
-def episode_lines(groups: Sequence[Group], *, step: int) -> list[dict[str, Any]]:
+def episode_lines(groups: Sequence[Group], *, step: int) -> list[dict[str, JSON]]:
     """One `episodes.jsonl` record per episode: step, prompt_id, turns, reward, ids (opening + output), loss_mask
     (0 on the opening and environment ids, 1 on generated ones), messages."""
     out = []

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+from scalerl_mega.interfaces import Tokenizer
+from scalerl_mega.jsonvalue import JSON
 
 FIXED_TEMPLATES: dict[str, str] = {
     "arith": ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}"
@@ -32,7 +34,7 @@ class TemplateError(ValueError):
     """A chat template that cannot splice episodes exactly (message names the template and the fix)."""
 
 
-def resolve_template(spec: str, tokenizer: Any) -> tuple[str, str]:
+def resolve_template(spec: str, tokenizer: Tokenizer) -> tuple[str, str]:
     """(Jinja source, its name for messages) of `env.chat_template`: empty -> the tokenizer's own, a name of
     `FIXED_TEMPLATES`, or a path to a Jinja file."""
     if not spec:
@@ -53,23 +55,23 @@ class ChatSplicer:
     """Templating for one tokenizer and template: the opening ids, and the environment ids that follow an
     assistant turn. Construction runs the prefix-preserving check (`check`)."""
 
-    def __init__(self, tokenizer: Any, *, template: str = "", stop_token_ids: Sequence[int] = ()) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, template: str = "", stop_token_ids: Sequence[int] = ()) -> None:
         self.tokenizer = tokenizer
         self.source, self.name = resolve_template(template, tokenizer)
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
         self.check()
 
-    def ids(self, messages: list[dict[str, Any]], *, generation_prompt: bool) -> list[int]:
+    def ids(self, messages: list[dict[str, JSON]], *, generation_prompt: bool) -> list[int]:
         """The template's ids of `messages` (rendered as text, then tokenised without added specials)."""
         text = self.tokenizer.apply_chat_template(messages, chat_template=self.source, tokenize=False,
                                                   add_generation_prompt=generation_prompt)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def opening(self, messages: list[dict[str, Any]]) -> list[int]:
+    def opening(self, messages: list[dict[str, JSON]]) -> list[int]:
         """The episode's opening: its messages templated once, with the generation prompt."""
         return self.ids(messages, generation_prompt=True)
 
-    def environment_ids(self, history: list[dict[str, Any]], new: list[dict[str, Any]], *,
+    def environment_ids(self, history: list[dict[str, JSON]], new: list[dict[str, JSON]], *,
                         ended_with_stop: bool) -> list[int]:
         """The ids to append after an assistant turn (the last message of `history`) for the environment's
         messages `new`: whatever the template closes the assistant turn with after its stop id (when the

@@ -18,17 +18,18 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any
+
+from scalerl_mega.jsonvalue import JSON
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 
 
-def parse_tool_calls(text: str, *, id_seed: str = "") -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(text: str, *, id_seed: str = "") -> tuple[str | None, list[dict[str, JSON]]]:
     """(content, tool_calls) of a generated reply. Content is the text outside the parsed blocks, stripped,
     None when it is empty and there are calls (OpenAI's convention). Call ids are `call_` + a hash of
     `id_seed`, the block's index and its text (stable for the same reply)."""
-    calls: list[dict[str, Any]] = []
+    calls: list[dict[str, JSON]] = []
     kept: list[str] = []
     pos = 0
     for m in _BLOCK.finditer(text):
@@ -46,7 +47,7 @@ def parse_tool_calls(text: str, *, id_seed: str = "") -> tuple[str | None, list[
     return "".join(kept).strip() or None, calls
 
 
-def _one_call(body: str) -> tuple[str, Any] | None:
+def _one_call(body: str) -> tuple[str, JSON] | None:
     try:
         obj = json.loads(body)
     except ValueError:
@@ -62,7 +63,7 @@ def _one_call(body: str) -> tuple[str, Any] | None:
     return obj["name"], args
 
 
-def template_tool_calls(tool_calls: list[dict[str, Any]], *, where: str) -> list[dict[str, Any]]:
+def template_tool_calls(tool_calls: list[dict[str, JSON]], *, where: str) -> list[dict[str, JSON]]:
     """OpenAI `tool_calls` -> `[{"type": "function", "function": {"name", "arguments": dict}}]` as chat templates
     render them (Qwen's accepts either; a dict renders the same bytes as the model's JSON). ValueError
     naming `where` for a malformed entry."""
@@ -82,7 +83,7 @@ def template_tool_calls(tool_calls: list[dict[str, Any]], *, where: str) -> list
     return out
 
 
-def format_tool_calls(tool_calls: list[dict[str, Any]]) -> str:
+def format_tool_calls(tool_calls: list[dict[str, JSON]]) -> str:
     """The Hermes text of OpenAI `tool_calls` (one block per call, joined by newlines)."""
     blocks = []
     for tc in template_tool_calls(tool_calls, where="tool_calls"):
@@ -92,7 +93,7 @@ def format_tool_calls(tool_calls: list[dict[str, Any]]) -> str:
     return "\n".join(blocks)
 
 
-def same_calls(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+def same_calls(a: list[dict[str, JSON]], b: list[dict[str, JSON]]) -> bool:
     """Two `tool_calls` lists name the same functions with equal (parsed) arguments, in order (ids ignored)."""
     try:
         ta, tb = template_tool_calls(a, where="a"), template_tool_calls(b, where="b")

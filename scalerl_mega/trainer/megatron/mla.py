@@ -15,7 +15,9 @@ spec from building it (megatron-core 0.16.1):
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from scalerl_mega.jsonvalue import JSON
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.model.config import ModelConfig
@@ -46,11 +48,11 @@ def build_fixes(use_te: bool) -> None:
         mla.HAVE_TE = False
 
 
-def mla_config_kwargs(model: "ModelConfig") -> dict[str, Any]:
+def mla_config_kwargs(model: "ModelConfig") -> dict[str, JSON]:
     """`MLATransformerConfig` fields of a DeepSeek-V3 ModelConfig. YaRN (`rope_type="yarn"`) or plain RoPE;
     Megatron's YaRN applies HF's `attention_factor` (mscale / mscale_all_dim) to cos/sin and
     mscale_all_dim's square to the softmax scale, as transformers' DeepseekV3Attention does."""
-    out: dict[str, Any] = dict(
+    out: dict[str, JSON] = dict(
         multi_latent_attention=True, q_lora_rank=model.q_lora_rank, kv_lora_rank=model.kv_lora_rank,
         qk_head_dim=model.kv_channels, qk_pos_emb_head_dim=model.qk_rope_head_dim, v_head_dim=model.v_head_dim,
         rotary_base=float(model.rope_theta), kv_channels=model.v_head_dim,
@@ -65,12 +67,12 @@ def mla_config_kwargs(model: "ModelConfig") -> dict[str, Any]:
     return out
 
 
-def router_kwargs(model: "ModelConfig") -> dict[str, Any]:
+def router_kwargs(model: "ModelConfig") -> dict[str, JSON]:
     """Megatron router fields of DeepSeek-V3's routing: sigmoid scores, top-k on the bias-corrected scores within
     the best `group_topk` of `num_groups` groups, weights from the uncorrected scores renormalised over the
     top-k and times `topk_scaling_factor`. The bias is a buffer (`router.expert_bias`); its aux-free
     update (DeepSeek-V3 Sec. 2.1.2) is off in RL (`moe_router_bias_update_rate=0`: frozen at the loaded values)."""
-    out: dict[str, Any] = {}
+    out: dict[str, JSON] = {}
     if model.moe_router_num_groups:
         out.update(moe_router_num_groups=model.moe_router_num_groups, moe_router_group_topk=model.moe_router_group_topk)
     if model.moe_router_topk_scaling_factor != 1.0:
