@@ -13,9 +13,10 @@ happen inside the builders.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.config import (
     DataConfig,
@@ -26,6 +27,9 @@ from scalerl_mega.config import (
     pause_mode,
 )
 from scalerl_mega.interfaces import LoopComponents, PolicyTrainer, RewardFn, RolloutEngine, Tokenizer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
 log = logging.getLogger("scalerl_mega.build")
 
@@ -248,7 +252,7 @@ def local_sync_backend(cfg: TrainConfig) -> str:
     return "nccl" if cfg.cluster.device == "cuda" else "gloo"
 
 
-def build_rank_sync(cfg: TrainConfig, trainer: Any, *, world_size: int):
+def build_rank_sync(cfg: TrainConfig, trainer: MegatronPolicyTrainer, *, world_size: int):
     """This rank's per-stage weight sender (`rollout.weight_sync_senders=per_stage` on a trainer of several
     ranks; every rank builds one), else None: the one-sender push (a one-rank trainer is one sender anyway)."""
     if cfg.rollout.weight_sync_senders != "per_stage" or world_size == 1:
@@ -466,7 +470,7 @@ def allocation_devices(cfg: TrainConfig, *, world_size: int) -> int:
 # ----------------------------------------------------------------------------- all together
 def build_components(cfg: TrainConfig, *, task: Task | None = None, trainer: PolicyTrainer | None = None,
                      engine: RolloutEngine | None = None, reward_fn: RewardFn | None = None,
-                     sync_weights: Any = None) -> LoopComponents:
+                     sync_weights: Callable[..., dict[str, float]] | None = None) -> LoopComponents:
     """LoopComponents for `loop.run_rl` (pieces passed in are used as given; `sync_weights`: the per-stage
     weight push, `LoopComponents.sync_weights`)."""
     task = task or build_task(cfg)

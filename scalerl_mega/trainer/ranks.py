@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from scalerl_mega.interfaces import PolicyTrainer
+    from scalerl_mega.multi_sync import MultiSyncEngine
     from scalerl_mega.trainer.megatron.sync_senders import RankSync
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
     from scalerl_mega.types import TrainBatch
@@ -192,7 +193,7 @@ class ControllerTrainer:
         self.channel.send("export", dtype)
         return self.trainer.export_hf_weights(dtype=dtype)
 
-    def sync_weights(self, engine: Any, *, version: int, dtype: str | None = None) -> dict[str, float]:
+    def sync_weights(self, engine: MultiSyncEngine, *, version: int, dtype: str | None = None) -> dict[str, float]:
         """Every rank sends its share of weight version `version` to `engine` over its own group, the
         controller coordinating (`sync_senders.RankSync`); returns the `sync/*` metrics."""
         if self.sync is None:

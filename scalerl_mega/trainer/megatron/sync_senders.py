@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from scalerl_mega.sync_plan import SenderLayout
+from scalerl_mega.sync_plan import Sender, SenderLayout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.multi_sync import MultiSyncEngine
+    from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
 
 class RankSync:
     """One rank's sender state for the per-stage sync (collective to use: every rank calls `sync`)."""
 
-    def __init__(self, trainer: Any, *, bucket_bytes: int, flattened: bool, backend: str, timeout_s: float,
+    def __init__(self, trainer: MegatronPolicyTrainer, *, bucket_bytes: int, flattened: bool, backend: str, timeout_s: float,
                  base_name: str = "weight_update_group") -> None:
         pcfg = trainer.cfg.parallel
         self.trainer = trainer
@@ -32,7 +36,7 @@ class RankSync:
         self.backend = backend
         self.timeout_s = float(timeout_s)
         self._group: Any = None
-        self._me: Any = None
+        self._me: Sender | None = None
         self._opened = False
 
     def _plan(self, dtype: str | None) -> dict[str, list]:
@@ -43,7 +47,7 @@ class RankSync:
         return {g: plan_buckets(s, bucket_bytes=self.bucket_bytes)
                 for g, s in sender_plan(cfg.model, self.layout, dtype=dtype, params_dtype=cfg.params_dtype).items()}
 
-    def _open(self, plan: dict[str, list], engine: Any) -> None:
+    def _open(self, plan: dict[str, list], engine: MultiSyncEngine | None) -> None:
         """First sync: every sender hosts its group; the controller joins the engine to all of them."""
         import torch.distributed as dist
 
@@ -70,7 +74,7 @@ class RankSync:
             engine.wait_groups()
         self._opened = True
 
-    def sync(self, *, version: int, dtype: str | None, engine: Any = None) -> dict[str, float] | None:
+    def sync(self, *, version: int, dtype: str | None, engine: MultiSyncEngine | None = None) -> dict[str, float] | None:
         """Send this rank's share of weight version `version`; `engine` on the controller only, which
         returns the step's `sync/*` metrics (None elsewhere)."""
         import torch.distributed as dist
