@@ -13,9 +13,10 @@ happen inside the builders.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.config import (
     DataConfig,
@@ -26,6 +27,9 @@ from scalerl_mega.config import (
     pause_mode,
 )
 from scalerl_mega.interfaces import LoopComponents, PolicyTrainer, RewardFn, RolloutEngine, Tokenizer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
 log = logging.getLogger("scalerl_mega.build")
 
@@ -247,6 +251,23 @@ def build_local_engine(cfg: TrainConfig, task: Task, *, index: int = 0):
     return LocalRolloutEngine(config)
 
 
+def local_sync_backend(cfg: TrainConfig) -> str:
+    """The process-group backend of the weight sync to local engines."""
+    return "nccl" if cfg.cluster.device == "cuda" else "gloo"
+
+
+def build_rank_sync(cfg: TrainConfig, trainer: MegatronPolicyTrainer, *, world_size: int):
+    """This rank's per-stage weight sender (`rollout.weight_sync_senders=per_stage` on a trainer of several
+    ranks; every rank builds one), else None: the one-sender push (a one-rank trainer is one sender anyway)."""
+    if cfg.rollout.weight_sync_senders != "per_stage" or world_size == 1:
+        return None
+    from scalerl_mega.trainer.megatron.sync_senders import RankSync
+
+    sync = weight_sync_config(cfg, backend=local_sync_backend(cfg))
+    return RankSync(trainer, bucket_bytes=sync.bucket_bytes, flattened=sync.flattened, backend=sync.backend,
+                    timeout_s=sync.timeout_s)
+
+
 def local_engine_config(cfg: TrainConfig, task: Task, *, index: int = 0):
     """The `LocalEngineConfig` of local engine `index`."""
     from scalerl_mega.config import records_routes
@@ -259,7 +280,7 @@ def local_engine_config(cfg: TrainConfig, task: Task, *, index: int = 0):
     if max_seq > cfg.model.max_position_embeddings:
         raise ValueError(f"model.max_position_embeddings={cfg.model.max_position_embeddings} < longest request "
                          f"{max_seq} (prompt + length.max_new_tokens / interruption budget)")
-    backend = "nccl" if cfg.cluster.device == "cuda" else "gloo"
+    backend = local_sync_backend(cfg)
     return LocalEngineConfig(
         model=LocalModelSpec(arch=arch, config=hf_kwargs, init_seed=int(cfg.seed), dtype=cfg.precision.params_dtype),
         core=CoreConfig(max_batch=cfg.rollout.max_batch_size, max_seq_len=max_seq,
@@ -503,13 +524,15 @@ def allocation_devices(cfg: TrainConfig, *, world_size: int) -> int:
 
 # ----------------------------------------------------------------------------- all together
 def build_components(cfg: TrainConfig, *, task: Task | None = None, trainer: PolicyTrainer | None = None,
-                     engine: RolloutEngine | None = None, reward_fn: RewardFn | None = None) -> LoopComponents:
-    """LoopComponents for `loop.run_rl` (pieces passed in are used as given)."""
+                     engine: RolloutEngine | None = None, reward_fn: RewardFn | None = None,
+                     sync_weights: Callable[..., dict[str, float]] | None = None) -> LoopComponents:
+    """LoopComponents for `loop.run_rl` (pieces passed in are used as given; `sync_weights`: the per-stage
+    weight push, `LoopComponents.sync_weights`)."""
     task = task or build_task(cfg)
     trainer = trainer or build_trainer(cfg)
     engine = engine or build_engine(cfg, task, trainer)
     return LoopComponents(
         engine=engine, trainer=trainer, reward_fn=reward_fn or build_reward_fn(cfg),
         sampler=build_sampler(cfg, task), val_prompts=list(task.val_prompts), decode=task.decode,
-        weight_dtype=engine_weight_dtype(cfg),
+        weight_dtype=engine_weight_dtype(cfg), sync_weights=sync_weights,
         encode=task.encode, stop_token_ids=list(task.stop_token_ids), interruption_ids=list(task.interruption_ids))

@@ -137,3 +137,7 @@ class LoopComponents:
     """dtype the generators hold their weights in ("bfloat16", "float32"; "bfloat16+fp32_head" keeps an
     FP32 LM head FP32, `export.weight_dtypes`): exports are cast to it on the training device before
     they are sent. None keeps the trainer's dtype."""
+    sync_weights: Callable[..., dict[str, float]] | None = None
+    """The per-stage weight push (`rollout.weight_sync_senders=per_stage`: `ranks.ControllerTrainer.sync_weights`,
+    called as (engine, version=, dtype=) and returning the `sync/*` metrics); None: the one-sender push
+    (`engine.update_weights(trainer.export_hf_weights())`)."""

@@ -88,11 +88,15 @@ class LoopState:
 
 
 # ----------------------------------------------------------------------------- weights
-def push_weights(comps: LoopComponents, *, version: int) -> float:
-    """Trainer -> engines (HF-named tensors); returns seconds spent."""
+def push_weights(comps: LoopComponents, *, version: int) -> dict[str, float]:
+    """Trainer -> engines (HF-named tensors): one sender, or every stage's sender (`comps.sync_weights`);
+    returns the `sync/*` metrics (`sync/seconds`: seconds spent)."""
     t0 = time.monotonic()
+    if comps.sync_weights is not None:
+        out = comps.sync_weights(comps.engine, version=version, dtype=comps.weight_dtype)
+        return {**out, "sync/seconds": time.monotonic() - t0}
     comps.engine.update_weights(comps.trainer.export_hf_weights(dtype=comps.weight_dtype), version=version)
-    return time.monotonic() - t0
+    return single_sender_metrics(getattr(comps.engine, "last_sync_stats", None), seconds=time.monotonic() - t0)
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -248,9 +252,9 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
         state.trained_prompt_ids.extend(p.prompt.prompt_id for p in pendings)
         sync_s = 0.0  # 6. weight sync
         if pipeline or state.step % k == 0 or state.step == cfg.train.steps:
-            sync_s = push_weights(comps, version=state.step)
+            metrics.update(push_weights(comps, version=state.step))
+            sync_s = metrics["sync/seconds"]
             state.weight_version = state.step
-            metrics.update(single_sender_metrics(getattr(comps.engine, "last_sync_stats", None), seconds=sync_s))
         # 7. metrics (wall time and engine counters are snapshotted together: consecutive steps tile time)
         step_s = clock.stop(comps.engine, metrics)
         metrics.update(_step_fields(cfg, comps, groups, pendings, hist, state=state, router=router, clock=clock,

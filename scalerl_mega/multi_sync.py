@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scalerl_mega.weight_sync import (BucketMeta, DistWeightReceiver, SendStats, TensorSpec, WeightSyncError,
                                       _wait_all, flatten_bucket, follow_plan)
@@ -26,6 +26,20 @@ from scalerl_mega.weight_sync import (BucketMeta, DistWeightReceiver, SendStats,
 if TYPE_CHECKING:  # pragma: no cover
     import torch
     from torch.distributed import ProcessGroup
+
+
+class MultiSyncEngine(Protocol):
+    """The engine side a multi-sender push drives (`rollout.local.LocalRolloutEngine`)."""
+
+    def join_groups(self, init_methods: dict[str, str]) -> None: ...
+
+    def wait_groups(self) -> None: ...
+
+    def check_plan(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None: ...
+
+    def announce_groups(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None: ...
+
+    def finish_groups(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None: ...
 
 
 def bucket_metas(buckets: list[list[TensorSpec]], *, version: int, flattened: bool) -> list[BucketMeta]:

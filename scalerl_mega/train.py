@@ -154,17 +154,19 @@ def run_job(config: TrainConfig) -> dict[str, Any]:
             if config.sft.steps and not resumed:
                 _warm_start_or_load(config, task, trainer, out=out if controller else None, channel=channel)
         summary["sft_s"] = time.monotonic() - t0
+        rank_sync = build.build_rank_sync(config, trainer, world_size=world)
         if not controller:
             preemption.armed = True  # a stop request waits for the controller's (collective) checkpoint
-            steps = serve(trainer, channel)
+            steps = serve(trainer, channel, sync=rank_sync)
             return {"rank": channel.rank, "steps": steps, "sft_s": summary["sft_s"],
                     "exit_status": preemption.exit_status if preemption.requested else 0}
-        handle = ControllerTrainer(trainer, channel) if channel is not None else trainer
+        handle = ControllerTrainer(trainer, channel, sync=rank_sync) if channel is not None else trainer
         t0 = time.monotonic()
         with config_errors():
             engine = build.build_engine(config, task, handle)
             reward_fn = build.build_reward_fn(config)
-            comps = build.build_components(config, task=task, trainer=handle, engine=engine, reward_fn=reward_fn)
+            comps = build.build_components(config, task=task, trainer=handle, engine=engine, reward_fn=reward_fn,
+                                           sync_weights=handle.sync_weights if rank_sync is not None else None)
         summary["engine_start_s"] = time.monotonic() - t0
         log.info("%d %s engine(s) ready in %.0f s", config.rollout.num_engines, config.rollout.name,
                  summary["engine_start_s"])

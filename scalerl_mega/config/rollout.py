@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from scalerl_mega.config.checks import one_of, positive
 
 ROLLOUT_NAMES = ("local", "sglang")
+SYNC_SENDERS = ("single", "per_stage")
 
 
 @dataclass
@@ -26,6 +27,11 @@ class RolloutConfig:
     """Send each weight bucket as one uint8 tensor (`WeightSyncConfig.flattened`, SGLang's
     load_format="flattened_bucket") instead of one broadcast per tensor: the same weights, one round trip per
     bucket. The demo model's 51 tensors (the reproduction's predictability design) to an idle local engine: 2.0 ms against 13.3 ms per update."""
+    weight_sync_senders: str = "single"
+    """single: trainer rank 0 gathers the whole model and sends it over one group | per_stage: every
+    pipeline stage's first rank, and with EP > 1 every expert-parallel rank, sends its own share over its
+    own group, all at once (issue 58: sync_plan.py, trainer/megatron/sync_senders.py; docs/cluster_and_gpu.md
+    "Weight sync"). rollout=local with one engine process; a one-rank trainer has one sender either way."""
     engine_threads: int = 1
     """torch threads in each local engine process."""
     engine_nice: int = 0
@@ -77,4 +83,10 @@ def validate_rollout(rollout: RolloutConfig) -> None:
     if rollout.in_process and (rollout.name != "local" or rollout.num_engines != 1):
         raise ValueError(f"rollout.in_process=true needs rollout.name=local and rollout.num_engines=1 (got "
                          f"{rollout.name!r}, {rollout.num_engines})")
+    one_of("rollout.weight_sync_senders", rollout.weight_sync_senders, SYNC_SENDERS)
+    if rollout.weight_sync_senders == "per_stage" and (rollout.name != "local" or rollout.num_engines != 1
+                                                       or rollout.in_process):
+        raise ValueError(f"rollout.weight_sync_senders=per_stage needs rollout.name=local, rollout.num_engines=1 and "
+                         f"rollout.in_process=false (got {rollout.name!r}, {rollout.num_engines}, "
+                         f"{rollout.in_process}); use rollout.weight_sync_senders=single")
     positive("rollout.inflight_hold_tokens", rollout.inflight_hold_tokens, allow_zero=True)

@@ -9,6 +9,8 @@ controller's trainer calls on their shard in lock step:
     controller (ControllerTrainer)                 followers (serve)
     train_step(batch)   --"train_step" + batch-->  trainer.train_step(batch)   (each trains its DP shard)
     export_hf_weights() --"export" + dtype------>  exhaust trainer.export_hf_weights(dtype)  (TP/EP/PP gathers)
+    sync_weights(engine, version) --"sync"----->  sync.sync(version, dtype): its own share over its own group
+                                                   (rollout.weight_sync_senders=per_stage; megatron/sync_senders.py)
     save(path, step, extra) --"save" + path, step-->  trainer.save(path, step)  (collective dist-checkpoint)
     load(path)          --"load" + path--------->  trainer.load(path)
     close()             --"stop"---------------->  return
@@ -42,13 +44,15 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from scalerl_mega.interfaces import PolicyTrainer
+    from scalerl_mega.multi_sync import MultiSyncEngine
+    from scalerl_mega.trainer.megatron.sync_senders import RankSync
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
     from scalerl_mega.types import TrainBatch
 
 log = logging.getLogger("scalerl_mega.ranks")
 
 CONTROLLER = 0
-COMMANDS = ("train_step", "export", "save", "load", "stop")
+COMMANDS = ("train_step", "export", "sync", "save", "load", "stop")
 
 
 class RankFailure(RuntimeError):
@@ -172,11 +176,13 @@ class ControllerTrainer:
     else of the trainer (a collective such as `logprobs` included) would run on the controller's shard
     alone while the followers wait for a command, so it is reached only explicitly via `.trainer`."""
 
-    def __init__(self, trainer: MegatronPolicyTrainer, channel: ControlChannel) -> None:
+    def __init__(self, trainer: MegatronPolicyTrainer, channel: ControlChannel, *, sync: RankSync | None = None) -> None:
         if not channel.is_controller:
             raise ValueError(f"ControllerTrainer on rank {channel.rank}: only rank {CONTROLLER} is the controller")
         self.trainer = trainer
         self.channel = channel
+        self.sync = sync
+        """The per-stage weight sync of every rank (None: the one-sender push through `export_hf_weights`)."""
         self._closed = False
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
@@ -186,6 +192,14 @@ class ControllerTrainer:
     def export_hf_weights(self, *, dtype: str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         self.channel.send("export", dtype)
         return self.trainer.export_hf_weights(dtype=dtype)
+
+    def sync_weights(self, engine: MultiSyncEngine, *, version: int, dtype: str | None = None) -> dict[str, float]:
+        """Every rank sends its share of weight version `version` to `engine` over its own group, the
+        controller coordinating (`sync_senders.RankSync`); returns the `sync/*` metrics."""
+        if self.sync is None:
+            raise ValueError("sync_weights needs rollout.weight_sync_senders=per_stage (a RankSync on every rank)")
+        self.channel.send("sync", (version, dtype))
+        return self.sync.sync(version=version, dtype=dtype, engine=engine)
 
     def save(self, path: str, *, step: int | None = None, extra_state: dict[str, Any] | None = None) -> None:
         self.channel.send("save", (str(path), step))
@@ -206,9 +220,10 @@ class ControllerTrainer:
         self.trainer.close()
 
 
-def serve(trainer: PolicyTrainer, channel: ControlChannel) -> int:
+def serve(trainer: PolicyTrainer, channel: ControlChannel, *, sync: RankSync | None = None) -> int:
     """Follower main loop: execute the controller's commands until "stop"; returns the number of
-    train steps taken. Raises RankFailure when the controller is gone (the caller exits non-zero)."""
+    train steps taken. Raises RankFailure when the controller is gone (the caller exits non-zero).
+    `sync`: this rank's per-stage weight sync (needed for the "sync" command)."""
     if channel.is_controller:
         raise ValueError("serve() runs on follower ranks; rank 0 is the controller")
     steps = 0
@@ -222,6 +237,12 @@ def serve(trainer: PolicyTrainer, channel: ControlChannel) -> int:
         elif command == "export":
             for _ in trainer.export_hf_weights(dtype=payload):
                 pass
+        elif command == "sync":
+            if sync is None:
+                raise RankFailure(f"trainer rank {channel.rank}: the controller syncs per stage but this rank has no "
+                                  "sender (rollout.weight_sync_senders differs between ranks)")
+            version, dtype = payload
+            sync.sync(version=version, dtype=dtype)
         elif command == "save":
             path, step = payload
             trainer.save(path, step=step, extra_state=None)

@@ -62,6 +62,17 @@ class _Recorder:
         return {}
 
 
+class _SyncRecorder:
+    """Stands in for `sync_senders.RankSync`: records each rank's sync call."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def sync(self, *, version, dtype, engine=None):
+        self.calls.append(("sync", version, dtype, engine))
+        return {"sync/senders": 2.0} if engine is not None else None
+
+
 def _worker(rank: int, port: int, q, done, mode: str):
     import torch.distributed as dist
 
@@ -74,16 +85,17 @@ def _worker(rank: int, port: int, q, done, mode: str):
                 b = _batch()
                 ch.send("train_step", b)
                 ch.send("export", "bfloat16")
+                ch.send("sync", (7, "float32"))
                 ch.send("save", ("/ckpt", 12))
                 ch.send("load", "/ckpt")
                 ch.send("stop")
                 q.put(("controller", ch.share("resume?")))
             else:
                 rec = _Recorder()
-                steps = serve(rec, ch)
+                steps = serve(rec, ch, sync=_SyncRecorder(rec.calls))
                 _same(_batch(), rec.calls[0][1])
-                q.put(("follower", steps, [c[0] for c in rec.calls], rec.calls[1][1], rec.calls[2][1:],
-                       ch.share(None)))
+                q.put(("follower", steps, [c[0] for c in rec.calls], rec.calls[1][1], rec.calls[3][1:],
+                       ch.share(None), rec.calls[2][1:]))
         else:  # the controller never sends: the follower gives up after its timeout, naming the key
             if ch.is_controller:
                 q.put(("controller", "idle"))
@@ -120,8 +132,9 @@ def _run(mode: str) -> dict:
 
 def test_follower_executes_commands_in_order():
     out = _run("serve")
-    steps, calls, dtype, save_args, shared = out["follower"]
-    assert steps == 1 and calls == ["train_step", "export", "save", "load"]
+    steps, calls, dtype, save_args, shared, sync_args = out["follower"]
+    assert steps == 1 and calls == ["train_step", "export", "sync", "save", "load"]
+    assert sync_args == (7, "float32", None)  # a follower sends its share; only the controller has the engine
     assert dtype == "bfloat16" and save_args == ("/ckpt", 12, None)  # the loop's extras stay on the controller
     assert shared == "resume?" and out["controller"] == ("resume?",)
 
@@ -170,3 +183,27 @@ def test_controller_trainer_declares_its_surface():
     handle.save("/ckpt", step=4, extra_state={"loop": 1})
     assert ch.sent == [("train_step", "b"), ("save", ("/ckpt", 4))]  # the loop's extras stay on the controller
     assert rec.calls == [("train_step", "b"), ("save", "/ckpt", 4, {"loop": 1})]
+
+
+def test_controller_trainer_sync_weights_broadcasts_then_sends_its_own_share():
+    """`sync_weights` (rollout.weight_sync_senders=per_stage) tells the followers first, then runs the
+    controller's own share with the engine and returns its sync/* metrics; without a RankSync it is refused."""
+    from scalerl_mega.trainer.ranks import ControllerTrainer
+
+    class _Ch:
+        rank, is_controller = 0, True
+
+        def __init__(self):
+            self.sent = []
+
+        def send(self, command, payload=None):
+            self.sent.append((command, payload, list(rec.calls)))
+
+    rec = _Recorder()
+    ch = _Ch()
+    handle = ControllerTrainer(rec, ch, sync=_SyncRecorder(rec.calls))
+    assert handle.sync_weights("engine", version=3, dtype="bfloat16") == {"sync/senders": 2.0}
+    assert ch.sent == [("sync", (3, "bfloat16"), [])]  # broadcast before the controller's own share
+    assert rec.calls == [("sync", 3, "bfloat16", "engine")]
+    with pytest.raises(ValueError, match="rollout.weight_sync_senders=per_stage"):
+        ControllerTrainer(rec, ch).sync_weights("engine", version=4)
