@@ -3,6 +3,7 @@
 
     .venv/bin/python tools/make_tiny_checkpoint.py qwen3 /tmp/tiny-qwen3          # Qwen3ForCausalLM
     .venv/bin/python tools/make_tiny_checkpoint.py qwen3_moe /tmp/tiny-qwen3-moe  # Qwen3MoeForCausalLM
+    .venv/bin/python tools/make_tiny_checkpoint.py deepseek_v3 /tmp/tiny-dsv3    # DeepseekV3ForCausalLM (MLA)
     .venv/bin/python tools/make_tiny_checkpoint.py --list                         # every architecture
 
 OUT gets config.json + model.safetensors (FP32, random init of `--seed`) and the synthetic task's 47-token
@@ -25,6 +26,7 @@ TINY = {  # model.arch -> the tiny preset (conf/model/<preset>.yaml) whose shape
     "llama4": "tiny_moe",
     "qwen3": "tiny_qwen3",
     "qwen3_moe": "tiny_qwen3_moe",
+    "deepseek_v3": "tiny_deepseek_v3",
 }
 
 
