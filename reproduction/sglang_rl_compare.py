@@ -18,7 +18,7 @@ unfinished one resumes from its last checkpoint (`train.save_every`, `resume=aut
 appended to `<out>/<engine>/launches.json`. The SGLang interpreter is `.venv-sglang/bin/python` (`make
 test-sglang` builds it) or `$SCALERL_SGLANG_PYTHON`.
 
-Model: `tiny_dense` with the demo's sizes, because SGLang 0.5.23 does not serve the demo's Llama-4 MoE on
+Model: `demo_dense` (tiny_dense at the demo's sizes), because SGLang 0.5.23 does not serve the demo's Llama-4 MoE on
 CPU (docs/sglang.md, "MoE on SGLang's CPU path"). Measured on a loaded 2-core machine: the SGLang run 27 min
 (server start 109 s, RL 6.1 s per step), the local one 4 min; the reward rises on both (docs/sglang.md).
 """
@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINES = ("local", "sglang")
-MODEL = "tiny_dense"
+MODEL = "demo_dense"
 STEPS = 40
 RECIPE = ["experiment=demo", f"model={MODEL}", "moe.record_routes=false", f"train.steps={STEPS}",
           "train.prompts_per_step=8", "train.generations_per_prompt=8",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from multirank_util import COMMON, assert_same_run, records, run_job
 
-DENSE = ["model=tiny_dense", "model.vocab_size=48", "model.max_position_embeddings=128"]
+DENSE = ["model=demo_dense"]
 EPISODES = ["sft.steps=0", "train.steps=2", "train.save_every=0", "filter=none", "env=custom",
             "env.chat_template=arith", "env.max_turns=3", "env.max_tokens=90",
             "env.custom._target_=tests.support.episode_envs.ScriptedEnv", "+env.custom.kwargs.turns=3",

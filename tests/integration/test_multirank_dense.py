@@ -10,7 +10,7 @@ import pytest
 
 from multirank_util import COMMON, assert_same_run, convert, hf_digest, records, run_job, warm_hf_checkpoint
 
-DENSE = ["model=tiny_dense", "model.vocab_size=48", "model.max_position_embeddings=128"]  # demo widths (4 x 128)
+DENSE = ["model=demo_dense"]  # demo widths (4 x 128)
 STEPS = ["sft.steps=0", "train.steps=3", "train.save_every=3", "metrics.weights_digest=true"]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from multirank_util import COMMON, convert, hf_digest, records, run_job
 
-DENSE = ["model=tiny_dense", "model.vocab_size=48", "model.max_position_embeddings=128"]  # demo widths (4 x 128)
+DENSE = ["model=demo_dense"]  # demo widths (4 x 128)
 
 
 def test_pp2_per_stage_senders_through_the_loop(tmp_path):

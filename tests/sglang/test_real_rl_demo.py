@@ -23,7 +23,7 @@ import pytest
 
 pytestmark = pytest.mark.sglang
 REPO = Path(__file__).resolve().parents[2]
-MODEL = "tiny_dense"  # SGLang 0.5.23 cannot serve the demo's Llama-4 MoE on CPU (docs/sglang.md)
+MODEL = "demo_dense"  # the demo's sizes on a dense model: SGLang 0.5.23 cannot serve the demo's Llama-4 MoE on CPU (docs/sglang.md)
 STEPS = 8
 RECIPE = ["experiment=demo", f"model={MODEL}", "moe.record_routes=false", f"train.steps={STEPS}",
           "train.prompts_per_step=4", "train.generations_per_prompt=4", "train.val_every=0", "train.save_every=0",

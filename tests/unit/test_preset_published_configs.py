@@ -25,7 +25,7 @@ PUBLISHED = {  # preset -> its model's config.json (a new preset for a published
     "moonlight_16b_a3b": "Moonlight-16B-A3B.config.json",
     "deepseek_v3_671b": "DeepSeek-V3.config.json",
 }
-NOT_PUBLISHED = {"tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe", "tiny_deepseek_v3", "hf", "demo_moe",
+NOT_PUBLISHED = {"tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe", "tiny_deepseek_v3", "hf", "demo_moe", "demo_dense",
                  "gpu_check_0p5b"}  # toy shapes; `hf` takes its shapes from the checkpoint
 
 
