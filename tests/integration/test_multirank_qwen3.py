@@ -12,9 +12,12 @@ import pytest
 
 from multirank_util import COMMON, assert_same_run, convert, hf_digest, records, run_job, warm_hf_checkpoint
 
-DEMO = ["model.vocab_size=48", "model.max_position_embeddings=128"]  # the demo's widths (4 layers x 128)
+DEMO = ["model.vocab_size=48", "model.max_position_embeddings=128", "model.num_layers=4", "model.hidden_size=128",
+        "model.ffn_hidden_size=256", "model.num_attention_heads=4", "model.num_query_groups=2"]  # the demo's widths
+# (4 layers x 128: presets keep their own sizes under experiment=demo, and the 2 x 64 presets learn too little
+# in 40 SFT steps for a step to train)
 QWEN3 = ["model=tiny_qwen3", *DEMO]
-QWEN3_MOE = ["model=tiny_qwen3_moe", *DEMO, "model.shared_expert_ffn=0"]  # the demo block sets Llama-4's shared expert
+QWEN3_MOE = ["model=tiny_qwen3_moe", *DEMO, "model.moe_ffn_hidden_size=64", "model.shared_expert_ffn=0"]  # the demo block sets Llama-4's shared expert
 STEPS = ["sft.steps=0", "train.steps=3", "train.save_every=3", "metrics.weights_digest=true"]
 ON_POLICY = 1e-5
 """Max engine-vs-trainer |log-ratio| of on-policy tokens (FP32 both sides; measured ~1e-6 to 3e-6)."""

@@ -259,11 +259,21 @@ def test_gpu_memory_is_read_by_nvml_smallest_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     assert launch_config.gpu_memory_bytes() == 143_771_000_000 and calls == ["init", "shutdown"]
 
-    def no_driver():
-        raise RuntimeError("NVML Shared Library Not Found")
+    class NVMLError(Exception):  # pynvml's base class; NVMLError_LibraryNotFound derives from it
+        pass
 
-    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_driver))
+    def no_driver():
+        raise NVMLError("NVML Shared Library Not Found")
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_driver, NVMLError=NVMLError))
     assert launch_config.gpu_memory_bytes() is None
+
+    def broken():  # any other error is not "no GPU": it reaches the user
+        raise RuntimeError("unexpected")
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=broken, NVMLError=NVMLError))
+    with pytest.raises(RuntimeError, match="unexpected"):
+        launch_config.gpu_memory_bytes()
 
 
 def test_tiny_refuses_a_multi_node_allocation():
