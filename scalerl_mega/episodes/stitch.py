@@ -14,14 +14,14 @@ reuse; the sample layout is that of an episode sample:
 - `gen_logprobs`, `weight_versions`: the engine's values on generated ids; 0.0 and the preceding generated
   token's version on environment ids (the first call's first version if nothing was generated yet);
 - `submitted_version`: the version at the sample's first generated token (PipelineRL-k counts staleness from it);
-- `turns` (the calls) and `env_tokens` (the environment ids), where `Completion` has these fields;
+- `turns` (the calls) and `env_tokens` (the environment ids);
 - `routes`: the calls' routes concatenated (position t from the call whose forward sampled id t + 1), or None
   when a call of the sample recorded none.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from scalerl_mega.episodes.calls import RecordedCall
 from scalerl_mega.types import Completion, Routes
@@ -82,13 +82,11 @@ def _sample(run: list[RecordedCall], *, prompt_id: str, sample_index: int) -> Co
         if call.weight_versions:
             last_version = call.weight_versions[-1]
         total = call.prompt_ids + call.output_ids
-    # the episode counters, where `Completion` has them (issue 57's episode fields)
-    counters = {k: v for k, v in (("turns", len(run)), ("env_tokens", n_env))
-                if k in {f.name for f in fields(Completion)}}
     return Completion(prompt_id=prompt_id, sample_index=sample_index, prompt_ids=list(first.prompt_ids),
                       output_ids=ids, gen_logprobs=logprobs, weight_versions=versions,
                       finish_reason=run[-1].finish_reason, loss_mask=mask,
-                      submitted_version=versions_seen[0] if versions_seen else 0, routes=_routes(run), **counters)
+                      submitted_version=versions_seen[0] if versions_seen else 0, routes=_routes(run),
+                      turns=len(run), env_tokens=n_env)
 
 
 def _routes(run: list[RecordedCall]) -> Routes | None:
