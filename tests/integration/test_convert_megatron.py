@@ -125,3 +125,15 @@ def test_deepseek_v3_logits_and_export_tp1_tp2_ep2_pp2(tmp_path):
     convert_hf_to_megatron(hf_dir=hf, out=ckpt, tp=2, ep=2)
     layouts = ["tp1", "tp2", "ep2", "pp2_hf"]
     _check(_launch(tmp_path, hf, ckpt, layouts), hf, layouts, full_export_layouts=("tp1", "tp2", "ep2"))
+
+
+@pytest.mark.timeout(900)
+def test_deepseek_v3_without_q_lora_logits_tp1_tp2(tmp_path):
+    """Moonlight / DeepSeek-V2-Lite shape (`q_lora_rank` null: the query projected straight from the hidden
+    states, no q norm): logits <= 1e-5 from HF's at one rank and TP2. megatron-core 0.19 would otherwise build a
+    second RMSNorm into the query projection or refuse the layer (`mla.mla_without_q_lora`)."""
+    hf, ckpt = str(tmp_path / "hf"), str(tmp_path / "mc")
+    save_tiny_hf("deepseek_v3", hf, q_lora_rank=None)
+    convert_hf_to_megatron(hf_dir=hf, out=ckpt, tp=2)
+    layouts = ["tp1", "tp2"]
+    _check(_launch(tmp_path, hf, ckpt, layouts), hf, layouts, full_export_layouts=("tp1", "tp2"))

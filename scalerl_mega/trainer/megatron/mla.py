@@ -40,6 +40,29 @@ def mla_core_attention() -> type:
     return MLADotProductAttention
 
 
+@functools.lru_cache(maxsize=None)
+def mla_without_q_lora() -> type:
+    """`MLASelfAttention` for MLA without a query LoRA (Moonlight, DeepSeek-V2-Lite: `q_lora_rank` null): the
+    query is projected straight from the input-normed hidden states, with no norm of its own (HF's `q_proj`);
+    the compressed kv keeps its norm. megatron-core 0.16.1 builds exactly that from the local spec. 0.19 resolves
+    the norms in `QKNormConfigResolver`, which, under `qk_layernorm` and without a q LoRA, demands a fused
+    norm+linear `linear_q_proj` (a second RMSNorm on the hidden states: not this model) and rejects a plain one;
+    this class resolves the no-q-LoRA case itself: plain `linear_q_proj`, identity q norm, the spec's kv norm
+    and a plain `linear_kv_up_proj`. With a q LoRA, or on releases without the resolver, it is the base class."""
+    from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.multi_latent_attention import MLASelfAttention
+
+    class MLASelfAttentionNoQLora(MLASelfAttention):
+        def _resolve_qk_norm_config(self, submodules):
+            if self.config.q_lora_rank is not None or submodules.kv_layernorm in (None, IdentityOp):
+                return super()._resolve_qk_norm_config(submodules)
+            return dict(linear_q_proj=submodules.linear_q_proj, linear_q_up_proj=IdentityOp,
+                        linear_kv_up_proj=submodules.linear_kv_up_proj, q_layernorm=IdentityOp,
+                        kv_layernorm=submodules.kv_layernorm)
+
+    return MLASelfAttentionNoQLora
+
+
 def build_fixes(use_te: bool) -> None:
     """Make `MLASelfAttention` buildable without TransformerEngine (module docstring)."""
     import megatron.core.transformer.multi_latent_attention as mla

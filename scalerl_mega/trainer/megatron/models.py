@@ -159,10 +159,14 @@ def layer_spec(model: ModelConfig, tcfg, *, use_te: bool):
     if model.is_mla:
         from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-        from scalerl_mega.trainer.megatron.mla import build_fixes, mla_core_attention
+        from megatron.core.transformer.multi_latent_attention import MLASelfAttention
+
+        from scalerl_mega.trainer.megatron.mla import build_fixes, mla_core_attention, mla_without_q_lora
 
         build_fixes(use_te)
         spec = replace_in_spec(spec, DotProductAttention, mla_core_attention())
+        if not model.q_lora_rank:
+            spec = replace_in_spec(spec, MLASelfAttention, mla_without_q_lora())
     if not use_te:
         from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
