@@ -15,7 +15,10 @@
 #   DRY_RUN=1           print the exact command of every step, per node, and exit 0
 #   GPUS_PER_NODE       devices per node (0: CPU run, no --gres)
 #   TRAINER_NODES       nodes given to the trainer (the last ones of the allocation)
-#   GEN_TP              devices per inference server (SGLang --tp-size)
+#   GEN_TP              devices per inference server (SGLang --tp-size); a multiple of GPUS_PER_NODE spans
+#                       GEN_TP / GPUS_PER_NODE consecutive generator nodes (SGLang --nnodes/--node-rank, one step
+#                       per node, the first node's server answers HTTP)
+#   GEN_DIST_PORT       a multi-node server's torch.distributed port on its first node (default PORT_BASE+1000)
 #   TP PP EP            Megatron tensor / pipeline / expert parallel sizes (DP is derived)
 #   RECOMPUTE           train.recompute (none | selective | full; empty: the config's)
 #   SEQUENCE_PARALLEL   1: parallel.sequence_parallel=true when TP > 1
@@ -91,7 +94,7 @@ TOKENIZER_PATH=${TOKENIZER_PATH:-}
 CPU_RANKS=${CPU_RANKS:-1}
 CPUS_PER_GPU=${CPUS_PER_GPU:-8}
 if ((GPUS_PER_NODE > 0)); then
-  CPUS_PER_GEN=${CPUS_PER_GEN:-$((GEN_TP * CPUS_PER_GPU))}
+  CPUS_PER_GEN=${CPUS_PER_GEN:-$(((GEN_TP < GPUS_PER_NODE ? GEN_TP : GPUS_PER_NODE) * CPUS_PER_GPU))}
   CPUS_PER_TRAINER=${CPUS_PER_TRAINER:-$((GPUS_PER_NODE * CPUS_PER_GPU))}
 else
   CPUS_PER_GEN=${CPUS_PER_GEN:-1}
@@ -100,6 +103,7 @@ fi
 ROLLOUT=${ROLLOUT:-sglang}
 CLUSTER=${CLUSTER:-slurm}
 PORT_BASE=${PORT_BASE:-30000}
+GEN_DIST_PORT=${GEN_DIST_PORT:-$((PORT_BASE + 1000))}
 MASTER_PORT=${MASTER_PORT:-29500}
 HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-}
 MEM_PER_GPU=${MEM_PER_GPU:-}
@@ -114,6 +118,7 @@ RUN_DIR=${RUN_DIR:-$SCALERL_REPO/outputs/slurm/${SLURM_JOB_NAME:-scalerl}-${SLUR
 GEN_NODES=()
 TRAIN_NODES=()
 SHARED_NODE=0
+GEN_NODES_PER_SERVER=1
 ENGINE_URLS=()
 STEP_PIDS=()
 STEP_NAMES=()
@@ -157,14 +162,21 @@ scalerl_split_nodes() {
     GEN_NODES=("${nodes[@]:0:n-TRAINER_NODES}")
     TRAIN_NODES=("${nodes[@]:n-TRAINER_NODES}")
   fi
-  if ((GPUS_PER_NODE > 0)) && ((GPUS_PER_NODE % GEN_TP != 0)); then
-    scalerl_die "GEN_TP=$GEN_TP must divide GPUS_PER_NODE=$GPUS_PER_NODE"
+  GEN_NODES_PER_SERVER=1
+  if ((GPUS_PER_NODE > 0)) && ((GEN_TP > GPUS_PER_NODE)); then
+    # one server over several nodes (DeepSeek-V3 in bf16: GEN_TP 16 on 8-GPU nodes)
+    ((GEN_TP % GPUS_PER_NODE == 0)) || scalerl_die "GEN_TP=$GEN_TP must divide GPUS_PER_NODE=$GPUS_PER_NODE or be a multiple of it"
+    GEN_NODES_PER_SERVER=$((GEN_TP / GPUS_PER_NODE))
+    ((SHARED_NODE == 0)) || scalerl_die "GEN_TP=$GEN_TP spans $GEN_NODES_PER_SERVER nodes of GPUS_PER_NODE=$GPUS_PER_NODE: a one-node allocation cannot hold it"
+    ((${#GEN_NODES[@]} % GEN_NODES_PER_SERVER == 0)) || scalerl_die "GEN_TP=$GEN_TP spans $GEN_NODES_PER_SERVER nodes per server, but there are ${#GEN_NODES[@]} generator nodes (${#nodes[@]} allocated - TRAINER_NODES=$TRAINER_NODES): allocate a multiple of $GEN_NODES_PER_SERVER"
+  elif ((GPUS_PER_NODE > 0)) && ((GPUS_PER_NODE % GEN_TP != 0)); then
+    scalerl_die "GEN_TP=$GEN_TP must divide GPUS_PER_NODE=$GPUS_PER_NODE or be a multiple of it"
   fi
 }
 
-# Servers per generator node: one per TP group (one in CPU runs).
+# Servers per generator node: one per TP group (one in CPU runs; 1 where a server spans several nodes).
 scalerl_servers_per_node() {
-  if ((GPUS_PER_NODE > 0)); then echo $((GPUS_PER_NODE / GEN_TP)); else echo 1; fi
+  if ((GPUS_PER_NODE > 0)) && ((GEN_TP <= GPUS_PER_NODE)); then echo $((GPUS_PER_NODE / GEN_TP)); else echo 1; fi
 }
 
 # Hook: command of an inference server on `node` at `port` -> CMD. `gpu_base` is the server's first
@@ -422,7 +434,9 @@ scalerl_main() {
   local per_node node s port
   per_node=$(scalerl_servers_per_node)
   ENGINE_URLS=()
-  for node in "${GEN_NODES[@]}"; do
+  local g
+  for ((g = 0; g < ${#GEN_NODES[@]}; g += GEN_NODES_PER_SERVER)); do  # a multi-node server: its first node's URL
+    node=${GEN_NODES[g]}
     for ((s = 0; s < per_node; s++)); do ENGINE_URLS+=("http://$node:$((PORT_BASE + s))"); done
   done
   scalerl_overrides
@@ -430,15 +444,29 @@ scalerl_main() {
   scalerl_check_nccl
   scalerl_health_timeout
   if [[ $DRY_RUN == 1 ]]; then printf 'health timeout: %ss\n' "$HEALTH_TIMEOUT"; fi
-  local idx=0
-  for node in "${GEN_NODES[@]}"; do
-    for ((s = 0; s < per_node; s++)); do
-      port=$((PORT_BASE + s))
-      scalerl_generator_cmd "$node" "$port" "$((s * GEN_TP))"
-      scalerl_step "gen$idx" "$node" 1 "$((GPUS_PER_NODE > 0 ? GEN_TP : 0))" "$CPUS_PER_GEN" -- "${CMD[@]}"
+  local idx=0 r head
+  if ((GEN_NODES_PER_SERVER > 1)); then
+    # one step per node of a server: SGLang's --nnodes/--node-rank over the first node's --dist-init-addr
+    for ((g = 0; g < ${#GEN_NODES[@]}; g += GEN_NODES_PER_SERVER)); do
+      head=${GEN_NODES[g]}
+      for ((r = 0; r < GEN_NODES_PER_SERVER; r++)); do
+        node=${GEN_NODES[g + r]}
+        scalerl_generator_cmd "$node" "$PORT_BASE" 0
+        CMD+=(--nnodes "$GEN_NODES_PER_SERVER" --node-rank "$r" --dist-init-addr "$head:$GEN_DIST_PORT")
+        scalerl_step "gen$idx.node$r" "$node" 1 "$GPUS_PER_NODE" "$CPUS_PER_GEN" -- "${CMD[@]}"
+      done
       idx=$((idx + 1))
     done
-  done
+  else
+    for node in "${GEN_NODES[@]}"; do
+      for ((s = 0; s < per_node; s++)); do
+        port=$((PORT_BASE + s))
+        scalerl_generator_cmd "$node" "$port" "$((s * GEN_TP))"
+        scalerl_step "gen$idx" "$node" 1 "$((GPUS_PER_NODE > 0 ? GEN_TP : 0))" "$CPUS_PER_GEN" -- "${CMD[@]}"
+        idx=$((idx + 1))
+      done
+    done
+  fi
   [[ $DRY_RUN == 1 ]] || scalerl_wait_healthy
   scalerl_trainer_cmd
   local trainer_nodes

@@ -11,14 +11,14 @@
 #   layout[h100_80gb]: (the defaults)                                                         43.8 of 75.7 GiB
 #   layout[h200]: GPU_TYPE=h200                                                                   43.8 of 124.8 GiB
 #   layout[gb200]: GPU_TYPE=gb200 GPUS_PER_NODE=4 TRAINER_NODES=2                                            43.8 of 164.6 GiB
-#   layout[h200]: GPU_TYPE=h200 MODEL=deepseek_v3_671b TRAINER_NODES=32 TP=8 EP=64 GEN_TP=8                 107.8 of 124.8 GiB
-#   layout[gb200]: GPU_TYPE=gb200 MODEL=deepseek_v3_671b GPUS_PER_NODE=4 TRAINER_NODES=32 TP=8 EP=64 GEN_TP=4    137.1 of 164.6 GiB
+#   layout[h200]: GPU_TYPE=h200 MODEL=deepseek_v3_671b TRAINER_NODES=32 TP=8 EP=64 GEN_TP=16                107.8 of 124.8 GiB
+#   layout[gb200]: GPU_TYPE=gb200 MODEL=deepseek_v3_671b GPUS_PER_NODE=4 TRAINER_NODES=32 TP=8 EP=64 GEN_TP=16   137.1 of 164.6 GiB
 # Generators (MLA caches the compressed KV + RoPE key: (512 + 64) x layers x 2 bytes per token, on every TP rank):
-# Moonlight at GEN_TP 1 holds 29.7 GiB of bf16 weights per H100 (31,104 KV bytes per token). DeepSeek-V3's
-# generators do NOT fit these lines: in bf16 a server needs TP 16 (78.3 GiB of weights per GPU, 70,272 KV bytes per
-# token: >= 31 sequences of 16k on H200), i.e. two H200 nodes per server, which slurm/common.sh does not launch
-# (GEN_TP must divide GPUS_PER_NODE); at GEN_TP 8 the plan is 173.6 GiB per GPU. The DeepSeek-V3 lines are the
-# trainer's layouts (tools/plan.py --model deepseek_v3_671b --gen-tp 16 plans the generator).
+# Moonlight at GEN_TP 1 holds 29.7 GiB of bf16 weights per H100 (31,104 KV bytes per token). DeepSeek-V3's servers
+# need GEN_TP 16 in bf16 (78.3 GiB of weights per GPU, 70,272 KV bytes per token: >= 31 sequences of 16k on H200;
+# at GEN_TP 8 the plan is 173.6 GiB per GPU): each server spans GEN_TP / GPUS_PER_NODE nodes (2 H200 or 4 GB200
+# nodes; SGLang --nnodes/--node-rank, one step per node), so allocate a multiple of that beside the 32 trainer
+# nodes, e.g. `sbatch --nodes=36` on H200 for 2 servers (tools/plan.py --model deepseek_v3_671b --gen-tp 16).
 # The launch reads the GPUs' memory (nvidia-ml-py) and refuses a layout that does not fit (exit 2,
 # naming one that does).
 # Submit from the repository root:

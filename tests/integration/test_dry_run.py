@@ -298,9 +298,9 @@ QWEN3_LAYOUTS = {  # name: (script, env of its `layout[...]` line, the GPU type 
 DEEPSEEK_LAYOUTS = {
     "moonlight_16b_a3b@8xh100": ("train_deepseek_v3.sh", {}, "h100_80gb"),
     "deepseek_v3_671b@h200": ("train_deepseek_v3.sh", {"MODEL": "deepseek_v3_671b", "TRAINER_NODES": "32", "TP": "8",
-                                                      "EP": "64", "GEN_TP": "8"}, "h200"),
+                                                      "EP": "64", "GEN_TP": "16"}, "h200"),
     "deepseek_v3_671b@gb200": ("train_deepseek_v3.sh", {"MODEL": "deepseek_v3_671b", "GPUS_PER_NODE": "4",
-                                                       "TRAINER_NODES": "32", "TP": "8", "EP": "64", "GEN_TP": "4"},
+                                                       "TRAINER_NODES": "32", "TP": "8", "EP": "64", "GEN_TP": "16"},
                                "gb200"),
 }
 

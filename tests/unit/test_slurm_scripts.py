@@ -396,3 +396,43 @@ def test_dense_script_takes_a_qwen3_checkpoint(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "does not match model" in r.stderr  # a Qwen3 checkpoint for the Llama preset
     assert "arch='qwen3' in config.json but model.arch gives 'llama'" in r.stderr
+
+
+def test_deepseek_v3_generators_span_two_h200_nodes():
+    """DeepSeek-V3 671B in bf16 needs GEN_TP 16 per server (78.3 GiB of weights per H200): each server spans two
+    8-GPU nodes, one step per node with SGLang's --nnodes 2 --node-rank 0|1 over the first node's
+    --dist-init-addr; only that node's URL reaches the trainer, and the devices are counted per server."""
+    lines = _dry("train_deepseek_v3.sh", "h[001-036]", MODEL="deepseek_v3_671b", GPU_TYPE="h200", TRAINER_NODES="32",
+                 TP="8", EP="64", GEN_TP="16", TRAIN_FILES="/data/p.jsonl")
+    steps = _steps(lines)
+    gens = {k: v for k, v in steps.items() if k.startswith("gen")}
+    assert sorted(gens) == ["gen0.node0", "gen0.node1", "gen1.node0", "gen1.node1"]
+    for name, node, rank, head in (("gen0.node0", "h001", "0", "h001"), ("gen0.node1", "h002", "1", "h001"),
+                                   ("gen1.node0", "h003", "0", "h003"), ("gen1.node1", "h004", "1", "h003")):
+        on, argv = gens[name]
+        assert on == node and f"--nodelist={node}" in argv and "--gres=gpu:8" in argv
+        assert "--cpus-per-task=64" in argv  # the node's 8 GPUs x CPUS_PER_GPU, not 16 x 8
+        assert argv[argv.index("--tp-size") + 1] == "16" and argv[argv.index("--nnodes") + 1] == "2"
+        assert argv[argv.index("--node-rank") + 1] == rank
+        assert argv[argv.index("--dist-init-addr") + 1] == f"{head}:31000"
+    assert "engine urls: [http://h001:30000,http://h003:30000]" in lines
+    targv = steps["trainer"][1]
+    assert steps["trainer"][0] == ",".join(f"h{i:03d}" for i in range(5, 37))
+    for ov in ("model=deepseek_v3_671b", "rollout.num_engines=2", "rollout.sglang_tp_size=16",
+               "cluster.generator_devices=32", "cluster.trainer_devices=256", "cluster.nodes=36"):
+        assert ov in targv, ov
+
+
+@pytest.mark.parametrize("nodelist,gen_tp,message", [
+    ("h[001-035]", "16", "GEN_TP=16 spans 2 nodes per server, but there are 3 generator nodes (35 allocated - "
+                         "TRAINER_NODES=32): allocate a multiple of 2"),
+    ("h[001-036]", "12", "GEN_TP=12 must divide GPUS_PER_NODE=8 or be a multiple of it"),
+])
+def test_multi_node_generators_refuse_a_split_that_does_not_tile(nodelist, gen_tp, message):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    e.update(DRY_RUN="1", SLURM_JOB_NODELIST=nodelist, SCALERL_PYTHON=sys.executable, MODEL="deepseek_v3_671b",
+             GPU_TYPE="h200", TRAINER_NODES="32", TP="8", EP="64", GEN_TP=gen_tp, TRAIN_FILES="/data/p.jsonl")
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_deepseek_v3.sh")], env=e, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0 and message in r.stderr, r.stderr
+    assert "step " not in r.stdout
