@@ -67,7 +67,7 @@ def test_deepseek_v3_one_rank_engine_agrees_with_trainer(tmp_path, ds_init, ds_s
     _exported_and_frozen(ds_single, tmp_path, ds_init, recs)
 
 
-@pytest.mark.slow
+@pytest.mark.compat  # ~65 s each: the compatibility leg of .ci/run runs them (make test-compat), make test does not
 @pytest.mark.parametrize("mode", ["none", "ids"])
 def test_deepseek_v3_ep2_matches_one_rank(tmp_path, ds_init, ds_single, mode):
     out = tmp_path / "ep2"
