@@ -1,16 +1,22 @@
-"""Hydra plugin entry for `hydra/sweeper=skip_done` (conf/hydra/sweeper/skip_done.yaml).
+"""Hydra plugin entries for the default `hydra/sweeper=scalerl` and `hydra/sweeper=skip_done`
+(conf/hydra/sweeper/).
 
 Hydra instantiates sweepers only from classes defined in the `hydra_plugins` namespace package
-(it keys plugins by `<defining module>.<class name>`), so this module defines a subclass of
-`scalerl_mega.cluster.sweep.SkipDoneSweeper`; the behaviour lives there. `hydra_plugins` is a
+(it keys plugins by `<defining module>.<class name>`), so this module defines subclasses of
+`scalerl_mega.cluster.sweep`'s sweepers; the behaviour lives there. `hydra_plugins` is a
 namespace package shared with other plugins (hydra-submitit-launcher): no `hydra_plugins/__init__.py`.
 """
 
 from __future__ import annotations
 
+from scalerl_mega.cluster.sweep import ScalerlSweeper as _ScalerlSweeper
 from scalerl_mega.cluster.sweep import SkipDoneSweeper as _SkipDoneSweeper
 
-__all__ = ["SkipDoneSweeper"]
+__all__ = ["ScalerlSweeper", "SkipDoneSweeper"]
+
+
+class ScalerlSweeper(_ScalerlSweeper):
+    """Hydra's basic sweeper, each point's folder named by its overrides (see scalerl_mega/cluster/sweep.py)."""
 
 
 class SkipDoneSweeper(_SkipDoneSweeper):
