@@ -31,9 +31,16 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hydra.core.config_loader import ConfigLoader
+    from hydra.core.utils import JobReturn
+    from hydra.plugins.launcher import Launcher
+    from hydra.types import HydraContext, TaskFunction
+    from omegaconf import DictConfig
 
 log = logging.getLogger("scalerl_mega.cluster.sweep")
 
@@ -115,7 +122,7 @@ class _NamedPointsLauncher:
     the excluded keys (unless the command line set a subdir) and refuses the batch, before launching any of it,
     when two points get one folder."""
 
-    def __init__(self, inner: Any, *, config_loader: Any, config: Any) -> None:
+    def __init__(self, inner: Launcher, *, config_loader: ConfigLoader, config: DictConfig) -> None:
         from omegaconf import OmegaConf
 
         self.inner = inner
@@ -135,7 +142,7 @@ class _NamedPointsLauncher:
         ordered = [o for o in kept if o not in common] + [o for o in kept if o in common]
         return [*overrides, f"hydra.sweep.subdir='{point_subdir(ordered)}'"]
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[Any]:
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from omegaconf import open_dict
 
         common = set.intersection(*(set(ov) for ov in job_overrides)) if len(job_overrides) > 1 else set()
@@ -148,8 +155,6 @@ class _NamedPointsLauncher:
             folders.setdefault(point_output_dir(cfg), []).append(" ".join(job_overrides[i]))
         shared = [(d, pts) for d, pts in folders.items() if len(pts) > 1]
         if shared:
-            from scalerl_mega.run_dir import config_error_exit
-
             d, pts = shared[0]
             why = (f"hydra.sweep.subdir={self.user_subdir} gives" if self.user_subdir is not None else
                    f"the points differ only in keys left out of folder names ({', '.join(self.exclude)}: "
@@ -157,29 +162,34 @@ class _NamedPointsLauncher:
             fix = ("drop hydra.sweep.subdir (the default names each point's folder by its overrides) or make it "
                    "differ per point (e.g. ${hydra.job.num})" if self.user_subdir is not None else
                    "sweep them in separate multiruns or set hydra.sweep.subdir='${hydra.job.num}'")
-            config_error_exit(ValueError(f"{why} {len(pts)} points of this sweep one folder, {d} ({'; '.join(pts)}), "
-                                         f"so they would overwrite each other's run: {fix}; nothing was launched"))
+            raise SweepFolderClash(f"{why} {len(pts)} points of this sweep one folder, {d} ({'; '.join(pts)}), "
+                                   f"so they would overwrite each other's run: {fix}; nothing was launched")
         return self.inner.launch(named, initial_job_idx=initial_job_idx)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
+
+
+class SweepFolderClash(ValueError):
+    """Two points of a sweep would get one folder (raised before any point is launched; the plugin entry,
+    hydra_plugins/scalerl_skip_done, reports it as a one-line `config error:` with exit status 2)."""
 
 
 class ScalerlSweeper(BasicSweeper):
     """Hydra's basic sweeper (grid over the command line's sweep values), each point in a folder named by its
     overrides; a sweep whose points would share a folder is refused before any point runs."""
 
-    def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         self.launcher = _NamedPointsLauncher(self._wrap(self.launcher, hydra_context=hydra_context, config=config),
                                              config_loader=hydra_context.config_loader, config=config)
 
-    def _wrap(self, launcher: Any, *, hydra_context: Any, config: Any) -> Any:
+    def _wrap(self, launcher: Launcher, *, hydra_context: HydraContext, config: DictConfig) -> Launcher:
         return launcher
 
 
 class SkipDoneSweeper(ScalerlSweeper):
     """`ScalerlSweeper` minus the points whose run finished."""
 
-    def _wrap(self, launcher: Any, *, hydra_context: Any, config: Any) -> Any:
+    def _wrap(self, launcher: Launcher, *, hydra_context: HydraContext, config: DictConfig) -> Launcher:
         return _SkipDoneLauncher(launcher, config_loader=hydra_context.config_loader, config=config)
