@@ -183,8 +183,11 @@ def reward_error_counts(groups: Sequence[Group]) -> tuple[Counter[str], int]:
 
 def reward_error_metrics(groups: Sequence[Group]) -> dict[str, object]:
     """A step's scoring failures (the reward raised or its worker died; a timeout is a verdict): `reward/errors`
-    (samples), `reward/error_rate`, `reward/errors_by_kind` ({"ValueError at my_reward.py:3": n}, when any) and
+    (samples), `reward/error_rate`, `reward/errors_by_kind` ({"ValueError at my_reward.py:3": n}, when any),
+    `reward/first_error` (the first failing sample's one-line reason without `error: `, when any; report.md quotes it) and
     `reward/timeouts` (samples past the per-item deadline)."""
+    from scalerl_mega.rewards.result import ERROR_PREFIX, error_key
+
     counts, n = reward_error_counts(groups)
     out: dict[str, object] = {"reward/errors": float(sum(counts.values())),
                               "reward/error_rate": sum(counts.values()) / max(n, 1),
@@ -192,6 +195,8 @@ def reward_error_metrics(groups: Sequence[Group]) -> dict[str, object]:
                                                            for s in g.samples))}
     if counts:
         out["reward/errors_by_kind"] = dict(counts.most_common())
+        first = next(s.reason for g in groups for s in g.samples if error_key(s.reason) is not None)
+        out["reward/first_error"] = first.removeprefix(ERROR_PREFIX)
     return out
 
 

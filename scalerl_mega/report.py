@@ -48,6 +48,23 @@ def _summary_lines(points: list[tuple[float, float, int]], train: list[dict], *,
     return lines
 
 
+def _reward_error_lines(train: list[dict]) -> list[str]:
+    """The "- reward calls that failed" line when any scoring call raised or its worker died (the loop's
+    `reward/errors` and `reward/first_error` metrics, `inflight.reward_error_metrics`): the count over the run and
+    the first error of the first step that had one; [] when none failed."""
+    failed = [r for r in train if r.get("reward/errors")]
+    if not failed:
+        return []
+    total = sum(float(r["reward/errors"]) for r in train if r.get("reward/errors"))
+    samples = sum(float(r.get("samples", 0) or 0) for r in train)
+    of = f" of {samples:.0f} scored samples" if samples else ""
+    first = failed[0].get("reward/first_error") or next(iter(failed[0].get("reward/errors_by_kind") or {}),
+                                                        "not recorded")
+    return [f"- reward calls that failed: {total:.0f}{of} in {len(failed)} step(s); first error (step "
+            f"{failed[0]['step']}): {first} (each error's first traceback is in the run's log; they scored as "
+            "incorrect)"]
+
+
 def _domain_lines(val: list[dict], *, key: str, curves: list, cut_fraction: float | None,
                   fit_from: float | None) -> list[str]:
     """The "Per domain" table when validation has more than one domain (each domain's fitted curve is
@@ -95,7 +112,8 @@ def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget
     key = compute_key(val)
     unit = "GPU-hours" if key == "compute_gpu_hours" else "device-hours"
     points = [(float(r[key]), float(r["val_pass_rate"]), int(r["step"])) for r in val]
-    lines = [f"# {title}", "", *_summary_lines(points, train, extra=extra, unit=unit), ""]
+    lines = [f"# {title}", "", *_summary_lines(points, train, extra=extra, unit=unit), *_reward_error_lines(train),
+             ""]
     n_samples = [float(r["val_prompts"]) * float(r["val_samples_per_prompt"]) if "val_prompts" in r and
                  "val_samples_per_prompt" in r else None for r in val]
     ns = None if any(v is None for v in n_samples) else n_samples

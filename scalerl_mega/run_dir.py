@@ -201,7 +201,7 @@ def config_or_exit(cfg: TrainConfig, *, validate_only: bool = False):
         print(start_banner(config), flush=True)  # before the heavy imports: the first line comes in seconds
     if validate_only:
         n = config.model.num_params()
-        print(f"config OK: model '{config.model.name}' ({n['total'] / 1e6:.1f}M parameters), data={data_label(config)}, "
+        print(f"config OK: model {model_label(config)} ({n['total'] / 1e6:.1f}M parameters), data={data_label(config)}, "
               f"loss={config.loss.name}, reward={config.reward.name}, output_dir={config.output_dir}", flush=True)
         return None
     return config
@@ -235,11 +235,26 @@ def start_banner(config: TrainConfig) -> str:
         f"scalerl-train: run '{config.run_name}' (seed {config.seed}) -> {config.output_dir} "
         "(report.md there at the end)",
         f"  recipe  {recipe}",
-        f"  model   {_count(n['total'])} parameters ({m.num_layers} layers, hidden {m.hidden_size}{moe}); "
+        f"  model   {model_label(config)}: {_count(n['total'])} parameters ({m.num_layers} layers, hidden {m.hidden_size}{moe}); "
         f"data={data_label(config)}, reward={config.reward.name}; {config.cluster.device}, rollout={config.rollout.name}",
         f"  steps   {start} {t.steps} RL steps x {t.prompts_per_step} prompts x {t.generations_per_prompt} "
         f"samples{val}",
     ])
+
+
+def model_label(config: TrainConfig) -> str:
+    """The model by its own name: the preset's (`'tiny_qwen3'`), or for `model=hf` the checkpoint's: its directory
+    name and config.json's `model_type` (`'Qwen3-8B' (model=hf, qwen3, from /ckpt/Qwen3-8B)`), not 'hf'."""
+    from scalerl_mega.model.hf_import import HF_MODEL_NAME, hf_text_config, read_hf_config
+
+    if config.model.name != HF_MODEL_NAME or not config.init_from_hf:
+        return f"'{config.model.name}'"
+    path = Path(config.init_from_hf)
+    try:
+        kind = f", {hf_text_config(read_hf_config(path)).get('model_type', 'no model_type')}"
+    except ValueError:  # the banner names what it can: the load reports an unreadable config.json
+        kind = ""
+    return f"'{path.resolve().name}' (model=hf{kind}, from {config.init_from_hf})"
 
 
 def data_label(config: TrainConfig) -> str:

@@ -73,8 +73,8 @@ def _process_setup(config: TrainConfig) -> int:
     (checked against `cluster.trainer_devices`)."""
     import logging
 
+    from scalerl_mega.config.machine import check_world_size
     from scalerl_mega.preemption import watch_parent
-    from scalerl_mega.trainer.megatron.parallel import world_size_from_env
 
     logging.getLogger("megatron").setLevel(logging.WARNING)  # per-parameter DDP / optimizer dumps
     _quiet_megatron_imports(cpu=config.cluster.device == "cpu")
@@ -82,13 +82,9 @@ def _process_setup(config: TrainConfig) -> int:
         import torch
 
         torch.set_num_threads(config.cluster.trainer_threads)
-    world = world_size_from_env()
+    world = check_world_size(config)  # also run by --validate (config.validate_machine)
     if world > 1:  # a rank whose launcher (torchrun agent, srun) is gone exits (trainer/ranks.py "Failure")
         watch_parent(os.getppid(), name=f"trainer rank {os.environ.get('RANK', '?')}", every_s=1.0)
-    if config.cluster.trainer_devices and config.cluster.trainer_devices != world:
-        raise ValueError(f"cluster.trainer_devices={config.cluster.trainer_devices} but this trainer job has "
-                         f"WORLD_SIZE={world} ranks (set cluster.trainer_devices={world}, or 0 to take it "
-                         "from the launcher)")
     return world
 
 

@@ -9,10 +9,12 @@
 #   layout[h100_80gb]: (the defaults)                                               70.9 of 75.7 GiB
 #   layout[h200]: GPU_TYPE=h200                                                    70.9 of 124.8 GiB
 #   layout[gb200]: GPU_TYPE=gb200 GPUS_PER_NODE=4 TRAINER_NODES=2                                  70.9 of 164.6 GiB
+#   layout[h100_80gb]: GPU_TYPE=h100_80gb MODEL=qwen3_235b_a22b TRAINER_NODES=8 TP=4 PP=2 EP=32 GEN_TP=8    75.5 of 75.7 GiB (0.2 GiB spare)
 #   layout[h200]: GPU_TYPE=h200 MODEL=qwen3_235b_a22b TRAINER_NODES=8 TP=4 PP=2 EP=32 GEN_TP=8    75.5 of 124.8 GiB
 #   layout[gb200]: GPU_TYPE=gb200 MODEL=qwen3_235b_a22b GPUS_PER_NODE=4 TRAINER_NODES=8 TP=4 PP=2 EP=16 GEN_TP=4  136.3 of 164.6
 # Generators: 30B-A3B at GEN_TP 2 holds 30.5 GiB of bf16 weights per H100; 235B-A22B at GEN_TP 8 on H200
-# (4 KV heads, each on 2 GPUs) 55 GiB, at GEN_TP 4 on GB200 110 GiB, leaving KV for >= 51 sequences of 16k.
+# (4 KV heads, each on 2 GPUs) 55 GiB, at GEN_TP 4 on GB200 110 GiB, leaving KV for >= 51 sequences of 16k;
+# on H100 the same 55 GiB per GPU leaves far less room for the KV cache.
 # The launch reads the GPUs' memory (nvidia-ml-py) and refuses a layout that does not fit (exit 2,
 # naming one that does).
 # Submit from the repository root:

@@ -1,9 +1,11 @@
 """Checks against this machine, run by `scalerl-train` before anything is built (skipped for
 cluster.name=slurm, whose jobs run elsewhere): the requested devices exist, the tokenizer directory loads,
-and a warning when bf16 parameters would be emulated on this CPU."""
+and a warning when bf16 parameters would be emulated on this CPU; the launcher's WORLD_SIZE matches
+`cluster.trainer_devices` (a Slurm run's: inside its job, where WORLD_SIZE is set)."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,6 +36,22 @@ def validate_machine(cfg: TrainConfig) -> None:
                 break
     if cfg.cluster.name == "local" and cfg.cluster.device == "cpu" and cfg.precision.params_dtype == "bfloat16":
         warn_cpu_bf16()
+    if cfg.cluster.name == "local" or "WORLD_SIZE" in os.environ:  # a Slurm run's ranks are its job's, not here
+        check_world_size(cfg)
+
+
+def check_world_size(cfg: TrainConfig) -> int:
+    """The trainer's ranks (WORLD_SIZE of its launcher, torchrun / srun; 1 without one) against
+    `cluster.trainer_devices` (0: take it from the launcher); returns the world size. Run by `--validate` and by
+    the run (train._process_setup) alike, in the launcher's environment."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if getattr(cfg, "dry_run", False):  # the meta-device dry run plans cluster.trainer_devices ranks in one process
+        return world
+    if cfg.cluster.trainer_devices and cfg.cluster.trainer_devices != world:
+        raise ValueError(f"cluster.trainer_devices={cfg.cluster.trainer_devices} but this trainer job has "
+                         f"WORLD_SIZE={world} ranks (set cluster.trainer_devices={world}, or 0 to take it "
+                         "from the launcher)")
+    return world
 
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 """/proc/cpuinfo flags of native bf16 arithmetic: x86 AVX512-BF16 and AMX-BF16, AArch64 BF16 (`Features`)."""

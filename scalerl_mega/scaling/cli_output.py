@@ -19,16 +19,22 @@ def num(v: float, fmt: str) -> str:
 def loo_json(loo) -> dict | None:
     if loo is None:
         return None
-    return {"A_mean": loo.A_mean, "margin": loo.margin, "best": loo.best, "excluded": list(loo.excluded),
+    return {"A_mean": None if math.isnan(loo.A_mean) else loo.A_mean, "margin": loo.margin, "best": loo.best, "excluded": list(loo.excluded),
             "runs": [{"run": r.label, "A": r.fit.A if r.fit.identified else None, "A_minus_mean": r.A_offset,
                       "within_margin": r.within_margin, "B_at_A_mean": r.B, "C_mid_at_A_mean": r.C_mid}
                      for r in loo.runs]}
 
 
 def print_loo(loo) -> None:
-    print(f"leave-one-out at the common A={loo.A_mean:.4f} (mean over {len(loo.runs) - len(loo.excluded)} runs; "
-          "every run refit at it, paper Sec. 6 / App. A.5):")
-    table = [("run", "A", "A - mean", "B at mean A", "C_mid at mean A", "")]
+    n_ident = len(loo.runs) - len(loo.excluded)
+    if n_ident == 0:
+        print(f"leave-one-out (paper Sec. 6 / App. A.5): no common A to refit at: none of the {len(loo.runs)} runs "
+              "has an identified A (each run's notes above say why); B and C_mid above are each run's own fit")
+        return
+    print(f"leave-one-out at the common A={loo.A_mean:.4f} (the A of the one identified run" if n_ident == 1 else
+          f"leave-one-out at the common A={loo.A_mean:.4f} (mean over {n_ident} identified runs", end="")
+    print("; every run refit at it, paper Sec. 6 / App. A.5):")
+    table = [("run", "A", "A - mean", "B at mean A", "C_mid at mean A", "note")]
     for r in sorted(loo.runs, key=lambda r: -r.B if r.fixed is not None else math.inf):
         if r.fixed is None:
             table.append((r.label, "not identified", "-", "-", "-", "excluded"))
@@ -94,8 +100,7 @@ def print_table(desc, rows, loo, plots, seeds=None, *, not_fitted=()) -> None:
         a = num(r["A"], ".3f") if r["identified"] else "not identified"
         table.append((
             r["run"], str(r["n_points"]), a, f"{r['A_interval'][0]:.3f}..{r['A_interval'][1]:.3f}",
-            num(r["B"], ".3f") if r["identified"] else "-",
-            num(r["C_mid"], ".4g") if r["identified"] else "-",
+            num(r["B"], ".3f"), num(r["C_mid"], ".4g"),  # as report.md: the fit's B and C_mid, identified or not
             "yes" if r["identified"] else "NO",
             (f"{later['mae']:.4f} / {later['noise_floor']:.4f} = {later['ratio']:.1f}x"
              + ("" if later["forecast"] else " (unvetted)")) if later else "-",

@@ -1,6 +1,10 @@
-"""Every shell command of README.md and docs/*.md (their ```bash blocks) works as written (issue 59).
+"""Every shell command of README.md and docs/*.md works as written (issue 59): the lines of their ```bash blocks
+and the commands in inline backticks (`scalerl-...`, `python ...`, `make ...`, `bash ...`, `torchrun ...`, with
+or without `.venv/bin/` and leading `VAR=value`s).
 
-Each command is classified by the first rule of `RULES` it matches:
+Each command is classified by the first rule of `INLINE_RULES` (inline commands only) or `RULES` it matches:
+* target: `make <target>`: the Makefile has the target (running it is a test suite or a demo of minutes);
+* mention: an inline command with placeholders (`...`, `<dir>`, `RUN`, `a|b`): the tool's `--help` must work;
 * run: run as written (paths under /tmp/ moved into the test's directory);
 * validate: a training command run with `--validate` instead (every check before the first step, seconds);
 * help: a tool whose inputs only a finished run or a cluster has: `--help` must work (the tool exists and imports);
@@ -37,12 +41,57 @@ RULES: list[tuple[str, str, str]] = [  # (regex on the command, mode, reason for
     (r"tools/convert_hf_to_megatron\.py --hf-dir /tmp/", "run", ""),
     (r"tools/convert_(hf_to_megatron|megatron_to_hf)\.py", "help", "placeholders HF / CKPT"),
     (r"scalerl-train -m .*cluster=slurm", "skip", "a Slurm sweep (tests/integration/test_slurm_local.py)"),
+    (r"scalerl-train --validate -m .*sweep-check", "skip",
+     "tests/integration/test_sweep_folders.py runs it and checks the folders it names"),
     (r"scalerl-train|torchrun .*-m scalerl_mega\.train", "validate", ""),
     (r"tools/cluster_sim\.py --calibration", "help", "needs the demo's metrics (make demo)"),
     (r"tools/cluster_sim\.py", "run", ""),
     (r"tools/sweep_report\.py", "help", "needs a finished sweep"),
     (r"scalerl-fit", "help", "needs finished runs (make demo; tests/unit/test_scaling_cli.py runs it on built ones)"),
 ]
+
+
+INLINE_RULES: list[tuple[str, str, str]] = [
+    (r"^make \S+", "target", ""),
+    (r"-m pytest\b", "skip", "a test run (the suites themselves)"),
+    (r"tests\.sglang_support\.|sglang\.launch_server|scalerl_mega\.serve\b", "skip",
+     "needs the SGLang venv (make test-sglang)"),
+    (r"--device cuda|triton\.aot|cluster\.gpu_envs", "skip", "needs a GPU or the GPU environments"),
+    (r"(^|\s)\S*bench/\w+\.py", "help", "a benchmark of minutes"),
+    (r"\.\.\.|<[^>]*>|\[\.\.\.\]|\b(RUN|N|X|F)\b|\S\|\S|\{.*,.*\}", "mention", "placeholders"),
+    (r"^\S*scalerl-(train|fit)$", "mention", "the tool named"),
+    (r"init_from_hf=/ckpt/|my_pkg\.", "skip", "names the user's own checkpoint or package"),
+    (r"scalerl-train --(help|cfg job)\b", "run", ""),
+    (r"launch_config$", "skip", "the Slurm scripts' launch check of a run's overrides (tests/unit/test_slurm_scripts.py)"),
+]
+
+COMMAND_START = re.compile(r"^([A-Z_]+=\S+ )*(\.venv/bin/)?(scalerl-|python3? |make |bash |torchrun )")
+
+
+def inline_commands() -> list[tuple[str, str]]:
+    """(doc file, command) of every inline `...` span outside the fenced blocks that starts like a command."""
+    out = []
+    for doc in DOCS:
+        text = re.sub(r"^\s*```.*?^\s*```", "", doc.read_text(), flags=re.S | re.M).replace("```", "")
+        for span in re.findall(r"`([^`\n]+(?:\n[^`\n]+)*)`", text):
+            cmd = " ".join(span.split())
+            if COMMAND_START.match(cmd):
+                out.append((doc.relative_to(REPO).as_posix(), cmd))
+    return out
+
+
+def shell_words(cmd: str) -> list[str]:
+    """The words bash makes of `cmd`: shlex's, with bash's ANSI-C quoting `$'...'` decoded first (`\\n` a newline)."""
+    import codecs
+
+    def ansi_c(m: re.Match) -> str:
+        return shlex.quote(codecs.decode(m.group(1), "unicode_escape"))
+
+    return shlex.split(re.sub(r"\$'((?:[^'\\]|\\.)*)'", ansi_c, cmd))
+
+
+def make_targets() -> set[str]:
+    return set(re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M))
 
 
 def doc_commands() -> list[tuple[str, str]]:
@@ -63,8 +112,8 @@ def doc_commands() -> list[tuple[str, str]]:
     return out
 
 
-def classify(cmd: str) -> tuple[str, str]:
-    for pattern, mode, why in RULES:
+def classify(cmd: str, *, inline: bool = False) -> tuple[str, str]:
+    for pattern, mode, why in (INLINE_RULES if inline else []) + RULES:
         if re.search(pattern, cmd):
             return mode, why
     raise AssertionError(f"no rule for the docs command {cmd!r}: add one to RULES")
@@ -73,8 +122,8 @@ def classify(cmd: str) -> tuple[str, str]:
 def as_argv(cmd: str, mode: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
     """The command's argv and environment: console scripts and the venv's python as this interpreter's modules,
     /tmp/ under `tmp`, `--validate` for a validate command, `--help` for a help one."""
-    cmd = cmd.replace("/tmp/", f"{tmp}/")
-    words = shlex.split(cmd)
+    cmd = cmd.replace("/tmp/", f"{tmp}/").replace("$PWD", str(REPO))  # run in the repository root
+    words = shell_words(cmd)
     env = {}
     while words and re.match(r"^[A-Z_]+=", words[0]):
         k, v = words.pop(0).split("=", 1)
@@ -91,9 +140,15 @@ def as_argv(cmd: str, mode: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
     if mode == "validate":
         words = [w for w in words if w != "--validate"]
         words.insert(3, "--validate")
-    if mode == "help":
+    if mode == "mention":
+        mode = "help"
+        words = [w.split("|")[0] for w in words if not re.search(r"\.\.\.|<", w)]  # a|b: the first
+    if mode == "help" and words[1:3] in (["-m", "scalerl_mega.train"], ["-m", "scalerl_mega.scaling.cli"]):
+        words = [*words[:3], "--help"]
+    elif mode == "help":
         tool = next(i for i, w in enumerate(words) if w.endswith(".py") or w.startswith("scalerl_mega"))
-        words = [*words[:tool + 1], "--help"]
+        sub = next((i for i in range(tool + 1, len(words)) if words[i].startswith("-")), len(words))
+        words = [*words[:sub], "--help"]  # with its subcommand (`reproduce.py sweep --help`) or positionals
     return words, env
 
 
@@ -104,22 +159,40 @@ def test_every_docs_command_is_classified():
     assert modes == {"run", "validate", "help", "skip"}, modes
 
 
+def test_every_inline_docs_command_is_classified():
+    cmds = inline_commands()
+    assert len(cmds) > 60 and any(c.startswith(".venv/bin/scalerl-train data=jsonl") for _, c in cmds)
+    modes = {classify(c, inline=True)[0] for _, c in cmds}
+    assert modes == {"target", "mention", "run", "validate", "help", "skip"}, modes
+
+
 def test_the_docs_commands_work_as_written(tmp_path):
     seen = set()
     env0 = {**os.environ, "PYTHONPATH": str(REPO), "HYDRA_FULL_ERROR": "0"}
     failures = []
-    for doc, cmd in doc_commands():
-        mode, _ = classify(cmd)
-        if mode == "skip" or cmd in seen:
+    targets = make_targets()
+    commands = [(doc, cmd, False) for doc, cmd in doc_commands()] + [(d, c, True) for d, c in inline_commands()]
+    for doc, cmd, inline in commands:
+        mode, _ = classify(cmd, inline=inline)
+        if mode == "target":
+            target = cmd.split()[1]
+            if target not in targets:
+                failures.append(f"{doc}: {cmd}\n  the Makefile has no target {target!r}")
             continue
-        seen.add(cmd)
         argv, env = as_argv(cmd, mode, tmp_path)
+        if mode == "skip" or (tuple(argv), tuple(env.items())) in seen:
+            continue
+        seen.add((tuple(argv), tuple(env.items())))
         run_env = {**env0, **env}
         if "output_dir=" not in cmd and argv[1:3] == ["-m", "scalerl_mega.train"]:
             argv.append(f"output_dir={tmp_path}/run{len(seen)}")
         r = subprocess.run(argv, cwd=REPO, env=run_env, capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             failures.append(f"{doc}: {cmd}\n  ({mode}: {' '.join(argv)}) rc={r.returncode}\n{r.stderr[-1500:]}")
+        elif argv[-1] == "--help" and "--help" not in cmd:  # the options the docs name are the tool's
+            unknown = [o for o in re.findall(r"(?<!\S)--[a-z][\w-]*", cmd) if o not in r.stdout]
+            if unknown:
+                failures.append(f"{doc}: {cmd}\n  {' '.join(argv)} lists no {', '.join(unknown)}")
     assert not failures, "\n\n".join(failures)
 
 
@@ -137,3 +210,17 @@ def test_classification_and_rewriting(tmp_path, cmd, mode):
     if mode == "run":
         argv, env = as_argv(cmd, mode, tmp_path)
         assert argv == ["bash", "slurm/train_scout.sh"] and env == {"DRY_RUN": "1", "TRAIN_FILES": "/data/p.jsonl"}
+
+
+def test_the_template_command_of_extending_md_gives_a_newline():
+    """docs/extending.md's `data.template` word, as bash passes it to Hydra, composes to the intended template
+    ("Q: {problem}", a newline, "A:"); plain single quotes would give a backslash and an n."""
+    from scalerl_mega.compose import compose_node
+
+    cmd = next(c for d, c in inline_commands() if d == "docs/extending.md" and "data.template=" in c)
+    word = next(w for w in shell_words(cmd) if w.startswith("data.template="))
+    raw = re.search(r"\$'data\.template=[^']*'", cmd).group(0)
+    assert word == subprocess.run(["bash", "-c", f"printf %s {raw}"], capture_output=True, text=True).stdout  # bash's
+    assert compose_node(["data=jsonl", word]).data.template == "Q: {problem}\nA:"
+    plain = next(w for w in shell_words("'data.template=\"Q: {problem}\\nA:\"'") if w.startswith("data."))
+    assert compose_node(["data=jsonl", plain]).data.template == "Q: {problem}\\nA:"  # what the docs had

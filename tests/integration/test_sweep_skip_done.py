@@ -4,7 +4,7 @@ discovered in the `hydra_plugins` namespace package, the basic (local) launcher.
 The task function is a stand-in for `scalerl-train` that writes what the real one writes at the end
 of a run -- `summary.json` with the steps reached -- and logs each launch. The point `seed=0`
 finishes, `seed=1` is "interrupted" (summary one step short). An identical second multirun must
-launch only `seed=1`, in its own directory (`hydra.job.num` stays 1 although point 0 is skipped).
+launch only `seed=1`, in its own folder (named by its overrides less `train.steps`: `seed=1,experiment=demo`).
 A last test runs the real `scalerl-train -m` twice on two tiny points (slow).
 """
 
@@ -56,23 +56,27 @@ def _launches(log: Path) -> list[dict]:
     return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
 
 
+P0, P1 = "seed=0,experiment=demo", "seed=1,experiment=demo"  # the points' folders (what differs first)
+
+
 def test_second_multirun_skips_finished_points(tmp_path):
     sweep, log = tmp_path / "sweep", tmp_path / "launches.jsonl"
     _multirun(sweep, log)
     first = _launches(log)
-    assert [(r["seed"], Path(r["dir"]).name) for r in first] == [(0, "0"), (1, "1")]
-    assert json.loads((sweep / "0" / "summary.json").read_text()) == {"steps": 3}
-    assert json.loads((sweep / "1" / "summary.json").read_text()) == {"steps": 2}
+    assert [(r["seed"], Path(r["dir"]).name) for r in first] == [(0, P0), (1, P1)]
+    assert json.loads((sweep / P0 / "summary.json").read_text()) == {"steps": 3}
+    assert json.loads((sweep / P1 / "summary.json").read_text()) == {"steps": 2}
 
     proc = _multirun(sweep, log)
     second = _launches(log)[len(first):]
-    assert [(r["seed"], Path(r["dir"]).name) for r in second] == [(1, "1")]  # only the unfinished point
+    assert [(r["seed"], Path(r["dir"]).name) for r in second] == [(1, P1)]  # only the unfinished point
     assert "skip" in proc.stdout + proc.stderr and "seed=0" in proc.stdout + proc.stderr
 
-    # a larger train.steps makes both points unfinished again: both run
+    # a larger train.steps makes both points unfinished again: both run, in their folders (train.steps is not
+    # part of a folder's name)
     _multirun(sweep, log, "train.steps=4")
     third = _launches(log)[len(first) + len(second):]
-    assert [(r["seed"], Path(r["dir"]).name) for r in third] == [(0, "0"), (1, "1")]
+    assert [(r["seed"], Path(r["dir"]).name) for r in third] == [(0, P0), (1, P1)]
 
 
 def test_plugin_is_a_namespace_portion():
@@ -87,6 +91,7 @@ def test_plugin_is_a_namespace_portion():
     assert proc.returncode == 0, proc.stderr
     sweepers, launchers = proc.stdout.splitlines()[-2:]
     assert "hydra_plugins.scalerl_skip_done.SkipDoneSweeper" in sweepers
+    assert "hydra_plugins.scalerl_skip_done.ScalerlSweeper" in sweepers
     assert "hydra_plugins.hydra_submitit_launcher" in launchers  # the installed portion is still found
 
 
@@ -104,10 +109,12 @@ def test_real_train_multirun_twice(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    for d in ("0", "1"):
+    points = [p.name for p in sorted(sweep.iterdir()) if p.is_dir()]
+    assert len(points) == 2 and [p[:7] for p in points] == ["seed=0,", "seed=1,"], points
+    for d in points:
         assert json.loads((sweep / d / "summary.json").read_text())["steps"] == 2
-    mtimes = {d: (sweep / d / "metrics.jsonl").stat().st_mtime_ns for d in ("0", "1")}
+    mtimes = {d: (sweep / d / "metrics.jsonl").stat().st_mtime_ns for d in points}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    assert {d: (sweep / d / "metrics.jsonl").stat().st_mtime_ns for d in ("0", "1")} == mtimes
+    assert {d: (sweep / d / "metrics.jsonl").stat().st_mtime_ns for d in points} == mtimes
     assert (proc.stdout + proc.stderr).count("skip") >= 2

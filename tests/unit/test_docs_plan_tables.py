@@ -128,3 +128,27 @@ def test_docs_layout_table_figures_are_header_figures():
     table = table[:table.index("\n\n")]
     figures = {float(x) for x in re.findall(r"([\d.]+) GiB", table)}
     assert figures and figures <= {gib for *_, gib, _ in header_lines()}, figures
+
+
+def test_docs_layout_table_has_each_header_line_in_its_cell():
+    """Each (script, MODEL, GPU type) `layout[...]` line of the scripts' headers is in the docs' default-layouts
+    table, in its script/model row and its GPU's column, with the header's figure; a cell shows "—" only where no
+    header line plans that model on that GPU (Qwen3-235B on 64 H100s: 75.5 of 75.7 GiB, issue 59)."""
+    text = DOC.read_text()
+    table = text[text.index("| script | H100 80 GB |"):]
+    rows = [r.split("|")[1:-1] for r in table[:table.index("\n\n")].splitlines()[2:]]
+    columns = {"h100_80gb": 1, "h200": 2, "gb200": 3}
+    cells = {}
+    for row in rows:
+        script = re.search(r"`(train_\w+)\.sh`", row[0]).group(1)
+        model = re.search(r"MODEL=(\w+)", row[0])
+        cells[(script, model.group(1) if model else None)] = row
+    seen = set()
+    for name, device, env, gib, _ in header_lines():
+        key = (name, env.get("MODEL"))
+        cell = cells[key][columns[device]]
+        assert f"{gib} GiB" in cell, (key, device, gib, cell)
+        seen.add((key, device))
+    dashes = {(key, d) for key, row in cells.items() for d, k in columns.items() if row[k].strip() == "—"}
+    assert not dashes & seen and ((("train_qwen3_moe", "qwen3_235b_a22b"), "h100_80gb") in seen)
+    assert dashes == {(("train_deepseek_v3", "deepseek_v3_671b"), "h100_80gb")}  # 671B needs > 64 H100 nodes

@@ -59,3 +59,45 @@ def test_report_without_enough_points(tmp_path):
 def test_compute_key_prefers_gpu_hours():
     assert compute_key([{"compute_gpu_hours": 1.0}]) == "compute_gpu_hours"
     assert compute_key([{"compute_gpu_hours": 0.0}]) == "compute_device_hours"
+
+
+def _scored(reason, *, pid, idx):
+    from scalerl_mega.types import Completion, FinishReason, ScoredCompletion
+
+    comp = Completion(prompt_id=pid, sample_index=idx, prompt_ids=[1], output_ids=[2, 3], gen_logprobs=[-0.5] * 2,
+                      weight_versions=[0, 0], finish_reason=FinishReason.STOP, submitted_version=0)
+    return ScoredCompletion(completion=comp, reward=-1.0, passed=False, reason=reason)
+
+
+def test_report_says_how_many_reward_calls_failed(tmp_path):
+    """The loop's own metrics (`inflight.reward_error_metrics`) of 3 steps: step 1 clean, step 2 with 2 failures
+    (a ValueError, then a dead worker), step 3 with 1; report.md counts 3 of 12 in 2 steps and quotes step 2's
+    first error line. A run without failures says nothing about them."""
+    from scalerl_mega.inflight import reward_error_metrics
+    from scalerl_mega.metrics.rollout_stats import rollout_metrics
+    from scalerl_mega.rewards.result import WORKER_DIED
+    from scalerl_mega.types import Group, Prompt
+
+    def raising():
+        raise ValueError("no boxed answer in 'x = 3'")
+
+    try:
+        raising()
+    except ValueError as e:
+        from scalerl_mega.rewards.result import error_result
+        reason = error_result(e).reason
+    line = raising.__code__.co_firstlineno + 1
+    steps = {1: ["", "", "", ""], 2: ["", reason, f"{WORKER_DIED}: exit -9", ""], 3: [reason, "", "", ""]}
+    with MetricsWriter(tmp_path) as w, MetricsWriter(tmp_path / "clean") as clean:
+        for step, reasons in steps.items():
+            groups = [Group(prompt=Prompt(prompt_id=f"p{k}", text="q", task="synthetic", gold="1"),
+                            samples=[_scored(r, pid=f"p{k}", idx=i) for i, r in enumerate(reasons[2 * k:2 * k + 2])])
+                      for k in range(2)]
+            w.write("train", step, {**rollout_metrics(groups, step=step), **reward_error_metrics(groups)})
+            clean.write("train", step, {**rollout_metrics(groups, step=step), "reward/errors": 0.0})
+    md = write_report(tmp_path, title="t").read_text()
+    expected = (f"- reward calls that failed: 3 of 12 scored samples in 2 step(s); first error (step 2): ValueError "
+                f"at test_metrics_report.py:{line}: no boxed answer in 'x = 3' (each error's first traceback is in "
+                "the run's log; they scored as incorrect)")
+    assert expected in md.splitlines()
+    assert "reward calls" not in write_report(tmp_path / "clean", title="t").read_text()

@@ -147,7 +147,8 @@ def test_start_banner_names_output_recipe_model_and_schedule(tmp_path):
     assert lines[0] == f"scalerl-train: run 'demo' (seed 0) -> {tmp_path / 'run'} (report.md there at the end)"
     assert lines[1].split()[1:4] == ["loss=cispo", "aggregation=prompt", "adv_norm=batch"]
     assert "off_policy=pipeline_rl(k=2)" in lines[1] and "precision=fp32_head" in lines[1]
-    assert lines[2].startswith("  model   0.7M parameters (4 layers, hidden 128, MoE 4 experts top-1); data=synthetic")
+    assert lines[2].startswith("  model   'demo_moe': 0.7M parameters (4 layers, hidden 128, MoE 4 experts top-1); "
+                               "data=synthetic")
     assert lines[3] == ("  steps   250 SFT warm-start steps, then 80 RL steps x 32 prompts x 8 samples; validation every "
                         "10 steps on 200 held-out prompts x 4")
     from tests.support.fake_checkpoint import save_fake_checkpoint
@@ -178,3 +179,22 @@ def test_banner_names_the_users_data_files(tmp_path):
     assert data_label(cfg) == "polaris (mine.jsonl + 1 more)"
     assert "data=polaris (mine.jsonl + 1 more), reward=" in start_banner(cfg)
     assert data_label(_config(tmp_path / "run2")) == "synthetic"
+
+
+def test_model_hf_is_named_by_its_checkpoint_and_presets_by_their_own_names(tmp_path):
+    """Issue 59: `model=hf` printed 'hf' in the banner and in `--validate`'s line; now the checkpoint's directory
+    name and config.json's model_type; a preset prints its own name."""
+    from test_hf_model_config import SMOLLM2_135M, _ckpt, _compose
+
+    from scalerl_mega.model.hf_import import resolve_model
+    from scalerl_mega.run_dir import model_label, start_banner
+
+    ckpt = Path(_ckpt(tmp_path, SMOLLM2_135M, name="SmolLM2-135M"))
+    cfg = resolve_model(_compose("experiment=scalerl", f"init_from_hf={ckpt}", "model=hf",
+                                 f"output_dir={tmp_path / 'run'}"))
+    label = f"'{ckpt.name}' (model=hf, llama, from {ckpt})"
+    assert model_label(cfg) == label
+    assert start_banner(cfg).splitlines()[2].startswith(f"  model   {label}: 134.5M parameters (30 layers, hidden 576)")
+    assert model_label(_compose("experiment=demo", "model=tiny_qwen3")) == "'tiny_qwen3'"
+    ok = _cli(tmp_path, "--validate", "experiment=demo", "model=tiny_qwen3", f"output_dir={tmp_path / 'v'}")
+    assert ok.returncode == 0 and ok.stdout.startswith("config OK: model 'tiny_qwen3' ("), ok.stderr[-2000:]
