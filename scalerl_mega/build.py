@@ -314,6 +314,41 @@ class EngineSet:
         for e in self.engines:
             e.update_weights(iter(tensors), version=version)
 
+    # multi-sender sync (multi_sync.MultiSyncEngine): every sender broadcasts to all engines at once, engine i
+    # being rank i + 1 of each group; an update is applied by each engine when all its groups delivered
+    @property
+    def group_world_size(self) -> int:
+        return 1 + len(self.engines)
+
+    def join_groups(self, init_methods: dict[str, str]) -> None:
+        for i, e in enumerate(self.engines):
+            e.join_groups(init_methods, rank=i + 1, world_size=self.group_world_size)
+
+    def wait_groups(self) -> None:
+        for e in self.engines:
+            e.wait_groups()
+
+    def check_plan(self, plan, *, version: int) -> None:
+        for e in self.engines:
+            e.check_plan(plan, version=version)
+
+    def announce_groups(self, plan, *, version: int) -> None:
+        for e in self.engines:
+            e.announce_groups(plan, version=version)
+
+    def finish_groups(self, plan, *, version: int) -> None:
+        """Wait for every engine (each bounded by its deadlines); the failures are raised after all."""
+        from scalerl_mega.weight_sync import WeightSyncError
+
+        errors = []
+        for i, e in enumerate(self.engines):
+            try:
+                e.finish_groups(plan, version=version)
+            except WeightSyncError as err:
+                errors.append(f"engine {i}: {err}")
+        if errors:
+            raise WeightSyncError("; ".join(errors))
+
     def pause(self) -> None:
         for e in self.engines:
             e.pause()
