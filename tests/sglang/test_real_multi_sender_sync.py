@@ -4,7 +4,9 @@ weight-update group that the server joined (`init_weights_update_group` with `gr
 each `update_weights_from_distributed` call carries one group's bucket. At PP2, EP2 (2 ranks) and PP2xEP2
 (4 ranks) the server's weights after the sync (SHA-256 of every parameter, `/weights_checker`) equal, bit for bit,
 its weights after the trainer's single-sender export of the same weights was pushed over one group; the version
-is the sync's. One server for the module (tests/sglang_support/real_server.py)."""
+is the sync's. A sender killed before its bucket 1 (forced by a hook) makes the update raise within the deadline
+naming the sender, bucket and tensor; the server keeps its version and generates on. One server for the module
+(tests/sglang_support/real_server.py)."""
 
 from __future__ import annotations
 
@@ -55,3 +57,38 @@ def test_pp2xep2_four_senders_bit_exact_on_real_sglang(server, tmp_path):
     path, srv = server
     report = _launch(tmp_path, ["pp2ep2"], nproc=4, hf=path, extra=["--sglang-url", srv.url, "--flattened"])
     _check_server(report, path, "pp2ep2", senders=4, version=1)
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_sender_raises_within_the_deadline_and_the_server_generates_on(server):
+    """Two senders into the server (this process and a spawned one, SIGKILLed before its bucket 1)."""
+    import time
+
+    from scalerl_mega.sync_plan import plan_buckets
+    from scalerl_mega.types import Prompt, SamplingParams
+    from scalerl_mega.weight_sync import WeightSyncError, spec_of
+    from tests.integration.test_multi_sync_local import BUCKET, _sync
+    from tests.sglang.test_real_qwen3 import checkpoint_tensors, weights
+    from tests.sglang_support.oracle import collect
+    from tests.sglang_support.real_server import engine_for
+
+    _, srv = server
+    engine = engine_for(srv, pause_mode="in_place")
+    try:
+        before = engine._ctl_clients[0].model_info()["weight_version"]
+        named = checkpoint_tensors(weights("qwen3_moe", 3))
+        t0 = time.monotonic()
+        with pytest.raises(WeightSyncError) as err:
+            _sync(engine, None, version=7, tag="kill", kill_at=1, named=named)
+        elapsed = time.monotonic() - t0
+        first_b1 = plan_buckets([spec_of(n, t) for n, t in named[len(named) // 2:]], bucket_bytes=BUCKET)[1][0].name
+        msg = str(err.value)
+        assert "sender 'killv7-b' bucket 1" in msg and repr(first_b1) in msg and "keep version v0" in msg, msg
+        assert elapsed < 3 * engine.config.sync.timeout_s, elapsed  # the bucket's deadline, plus start-up; no hang
+        assert engine.version == 0 and engine._ctl_clients[0].model_info()["weight_version"] == before
+        engine.submit(Prompt(prompt_id="after", text="", task="synthetic", gold="0", token_ids=[5, 6, 7]),
+                      SamplingParams(max_new_tokens=4, temperature=1.0, seed=1), n=1, version=0)
+        (c,) = collect(engine, 1)  # resumed: the server generates after the failed update
+        assert len(c.output_ids) == 4
+    finally:
+        engine.close()
