@@ -365,6 +365,15 @@ class EngineSet:
     def pids(self) -> list[int]:
         return [getattr(e, "pid", None) for e in self.engines]
 
+    def weights_digest(self) -> dict:
+        """The engines' common weights fingerprint and version (`metrics.weights_digest`); engines that hold
+        different weights or versions give every engine's fingerprint, joined, so no export can equal it."""
+        every = [e.weights_digest() for e in self.engines]
+        if all(d["weights_sha256"] == every[0]["weights_sha256"] and d["version"] == every[0]["version"] for d in every):
+            return every[0]
+        return {"weights_sha256": " != ".join(d["weights_sha256"] for d in every),
+                "version": min(d["version"] for d in every)}
+
 
 def write_hf_checkpoint(cfg: TrainConfig, task: Task, trainer: PolicyTrainer, path: Path) -> Path:
     """The trainer's current weights as an HF model directory (config + safetensors + tokenizer):

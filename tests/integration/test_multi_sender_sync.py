@@ -2,8 +2,8 @@
 local engine: one sender per pipeline stage and per expert-parallel rank, each over its own named group,
 all at once. After each sync the engine's weights equal the trainer's single-sender export bit for
 bit (SHA-256 over every tensor), at PP2 and EP2 (2 ranks) and PP2xEP2 (4 ranks); the senders' bytes add
-up to the plan and no expert-parallel rank holds another rank's experts. With two engines (`build.EngineSet`)
-every sender broadcasts to both at once and both end bit-exact."""
+up to the plan and no expert-parallel rank holds another rank's experts. PP2 and EP2 sync into two engines
+(`build.EngineSet`): every sender broadcasts to both at once and both end bit-exact."""
 
 from __future__ import annotations
 
@@ -62,9 +62,13 @@ def _check(report, layout, *, senders, hf_config=None):
 
 
 @pytest.mark.timeout(900)
-def test_pp2_and_ep2_senders_bit_exact_on_the_local_engine(tmp_path):
-    report = _launch(tmp_path, ["pp2", "ep2"], nproc=2)
-    _check(report, "pp2", senders=2)
+def test_pp2_and_ep2_senders_bit_exact_on_two_local_engines(tmp_path):
+    """Two engines (`build.EngineSet`): each sender's group holds the sender and both engine processes (ranks
+    1 and 2 of 3); one broadcast reaches both, and each applies the version when all its groups finished."""
+    report = _launch(tmp_path, ["pp2", "ep2"], nproc=2, extra=["--engines", "2"])
+    for layout, version in (("pp2", 1), ("ep2", 2)):
+        r, _ = _check(report, layout, senders=2)
+        assert r["engine_digests"] == [r["ref_digest"]] * 2 and r["engine_versions"] == [version] * 2
     r, sent = _check(report, "ep2", senders=2)
     # EP2: experts 0-1 on ep rank 0, 2-3 on ep rank 1; each sends only its own (no rank holds all experts)
     by = {s["group"]: s["names"] for s in sent}
@@ -86,12 +90,3 @@ def test_pp2xep2_four_senders_bit_exact_flattened(tmp_path):
         assert names and all((".experts.2." in n or ".experts.3." in n) and int(n.split(".")[2]) // 2 == stage
                              for n in names)
 
-
-@pytest.mark.timeout(900)
-def test_ep2_senders_to_two_engines_bit_exact(tmp_path):
-    """Several engines (`build.EngineSet`): each sender's group holds the sender and both engine processes
-    (ranks 1 and 2 of 3); one broadcast reaches both, and each engine applies the version only when all its
-    groups finished. Both engines' weights equal the single-sender export bit for bit."""
-    report = _launch(tmp_path, ["ep2"], nproc=2, extra=["--engines", "2"])
-    r, _ = _check(report, "ep2", senders=2)
-    assert r["engine_digests"] == [r["ref_digest"]] * 2 and r["engine_versions"] == [1, 1]

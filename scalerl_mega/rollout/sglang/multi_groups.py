@@ -115,7 +115,11 @@ class SGLangGroups:
             eng._check_in_place_flags()  # noqa: SLF001
         t = eng.config.control_timeout_s
         eng._fan_out(lambda c: c.pause_generation(mode), what=f"pause_generation({mode})", timeout_s=t)  # noqa: SLF001
-        eng._fan_out(lambda c: c.begin_weight_update(), what="begin_weight_update", timeout_s=t)  # noqa: SLF001
+        try:
+            eng._fan_out(lambda c: c.begin_weight_update(), what="begin_weight_update", timeout_s=t)  # noqa: SLF001
+        except WeightSyncError:  # never leave the servers paused
+            eng._fan_out(lambda c: c.continue_generation(), what="continue_generation", timeout_s=t)  # noqa: SLF001
+            raise
         pool = self._executor(len(plan) * len(eng.servers) + 1)
         flush = mode != "in_place"
         self._running = {g: [pool.submit(self._receive, c, g, metas, flush) for c in eng._ctl_clients]  # noqa: SLF001
