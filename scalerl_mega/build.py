@@ -314,6 +314,41 @@ class EngineSet:
         for e in self.engines:
             e.update_weights(iter(tensors), version=version)
 
+    # multi-sender sync (multi_sync.MultiSyncEngine): every sender broadcasts to all engines at once, engine i
+    # being rank i + 1 of each group; an update is applied by each engine when all its groups delivered
+    @property
+    def group_world_size(self) -> int:
+        return 1 + len(self.engines)
+
+    def join_groups(self, init_methods: dict[str, str]) -> None:
+        for i, e in enumerate(self.engines):
+            e.join_groups(init_methods, rank=i + 1, world_size=self.group_world_size)
+
+    def wait_groups(self) -> None:
+        for e in self.engines:
+            e.wait_groups()
+
+    def check_plan(self, plan, *, version: int) -> None:
+        for e in self.engines:
+            e.check_plan(plan, version=version)
+
+    def announce_groups(self, plan, *, version: int) -> None:
+        for e in self.engines:
+            e.announce_groups(plan, version=version)
+
+    def finish_groups(self, plan, *, version: int) -> None:
+        """Wait for every engine (each bounded by its deadlines); the failures are raised after all."""
+        from scalerl_mega.weight_sync import WeightSyncError
+
+        errors = []
+        for i, e in enumerate(self.engines):
+            try:
+                e.finish_groups(plan, version=version)
+            except WeightSyncError as err:
+                errors.append(f"engine {i}: {err}")
+        if errors:
+            raise WeightSyncError("; ".join(errors))
+
     def pause(self) -> None:
         for e in self.engines:
             e.pause()
@@ -329,6 +364,15 @@ class EngineSet:
     @property
     def pids(self) -> list[int]:
         return [getattr(e, "pid", None) for e in self.engines]
+
+    def weights_digest(self) -> dict:
+        """The engines' common weights fingerprint and version (`metrics.weights_digest`); engines that hold
+        different weights or versions give every engine's fingerprint, joined, so no export can equal it."""
+        every = [e.weights_digest() for e in self.engines]
+        if all(d["weights_sha256"] == every[0]["weights_sha256"] and d["version"] == every[0]["version"] for d in every):
+            return every[0]
+        return {"weights_sha256": " != ".join(d["weights_sha256"] for d in every),
+                "version": min(d["version"] for d in every)}
 
 
 def write_hf_checkpoint(cfg: TrainConfig, task: Task, trainer: PolicyTrainer, path: Path) -> Path:

@@ -31,6 +31,11 @@ if TYPE_CHECKING:  # pragma: no cover
 class MultiSyncEngine(Protocol):
     """The engine side a multi-sender push drives (`rollout.local.LocalRolloutEngine`)."""
 
+    @property
+    def group_world_size(self) -> int:
+        """Ranks of each sender's group: the sender (rank 0) and every receiving engine rank."""
+        ...
+
     def join_groups(self, init_methods: dict[str, str]) -> None: ...
 
     def wait_groups(self) -> None: ...

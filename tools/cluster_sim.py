@@ -64,21 +64,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--sync-layout", default=None,
-                    help="a shipped layout (cluster/layouts.py): sync_s = the weight-sync model's prediction for it")
+                    help="a shipped layout (cluster/layouts.py shipped_layouts): sync_s = the weight-sync model's prediction for it")
     ap.add_argument("--senders", choices=("one", "many"), default="many", help="with --sync-layout: which sync")
     args = ap.parse_args(argv)
     weight_sync = None
     if args.sync_layout:
         from dataclasses import replace as _replace
 
-        from scalerl_mega.cluster.layouts import LAYOUTS
+        from scalerl_mega.cluster.layouts import shipped_layouts
         from scalerl_mega.cluster.plan import MODELS
         from scalerl_mega.cluster.sync_model import SyncLinks, predict_sync
 
-        if args.sync_layout not in LAYOUTS:
-            print(f"error: --sync-layout {args.sync_layout!r} is not one of {sorted(LAYOUTS)}", file=sys.stderr)
+        layouts = shipped_layouts()
+        if args.sync_layout not in layouts:
+            print(f"error: --sync-layout {args.sync_layout!r} is not one of {sorted(layouts)}", file=sys.stderr)
             return 1
-        sl = LAYOUTS[args.sync_layout]
+        sl = layouts[args.sync_layout]
         pred = predict_sync(MODELS[sl.model], sl.train_layout(), _replace(SyncLinks(), nics_per_node=sl.gpus_per_node))
         weight_sync = pred.as_json()
 

@@ -79,20 +79,18 @@ def table(*, seq_len: int, micro_batch: int, trainer_gpus: int) -> str:
     return "\n".join(rows)
 
 
-SYNC_ASSUMED = {"qwen3_235b_a22b": ("gb200", 4, TrainLayout(tp=2, pp=1, dp=16, ep=32, recompute="full"))}
-"""Models without a shipped Slurm layout: (GPU, GPUs per node, layout) for the sync table. Qwen3-235B-A22B: the
-planner's smallest trainer layout at 32 GB200 GPUs (full recompute)."""
 SYNC_PEERS = {"llama3_8b": "wire floor 0.66 s", "qwen3_30b_a3b": "0.5-1.0 s (NeMo-RL nccl_reshard)",
-              "scout_17b16e": "wire floor ~8.7 s", "qwen3_235b_a22b": "3.2-4.9 s (NeMo-RL, miles RDMA P2P)"}
+              "scout_17b16e": "wire floor ~8.7 s", "qwen3_235b_a22b": "3.2-4.9 s (NeMo-RL, miles RDMA P2P)",
+              "deepseek_v3_671b": "2.4-2.8 s (field)"}
 """Peer figures (docs/cluster_and_gpu.md cites them): single-NIC wire floors at 25 GB/s, field multi-sender syncs."""
 
 
 def sync_rows() -> list[tuple[str, str, int, TrainLayout]]:
-    """(row label, model, GPUs per node, trainer layout): every shipped layout, then the assumed ones."""
-    from scalerl_mega.cluster.layouts import LAYOUTS
+    """(row label, model, GPUs per node, trainer layout) of every shipped layout (`layouts.shipped_layouts`:
+    the scripts' defaults, then the other models of their headers)."""
+    from scalerl_mega.cluster.layouts import shipped_layouts
 
-    rows = [(name, sl.model, sl.gpus_per_node, sl.train_layout()) for name, sl in LAYOUTS.items()]
-    return rows + [(f"{m} (assumed, {dev})", m, gpn, lay) for m, (dev, gpn, lay) in SYNC_ASSUMED.items()]
+    return [(name, sl.model, sl.gpus_per_node, sl.train_layout()) for name, sl in shipped_layouts().items()]
 
 
 def sync_table(links) -> str:

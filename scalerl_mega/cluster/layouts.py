@@ -92,6 +92,31 @@ LAYOUTS: dict[str, ScriptLayout] = {
 }
 
 
+MODEL_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    # the other models a script ships, with their per-GPU-type layouts: (script, environment), exactly the
+    # `layout[<gpu>]: ... MODEL=...` lines of its header (tests/unit/test_sync_model.py compares them)
+    "train_dense/qwen3_8b@h100_80gb": ("train_dense", {"GPU_TYPE": "h100_80gb", "MODEL": "qwen3_8b"}),
+    "train_dense/qwen3_8b@h200": ("train_dense", {"GPU_TYPE": "h200", "MODEL": "qwen3_8b"}),
+    "train_qwen3_moe/qwen3_235b_a22b@h200": ("train_qwen3_moe", {
+        "GPU_TYPE": "h200", "MODEL": "qwen3_235b_a22b", "TRAINER_NODES": "8", "TP": "4", "PP": "2", "EP": "32",
+        "GEN_TP": "8"}),
+    "train_qwen3_moe/qwen3_235b_a22b@gb200": ("train_qwen3_moe", {
+        "GPU_TYPE": "gb200", "MODEL": "qwen3_235b_a22b", "GPUS_PER_NODE": "4", "TRAINER_NODES": "8", "TP": "4",
+        "PP": "2", "EP": "16", "GEN_TP": "4"}),
+    "train_deepseek_v3/deepseek_v3_671b@h200": ("train_deepseek_v3", {
+        "GPU_TYPE": "h200", "MODEL": "deepseek_v3_671b", "TRAINER_NODES": "32", "TP": "8", "EP": "64", "GEN_TP": "8"}),
+    "train_deepseek_v3/deepseek_v3_671b@gb200": ("train_deepseek_v3", {
+        "GPU_TYPE": "gb200", "MODEL": "deepseek_v3_671b", "GPUS_PER_NODE": "4", "TRAINER_NODES": "32", "TP": "8",
+        "EP": "64", "GEN_TP": "4"}),
+}
+
+
+def shipped_layouts() -> dict[str, ScriptLayout]:
+    """Every layout the scripts ship: each script's defaults (by script name), then its other models'
+    (`MODEL_VARIANTS`, by `<script>/<model>@<gpu>`)."""
+    return {**LAYOUTS, **{name: LAYOUTS[script].with_env(env) for name, (script, env) in MODEL_VARIANTS.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0] != "defaults" or args[1] not in LAYOUTS:

@@ -30,8 +30,9 @@ class RolloutConfig:
     weight_sync_senders: str = "single"
     """single: trainer rank 0 gathers the whole model and sends it over one group | per_stage: every
     pipeline stage's first rank, and with EP > 1 every expert-parallel rank, sends its own share over its
-    own group, all at once (issue 58: sync_plan.py, trainer/megatron/sync_senders.py; docs/cluster_and_gpu.md
-    "Weight sync"). rollout=local with one engine process; a one-rank trainer has one sender either way."""
+    own group, all at once, to every engine (issue 58: sync_plan.py, trainer/megatron/sync_senders.py;
+    docs/cluster_and_gpu.md "Weight sync"). Local engine processes or SGLang servers (each joins every sender's
+    named group); not with rollout.in_process. A one-rank trainer has one sender either way."""
     engine_threads: int = 1
     """torch threads in each local engine process."""
     engine_nice: int = 0
@@ -84,9 +85,7 @@ def validate_rollout(rollout: RolloutConfig) -> None:
         raise ValueError(f"rollout.in_process=true needs rollout.name=local and rollout.num_engines=1 (got "
                          f"{rollout.name!r}, {rollout.num_engines})")
     one_of("rollout.weight_sync_senders", rollout.weight_sync_senders, SYNC_SENDERS)
-    if rollout.weight_sync_senders == "per_stage" and (rollout.name != "local" or rollout.num_engines != 1
-                                                       or rollout.in_process):
-        raise ValueError(f"rollout.weight_sync_senders=per_stage needs rollout.name=local, rollout.num_engines=1 and "
-                         f"rollout.in_process=false (got {rollout.name!r}, {rollout.num_engines}, "
-                         f"{rollout.in_process}); use rollout.weight_sync_senders=single")
+    if rollout.weight_sync_senders == "per_stage" and rollout.in_process:
+        raise ValueError("rollout.weight_sync_senders=per_stage needs rollout.in_process=false (an in-process engine "
+                         "takes the weights by copy, no sender groups); use rollout.weight_sync_senders=single")
     positive("rollout.inflight_hold_tokens", rollout.inflight_hold_tokens, allow_zero=True)

@@ -154,11 +154,16 @@ class LocalRolloutEngine:
 
     # ---- multi-sender sync (multi_sync.py): the controller joins the engine to every sender's group and
     # announces every group's buckets; the senders (trainer ranks) broadcast them
-    def join_groups(self, init_methods: dict[str, str]) -> None:
-        """Ask the engine to join each sender's group (rank 1 of 2; the sender hosts `init_methods[name]`
-        as rank 0 and joins meanwhile); `wait_groups` waits for it."""
+    @property
+    def group_world_size(self) -> int:
+        return 2  # the sender and this engine process
+
+    def join_groups(self, init_methods: dict[str, str], *, rank: int = 1, world_size: int = 2) -> None:
+        """Ask the engine to join each sender's group (as `rank` of `world_size`: 1 of 2 alone, i + 1 of n + 1 as
+        engine i of n, `build.EngineSet`; the sender hosts `init_methods[name]` as rank 0 and joins
+        meanwhile); `wait_groups` waits for it."""
         sync = self.config.sync
-        self._send(("init_groups", {name: dict(backend=sync.backend, init_method=url, world_size=2, rank=1,
+        self._send(("init_groups", {name: dict(backend=sync.backend, init_method=url, world_size=world_size, rank=rank,
                                                group_name=name, timeout_s=sync.timeout_s)
                                     for name, url in init_methods.items()}))
 

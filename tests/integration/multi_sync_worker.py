@@ -1,9 +1,11 @@
 """torchrun worker (gloo, CPU) of tests/integration/test_multi_sender_sync.py: multi-sender weight sync
-(issue 58) from a Megatron Qwen3-MoE trainer to one local engine, per layout in `--layouts`
+(issue 58) from a Megatron Qwen3-MoE trainer to one local engine (or, with `--sglang-url`, a real SGLang
+server: tests/sglang/test_real_multi_sender_sync.py), per layout in `--layouts`
 (pp2, ep2: 2 ranks; pp2ep2: 4 ranks). Per layout: load the HF checkpoint into the trainer's model,
 shift every parameter by a layout-specific constant (so each sync changes the engine), take the
 single-sender export (`export_to_rank0`) as the reference, then sync with one sender per stage and
-per expert-parallel rank and read the engine's fingerprint. Rank 0 writes a JSON report to `--out`."""
+per expert-parallel rank and read the engine's fingerprint (SGLang: the server's per-tensor SHA-256s after
+the multi-sender sync, then after a one-sender push of the reference export). Rank 0 writes a JSON report to `--out`."""
 
 from __future__ import annotations
 
@@ -26,6 +28,39 @@ def _loaded_digest(engine_hf_dir: str, named) -> str:
         for name, t in named:
             checkpoint_target(params, name).copy_(t)
     return weights_sha256(model.named_parameters())
+
+
+def server_checksums(url: str) -> dict[str, str]:
+    """SHA-256 of every parameter an SGLang server holds (0.5.23 `/weights_checker` action `checksum`, its
+    fused names; one TP rank here)."""
+    import requests
+
+    r = requests.post(url.rstrip("/") + "/weights_checker", json={"action": "checksum"}, timeout=120)
+    r.raise_for_status()
+    (rank,) = r.json()["ranks"]
+    return rank["checksums"]
+
+
+def _engine(args):
+    """Rank 0's engine: a local engine process, or the SGLang server at --sglang-url."""
+    from scalerl_mega.weight_sync import WeightSyncConfig
+
+    sync = WeightSyncConfig(backend="gloo", timeout_s=args.timeout, bucket_bytes=args.bucket_bytes,
+                            group_name="ref-" + "-".join(args.layouts))  # a server keeps every group's name
+    if args.sglang_url:
+        from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer
+
+        return SGLangRolloutEngine([SGLangServer.attach(args.sglang_url)], config=SGLangEngineConfig(
+            pause_mode="in_place", control_timeout_s=args.timeout, sync=sync))
+    from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine
+
+    engines = [LocalRolloutEngine(LocalEngineConfig(model=LocalModelSpec(arch="qwen3_moe", path=args.engine_hf_dir),
+                                                    sync=sync)) for _ in range(args.engines)]
+    if len(engines) == 1:
+        return engines[0]
+    from scalerl_mega.build import EngineSet
+
+    return EngineSet(engines)
 
 
 def run_layout(spec: str, index: int, args, engine) -> dict:
@@ -57,8 +92,7 @@ def run_layout(spec: str, index: int, args, engine) -> dict:
             p.add_(0.125 * (index + 1))
     rank = dist.get_rank()
     ref = list(export_to_rank0(gpt, model_cfg))
-    ref_digest = _loaded_digest(args.engine_hf_dir, ref) if rank == 0 else None
-    del ref
+    ref_digest = _loaded_digest(args.engine_hf_dir, ref) if rank == 0 and not args.sglang_url else None
 
     version = index + 1
     layout = SenderLayout(pp=sizes["pp"], ep=sizes["ep"], base_name=f"wu-{spec}")
@@ -73,7 +107,7 @@ def run_layout(spec: str, index: int, args, engine) -> dict:
     if rank == 0:  # the manifest check of the whole update, before anything is sent
         engine.check_plan(metas, version=version)
         engine.join_groups(dict(u for u in urls if u))
-    group = (open_sender_group(me.group_name, url, world_size=2, backend="gloo", timeout_s=args.timeout)
+    group = (open_sender_group(me.group_name, url, world_size=1 + args.engines, backend="gloo", timeout_s=args.timeout)
              if me else None)
     if rank == 0:
         engine.wait_groups()
@@ -97,12 +131,21 @@ def run_layout(spec: str, index: int, args, engine) -> dict:
     result: dict = {"layout": spec}
     if rank == 0:
         engine.finish_groups(metas, version=version)
-        digest = engine.weights_digest()
+        if args.sglang_url:  # the server's own per-tensor SHA-256s, then after the one-sender push of the export
+            digest = {"weights_sha256": server_checksums(args.sglang_url), "version": engine.version}
+            engine.update_weights(iter(ref), version=100 + version)
+            ref_digest = server_checksums(args.sglang_url)
+        else:  # every engine holds the same weights and version
+            every = [e.weights_digest() for e in getattr(engine, "engines", [engine])]
+            digest = every[0]
+            result["engine_digests"] = [d["weights_sha256"] for d in every]
+            result["engine_versions"] = [d["version"] for d in every]
         result.update(ref_digest=ref_digest, engine_digest=digest["weights_sha256"], version=digest["version"],
                       stats=all_stats, metrics=sync_metrics(all_stats, seconds=0.0),
                       plan_bytes={g: sum(m.num_bytes for m in ms) for g, ms in metas.items()},
                       dense_bytes={g: sum(spec_bytes(s) for b in bs for s in b if ".experts." not in s.name)
                                    for g, bs in plan.items()})
+    del ref
     dist.barrier()
     parallel.teardown_parallel(destroy_process_group=False)
     return result
@@ -117,6 +160,8 @@ def main() -> None:
     p.add_argument("--bucket-bytes", type=int, default=16384)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--flattened", action="store_true")
+    p.add_argument("--engines", type=int, default=1, help="local engine processes (several: build.EngineSet)")
+    p.add_argument("--sglang-url", default="", help="sync into this real SGLang server instead of a local engine")
     args = p.parse_args()
 
     import torch
@@ -129,13 +174,9 @@ def main() -> None:
         if not dist.is_initialized():
             dist.init_process_group("gloo")
         if dist.get_rank() == 0:
-            from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine
-            from scalerl_mega.weight_sync import WeightSyncConfig
-
-            engine = LocalRolloutEngine(LocalEngineConfig(
-                model=LocalModelSpec(arch="qwen3_moe", path=args.engine_hf_dir),
-                sync=WeightSyncConfig(timeout_s=args.timeout, bucket_bytes=args.bucket_bytes)))
-            report["engine_digest_before"] = engine.weights_digest()["weights_sha256"]
+            engine = _engine(args)
+            report["engine_digest_before"] = (server_checksums(args.sglang_url) if args.sglang_url else
+                                              getattr(engine, "engines", [engine])[0].weights_digest()["weights_sha256"])
         for i, layout in enumerate(args.layouts):
             report[layout] = run_layout(layout, i, args, engine)
     finally:

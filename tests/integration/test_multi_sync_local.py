@@ -37,10 +37,12 @@ def _remote_sender(url, name, named, buckets, version, timeout, kill_at):
                  before_bucket=hook)
 
 
-def _sync(engine, model, *, version, tag, kill_at=None, shift=0.0):
-    """Push `model`'s weights (+ shift) over two groups: the first half of the tensors from this process, the
-    second half from a spawned process (killed before its bucket `kill_at`)."""
-    named = [(n, (t + shift).contiguous()) for n, t in model.state_dict().items()]
+def _sync(engine, model, *, version, tag, kill_at=None, shift=0.0, named=None):
+    """Push `model`'s weights (+ shift; or the tensors `named`) over two groups: the first half of the tensors
+    from this process, the second half from a spawned process (killed before its bucket `kill_at`). Any
+    `multi_sync.MultiSyncEngine` of one receiving rank (tests/sglang/test_real_multi_sender_sync.py: SGLang)."""
+    if named is None:
+        named = [(n, (t + shift).contiguous()) for n, t in model.state_dict().items()]
     half = len(named) // 2
     parts = {f"{tag}v{version}-a": named[:half], f"{tag}v{version}-b": named[half:]}  # group names are per process
     buckets = {g: plan_buckets([spec_of(n, t) for n, t in part], bucket_bytes=BUCKET) for g, part in parts.items()}

@@ -103,18 +103,18 @@ def test_gpu_check_experiment_is_a_half_billion_bf16_loop_on_one_device():
 
 
 def test_weight_sync_senders_key_is_checked_naming_it():
-    """rollout.weight_sync_senders: single by default; per_stage only where the multi-sender engine exists
-    (one local engine process); anything else is refused naming the key and the value."""
+    """rollout.weight_sync_senders: single by default; per_stage with local engine processes (one or several) and
+    SGLang, refused with the in-process engine; an unknown value is refused naming the key and the value."""
     from scalerl_mega.config import validate
 
     assert _compose("experiment=demo").rollout.weight_sync_senders == "single"
     validate(_compose("experiment=demo", "rollout.weight_sync_senders=per_stage"))
     with pytest.raises(ValueError, match=r"rollout.weight_sync_senders='per_expert' is not one of"):
         validate(_compose("experiment=demo", "rollout.weight_sync_senders=per_expert"))
-    for bad, got in (("rollout.num_engines=2", "'local', 2, False"), ("rollout=sglang", "'sglang', 1, False")):
-        with pytest.raises(ValueError, match=r"rollout.weight_sync_senders=per_stage needs rollout.name=local.*"
-                                             + re.escape(got)):
-            validate(_compose("experiment=demo", "rollout.weight_sync_senders=per_stage", bad))
+    for fine in ("rollout.num_engines=2", "rollout=sglang"):  # several engines, SGLang servers: each joins every group
+        validate(_compose("experiment=demo", "rollout.weight_sync_senders=per_stage", fine))
+    with pytest.raises(ValueError, match=r"rollout.weight_sync_senders=per_stage needs rollout.in_process=false"):
+        validate(_compose("experiment=demo", "rollout.weight_sync_senders=per_stage", "rollout.in_process=true"))
 
 
 def test_the_predictability_design_is_one_overlay_on_the_demo():

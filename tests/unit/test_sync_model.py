@@ -63,7 +63,7 @@ def test_group_cap_and_fused_experts():
 
 
 def test_plan_json_carries_weight_sync_and_the_table_lists_every_layout():
-    from scalerl_mega.cluster.layouts import LAYOUTS
+    from scalerl_mega.cluster.layouts import shipped_layouts
 
     out = subprocess.run([sys.executable, "tools/plan.py", "--layout", "train_qwen3_moe", "--json"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
@@ -72,7 +72,11 @@ def test_plan_json_carries_weight_sync_and_the_table_lists_every_layout():
     assert ws["senders"] == 8 and ws["multi_sender_s"] < ws["single_sender_s"]
     table = subprocess.run([sys.executable, "tools/plan.py", "--sync-table"], cwd=ROOT, capture_output=True,
                            text=True, timeout=120).stdout
-    assert all(f"| {name} |" in table for name in LAYOUTS) and "qwen3_235b_a22b (assumed" in table
+    assert all(f"| {name} |" in table for name in shipped_layouts()) and "assumed" not in table
+    # Qwen3-235B-A22B on the layout its script header ships: 64 H200, TP 4 x PP 2 x EP 32 (item 3 of issue 58)
+    row = next(r for r in table.splitlines() if r.startswith("| train_qwen3_moe/qwen3_235b_a22b@h200 |"))
+    sl = shipped_layouts()["train_qwen3_moe/qwen3_235b_a22b@h200"]
+    assert "| 4/2/32 |" in row and sl.trainer_gpus == 64 and sl.gpu_type == "h200"
     docs = (ROOT / "docs" / "cluster_and_gpu.md").read_text()
     assert table.strip() in docs  # the docs table is the tool's output
 
@@ -94,3 +98,26 @@ def test_cluster_sim_takes_sync_seconds_from_the_model():
     # PipelineRL pays the sync every step: the simulator's trainer-idle sync total follows the modelled seconds
     one, many = (sims[k]["results"][0] for k in ("one", "many"))
     assert one["samples_per_hour"] < many["samples_per_hour"]
+
+
+def test_model_variants_are_the_script_headers_other_models():
+    """`layouts.MODEL_VARIANTS` (the sync table's rows beyond the scripts' defaults) are exactly the
+    `layout[<gpu>]: ... MODEL=...` lines of the slurm/train_*.sh headers, GPU type included."""
+    import re
+
+    from scalerl_mega.cluster.layouts import LAYOUTS, MODEL_VARIANTS, shipped_layouts
+
+    header = []
+    for script in LAYOUTS:
+        for line in (ROOT / "slurm" / f"{script}.sh").read_text().splitlines():
+            m = re.match(r"#\s+layout\[(\w+)\]:\s*(.*?)\s+[\d.]+ of [\d.]+", line)
+            if m and "MODEL=" in m.group(2):
+                env = dict(re.findall(r"\b([A-Z_]+)=(\S*)", m.group(2)))
+                assert env["GPU_TYPE"] == m.group(1), line
+                header.append((script, env))
+    key = sorted((script, sorted(env.items())) for script, env in header)
+    assert key == sorted((script, sorted(env.items())) for script, env in MODEL_VARIANTS.values())
+    for name, sl in shipped_layouts().items():
+        if name in MODEL_VARIANTS:
+            script, env = MODEL_VARIANTS[name]
+            assert name == f"{script}/{env['MODEL']}@{env['GPU_TYPE']}" and sl.model == env["MODEL"]

@@ -132,7 +132,10 @@ class SGLangClient:
     def destroy_weights_update_group(self, group_name: str) -> JSON:
         return self._call("POST", "/destroy_weights_update_group", {"group_name": group_name})
 
-    def update_weights_from_distributed(self, meta: BucketMeta, *, group_name: str, flush_cache: bool) -> JSON:
+    def update_weights_from_distributed(self, meta: BucketMeta, *, group_name: str, flush_cache: bool,
+                                        set_version: bool = True) -> JSON:
+        """One bucket; `set_version=False` leaves the server's weight version (a multi-sender update sets it
+        once every group finished: `update_weight_version`)."""
         body = {
             "names": meta.names,
             "dtypes": meta.dtypes,
@@ -140,7 +143,11 @@ class SGLangClient:
             "group_name": group_name,
             "flush_cache": flush_cache,
             "abort_all_requests": False,
-            "weight_version": str(meta.version),
+            "weight_version": str(meta.version) if set_version else None,
             "load_format": meta.load_format,
         }
         return self._call("POST", "/update_weights_from_distributed", body)
+
+    def update_weight_version(self, version: str) -> JSON:
+        """Tag the tokens generated from now on with `version` (running requests are kept)."""
+        return self._call("POST", "/update_weight_version", {"new_version": version, "abort_all_requests": False})

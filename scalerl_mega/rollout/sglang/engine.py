@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from scalerl_mega.rollout.local import LocalModelSpec
+    from scalerl_mega.rollout.sglang.multi_groups import SGLangGroups
     from scalerl_mega.weight_sync import WeightManifest
     from scalerl_mega.types import Prompt, SamplingParams
 
@@ -141,6 +142,7 @@ class SGLangRolloutEngine:
         self._manifest: "WeightManifest | None" = None
         self._manifest_known = False
         self._in_place_checked = False
+        self._groups: "SGLangGroups | None" = None
 
     # ---- RolloutEngine ---------------------------------------------------------------------------
     def submit(self, prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int,
@@ -209,6 +211,35 @@ class SGLangRolloutEngine:
         self._fan_out(lambda c: c.continue_generation(), what="continue_generation", timeout_s=t)
         self.version = version
         self._stale.clear()
+
+    # ---- multi-sender sync (multi_sync.MultiSyncEngine; rollout/sglang/multi_groups.py)
+    @property
+    def groups(self) -> "SGLangGroups":
+        from scalerl_mega.rollout.sglang.multi_groups import SGLangGroups
+
+        if self._groups is None:
+            self._groups = SGLangGroups(self)
+        return self._groups
+
+    @property
+    def group_world_size(self) -> int:
+        """Ranks of each sender's group: the sender and every server's TP ranks."""
+        return self.groups.world_size
+
+    def join_groups(self, init_methods: dict[str, str]) -> None:
+        self.groups.join(init_methods)
+
+    def wait_groups(self) -> None:
+        self.groups.wait_joined()
+
+    def check_plan(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None:
+        self.groups.check(plan, version=version)
+
+    def announce_groups(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None:
+        self.groups.announce(plan, version=version)
+
+    def finish_groups(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None:
+        self.groups.finish(plan, version=version)
 
     def _check_served_models(self, spec: "LocalModelSpec") -> None:
         """Attached servers: compare the architecture in the config.json of the checkpoint each one
@@ -289,6 +320,8 @@ class SGLangRolloutEngine:
     def close(self) -> None:
         from scalerl_mega.weight_sync import destroy_group
 
+        if self._groups is not None:
+            self._groups.close()
         self._http.close()  # cancels the requests still in flight, closes their sockets, joins the loop thread
         self._ctl_pool.shutdown(wait=False, cancel_futures=True)
         if self._group is not None:

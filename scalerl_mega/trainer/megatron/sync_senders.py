@@ -59,16 +59,17 @@ class RankSync:
         self._me = me if me is not None and me.group_name in plan else None  # an expert pool with nothing to send
         host = socket.gethostname()
         hosts: list = [None] * dist.get_world_size()
-        dist.all_gather_object(hosts, host)
+        # the controller also says how many ranks each group has (the sender and every engine rank)
+        dist.all_gather_object(hosts, (host, group_world_size(engine)))
         # the engine runs beside the controller: a sender on the controller's host is reached on loopback
-        address = "127.0.0.1" if host == hosts[0] else socket.getfqdn()
+        address = "127.0.0.1" if host == hosts[0][0] else socket.getfqdn()
         url = f"tcp://{address}:{free_port()}" if self._me else None
         urls: list = [None] * dist.get_world_size()
         dist.all_gather_object(urls, (self._me.group_name, url) if self._me else None)
         if engine is not None:
             engine.join_groups(dict(u for u in urls if u))
         if self._me:
-            self._group = open_sender_group(self._me.group_name, url, world_size=2, backend=self.backend,
+            self._group = open_sender_group(self._me.group_name, url, world_size=hosts[0][1], backend=self.backend,
                                             timeout_s=self.timeout_s)
         if engine is not None:
             engine.wait_groups()
@@ -108,3 +109,8 @@ class RankSync:
             return None
         engine.finish_groups(metas, version=version)
         return sync_metrics(every, seconds=time.monotonic() - t0)
+
+
+def group_world_size(engine: MultiSyncEngine | None) -> int:
+    """Ranks of each sender's group: 1 (the sender) + the engine's receiving ranks (2 for one local engine)."""
+    return int(engine.group_world_size) if engine is not None else 0

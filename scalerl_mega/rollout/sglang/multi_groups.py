@@ -1,0 +1,182 @@
+"""Multi-sender weight sync into SGLang servers (issue 58; who sends what: sync_plan.py, the wire: multi_sync.py).
+
+Every sender (a trainer rank) hosts its own named weight-update group; each server joins every group
+(SGLang 0.5.23 keeps `init_weights_update_group`'s groups by `group_name`, and each
+`update_weights_from_distributed` call names its group and carries any subset of the parameters). One
+update, on every server:
+
+  /pause_generation, /begin_weight_update   once, before any group's first bucket
+  /update_weights_from_distributed          per group, its buckets in order (one caller thread per group
+                                            and server, all groups at once); `weight_version` left out
+  /update_weight_version                    only when every group delivered every bucket
+  /end_weight_update, /continue_generation  always, also after a failure
+
+The server serialises its control requests (its FIFO `FanOutCommunicator`), so the groups' buckets are
+received one at a time in arrival order, while the senders gather and broadcast concurrently; a sender
+waiting on the server waits within its bucket deadline, and every call here is bounded by the sync
+deadline times the buckets of the whole update. A failed group is named with its bucket and first
+tensor; the version is then not advanced (SGLang applies each bucket as it arrives: the buckets of the
+other groups stay applied, as with a rejected single-sender bucket; the manifest check before the first
+byte is what keeps a wrong update out).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from scalerl_mega.weight_sync import BucketMeta, WeightSyncError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.rollout.sglang.engine import SGLangRolloutEngine
+
+
+def _address(init_method: str, *, group: str) -> tuple[str, int]:
+    """(host, port) of a sender's `tcp://host:port` rendezvous."""
+    u = urlparse(init_method)
+    if u.scheme != "tcp" or not u.hostname or not u.port:
+        raise ValueError(f"weight sync group {group!r}: init method {init_method!r} is not tcp://host:port")
+    return u.hostname, u.port
+
+
+class SGLangGroups:
+    """The multi-sender side of an `SGLangRolloutEngine` (`multi_sync.MultiSyncEngine`); the engine delegates."""
+
+    def __init__(self, engine: SGLangRolloutEngine) -> None:
+        self.engine = engine
+        self.joined: list[str] = []
+        self._pending: list[tuple[str, Future]] = []
+        self._running: dict[str, list[Future]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of every sender's group: the sender and every server's TP ranks."""
+        from scalerl_mega.weight_sync import engine_rank_offsets
+
+        return engine_rank_offsets([s.tp_size for s in self.engine.servers])[0]
+
+    def _executor(self, workers: int) -> ThreadPoolExecutor:
+        if self._pool is None or self._pool._max_workers < workers:  # noqa: SLF001 - grow only
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sglang-groups")
+        return self._pool
+
+    def join(self, init_methods: dict[str, str]) -> None:
+        """Fire /init_weights_update_group for every group to every server (no wait: each call returns once
+        its sender joined as rank 0); `wait_joined` waits."""
+        from scalerl_mega.weight_sync import engine_rank_offsets
+
+        eng = self.engine
+        world_size, offsets = engine_rank_offsets([s.tp_size for s in eng.servers])
+        pool = self._executor(len(init_methods) * len(eng.servers) + 1)
+        for name, url in init_methods.items():
+            host, port = _address(url, group=name)
+            for client, off in zip(eng._ctl_clients, offsets):  # noqa: SLF001 - the engine's own clients
+                self._pending.append((name, pool.submit(
+                    client.init_weights_update_group, master_address=host, master_port=port, rank_offset=off,
+                    world_size=world_size, group_name=name, backend=eng.config.sync.backend)))
+
+    def wait_joined(self) -> None:
+        """Every server joined every group (the server joins them one after another), or WeightSyncError."""
+        from scalerl_mega.rollout.sglang.client import SGLangError
+
+        pending, self._pending = self._pending, []
+        deadline = time.monotonic() + self.engine.config.sync.timeout_s * (len(pending) + 1)
+        for name, fut in pending:
+            try:
+                fut.result(timeout=max(deadline - time.monotonic(), 0.001))
+            except TimeoutError:
+                raise WeightSyncError(f"weight sync group {name!r}: a server did not join within the deadline") from None
+            except SGLangError as e:
+                raise WeightSyncError(f"weight sync group {name!r}: a server could not join: {e}") from e
+            if name not in self.joined:
+                self.joined.append(name)
+
+    def check(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None:
+        """The manifest check of the whole update before the first byte (WeightSyncError naming the tensor)."""
+        from scalerl_mega.multi_sync import plan_specs
+
+        manifest = self.engine.manifest()
+        if manifest is not None:
+            manifest.check(plan_specs(plan), version=version)
+
+    def announce(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None:
+        """Pause and open the servers' update session, then start receiving every group's buckets."""
+        eng = self.engine
+        missing = [g for g in plan if g not in self.joined]
+        if missing:
+            raise WeightSyncError(f"weight update v{version}: the servers never joined group(s) {missing}")
+        mode = eng.config.pause_mode
+        if mode == "in_place" and not eng._in_place_checked:  # noqa: SLF001
+            eng._check_in_place_flags()  # noqa: SLF001
+        t = eng.config.control_timeout_s
+        eng._fan_out(lambda c: c.pause_generation(mode), what=f"pause_generation({mode})", timeout_s=t)  # noqa: SLF001
+        try:
+            eng._fan_out(lambda c: c.begin_weight_update(), what="begin_weight_update", timeout_s=t)  # noqa: SLF001
+        except WeightSyncError:  # never leave the servers paused
+            eng._fan_out(lambda c: c.continue_generation(), what="continue_generation", timeout_s=t)  # noqa: SLF001
+            raise
+        pool = self._executor(len(plan) * len(eng.servers) + 1)
+        flush = mode != "in_place"
+        self._running = {g: [pool.submit(self._receive, c, g, metas, flush) for c in eng._ctl_clients]  # noqa: SLF001
+                         for g, metas in plan.items()}
+
+    @staticmethod
+    def _receive(client, group: str, metas: list[BucketMeta], flush: bool) -> int:
+        """One server's receive of one group: its buckets in order; raises naming the bucket and tensor."""
+        for meta in metas:
+            try:
+                client.update_weights_from_distributed(meta, group_name=group, flush_cache=flush, set_version=False)
+            except Exception as e:  # noqa: BLE001 - re-raised naming the group, bucket and tensor
+                raise WeightSyncError(f"sender {group!r} bucket {meta.index} (first tensor {meta.names[0]!r}): "
+                                      f"{type(e).__name__}: {e}") from e
+        return len(metas)
+
+    def finish(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None:
+        """Wait for every group (bounded), then apply the version on every server; WeightSyncError naming every
+        failed sender, bucket and tensor (the version stays). The servers are resumed either way."""
+        eng = self.engine
+        running, self._running = self._running, {}
+        buckets = sum(len(m) for m in plan.values())
+        deadline = time.monotonic() + eng.config.sync.timeout_s * (buckets + 1)
+        failures: list[str] = []
+        for group, futs in running.items():
+            for fut in futs:
+                try:
+                    fut.result(timeout=max(deadline - time.monotonic(), 0.001))
+                except TimeoutError:
+                    failures.append(f"sender {group!r}: no reply within the deadline of {buckets} buckets")
+                except WeightSyncError as e:
+                    failures.append(str(e))
+        t = eng.config.control_timeout_s
+        try:
+            if not failures:
+                eng._fan_out(lambda c: c.update_weight_version(str(version)), what="update_weight_version",  # noqa: SLF001
+                             timeout_s=t)
+        finally:
+            eng._fan_out(lambda c: c.end_weight_update(), what="end_weight_update", timeout_s=t)  # noqa: SLF001
+            eng._fan_out(lambda c: c.continue_generation(), what="continue_generation", timeout_s=t)  # noqa: SLF001
+        if failures:
+            raise WeightSyncError(f"weight update v{version} failed, the servers keep version v{eng.version} "
+                                  "(buckets already received stay loaded): " + "; ".join(failures))
+        eng.version = version
+        eng._stale.clear()  # noqa: SLF001
+
+    def close(self) -> None:
+        """Leave every group on every server (best effort: a server may already be gone)."""
+        from scalerl_mega.rollout.sglang.client import SGLangError
+
+        for name in self.joined:
+            for client in self.engine._ctl_clients:  # noqa: SLF001
+                try:
+                    client.destroy_weights_update_group(name)
+                except SGLangError:
+                    pass  # the server is down or restarted: it holds no group
+        self.joined = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
