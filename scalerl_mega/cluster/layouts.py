@@ -97,6 +97,9 @@ MODEL_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     # `layout[<gpu>]: ... MODEL=...` lines of its header (tests/unit/test_sync_model.py compares them)
     "train_dense/qwen3_8b@h100_80gb": ("train_dense", {"GPU_TYPE": "h100_80gb", "MODEL": "qwen3_8b"}),
     "train_dense/qwen3_8b@h200": ("train_dense", {"GPU_TYPE": "h200", "MODEL": "qwen3_8b"}),
+    "train_qwen3_moe/qwen3_235b_a22b@h100_80gb": ("train_qwen3_moe", {
+        "GPU_TYPE": "h100_80gb", "MODEL": "qwen3_235b_a22b", "TRAINER_NODES": "8", "TP": "4", "PP": "2", "EP": "32",
+        "GEN_TP": "8"}),
     "train_qwen3_moe/qwen3_235b_a22b@h200": ("train_qwen3_moe", {
         "GPU_TYPE": "h200", "MODEL": "qwen3_235b_a22b", "TRAINER_NODES": "8", "TP": "4", "PP": "2", "EP": "32",
         "GEN_TP": "8"}),
@@ -104,10 +107,10 @@ MODEL_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
         "GPU_TYPE": "gb200", "MODEL": "qwen3_235b_a22b", "GPUS_PER_NODE": "4", "TRAINER_NODES": "8", "TP": "4",
         "PP": "2", "EP": "16", "GEN_TP": "4"}),
     "train_deepseek_v3/deepseek_v3_671b@h200": ("train_deepseek_v3", {
-        "GPU_TYPE": "h200", "MODEL": "deepseek_v3_671b", "TRAINER_NODES": "32", "TP": "8", "EP": "64", "GEN_TP": "8"}),
+        "GPU_TYPE": "h200", "MODEL": "deepseek_v3_671b", "TRAINER_NODES": "32", "TP": "8", "EP": "64", "GEN_TP": "16"}),
     "train_deepseek_v3/deepseek_v3_671b@gb200": ("train_deepseek_v3", {
         "GPU_TYPE": "gb200", "MODEL": "deepseek_v3_671b", "GPUS_PER_NODE": "4", "TRAINER_NODES": "32", "TP": "8",
-        "EP": "64", "GEN_TP": "4"}),
+        "EP": "64", "GEN_TP": "16"}),
 }
 
 
