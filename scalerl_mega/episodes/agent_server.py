@@ -191,6 +191,7 @@ class AgentEndpoint:
         if tool_calls:
             reply_t["tool_calls"] = template_tool_calls(tool_calls, where="reply")
         call = RecordedCall.of(request, result)
+        call.messages = [*req["messages"], reply_t]
         with self._lock:
             ep = self._episodes.get(episode_id)
             if ep is not None:  # closed meanwhile: the call is not recorded
