@@ -55,8 +55,8 @@ class _Episode:
     env_tokens: int = 0
     finish: FinishReason = FinishReason.STOP
     result: tuple[float, bool, str] | None = None
-    last_stop: bool = False
-    """The last turn ended with a stop id (the template's closing tail follows it)."""
+    stopped_with: int | None = None
+    """The stop id the last turn ended with; None when a length limit cut it."""
 
     def ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
@@ -182,7 +182,7 @@ class EpisodeEngine(EngineFront):
         ep.finish = c.finish_reason
         reply = self.decode(list(c.output_ids))
         ep.messages.append({"role": "assistant", "content": reply})
-        ep.last_stop = bool(c.output_ids) and c.output_ids[-1] in self.splicer.stop_token_ids
+        ep.stopped_with = self.splicer.stop_id(c.output_ids)
         return ep
 
     def _step(self, eps: list[_Episode]) -> None:
@@ -199,7 +199,7 @@ class EpisodeEngine(EngineFront):
                 self._finish(ep)
                 continue
             spliced = self.splicer.environment_ids(ep.messages[:len(ep.messages) - len(res.messages)], res.messages,
-                                                   ended_with_stop=ep.last_stop)
+                                                   stopped_with=ep.stopped_with)
             if len(spliced) >= left:  # no room for the messages and one more generated token: truncated
                 ep.finish = FinishReason.LENGTH
                 self._finish(ep)

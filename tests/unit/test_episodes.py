@@ -110,6 +110,7 @@ def test_episode_ids_are_the_engines_ids_and_the_templates_difference(runner):
         env_spans = [s for s in _spans(ep.mask()) if s[2] == 0]
         assert len(gen_spans) == ep.turns and len(env_spans) == ep.turns - 1
         feedback = [TOK.convert_tokens_to_ids(ch) for ch in " no " + p.text]  # the template's difference by hand
+        env_tokens = 0
         for t, key in enumerate(mine):
             c = rec.returned[key]
             s, e, _ = gen_spans[t]
@@ -118,10 +119,14 @@ def test_episode_ids_are_the_engines_ids_and_the_templates_difference(runner):
             assert ep.weight_versions[s:e] == c.weight_versions
             if t < ep.turns - 1:
                 s2, e2, _ = env_spans[t]
-                assert ep.output_ids[s2:e2] == feedback
-                assert ep.gen_logprobs[s2:e2] == [0.0] * len(feedback)
-                assert ep.weight_versions[s2:e2] == [c.weight_versions[-1]] * len(feedback)
-        assert ep.env_tokens == len(feedback) * (ep.turns - 1)
+                # the arith template closes an assistant turn with <eos>: generated when the turn stopped on it,
+                # else (a stop on a digit) spliced before the feedback
+                env = ([] if c.output_ids[-1] == EOS else [EOS]) + feedback
+                assert ep.output_ids[s2:e2] == env
+                assert ep.gen_logprobs[s2:e2] == [0.0] * len(env)
+                assert ep.weight_versions[s2:e2] == [c.weight_versions[-1]] * len(env)
+                env_tokens += len(env)
+        assert ep.env_tokens == env_tokens
         assert len(ep.output_ids) == len(ep.gen_logprobs) == len(ep.weight_versions) == len(ep.loss_mask) <= 60
         if ep.turns == 3:  # the environment ends it at its 3rd step: 0.25 + 0.25 + 1.0
             multi += 1
