@@ -71,6 +71,10 @@ class EpisodeSettings:
     """Output ids (generated + environment) an episode may hold (`config.env.episode_budget`)."""
     correct: float = 1.0
     """An episode passes when its reward reaches this (`reward.correct`), like a custom reward."""
+    max_seq_len: int = 0
+    """The engine's longest sequence (ids of the opening + the output), 0: no limit. The engine is sized from
+    the dataset's prompts, but the opening is the environment's `reset` messages templated (e.g. with a system
+    message): an episode that reaches it ends truncated, like one that spends its budget."""
 
 
 class EngineFront:
@@ -147,10 +151,21 @@ class EpisodeEngine(EngineFront):
                 continue
             ep.env, ep.messages = res.env, list(res.messages)
             ep.prompt_ids = self.splicer.opening(ep.messages)
+            if self._left(ep) <= 0:  # the opening alone fills the engine's sequence
+                ep.finish = FinishReason.LENGTH
+                self._finish(ep)
+                continue
             self._submit_turn(ep)
 
-    def _submit_turn(self, ep: _Episode) -> None:
+    def _left(self, ep: _Episode) -> int:
+        """Ids the episode may still hold: its budget's rest, within the engine's sequence length."""
         left = self.settings.budget - len(ep.output_ids)
+        if self.settings.max_seq_len:
+            left = min(left, self.settings.max_seq_len - len(ep.prompt_ids) - len(ep.output_ids))
+        return left
+
+    def _submit_turn(self, ep: _Episode) -> None:
+        left = self._left(ep)
         sp = dataclasses.replace(ep.sampling, max_new_tokens=min(ep.sampling.max_new_tokens, left),
                                  stop_token_ids=list(ep.sampling.stop_token_ids))
         if ep.turns:
@@ -193,7 +208,7 @@ class EpisodeEngine(EngineFront):
                 continue
             ep.env, ep.reward = res.env, ep.reward + res.reward
             ep.messages += res.messages
-            left = self.settings.budget - len(ep.output_ids)
+            left = self._left(ep)
             if res.done or ep.turns >= self.settings.max_turns or ep.finish not in (
                     FinishReason.STOP, FinishReason.INTERRUPTED) or not res.messages:
                 self._finish(ep)

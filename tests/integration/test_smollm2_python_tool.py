@@ -76,12 +76,14 @@ def test_two_steps_of_smollm2_with_the_python_tool(tmp_path):
                                       "<|im_start|>assistant\n")
             at = end
         if roles[-1] == "tool":
+            _check_tool_output(rest[-2]["content"], rest[-1]["content"])
             assert e["reward"] == 0.0
             continue
         numbers = re.findall(r"-?\d+(?:\.\d+)?", rest[-1]["content"])
         solved = bool(numbers) and float(numbers[-1]) == float(answers[user["content"]])
         assert e["reward"] == (1.0 if solved else -1.0)
-    print(f"tool turns: {sum(e['turns'] - 1 for e in episodes)} in {len(episodes)} episodes")
+    print(f"tool calls: {sum(m['role'] == 'tool' for e in episodes for m in e['messages'])}, continued after one: "
+          f"{sum(e['turns'] - 1 for e in episodes)}, in {len(episodes)} episodes")
 
 
 def _check_tool_output(reply: str, tool: str) -> None:
