@@ -510,7 +510,9 @@ def episode_engine(cfg: TrainConfig, task: Task, engine: RolloutEngine) -> Rollo
         raise
     return EpisodeEngine(engine, runner=runner, splicer=splicer, decode=task.decode,
                          settings=EpisodeSettings(max_turns=int(cfg.env.max_turns), correct=float(cfg.reward.correct),
-                                                  budget=episode_budget(cfg.env, max_new_tokens=cfg.length.max_new_tokens)))
+                                                  budget=episode_budget(cfg.env, max_new_tokens=cfg.length.max_new_tokens),
+                                                  max_seq_len=0 if cfg.rollout.name == "sglang"
+                                                  else engine_max_seq_len(cfg, task)))
 
 
 def engine_weight_dtype(cfg: TrainConfig) -> str:

@@ -71,6 +71,11 @@ class _AgentEpisode:
     opening: int | None = None
 
 
+def _shutting_down() -> ValueError:
+    """A call refused because the run is ending (ValueError: the endpoint answers 400, no traceback logged)."""
+    return ValueError("the trainer is shutting down")
+
+
 class AgentEngine(EngineFront):
     """A `RolloutEngine` of agent episodes over `engine` (module doc)."""
 
@@ -96,6 +101,8 @@ class AgentEngine(EngineFront):
         self._waiting: dict[str, Future] = {}
         self._jobs: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
+        self._closing = threading.Event()
+        self._bridge = threading.Lock()
         self._thread = threading.Thread(target=self._run_agents, name="agent-episodes", daemon=True)
         self._thread.start()
 
@@ -120,10 +127,24 @@ class AgentEngine(EngineFront):
         return self._finished()
 
     def close(self) -> None:
+        """Shut down with agents in flight: every call waiting for the engine (queued or submitted) and every
+        later call is refused at once (the agent sees a 400 error naming the shutdown), so the agents end and
+        the thread feeding the pool stops (waited for at most `env.step_timeout_s`, a hung agent's deadline);
+        then the endpoint, the engine and the pool close."""
+        with self._bridge:
+            self._closing.set()
         self._jobs.put(None)
         for fut in self._waiting.values():
-            fut.set_exception(RuntimeError("the trainer is shutting down"))
+            fut.set_exception(_shutting_down())
+        self._waiting.clear()
+        while True:
+            try:
+                _, fut = self._requests.get_nowait()
+            except queue.Empty:
+                break
+            fut.set_exception(_shutting_down())
         try:
+            self._thread.join(self.timeout_s)
             self.endpoint.close()
             self.inner.close()
         finally:
@@ -139,7 +160,10 @@ class AgentEngine(EngineFront):
         from scalerl_mega.episodes.calls import GenerateResult
 
         fut: Future = Future()
-        self._requests.put((request, fut))
+        with self._bridge:
+            if self._closing.is_set():
+                raise _shutting_down()
+            self._requests.put((request, fut))
         c = fut.result(timeout=self.timeout_s)
         return GenerateResult(output_ids=list(c.output_ids), gen_logprobs=list(c.gen_logprobs),
                               weight_versions=list(c.weight_versions), finish_reason=c.finish_reason, routes=c.routes)
@@ -179,7 +203,7 @@ class AgentEngine(EngineFront):
     def _run_agents(self) -> None:
         while True:
             first = self._jobs.get()
-            if first is None:
+            if first is None or self._closing.is_set():
                 return
             batch = [first]
             while True:
@@ -188,10 +212,15 @@ class AgentEngine(EngineFront):
                 except queue.Empty:
                     break
                 if nxt is None:
-                    self._jobs.put(None)
-                    break
+                    return
                 batch.append(nxt)
-            for (ep, _), res in zip(batch, self._pool.map([call for _, call in batch])):
+            try:
+                results = self._pool.map([call for _, call in batch])
+            except (OSError, ValueError, EOFError):
+                if self._closing.is_set():  # close() shut the pool under a hung agent: nothing left to report
+                    return
+                raise
+            for (ep, _), res in zip(batch, results):
                 self._results.put((ep, res))
 
     def _finished(self) -> list[Completion]:
@@ -204,8 +233,8 @@ class AgentEngine(EngineFront):
             except queue.Empty:
                 return out
             self._episodes.pop(ep.episode_id, None)
-            stitched = stitch_calls(self.endpoint.close_episode(ep.episode_id), prompt_id=ep.prompt.prompt_id,
-                                    sample_index_base=ep.index)
+            calls = self.endpoint.close_episode(ep.episode_id)
+            stitched = stitch_calls(calls, prompt_id=ep.prompt.prompt_id, sample_index_base=ep.index)
             reward = float(res.reward)
             if isinstance(res, AgentOutcome):
                 result = (reward, reward >= self.correct, "agent")
@@ -219,6 +248,7 @@ class AgentEngine(EngineFront):
                                prompt_ids=list(ep.prompt.token_ids or []), output_ids=[], gen_logprobs=[],
                                weight_versions=[], finish_reason=FinishReason.STOP, submitted_version=ep.version)
             c.turns, c.episode_result, c.broken_prefixes = ep.calls, result, stitched.broken_prefixes
+            c.messages = list(calls[-1].messages) if calls else []
             c.env_tokens = len(c.output_ids) - sum(c.mask())
             c.text = ""
             out.append(c)

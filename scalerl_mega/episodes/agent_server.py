@@ -6,10 +6,12 @@ Existing agent code (`fn(base_url, task) -> reward`, written against any OpenAI 
 
 - a call whose messages are the previous call's messages + the assistant reply the endpoint returned (same
   content and tool calls) + new non-assistant messages (tool results, user turns) is sent as the previous
-  call's prompt ids + its generated ids + the ids the chat template adds for the new messages: the rest of the
-  assistant turn's closing after the generated stop token, then the difference between templating the history
-  with and without the new messages (checked to be prefix-preserving at the id level). The generated ids are
-  never decoded and re-encoded, so `episodes/stitch.py` joins such calls into one sample;
+  call's prompt ids + its generated ids + the ids the chat template adds for the new messages, computed by
+  `episodes/template.py`'s `ChatSplicer` exactly as the episode driver computes them: the rest of the assistant
+  turn's closing (all of it after a `max_tokens` cut or a stop on another id than the closing's first), then the
+  difference between templating the history with and without the new messages (checked to be prefix-preserving
+  at the id level). The generated ids are never decoded and re-encoded, so `episodes/stitch.py` joins such
+  calls into one sample;
 - any other call (the first, an edited history, a template that is not prefix-preserving for these messages)
   is templated afresh, and so starts a new sample when stitched (a broken prefix, counted there).
 
@@ -41,6 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
 from scalerl_mega.episodes.calls import GenerateRequest, GenerateResult, RecordedCall
+from scalerl_mega.episodes.template import ChatSplicer, TemplateError
 from scalerl_mega.episodes.tool_calls import parse_tool_calls, same_calls, template_tool_calls
 from scalerl_mega.jsonvalue import JSON
 from scalerl_mega.types import FinishReason, SamplingParams
@@ -55,7 +58,6 @@ MAX_BODY_BYTES = 32 << 20
 _EPISODE_ID = re.compile(r"^[A-Za-z0-9._~-]{1,200}$")
 _PATH = re.compile(r"^/episodes/([^/]+)/v1/(chat/completions|models)/?$")
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-_SENTINEL = "\u2063scalerl-sentinel\u2063"
 
 
 class RequestError(Exception):
@@ -109,7 +111,7 @@ class AgentEndpoint:
         self.stop_token_ids = list(stop_token_ids)
         self.default_max_tokens = default_max_tokens
         self.model_name = model_name
-        self.chat_template = chat_template
+        self.splicer = ChatSplicer(tokenizer, source=chat_template, stop_token_ids=self.stop_token_ids, check=False)
         self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()
         self._server: _Server | None = None
@@ -191,6 +193,7 @@ class AgentEndpoint:
         if tool_calls:
             reply_t["tool_calls"] = template_tool_calls(tool_calls, where="reply")
         call = RecordedCall.of(request, result)
+        call.messages = [*req["messages"], reply_t]
         with self._lock:
             ep = self._episodes.get(episode_id)
             if ep is not None:  # closed meanwhile: the call is not recorded
@@ -238,43 +241,25 @@ class AgentEndpoint:
             if (len(messages) <= n + 1 or turn.tools != tools or messages[:n] != turn.messages
                     or not _same_reply(messages[n], turn.reply) or any(m["role"] == "assistant" for m in new)):
                 continue
-            env = self._env_ids(turn, new, tools)
-            if env is not None:
-                return turn.ids + env
-            break
-        return self._encode(self._render(messages, tools, generation_prompt=True))
+            try:
+                env = self._template(self.splicer.environment_ids, [*turn.messages, turn.reply], new, tools=tools,
+                                     stopped_with=turn.ids[-1] if turn.stopped else None)
+            except TemplateError:  # not prefix-preserving for these messages: templated afresh below
+                break
+            return turn.ids + env
+        return self._template(self.splicer.opening, messages, tools=tools)
 
-    def _env_ids(self, turn: _Turn, new: list[dict[str, JSON]], tools: Tools) -> list[int] | None:
-        """The ids after a turn's generated ids: the rest of its closing, then the template difference of
-        `new`; None when the template does not preserve the prefix here."""
-        history = turn.messages + [turn.reply]
-        before = self._encode(self._render(history, tools, generation_prompt=False))
-        after = self._encode(self._render(history + new, tools, generation_prompt=True))
-        if after[:len(before)] != before:
-            return None
-        closing = self._closing_ids(turn.messages, tools)
-        if turn.stopped:
-            closing = closing[1:] if closing and turn.ids[-1] == closing[0] else None
-        if closing is None:
-            return None
-        return closing + after[len(before):]
-
-    def _closing_ids(self, messages: list[dict[str, JSON]], tools: Tools) -> list[int]:
-        """The ids the template puts after an assistant message's content (e.g. `<|im_end|>` + newline)."""
-        text = self._render(messages + [{"role": "assistant", "content": _SENTINEL}], tools, generation_prompt=False)
-        at = text.rfind(_SENTINEL)
-        return self._encode(text[at + len(_SENTINEL):]) if at >= 0 else []
-
-    def _render(self, messages: list[dict[str, JSON]], tools: Tools, *, generation_prompt: bool) -> str:
+    @staticmethod
+    def _template(fn: Callable[..., list[int]], *args: object, **kwargs: object) -> list[int]:
+        """`fn` of the splicer; a template error other than TemplateError is the request's (e.g. a role the
+        template refuses)."""
         try:
-            return self.tokenizer.apply_chat_template(messages, tools=tools, chat_template=self.chat_template,
-                                                      tokenize=False, add_generation_prompt=generation_prompt)
-        except Exception as e:  # noqa: BLE001 - a template error is the request's (e.g. a role it refuses)
+            return fn(*args, **kwargs)
+        except TemplateError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any Jinja/template error: a 400 naming it
             raise RequestError(f"the chat template refused these messages: {type(e).__name__}: {e}",
                                param="messages") from None
-
-    def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
 
 def _same_reply(sent: dict[str, JSON], reply: dict[str, JSON]) -> bool:

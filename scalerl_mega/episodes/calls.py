@@ -1,13 +1,15 @@
 """The records of one agent-endpoint call (issue 57, item 4): what the endpoint asks the engine for, what it
 gets back, and what it keeps per episode for stitching (`episodes/stitch.py`).
 
-Plain keyword-only dataclasses of Python lists (they cross threads and processes); only `types` is imported.
+Plain keyword-only dataclasses of Python lists (they cross threads and processes); only `types` and
+`jsonvalue` are imported.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from scalerl_mega.jsonvalue import JSON
 from scalerl_mega.types import FinishReason, Routes, SamplingParams
 
 
@@ -49,6 +51,8 @@ class RecordedCall:
     weight_versions: list[int]
     finish_reason: FinishReason
     routes: Routes | None = None
+    messages: list[dict[str, JSON]] = field(default_factory=list)
+    """The call's chat messages and the assistant's reply as decoded from its generated ids (template form)."""
 
     @classmethod
     def of(cls, request: GenerateRequest, result: GenerateResult) -> "RecordedCall":

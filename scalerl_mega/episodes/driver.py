@@ -55,8 +55,8 @@ class _Episode:
     env_tokens: int = 0
     finish: FinishReason = FinishReason.STOP
     result: tuple[float, bool, str] | None = None
-    last_stop: bool = False
-    """The last turn ended with a stop id (the template's closing tail follows it)."""
+    stopped_with: int | None = None
+    """The stop id the last turn ended with; None when a length limit cut it."""
 
     def ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
@@ -71,6 +71,10 @@ class EpisodeSettings:
     """Output ids (generated + environment) an episode may hold (`config.env.episode_budget`)."""
     correct: float = 1.0
     """An episode passes when its reward reaches this (`reward.correct`), like a custom reward."""
+    max_seq_len: int = 0
+    """The engine's longest sequence (ids of the opening + the output), 0: no limit. The engine is sized from
+    the dataset's prompts, but the opening is the environment's `reset` messages templated (e.g. with a system
+    message): an episode that reaches it ends truncated, like one that spends its budget."""
 
 
 class EngineFront:
@@ -147,10 +151,21 @@ class EpisodeEngine(EngineFront):
                 continue
             ep.env, ep.messages = res.env, list(res.messages)
             ep.prompt_ids = self.splicer.opening(ep.messages)
+            if self._left(ep) <= 0:  # the opening alone fills the engine's sequence
+                ep.finish = FinishReason.LENGTH
+                self._finish(ep)
+                continue
             self._submit_turn(ep)
 
-    def _submit_turn(self, ep: _Episode) -> None:
+    def _left(self, ep: _Episode) -> int:
+        """Ids the episode may still hold: its budget's rest, within the engine's sequence length."""
         left = self.settings.budget - len(ep.output_ids)
+        if self.settings.max_seq_len:
+            left = min(left, self.settings.max_seq_len - len(ep.prompt_ids) - len(ep.output_ids))
+        return left
+
+    def _submit_turn(self, ep: _Episode) -> None:
+        left = self._left(ep)
         sp = dataclasses.replace(ep.sampling, max_new_tokens=min(ep.sampling.max_new_tokens, left),
                                  stop_token_ids=list(ep.sampling.stop_token_ids))
         if ep.turns:
@@ -182,7 +197,7 @@ class EpisodeEngine(EngineFront):
         ep.finish = c.finish_reason
         reply = self.decode(list(c.output_ids))
         ep.messages.append({"role": "assistant", "content": reply})
-        ep.last_stop = bool(c.output_ids) and c.output_ids[-1] in self.splicer.stop_token_ids
+        ep.stopped_with = self.splicer.stop_id(c.output_ids)
         return ep
 
     def _step(self, eps: list[_Episode]) -> None:
@@ -193,13 +208,13 @@ class EpisodeEngine(EngineFront):
                 continue
             ep.env, ep.reward = res.env, ep.reward + res.reward
             ep.messages += res.messages
-            left = self.settings.budget - len(ep.output_ids)
+            left = self._left(ep)
             if res.done or ep.turns >= self.settings.max_turns or ep.finish not in (
                     FinishReason.STOP, FinishReason.INTERRUPTED) or not res.messages:
                 self._finish(ep)
                 continue
             spliced = self.splicer.environment_ids(ep.messages[:len(ep.messages) - len(res.messages)], res.messages,
-                                                   ended_with_stop=ep.last_stop)
+                                                   stopped_with=ep.stopped_with)
             if len(spliced) >= left:  # no room for the messages and one more generated token: truncated
                 ep.finish = FinishReason.LENGTH
                 self._finish(ep)

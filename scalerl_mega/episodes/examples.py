@@ -38,21 +38,23 @@ class PythonTool:
     """A sandboxed Python tool for chat models (the SmolLM2 example, docs/extending.md): a reply holding a
     ```python block is run in the code reward's sandbox (rewards/sandbox.py: no network, no host files,
     time and memory limits) and its output comes back as a `tool` message; a reply without one is the final
-    answer, scored `correct` when its last number equals the task's `gold`, else `incorrect`."""
+    answer, scored `correct` when its last number equals the task's `gold`, else `incorrect`. `system`: the
+    system message that opens every episode."""
 
     CODE = re.compile(r"```(?:python|py)\n(.*?)```", re.S)
     NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
+    SYSTEM = ("You can run Python: write a ```python block and you will get its output. Give the final answer as a "
+              "number without code.")
+
     def __init__(self, *, time_limit_s: float = 5.0, max_output_chars: int = 400, correct: float = 1.0,
-                 incorrect: float = -1.0) -> None:
-        self.time_limit_s, self.max_output_chars = time_limit_s, max_output_chars
+                 incorrect: float = -1.0, system: str = SYSTEM) -> None:
+        self.time_limit_s, self.max_output_chars, self.system = time_limit_s, max_output_chars, system
         self.correct, self.incorrect, self.gold, self.question = correct, incorrect, "", ""
 
     def reset(self, task: dict) -> list[dict]:
         self.gold, self.question = str(task["gold"]), str(task["prompt"])
-        return [{"role": "system", "content": "You can run Python: write a ```python block and you will get its "
-                                              "output. Give the final answer as a number without code."},
-                {"role": "user", "content": self.question}]
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.question}]
 
     def step(self, reply: str) -> tuple[list[dict], float, bool]:
         code = self.CODE.findall(reply)

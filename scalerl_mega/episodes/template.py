@@ -25,9 +25,11 @@ FIXED_TEMPLATES: dict[str, str] = {
     # ChatML without any rewriting of earlier turns (SmolLM2-Instruct, Qwen2.5, Qwen3 without think-stripping).
 }
 
+Tools = list[dict[str, JSON]] | None
 PROBE_USER = "1+2="
 PROBE_REPLIES = ("3", "<think>1+2</think>3")
 PROBE_ENV = "again"
+_SENTINEL = "\u2063scalerl-sentinel\u2063"
 
 
 class TemplateError(ValueError):
@@ -53,44 +55,68 @@ def resolve_template(spec: str, tokenizer: Tokenizer) -> tuple[str, str]:
 
 class ChatSplicer:
     """Templating for one tokenizer and template: the opening ids, and the environment ids that follow an
-    assistant turn. Construction runs the prefix-preserving check (`check`)."""
+    assistant turn. Used by the episode driver and by the agent endpoint (`agent_server.py`), so both splice
+    the same ids. Construction runs the prefix-preserving check (`check`) unless `check=False` (the endpoint
+    checks each call and templates a call afresh when its template does not extend the previous one).
+    `source` (Jinja text) replaces `template`."""
 
-    def __init__(self, tokenizer: Tokenizer, *, template: str = "", stop_token_ids: Sequence[int] = ()) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, template: str = "", stop_token_ids: Sequence[int] = (),
+                 source: str | None = None, check: bool = True) -> None:
         self.tokenizer = tokenizer
-        self.source, self.name = resolve_template(template, tokenizer)
+        if source is not None:
+            self.source, self.name = source, "the endpoint's chat_template"
+        else:
+            self.source, self.name = resolve_template(template, tokenizer)
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
-        self.check()
+        if check:
+            self.check()
 
-    def ids(self, messages: list[dict[str, JSON]], *, generation_prompt: bool) -> list[int]:
+    def ids(self, messages: list[dict[str, JSON]], *, generation_prompt: bool, tools: Tools = None) -> list[int]:
         """The template's ids of `messages` (rendered as text, then tokenised without added specials)."""
-        text = self.tokenizer.apply_chat_template(messages, chat_template=self.source, tokenize=False,
+        text = self.tokenizer.apply_chat_template(messages, chat_template=self.source, tokenize=False, tools=tools,
                                                   add_generation_prompt=generation_prompt)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def opening(self, messages: list[dict[str, JSON]]) -> list[int]:
+    def opening(self, messages: list[dict[str, JSON]], *, tools: Tools = None) -> list[int]:
         """The episode's opening: its messages templated once, with the generation prompt."""
-        return self.ids(messages, generation_prompt=True)
+        return self.ids(messages, generation_prompt=True, tools=tools)
+
+    def stop_id(self, output_ids: Sequence[int]) -> int | None:
+        """The stop id a turn's generated ids end with (one of `stop_token_ids`), None when they were cut."""
+        return int(output_ids[-1]) if output_ids and int(output_ids[-1]) in self.stop_token_ids else None
 
     def environment_ids(self, history: list[dict[str, JSON]], new: list[dict[str, JSON]], *,
-                        ended_with_stop: bool) -> list[int]:
+                        stopped_with: int | None, tools: Tools = None) -> list[int]:
         """The ids to append after an assistant turn (the last message of `history`) for the environment's
-        messages `new`: whatever the template closes the assistant turn with after its stop id (when the
-        engine's turn ended with one), then the difference between templating `history + new` (with the
-        generation prompt) and `history`. TemplateError when `history`'s ids are not a prefix."""
-        before = self.ids(history, generation_prompt=False)
-        after = self.ids([*history, *new], generation_prompt=True)
+        messages `new`: the rest of the assistant turn's closing (`closing_rest`), then the difference between
+        templating `history + new` (with the generation prompt) and `history`. `stopped_with`: the stop id the
+        engine's turn ended with, None when a length limit cut it. TemplateError when `history`'s ids are not
+        a prefix."""
+        before = self.ids(history, generation_prompt=False, tools=tools)
+        after = self.ids([*history, *new], generation_prompt=True, tools=tools)
         self._require_prefix(before, after, what=f"appending {', '.join(m.get('role', '?') for m in new)} messages")
-        return self.closing_tail(before, ended_with_stop=ended_with_stop) + after[len(before):]
+        return self.closing_rest(history[:-1], stopped_with=stopped_with, tools=tools) + after[len(before):]
 
-    def closing_tail(self, ids: list[int], *, ended_with_stop: bool) -> list[int]:
-        """The ids the template puts after the last stop id of an assistant-ended history (ChatML's newline
-        after <|im_end|>): the engine stops at the stop id, so these are not among the generated ids."""
-        if not ended_with_stop:
-            return []
-        for j in range(len(ids) - 1, -1, -1):
-            if ids[j] in self.stop_token_ids:
-                return ids[j + 1:]
-        return []
+    def closing(self, messages: list[dict[str, JSON]], *, tools: Tools = None) -> list[int]:
+        """The ids the template puts after the content of an assistant message that follows `messages` (ChatML:
+        `<|im_end|>` + newline; the arith template: `<eos>`)."""
+        text = self.tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": _SENTINEL}],
+                                                  chat_template=self.source, tokenize=False, tools=tools,
+                                                  add_generation_prompt=False)
+        at = text.rfind(_SENTINEL)
+        tail = text[at + len(_SENTINEL):] if at >= 0 else ""
+        return list(self.tokenizer(tail, add_special_tokens=False)["input_ids"]) if tail else []
+
+    def closing_rest(self, messages: list[dict[str, JSON]], *, stopped_with: int | None,
+                     tools: Tools = None) -> list[int]:
+        """What follows a generated assistant turn (after `messages`) before the next message: the closing
+        without its first id when the engine stopped on that id (it is among the generated ids), else the
+        whole closing: after a length cut (max_tokens, an interruption's answer budget) and after a stop on
+        another id (e.g. a stop string), which stays a generated id the template's closing follows."""
+        closing = self.closing(messages, tools=tools)
+        if stopped_with is not None and closing[:1] == [stopped_with]:
+            return closing[1:]
+        return closing
 
     def check(self) -> None:
         """The once-per-tokenizer check on probe conversations: the generation prompt is a prefix of the

@@ -33,7 +33,7 @@ RULES: list[tuple[str, str, str]] = [  # (regex on the command, mode, reason for
     (r"\bsbatch\b|^srun\b", "skip", "needs a Slurm cluster (make test-slurm runs sbatch on a private one)"),
     (r"^(pip|/opt/scalerl|python3\.12 -m venv|export |python -c \"import torch)", "skip",
      "cluster installation steps (tests/integration/test_install_keeps_torch.py and test_wheel_install.py)"),
-    (r"tools/import_gguf\.py|smollm2_cpu|write_word_problems", "skip",
+    (r"tools/import_gguf\.py|smollm2_(cpu|python_tool)|write_word_problems", "skip",
      "needs the GGUF download of tools/import_gguf.py (tests/integration/test_real_model.py, make test-slow)"),
     (r"tools/plan\.py", "run", ""),
     (r"^DRY_RUN=1 .*bash slurm/", "run", ""),

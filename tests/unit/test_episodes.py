@@ -64,11 +64,12 @@ def _prompt(a: int, b: int, **meta) -> Prompt:
                   token_ids=TOK(text)["input_ids"])
 
 
-def _run(runner, prompts, *, n=2, budget=60, max_turns=5, max_new=6, version=0):
+def _run(runner, prompts, *, n=2, budget=60, max_turns=5, max_new=6, version=0, max_seq_len=0):
     rec = Recording()
     eng = EpisodeEngine(rec, runner=runner, splicer=ChatSplicer(TOK, template="arith", stop_token_ids=[EOS]),
                         decode=lambda ids: TOK.decode(ids, skip_special_tokens=True),
-                        settings=EpisodeSettings(max_turns=max_turns, budget=budget, correct=1.0))
+                        settings=EpisodeSettings(max_turns=max_turns, budget=budget, correct=1.0,
+                                                 max_seq_len=max_seq_len))
     for i, p in enumerate(prompts):
         eng.submit(p, SamplingParams(max_new_tokens=max_new, stop_token_ids=[EOS, *DIGITS], seed=10 * i), n=n,
                    version=version)
@@ -110,6 +111,7 @@ def test_episode_ids_are_the_engines_ids_and_the_templates_difference(runner):
         env_spans = [s for s in _spans(ep.mask()) if s[2] == 0]
         assert len(gen_spans) == ep.turns and len(env_spans) == ep.turns - 1
         feedback = [TOK.convert_tokens_to_ids(ch) for ch in " no " + p.text]  # the template's difference by hand
+        env_tokens = 0
         for t, key in enumerate(mine):
             c = rec.returned[key]
             s, e, _ = gen_spans[t]
@@ -118,10 +120,14 @@ def test_episode_ids_are_the_engines_ids_and_the_templates_difference(runner):
             assert ep.weight_versions[s:e] == c.weight_versions
             if t < ep.turns - 1:
                 s2, e2, _ = env_spans[t]
-                assert ep.output_ids[s2:e2] == feedback
-                assert ep.gen_logprobs[s2:e2] == [0.0] * len(feedback)
-                assert ep.weight_versions[s2:e2] == [c.weight_versions[-1]] * len(feedback)
-        assert ep.env_tokens == len(feedback) * (ep.turns - 1)
+                # the arith template closes an assistant turn with <eos>: generated when the turn stopped on it,
+                # else (a stop on a digit) spliced before the feedback
+                env = ([] if c.output_ids[-1] == EOS else [EOS]) + feedback
+                assert ep.output_ids[s2:e2] == env
+                assert ep.gen_logprobs[s2:e2] == [0.0] * len(env)
+                assert ep.weight_versions[s2:e2] == [c.weight_versions[-1]] * len(env)
+                env_tokens += len(env)
+        assert ep.env_tokens == env_tokens
         assert len(ep.output_ids) == len(ep.gen_logprobs) == len(ep.weight_versions) == len(ep.loss_mask) <= 60
         if ep.turns == 3:  # the environment ends it at its 3rd step: 0.25 + 0.25 + 1.0
             multi += 1
@@ -141,6 +147,19 @@ def test_max_turns_and_the_episode_budget(runner):
     episodes, _ = _run(runner, [_prompt(12, 34)], n=4, budget=14, max_new=6)
     for ep in episodes:  # a turn generates at most what is left; the feedback (12 ids) does not fit after a turn
         assert len(ep.output_ids) <= 14 and ep.turns == 1
+
+
+def test_the_engines_sequence_length_caps_an_episode(runner):
+    """The opening (here `<bos>Q:12+34=`, 9 ids) + every turn's ids stay within `max_seq_len` (9 + 20) although
+    the budget (60) is larger: a turn generates at most what is left of it, and the feedback (12 ids, 13 after a
+    turn that did not stop on <eos>) is not spliced when it leaves no room for one more generated id."""
+    episodes, rec = _run(runner, [_prompt(12, 34)], n=4, budget=60, max_new=6, max_seq_len=29)
+    for ep in episodes:
+        assert len(ep.prompt_ids) == 9 and len(ep.prompt_ids) + len(ep.output_ids) <= 29
+        assert ep.turns <= 2 and (ep.turns == 2 or ep.finish_reason == FinishReason.LENGTH
+                                  or ep.episode_result[0] == 1.5)
+    assert all(len(ids) < 29 for ids in rec.submitted.values())
+    assert any(ep.finish_reason == FinishReason.LENGTH for ep in episodes)
 
 
 def test_environment_errors_and_timeouts_score_like_a_raising_reward(runner, caplog):
