@@ -154,11 +154,18 @@ def test_smollm2_cpu_experiment_validates(tmp_path):
 
     data = tmp_path / "problems.jsonl"  # as many distinct problems as the docs' command writes (every row is read)
     data.write_text("".join(f'{{"problem": "{i} + 1?", "answer": "{i + 1}"}}\n' for i in range(2000)))
-    c = prepare(_compose("experiment=smollm2_cpu", f"init_from_hf={_ckpt(tmp_path, SMOLLM2_135M)}",
+    ckpt = _ckpt(tmp_path, SMOLLM2_135M)
+    c = prepare(_compose("experiment=smollm2_cpu", f"init_from_hf={ckpt}",
                          f"data.train_files=[{data}]"))
     validate(c)
     assert (c.model.name, c.model.hidden_size, c.data.name, c.rollout.name, c.reward.require_think) == (
         "hf", 576, "polaris", "local", False)
+    tool = prepare(_compose("experiment=smollm2_python_tool", f"init_from_hf={ckpt}",
+                            f"data.train_files=[{data}]"))
+    validate(tool)  # the multi-turn SmolLM2 example (docs/extending.md): the sandboxed Python tool as env=custom
+    assert (tool.model.hidden_size, tool.env.name, tool.env.max_turns, tool.data.use_chat_template) == (
+        576, "custom", 3, False)
+    assert tool.env.custom["_target_"] == "scalerl_mega.episodes.examples.PythonTool"
 
 
 UNUSABLE = {  # config.json contents a user could point init_from_hf at, and what the error says about them
