@@ -122,6 +122,7 @@ def experiments() -> list[str]:
     return sorted(str(p.relative_to(root).with_suffix("")) for p in [*root.glob("*.yaml"), *root.glob("*/*.yaml")])
 
 
+@pytest.mark.compat  # runs in the compatibility leg of .ci/run (make test-compat), not in make test: the default suite's 20-min budget
 def test_startup_net_every_experiment_at_the_slurm_layouts(tmp_path):
     cases = {}
     layouts = {s: slurm_layout(s) for s in SCRIPTS}
@@ -305,6 +306,7 @@ DEEPSEEK_LAYOUTS = {
 }
 
 
+@pytest.mark.compat  # runs in the compatibility leg of .ci/run (make test-compat), not in make test: the default suite's 20-min budget
 def test_qwen3_layouts_build_at_full_size_and_fit(tmp_path):
     """Each shipped Qwen3 layout (documented in its script) initialises in Megatron at its real world size on
     the meta device (every pipeline / expert role); the built parameter, gradient and optimizer bytes are the
@@ -312,6 +314,7 @@ def test_qwen3_layouts_build_at_full_size_and_fit(tmp_path):
     _check_full_size_layouts(tmp_path, QWEN3_LAYOUTS)
 
 
+@pytest.mark.compat  # runs in the compatibility leg of .ci/run (make test-compat), not in make test: the default suite's 20-min budget
 def test_deepseek_v3_layouts_build_at_full_size_and_fit(tmp_path):
     """The same for the DeepSeek-V3 architecture (MLA in the planner: model/deepseek.py's parameter count):
     Moonlight-16B-A3B on one 8xH100 node, DeepSeek-V3 671B on 256 H200 and on 128 GB200 (TP 8 x EP 64)."""

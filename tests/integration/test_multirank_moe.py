@@ -37,6 +37,7 @@ def moe_single(tmp_path_factory, moe_init):
     return records(out)
 
 
+@pytest.mark.compat  # runs in the compatibility leg of .ci/run (make test-compat), not in make test: the default suite's 20-min budget
 def test_ep2_matches_one_rank(tmp_path, moe_init, moe_single):
     out = tmp_path / "ep2"
     run_job(out, [*COMMON, *STEPS, f"init_from_hf={moe_init}", "parallel.ep=2"], nproc=2)
@@ -61,6 +62,7 @@ def _get(url: str) -> dict:
         return json.loads(r.read())
 
 
+@pytest.mark.compat  # runs in the compatibility leg of .ci/run (make test-compat), not in make test: the default suite's 20-min budget
 def test_two_rank_trainer_one_weight_update_session_per_push(tmp_path, moe_init):
     """The SGLang test server (SGLang 0.5.23's API and rules: a second concurrent session is refused)
     in its own process; the 2-rank trainer attaches to it over HTTP like to a cluster's servers."""
@@ -109,6 +111,7 @@ def _rank_pid(launcher_pid: int, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.compat  # runs in the compatibility leg of .ci/run (make test-compat), not in make test: the default suite's 20-min budget
 def test_kill_nine_follower_exits_and_rerun_resumes(tmp_path, moe_init):
     out = tmp_path / "run"
     overrides = [*COMMON, "sft.steps=0", "train.steps=5", "train.save_every=1", f"init_from_hf={moe_init}",

@@ -3,8 +3,8 @@
 FIGURES holds {doc, the figure's text, the test that asserts it, the assertion's text}: the figure must still be
 in the doc (whitespace-insensitive), the test function must exist, the assertion's text must be in the test
 file (or in the helper module named), and the test must be in a suite `.ci/run` runs: `make test` (no slow, gpu,
-network, sglang or slurm mark), `make test-sglang`
-(sglang-marked, under tests/sglang/) or `make test-slurm` (slurm-marked). Figures stated as ranges over repeated
+network, sglang, slurm or compat mark), `make test-compat` (compat-marked, in the Makefile's COMPAT_TESTS),
+`make test-sglang` (sglang-marked, under tests/sglang/) or `make test-slurm` (slurm-marked). Figures stated as ranges over repeated
 runs are checked against their committed records (tests/unit/test_demo_runs_doc.py and the predictability test
 below); one-off measurements are labelled in the docs as measured, beside the tested bound.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,7 +172,16 @@ def ci_suite(path: str, marks: set[str]) -> str | None:
         return "test-slurm" if "slow" not in marks else None
     if marks & EXCLUDED_FROM_CI:
         return None
+    if "compat" in marks:  # left out of `make test`; `make test-compat` runs it when its file is on the list
+        return "test-compat" if path in compat_files() else None
     return "test"  # `make test` runs every file of tests/ (test-compat repeats some under Python 3.12)
+
+
+def compat_files() -> set[str]:
+    """The Makefile's COMPAT_TESTS (the test files `make test-compat` runs)."""
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    m = re.search(r"^COMPAT_TESTS\s*:=\s*(.*)$", text, re.M)
+    return set(m.group(1).split()) if m else set()
 
 
 def test_ci_suite_by_hand():
@@ -183,6 +193,8 @@ def test_ci_suite_by_hand():
     assert ci_suite("tests/sglang/a.py", {"sglang", "slow"}) is None
     assert ci_suite("tests/slurm/a.py", {"slurm"}) == "test-slurm"
     assert ci_suite("tests/gpu/a.py", {"gpu"}) is None
+    assert ci_suite("tests/integration/test_multirank_moe.py", {"compat"}) == "test-compat"
+    assert ci_suite("tests/unit/a.py", {"compat"}) is None  # not on the Makefile's COMPAT_TESTS list
 
 
 def test_marks_by_hand():
