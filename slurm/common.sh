@@ -444,29 +444,26 @@ scalerl_main() {
   scalerl_check_nccl
   scalerl_health_timeout
   if [[ $DRY_RUN == 1 ]]; then printf 'health timeout: %ss\n' "$HEALTH_TIMEOUT"; fi
-  local idx=0 r head
-  if ((GEN_NODES_PER_SERVER > 1)); then
-    # one step per node of a server: SGLang's --nnodes/--node-rank over the first node's --dist-init-addr
-    for ((g = 0; g < ${#GEN_NODES[@]}; g += GEN_NODES_PER_SERVER)); do
-      head=${GEN_NODES[g]}
+  # one step per server and node: a server spanning GEN_NODES_PER_SERVER nodes runs SGLang's --nnodes/--node-rank
+  # over its first node's --dist-init-addr, and gets the node's GPUs; a smaller one gets its GEN_TP
+  local idx=0 r head name gpus=$((GPUS_PER_NODE > 0 ? (GEN_TP < GPUS_PER_NODE ? GEN_TP : GPUS_PER_NODE) : 0))
+  for ((g = 0; g < ${#GEN_NODES[@]}; g += GEN_NODES_PER_SERVER)); do
+    head=${GEN_NODES[g]}
+    for ((s = 0; s < per_node; s++)); do
+      port=$((PORT_BASE + s))
       for ((r = 0; r < GEN_NODES_PER_SERVER; r++)); do
         node=${GEN_NODES[g + r]}
-        scalerl_generator_cmd "$node" "$PORT_BASE" 0
-        CMD+=(--nnodes "$GEN_NODES_PER_SERVER" --node-rank "$r" --dist-init-addr "$head:$GEN_DIST_PORT")
-        scalerl_step "gen$idx.node$r" "$node" 1 "$GPUS_PER_NODE" "$CPUS_PER_GEN" -- "${CMD[@]}"
+        scalerl_generator_cmd "$node" "$port" "$((s * GEN_TP))"
+        name=gen$idx
+        if ((GEN_NODES_PER_SERVER > 1)); then
+          CMD+=(--nnodes "$GEN_NODES_PER_SERVER" --node-rank "$r" --dist-init-addr "$head:$GEN_DIST_PORT")
+          name=gen$idx.node$r
+        fi
+        scalerl_step "$name" "$node" 1 "$gpus" "$CPUS_PER_GEN" -- "${CMD[@]}"
       done
       idx=$((idx + 1))
     done
-  else
-    for node in "${GEN_NODES[@]}"; do
-      for ((s = 0; s < per_node; s++)); do
-        port=$((PORT_BASE + s))
-        scalerl_generator_cmd "$node" "$port" "$((s * GEN_TP))"
-        scalerl_step "gen$idx" "$node" 1 "$((GPUS_PER_NODE > 0 ? GEN_TP : 0))" "$CPUS_PER_GEN" -- "${CMD[@]}"
-        idx=$((idx + 1))
-      done
-    done
-  fi
+  done
   [[ $DRY_RUN == 1 ]] || scalerl_wait_healthy
   scalerl_trainer_cmd
   local trainer_nodes
