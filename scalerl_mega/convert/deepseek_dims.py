@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Mapping
 from scalerl_mega.jsonvalue import JSON
 
 if TYPE_CHECKING:  # pragma: no cover
-    from scalerl_mega.convert.dims import ArchDims
     from scalerl_mega.model.config import ModelConfig
 
 
@@ -86,26 +85,8 @@ def deepseek_v3_fields(cfg: Mapping[str, JSON], common: dict[str, JSON], *, wher
     return out
 
 
-def model_config_fields(d: "ArchDims") -> dict[str, JSON]:
-    """`ModelConfig` fields (beyond the common ones) of DeepSeek-V3 `ArchDims` `d`."""
-    out: dict[str, JSON] = dict(
-        num_experts=d.num_experts, moe_topk=d.moe_top_k, moe_ffn_hidden_size=d.moe_ffn_hidden_size,
-        shared_expert_ffn=d.shared_expert_ffn, moe_layer_freq=1,
-        moe_dense_layers=[i for i in range(d.num_layers) if i not in d.moe_layers],
-        moe_router_score_function="sigmoid", moe_router_pre_softmax=False, moe_router_load_balancing_type="none",
-        moe_aux_loss_coeff=0.0, kv_lora_rank=d.kv_lora_rank, q_lora_rank=d.q_lora_rank,
-        qk_rope_head_dim=d.qk_rope_head_dim, v_head_dim=d.v_head_dim, moe_router_num_groups=d.moe_num_groups,
-        moe_router_group_topk=d.moe_group_topk, moe_router_topk_scaling_factor=d.moe_scaling_factor,
-        moe_router_expert_bias=d.moe_expert_bias,
-    )
-    if d.yarn:
-        out.update(zip(("yarn_factor", "yarn_original_max_position_embeddings", "yarn_beta_fast", "yarn_beta_slow",
-                        "yarn_mscale", "yarn_mscale_all_dim"), d.yarn))
-    return out
-
-
 def dims_fields(m: "ModelConfig") -> dict[str, JSON]:
-    """`ArchDims` fields of a DeepSeek-V3 `ModelConfig` `m` (the inverse of `model_config_fields`)."""
+    """`ArchDims` fields of a DeepSeek-V3 `ModelConfig` `m` (the inverse of convert/model_config.py's `_deepseek_v3_fields`)."""
     yarn = (float(m.yarn_factor), int(m.yarn_original_max_position_embeddings), float(m.yarn_beta_fast),
             float(m.yarn_beta_slow), float(m.yarn_mscale), float(m.yarn_mscale_all_dim)) if m.yarn_factor else ()
     return dict(q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank, qk_rope_head_dim=m.qk_rope_head_dim,

@@ -48,6 +48,24 @@ def _qwen3_moe_fields(d: ArchDims, cfg: Mapping[str, Any]) -> dict[str, Any]:
                 moe_aux_loss_coeff=float(cfg.get("router_aux_loss_coef", 0.001)))
 
 
+def _deepseek_v3_fields(d: ArchDims) -> dict[str, Any]:
+    """`ModelConfig` fields (beyond the common ones) of DeepSeek-V3 `ArchDims` `d`."""
+    out: dict[str, Any] = dict(
+        num_experts=d.num_experts, moe_topk=d.moe_top_k, moe_ffn_hidden_size=d.moe_ffn_hidden_size,
+        shared_expert_ffn=d.shared_expert_ffn, moe_layer_freq=1,
+        moe_dense_layers=[i for i in range(d.num_layers) if i not in d.moe_layers],
+        moe_router_score_function="sigmoid", moe_router_pre_softmax=False, moe_router_load_balancing_type="none",
+        moe_aux_loss_coeff=0.0, kv_lora_rank=d.kv_lora_rank, q_lora_rank=d.q_lora_rank,
+        qk_rope_head_dim=d.qk_rope_head_dim, v_head_dim=d.v_head_dim, moe_router_num_groups=d.moe_num_groups,
+        moe_router_group_topk=d.moe_group_topk, moe_router_topk_scaling_factor=d.moe_scaling_factor,
+        moe_router_expert_bias=d.moe_expert_bias,
+    )
+    if d.yarn:
+        out.update(zip(("yarn_factor", "yarn_original_max_position_embeddings", "yarn_beta_fast", "yarn_beta_slow",
+                        "yarn_mscale", "yarn_mscale_all_dim"), d.yarn))
+    return out
+
+
 def model_config_from_hf(cfg: Mapping[str, Any], *, name: str = "hf", where: str = "config.json"):
     """``ModelConfig`` (trainer) equivalent to an HF Llama / Llama-4 text / Qwen3 / Qwen3-MoE config."""
     from scalerl_mega.model.config import ModelConfig
@@ -65,9 +83,7 @@ def model_config_from_hf(cfg: Mapping[str, Any], *, name: str = "hf", where: str
     if d.arch == "qwen3_moe":
         return ModelConfig(**common, **_qwen3_moe_fields(d, cfg)).validate()
     if d.arch == "deepseek_v3":
-        from scalerl_mega.convert.deepseek_dims import model_config_fields
-
-        return ModelConfig(**common, **model_config_fields(d)).validate()
+        return ModelConfig(**common, **_deepseek_v3_fields(d)).validate()
     moe_freq = _every_nth([int(d.is_moe_layer(i)) for i in range(d.num_layers)], key="moe_layers", where=where)
     return ModelConfig(
         **common,

@@ -88,7 +88,7 @@ def test_two_rank_trainer_one_weight_update_session_per_push(tmp_path, moe_init)
         events = _get(url + "/_test/state")["events"]
     finally:
         server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)
+        server.wait(timeout=600)
         log.close()
     pushes = 1 + 3  # the step-0 push, then one after each PPO-off-policy-1 step
     assert events.count("/begin_weight_update") == events.count("/end_weight_update") == pushes
@@ -129,7 +129,7 @@ def test_kill_nine_follower_exits_and_rerun_resumes(tmp_path, moe_init):
             victim = _rank_pid(job.pid, 1)
             assert victim is not None
             os.kill(victim, signal.SIGKILL)
-            rc = job.wait(timeout=60)  # bounded: a hang fails here
+            rc = job.wait(timeout=600)  # bounded: a hang fails here
         finally:
             if job.poll() is None:  # its ranks exit when the agent is gone (train.run_job watches it)
                 job.kill()

@@ -83,11 +83,11 @@ def test_killed_sweep_resumes_its_unfinished_point(tmp_path):
         else:
             pytest.fail("step 3 never logged")
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+        proc.wait(timeout=600)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=60)
+            proc.wait(timeout=600)
     assert not (run / "summary.json").exists() and (run / "checkpoints" / "latest").exists()
     killed_at = max(_train_steps(run))
     assert 3 <= killed_at < 8

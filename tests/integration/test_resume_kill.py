@@ -68,7 +68,7 @@ def test_kill_9_then_resume_auto_same_prompt_sequence(tmp_path):
         else:
             pytest.fail("step 3 never logged")
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.wait(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -150,7 +150,7 @@ def test_poll_fails_naming_the_dead_engine_instead_of_waiting():
     try:
         engine.submit(P, SamplingParams(max_new_tokens=40, seed=1, hold_at=1), n=2, version=0)
         os.kill(engine.pid, signal.SIGKILL)
-        engine._proc.join(timeout=30)
+        engine._proc.join(timeout=600)
         with pytest.raises(EngineError, match=r"is dead \(exit code -9\)"):
             for _ in range(200):  # bounded: each poll waits at most 0.1 s
                 engine.poll(0.1)

@@ -63,7 +63,7 @@ def _submit(slurm, tmp_path: Path, *, fail: bool) -> tuple[dict, Path, Path]:
                GPUS_PER_NODE="0", TRAINER_NODES="1", EXPERIMENT="demo")  # a config that validates here
 
     r = subprocess.run(["sbatch", "--parsable", "-N1", "-n2", "--cpus-per-task=1", f"--output={out}",
-                        f"--chdir={tmp_path}", str(script)], env=env, capture_output=True, text=True, timeout=60)
+                        f"--chdir={tmp_path}", str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.strip().split(";")[0]
     return slurm.wait_done(job_id), out, run_dir
@@ -98,7 +98,7 @@ def _submit_tiny(slurm, tmp_path: Path, run_dir: Path, *, extra: str, name: str)
                PORT_BASE=str(_free_port()), MASTER_PORT=str(_free_port()), HEALTH_TIMEOUT="240",
                EXTRA_OVERRIDES=f"{TINY} {extra}")
     r = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path / (name + '.out')}", f"--chdir={ROOT}",
-                        str(ROOT / "slurm/train_tiny.sh")], env=env, capture_output=True, text=True, timeout=60)
+                        str(ROOT / "slurm/train_tiny.sh")], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip().split(";")[0]
 

@@ -96,7 +96,7 @@ def _check_tool_output(reply: str, tool: str) -> None:
 
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "main.py").write_text(code)
-        ran = subprocess.run([sys.executable, "main.py"], capture_output=True, text=True, timeout=30, cwd=d)
+        ran = subprocess.run([sys.executable, "main.py"], capture_output=True, text=True, timeout=600, cwd=d)
     if ran.stdout:
         assert tool == ran.stdout[-400:]
     else:

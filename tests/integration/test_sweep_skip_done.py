@@ -87,7 +87,7 @@ def test_plugin_is_a_namespace_portion():
             "from hydra.plugins.launcher import Launcher; "
             "print([f'{c.__module__}.{c.__name__}' for c in Plugins.instance().discover(Sweeper)]); "
             "print([f'{c.__module__}.{c.__name__}' for c in Plugins.instance().discover(Launcher)])")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     sweepers, launchers = proc.stdout.splitlines()[-2:]
     assert "hydra_plugins.scalerl_skip_done.SkipDoneSweeper" in sweepers

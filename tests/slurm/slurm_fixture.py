@@ -56,6 +56,6 @@ def local_slurm(tmp_path_factory):
         env["SLURM_CONF"] = str(sl / "etc" / "slurm.conf")
         yield LocalSlurm(state_dir=sl, env=env)
     finally:
-        subprocess.run(["bash", str(HERE / "teardown_slurm.sh"), "--wipe"], env=env, capture_output=True, timeout=120)
+        subprocess.run(["bash", str(HERE / "teardown_slurm.sh"), "--wipe"], env=env, capture_output=True, timeout=600)
 
 

@@ -7,7 +7,8 @@ import time
 
 class ScriptedEnv:
     """Feedback `' no '` + the question for `turns - 1` turns (reward 0.25 each), then done with 1.0. The task's
-    `mode` makes a call misbehave: `raise_reset`, `raise_step` (on the 2nd step), `sleep_step` (sleeps 30 s)."""
+    `mode` makes a call misbehave: `raise_reset`, `raise_step` (on the 2nd step), `sleep_step` (sleeps an
+    hour: it can only end by the runner's step timeout, whatever the machine's load)."""
 
     def __init__(self, *, turns: int = 3, feedback: str = " no ") -> None:
         self.turns, self.feedback, self.n, self.mode, self.question = turns, feedback, 0, "", ""
@@ -23,7 +24,7 @@ class ScriptedEnv:
         if self.mode == "raise_step" and self.n == 2:
             raise ValueError("step failed on purpose")
         if self.mode == "sleep_step":
-            time.sleep(30)
+            time.sleep(3600)
         if self.n >= self.turns:
             return [], 1.0, True
         return [{"role": "user", "content": self.feedback + self.question}], 0.25, False

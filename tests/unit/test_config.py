@@ -242,7 +242,7 @@ def test_cli_prints_resolved_config(tmp_path):
     out = subprocess.run(
         [sys.executable, "-c", "from scalerl_mega.train import main; main()", "--cfg", "job",
          "experiment=scalerl"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path, check=True,
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, check=True,
     ).stdout
     assert "name: cispo" in out and "name: pipeline_rl" in out and "run_name: scalerl" in out
     assert "fp32_lm_head: true" in out

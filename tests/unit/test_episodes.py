@@ -52,7 +52,8 @@ class Recording:
 
 @pytest.fixture(scope="module")
 def runner():
-    r = EnvRunner(target="tests.support.episode_envs.ScriptedEnv", kwargs={"turns": 3}, step_timeout_s=3.0,
+    # the step timeout lets an honest step finish on a loaded machine; only `sleep_step` (an hour) reaches it
+    r = EnvRunner(target="tests.support.episode_envs.ScriptedEnv", kwargs={"turns": 3}, step_timeout_s=15.0,
                   num_workers=1, failure_reward=-1.0)
     yield r
     r.close()
@@ -233,12 +234,13 @@ def test_routes_of_an_episode_are_each_turns_own_positions():
 def test_the_python_tool_runs_code_in_the_sandbox_and_scores_the_final_answer():
     from scalerl_mega.episodes.examples import PythonTool
 
-    env = PythonTool(time_limit_s=5.0)
+    env = PythonTool(time_limit_s=600.0)  # a safety net only: neither program below may end by the time limit
     opening = env.reset({"prompt": "What is 6 times 7?", "gold": "42"})
     assert [m["role"] for m in opening] == ["system", "user"] and opening[1]["content"] == "What is 6 times 7?"
     msgs, reward, done = env.step("Let me compute.\n```python\nprint(sum(range(7)) * 2)\n```")
     assert msgs == [{"role": "tool", "content": "42\n"}] and (reward, done) == (0.0, False)
     msgs, reward, done = env.step("```python\nimport socket\nsocket.create_connection(('1.1.1.1', 80), 2)\n```")
-    assert done is False and "Error" in msgs[0]["content"]  # no network inside the sandbox
+    # no network inside the sandbox: the connect fails at once (refused there, not ended by the time limit)
+    assert done is False and "Error" in msgs[0]["content"] and "timed out" not in msgs[0]["content"], msgs
     assert env.step("The answer is 42.") == ([], 1.0, True)
     assert env.step("It is 41") == ([], -1.0, True)

@@ -112,7 +112,7 @@ def _source_common(tmp_path: Path, script: str, **env) -> subprocess.CompletedPr
     e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     e.update(SCALERL_REPO=str(ROOT), RUN_DIR=str(tmp_path / "run"), **env)
     return subprocess.run(["bash", "-c", f"source {ROOT}/slurm/common.sh; {script}"], env=e, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=600)
 
 
 def test_launch_refuses_two_envs_with_different_nccl(tmp_path):

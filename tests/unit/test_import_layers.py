@@ -85,16 +85,17 @@ def _targets(node: ast.AST, *, mod: str, is_pkg: bool, known: dict[str, Path]) -
     return out
 
 
-def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+def import_graph(root: Path = ROOT, *, annotations: bool = False) -> dict[str, set[str]]:
     """Module -> own-package modules it imports anywhere in its body (module level and inside functions;
-    `if TYPE_CHECKING:` blocks are annotations only and are skipped)."""
+    `if TYPE_CHECKING:` blocks are annotations only: skipped unless `annotations`, which counts them too, as a
+    reader of the code does)."""
     known = modules(root)
     graph: dict[str, set[str]] = {}
     for mod, path in known.items():
         tree = ast.parse(path.read_text(), filename=str(path))
         skip: set[int] = set()
         for node in ast.walk(tree):
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            if not annotations and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 skip.update(id(n) for b in node.body for n in ast.walk(b))
         edges = set()
         for node in ast.walk(tree):
@@ -195,8 +196,18 @@ def test_every_layer_name_matches_a_module():
     assert unknown_layers({"types": Path("types.py")}) == sorted(k for k in LAYERS if k and k != "types")
 
 
+ANNOTATION_CIRCLES_LEFT = [["rollout.sglang.engine", "rollout.sglang.multi_groups"]]
+"""Circles closed only by a `TYPE_CHECKING` import in files being reworked elsewhere now; empty it when they
+go."""
+
+
 def test_no_import_circles():
     assert circles(import_graph()) == []
+
+
+def test_no_import_circles_even_through_annotations():
+    """A circle closed by a `TYPE_CHECKING` import still ties two modules together for a reader: counted too."""
+    assert [c for c in circles(import_graph(annotations=True)) if c not in ANNOTATION_CIRCLES_LEFT] == []
 
 
 def test_imports_only_point_down():
@@ -216,6 +227,9 @@ def test_the_checks_catch_a_circle_and_an_upward_import(tmp_path):
     }.items():
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         (pkg / rel).write_text(text)
+    (pkg / "types.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from scalerl_mega import train\n")
+    assert circles(import_graph(pkg)) == [] and circles(import_graph(pkg, annotations=True)) == [["train", "types"]]
+    (pkg / "types.py").write_text("def f():\n    from scalerl_mega import train\n")
     graph = import_graph(pkg)
     assert circles(graph) == [["train", "types"]]
     assert upward(graph) == ["data.a -> rewards.b (component -> another component)",
@@ -228,6 +242,8 @@ if __name__ == "__main__":  # pragma: no cover - a report for people
     print(f"{len(g)} modules, {local} import edges")
     for c in circles(g):
         print("circle:", " -> ".join(c))
+    for c in circles(import_graph(annotations=True)):
+        print("circle through an annotation-only import:", " -> ".join(c))
     for u in upward(g):
         print("upward:", u)
     sys.exit(1 if circles(g) or upward(g) else 0)

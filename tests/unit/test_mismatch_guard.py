@@ -113,5 +113,5 @@ def test_guard_unit_rules():
 
 def test_uncaught_stop_exits_nonzero_with_the_message():
     code = "from scalerl_mega.metrics.alarms import LogprobMismatchStop; raise LogprobMismatchStop('mismatch 3 > 0.5')"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1 and "mismatch 3 > 0.5" in proc.stderr

@@ -124,5 +124,5 @@ def test_parent_exit_without_close_does_not_hang_and_kills_the_child(parent):
     proc, kids = parent
     proc.stdin.write("exit\n")
     proc.stdin.flush()
-    assert proc.wait(timeout=60) == 0
+    assert proc.wait(timeout=600) == 0
     assert not _wait_gone(kids[:1], within_s=5.0)

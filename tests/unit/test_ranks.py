@@ -123,10 +123,10 @@ def _run(mode: str) -> dict:
         p.start()
     out = {}
     for _ in range(2):
-        item = q.get(timeout=120)
+        item = q.get(timeout=600)
         out[item[0]] = item[1:]
     for p in procs:
-        p.join(timeout=60)
+        p.join(timeout=600)
     return out
 
 

