@@ -1,4 +1,4 @@
-""""Did you mean ...?" for the command lines (issue 49): a misspelled config key, group option or flag names the
+""""Did you mean ...?" for the command lines: a misspelled config key, group option or flag names the
 closest valid one. Standard library only.
 
     did_you_mean("stepz", ["steps", "save_every"])      -> " (did you mean steps?)"

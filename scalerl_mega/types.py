@@ -85,7 +85,7 @@ def route_id_dtype(num_experts: int) -> str:
 
 @dataclass(kw_only=True, slots=True)
 class Routes:
-    """MoE routes the generator used (rollout routing replay, issue #19): for each input position of
+    """MoE routes the generator used (rollout routing replay): for each input position of
     the sequence (prompt + output tokens the engine ran a forward on, i.e. all but the last output
     token), each MoE layer (ascending layer index) and each of the top-k slots, the expert id (a
     global id, 0..E-1) and its routing weight (the gate value the engine applied), row-major flat

@@ -1,6 +1,6 @@
 """Shared pytest setup: GPU tests are skipped without CUDA; nothing heavy is imported here.
 
-No process may outlive its test (issue 26): at the end of the session each pytest process that ran
+No process may outlive its test: at the end of the session each pytest process that ran
 tests -- the only one, or each xdist worker -- lists its live descendants (psutil), gives them
 `LEAK_GRACE_S` to exit, then SIGKILLs the survivors and fails the session naming their command lines.
 Left out: processes that were already there at session start and this process's own multiprocessing

@@ -1,4 +1,4 @@
-"""A custom reward with the bug of issue 49 (tests/faults/test_reward_errors_run.py): it parses the completion as a
+"""A custom reward with a common bug (tests/faults/test_reward_errors_run.py): it parses the completion as a
 number, which raises on every real completion."""
 
 

@@ -1,4 +1,4 @@
-"""Checkpoint faults (issue 16): disk full during save, a damaged `latest` (truncated / bit-flipped
+"""Checkpoint faults: disk full during save, a damaged `latest` (truncated / bit-flipped
 tensor file, missing common state), every checkpoint damaged, leftover temporary directories.
 
 The Megatron scenarios run in one subprocess (a tiny dense model on CPU, one rank) that writes its
@@ -127,7 +127,7 @@ def worker(root: str, out: str) -> None:
             (copy / ".tmp-step_00000003").mkdir()  # and a leftover of a killed save
             (copy / ".tmp-step_00000003" / "__0_0.distcp").write_bytes(b"half")
             logs.clear()
-            # what the start banner, provenance and the finished-run check report (issue 56 item 4)
+            # what the start banner, provenance and the finished-run check report
             res[f"{mode}_steps"] = [latest_step(copy), loadable_step(copy)]
             t.sft_step(batch)  # move the weights away from both checkpoints
             res[f"{mode}_marker"] = t.load(str(copy))["marker"]

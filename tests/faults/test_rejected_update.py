@@ -1,4 +1,4 @@
-"""Rejected weight updates (issue 16): a wrong tensor name or shape is rejected before anything is
+"""Rejected weight updates: a wrong tensor name or shape is rejected before anything is
 applied; the engine keeps serving its previous weights (same tokens, same log-probs, same version);
 the error names the tensor. The trainer side checks the whole update against the generator model's
 manifest before the first bucket is sent (SGLang applies buckets as they arrive, so a wrong tensor in

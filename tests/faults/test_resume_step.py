@@ -1,4 +1,4 @@
-"""Issue 56 item 4: after a damaged newest checkpoint the load falls back to the previous one, and the step that
+"""After a damaged newest checkpoint the load falls back to the previous one, and the step that
 load takes is the one the start banner, provenance.jsonl and the finished-run check report (they used to read the
 `latest` pointer: "resuming at step 4" while step 2 was loaded).
 

@@ -1,4 +1,4 @@
-"""Issue 49 end to end: a custom reward that raises (`return float(completion)`) made every sample score -1 and the
+"""End to end: a custom reward that raises (`return float(completion)`) made every sample score -1 and the
 run "succeed" without one trained step, the exception in no console line, log or metrics row. Now the run stops at
 the first step whose samples all fail, with one line (exit status 1, no traceback of its own), and the reward's
 first traceback is in the console and in the run's train.log, once."""

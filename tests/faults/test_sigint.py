@@ -1,8 +1,8 @@
-"""Ctrl-C (SIGINT to the run's process group, as a terminal sends it) is handled like SIGTERM (issue 49): the run
+"""Ctrl-C (SIGINT to the run's process group, as a terminal sends it) is handled like SIGTERM: the run
 checkpoints at its next safe point and exits 130 without a traceback, and the rerun resumes there; a second
 Ctrl-C exits at once, without a checkpoint and without leaving a process; Ctrl-C before the RL loop (nothing to
 checkpoint yet) stops with one line. A finished run launched again trains nothing and keeps its report.md and
-summary.json (issue 49 item 6). The signal is sent by a hook at a known step (tests/faults/signal_driver.py)."""
+summary.json. The signal is sent by a hook at a known step (tests/faults/signal_driver.py)."""
 
 from __future__ import annotations
 

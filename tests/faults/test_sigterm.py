@@ -2,7 +2,7 @@
 checkpoints at the next safe point, stops the engine and reward workers it started, exits 0, and the
 rerun resumes from that checkpoint. Slurm signals every process of the step, so the signal goes to the
 run's whole process group (`kill -TERM -<pgid>`): the children ignore it and leave the stop to the
-trainer. After `kill -9` of the trainer no process it started outlives it by more than 5 s (issue 26)."""
+trainer. After `kill -9` of the trainer no process it started outlives it by more than 5 s."""
 
 from __future__ import annotations
 

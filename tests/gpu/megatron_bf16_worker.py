@@ -99,7 +99,7 @@ def main() -> None:
 
     models.te_available = lambda: False  # the local spec even where Transformer Engine is installed
     model = load_model_preset("tiny_dense")
-    # bf16 body, FP32 head and FP32 main weights: the precision API of issue 13 (MegatronConfig.params_dtype)
+    # bf16 body, FP32 head and FP32 main weights: the precision API (MegatronConfig.params_dtype)
     cfg = MegatronConfig(model=model, parallel=ParallelConfig(micro_batch_size=2),
                          optim=OptimConfig(lr=5e-3, warmup_steps=1, adam_eps=1e-4), params_dtype="bfloat16")
     trainer = MegatronPolicyTrainer(cfg)

@@ -1,7 +1,7 @@
 """The Triton fused FP32 LM-head kernel on a GPU against a float64 reference (skipped without CUDA).
 
 Shape N=4096, H=4096, V=131072 (the Llama vocabulary: 64-bit offsets; a second, smaller V re-ran every case's
-autotuning for no new path, issue 60). Inputs: bf16 hidden and weight (bf16 operands); FP32 hidden and weight in
+autotuning for no new path). Inputs: bf16 hidden and weight (bf16 operands); FP32 hidden and weight in
 bf16x3 (the default on CUDA: `test_default_fp32_mode_on_cuda_is_bf16x3`, so not run twice), 3xTF32 and IEEE
 mode; FP32 hidden states holding bf16 values with an FP32 weight, the trainer's FP32 head
 (Float16Module upcasts the last stage's bf16 output, so the head sees bf16-valued FP32 hidden states and an

@@ -70,7 +70,7 @@ def test_weight_export_stays_on_device_as_bf16(result):
 
 
 def test_save_load_then_the_next_steps_match_the_uninterrupted_run(resume):
-    """Issue 26 item 3: loading used to put a per-parameter 'step' into TE FusedAdam's state (KeyError)."""
+    """Loading used to put a per-parameter 'step' into TE FusedAdam's state (KeyError)."""
     if resume["te_installed"]:
         assert any(n.startswith("transformer_engine.") for n in resume["inner_optimizers"]), resume
     ref, got, fresh = resume["ref"], resume["resumed"], resume["fresh_optimizer"]

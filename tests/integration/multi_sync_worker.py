@@ -1,5 +1,5 @@
 """torchrun worker (gloo, CPU) of tests/integration/test_multi_sender_sync.py: multi-sender weight sync
-(issue 58) from a Megatron Qwen3-MoE trainer to one local engine (or, with `--sglang-url`, a real SGLang
+from a Megatron Qwen3-MoE trainer to one local engine (or, with `--sglang-url`, a real SGLang
 server: tests/sglang/test_real_multi_sender_sync.py), per layout in `--layouts`
 (pp2, ep2: 2 ranks; pp2ep2: 4 ranks). Per layout: load the HF checkpoint into the trainer's model,
 shift every parameter by a layout-specific constant (so each sync changes the engine), take the

@@ -1,4 +1,4 @@
-"""episodes/agent_server.py with the real `openai` client in front of a real tiny local engine (issue 57, item 4):
+"""episodes/agent_server.py with the real `openai` client in front of a real tiny local engine:
 a multi-call agent's calls stitch into one sample of exact ids (templated opening + generated ids + the
 template's ids for each environment message, written out here by hand), a broken prefix starts a counted new
 sample, Hermes tool calls come back as `tool_calls`, bad requests get OpenAI error bodies (fuzzed; none kills

@@ -1,4 +1,4 @@
-"""verifiers 0.4's own model client against the agent endpoint (issue 57, item 5; docs/agent_endpoint.md).
+"""verifiers 0.4's own model client against the agent endpoint (docs/extending.md).
 
 verifiers 0.4 runs an episode itself (an async `Env.run_episode` drives a harness program whose model calls go
 through its interception server to a `Client`), so it does not fit the reset/step environment interface; what

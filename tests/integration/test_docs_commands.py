@@ -1,4 +1,4 @@
-"""Every shell command of README.md and docs/*.md works as written (issue 59): the lines of their ```bash blocks
+"""Every shell command of README.md and docs/*.md works as written: the lines of their ```bash blocks
 and the commands in inline backticks (`scalerl-...`, `python ...`, `make ...`, `bash ...`, `torchrun ...`, with
 or without `.venv/bin/` and leading `VAR=value`s).
 

@@ -1,4 +1,4 @@
-"""Distributed-optimizer checkpoints across model-parallel layouts (issue 13 item 2): TP 2 -> TP 1 and
+"""Distributed-optimizer checkpoints across model-parallel layouts: TP 2 -> TP 1 and
 PP 2 -> PP 1 with the distributed optimizer's state (bf16 body, FP32 head, FP32 main weights and Adam
 moments), saved in model space (`optim.checkpoint_format=fully_reshardable`), on CPU over gloo.
 

@@ -1,4 +1,4 @@
-"""Multi-sender weight sync (issue 58) from a Megatron Qwen3-MoE trainer under torchrun (gloo, CPU) to the
+"""Multi-sender weight sync from a Megatron Qwen3-MoE trainer under torchrun (gloo, CPU) to the
 local engine: one sender per pipeline stage and per expert-parallel rank, each over its own named group,
 all at once. After each sync the engine's weights equal the trainer's single-sender export bit for
 bit (SHA-256 over every tensor), at PP2 and EP2 (2 ranks) and PP2xEP2 (4 ranks); the senders' bytes add

@@ -1,4 +1,4 @@
-"""Multi-sender weight sync into the local engine process (issue 58): two senders (this process and a
+"""Multi-sender weight sync into the local engine process: two senders (this process and a
 spawned one), each over its own group, both at once. The engine applies the update and its version only
 when both groups delivered every bucket; the manifest is checked before the first byte; a sender that
 is killed before its bucket 1 (forced by a hook, no race) makes the sync raise within the deadline naming

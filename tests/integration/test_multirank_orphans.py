@@ -1,7 +1,7 @@
 """kill -9 of the torchrun agent of a 2-rank `scalerl-train` job: both ranks notice that their launcher
 is gone and exit, and so does every process the controller started (engine, reward worker, Megatron's
 checkpoint results-queue managers, multiprocessing resource trackers) -- nothing stays orphaned
-waiting out `train.follower_timeout_s` (issue 26: a follower was found alive 53 minutes after a run)."""
+waiting out `train.follower_timeout_s` (a follower was found alive 53 minutes after a run)."""
 
 from __future__ import annotations
 

@@ -64,7 +64,7 @@ def test_qwen3_tied_tp2_matches_one_rank(tmp_path, qwen3_init, qwen3_single):
     _check_run(qwen3_single, out, tmp_path)
 
 
-def test_qwen3_tied_pp2_matches_one_rank(tmp_path, qwen3_init, qwen3_single):  # default suite (issue 56)
+def test_qwen3_tied_pp2_matches_one_rank(tmp_path, qwen3_init, qwen3_single):  # default suite
     """The tied embedding lives on both stages: Megatron's embedding group keeps the copies equal (their
     gradients summed each step), so the run equals the 1-rank one and the export is the 1-rank model."""
     out = tmp_path / "pp2"
@@ -98,7 +98,7 @@ def test_qwen3_moe_ep2_matches_one_rank(tmp_path, moe_init, moe_single):
 
 @pytest.mark.parametrize("layout,mode", [
     pytest.param(["parallel.tp=2", "parallel.sequence_parallel=true"], "none", id="tp2_sp", marks=pytest.mark.slow),
-    pytest.param(["parallel.ep=2"], "ids", id="ep2-ids"),  # routing replay at EP2 in the default suite (issue 56)
+    pytest.param(["parallel.ep=2"], "ids", id="ep2-ids"),  # routing replay at EP2 in the default suite
     pytest.param(["parallel.pp=2"], "ids_and_weights", id="pp2-weights", marks=pytest.mark.slow)])
 def test_qwen3_moe_layouts_and_routing_replay_match_one_rank(tmp_path, moe_init, moe_single, layout, mode):
     out = tmp_path / "run"

@@ -1,11 +1,11 @@
-"""`rollout.weight_sync_senders=per_stage` through the real loop (issue 58): `torchrun --nproc-per-node 2
+"""`rollout.weight_sync_senders=per_stage` through the real loop: `torchrun --nproc-per-node 2
 -m scalerl_mega.train` on `tiny_dense` at PP2, PPO-off-policy k=1, 1 step (syncs before it and after it). Each pipeline stage's rank sends
 its own layers over its own group to the local engine, the controller coordinating; the engine's weights after
 the last sync equal a single-process export of the saved checkpoint bit for bit (SHA-256), and every train
 record carries the real sync: two senders whose bytes add up to the whole model; with `rollout.num_engines=2` both
 engines hold exactly that export. The same at EP2 on `tiny_qwen3_moe`
 (an expert sender besides the stage's leader), where each record's largest per-rank transient sync memory
-(`sync/max_rank_transient_bytes`, issue 58 item 5) is at most the stage's dense weights plus one bucket, both
+(`sync/max_rank_transient_bytes`) is at most the stage's dense weights plus one bucket, both
 computed here from the exported model's parameter shapes."""
 
 from __future__ import annotations

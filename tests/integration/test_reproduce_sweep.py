@@ -58,7 +58,7 @@ def _train_steps(run: Path) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_killed_sweep_resumes_its_unfinished_point(tmp_path):
-    """Issue 29 item 4: `make reproduce` in pieces. The whole sweep (process group: sweep -> Hydra -> trainer,
+    """`make reproduce` in pieces. The whole sweep (process group: sweep -> Hydra -> trainer,
     engine, reward workers) is SIGKILLed once its point has logged step 3 (checkpoints every 2 steps); the
     same command then skips nothing (the point has no summary.json), resumes the point from its checkpoint
     (resume=auto) and finishes it with every step logged exactly once; the run records the commit."""

@@ -1,4 +1,4 @@
-"""Rollout routing replay end to end (issue #19): the real local engine core samples with recorded
+"""Rollout routing replay end to end: the real local engine core samples with recorded
 routes, the Megatron trainer (tiny_moe) replays them.
 
 The engine's routers are perturbed (Gaussian noise, 5% of their weights' std) so that, as between two

@@ -1,4 +1,4 @@
-"""The SGLang client's /generate concurrency (issue 26 item 5): servers x `max_inflight_per_server`
+"""The SGLang client's /generate concurrency: servers x `max_inflight_per_server`
 requests in flight at once on pooled connections of one event-loop thread (no thread per request),
 against the model-free loopback stub (`tests/support/stub_server.py`). No timing: the stub's barrier answers
 nothing until the expected number of requests is in flight together."""

@@ -1,4 +1,4 @@
-"""The cluster simulator's calibration from a measured CPU run (issue 9, deliverable 5).
+"""The cluster simulator's calibration from a measured CPU run.
 
 A short real `scalerl-train` run (Megatron trainer in this process's child, HF engine in its own
 process, PipelineRL-2) writes per-step timings, batch shapes and engine work counters to

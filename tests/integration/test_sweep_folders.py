@@ -1,4 +1,4 @@
-"""Multirun point folders (issue 59): named by the point's overrides (safe characters, unique per point) by the
+"""Multirun point folders: named by the point's overrides (safe characters, unique per point) by the
 default sweeper, and a `hydra.sweep.subdir` that gives two points one folder refused before any point runs."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a weight push sends, by generator (issue 26 item 7): SGLang holds its LM head in its serving
+"""What a weight push sends, by generator: SGLang holds its LM head in its serving
 dtype (a pushed FP32 head is rounded on load; `--enable-fp32-lm-head` upcasts at compute), so the push
 to SGLang sends every tensor, the head included, in bf16: the model's bf16 bytes, not +2 bytes per head
 element. The local engine keeps an FP32 head copy (rollout/core.py), so its push keeps the head FP32.

@@ -1,4 +1,4 @@
-"""Multi-sender weight sync (issue 58) into a real SGLang 0.5.23 server on CPU: a Megatron Qwen3-MoE trainer under
+"""Multi-sender weight sync into a real SGLang 0.5.23 server on CPU: a Megatron Qwen3-MoE trainer under
 torchrun (gloo) sends with one sender per pipeline stage and per expert-parallel rank, each over its own named
 weight-update group that the server joined (`init_weights_update_group` with `group_name`), all senders at once;
 each `update_weights_from_distributed` call carries one group's bucket. At PP2, EP2 (2 ranks) and PP2xEP2

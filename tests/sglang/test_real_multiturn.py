@@ -1,4 +1,4 @@
-"""Multi-turn episodes on a real SGLang 0.5.23 server on CPU (issue 57, item 6): an episode continues from its
+"""Multi-turn episodes on a real SGLang 0.5.23 server on CPU: an episode continues from its
 full id list (turn 1 generated, an environment span appended, turn 2 submitted as every id so far), the radix
 cache reuses the prefix (SGLang's `meta_info.cached_tokens`), and the generated ids' log-probs agree with the
 trainer-side transformers forward over the whole episode; then the agent endpoint (episodes/agent_server.py)

@@ -27,8 +27,8 @@ from tests.sglang_support.real_server import ROOT, engine_for
 pytestmark = [pytest.mark.sglang, pytest.mark.usefixtures("one_torch_thread")]
 TOL = 1e-5
 """Max |log-prob diff| between SGLang's FP32 CPU path and transformers / the trainer (docs/sglang.md states it):
-measured 6.5e-7 to 2.4e-6 over the runs of issues 48-56 (2.36e-6 Qwen3, 1.90e-6 Qwen3-MoE on 2026-11-29), so 1e-5
-keeps a 4x margin (issue 56: was 1e-4)."""
+measured 6.5e-7 to 2.4e-6 over earlier runs (2.36e-6 Qwen3, 1.90e-6 Qwen3-MoE on 2026-11-29), so 1e-5
+keeps a 4x margin (was 1e-4)."""
 _WEIGHTS: dict = {}
 
 

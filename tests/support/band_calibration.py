@@ -1,4 +1,4 @@
-"""Simulated runs for calibrating `scaling/band.py` out of sample (issue 56, item 2): five families of runs, each fitted
+"""Simulated runs for calibrating `scaling/band.py` out of sample: five families of runs, each fitted
 on its first half (relative grid, the cut at 0.1), its band read at every later point (the last at twice the fitted
 compute), and coverage of the true expected reward counted pointwise and per run (the whole later curve inside).
 

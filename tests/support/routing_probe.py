@@ -1,4 +1,4 @@
-"""Measure rollout routing replay (issue #19): one set of generator samples, the trainer's log-probs
+"""Measure rollout routing replay: one set of generator samples, the trainer's log-probs
 and routing agreement under each `moe.routing_replay` mode.
 
 The generator is the project's local engine core (`rollout.core.GenerationCore`, HF transformers

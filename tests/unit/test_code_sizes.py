@@ -1,4 +1,4 @@
-"""The package stays readable in pieces (issue #25): no file over 600 lines, no function over 80 and only a handful
+"""The package stays readable in pieces: no file over 600 lines, no function over 80 and only a handful
 over 60, and few parameter or return annotations that mention `Any`.
 
     python tests/unit/test_code_sizes.py     # print the counts and the largest files and functions
@@ -15,7 +15,7 @@ MAX_FUNCTION_LINES = 80
 LONG_FUNCTION_LINES = 60
 MAX_LONG_FUNCTIONS = 5
 MAX_ANY_ANNOTATIONS = 215
-"""Parameter and return annotations that mention `Any` anywhere (`mentions_any`). Issue 56: the count used to be
+"""Parameter and return annotations that mention `Any` anywhere (`mentions_any`). The count used to be
 of parameters annotated plainly `Any` only (28, cap 30); counted this way it was 264 (123 parameters, 141
 returns) and went to 215 where a concrete type was plain (ModelConfig, ArchDims, a Forecaster protocol, the
 JSON alias, `object` for a validator's any-input)."""

@@ -35,7 +35,7 @@ EXPECTED = {
                   "uniform", "zero_variance", "bf16_head", 80),
     "magistral": ("dapo", 0.2, 0.26, "prompt", "prompt", "pipeline_rl", 8, "interruption",
                   "uniform", "zero_variance", "bf16_head", 80),
-    # ScaleRL on Qwen3 dense / MoE (issue 59): the recipe unchanged, only the model
+    # ScaleRL on Qwen3 dense / MoE: the recipe unchanged, only the model
     "qwen3": SCALERL,
     "qwen3_moe": SCALERL,
     "minimax": ("cispo", None, 5.0, "prompt", "prompt", "ppo_off_policy", 8, "interruption",
@@ -248,7 +248,7 @@ def test_cli_prints_resolved_config(tmp_path):
     assert "fp32_lm_head: true" in out
 
 
-# ---------------------------------------------------------------- checked before work starts (issue 16)
+# ---------------------------------------------------------------- checked before work starts
 
 
 @pytest.mark.parametrize(

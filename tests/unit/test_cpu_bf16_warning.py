@@ -1,5 +1,5 @@
-"""bf16 parameters on a CPU without native bf16 are emulated and several times slower than FP32 (issue 26
-item 10: 4.7x on the reproduction config on an AVX2-only machine). `experiment=scalerl` composes bf16, so a
+"""bf16 parameters on a CPU without native bf16 are emulated and several times slower than FP32
+(4.7x on the reproduction config on an AVX2-only machine). `experiment=scalerl` composes bf16, so a
 CPU run says so once at start-up (`config.validate_machine`), with the FP32 override to use."""
 
 from __future__ import annotations

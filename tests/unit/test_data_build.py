@@ -128,7 +128,7 @@ def test_errors_name_the_key_or_file(tmp_path):
 
 
 def test_synthetic_prompts_are_held_to_max_prompt_tokens():
-    """Issue 26 item 10: the synthetic task used to ignore data.max_prompt_tokens (every prompt longer than
+    """The synthetic task used to ignore data.max_prompt_tokens (every prompt longer than
     2 tokens still trained). Prompts over the limit are dropped; none fitting is refused when the task is
     built (`train.run_job` builds it first, before the trainer and any step), naming the key and the
     prompts' lengths. (Not at compose time: building the 20,000 demo prompts takes seconds.)"""

@@ -158,7 +158,7 @@ def test_unknown_schema_and_format(tmp_path):
         load_prompts(tmp_path / "missing.jsonl", schema=POLARIS)
 
 
-# ---------------------------------------------------------------- hostile rows (issue 16)
+# ---------------------------------------------------------------- hostile rows
 
 DEEP = '{"problem": "a", "answer": "1", "x": ' + "[" * 5000 + "]" * 5000 + "}"
 

@@ -1,5 +1,5 @@
 """The demo's figures in README.md and docs/running_scalerl.md are ranges over repeated runs of the same seed
-(issue 56: one lucky run was the headline), read from the committed per-run summary docs/demo_runs.json
+(one lucky run was the headline), read from the committed per-run summary docs/demo_runs.json
 (written by tools/demo_summary.py from the runs' own summary.json and metrics.jsonl)."""
 
 from __future__ import annotations

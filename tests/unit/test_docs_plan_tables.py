@@ -1,4 +1,4 @@
-"""One memory answer for one layout (issue 59): `tools/plan.py`, the Slurm launch check
+"""One memory answer for one layout: `tools/plan.py`, the Slurm launch check
 (cluster/launch_config.py) and the meta-device dry run's verdict (dry_run.trainer_plan) give the same per-GPU
 figure for the same layout; a layout that does not fit exits 2 in the planner and the launch check; the plan
 table of docs/cluster_and_gpu.md is the tool's output and the scripts' `layout[...]` header figures are the tool's.
@@ -90,7 +90,7 @@ def test_each_header_figure_is_the_same_in_the_planner_the_launch_check_and_the_
 
 
 def test_qwen3_235b_64_gpus_on_h100_one_figure(capsys):
-    """Issue 59's case: 235B-A22B at TP 4, PP 2, EP 32 on 64 H100s: the planner said 76.54 GiB (full logits),
+    """A reported case: 235B-A22B at TP 4, PP 2, EP 32 on 64 H100s: the planner said 76.54 GiB (full logits),
     the launch check 75.49 GiB (the fused head's chunks); now both say the launch's figure, which by hand is
     the sum of the planned components at the trainer's chunk of 256 rows (fp32 [256, 151936/4] = 37 MiB <= 64 MiB)."""
     sl = LAYOUTS["train_qwen3_moe"].with_env({"MODEL": "qwen3_235b_a22b", "TRAINER_NODES": "8", "TP": "4", "PP": "2",
@@ -133,7 +133,7 @@ def test_docs_layout_table_figures_are_header_figures():
 def test_docs_layout_table_has_each_header_line_in_its_cell():
     """Each (script, MODEL, GPU type) `layout[...]` line of the scripts' headers is in the docs' default-layouts
     table, in its script/model row and its GPU's column, with the header's figure; a cell shows "—" only where no
-    header line plans that model on that GPU (Qwen3-235B on 64 H100s: 75.5 of 75.7 GiB, issue 59)."""
+    header line plans that model on that GPU (Qwen3-235B on 64 H100s: 75.5 of 75.7 GiB)."""
     text = DOC.read_text()
     table = text[text.index("| script | H100 80 GB |"):]
     rows = [r.split("|")[1:-1] for r in table[:table.index("\n\n")].splitlines()[2:]]

@@ -181,7 +181,7 @@ UNUSABLE = {  # config.json contents a user could point init_from_hf at, and wha
 @pytest.mark.parametrize("model", ["hf", "llama3_8b"])
 @pytest.mark.parametrize("case", sorted(UNUSABLE))
 def test_unusable_config_json_is_one_line_naming_init_from_hf(tmp_path, capsys, case, model):
-    """Issue 26 item 10: an unusable config.json under an explicit preset said only `config.json: ...`
+    """An unusable config.json under an explicit preset said only `config.json: ...`
     (and a JSON list raised AttributeError); now `scalerl-train` exits 2 with one line naming the key."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

@@ -99,7 +99,7 @@ def test_overlap_needs_ppo_off_policy(tmp_path):
 
 
 def test_sync_steps_record_sync_fields(tmp_path):
-    """Issue 58 item 4: a step that pushes weights carries sync/senders, sync/bytes, sync/max_sender_bytes and
+    """A step that pushes weights carries sync/senders, sync/bytes, sync/max_sender_bytes and
     sync/seconds in its train record (one sender: the engine's send stats); a step without a push (PPO-k
     mid-phase) carries none."""
     import json

@@ -137,7 +137,7 @@ def test_progress_line():
 
 
 def test_progress_line_has_elapsed_time_and_eta():
-    """Issue 49: the progress lines had no elapsed time or ETA. Launch started at t=0, resuming at step 20 of 80;
+    """The progress lines had no elapsed time or ETA. Launch started at t=0, resuming at step 20 of 80;
     the first step (it carries the loop's start) ends at t=150, step 30 at t=204: 6 s per step since, 50 steps
     left -> ETA 300 s."""
     from scalerl_mega.metrics.progress import ProgressClock, format_duration

@@ -15,7 +15,7 @@ from scalerl_mega.trainer.microbatch import (aux_loss_weight, block_causal_mask,
 
 
 def test_issue_example_one_long_row_and_31_short_rows():
-    # one 400-token row + 31 rows of 40 tokens at a 1,600-token budget (issue 17). Overhead 1600/32 = 50.
+    # one 400-token row + 31 rows of 40 tokens at a 1,600-token budget. Overhead 1600/32 = 50.
     # [400] alone + the 31 short rows together (31 x 40 = 1240 <= 1600): 400 + 1240 + 2 x 50 = 1740;
     # the greedy cut [400, 40, 40, 40] (1600) + 28 x 40 (1120) would cost 2820; no padding is possible.
     lengths = [400] + [40] * 31

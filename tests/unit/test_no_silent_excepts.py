@@ -1,4 +1,4 @@
-"""No broad exception handler in the package swallows silently (issue 56): an `except Exception`, `except
+"""No broad exception handler in the package swallows silently: an `except Exception`, `except
 BaseException` or bare `except:` must re-raise, log, or use the caught exception (report it as a value: the
 reward pool's per-item error result, the emulated server's 500 body, a child's ("error", message)). Found by
 the AST, so a `try: ... except Exception: pass` cannot come back.

@@ -302,8 +302,8 @@ def test_kernels_compile_for_sm90_with_ieee_fp32_and_tensor_core_bf16(tmp_path):
 
 def test_fp32_mode_defaults_to_bf16x3_on_cuda_only(monkeypatch):
     """The FP32 head runs on tensor cores (bf16x3: exact bf16 pieces) on a GPU unless another mode is asked
-    for; off CUDA and under the interpreter it stays IEEE (issue 26 item 7: FP32 FMA dots made the 8B head
-    +50-90% slower; issue 53: 3xTF32 still ran at 1.13x naive's time)."""
+    for; off CUDA and under the interpreter it stays IEEE (FP32 FMA dots made the 8B head
+    +50-90% slower; 3xTF32 still ran at 1.13x naive's time)."""
     from types import SimpleNamespace
 
     import torch

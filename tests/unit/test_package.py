@@ -25,7 +25,7 @@ def test_completion_mask_defaults_to_ones():
 
 
 def test_build_ships_every_conf_file_without_setuptools_warnings(tmp_path):
-    """`make setup` was ~840 lines of setuptools "Package would be ignored" warnings (issue 49): every conf/
+    """`make setup` was ~840 lines of setuptools "Package would be ignored" warnings: every conf/
     directory is a package in the wheel, and must be listed. Building the package lists none and ships every
     conf/**.yaml as scalerl_mega/conf/**.yaml."""
     from pathlib import Path

@@ -1,5 +1,5 @@
-"""The processes a trainer starts leave SIGTERM/SIGINT to it and die with it (scalerl_mega/preemption.py;
-issue 26). Each case runs a small parent script in its own process group and talks to it over its
+"""The processes a trainer starts leave SIGTERM/SIGINT to it and die with it (scalerl_mega/preemption.py).
+Each case runs a small parent script in its own process group and talks to it over its
 stdout; real processes, real signals, no sleeps: every wait polls with a deadline."""
 
 from __future__ import annotations

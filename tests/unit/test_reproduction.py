@@ -101,7 +101,7 @@ def test_the_predictability_overlay_is_the_config_that_trained_the_committed_run
         return flat_config(OmegaConf.to_container(compose_node(overrides), resolve=False))
 
     new, demo = flat(["experiment=reproduction/predictability"]), flat(["experiment=demo"])
-    # model.name: the label presets print since issue 59 (the demo_moe preset holds the sizes demo.yaml set)
+    # model.name: the label presets print (the demo_moe preset holds the sizes demo.yaml set)
     expected_diff = {"output_dir", "run_name", "sft.checkpoint", "seed", "model.name"}
     runs = sorted((ROOT / DESIGNS["predictability"].out_dir / "runs").glob("*/seed*/run_config.yaml"))
     assert len(runs) == 3

@@ -1,4 +1,4 @@
-"""Re-running a finished run (issue 49 item 6) rewrote its report.md and summary.json with the resume's timings
+"""Re-running a finished run rewrote its report.md and summary.json with the resume's timings
 (wall 13 s, SFT 0 s, RL 2 s). A launch whose checkpoint is at `train.steps` builds nothing and keeps both files; a
 resumed run that trains reports the sums over its launches (the end-to-end run: tests/faults/test_sigint.py)."""
 

@@ -1,4 +1,4 @@
-"""Issue 49: a reward function that raises was silent (every sample scored -1, every group dropped, the run
+"""A reward function that raises was silent (every sample scored -1, every group dropped, the run
 "succeeded" without a trained step). Scoring failures are counted in each step's metrics, per distinct error,
 and the run stops with one line when a step's (or a validation's) samples all fail (`reward.stop_error_rate`).
 The scripted engine (tests/support/scripted_loop.py) forces the interleaving."""

@@ -93,7 +93,7 @@ def test_reward_errors_at_compose_time(override, match):
 
 
 def test_custom_reward_module_not_importable_names_pythonpath():
-    """Issue 59: a module of the user's own that the run cannot import gets the PYTHONPATH hint; a missing
+    """A module of the user's own that the run cannot import gets the PYTHONPATH hint; a missing
     attribute of an importable module does not."""
     from scalerl_mega.rewards.custom import resolve_target
 

@@ -1,4 +1,4 @@
-"""Math reward: a hand-written table of (completion, gold, expected) cases (issue 5 acceptance)."""
+"""Math reward: a hand-written table of (completion, gold, expected) cases."""
 
 from __future__ import annotations
 

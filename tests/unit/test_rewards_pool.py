@@ -87,12 +87,12 @@ def test_power_tower_in_the_pool_is_stopped_at_the_item_deadline_and_the_pool_go
 
 
 def raise_value_error(item):
-    value = float(item)  # the user's `return float(completion)` of issue 49
+    value = float(item)  # the user's `return float(completion)`, a common bug
     return RewardResult(passed=value > 0, reward=value, reason="parsed")
 
 
 def test_a_raising_score_fn_reports_type_place_and_traceback_and_logs_each_distinct_error_once(caplog):
-    """Issue 49: a reward that raises was silent (every sample -1, no line anywhere). The reason names the
+    """A reward that raises was silent (every sample -1, no line anywhere). The reason names the
     exception and where it was raised; the pool logs the first traceback of each distinct error only."""
     import logging
 

@@ -1,4 +1,4 @@
-"""Rollout routing replay, engine side: the local engine's recorded MoE routes (issue #19).
+"""Rollout routing replay, engine side: the local engine's recorded MoE routes.
 
 References are independent full-sequence HF forwards whose routers are observed with a hook; the
 gate weight is recomputed as sigmoid(top logit) in float64 (HF Llama-4's gate)."""

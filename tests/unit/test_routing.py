@@ -1,4 +1,4 @@
-"""Rollout routing replay plumbing (issue #19): route tensors in the batch, padding, layer columns and
+"""Rollout routing replay plumbing: route tensors in the batch, padding, layer columns and
 the exact agreement aggregate. Hand-worked values; the Megatron replay itself is exercised in
 tests/integration/test_routing_replay.py and test_multirank_moe.py."""
 

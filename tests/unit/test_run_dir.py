@@ -47,7 +47,7 @@ def test_resume_with_other_loss_is_refused_and_force_overrides(tmp_path):
     msg = str(e.value)
     assert "differs in 4 key(s)" in msg and "loss.name: 'cispo' -> 'dapo'" in msg and "optim.lr: 0.0001 -> 0.001" in msg
     assert "loss.eps_high: 5.0 -> 0.28" in msg and "loss.eps_low: None -> 0.2" in msg
-    assert "use another run_name= (runs go to outputs/<run_name>/seed<seed>) or output_dir=" in msg  # issue 59
+    assert "use another run_name= (runs go to outputs/<run_name>/seed<seed>) or output_dir=" in msg
     forced = _config(tmp_path, "loss=dapo", "optim.lr=0.001", "resume=force")
     assert len(check_resume(forced)) == 4 and forced.resume == "auto"  # the loop resumes as usual
     assert load_saved(tmp_path)["loss.name"] == "dapo"  # the new config is now the run's
@@ -94,12 +94,12 @@ def test_cli_config_errors_one_line_exit_2_and_validate(tmp_path):
     ("loss=cispoo", "config error: loss=cispoo: no option 'cispoo' in conf/loss/ (did you mean cispo?); options: "
                     "cispo, dapo, grpo, gspo"),
     ("--validat", "config error: unknown option --validat (did you mean --validate?)"),
-    # issue 59: a config key written as a flag was offered `--run`
+    # a config key written as a flag was offered `--run`
     ("--dry-run", "config error: unknown option --dry-run: dry_run is a config key, written dry_run=<value> "
                   "(e.g. dry_run=true)"),
 ])
 def test_misspelled_names_get_a_did_you_mean_not_hydras_plus_advice(tmp_path, arg, line):
-    """Issue 49: a typo got Hydra's advice to append it with `+` (which then adds the typo silently)."""
+    """A typo got Hydra's advice to append it with `+` (which then adds the typo silently)."""
     bad = _cli(tmp_path, "--validate", "experiment=demo", arg, f"output_dir={tmp_path / 'run'}")
     assert bad.returncode == 2 and bad.stderr.strip() == line, bad.stderr
     assert "+train" not in bad.stderr and "To append" not in bad.stderr
@@ -117,7 +117,7 @@ def test_override_names_checked_against_the_schema_and_conf_groups():
 
 
 def test_a_misspelled_option_in_a_multirun_sweep_is_one_line(capsys):
-    """Issue 59: `-m loss=cispo,dapoo` got Hydra's 13-line error (single runs said "did you mean")."""
+    """`-m loss=cispo,dapoo` got Hydra's 13-line error (single runs said "did you mean")."""
     from scalerl_mega.run_dir import precheck_overrides
 
     with pytest.raises(SystemExit) as e:
@@ -139,7 +139,7 @@ def test_scalerl_fit_flags_get_a_did_you_mean(capsys):
 
 
 def test_start_banner_names_output_recipe_model_and_schedule(tmp_path):
-    """Issue 49 item 7: the console's first lines (printed before the heavy imports) say where the run writes, its
+    """The console's first lines (printed before the heavy imports) say where the run writes, its
     recipe, model size and steps, and whether it resumes."""
     from scalerl_mega.run_dir import start_banner
 
@@ -158,7 +158,7 @@ def test_start_banner_names_output_recipe_model_and_schedule(tmp_path):
 
 
 def test_help_is_short_and_names_validate(tmp_path):
-    """Issue 59: `--help` was 248 lines of Hydra's help without `--validate`; now the project's usage, the flags a
+    """`--help` was 248 lines of Hydra's help without `--validate`; now the project's usage, the flags a
     user needs and every config group with its options (conf/train.yaml hydra.help)."""
     r = _cli(tmp_path, "--help")
     lines = r.stdout.strip().splitlines()
@@ -169,7 +169,7 @@ def test_help_is_short_and_names_validate(tmp_path):
 
 
 def test_banner_names_the_users_data_files(tmp_path):
-    """Issue 59: the banner said `data=polaris` for the user's own JSONL."""
+    """The banner said `data=polaris` for the user's own JSONL."""
     from test_hf_model_config import _compose
 
     from scalerl_mega.run_dir import data_label, start_banner
@@ -182,7 +182,7 @@ def test_banner_names_the_users_data_files(tmp_path):
 
 
 def test_model_hf_is_named_by_its_checkpoint_and_presets_by_their_own_names(tmp_path):
-    """Issue 59: `model=hf` printed 'hf' in the banner and in `--validate`'s line; now the checkpoint's directory
+    """`model=hf` printed 'hf' in the banner and in `--validate`'s line; now the checkpoint's directory
     name and config.json's model_type; a preset prints its own name."""
     from test_hf_model_config import SMOLLM2_135M, _ckpt, _compose
 

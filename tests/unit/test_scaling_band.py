@@ -42,7 +42,7 @@ def test_bands_cover_fresh_seeds_at_95_percent(family, capsys):
 
 @pytest.mark.slow
 def test_the_band_constant_is_chosen_on_design_runs_and_holds_on_fresh_ones(capsys):
-    """The calibration split (issue 56): KAPPA_Z and KAPPA_FLOOR are the narrowest pair at which every family of
+    """The calibration split: KAPPA_Z and KAPPA_FLOOR are the narrowest pair at which every family of
     CHOSEN_ON covers >= 97% of its later points on the design seeds (band_calibration.choose_constants); on 32 fresh
     seeds each covers >= 95% pointwise. Prints the table of docs/scaling_science.md (before: z = 1.645 and no floor,
     the band before the split)."""

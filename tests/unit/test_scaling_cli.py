@@ -220,7 +220,7 @@ def test_cli_fits_on_cumulative_tokens(tmp_path, capsys):
 
 
 def test_grid_auto_is_relative_off_the_gpu_hour_axis(tmp_path, capsys):
-    """A token axis reaching far beyond 1,500 units must not get the GPU-hour grid and cut (issue 28)."""
+    """A token axis reaching far beyond 1,500 units must not get the GPU-hour grid and cut."""
     tokens = [1000.0] * 60
     d = write_token_run(tmp_path / "run", A=0.8, B=2.0, cm_tokens=15000.0, tokens_per_step=tokens, steps=60, every=3)
     assert main([str(d), "--x", "sum:batch/tokens", "--json", "--holdout", "0"]) == 0
@@ -291,7 +291,7 @@ def cpu_run(tmp_path, name="cpu"):
 
 
 def test_a_cpu_run_is_fitted_on_device_hours_by_default(tmp_path, capsys):
-    """Issue 49: GPU-hours are 0 on a CPU run; the default axis picks device-hours and says so, an explicit
+    """GPU-hours are 0 on a CPU run; the default axis picks device-hours and says so, an explicit
     GPU-hour axis fails with the way out."""
     d, C, _ = cpu_run(tmp_path)
     assert main([str(d), "--json", "--holdout", "0"]) == 0
@@ -309,7 +309,7 @@ def test_a_cpu_run_is_fitted_on_device_hours_by_default(tmp_path, capsys):
 
 
 def test_forecast_rows_beyond_fit_to_and_at_chosen_budgets(tmp_path, capsys):
-    """Issue 52 item 1: with --fit-to X every point beyond X gets a row {compute, reward, lo, hi} (and the point
+    """With --fit-to X every point beyond X gets a row {compute, reward, lo, hi} (and the point
     observed there), --forecast-at adds budgets; the band holds Eq. 1's truth; the table shows the same rows."""
     d, C, R = cpu_run(tmp_path)
     assert main([str(d), "--fit-to", "0.2", "--forecast-at", "0.8", "--json", "--holdout", "0"]) == 0
@@ -333,7 +333,7 @@ def test_forecast_rows_beyond_fit_to_and_at_chosen_budgets(tmp_path, capsys):
 
 
 def test_fit_to_moves_the_auto_cut_into_the_fit_window(tmp_path, capsys):
-    """Issue 59: `--fit-to 0.01` on a run of compute 0..0.1 kept the auto cut at 0.1 x 0.1 = 0.01, leaving no point
+    """`--fit-to 0.01` on a run of compute 0..0.1 kept the auto cut at 0.1 x 0.1 = 0.01, leaving no point
     to fit ("empty fit window"); the cut is now 0.1 x the largest compute fitted (<= 0.01): 0.001."""
     from scalerl_mega.scaling.fit import FitOptions
     from scalerl_mega.scaling.identify import options_for

@@ -72,7 +72,7 @@ def test_forecast_cut_gpu_hours_and_small_runs():
 
 
 def test_the_live_forecast_carries_the_band_at_the_budget_and_twice_it_identified_or_not():
-    """Issue 52 items 2-3: every fitted forecast has the expected reward with a 95% band at the budget and at
+    """Every fitted forecast has the expected reward with a 95% band at the budget and at
     2 x the budget (rows in its metrics line), also when A is not identified; the band holds Eq. 1's truth."""
     from scalerl_mega.scaling.forecast import plain_line
 

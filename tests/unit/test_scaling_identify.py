@@ -1,4 +1,4 @@
-"""scaling/identify.py: the one identification rule (issue 28), calibrated on synthetic Eq. 1 curves with binomial
+"""scaling/identify.py: the one identification rule, calibrated on synthetic Eq. 1 curves with binomial
 noise of known A, and the live forecast, `scalerl-fit` and report.md pinned to the same answer.
 
 Calibration (float64, seeded): for every shape, replicates of binomial validation noise around a known curve;

@@ -72,7 +72,7 @@ def _tick_labels_overlap(fig) -> list[tuple[str, str]]:
 
 
 def test_log_axis_labels_do_not_overlap_on_short_and_long_ranges():
-    """Issue 49: tick labels overlapped on log axes of less than a decade (matplotlib labels the minor ticks
+    """Tick labels overlapped on log axes of less than a decade (matplotlib labels the minor ticks
     there). Any range now gets readable, non-overlapping labels, at least two of them."""
     from scalerl_mega.scaling.plot import scaling_figure
 

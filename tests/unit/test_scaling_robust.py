@@ -1,4 +1,4 @@
-"""No fit path raises on a curve (issue 56, item 1): `identify.assess` (scalerl-fit, report.md, the sweep report),
+"""No fit path raises on a curve: `identify.assess` (scalerl-fit, report.md, the sweep report),
 the forecast band, the first-half check (`scalerl-fit --holdout`), the live forecast and scalerl-fit's multi-run mode,
 over random and adversarial curves drawn by hypothesis (cut early, flat, constant 0 and 1, falling, one jump, very
 steep, two points, repeated compute, compute scales 1e-9 to 1e12) on both grids. A curve that cannot be fitted gets a

@@ -1,5 +1,5 @@
 """The pre-send check compares what an attached SGLang server serves (`/model_info` `model_path`, its
-config.json) with the model the trainer's updates are built for (issue 26 item 7): a server started on
+config.json) with the model the trainer's updates are built for: a server started on
 another checkpoint is refused before anything is sent, naming the server and each differing field.
 The server here is a stdlib HTTP stub that answers /model_info and records every request."""
 

@@ -277,7 +277,7 @@ def test_gpu_memory_is_read_by_nvml_smallest_gpu(monkeypatch):
 
 
 def test_tiny_refuses_a_multi_node_allocation():
-    """Issue 49: train_tiny.sh accepted a two-node list although its generator listens on 127.0.0.1 only."""
+    """Train_tiny.sh accepted a two-node list although its generator listens on 127.0.0.1 only."""
     e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     e.update(DRY_RUN="1", SLURM_JOB_NODELIST="node[1-2]", SCALERL_PYTHON=sys.executable)
     r = subprocess.run(["bash", str(ROOT / "slurm/train_tiny.sh")], env=e, capture_output=True, text=True, timeout=600)
@@ -288,7 +288,7 @@ def test_tiny_refuses_a_multi_node_allocation():
 
 @pytest.mark.parametrize("script", ["train_scout", "train_dense"])
 def test_scripts_launch_the_layout_the_planner_plans(script):
-    """Issue 49: one source for the GPU scripts' default layouts (cluster/layouts.py). The trainer step of the dry
+    """One source for the GPU scripts' default layouts (cluster/layouts.py). The trainer step of the dry
     run carries exactly that layout, `tools/plan.py --layout` plans it, and it fits its GPU type."""
     from scalerl_mega.cluster.layouts import LAYOUTS
 
@@ -326,7 +326,7 @@ def test_the_docs_plan_commands_accept_the_scripts_defaults():
 
 
 def test_dry_run_checks_memory_without_nvml_against_the_gpu_type():
-    """Issue 49: the dry run did not check memory when NVML was absent. It now uses the layout's GPU type (or
+    """The dry run did not check memory when NVML was absent. It now uses the layout's GPU type (or
     GPU_TYPE): Scout with selective recompute is refused on GB200 before any step; on a type NVML-less and
     GPU_TYPE-less machines fall back to, the reason is printed."""
     e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}

@@ -75,7 +75,7 @@ def test_sweep_report_fits_each_point(tmp_path, capsys):
 
 
 def test_sweep_report_does_not_call_a_five_point_fit_identified(tmp_path, capsys):
-    """Issue 49's case: 5 validation points (4 after C = 0) fit well, but the rule needs >= 8 after the cut: the
+    """A reported case: 5 validation points (4 after C = 0) fit well, but the rule needs >= 8 after the cut: the
     report says "not identified" with that reason, like scalerl-fit and report.md."""
     sweep = tmp_path / "sweep"
     d = sweep / "short"

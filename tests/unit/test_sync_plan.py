@@ -1,4 +1,4 @@
-"""Multi-sender weight sync plan (issue 58, sync_plan.py): the group cap rule, who sends which tensor,
+"""Multi-sender weight sync plan (sync_plan.py): the group cap rule, who sends which tensor,
 bucket boundaries equal to the sender's stream bucketing."""
 
 from __future__ import annotations

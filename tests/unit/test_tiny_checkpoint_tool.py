@@ -1,4 +1,4 @@
-"""Qwen3 as a first-class path (issue 59): tools/make_tiny_checkpoint.py writes a tiny random checkpoint of every
+"""Qwen3 as a first-class path: tools/make_tiny_checkpoint.py writes a tiny random checkpoint of every
 supported architecture offline, whose config.json reads back as the architecture's tiny preset (vocabulary cut to
 the synthetic task's tokenizer) and passes the compose-time check against that preset; model presets keep their
 sizes and print their names under every experiment; the Qwen3 experiments are ScaleRL on a Qwen3 model."""

@@ -1,8 +1,8 @@
-"""`scalerl-train --validate` performs every check the run performs before its first step (issue 49 item 2): each
+"""`scalerl-train --validate` performs every check the run performs before its first step: each
 config below passed `--validate` ("config OK") and was refused seconds into the run with a traceback. Now
 composing it (what `--validate` and the run's start both do, compose.py) raises the ValueError that becomes the
 one-line `config error:`; and an error only the run's set-up can find is that same line with exit status 2.
-Own data with the embedded demo model says it cannot read free text and what to set (item 9)."""
+Own data with the embedded demo model says it cannot read free text and what to set."""
 
 from __future__ import annotations
 

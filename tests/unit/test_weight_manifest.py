@@ -1,4 +1,4 @@
-"""The pre-send weight manifest check (issue 16): the trainer's export plan, derived from the model
+"""The pre-send weight manifest check: the trainer's export plan, derived from the model
 dimensions through the conversion tables, agrees exactly with the generator model's parameters,
 derived independently by instantiating the HF class on the meta device -- for every model preset,
 tied and untied -- and any wrong name, shape or missing tensor is named."""

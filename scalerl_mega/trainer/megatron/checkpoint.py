@@ -18,7 +18,7 @@ the saved model, so a checkpoint can be rebuilt without the training config (e.g
 i.e. inside the atomic rename; `MegatronPolicyTrainer.save` always passes its config. Read it with
 `read_model_config`.
 
-Integrity (issue 16): before the COMPLETE marker, the ranks hash every file of the checkpoint in
+Integrity: before the COMPLETE marker, the ranks hash every file of the checkpoint in
 parallel and rank 0 records `checksums.json` (size + sha256 per file). `load_checkpoint` on a root
 first deletes leftover `.tmp-*` directories (saves killed midway, e.g. during the very first save),
 then tries the checkpoint `latest` names and, if that one fails verification (a file missing,

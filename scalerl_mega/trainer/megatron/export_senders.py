@@ -1,4 +1,4 @@
-"""The trainer's side of a multi-sender weight sync (issue 58; the plan: sync_plan.py).
+"""The trainer's side of a multi-sender weight sync (the plan: sync_plan.py).
 
 `sender_plan` is what every group carries (pure, from the model dimensions and dtypes); `my_sender`
 says which group (if any) this rank sends over; `export_own` streams this rank's share: the stage's

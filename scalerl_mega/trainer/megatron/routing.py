@@ -1,4 +1,4 @@
-"""Rollout routing replay on the trainer (issue #19): the generator's MoE routes, replayed in the
+"""Rollout routing replay on the trainer: the generator's MoE routes, replayed in the
 Megatron forward, and the routing-agreement metrics.
 
 Modes (`moe.routing_replay`):

@@ -1,4 +1,4 @@
-"""Each trainer rank's part of a per-stage weight sync in the training loop (issue 58, `rollout.weight_sync_senders=
+"""Each trainer rank's part of a per-stage weight sync in the training loop (`rollout.weight_sync_senders=
 per_stage`; who sends what: sync_plan.py; the wire: multi_sync.py; this rank's share: export_senders.py).
 
 Every rank of the trainer job runs `RankSync.sync` in lock step (the controller's loop calls it through
