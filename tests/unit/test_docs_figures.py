@@ -54,7 +54,7 @@ FIGURES = [
     Figure("docs/running_scalerl.md", "loss and grad norm agree within 1e-3 relative",
            "tests/integration/test_multirank_dense.py::test_two_ranks_match_one", "REL_TOL = 1e-3",
            helper="tests/integration/multirank_util.py"),
-    Figure("docs/running_scalerl.md", "Qwen3-MoE at EP2 with `ids` replay matches the 1-rank run to REL_TOL",
+    Figure("docs/running_scalerl.md", "Qwen3-MoE at EP2 with `ids` replay matches the 1-rank run to REL_TOL (1e-3 relative",
            "tests/integration/test_multirank_qwen3.py::test_qwen3_moe_layouts_and_routing_replay_match_one_rank",
            "REL_TOL = 1e-3", helper="tests/integration/multirank_util.py"),
     Figure("docs/running_scalerl.md", "log-probs of packed rows == unpacked rows (max abs diff < 1e-5",
@@ -208,19 +208,77 @@ def test_marks_by_hand():
     assert test_marks(src, "test_d") is None
 
 
+NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?(?:e[-+]?\d+)?)(%?)")
+
+
+def values(text: str) -> set[float]:
+    """The numbers written in `text` (`5%` is 0.05), as floats: a figure and its test's bound compare by value."""
+    return {float(m.group(1)) / (100 if m.group(2) else 1) for m in NUMBER.finditer(text)}
+
+
+def function_source(source: str, function: str) -> str | None:
+    """The source text of the top-level function `function` in `source`, or None."""
+    for stmt in ast.parse(source).body:
+        if isinstance(stmt, ast.FunctionDef) and stmt.name == function:
+            return ast.get_source_segment(source, stmt)
+    return None
+
+
+def asserted_in(asserts: str, *, body: str, module: str) -> bool:
+    """The assertion is the test's: its text is in the test function's body or in a function of the module the
+    body calls, or it is a constant's definition (`NAME = value`, `name: type = value`) in the module whose NAME
+    the body uses."""
+    called = [ast.get_source_segment(module, f) for f in ast.parse(module).body
+              if isinstance(f, ast.FunctionDef) and re.search(rf"\b{f.name}\(", body)]
+    if any(_norm(asserts) in _norm(text) for text in [body, *called]):
+        return True
+    m = re.match(r"^\s*(\w+)\s*(?::[^=]*)?=", asserts)
+    return bool(m) and _norm(asserts) in _norm(module) and re.search(rf"\b{m.group(1)}\b", body) is not None
+
+
 def _check_stated_and_asserted(fig: Figure) -> tuple[str, set[str]]:
-    """The figure is in its doc, its test exists and the test (or helper) holds each assertion text; returns the
-    test's path and marks."""
+    """The figure is in its doc, its test exists, each assertion text is that test's (in its body, or a constant
+    it uses; with `helper`, in the helper module the test calls) and the assertions hold a value the figure
+    states; returns the test's path and marks."""
     stated = _norm(fig.text) in _norm((ROOT / fig.doc).read_text())
     assert stated, f"{fig.doc} no longer states: {fig.text}"
     path, function = fig.test.split("::")
-    marks = test_marks((ROOT / path).read_text(), function)
+    source = (ROOT / path).read_text()
+    marks = test_marks(source, function)
     assert marks is not None, f"{path} has no test {function}"
-    bound = _norm((ROOT / (fig.helper or path)).read_text())
-    for asserts in (fig.asserts,) if isinstance(fig.asserts, str) else fig.asserts:
-        found = _norm(asserts) in bound
-        assert found, f"{fig.helper or path} does not assert {asserts}"
+    body = function_source(source, function)
+    all_asserts = (fig.asserts,) if isinstance(fig.asserts, str) else fig.asserts
+    for asserts in all_asserts:
+        if fig.helper:
+            helper = (ROOT / fig.helper).read_text()
+            names = {n.name for n in ast.parse(helper).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+            assert _norm(asserts) in _norm(helper), f"{fig.helper} does not assert {asserts}"
+            assert any(re.search(rf"\b{n}\b", body) for n in names), f"{fig.test} calls nothing of {fig.helper}"
+        else:
+            assert asserted_in(asserts, body=body, module=source), f"{fig.test} does not assert {asserts}"
+    shared = values(fig.text) & values(" ".join(all_asserts))
+    assert shared, f"{fig.test}: no value of '{fig.text}' is in its assertions {all_asserts}"
     return path, marks
+
+
+def test_figures_link_by_value_by_hand():
+    assert values("within 5% and 1e-5 (measured 6.5e-7), 60 MiB") == {0.05, 1e-5, 6.5e-7, 60.0}
+    src = "TOL = 1e-5\nOTHER = 2\ndef test_a():\n    assert x < TOL\ndef test_b():\n    assert y < 1e-3\n"
+    assert asserted_in("TOL = 1e-5", body=function_source(src, "test_a"), module=src)
+    assert not asserted_in("TOL = 1e-5", body=function_source(src, "test_b"), module=src)  # another test's bound
+    assert not asserted_in("OTHER = 2", body=function_source(src, "test_a"), module=src)
+    assert asserted_in("y < 1e-3", body=function_source(src, "test_b"), module=src)
+    assert not asserted_in("y < 1e-3", body=function_source(src, "test_a"), module=src)  # text elsewhere in the file
+    src += "def _check(y):\n    assert y <= 2e-5\ndef test_c():\n    _check(3)\n"
+    assert asserted_in("y <= 2e-5", body=function_source(src, "test_c"), module=src)  # in a function it calls
+    assert not values("within 1e-5") & values("y < 1e-3")  # a figure whose test asserts another value
+
+
+def test_the_docs_count_of_linked_figures_is_right():
+    """docs/architecture.md states how many of the docs' tolerances are linked to tests here."""
+    n = len(FIGURES) + len(GPU_BOUNDS)
+    text = _norm((ROOT / "docs" / "architecture.md").read_text())
+    assert f"{n} stated tolerances are each linked to the test asserting them" in text, n
 
 
 @pytest.mark.parametrize("fig", FIGURES, ids=lambda f: f"{f.doc}:{f.text[:40]}")
