@@ -16,7 +16,7 @@ help:
 	@echo "scalerl-mega: make <target>   (the targets below set up .venv first where they need it)"
 	@echo ""
 	@echo "Start here:"
-	@echo "  demo               train the embedded default end to end on the CPU (~5 min; outputs/demo/seed0/report.md)"
+	@echo "  demo               train the embedded default end to end on the CPU (outputs/demo/seed0/report.md)"
 	@echo "  test               the default test suite (what CI runs first: .ci/run)"
 	@echo ""
 	@echo "More tests:"

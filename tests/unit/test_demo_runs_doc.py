@@ -1,10 +1,13 @@
 """The demo's figures in README.md and docs/running_scalerl.md are ranges over repeated runs of the same seed
-(one lucky run was the headline), read from the committed per-run summary docs/demo_runs.json
-(written by tools/demo_summary.py from the runs' own summary.json and metrics.jsonl)."""
+(one lucky run was the headline), read from the committed per-run summary docs/demo_runs.json, which
+tools/demo_runs.py writes after running the demo on a committed revision it records (per run, what
+tools/demo_summary.py reads from the run's own summary.json and metrics.jsonl)."""
 
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,6 +27,28 @@ def test_value_range_by_hand():
     assert value_range([0.647, 0.785, 0.7]) == "0.65-0.79"
     assert value_range([0.321, 0.324]) == "0.32"
     assert value_range([1116.5, 1190.0], "{:.0f}") == "1116-1190"
+
+
+def test_the_summary_names_the_committed_revision_and_the_command():
+    record = json.loads((ROOT / "docs" / "demo_runs.json").read_text())
+    assert re.fullmatch(r"[0-9a-f]{40}", record["commit"]), record["commit"]  # a commit, not a working tree
+    assert record["command"] == "scalerl-train experiment=demo seed=0 hydra.run.dir=<run dir>"
+
+
+def test_readme_states_the_demo_time_as_the_range_over_the_runs():
+    minutes = value_range([r["wall_s"] / 60 for r in _runs()], "{:.0f}")
+    assert f"(CPU, {minutes} minutes on 2 shared cores)" in (ROOT / "README.md").read_text(), minutes
+
+
+def test_the_demo_command_of_demo_runs_by_hand(tmp_path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from demo_runs import COMMAND, demo_command
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    argv = demo_command(venv=tmp_path / "v", seed=3, run_dir=tmp_path / "r1")
+    assert argv == [str(tmp_path / "v/bin/scalerl-train"), "experiment=demo", "seed=3", f"hydra.run.dir={tmp_path / 'r1'}"]
+    assert COMMAND.format(seed=3) == " ".join(["scalerl-train", *argv[1:3], "hydra.run.dir=<run dir>"])
 
 
 def test_the_summary_holds_several_runs_of_one_seed_and_is_consistent():
@@ -56,8 +81,6 @@ def test_running_doc_states_time_and_agreement_as_ranges():
 
 
 def test_demo_summary_by_hand(tmp_path):
-    import sys
-
     sys.path.insert(0, str(ROOT / "tools"))
     try:
         from demo_summary import summarise
