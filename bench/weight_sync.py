@@ -7,7 +7,7 @@ for a model with >= 100 tensors. Prints medians of `--repeats` syncs and the rat
 
     .venv/bin/python bench/weight_sync.py [--layers 12] [--hidden 256] [--repeats 3]
 
-`--senders 1,2,4` (issue 58): one sender vs several (multi_sync.py), at the sizes `--hiddens 128,256,512`: the
+`--senders 1,2,4`: one sender vs several (weight_sync/multi.py), at the sizes `--hiddens 128,256,512`: the
 model's tensors are split into contiguous parts (as pipeline stages split layers), each sent by its own process
 over its own group, all at once, into one local engine that receives every group at once. Every sender holds its
 part already (no gather: the wire and the receiver only). Prints the median of `--repeats` syncs per size and
@@ -25,7 +25,7 @@ def _sender_main(conn) -> None:
     """A sender process: ("group", name, url) opens a group; ("send", name, version, named, buckets) sends."""
     import torch
 
-    from scalerl_mega.multi_sync import open_sender_group, send_buckets
+    from scalerl_mega.weight_sync.multi import open_sender_group, send_buckets
 
     torch.set_num_threads(1)
     groups = {}
@@ -49,10 +49,10 @@ def multi_sender(args, cfg) -> None:
 
     import torch
 
-    from scalerl_mega.multi_sync import bucket_metas
+    from scalerl_mega.weight_sync.multi import bucket_metas
     from scalerl_mega.rollout.core import CoreConfig
     from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine, build_model
-    from scalerl_mega.sync_plan import plan_buckets
+    from scalerl_mega.weight_sync.plan import plan_buckets
     from scalerl_mega.weight_sync import DEFAULT_BUCKET_BYTES, WeightSyncConfig, free_port, spec_of
 
     counts = [int(x) for x in args.senders.split(",")]
@@ -120,7 +120,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--senders", default=None, help="e.g. 1,2,4: one vs many senders (issue 58)")
+    ap.add_argument("--senders", default=None, help="e.g. 1,2,4: one vs many senders")
     ap.add_argument("--hiddens", default="128,256,512", help="model sizes for --senders")
     args = ap.parse_args()
     torch.set_num_threads(1)

@@ -2,7 +2,7 @@
 (`python -m scalerl_mega.cluster.layouts defaults <name>`, read by slurm/common.sh before its own), and the memory
 planner plans the same layout (`tools/plan.py --layout <name>`), so the plan command of docs/cluster_and_gpu.md and
 the script's launch agree on every setting: GPUs per node, trainer nodes, TP/PP/EP, sequence parallelism and
-activation recompute (issue 49: the planner assumed selective recompute where the Scout script runs full).
+activation recompute.
 
 `gpu_type` is the GPU a layout is planned for (a key of `plan.DEVICES`): a launch with no NVML reading (a login
 node, a dry run) checks the layout against that GPU's memory (`GPU_TYPE` in the scripts).

@@ -1,4 +1,4 @@
-"""Predicted weight-sync seconds, one sender vs the multi-sender sync (issue 58; sync_plan.py says who sends what).
+"""Predicted weight-sync seconds, one sender vs the multi-sender sync (weight_sync/plan.py says who sends what).
 
 A model of the wire and the gathers, not a measurement (bench/weight_sync.py measures the CPU/gloo case):
 
@@ -23,12 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scalerl_mega.cluster.plan import ModelShape, TrainLayout
-from scalerl_mega.sync_plan import DEFAULT_MAX_GROUPS, expert_senders_per_stage
+from scalerl_mega.weight_sync.plan import DEFAULT_MAX_GROUPS, expert_senders_per_stage
 
 GB = 1e9
 FUSED_EXPERTS = frozenset({"scout_17b16e"})
 """Models whose HF checkpoint holds a layer's experts in one tensor (Llama-4's `experts.gate_up_proj`): their
-experts travel with the stage's dense sender (sync_plan.py), so they get one sender per pipeline stage."""
+experts travel with the stage's dense sender (weight_sync/plan.py), so they get one sender per pipeline stage."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +72,7 @@ def stage_bytes(model: ModelShape, *, pp: int, stage: int, bytes_per_param: int)
 
 def sender_bytes(model: ModelShape, layout: TrainLayout, *, bytes_per_param: int = 2,
                  max_groups: int = DEFAULT_MAX_GROUPS) -> list[int]:
-    """Bytes of every multi-sender group (sync_plan's layout: stage leaders first carry pool 0's experts)."""
+    """Bytes of every multi-sender group (weight_sync.plan's layout: stage leaders first carry pool 0's experts)."""
     ep = layout.ep if model.num_experts and model.name not in FUSED_EXPERTS else 1
     pools = expert_senders_per_stage(pp=layout.pp, ep=ep, max_groups=max_groups)
     out = []

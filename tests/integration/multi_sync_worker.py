@@ -1,5 +1,5 @@
 """torchrun worker (gloo, CPU) of tests/integration/test_multi_sender_sync.py: multi-sender weight sync
-(issue 58) from a Megatron Qwen3-MoE trainer to one local engine (or, with `--sglang-url`, a real SGLang
+from a Megatron Qwen3-MoE trainer to one local engine (or, with `--sglang-url`, a real SGLang
 server: tests/sglang/test_real_multi_sender_sync.py), per layout in `--layouts`
 (pp2, ep2: 2 ranks; pp2ep2: 4 ranks). Per layout: load the HF checkpoint into the trainer's model,
 shift every parameter by a layout-specific constant (so each sync changes the engine), take the
@@ -71,8 +71,8 @@ def run_layout(spec: str, index: int, args, engine) -> dict:
     from scalerl_mega.convert.model_config import dims_from_model_config, model_config_from_hf
     from scalerl_mega.convert.pipeline import load_hf_config
     from scalerl_mega.model.config import ParallelConfig
-    from scalerl_mega.multi_sync import bucket_metas, open_sender_group, send_buckets, sync_metrics
-    from scalerl_mega.sync_plan import SenderLayout, plan_buckets, spec_bytes
+    from scalerl_mega.weight_sync.multi import bucket_metas, open_sender_group, send_buckets, sync_metrics
+    from scalerl_mega.weight_sync.plan import SenderLayout, plan_buckets, spec_bytes
     from scalerl_mega.trainer.megatron import models, parallel
     from scalerl_mega.trainer.megatron.export import export_to_rank0
     from scalerl_mega.trainer.megatron.export_senders import ExportMemory, export_own, my_sender, sender_plan

@@ -1,4 +1,4 @@
-"""Multi-sender weight sync into the local engine process (issue 58): two senders (this process and a
+"""Multi-sender weight sync into the local engine process: two senders (this process and a
 spawned one), each over its own group, both at once. The engine applies the update and its version only
 when both groups delivered every bucket; the manifest is checked before the first byte; a sender that
 is killed before its bucket 1 (forced by a hook, no race) makes the sync raise within the deadline naming
@@ -15,10 +15,10 @@ import time
 import pytest
 import torch
 
-from scalerl_mega.multi_sync import bucket_metas, open_sender_group, send_buckets
+from scalerl_mega.weight_sync.multi import bucket_metas, open_sender_group, send_buckets
 from scalerl_mega.rollout.core import CoreConfig
 from scalerl_mega.rollout.local import LocalEngineConfig, LocalRolloutEngine, build_model
-from scalerl_mega.sync_plan import plan_buckets
+from scalerl_mega.weight_sync.plan import plan_buckets
 from scalerl_mega.types import SamplingParams
 from scalerl_mega.weight_sync import TensorSpec, WeightSyncConfig, WeightSyncError, free_port, spec_of, weights_sha256
 from tests.integration.test_rollout_local_engine import P, _collect, _oracle, _spec  # the same tiny Llama engine
@@ -40,7 +40,7 @@ def _remote_sender(url, name, named, buckets, version, timeout, kill_at):
 def _sync(engine, model, *, version, tag, kill_at=None, shift=0.0, named=None):
     """Push `model`'s weights (+ shift; or the tensors `named`) over two groups: the first half of the tensors
     from this process, the second half from a spawned process (killed before its bucket `kill_at`). Any
-    `multi_sync.MultiSyncEngine` of one receiving rank (tests/sglang/test_real_multi_sender_sync.py: SGLang)."""
+    `weight_sync.multi.MultiSyncEngine` of one receiving rank (tests/sglang/test_real_multi_sender_sync.py: SGLang)."""
     if named is None:
         named = [(n, (t + shift).contiguous()) for n, t in model.state_dict().items()]
     half = len(named) // 2

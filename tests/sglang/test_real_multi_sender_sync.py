@@ -1,4 +1,4 @@
-"""Multi-sender weight sync (issue 58) into a real SGLang 0.5.23 server on CPU: a Megatron Qwen3-MoE trainer under
+"""Multi-sender weight sync into a real SGLang 0.5.23 server on CPU: a Megatron Qwen3-MoE trainer under
 torchrun (gloo) sends with one sender per pipeline stage and per expert-parallel rank, each over its own named
 weight-update group that the server joined (`init_weights_update_group` with `group_name`), all senders at once;
 each `update_weights_from_distributed` call carries one group's bucket. At PP2, EP2 (2 ranks) and PP2xEP2
@@ -64,7 +64,7 @@ def test_a_killed_sender_raises_within_the_deadline_and_the_server_generates_on(
     """Two senders into the server (this process and a spawned one, SIGKILLed before its bucket 1)."""
     import time
 
-    from scalerl_mega.sync_plan import plan_buckets
+    from scalerl_mega.weight_sync.plan import plan_buckets
     from scalerl_mega.types import Prompt, SamplingParams
     from scalerl_mega.weight_sync import WeightSyncError, spec_of
     from tests.integration.test_multi_sync_local import BUCKET, _sync

@@ -1,4 +1,4 @@
-"""The planner's weight-sync model (issue 58, cluster/sync_model.py): hand-worked seconds for a small shape, the
+"""The planner's weight-sync model (cluster/sync_model.py): hand-worked seconds for a small shape, the
 group cap, fused experts, and `tools/plan.py --json`'s `weight_sync` key."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_plan_json_carries_weight_sync_and_the_table_lists_every_layout():
     table = subprocess.run([sys.executable, "tools/plan.py", "--sync-table"], cwd=ROOT, capture_output=True,
                            text=True, timeout=120).stdout
     assert all(f"| {name} |" in table for name in shipped_layouts()) and "assumed" not in table
-    # Qwen3-235B-A22B on the layout its script header ships: 64 H200, TP 4 x PP 2 x EP 32 (item 3 of issue 58)
+    # Qwen3-235B-A22B on the layout its script header ships: 64 H200, TP 4 x PP 2 x EP 32
     row = next(r for r in table.splitlines() if r.startswith("| train_qwen3_moe/qwen3_235b_a22b@h200 |"))
     sl = shipped_layouts()["train_qwen3_moe/qwen3_235b_a22b@h200"]
     assert "| 4/2/32 |" in row and sl.trainer_gpus == 64 and sl.gpu_type == "h200"

@@ -1,4 +1,4 @@
-"""Multi-sender weight sync into SGLang servers (issue 58; who sends what: sync_plan.py, the wire: multi_sync.py).
+"""Multi-sender weight sync into SGLang servers (who sends what: weight_sync/plan.py, the wire: weight_sync/multi.py).
 
 Every sender (a trainer rank) hosts its own named weight-update group; each server joins every group
 (SGLang 0.5.23 keeps `init_weights_update_group`'s groups by `group_name`, and each
@@ -42,7 +42,7 @@ def _address(init_method: str, *, group: str) -> tuple[str, int]:
 
 
 class SGLangGroups:
-    """The multi-sender side of an `SGLangRolloutEngine` (`multi_sync.MultiSyncEngine`); the engine delegates."""
+    """The multi-sender side of an `SGLangRolloutEngine` (`weight_sync.multi.MultiSyncEngine`); the engine delegates."""
 
     def __init__(self, engine: SGLangRolloutEngine) -> None:
         self.engine = engine
@@ -98,7 +98,7 @@ class SGLangGroups:
 
     def check(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None:
         """The manifest check of the whole update before the first byte (WeightSyncError naming the tensor)."""
-        from scalerl_mega.multi_sync import plan_specs
+        from scalerl_mega.weight_sync.multi import plan_specs
 
         manifest = self.engine.manifest()
         if manifest is not None:

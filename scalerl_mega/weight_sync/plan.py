@@ -1,4 +1,4 @@
-"""Who sends which weights in a multi-sender weight sync (issue 58): pure planning, no I/O, no torch.distributed.
+"""Who sends which weights in a multi-sender weight sync: pure planning, no I/O, no torch.distributed.
 
 One sender per pipeline stage: the stage's emitting rank (tensor-, data- and context-parallel rank 0)
 gathers only its stage's layers (the embedding with the first stage, the final norm and LM head with

@@ -1,4 +1,4 @@
-"""Multi-sender weight sync at run time (issue 58; who sends what: sync_plan.py).
+"""Multi-sender weight sync at run time (who sends what: weight_sync/plan.py).
 
 Every sender broadcasts its own planned buckets over its own named group (rank 0 of the group, the
 engine's ranks after it; group setup as in weight_sync.py); an engine receives all groups at once,
