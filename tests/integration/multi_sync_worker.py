@@ -72,7 +72,7 @@ def run_layout(spec: str, index: int, args, engine) -> dict:
     from scalerl_mega.convert.pipeline import load_hf_config
     from scalerl_mega.model.config import ParallelConfig
     from scalerl_mega.weight_sync.multi import bucket_metas, open_sender_group, send_buckets, sync_metrics
-    from scalerl_mega.weight_sync.plan import SenderLayout, plan_buckets, spec_bytes
+    from scalerl_mega.weight_sync.plan import SenderLayout, plan_buckets, receive_seqs, spec_bytes
     from scalerl_mega.trainer.megatron import models, parallel
     from scalerl_mega.trainer.megatron.export import export_to_rank0
     from scalerl_mega.trainer.megatron.export_senders import ExportMemory, export_own, my_sender, sender_plan
@@ -103,7 +103,8 @@ def run_layout(spec: str, index: int, args, engine) -> dict:
     url = f"tcp://127.0.0.1:{free_port()}" if me else None
     urls: list = [None] * dist.get_world_size()
     dist.all_gather_object(urls, (me.group_name, url) if me else None)
-    metas = {g: bucket_metas(b, version=version, flattened=args.flattened) for g, b in plan.items()}
+    seqs = receive_seqs(dims_from_model_config(model_cfg), layout, plan)
+    metas = {g: bucket_metas(b, version=version, flattened=args.flattened, seqs=seqs[g]) for g, b in plan.items()}
     if rank == 0:  # the manifest check of the whole update, before anything is sent
         engine.check_plan(metas, version=version)
         engine.join_groups(dict(u for u in urls if u))

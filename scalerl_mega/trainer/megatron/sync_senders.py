@@ -80,14 +80,17 @@ class RankSync:
         returns the step's `sync/*` metrics (None elsewhere)."""
         import torch.distributed as dist
 
+        from scalerl_mega.convert.model_config import dims_from_model_config
         from scalerl_mega.weight_sync.multi import bucket_metas, send_buckets, sync_metrics
+        from scalerl_mega.weight_sync.plan import receive_seqs
         from scalerl_mega.trainer.megatron.export_senders import ExportMemory, export_own
 
         t0 = time.monotonic()
         plan = self._plan(dtype)
         if not self._opened:
             self._open(plan, engine)
-        metas = {g: bucket_metas(b, version=version, flattened=self.flattened) for g, b in plan.items()}
+        seqs = receive_seqs(dims_from_model_config(self.trainer.cfg.model), self.layout, plan)
+        metas = {g: bucket_metas(b, version=version, flattened=self.flattened, seqs=seqs[g]) for g, b in plan.items()}
         if engine is not None:  # the manifest check of the whole update, before anything is sent
             engine.check_plan(metas, version=version)
             engine.announce_groups(metas, version=version)
