@@ -314,7 +314,7 @@ class EngineSet:
         for e in self.engines:
             e.update_weights(iter(tensors), version=version)
 
-    # multi-sender sync (multi_sync.MultiSyncEngine): every sender broadcasts to all engines at once, engine i
+    # multi-sender sync (weight_sync.multi.MultiSyncEngine): every sender broadcasts to all engines at once, engine i
     # being rank i + 1 of each group; an update is applied by each engine when all its groups delivered
     @property
     def group_world_size(self) -> int:

@@ -54,7 +54,7 @@ from scalerl_mega.metrics.progress import ProgressClock, progress_line
 from scalerl_mega.metrics.rollout_stats import rollout_metrics, staleness_histogram, tokens_per_version
 from scalerl_mega.metrics.val_window import center_step, val_metrics, window_slice
 from scalerl_mega.metrics.writer import MetricsWriter
-from scalerl_mega.multi_sync import single_sender_metrics
+from scalerl_mega.weight_sync.multi import single_sender_metrics
 from scalerl_mega.scaling.forecast import plain_line
 from scalerl_mega.inflight import Preempted, _Pending, _Router, reward_error_metrics, sampling_params, score_groups
 from scalerl_mega.types import Group, Prompt

@@ -22,6 +22,8 @@
 #   TP PP EP            Megatron tensor / pipeline / expert parallel sizes (DP is derived)
 #   RECOMPUTE           train.recompute (none | selective | full; empty: the config's)
 #   SEQUENCE_PARALLEL   1: parallel.sequence_parallel=true when TP > 1
+#   SYNC_SENDERS        rollout.weight_sync_senders (single | per_stage; empty: the config's); each GPU script's
+#                       default is the mode the weight-sync model predicts faster for it (cluster/layouts.py)
 #   SCALERL_LAYOUT      the defaults of the variables above (scalerl_mega/cluster/layouts.py; the GPU scripts set it)
 #   GPU_TYPE            h100_80gb | h200 | gb200: the GPU memory the layout is checked against when NVML gives no
 #                       reading (a login node, DRY_RUN); GPU_MEM_BYTES overrides both
@@ -83,6 +85,7 @@ PP=${PP:-1}
 EP=${EP:-1}
 RECOMPUTE=${RECOMPUTE:-}
 SEQUENCE_PARALLEL=${SEQUENCE_PARALLEL:-0}
+SYNC_SENDERS=${SYNC_SENDERS:-}
 GPU_TYPE=${GPU_TYPE:-}
 EXPERIMENT=${EXPERIMENT:-scalerl}
 MODEL=${MODEL:-llama3_8b}
@@ -216,6 +219,7 @@ scalerl_overrides() {
     "rollout.sglang_tp_size=$GEN_TP" "parallel.tp=$TP" "parallel.pp=$PP" "parallel.ep=$EP")
   if [[ $SEQUENCE_PARALLEL == 1 ]] && ((TP > 1)); then OVERRIDES+=("parallel.sequence_parallel=true"); fi
   if [[ -n $RECOMPUTE ]]; then OVERRIDES+=("train.recompute=$RECOMPUTE"); fi
+  if [[ -n $SYNC_SENDERS ]]; then OVERRIDES+=("rollout.weight_sync_senders=$SYNC_SENDERS"); fi
   if [[ -n $MODEL_PATH ]]; then OVERRIDES+=("init_from_hf=$MODEL_PATH"); fi
   if [[ -n $DATA ]]; then OVERRIDES+=("data=$DATA"); fi
   if [[ -n $TRAIN_FILES ]]; then OVERRIDES+=("data.train_files=$(scalerl_list "$TRAIN_FILES")"); fi

@@ -21,6 +21,9 @@
 # nodes, e.g. `sbatch --nodes=36` on H200 for 2 servers (tools/plan.py --model deepseek_v3_671b --gen-tp 16).
 # The launch reads the GPUs' memory (nvidia-ml-py) and refuses a layout that does not fit (exit 2,
 # naming one that does).
+# Weight sync: one sender per expert pool (SYNC_SENDERS=per_stage, cluster/layouts.py): the weight-sync model
+# predicts it faster into SGLang (no whole-model gather on rank 0 in series with the wire); each server rank's
+# NIC still takes every byte (tools/plan.py --sync-table).
 # Submit from the repository root:
 #   MODEL_PATH=/ckpt/Moonlight-16B-A3B-Instruct TRAIN_FILES=/data/polaris.jsonl sbatch slurm/train_deepseek_v3.sh
 # Environment (slurm/common.sh lists all): MODEL_PATH (HF checkpoint: the servers load it, the trainer

@@ -14,6 +14,8 @@
 # (every shape from that config.json) unless MODEL is set; MODEL=qwen3_8b checks the checkpoint against the
 # preset. The launch reads the GPUs' memory (nvidia-ml-py) and refuses a layout that does not fit (exit 2,
 # naming one that does).
+# Weight sync: one sender (SYNC_SENDERS=single, cluster/layouts.py): a dense model at PP 1 is one group in
+# either mode, so per-stage sync would gain nothing (tools/plan.py --sync-table).
 # Submit from the repository root:
 #   MODEL_PATH=/ckpt/Llama-3.1-8B TRAIN_FILES=/data/polaris.jsonl sbatch slurm/train_dense.sh
 #   MODEL_PATH=/ckpt/Qwen3-8B TRAIN_FILES=/data/polaris.jsonl sbatch slurm/train_dense.sh

@@ -17,6 +17,10 @@
 # on H100 the same 55 GiB per GPU leaves far less room for the KV cache.
 # The launch reads the GPUs' memory (nvidia-ml-py) and refuses a layout that does not fit (exit 2,
 # naming one that does).
+# Weight sync: one sender per pipeline stage and expert pool (SYNC_SENDERS=per_stage, cluster/layouts.py): the
+# weight-sync model predicts it faster into SGLang for both models, since rank 0 no longer gathers (and at PP 2
+# relays) the whole model in series with the wire; SGLang still takes the groups one at a time, so each
+# server rank's NIC bounds it (tools/plan.py --sync-table).
 # Submit from the repository root:
 #   MODEL_PATH=/ckpt/Qwen3-30B-A3B TRAIN_FILES=/data/polaris.jsonl sbatch slurm/train_qwen3_moe.sh
 # Environment (slurm/common.sh lists all): MODEL_PATH (HF checkpoint: the servers load it, the trainer

@@ -10,6 +10,8 @@
 #   layout[h100_80gb]: GPU_TYPE=h100_80gb GPUS_PER_NODE=8 TRAINER_NODES=8 TP=8 PP=2 EP=16 GEN_TP=4 RECOMPUTE=selective  63.7 of 75.7
 # The launch reads the GPUs' memory (nvidia-ml-py) and refuses a layout that does not fit (exit 2,
 # naming one that does).
+# Weight sync: one sender (SYNC_SENDERS=single, cluster/layouts.py): Scout's experts are one fused tensor per
+# layer and travel with the stage's sender, so at PP 1 per-stage sync is one group too (tools/plan.py --sync-table).
 # Submit from the repository root:
 #   MODEL_PATH=/ckpt/Llama-4-Scout-17B-16E TRAIN_FILES=/data/polaris.jsonl sbatch slurm/train_scout.sh
 # Environment (slurm/common.sh lists all): MODEL_PATH (HF checkpoint: the servers load it, the trainer

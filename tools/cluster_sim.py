@@ -69,18 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     weight_sync = None
     if args.sync_layout:
-        from dataclasses import replace as _replace
-
         from scalerl_mega.cluster.layouts import shipped_layouts
         from scalerl_mega.cluster.plan import MODELS
-        from scalerl_mega.cluster.sync_model import SyncLinks, predict_sync
+        from scalerl_mega.cluster.sync_model import predict_sync
 
         layouts = shipped_layouts()
         if args.sync_layout not in layouts:
             print(f"error: --sync-layout {args.sync_layout!r} is not one of {sorted(layouts)}", file=sys.stderr)
             return 1
         sl = layouts[args.sync_layout]
-        pred = predict_sync(MODELS[sl.model], sl.train_layout(), _replace(SyncLinks(), nics_per_node=sl.gpus_per_node))
+        pred = predict_sync(MODELS[sl.model], sl.train_layout())
         weight_sync = pred.as_json()
 
     modes = ("pipeline_rl", "ppo_off_policy") if args.mode == "both" else (args.mode,)

@@ -7,7 +7,8 @@ Examples:
   tools/plan.py --model llama3_8b --device h100_80gb --tp 4 --dp 4 --gen-tp 1
   tools/plan.py --model scout_17b16e --device gb200 --tp 4 --pp 1 --dp 4 --ep 4 --gen-tp 2
   tools/plan.py --table            # the table in docs/cluster_and_gpu.md: every model on every device
-  tools/plan.py --sync-table       # predicted weight-sync seconds, one vs many senders (scalerl_mega/cluster/sync_model.py)
+  tools/plan.py --sync-table       # predicted weight-sync seconds and floors, one vs per-stage senders, SGLang and
+                                   # local engines (scalerl_mega/cluster/sync_model.py; --json: one row each)
 
 The trainer figure is the one the meta-device dry run (`dry_run=true`) and the Slurm launch check give for the
 same layout (scalerl_mega/dry_run.py trainer_plan; the default recipe: CISPO with the fused FP32 head).
@@ -82,30 +83,47 @@ def table(*, seq_len: int, micro_batch: int, trainer_gpus: int) -> str:
 SYNC_PEERS = {"llama3_8b": "wire floor 0.66 s", "qwen3_30b_a3b": "0.5-1.0 s (NeMo-RL nccl_reshard)",
               "scout_17b16e": "wire floor ~8.7 s", "qwen3_235b_a22b": "3.2-4.9 s (NeMo-RL, miles RDMA P2P)",
               "deepseek_v3_671b": "2.4-2.8 s (field)"}
-"""Peer figures (docs/cluster_and_gpu.md cites them): single-NIC wire floors at 25 GB/s, field multi-sender syncs."""
+"""Peer figures (docs/cluster_and_gpu.md cites them): single-NIC wire floors at 25 GB/s, field syncs that move
+each receiving rank's own shard (shard-to-shard transfer), not a broadcast of the whole model."""
 
 
-def sync_rows() -> list[tuple[str, str, int, TrainLayout]]:
-    """(row label, model, GPUs per node, trainer layout) of every shipped layout (`layouts.shipped_layouts`:
-    the scripts' defaults, then the other models of their headers)."""
+def sync_rows(links) -> list[dict]:
+    """Every shipped layout (`layouts.shipped_layouts`: the scripts' defaults, then the other models of their
+    headers) x backend (sglang, local) x senders (single, per_stage): `--sync-table --json`."""
     from scalerl_mega.cluster.layouts import shipped_layouts
+    from scalerl_mega.cluster.sync_model import BACKENDS, SENDER_MODES, estimate_sync
 
-    return [(name, sl.model, sl.gpus_per_node, sl.train_layout()) for name, sl in shipped_layouts().items()]
+    rows = []
+    for name, sl in shipped_layouts().items():
+        for backend in BACKENDS:
+            for senders in SENDER_MODES:
+                e = estimate_sync(MODELS[sl.model], sl.train_layout(), links, backend=backend, senders=senders)
+                rows.append({"model": sl.model, "layout": name, "backend": backend, "senders": senders,
+                             "seconds": round(e.seconds, 3), "floor_s": round(e.floor_s, 3), "bound": e.bound,
+                             "groups": e.groups, "max_sender_bytes": e.max_sender_bytes, "total_bytes": e.total_bytes,
+                             "script_senders": sl.sync_senders})
+    return rows
 
 
 def sync_table(links) -> str:
-    """Markdown table of docs/cluster_and_gpu.md: predicted sync seconds per layout, one vs many senders."""
-    from dataclasses import replace as _replace
+    """Markdown table of docs/cluster_and_gpu.md: per shipped layout, modelled seconds and the floor each mode
+    hits (`seconds / floor bound`), SGLang and local engines, and the mode its script runs."""
+    rows = ["| layout | model | tp/pp/ep | GiB sent | groups | SGLang single | SGLang per_stage | local single | "
+            "local per_stage | script runs | peers (measured) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    by_layout: dict[str, dict] = {}
+    for r in sync_rows(links):
+        by_layout.setdefault(r["layout"], {})[(r["backend"], r["senders"])] = r
+    from scalerl_mega.cluster.layouts import shipped_layouts
 
-    from scalerl_mega.cluster.sync_model import predict_sync
-
-    rows = ["| layout | model | tp/pp/ep | GiB sent | one sender s | senders | largest sender GiB | "
-            "many senders s | peers |", "|---|---|---|---|---|---|---|---|---|"]
-    for label, name, gpn, lay in sync_rows():
-        pred = predict_sync(MODELS[name], lay, _replace(links, nics_per_node=gpn))
-        rows.append(f"| {label} | {name} | {lay.tp}/{lay.pp}/{lay.ep} | {pred.total_bytes / GiB:.1f} | "
-                    f"{pred.single_sender_s:.2f} | {pred.senders} | {pred.max_sender_bytes / GiB:.1f} | "
-                    f"{pred.multi_sender_s:.2f} | {SYNC_PEERS.get(name, '-')} |")
+    for name, sl in shipped_layouts().items():
+        cells = by_layout[name]
+        lay, any_row = sl.train_layout(), cells[("sglang", "per_stage")]
+        modes = [f"{c['seconds']:.2f} / {c['floor_s']:.2f} {c['bound']}" for c in
+                 (cells[("sglang", "single")], cells[("sglang", "per_stage")], cells[("local", "single")],
+                  cells[("local", "per_stage")])]
+        rows.append(f"| {name} | {sl.model} | {lay.tp}/{lay.pp}/{lay.ep} | {any_row['total_bytes'] / GiB:.1f} | "
+                    f"{any_row['groups']} | " + " | ".join(modes) + f" | {sl.sync_senders} | "
+                    f"{SYNC_PEERS.get(sl.model, '-')} |")
     return "\n".join(rows)
 
 
@@ -142,8 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sync-table", action="store_true", help="print the weight-sync table of docs/cluster_and_gpu.md")
     ap.add_argument("--link-gbps", type=float, default=25.0, help="weight sync: one sender's network GB/s")
     ap.add_argument("--gather-gbps", type=float, default=150.0, help="weight sync: intra-node gather GB/s per GPU")
-    ap.add_argument("--nics-per-node", type=int, default=None,
-                    help="weight sync: NICs an engine node receives through (default: the layout's GPUs per node, or 8)")
+    ap.add_argument("--recv-gbps", type=float, default=25.0, help="weight sync: one receiving engine rank's GB/s")
     known, _ = ap.parse_known_args(argv)
     if known.layout:  # the script's defaults; flags given on the command line still override them
         sl = LAYOUTS[known.layout]
@@ -154,13 +171,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from scalerl_mega.cluster.sync_model import SyncLinks, predict_sync
 
-    nics = args.nics_per_node or (LAYOUTS[args.layout].gpus_per_node if args.layout else 8)
-    links = SyncLinks(link_gbps=args.link_gbps, gather_gbps=args.gather_gbps, nics_per_node=nics)
+    links = SyncLinks(link_gbps=args.link_gbps, gather_gbps=args.gather_gbps, recv_gbps=args.recv_gbps)
     if args.table:
         print(table(seq_len=args.seq_len, micro_batch=args.micro_batch, trainer_gpus=args.trainer_gpus))
         return 0
     if args.sync_table:
-        print(sync_table(links))
+        print(json.dumps(sync_rows(links), indent=1) if args.json else sync_table(links))
         return 0
     model, dev = MODELS[args.model], DEVICES[args.device]
     lay = TrainLayout(
@@ -202,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             print(format_report(rep))
     if not args.json:
         ws = out["weight_sync"]
-        print(f"weight sync (modelled, {links.link_gbps:g} GB/s per sender): one sender {ws['single_sender_s']:.2f} s, "
+        print(f"weight sync into SGLang (modelled, {links.link_gbps:g} GB/s per link): one sender {ws['single_sender_s']:.2f} s, "
               f"{ws['senders']} senders {ws['multi_sender_s']:.2f} s (largest sender {ws['max_sender_bytes'] / GiB:.1f} GiB)")
     if not trep.fits:
         status = 2

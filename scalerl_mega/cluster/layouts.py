@@ -2,7 +2,7 @@
 (`python -m scalerl_mega.cluster.layouts defaults <name>`, read by slurm/common.sh before its own), and the memory
 planner plans the same layout (`tools/plan.py --layout <name>`), so the plan command of docs/cluster_and_gpu.md and
 the script's launch agree on every setting: GPUs per node, trainer nodes, TP/PP/EP, sequence parallelism and
-activation recompute (the planner assumed selective recompute where the Scout script runs full).
+activation recompute.
 
 `gpu_type` is the GPU a layout is planned for (a key of `plan.DEVICES`): a launch with no NVML reading (a login
 node, a dry run) checks the layout against that GPU's memory (`GPU_TYPE` in the scripts).
@@ -39,6 +39,9 @@ class ScriptLayout:
     recompute: str = RECOMPUTE_DEFAULT
     sequence_parallel: bool = True
     """On whenever tp > 1 (Megatron requires it for MoE with TP; for a dense model it splits the norm activations)."""
+    sync_senders: str = "single"
+    """`rollout.weight_sync_senders` the script runs: the mode the weight-sync model (cluster/sync_model.py) predicts
+    faster into SGLang for every model the script ships (tests/unit/test_sync_model.py checks it)."""
 
     def __post_init__(self) -> None:
         if self.model not in MODELS or self.gpu_type not in DEVICES:
@@ -56,12 +59,12 @@ class ScriptLayout:
 
     def with_env(self, env: dict[str, str]) -> ScriptLayout:
         """This layout under a script's environment overrides (`MODEL`, `GPU_TYPE`, `GPUS_PER_NODE`,
-        `TRAINER_NODES`, `GEN_TP`, `TP`, `PP`, `EP`, `RECOMPUTE`; slurm/common.sh applies the same)."""
+        `TRAINER_NODES`, `GEN_TP`, `TP`, `PP`, `EP`, `RECOMPUTE`, `SYNC_SENDERS`; slurm/common.sh applies the same)."""
         from dataclasses import replace
 
         ints = {k.lower(): int(env[k]) for k in ("GPUS_PER_NODE", "TRAINER_NODES", "GEN_TP", "TP", "PP", "EP")
                 if k in env}
-        strs = {k.lower(): env[k] for k in ("MODEL", "GPU_TYPE", "RECOMPUTE") if k in env}
+        strs = {k.lower(): env[k] for k in ("MODEL", "GPU_TYPE", "RECOMPUTE", "SYNC_SENDERS") if k in env}
         return replace(self, **ints, **strs)
 
     def shell_defaults(self) -> dict[str, str]:
@@ -69,26 +72,34 @@ class ScriptLayout:
         return {"MODEL": self.model, "GPU_TYPE": self.gpu_type, "GPUS_PER_NODE": str(self.gpus_per_node),
                 "TRAINER_NODES": str(self.trainer_nodes), "GEN_TP": str(self.gen_tp), "TP": str(self.tp),
                 "PP": str(self.pp), "EP": str(self.ep), "RECOMPUTE": self.recompute,
-                "SEQUENCE_PARALLEL": "1" if self.sequence_parallel else "0"}
+                "SEQUENCE_PARALLEL": "1" if self.sequence_parallel else "0", "SYNC_SENDERS": self.sync_senders}
 
 
 LAYOUTS: dict[str, ScriptLayout] = {
     # Llama-4 Scout 17Bx16E on GB200 (paper App. A.3): 16 trainer GPUs, TP 4 x EP 16 x DP 4; full recompute (with
     # selective it plans 169.5 GiB per GPU, over GB200's budget)
+    # weight sync: one sender; Scout's experts are one fused tensor per layer, so at PP 1 per-stage sync has one
+    # group too and gains nothing
     "train_scout": ScriptLayout(model="scout_17b16e", gpu_type="gb200", gpus_per_node=4, trainer_nodes=4, gen_tp=2,
-                                tp=4, ep=16, recompute="full"),
+                                tp=4, ep=16, recompute="full", sync_senders="single"),
     # Llama-3.1-8B: 16 trainer GPUs, TP 2 (sequence parallel) x DP 8 on the same 4-GPU GB200 nodes; fits H100 80GB
     # and H200 too (slurm/train_dense.sh's header)
-    "train_dense": ScriptLayout(model="llama3_8b", gpu_type="gb200", gpus_per_node=4, trainer_nodes=4, gen_tp=1, tp=2),
+    # weight sync: one sender; a dense model at PP 1 is one group in either mode
+    "train_dense": ScriptLayout(model="llama3_8b", gpu_type="gb200", gpus_per_node=4, trainer_nodes=4, gen_tp=1, tp=2,
+                                sync_senders="single"),
     # Qwen3-30B-A3B: the trainer on one 8xH100 node, TP 4 x EP 8 x DP 2; full recompute (with selective it plans
     # 95.6 GiB per GPU, over H100's budget); 12 SGLang servers of TP 2 on 3 more nodes (slurm/train_qwen3_moe.sh)
+    # weight sync: per stage; into SGLang the groups still arrive one at a time through each server rank's NIC, so
+    # the gain is the gather (and at PP 2 the cross-stage relay) no longer done in series by rank 0: 30B-A3B
+    # 2.85 -> 2.45 s, 235B-A22B 31.35 -> 18.82 s (tools/plan.py --sync-table)
     "train_qwen3_moe": ScriptLayout(model="qwen3_30b_a3b", gpu_type="h100_80gb", gpus_per_node=8, trainer_nodes=1,
-                                    gen_tp=2, tp=4, ep=8, recompute="full"),
+                                    gen_tp=2, tp=4, ep=8, recompute="full", sync_senders="per_stage"),
     # DeepSeek-V3 architecture, default Moonlight-16B-A3B: the trainer on one 8xH100 node, TP 2 x EP 8 x DP 4, full
     # recompute (selective does not fit at TP 2); 24 SGLang servers of TP 1 on 3 more nodes
     # (slurm/train_deepseek_v3.sh; DeepSeek-V3 671B's H200 / GB200 layouts are in its header)
+    # weight sync: per stage, for the same reason (no gather in series on rank 0; tools/plan.py --sync-table)
     "train_deepseek_v3": ScriptLayout(model="moonlight_16b_a3b", gpu_type="h100_80gb", gpus_per_node=8,
-                                      trainer_nodes=1, gen_tp=1, tp=2, ep=8, recompute="full"),
+                                      trainer_nodes=1, gen_tp=1, tp=2, ep=8, recompute="full", sync_senders="per_stage"),
 }
 
 

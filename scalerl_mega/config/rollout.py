@@ -30,7 +30,7 @@ class RolloutConfig:
     weight_sync_senders: str = "single"
     """single: trainer rank 0 gathers the whole model and sends it over one group | per_stage: every
     pipeline stage's first rank, and with EP > 1 every expert-parallel rank, sends its own share over its
-    own group, all at once, to every engine (issue 58: sync_plan.py, trainer/megatron/sync_senders.py;
+    own group, all at once, to every engine (weight_sync/plan.py, trainer/megatron/sync_senders.py;
     docs/cluster_and_gpu.md "Weight sync"). Local engine processes or SGLang servers (each joins every sender's
     named group); not with rollout.in_process. A one-rank trainer has one sender either way."""
     engine_threads: int = 1

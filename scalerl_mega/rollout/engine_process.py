@@ -124,7 +124,7 @@ class _EngineLoop:
                 self.group, timeout_s=self.config.sync.timeout_s, device=self.config.device
             )
             self.out_q.put(("ack", "init_group"))
-        elif kind == "init_groups":  # multi-sender sync: one group per sender (sync_plan.py)
+        elif kind == "init_groups":  # multi-sender sync: one group per sender (weight_sync/plan.py)
             self._init_groups(msg[1])
         elif kind == "weights_multi":
             self._multi_session(*msg[1:])
@@ -208,10 +208,10 @@ class _EngineLoop:
         self.out_q.put(("ack", "init_groups"))
 
     def _multi_session(self, version: int, plan: dict[str, list[BucketMeta]]) -> None:
-        """Receive every sender's announced buckets at once (multi_sync.receive_groups), staged and checked;
+        """Receive every sender's announced buckets at once (weight_sync.multi.receive_groups), staged and checked;
         apply them and the version only when every group delivered every bucket, else keep the current
         weights and report the failed sender, bucket and tensor ("weights_failed")."""
-        from scalerl_mega.multi_sync import receive_groups
+        from scalerl_mega.weight_sync.multi import receive_groups
 
         staged: list[tuple[str, Any]] = []
         rejected: list[str] = []

@@ -152,7 +152,7 @@ class LocalRolloutEngine:
         self.last_sync_stats = self._sender.send(named_tensors, version=version)
         self.version = version
 
-    # ---- multi-sender sync (multi_sync.py): the controller joins the engine to every sender's group and
+    # ---- multi-sender sync (weight_sync/multi.py): the controller joins the engine to every sender's group and
     # announces every group's buckets; the senders (trainer ranks) broadcast them
     @property
     def group_world_size(self) -> int:
@@ -172,7 +172,7 @@ class LocalRolloutEngine:
 
     def check_plan(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None:
         """The manifest check of a whole multi-sender update, before the first byte (WeightSyncError)."""
-        from scalerl_mega.multi_sync import plan_specs
+        from scalerl_mega.weight_sync.multi import plan_specs
 
         if self._manifest is None:
             self._manifest = model_manifest(self.config.model)

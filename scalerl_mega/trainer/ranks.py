@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from scalerl_mega.interfaces import PolicyTrainer
-    from scalerl_mega.multi_sync import MultiSyncEngine
+    from scalerl_mega.weight_sync.multi import MultiSyncEngine
     from scalerl_mega.trainer.megatron.sync_senders import RankSync
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
     from scalerl_mega.types import TrainBatch

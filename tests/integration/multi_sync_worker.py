@@ -1,6 +1,6 @@
 """torchrun worker (gloo, CPU) of tests/integration/test_multi_sender_sync.py: multi-sender weight sync
-from a Megatron Qwen3-MoE trainer to one local engine (or, with `--sglang-url`, a real SGLang
-server: tests/sglang/test_real_multi_sender_sync.py), per layout in `--layouts`
+from a Megatron Qwen3-MoE trainer to one local engine (or, with `--sglang-url`, one or more real SGLang
+servers: tests/sglang/test_real_multi_sender_sync.py), per layout in `--layouts`
 (pp2, ep2: 2 ranks; pp2ep2: 4 ranks). Per layout: load the HF checkpoint into the trainer's model,
 shift every parameter by a layout-specific constant (so each sync changes the engine), take the
 single-sender export (`export_to_rank0`) as the reference, then sync with one sender per stage and
@@ -46,12 +46,13 @@ def _engine(args):
     from scalerl_mega.weight_sync import WeightSyncConfig
 
     sync = WeightSyncConfig(backend="gloo", timeout_s=args.timeout, bucket_bytes=args.bucket_bytes,
-                            group_name="ref-" + "-".join(args.layouts))  # a server keeps every group's name
+                            group_name=f"ref{args.group_prefix}-" + "-".join(args.layouts))  # a server keeps every group's name
     if args.sglang_url:
         from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer
 
-        return SGLangRolloutEngine([SGLangServer.attach(args.sglang_url)], config=SGLangEngineConfig(
-            pause_mode="in_place", control_timeout_s=args.timeout, sync=sync))
+        return SGLangRolloutEngine([SGLangServer.attach(u) for u in args.sglang_url.split(",")],
+                                   config=SGLangEngineConfig(pause_mode="in_place", control_timeout_s=args.timeout,
+                                                             sync=sync))
     from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, LocalRolloutEngine
 
     engines = [LocalRolloutEngine(LocalEngineConfig(model=LocalModelSpec(arch="qwen3_moe", path=args.engine_hf_dir),
@@ -71,8 +72,8 @@ def run_layout(spec: str, index: int, args, engine) -> dict:
     from scalerl_mega.convert.model_config import dims_from_model_config, model_config_from_hf
     from scalerl_mega.convert.pipeline import load_hf_config
     from scalerl_mega.model.config import ParallelConfig
-    from scalerl_mega.multi_sync import bucket_metas, open_sender_group, send_buckets, sync_metrics
-    from scalerl_mega.sync_plan import SenderLayout, plan_buckets, spec_bytes
+    from scalerl_mega.weight_sync.multi import bucket_metas, open_sender_group, send_buckets, sync_metrics
+    from scalerl_mega.weight_sync.plan import SenderLayout, plan_buckets, receive_seqs, spec_bytes
     from scalerl_mega.trainer.megatron import models, parallel
     from scalerl_mega.trainer.megatron.export import export_to_rank0
     from scalerl_mega.trainer.megatron.export_senders import ExportMemory, export_own, my_sender, sender_plan
@@ -95,7 +96,7 @@ def run_layout(spec: str, index: int, args, engine) -> dict:
     ref_digest = _loaded_digest(args.engine_hf_dir, ref) if rank == 0 and not args.sglang_url else None
 
     version = index + 1
-    layout = SenderLayout(pp=sizes["pp"], ep=sizes["ep"], base_name=f"wu-{spec}")
+    layout = SenderLayout(pp=sizes["pp"], ep=sizes["ep"], base_name=f"{args.group_prefix}-{spec}")
     plan = {g: plan_buckets(s, bucket_bytes=args.bucket_bytes)
             for g, s in sender_plan(model_cfg, layout, dtype=None, params_dtype="float32").items()}
     me = my_sender(layout)
@@ -103,7 +104,8 @@ def run_layout(spec: str, index: int, args, engine) -> dict:
     url = f"tcp://127.0.0.1:{free_port()}" if me else None
     urls: list = [None] * dist.get_world_size()
     dist.all_gather_object(urls, (me.group_name, url) if me else None)
-    metas = {g: bucket_metas(b, version=version, flattened=args.flattened) for g, b in plan.items()}
+    seqs = receive_seqs(dims_from_model_config(model_cfg), layout, plan)
+    metas = {g: bucket_metas(b, version=version, flattened=args.flattened, seqs=seqs[g]) for g, b in plan.items()}
     if rank == 0:  # the manifest check of the whole update, before anything is sent
         engine.check_plan(metas, version=version)
         engine.join_groups(dict(u for u in urls if u))
@@ -131,10 +133,13 @@ def run_layout(spec: str, index: int, args, engine) -> dict:
     result: dict = {"layout": spec}
     if rank == 0:
         engine.finish_groups(metas, version=version)
-        if args.sglang_url:  # the server's own per-tensor SHA-256s, then after the one-sender push of the export
-            digest = {"weights_sha256": server_checksums(args.sglang_url), "version": engine.version}
+        if args.sglang_url:  # every server's own per-tensor SHA-256s, then after the one-sender push of the export
+            urls = args.sglang_url.split(",")
+            result["engine_digests"] = [server_checksums(u) for u in urls]
+            digest = {"weights_sha256": result["engine_digests"][0], "version": engine.version}
             engine.update_weights(iter(ref), version=100 + version)
-            ref_digest = server_checksums(args.sglang_url)
+            result["ref_digests"] = [server_checksums(u) for u in urls]
+            ref_digest = result["ref_digests"][0]
         else:  # every engine holds the same weights and version
             every = [e.weights_digest() for e in getattr(engine, "engines", [engine])]
             digest = every[0]
@@ -160,9 +165,13 @@ def main() -> None:
     p.add_argument("--bucket-bytes", type=int, default=16384)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--flattened", action="store_true")
+    p.add_argument("--group-prefix", default="wu", help="group names' prefix (a server keeps every name it joined)")
     p.add_argument("--engines", type=int, default=1, help="local engine processes (several: build.EngineSet)")
-    p.add_argument("--sglang-url", default="", help="sync into this real SGLang server instead of a local engine")
+    p.add_argument("--sglang-url", default="",
+                   help="sync into these real SGLang servers (comma-separated, TP 1 each) instead of a local engine")
     args = p.parse_args()
+    if args.sglang_url:
+        args.engines = len(args.sglang_url.split(","))  # each group: the sender and every server's one rank
 
     import torch
     import torch.distributed as dist
@@ -175,7 +184,7 @@ def main() -> None:
             dist.init_process_group("gloo")
         if dist.get_rank() == 0:
             engine = _engine(args)
-            report["engine_digest_before"] = (server_checksums(args.sglang_url) if args.sglang_url else
+            report["engine_digest_before"] = (server_checksums(args.sglang_url.split(",")[0]) if args.sglang_url else
                                               getattr(engine, "engines", [engine])[0].weights_digest()["weights_sha256"])
         for i, layout in enumerate(args.layouts):
             report[layout] = run_layout(layout, i, args, engine)

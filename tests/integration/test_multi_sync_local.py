@@ -15,10 +15,10 @@ import time
 import pytest
 import torch
 
-from scalerl_mega.multi_sync import bucket_metas, open_sender_group, send_buckets
+from scalerl_mega.weight_sync.multi import bucket_metas, open_sender_group, send_buckets
 from scalerl_mega.rollout.core import CoreConfig
 from scalerl_mega.rollout.local import LocalEngineConfig, LocalRolloutEngine, build_model
-from scalerl_mega.sync_plan import plan_buckets
+from scalerl_mega.weight_sync.plan import plan_buckets
 from scalerl_mega.types import SamplingParams
 from scalerl_mega.weight_sync import TensorSpec, WeightSyncConfig, WeightSyncError, free_port, spec_of, weights_sha256
 from tests.integration.test_rollout_local_engine import P, _collect, _oracle, _spec  # the same tiny Llama engine
@@ -27,12 +27,12 @@ BUCKET = 6_000
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _remote_sender(url, name, named, buckets, version, timeout, kill_at):
+def _remote_sender(url, name, named, buckets, version, timeout, kill_at, world_size=2):
     def hook(index):
         if index == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    group = open_sender_group(name, url, world_size=2, backend="gloo", timeout_s=timeout)
+    group = open_sender_group(name, url, world_size=world_size, backend="gloo", timeout_s=timeout)
     send_buckets(group, iter(named), buckets=buckets, group_name=name, version=version, timeout_s=timeout,
                  before_bucket=hook)
 
@@ -40,7 +40,7 @@ def _remote_sender(url, name, named, buckets, version, timeout, kill_at):
 def _sync(engine, model, *, version, tag, kill_at=None, shift=0.0, named=None):
     """Push `model`'s weights (+ shift; or the tensors `named`) over two groups: the first half of the tensors
     from this process, the second half from a spawned process (killed before its bucket `kill_at`). Any
-    `multi_sync.MultiSyncEngine` of one receiving rank (tests/sglang/test_real_multi_sender_sync.py: SGLang)."""
+    `weight_sync.multi.MultiSyncEngine` (tests/sglang/test_real_multi_sender_sync.py: one or two SGLang servers)."""
     if named is None:
         named = [(n, (t + shift).contiguous()) for n, t in model.state_dict().items()]
     half = len(named) // 2
@@ -50,13 +50,13 @@ def _sync(engine, model, *, version, tag, kill_at=None, shift=0.0, named=None):
     engine.check_plan(metas, version=version)
     urls = {g: f"tcp://127.0.0.1:{free_port()}" for g in parts}
     (ga, a), (gb, b) = parts.items()
-    timeout = engine.config.sync.timeout_s
-    proc = mp.get_context("spawn").Process(target=_remote_sender,
-                                           args=(urls[gb], gb, b, buckets[gb], version, timeout, kill_at), daemon=True)
+    timeout, world = engine.config.sync.timeout_s, engine.group_world_size  # the sender and every receiving rank
+    proc = mp.get_context("spawn").Process(target=_remote_sender, daemon=True,
+                                           args=(urls[gb], gb, b, buckets[gb], version, timeout, kill_at, world))
     proc.start()
     try:
         engine.join_groups(urls)
-        group = open_sender_group(ga, urls[ga], world_size=2, backend="gloo", timeout_s=timeout)
+        group = open_sender_group(ga, urls[ga], world_size=world, backend="gloo", timeout_s=timeout)
         engine.wait_groups()
         engine.announce_groups(metas, version=version)
         send_buckets(group, iter(a), buckets=buckets[ga], group_name=ga, version=version, timeout_s=timeout)

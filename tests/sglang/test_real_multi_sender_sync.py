@@ -5,8 +5,10 @@ each `update_weights_from_distributed` call carries one group's bucket. At PP2, 
 (4 ranks) the server's weights after the sync (SHA-256 of every parameter, `/weights_checker`) equal, bit for bit,
 its weights after the trainer's single-sender export of the same weights was pushed over one group; the version
 is the sync's. A sender killed before its bucket 1 (forced by a hook) makes the update raise within the deadline
-naming the sender, bucket and tensor; the server keeps its version and generates on. One server for the module
-(tests/sglang_support/real_server.py)."""
+naming the sender, bucket and tensor; the server keeps its version and generates on. Two servers (a second one for
+the last tests): every server takes the groups' buckets in the one shared order, so an EP2 sync (a stage leader and
+an expert sender that share the stage's gathers) reaches both bit-exact against the one-sender push, and a killed
+sender leaves both at their version, generating on (tests/sglang_support/real_server.py)."""
 
 from __future__ import annotations
 
@@ -42,6 +44,16 @@ def _check_server(report, path, layout, *, senders, version):
     return r, sent
 
 
+@pytest.fixture(scope="module")
+def second_server(server):
+    from tests.sglang_support.real_server import launch
+
+    srv = launch(server[0], pause_mode="in_place")
+    yield srv
+    srv.stop()
+    assert srv.proc.poll() is not None
+
+
 @pytest.mark.timeout(1200)
 def test_pp2_and_ep2_senders_bit_exact_on_real_sglang(server, tmp_path):
     path, srv = server
@@ -59,36 +71,60 @@ def test_pp2xep2_four_senders_bit_exact_on_real_sglang(server, tmp_path):
     _check_server(report, path, "pp2ep2", senders=4, version=1)
 
 
-@pytest.mark.timeout(900)
-def test_a_killed_sender_raises_within_the_deadline_and_the_server_generates_on(server):
-    """Two senders into the server (this process and a spawned one, SIGKILLed before its bucket 1)."""
+def _killed_sender(servers):
+    """Two senders into `servers` (this process and a spawned one, SIGKILLed before its bucket 1): the update
+    raises within the deadline naming the sender, bucket and tensor; every server keeps its version and generates."""
     import time
 
-    from scalerl_mega.sync_plan import plan_buckets
     from scalerl_mega.types import Prompt, SamplingParams
     from scalerl_mega.weight_sync import WeightSyncError, spec_of
+    from scalerl_mega.weight_sync.plan import plan_buckets
     from tests.integration.test_multi_sync_local import BUCKET, _sync
     from tests.sglang.test_real_qwen3 import checkpoint_tensors, weights
     from tests.sglang_support.oracle import collect
     from tests.sglang_support.real_server import engine_for
 
-    _, srv = server
-    engine = engine_for(srv, pause_mode="in_place")
+    engine = engine_for(*servers, pause_mode="in_place")
     try:
-        before = engine._ctl_clients[0].model_info()["weight_version"]
+        before = [c.model_info()["weight_version"] for c in engine._ctl_clients]
         named = checkpoint_tensors(weights("qwen3_moe", 3))
         t0 = time.monotonic()
         with pytest.raises(WeightSyncError) as err:
-            _sync(engine, None, version=7, tag="kill", kill_at=1, named=named)
+            _sync(engine, None, version=7, tag=f"kill{len(servers)}s", kill_at=1, named=named)
         elapsed = time.monotonic() - t0
         first_b1 = plan_buckets([spec_of(n, t) for n, t in named[len(named) // 2:]], bucket_bytes=BUCKET)[1][0].name
         msg = str(err.value)
-        assert "sender 'killv7-b' bucket 1" in msg and repr(first_b1) in msg and "keep version v0" in msg, msg
+        assert f"sender 'kill{len(servers)}sv7-b' bucket 1" in msg and repr(first_b1) in msg, msg
+        assert "keep version v0" in msg, msg
         assert elapsed < 3 * engine.config.sync.timeout_s, elapsed  # the bucket's deadline, plus start-up; no hang
-        assert engine.version == 0 and engine._ctl_clients[0].model_info()["weight_version"] == before
-        engine.submit(Prompt(prompt_id="after", text="", task="synthetic", gold="0", token_ids=[5, 6, 7]),
-                      SamplingParams(max_new_tokens=4, temperature=1.0, seed=1), n=1, version=0)
-        (c,) = collect(engine, 1)  # resumed: the server generates after the failed update
-        assert len(c.output_ids) == 4
+        assert engine.version == 0 and [c.model_info()["weight_version"] for c in engine._ctl_clients] == before
+        for i in range(len(servers)):  # the servers resumed: the prompts complete after the failed update
+            engine.submit(Prompt(prompt_id=f"after{i}", text="", task="synthetic", gold="0", token_ids=[5, 6, 7]),
+                          SamplingParams(max_new_tokens=4, temperature=1.0, seed=1), n=1, version=0)
+        assert all(len(c.output_ids) == 4 for c in collect(engine, len(servers)))
     finally:
         engine.close()
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_sender_raises_within_the_deadline_and_the_server_generates_on(server):
+    _killed_sender([server[1]])
+
+
+@pytest.mark.timeout(1500)
+def test_ep2_senders_into_two_servers_bit_exact_on_real_sglang(server, second_server, tmp_path):
+    """Each group holds its sender and both servers (ranks 1 and 2 of 3); both servers walk the one receiving order
+    (the stage leader's and the expert sender's buckets by export position), so neither waits on the other."""
+    path, srv = server
+    report = _launch(tmp_path, ["ep2"], nproc=2, hf=path,
+                     extra=["--sglang-url", f"{srv.url},{second_server.url}", "--group-prefix", "two"])
+    r, sent = _check_server(report, path, "ep2", senders=2, version=1)
+    assert len(r["engine_digests"]) == 2
+    for after_sync, after_push in zip(r["engine_digests"], r["ref_digests"]):
+        assert after_sync == after_push  # each server: multi-sender sync == one-sender push, bit for bit
+    assert r["engine_digests"][0] == r["engine_digests"][1]
+
+
+@pytest.mark.timeout(1200)
+def test_a_killed_sender_into_two_servers_leaves_both_at_their_version(server, second_server):
+    _killed_sender([server[1], second_server])

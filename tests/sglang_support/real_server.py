@@ -61,9 +61,9 @@ def launch(model_path: str | Path, **kw) -> SGLangServer:
     return server
 
 
-def engine_for(server: SGLangServer, *, pause_mode: str) -> SGLangRolloutEngine:
-    """The project's engine over one real server: gloo weight sync in 64 KiB buckets (several per update),
+def engine_for(*servers: SGLangServer, pause_mode: str) -> SGLangRolloutEngine:
+    """The project's engine over real servers: gloo weight sync in 64 KiB buckets (several per update),
     60 s deadlines."""
-    return SGLangRolloutEngine([server], config=SGLangEngineConfig(
+    return SGLangRolloutEngine(list(servers), config=SGLangEngineConfig(
         pause_mode=pause_mode, control_timeout_s=60.0, request_timeout_s=300.0,
         sync=WeightSyncConfig(backend="gloo", timeout_s=60.0, bucket_bytes=64 << 10)))

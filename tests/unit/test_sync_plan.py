@@ -1,4 +1,4 @@
-"""Multi-sender weight sync plan (sync_plan.py): the group cap rule, who sends which tensor,
+"""Multi-sender weight sync plan (weight_sync/plan.py): the group cap rule, who sends which tensor,
 bucket boundaries equal to the sender's stream bucketing."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scalerl_mega.sync_plan import SenderLayout, expert_senders_per_stage, plan_buckets, sender_specs
+from scalerl_mega.weight_sync.plan import SenderLayout, expert_senders_per_stage, plan_buckets, sender_specs
 from scalerl_mega.weight_sync import TensorSpec, iter_buckets
 
 

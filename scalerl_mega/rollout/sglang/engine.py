@@ -212,7 +212,7 @@ class SGLangRolloutEngine:
         self.version = version
         self._stale.clear()
 
-    # ---- multi-sender sync (multi_sync.MultiSyncEngine; rollout/sglang/multi_groups.py)
+    # ---- multi-sender sync (weight_sync.multi.MultiSyncEngine; rollout/sglang/multi_groups.py)
     @property
     def groups(self) -> "SGLangGroups":
         from scalerl_mega.rollout.sglang.multi_groups import SGLangGroups

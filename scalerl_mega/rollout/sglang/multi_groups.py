@@ -1,4 +1,4 @@
-"""Multi-sender weight sync into SGLang servers (issue 58; who sends what: sync_plan.py, the wire: multi_sync.py).
+"""Multi-sender weight sync into SGLang servers (who sends what: weight_sync/plan.py, the wire: weight_sync/multi.py).
 
 Every sender (a trainer rank) hosts its own named weight-update group; each server joins every group
 (SGLang 0.5.23 keeps `init_weights_update_group`'s groups by `group_name`, and each
@@ -6,31 +6,36 @@ Every sender (a trainer rank) hosts its own named weight-update group; each serv
 update, on every server:
 
   /pause_generation, /begin_weight_update   once, before any group's first bucket
-  /update_weights_from_distributed          per group, its buckets in order (one caller thread per group
-                                            and server, all groups at once); `weight_version` left out
+  /update_weights_from_distributed          every group's buckets, one call at a time, in the update's one
+                                            receiving order (`weight_sync.multi.receive_order`); one caller
+                                            thread per server; `weight_version` left out
   /update_weight_version                    only when every group delivered every bucket
   /end_weight_update, /continue_generation  always, also after a failure
 
-The server serialises its control requests (its FIFO `FanOutCommunicator`), so the groups' buckets are
-received one at a time in arrival order, while the senders gather and broadcast concurrently; a sender
-waiting on the server waits within its bucket deadline, and every call here is bounded by the sync
-deadline times the buckets of the whole update. A failed group is named with its bucket and first
-tensor; the version is then not advanced (SGLang applies each bucket as it arrives: the buckets of the
-other groups stay applied, as with a rejected single-sender bucket; the manifest check before the first
-byte is what keeps a wrong update out).
+Why one order: a server serialises its control requests (its FIFO `FanOutCommunicator`; the scheduler
+receives a broadcast inside the request), so it is inside one group's broadcast at a time, and a broadcast
+completes only when every server of the group takes part. Two servers that took different groups first
+would each wait for the other until the deadline. Every server here walks the same sequence, a function of
+the plan alone, so they meet in each broadcast; the sequence follows the senders' export order
+(`weight_sync.plan.receive_seqs`), so every sender can reach its next bucket. The groups' broadcasts into
+SGLang therefore run one after another: the receiver, not the sender, bounds a per-stage update
+(cluster/sync_model.py). Every call is bounded by the sync deadline times the update's buckets.
+
+A failed bucket (a dead sender: its broadcast fails on every server) is named with its group, index and first
+tensor, every server skips that group from there on and the other groups go on; the version is then not
+advanced (SGLang applies each bucket as it arrives: buckets already received stay applied, as with a
+rejected single-sender bucket; the manifest check before the first byte is what keeps a wrong update out).
 """
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 from urllib.parse import urlparse
 
-from scalerl_mega.weight_sync import BucketMeta, WeightSyncError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from scalerl_mega.rollout.sglang.engine import SGLangRolloutEngine
+from scalerl_mega.weight_sync import BucketMeta, WeightManifest, WeightSyncError
+from scalerl_mega.weight_sync.multi import receive_order
 
 
 def _address(init_method: str, *, group: str) -> tuple[str, int]:
@@ -41,14 +46,32 @@ def _address(init_method: str, *, group: str) -> tuple[str, int]:
     return u.hostname, u.port
 
 
-class SGLangGroups:
-    """The multi-sender side of an `SGLangRolloutEngine` (`multi_sync.MultiSyncEngine`); the engine delegates."""
+class GroupsHost(Protocol):
+    """What the multi-sender receive uses of its engine (`engine.SGLangRolloutEngine`): its servers, their
+    control clients, settings, fan-out and version state."""
 
-    def __init__(self, engine: SGLangRolloutEngine) -> None:
+    servers: list[Any]
+    _ctl_clients: list[Any]
+    config: Any
+    version: int
+    _stale: Any
+    _in_place_checked: bool
+
+    def manifest(self) -> WeightManifest | None: ...
+
+    def _check_in_place_flags(self) -> None: ...
+
+    def _fan_out(self, fn: Callable[[Any], Any], *, what: str, timeout_s: float) -> list: ...
+
+
+class SGLangGroups:
+    """The multi-sender side of an `SGLangRolloutEngine` (`weight_sync.multi.MultiSyncEngine`); the engine delegates."""
+
+    def __init__(self, engine: GroupsHost) -> None:
         self.engine = engine
         self.joined: list[str] = []
         self._pending: list[tuple[str, Future]] = []
-        self._running: dict[str, list[Future]] = {}
+        self._running: list[Future] = []
         self._pool: ThreadPoolExecutor | None = None
 
     @property
@@ -98,7 +121,7 @@ class SGLangGroups:
 
     def check(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None:
         """The manifest check of the whole update before the first byte (WeightSyncError naming the tensor)."""
-        from scalerl_mega.multi_sync import plan_specs
+        from scalerl_mega.weight_sync.multi import plan_specs
 
         manifest = self.engine.manifest()
         if manifest is not None:
@@ -120,38 +143,45 @@ class SGLangGroups:
         except WeightSyncError:  # never leave the servers paused
             eng._fan_out(lambda c: c.continue_generation(), what="continue_generation", timeout_s=t)  # noqa: SLF001
             raise
-        pool = self._executor(len(plan) * len(eng.servers) + 1)
+        pool = self._executor(len(eng.servers) + 1)
+        order = receive_order(plan)
         flush = mode != "in_place"
-        self._running = {g: [pool.submit(self._receive, c, g, metas, flush) for c in eng._ctl_clients]  # noqa: SLF001
-                         for g, metas in plan.items()}
+        self._running = [pool.submit(self._receive, c, order, flush) for c in eng._ctl_clients]  # noqa: SLF001
 
     @staticmethod
-    def _receive(client, group: str, metas: list[BucketMeta], flush: bool) -> int:
-        """One server's receive of one group: its buckets in order; raises naming the bucket and tensor."""
-        for meta in metas:
+    def _receive(client, order: list[tuple[str, BucketMeta]], flush: bool) -> int:
+        """One server's receive: every group's buckets in the update's one order. A failed bucket (a dead
+        sender: its broadcast fails on every server) ends its group here, the other groups go on; raises
+        naming every failed group, bucket and first tensor."""
+        failed: dict[str, str] = {}
+        for group, meta in order:
+            if group in failed:
+                continue
             try:
                 client.update_weights_from_distributed(meta, group_name=group, flush_cache=flush, set_version=False)
             except Exception as e:  # noqa: BLE001 - re-raised naming the group, bucket and tensor
-                raise WeightSyncError(f"sender {group!r} bucket {meta.index} (first tensor {meta.names[0]!r}): "
-                                      f"{type(e).__name__}: {e}") from e
-        return len(metas)
+                failed[group] = (f"sender {group!r} bucket {meta.index} (first tensor {meta.names[0]!r}): "
+                                 f"{type(e).__name__}: {e}")
+        if failed:
+            raise WeightSyncError("; ".join(failed.values()))
+        return len(order)
 
     def finish(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None:
         """Wait for every group (bounded), then apply the version on every server; WeightSyncError naming every
         failed sender, bucket and tensor (the version stays). The servers are resumed either way."""
         eng = self.engine
-        running, self._running = self._running, {}
+        running, self._running = self._running, []
         buckets = sum(len(m) for m in plan.values())
         deadline = time.monotonic() + eng.config.sync.timeout_s * (buckets + 1)
         failures: list[str] = []
-        for group, futs in running.items():
-            for fut in futs:
-                try:
-                    fut.result(timeout=max(deadline - time.monotonic(), 0.001))
-                except TimeoutError:
-                    failures.append(f"sender {group!r}: no reply within the deadline of {buckets} buckets")
-                except WeightSyncError as e:
-                    failures.append(str(e))
+        for server, fut in zip(eng.servers, running):
+            try:
+                fut.result(timeout=max(deadline - time.monotonic(), 0.001))
+            except TimeoutError:
+                failures.append(f"server {getattr(server, 'url', server)}: no reply within the deadline of {buckets} "
+                                "buckets")
+            except WeightSyncError as e:
+                failures.append(str(e))
         t = eng.config.control_timeout_s
         try:
             if not failures:
@@ -162,7 +192,7 @@ class SGLangGroups:
             eng._fan_out(lambda c: c.continue_generation(), what="continue_generation", timeout_s=t)  # noqa: SLF001
         if failures:
             raise WeightSyncError(f"weight update v{version} failed, the servers keep version v{eng.version} "
-                                  "(buckets already received stay loaded): " + "; ".join(failures))
+                                  "(buckets already received stay loaded): " + "; ".join(dict.fromkeys(failures)))
         eng.version = version
         eng._stale.clear()  # noqa: SLF001
 

@@ -1,4 +1,4 @@
-"""The trainer's side of a multi-sender weight sync (the plan: sync_plan.py).
+"""The trainer's side of a multi-sender weight sync (the plan: weight_sync/plan.py).
 
 `sender_plan` is what every group carries (pure, from the model dimensions and dtypes); `my_sender`
 says which group (if any) this rank sends over; `export_own` streams this rank's share: the stage's
@@ -16,7 +16,7 @@ from typing import Iterator
 
 import torch
 
-from scalerl_mega.sync_plan import Sender, SenderLayout
+from scalerl_mega.weight_sync.plan import Sender, SenderLayout
 
 
 @dataclass
@@ -42,7 +42,7 @@ def resolved_plan(model_cfg, *, dtype, params_dtype: str) -> list:
 def sender_plan(model_cfg, layout: SenderLayout, *, dtype, params_dtype: str) -> dict[str, list]:
     """Group name -> its sender's planned tensors, in the order `export_own` yields them."""
     from scalerl_mega.convert.model_config import dims_from_model_config
-    from scalerl_mega.sync_plan import sender_specs
+    from scalerl_mega.weight_sync.plan import sender_specs
 
     return sender_specs(dims_from_model_config(model_cfg), layout,
                         resolved_plan(model_cfg, dtype=dtype, params_dtype=params_dtype))

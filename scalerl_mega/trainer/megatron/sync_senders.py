@@ -1,5 +1,5 @@
 """Each trainer rank's part of a per-stage weight sync in the training loop (`rollout.weight_sync_senders=
-per_stage`; who sends what: sync_plan.py; the wire: multi_sync.py; this rank's share: export_senders.py).
+per_stage`; who sends what: weight_sync/plan.py; the wire: weight_sync/multi.py; this rank's share: export_senders.py).
 
 Every rank of the trainer job runs `RankSync.sync` in lock step (the controller's loop calls it through
 `ranks.ControllerTrainer.sync_weights`, the followers on its "sync" command). The controller, which alone
@@ -16,10 +16,10 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from scalerl_mega.sync_plan import Sender, SenderLayout
+from scalerl_mega.weight_sync.plan import Sender, SenderLayout
 
 if TYPE_CHECKING:  # pragma: no cover
-    from scalerl_mega.multi_sync import MultiSyncEngine
+    from scalerl_mega.weight_sync.multi import MultiSyncEngine
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
 
@@ -40,7 +40,7 @@ class RankSync:
         self._opened = False
 
     def _plan(self, dtype: str | None) -> dict[str, list]:
-        from scalerl_mega.sync_plan import plan_buckets
+        from scalerl_mega.weight_sync.plan import plan_buckets
         from scalerl_mega.trainer.megatron.export_senders import sender_plan
 
         cfg = self.trainer.cfg
@@ -51,7 +51,7 @@ class RankSync:
         """First sync: every sender hosts its group; the controller joins the engine to all of them."""
         import torch.distributed as dist
 
-        from scalerl_mega.multi_sync import open_sender_group
+        from scalerl_mega.weight_sync.multi import open_sender_group
         from scalerl_mega.trainer.megatron.export_senders import my_sender
         from scalerl_mega.weight_sync import free_port
 
@@ -80,14 +80,17 @@ class RankSync:
         returns the step's `sync/*` metrics (None elsewhere)."""
         import torch.distributed as dist
 
-        from scalerl_mega.multi_sync import bucket_metas, send_buckets, sync_metrics
+        from scalerl_mega.convert.model_config import dims_from_model_config
+        from scalerl_mega.weight_sync.multi import bucket_metas, send_buckets, sync_metrics
+        from scalerl_mega.weight_sync.plan import receive_seqs
         from scalerl_mega.trainer.megatron.export_senders import ExportMemory, export_own
 
         t0 = time.monotonic()
         plan = self._plan(dtype)
         if not self._opened:
             self._open(plan, engine)
-        metas = {g: bucket_metas(b, version=version, flattened=self.flattened) for g, b in plan.items()}
+        seqs = receive_seqs(dims_from_model_config(self.trainer.cfg.model), self.layout, plan)
+        metas = {g: bucket_metas(b, version=version, flattened=self.flattened, seqs=seqs[g]) for g, b in plan.items()}
         if engine is not None:  # the manifest check of the whole update, before anything is sent
             engine.check_plan(metas, version=version)
             engine.announce_groups(metas, version=version)

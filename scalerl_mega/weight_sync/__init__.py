@@ -72,6 +72,9 @@ class BucketMeta:
     index: int = 0
     load_format: str | None = None
     """None (one broadcast per tensor) or "flattened_bucket" (one uint8 broadcast)."""
+    seq: int = 0
+    """Place in a multi-sender update's one receiving order (`multi.receive_order`; `plan.receive_seqs`); not
+    sent to the engine."""
 
     @property
     def num_bytes(self) -> int:

@@ -1,4 +1,4 @@
-"""Who sends which weights in a multi-sender weight sync (issue 58): pure planning, no I/O, no torch.distributed.
+"""Who sends which weights in a multi-sender weight sync: pure planning, no I/O, no torch.distributed.
 
 One sender per pipeline stage: the stage's emitting rank (tensor-, data- and context-parallel rank 0)
 gathers only its stage's layers (the embedding with the first stage, the final norm and LM head with
@@ -23,7 +23,7 @@ manifest, before the first byte moves.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.convert.dims import ArchDims
@@ -95,27 +95,59 @@ class SenderLayout:
         return out
 
 
+def _stage_groups(dims: "ArchDims", layout: SenderLayout) -> Iterable[tuple[int, Any]]:
+    """(stage, conversion-table group) in the order every rank of a stage exports them: stage after stage, each
+    stage's layers split evenly (`sharding.stage_layers`), its groups in table order."""
+    from scalerl_mega.convert import sharding, tables
+
+    for stage in range(layout.pp):
+        yield from ((stage, g) for g in tables.iter_groups(
+            dims, layers=sharding.stage_layers(dims.num_layers, pp=layout.pp, stage=stage),
+            first_stage=stage == 0, last_stage=stage == layout.pp - 1))
+
+
 def sender_specs(dims: "ArchDims", layout: SenderLayout, plan: Iterable["TensorSpec"]) -> dict[str, list["TensorSpec"]]:
     """Group name -> the planned tensors (`export.export_plan`) its sender sends, each sender's in
     table order: layers split evenly over the stages (`sharding.stage_layers`), a per-expert
     tensor to the pool of the expert-parallel rank owning it (`sharding.expert_owner`)."""
-    from scalerl_mega.convert import sharding, tables
+    from scalerl_mega.convert import sharding
 
     by_name = {s.name: s for s in plan}
     out: dict[str, list] = {s.group_name: [] for s in layout.senders}
-    for stage in range(layout.pp):
-        groups = tables.iter_groups(dims, layers=sharding.stage_layers(dims.num_layers, pp=layout.pp, stage=stage),
-                                    first_stage=stage == 0, last_stage=stage == layout.pp - 1)
-        for g in groups:
-            pool = 0
-            if g.rule.per_expert:
-                e = sharding.expert_index(g.mcore[0])
-                pool = layout.pool_of(sharding.expert_owner(e, num_experts=dims.num_experts, ep=layout.ep))
-            out[layout.sender(stage, pool).group_name] += [by_name[n] for n in g.hf]
+    for stage, g in _stage_groups(dims, layout):
+        pool = 0
+        if g.rule.per_expert:
+            e = sharding.expert_index(g.mcore[0])
+            pool = layout.pool_of(sharding.expert_owner(e, num_experts=dims.num_experts, ep=layout.ep))
+        out[layout.sender(stage, pool).group_name] += [by_name[n] for n in g.hf]
     placed = sum(len(v) for v in out.values())
     if placed != len(by_name):
         raise ValueError(f"weight sync: the senders' plans hold {placed} tensors, the export plan {len(by_name)}")
     return {g: v for g, v in out.items() if v}  # fused experts leave expert pools empty: no group for them
+
+
+def receive_seqs(dims: "ArchDims", layout: SenderLayout,
+                 buckets: dict[str, list[list["TensorSpec"]]]) -> dict[str, list[int]]:
+    """Each bucket's place in the update's one receiving order (`BucketMeta.seq`): the export position of its
+    last tensor (stage after stage, table order within a stage).
+
+    Why: a receiver that takes one bucket at a time (an SGLang server) must take them in an order every
+    server shares (two servers inside different groups' broadcasts wait on each other), and in an order the
+    senders can reach: the ranks of a stage gather every table group together (collectives), and a sender
+    broadcasts a bucket right after the gather of its last tensor, so the bucket whose last tensor comes first
+    is always the next one its sender can send while every other sender of the stage still takes part in the
+    gathers. Stages gather independently, so taking the stages one after another is safe too."""
+    pos: dict[str, int] = {}
+    for _, g in _stage_groups(dims, layout):
+        for n in g.hf:
+            pos.setdefault(n, len(pos))
+    out = {}
+    for group, bs in buckets.items():
+        missing = [b[-1].name for b in bs if b[-1].name not in pos]
+        if missing:
+            raise ValueError(f"weight sync: group {group!r} plans {missing[0]!r}, which no stage exports")
+        out[group] = [pos[b[-1].name] for b in bs]
+    return out
 
 
 def spec_bytes(spec: "TensorSpec") -> int:

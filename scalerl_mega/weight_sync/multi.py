@@ -1,4 +1,4 @@
-"""Multi-sender weight sync at run time (issue 58; who sends what: sync_plan.py).
+"""Multi-sender weight sync at run time (who sends what: weight_sync/plan.py).
 
 Every sender broadcasts its own planned buckets over its own named group (rank 0 of the group, the
 engine's ranks after it; group setup as in weight_sync.py); an engine receives all groups at once,
@@ -47,13 +47,30 @@ class MultiSyncEngine(Protocol):
     def finish_groups(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None: ...
 
 
-def bucket_metas(buckets: list[list[TensorSpec]], *, version: int, flattened: bool) -> list[BucketMeta]:
-    """What the engines are told about one sender's buckets (SGLang's request fields)."""
+def bucket_metas(buckets: list[list[TensorSpec]], *, version: int, flattened: bool,
+                 seqs: list[int] | None = None) -> list[BucketMeta]:
+    """What the engines are told about one sender's buckets (SGLang's request fields), each with its place in
+    the receiving order (`seqs`, from `plan.receive_seqs`; default: the bucket's index)."""
     from scalerl_mega.weight_sync import FLATTENED_BUCKET
 
+    seqs = list(range(len(buckets))) if seqs is None else seqs
+    if len(seqs) != len(buckets):
+        raise ValueError(f"weight sync: {len(seqs)} receive places for {len(buckets)} buckets")
     return [BucketMeta(names=[s.name for s in b], dtypes=[str(s.dtype) for s in b], shapes=[list(s.shape) for s in b],
-                       version=version, index=i, load_format=FLATTENED_BUCKET if flattened else None)
-            for i, b in enumerate(buckets)]
+                       version=version, index=i, load_format=FLATTENED_BUCKET if flattened else None, seq=q)
+            for i, (b, q) in enumerate(zip(buckets, seqs))]
+
+
+def receive_order(plan: dict[str, list[BucketMeta]]) -> list[tuple[str, BucketMeta]]:
+    """Every group's buckets in the one order a receiver that takes one bucket at a time follows (an SGLang
+    server; module doc of rollout/sglang/multi_groups.py): by `seq`, then bucket index, then group name. It is a
+    function of the plan alone, so every server of an update takes the same sequence and no two servers can
+    sit in different groups' broadcasts waiting on each other. A group's buckets keep their own order."""
+    for group, metas in plan.items():
+        seqs = [(m.seq, m.index) for m in metas]
+        if seqs != sorted(seqs) or len(set(seqs)) != len(seqs):
+            raise ValueError(f"weight sync: group {group!r}'s buckets are not in increasing receive order: {seqs}")
+    return sorted(((g, m) for g, metas in plan.items() for m in metas), key=lambda gm: (gm[1].seq, gm[1].index, gm[0]))
 
 
 def open_sender_group(group_name: str, init_method: str, *, world_size: int, backend: str, timeout_s: float) -> Any:
