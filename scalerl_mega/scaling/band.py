@@ -109,10 +109,11 @@ class Band:
 
 
 def _combine(at, f, p_lo, p_hi, *, kappa: float, fit_end: float, kappa_sums) -> Band:
-    """Parts 1 and 2 in quadrature on each side of the forecast `f`, clipped to [0, 1] (module docstring)."""
+    """Parts 1 and 2 in quadrature on each side of the forecast `f`, clipped to [0, 1] (module docstring) and
+    always containing `f` (a forecast outside its own band would be a contradiction, whatever the input)."""
     mis = Z95 * kappa * np.maximum(np.log(at / fit_end), 0.0)
-    lo = np.clip(f - np.sqrt((f - p_lo) ** 2 + mis ** 2), 0.0, 1.0)
-    hi = np.clip(f + np.sqrt((p_hi - f) ** 2 + mis ** 2), 0.0, 1.0)
+    lo = np.minimum(np.clip(f - np.sqrt((f - p_lo) ** 2 + mis ** 2), 0.0, 1.0), f)
+    hi = np.maximum(np.clip(f + np.sqrt((p_hi - f) ** 2 + mis ** 2), 0.0, 1.0), f)
     return Band(compute=at, reward=f, lo=lo, hi=hi, param_lo=p_lo, param_hi=p_hi, misspecification=mis, kappa=kappa,
                 fit_end=fit_end, kappa_sums=kappa_sums)
 

@@ -58,6 +58,78 @@ def json_default(o):
     raise TypeError(type(o).__name__)
 
 
+def _text_verdict(identified: bool, A, interval, reason: str) -> str:
+    """`identify.verdict_text` from a row's (converted) fields."""
+    iv = f"95% interval {interval[0]:.3f}..{interval[1]:.3f}"
+    return f"A = {A:.3f} ({iv})" if identified else f"A not identified ({iv}): {reason}"
+
+
+ON_UNIT_SCALE = "on the 0-1 scale of --y-range: "
+"""Prefix of the identification reasons under `--y-range`: their values and widths are on the fitted scale."""
+
+
+def in_units(row: dict, y_range) -> dict:
+    """A run's row (`run_row`, fitted on (y - LO) / (HI - LO) under `scalerl-fit --y-range LO HI`) with every
+    reward-valued field back in the metric's units: values map as LO + (HI - LO) v, errors and widths scale by
+    HI - LO, squared errors by its square; ratios, computes and B are unchanged. `y_range` None or (0, 1): the row."""
+    if y_range is None or tuple(y_range) == (0.0, 1.0):
+        return row
+    lo, w = float(y_range[0]), float(y_range[1]) - float(y_range[0])
+
+    def aff(v):
+        return None if v is None else [aff(u) for u in v] if isinstance(v, list) else lo + w * v
+
+    def sc(v):
+        return None if v is None else w * v
+
+    row = {**row, "A": aff(row["A"]), "R0": aff(row["R0"]), "A_interval": aff(row["A_interval"]),
+           "sse": w * w * row["sse"]}
+    row["reason"] = f"{ON_UNIT_SCALE}{row['reason']}" if row["reason"] else ""
+    row["verdict"] = _text_verdict(row["identified"], row["A"], row["A_interval"], row["reason"])
+    if "forecast" in row:
+        row["forecast"] = [{k: aff(v) if k != "compute" else v for k, v in f.items()} for f in row["forecast"]]
+    if "refined" in row:
+        row["refined"] = {**row["refined"], "A": aff(row["refined"]["A"]), "sse": w * w * row["refined"]["sse"]}
+    if "misfit_check" in row:
+        m = row["misfit_check"]
+        row["misfit_check"] = {**m, "mae": sc(m["mae"]), "noise_floor": sc(m["noise_floor"])}
+    if "bootstrap_points" in row:
+        row["bootstrap_points"] = {**row["bootstrap_points"], "A": aff(row["bootstrap_points"]["A"])}
+    if "holdout" in row:
+        h = dict(row["holdout"])
+        h.update(A=aff(h["A"]), A_interval=aff(h["A_interval"]), delta_A=sc(h["delta_A"]))
+        h["verdict"] = _text_verdict(h["identified"], h["A"], h["A_interval"],
+                                     ON_UNIT_SCALE + h["verdict"].split(": ", 1)[-1])
+        if h.get("later"):
+            h["later"] = {**h["later"], **{k: sc(h["later"][k]) for k in ("mae", "noise_floor", "bias")}}
+        fp = h["final_points"]
+        h["final_points"] = {**fp, "observed": aff(fp["observed"]), "predicted": aff(fp["predicted"]),
+                             **{k: sc(fp[k]) for k in ("mae", "noise_floor", "unvetted_mae")}}
+        row["holdout"] = h
+    return row
+
+
+def loo_in_units(loo, y_range):
+    """The leave-one-out comparison (`compare.compare_loo`, made on the 0-1 scale of `--y-range LO HI`) with its
+    A values, offsets and margin in the metric's units (`in_units`); `y_range` None or (0, 1): `loo`."""
+    if loo is None or y_range is None or tuple(y_range) == (0.0, 1.0):
+        return loo
+    from dataclasses import replace
+
+    lo, w = float(y_range[0]), float(y_range[1]) - float(y_range[0])
+    runs = tuple(replace(r, fit=replace(r.fit, A=lo + w * r.fit.A), A_offset=w * r.A_offset) for r in loo.runs)
+    return replace(loo, A_mean=lo + w * loo.A_mean, margin=w * loo.margin, runs=runs)
+
+
+def seeds_in_units(seeds: dict | None, y_range) -> dict | None:
+    """`--same-config`'s seed summary in the metric's units (`in_units`)."""
+    if seeds is None or y_range is None or tuple(y_range) == (0.0, 1.0):
+        return seeds
+    lo, w = float(y_range[0]), float(y_range[1]) - float(y_range[0])
+    return {**seeds, "per_seed_A": [lo + w * a for a in seeds["per_seed_A"]], "half_range_A": w * seeds["half_range_A"],
+            "A": [lo + w * a for a in seeds["A"]], "seed_margin_A": w * seeds["seed_margin_A"]}
+
+
 def run_row(s, a, ex, ex_note) -> dict:
     f = a.fit
     row = {

@@ -27,7 +27,7 @@ import gzip
 import json
 import lzma
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -270,3 +270,30 @@ def auto_x(paths, *, y: str = "val_pass_rate") -> tuple[str, str]:
         if float(s.compute.max()) > 0:
             return GPU_X, f"x axis: {GPU_X} (--x auto: {s.name} logged GPU-hours)"
     return DEVICE_X, f"x axis: {DEVICE_X} (--x auto: no run logged GPU-hours, e.g. CPU runs)"
+
+
+PASS_RATE_RANGE = (0.0, 1.0)
+"""The range of a pass rate: Eq. 1's asymptote, its band and the binomial noise model all live in it."""
+
+
+def check_range(s: Series, y_range: tuple[float, float] | None = None) -> None:
+    """ValueError naming the file, line and value of the first reward outside `y_range` (default: a pass rate's
+    [0, 1]); a metric with another range (e.g. a mean reward in [-1, 1]) is declared with `scalerl-fit --y-range`."""
+    lo, hi = PASS_RATE_RANGE if y_range is None else y_range
+    bad = np.flatnonzero((s.reward < lo) | (s.reward > hi))
+    if bad.size:
+        k = int(bad[0])
+        declare = ("a pass rate is in [0, 1]; declare another metric's range with --y-range LO HI" if y_range is None
+                   else "outside the range declared with --y-range")
+        raise ValueError(f"{s.source}:{int(s.lines[k])}: {s.y_key} = {s.reward[k]:g} is outside [{lo:g}, {hi:g}] "
+                         f"({declare}; {bad.size} of {s.reward.size} points outside)")
+
+
+def to_unit_range(s: Series, y_range: tuple[float, float]) -> Series:
+    """`s` with its rewards mapped affinely from `y_range` onto [0, 1], the scale Eq. 1, its band and its grids
+    work on; the binomial sample counts are dropped (they describe a pass rate, not another metric). A pass rate's
+own range returns `s` unchanged."""
+    lo, hi = y_range
+    if (lo, hi) == PASS_RATE_RANGE:
+        return s
+    return replace(s, reward=(s.reward - lo) / (hi - lo), n_samples=None)
