@@ -44,7 +44,7 @@ from scalerl_mega.scaling.cli_output import (compact, in_units, json_default, lo
 from scalerl_mega.scaling.fit import FitOptions
 from scalerl_mega.scaling.holdout import HalfFit, half_fit, score_later
 from scalerl_mega.scaling.identify import CUT_FRACTION, Assessment, assess, auto_grid, options_for
-from scalerl_mega.scaling.io import DEVICE_X, GPU_X, METRICS_NAMES
+from scalerl_mega.scaling.io import DEVICE_X, GPU_X, run_label
 from scalerl_mega.suggest import SuggestingArgumentParser
 
 if TYPE_CHECKING:
@@ -179,7 +179,10 @@ def _run(args) -> int:
         bs = bootstrap_seeds([(s.compute, s.reward) for s in series],
                              options=_opts_for(series[0], base, grid, fit_from, args),
                              n_boot=args.bootstrap or 100)
-        seeds = {"per_seed_A": list(bs.per_seed_A), "half_range_A": bs.seed_half_range, "n_ok": bs.n_ok,
+        per_seed = [a.A for a in assessed]  # None where A is not identified: never a number for such a run
+        ident = [v for v in per_seed if v is not None]
+        seeds = {"runs": [s.name for s in series], "per_seed_A": per_seed,
+                 "half_range_A": (max(ident) - min(ident)) / 2.0 if len(ident) >= 2 else None, "n_ok": bs.n_ok,
                  "A": list(bs.A), "B": list(bs.B), "C_mid": list(bs.C_mid), "seed_margin_A": SEED_MARGIN_A}
     loo = None
     if len(series) > 1:
@@ -294,7 +297,7 @@ def _read_all(args) -> tuple[list[Series], list[tuple[str, str, str]]]:
     series, failed = [], []
     for k, p in enumerate(args.paths):
         q = Path(p)
-        name = labels[k] if labels else q.parent.name if q.name in METRICS_NAMES else q.stem if q.is_file() else q.name
+        name = labels[k] if labels else run_label(q)
         try:
             got = _read_path(p, args, label=labels[k] if labels else None)
         except ValueError as e:
@@ -308,7 +311,15 @@ def _read_all(args) -> tuple[list[Series], list[tuple[str, str, str]]]:
                                f"{s.source}: every {s.x_key} is 0 ({s.compute.size} points): {hint}"))
             else:
                 series.append(s)
-    return series, failed
+    return _distinct(series), failed
+
+
+def _distinct(series: list[Series]) -> list[Series]:
+    """The curves with distinct names: a name two runs share (two `demo/seed0` in different output directories)
+    gets its file's folder appended, so tables and legends tell them apart."""
+    names = [s.name for s in series]
+    return [replace(s, name=f"{s.name} ({Path(s.source).parent})") if names.count(s.name) > 1 else s
+            for s in series]
 
 
 def _read_path(p, args, *, label: str | None) -> list[Series]:

@@ -126,7 +126,8 @@ def seeds_in_units(seeds: dict | None, y_range) -> dict | None:
     if seeds is None or y_range is None or tuple(y_range) == (0.0, 1.0):
         return seeds
     lo, w = float(y_range[0]), float(y_range[1]) - float(y_range[0])
-    return {**seeds, "per_seed_A": [lo + w * a for a in seeds["per_seed_A"]], "half_range_A": w * seeds["half_range_A"],
+    return {**seeds, "per_seed_A": [None if a is None else lo + w * a for a in seeds["per_seed_A"]],
+            "half_range_A": None if seeds["half_range_A"] is None else w * seeds["half_range_A"],
             "A": [lo + w * a for a in seeds["A"]], "seed_margin_A": w * seeds["seed_margin_A"]}
 
 
@@ -142,7 +143,7 @@ def run_row(s, a, ex, ex_note) -> dict:
                                "mae": h.mae, "noise_floor": h.noise_floor, "ratio": h.ratio,
                                "noise_source": h.noise_source, "passed": h.passed}
     if f.refined is not None:
-        row["refined"] = {"A": f.refined.A, "B": f.refined.B, "C_mid": f.refined.C_mid, "sse": f.refined.sse,
+        row["refined"] = {"A": f.refined.A if a.identified else None, "B": f.refined.B, "C_mid": f.refined.C_mid, "sse": f.refined.sse,
                           "differs": f.refined.differs}
     if ex is not None:
         h, first = ex.half, ex.half.assessment
@@ -188,7 +189,8 @@ def print_table(desc, rows, loo, plots, seeds=None, *, not_fitted=()) -> None:
                          "intervals understate seed variance")
         if "refined" in r:
             q = r["refined"]
-            notes.append(f"{r['run']}: continuous refit A={q['A']:.4f} B={q['B']:.3f} C_mid={q['C_mid']:.4g}"
+            a_text = "A not identified" if q["A"] is None else f"A={q['A']:.4f}"
+            notes.append(f"{r['run']}: continuous refit {a_text} B={q['B']:.3f} C_mid={q['C_mid']:.4g}"
                          + (" (differs from the grid optimum)" if q["differs"] else ""))
         if ex:
             notes.append(f"{r['run']}: fit on compute <= {compact(ex['split_compute'])} (the first "
@@ -209,9 +211,13 @@ def print_table(desc, rows, loo, plots, seeds=None, *, not_fitted=()) -> None:
     for n in notes:
         print("  " + n)
     if seeds is not None:
-        per = ", ".join(f"{a:.3f}" for a in seeds["per_seed_A"])
-        print(f"seeds of one config: A per seed {per}; half-range {seeds['half_range_A']:.4f} "
-              f"(paper: <= 0.015, margin {seeds['seed_margin_A']:g}); seed-bootstrap A "
+        per = ", ".join(f"{name} {'not identified' if a is None else format(a, '.3f')}"
+                        for name, a in zip(seeds["runs"], seeds["per_seed_A"]))
+        n_ident = sum(a is not None for a in seeds["per_seed_A"])
+        half = (f"half-range {seeds['half_range_A']:.4f} (paper: <= 0.015, margin {seeds['seed_margin_A']:g})"
+                if seeds["half_range_A"] is not None else
+                f"no half-range: A identified for {n_ident} of {len(seeds['per_seed_A'])} runs (needs 2)")
+        print(f"seeds of one config: A per seed: {per}; {half}; seed-bootstrap interval of the pooled fit's A "
               f"{seeds['A'][0]:.3f}..{seeds['A'][1]:.3f} (n={seeds['n_ok']})")
     for r in rows:
         print_forecast(r)

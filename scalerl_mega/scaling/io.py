@@ -27,6 +27,7 @@ import gzip
 import json
 import lzma
 import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -229,9 +230,31 @@ def read_series(path: str | Path, *, x: str = "compute_gpu_hours", y: str = "val
             )
     if xs[0] < 0:
         raise ValueError(f"{p}:{lines[0]}: {x} = {xs[0]:g} is negative")
-    label = name or (Path(path).name if Path(path).is_dir() else p.stem if p.name not in METRICS_NAMES else p.parent.name)
+    label = name or run_label(path)
     return Series(name=label, source=str(p), x_key=x, y_key=y, compute=np.asarray(xs, dtype=np.float64),
                   reward=np.asarray(ys, dtype=np.float64), lines=np.asarray(lines, dtype=np.int64), n_samples=ns)
+
+
+RUN_CONFIG = "run_config.yaml"
+"""The resolved config a run writes into its directory (run_dir.py): its `run_name:` and `seed:` lines name the run."""
+
+
+def run_label(path: str | Path) -> str:
+    """A run's name for tables and legends: `<run_name>/seed<seed>` from the run's `run_config.yaml` when it has
+    one; else `<parent>/<dir>` for a directory named seed<N> (two runs' `seed0` folders differ by their parent);
+    else the directory's name, or the file's stem for a file that is not a run's metrics file."""
+    p = Path(path)
+    d = p if p.is_dir() else p.parent if p.name in METRICS_NAMES else None
+    if d is None:
+        return p.stem
+    cfg = d / RUN_CONFIG
+    if cfg.is_file():
+        found = dict(re.findall(r"^(run_name|seed): *['\"]?([^'\"\n#]*?)['\"]? *$", cfg.read_text(encoding="utf-8"),
+                                flags=re.M))
+        if found.get("run_name") and found.get("seed", "").isdigit():
+            return f"{found['run_name']}/seed{found['seed']}"
+    d = d.resolve()
+    return f"{d.parent.name}/{d.name}" if re.fullmatch(r"seed\d+", d.name) else d.name
 
 
 def domain_keys(path: str | Path) -> list[str]:
