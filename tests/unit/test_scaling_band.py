@@ -46,6 +46,7 @@ CHECKED = {  # family: (pointwise, runs whose whole later curve is inside, of 64
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 512 simulated runs and a 1,326-point grid: ~10 min on an idle 2-core machine
 def test_the_constants_are_chosen_on_design_seeds_and_hold_on_check_seeds(capsys):
     """The calibration split: KAPPA_Z, KAPPA_FLOOR and FLOOR_SE are the narrowest triple at which every family of
     CHOSEN_ON covers >= 97% of its later points on the design seeds (band_calibration.choose_constants); on the 64
