@@ -21,7 +21,8 @@ validation point) and has two parts, combined in quadrature on each side of the 
    the point's noise (binomial p (1 - p) / N, or the residual variance where N is unknown) and kappa d what the
    curve family misses at that distance (plus the prefix fit's own uncertainty: conservative). kappa^2 =
    max(0, sum (e^2 - sigma^2) d^2) / sum d^4 over every held-out point of every cut, raised by `KAPPA_Z` of its
-   standard errors; kappa is never below `KAPPA_FLOOR` (Eq. 1 is never exact beyond the data). Beyond the fitted
+   standard errors; kappa is never below `FLOOR_SE` x the noise SD of a point at the fit's end (nor `KAPPA_FLOOR`):
+   Eq. 1 is never exact beyond the data, and a misfit below the noise is one the tails cannot show. Beyond the fitted
    data the band widens by 1.96 kappa log(C / C_end) on each side. A slow rise that continues after the knee (the
    reproduction's late creep, reproduction/predictability/README.md) shows in these tails as errors growing with
    distance; a run that follows Eq. 1 shows errors of the noise's size, and kappa near 0.
@@ -29,9 +30,9 @@ validation point) and has two parts, combined in quadrature on each side of the 
 Why this method: the profile band is exact for the family and costs one pass over a (C_mid, B) grid; the
 misspecification term needs no second model, uses only the run's points, and grows with the distance of the
 extrapolation, as the reproduction's misses did. It cannot see a change that starts after the data end (e.g. a
-prompt pool that drains); no band can. Calibration out of sample: the two constants of part 2 (`KAPPA_Z`,
-`KAPPA_FLOOR`) are chosen on one set of simulated runs and their coverage is reported on another
-(tests/support/band_calibration.py, docs/scaling_science.md).
+prompt pool that drains); no band can. Calibration out of sample: the constants of part 2 (`KAPPA_Z`,
+`KAPPA_FLOOR`, `FLOOR_SE`) are chosen on one set of simulated runs and their coverage is reported on another
+never used for any choice (tests/support/band_calibration.py, docs/scaling_science.md).
 
 Pure math: arrays in, a dataclass out; no I/O.
 """
@@ -48,11 +49,17 @@ from scalerl_mega.scaling.records import SigmoidFit
 
 Z95 = 1.959963984540054
 """The two-sided 95% normal quantile."""
-KAPPA_Z = 2.75
+KAPPA_Z = 1.0
 """kappa^2 is taken this many standard errors above its estimate (a run's tails are few). Chosen on the design set
-of simulated runs (tests/support/band_calibration.py), checked on a disjoint set."""
-KAPPA_FLOOR = 0.0275
-"""The least misfit of Eq. 1 the band assumes, per unit of log compute beyond the data (chosen with KAPPA_Z)."""
+of simulated runs (tests/support/band_calibration.py), checked on a disjoint set never used for any choice."""
+KAPPA_FLOOR = 0.0
+"""The least misfit of Eq. 1 the band assumes whatever the noise, per unit of log compute beyond the data (chosen
+with KAPPA_Z and FLOOR_SE: 0, the noise-scaled floor suffices)."""
+FLOOR_SE = 2.25
+"""The least misfit slope in units of the run's noise: kappa >= FLOOR_SE x `Band.noise_se` per unit of log compute.
+A misfit of Eq. 1 that the run's own tails cannot show is one below their noise, so a run with less noise (more
+validation samples) is held to a smaller one: the band narrows where the fit is well identified (chosen with
+KAPPA_Z)."""
 B_RANGE = (0.05, 20.0)
 """B values the band considers."""
 CMID_RANGE = (0.05, 1000.0)
@@ -90,7 +97,10 @@ class Band:
     fit_end: float
     """The largest fitted compute."""
     kappa_sums: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    """`kappa_terms`' (num, var, den), from which `with_kappa_z` recomputes the band at another `KAPPA_Z`."""
+    """`kappa_terms`' (num, var, den), from which `with_kappa` recomputes the band at other constants."""
+    noise_se: float = 0.0
+    """The noise SD of one point at the fit's end (binomial sqrt(p (1 - p) / N) at the fit's value there, or the
+    residual SD where N is unknown): the unit of `FLOOR_SE`."""
 
     def rows(self) -> list[dict[str, float]]:
         """`{"compute", "reward", "lo", "hi"}` per target (`scalerl-fit --json`'s `forecast` rows)."""
@@ -100,21 +110,23 @@ class Band:
     def half_width(self) -> np.ndarray:
         return 0.5 * (self.hi - self.lo)
 
-    def with_kappa(self, *, z: float, floor: float) -> Band:
-        """The same band with kappa^2 taken `z` standard errors above its estimate and kappa at least `floor` (how
-        `KAPPA_Z` and `KAPPA_FLOOR` are chosen on simulated runs without refitting them)."""
-        kappa = kappa_bound(*self.kappa_sums, z=z, floor=floor)
+    def with_kappa(self, *, z: float, floor: float, floor_se: float = 0.0) -> Band:
+        """The same band with kappa^2 taken `z` standard errors above its estimate and kappa at least
+        max(`floor`, `floor_se` x `noise_se`) (how `KAPPA_Z`, `KAPPA_FLOOR` and `FLOOR_SE` are chosen on simulated
+        runs without refitting them)."""
+        kappa = kappa_bound(*self.kappa_sums, z=z, floor=max(floor, floor_se * self.noise_se))
         return _combine(self.compute, self.reward, self.param_lo, self.param_hi, kappa=kappa, fit_end=self.fit_end,
-                        kappa_sums=self.kappa_sums)
+                        kappa_sums=self.kappa_sums, noise_se=self.noise_se)
 
 
-def _combine(at, f, p_lo, p_hi, *, kappa: float, fit_end: float, kappa_sums) -> Band:
-    """Parts 1 and 2 in quadrature on each side of the forecast `f`, clipped to [0, 1] (module docstring)."""
+def _combine(at, f, p_lo, p_hi, *, kappa: float, fit_end: float, kappa_sums, noise_se: float) -> Band:
+    """Parts 1 and 2 in quadrature on each side of the forecast `f`, clipped to [0, 1] (module docstring) and
+    always containing `f` (a forecast outside its own band would be a contradiction, whatever the input)."""
     mis = Z95 * kappa * np.maximum(np.log(at / fit_end), 0.0)
-    lo = np.clip(f - np.sqrt((f - p_lo) ** 2 + mis ** 2), 0.0, 1.0)
-    hi = np.clip(f + np.sqrt((p_hi - f) ** 2 + mis ** 2), 0.0, 1.0)
+    lo = np.minimum(np.clip(f - np.sqrt((f - p_lo) ** 2 + mis ** 2), 0.0, 1.0), f)
+    hi = np.maximum(np.clip(f + np.sqrt((p_hi - f) ** 2 + mis ** 2), 0.0, 1.0), f)
     return Band(compute=at, reward=f, lo=lo, hi=hi, param_lo=p_lo, param_hi=p_hi, misspecification=mis, kappa=kappa,
-                fit_end=fit_end, kappa_sums=kappa_sums)
+                fit_end=fit_end, kappa_sums=kappa_sums, noise_se=noise_se)
 
 
 def _expit(z: np.ndarray) -> np.ndarray:
@@ -270,5 +282,6 @@ def forecast_band(compute, reward, *, fit: SigmoidFit, at, n_samples=None) -> Ba
     f = fit.predict(at)
     p_lo, p_hi = np.minimum(p_lo, f), np.maximum(p_hi, f)
     sums = kappa_terms(x, rf, r0, s_fit, noise_var)
-    kappa = kappa_bound(*sums, z=KAPPA_Z, floor=KAPPA_FLOOR)
-    return _combine(at, f, p_lo, p_hi, kappa=kappa, fit_end=float(cf.max()), kappa_sums=sums)
+    se = math.sqrt(float(noise_var[-1]))
+    kappa = kappa_bound(*sums, z=KAPPA_Z, floor=max(KAPPA_FLOOR, FLOOR_SE * se))
+    return _combine(at, f, p_lo, p_hi, kappa=kappa, fit_end=float(cf.max()), kappa_sums=sums, noise_se=se)

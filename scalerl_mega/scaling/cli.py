@@ -39,11 +39,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from scalerl_mega.scaling.band import Band, forecast_band
-from scalerl_mega.scaling.cli_output import compact, json_default, loo_json, print_table, run_row
+from scalerl_mega.scaling.cli_output import (compact, in_units, json_default, loo_in_units, loo_json, print_table,
+                                             run_row, seeds_in_units)
 from scalerl_mega.scaling.fit import FitOptions
 from scalerl_mega.scaling.holdout import HalfFit, half_fit, score_later
 from scalerl_mega.scaling.identify import CUT_FRACTION, Assessment, assess, auto_grid, options_for
-from scalerl_mega.scaling.io import DEVICE_X, GPU_X, METRICS_NAMES
+from scalerl_mega.scaling.io import DEVICE_X, GPU_X, run_label
 from scalerl_mega.suggest import SuggestingArgumentParser
 
 if TYPE_CHECKING:
@@ -59,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
                         "compute_device_hours); in a metrics.jsonl, sum:<key> is the running sum of <key> over "
                         "earlier lines, e.g. sum:batch/tokens (rollout tokens so far)")
     p.add_argument("--y", default="val_pass_rate", help="reward key/column (default val_pass_rate)")
+    p.add_argument("--y-range", type=float, nargs=2, default=None, metavar=("LO", "HI"),
+                   help="the range of --y when it is not a pass rate (default 0 1: a value outside [0, 1] is "
+                        "refused, naming its file and line); the fit, its band and the plot work on "
+                        "(y - LO) / (HI - LO) and print A, R0 and the bands in the metric's units")
     p.add_argument("--label", nargs="*", default=None, help="names for the runs (default: directory/file names)")
     p.add_argument("--domains", action="store_true",
                    help="one curve per validation domain of each run (val/<domain>_pass_rate: e.g. math and "
@@ -174,7 +179,10 @@ def _run(args) -> int:
         bs = bootstrap_seeds([(s.compute, s.reward) for s in series],
                              options=_opts_for(series[0], base, grid, fit_from, args),
                              n_boot=args.bootstrap or 100)
-        seeds = {"per_seed_A": list(bs.per_seed_A), "half_range_A": bs.seed_half_range, "n_ok": bs.n_ok,
+        per_seed = [a.A for a in assessed]  # None where A is not identified: never a number for such a run
+        ident = [v for v in per_seed if v is not None]
+        seeds = {"runs": [s.name for s in series], "per_seed_A": per_seed,
+                 "half_range_A": (max(ident) - min(ident)) / 2.0 if len(ident) >= 2 else None, "n_ok": bs.n_ok,
                  "A": list(bs.A), "B": list(bs.B), "C_mid": list(bs.C_mid), "seed_margin_A": SEED_MARGIN_A}
     loo = None
     if len(series) > 1:
@@ -184,13 +192,19 @@ def _run(args) -> int:
     plots = []
     if args.plot_dir:
         plots = _plots(args, series, assessed, extraps, loo)
+    loo, seeds = loo_in_units(loo, args.y_range), seeds_in_units(seeds, args.y_range)
+    y_note = "" if args.y_range is None else (
+        f"y: {args.y} in [{args.y_range[0]:g}, {args.y_range[1]:g}] (--y-range): fitted as (y - LO) / (HI - LO); "
+        "A, R0, the bands and errors are shown in its units, the identification rule's widths on the 0-1 scale")
     if args.json:
-        print(json.dumps({"grid": desc, "x": args.x, "y": args.y, "x_note": x_note, "runs": rows,
+        print(json.dumps({"grid": desc, "x": args.x, "y": args.y, "y_range": args.y_range, "x_note": x_note,
+                          "runs": rows,
                           "not_fitted": not_fitted, "forecast_method": FORECAST_METHOD, "loo": loo_json(loo),
                           "seeds": seeds, "plots": [str(p) for p in plots]}, indent=2, default=json_default))
     else:
-        if x_note:
-            print(x_note)
+        for note in (x_note, y_note):
+            if note:
+                print(note)
         print_table(desc, rows, loo, plots, seeds, not_fitted=not_fitted)
     return 0
 
@@ -218,7 +232,7 @@ def _fit_one(s: Series, args, *, base: FitOptions, grid: str,
         row["forecast"] = [{**r, **({"observed": observed[r["compute"]]} if r["compute"] in observed else {})}
                            for r in band.rows()]
         row["forecast_kappa"] = band.kappa
-    return row, a, ex
+    return in_units(row, args.y_range), a, ex
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -283,7 +297,7 @@ def _read_all(args) -> tuple[list[Series], list[tuple[str, str, str]]]:
     series, failed = [], []
     for k, p in enumerate(args.paths):
         q = Path(p)
-        name = labels[k] if labels else q.parent.name if q.name in METRICS_NAMES else q.stem if q.is_file() else q.name
+        name = labels[k] if labels else run_label(q)
         try:
             got = _read_path(p, args, label=labels[k] if labels else None)
         except ValueError as e:
@@ -297,20 +311,34 @@ def _read_all(args) -> tuple[list[Series], list[tuple[str, str, str]]]:
                                f"{s.source}: every {s.x_key} is 0 ({s.compute.size} points): {hint}"))
             else:
                 series.append(s)
-    return series, failed
+    return _distinct(series), failed
+
+
+def _distinct(series: list[Series]) -> list[Series]:
+    """The curves with distinct names: a name two runs share (two `demo/seed0` in different output directories)
+    gets its file's folder appended, so tables and legends tell them apart."""
+    names = [s.name for s in series]
+    return [replace(s, name=f"{s.name} ({Path(s.source).parent})") if names.count(s.name) > 1 else s
+            for s in series]
 
 
 def _read_path(p, args, *, label: str | None) -> list[Series]:
-    from scalerl_mega.scaling.io import domain_keys, read_series
+    """The curves of one path, each checked against the reward range (`io.check_range`) and mapped onto [0, 1]
+    (`io.to_unit_range`) when `--y-range` declares another."""
+    from scalerl_mega.scaling.io import check_range, domain_keys, read_series, to_unit_range
 
     if not args.domains:
-        return [read_series(p, x=args.x, y=args.y, name=label)]
-    keys = domain_keys(p)
-    if not keys:
-        raise ValueError(f"{p}: --domains found no val/<domain>_pass_rate key")
-    base_name = label or read_series(p, x=args.x, y=keys[0]).name
-    return [read_series(p, x=args.x, y=key, name=f"{base_name}/{key[len('val/'):-len('_pass_rate')]}")
-            for key in keys]
+        got = [read_series(p, x=args.x, y=args.y, name=label)]
+    else:
+        keys = domain_keys(p)
+        if not keys:
+            raise ValueError(f"{p}: --domains found no val/<domain>_pass_rate key")
+        base_name = label or read_series(p, x=args.x, y=keys[0]).name
+        got = [read_series(p, x=args.x, y=key, name=f"{base_name}/{key[len('val/'):-len('_pass_rate')]}")
+               for key in keys]
+    for s in got:
+        check_range(s, args.y_range)
+    return got if args.y_range is None else [to_unit_range(s, args.y_range) for s in got]
 
 
 def _plots(args, series, assessed, extraps, loo=None) -> list[Path]:
@@ -322,14 +350,15 @@ def _plots(args, series, assessed, extraps, loo=None) -> list[Path]:
               "sum:batch/tokens": "Rollout tokens trained on (cumulative)"}.get(args.x, args.x)
     ylabel = {"val_pass_rate": "Validation pass rate"}.get(args.y, args.y)
     written = []
-    curves = [CurvePlot(label=s.name, compute=s.compute, reward=s.reward, fit=a.fit, assessment=a)
+    yr = None if args.y_range is None else tuple(args.y_range)
+    curves = [CurvePlot(label=s.name, compute=s.compute, reward=s.reward, fit=a.fit, assessment=a, y_range=yr)
               for s, a in zip(series, assessed)]
     written += plot_scaling(curves, path=out_dir / "scaling.png", xlabel=xlabel, ylabel=ylabel)
     for s, ex in zip(series, extraps):
         if ex is None or ex.later is None:
             continue
         cv = CurvePlot(label=s.name, compute=s.compute, reward=s.reward, fit=ex.half.assessment.fit,
-                       heldout_from=ex.half.half_compute)
+                       heldout_from=ex.half.half_compute, y_range=yr)
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in s.name)
         kind = "forecast" if ex.later["forecast"] else "unvetted fit (A not identified)"
         written += plot_scaling([cv], path=out_dir / f"extrapolation_{safe}.png", xlabel=xlabel, ylabel=ylabel,
@@ -339,7 +368,8 @@ def _plots(args, series, assessed, extraps, loo=None) -> list[Path]:
         loo_curves = [CurvePlot(label=s.name, compute=s.compute, reward=s.reward,
                                 fit=replace(r.fixed, B=r.B, C_mid=r.C_mid))
                       for s, r in zip(series, loo.runs) if r.fixed is not None]
-        written += plot_loo(loo_curves, path=out_dir / "loo.png", title=f"common A = {loo.A_mean:.4f}")
+        a_mean = curves[0].units(loo.A_mean)  # log F(R) itself is the same on either scale
+        written += plot_loo(loo_curves, path=out_dir / "loo.png", title=f"common A = {a_mean:.4f}")
     else:
         ident = [cv for cv in curves if cv.assessment.identified]
         if ident:
@@ -347,9 +377,21 @@ def _plots(args, series, assessed, extraps, loo=None) -> list[Path]:
     return written
 
 
+def _check_args(args) -> None:
+    """What the command line alone refuses, before any run is read or fitted."""
+    if args.y_range is not None:
+        lo, hi = args.y_range
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ValueError(f"--y-range needs two finite numbers LO < HI, got {lo:g} {hi:g}")
+    if args.same_config and len(args.paths) < 2:
+        raise ValueError(f"--same-config compares seeds of one config: it needs at least 2 runs, got "
+                         f"{len(args.paths)} ({args.paths[0]})")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        _check_args(args)
         return _run(args)
     except ValueError as e:
         print(f"scalerl-fit: error: {e}", file=sys.stderr)

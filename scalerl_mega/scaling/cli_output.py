@@ -58,6 +58,79 @@ def json_default(o):
     raise TypeError(type(o).__name__)
 
 
+def _text_verdict(identified: bool, A, interval, reason: str) -> str:
+    """`identify.verdict_text` from a row's (converted) fields."""
+    iv = f"95% interval {interval[0]:.3f}..{interval[1]:.3f}"
+    return f"A = {A:.3f} ({iv})" if identified else f"A not identified ({iv}): {reason}"
+
+
+ON_UNIT_SCALE = "on the 0-1 scale of --y-range: "
+"""Prefix of the identification reasons under `--y-range`: their values and widths are on the fitted scale."""
+
+
+def in_units(row: dict, y_range) -> dict:
+    """A run's row (`run_row`, fitted on (y - LO) / (HI - LO) under `scalerl-fit --y-range LO HI`) with every
+    reward-valued field back in the metric's units: values map as LO + (HI - LO) v, errors and widths scale by
+    HI - LO, squared errors by its square; ratios, computes and B are unchanged. `y_range` None or (0, 1): the row."""
+    if y_range is None or tuple(y_range) == (0.0, 1.0):
+        return row
+    lo, w = float(y_range[0]), float(y_range[1]) - float(y_range[0])
+
+    def aff(v):
+        return None if v is None else [aff(u) for u in v] if isinstance(v, list) else lo + w * v
+
+    def sc(v):
+        return None if v is None else w * v
+
+    row = {**row, "A": aff(row["A"]), "R0": aff(row["R0"]), "A_interval": aff(row["A_interval"]),
+           "sse": w * w * row["sse"]}
+    row["reason"] = f"{ON_UNIT_SCALE}{row['reason']}" if row["reason"] else ""
+    row["verdict"] = _text_verdict(row["identified"], row["A"], row["A_interval"], row["reason"])
+    if "forecast" in row:
+        row["forecast"] = [{k: aff(v) if k != "compute" else v for k, v in f.items()} for f in row["forecast"]]
+    if "refined" in row:
+        row["refined"] = {**row["refined"], "A": aff(row["refined"]["A"]), "sse": w * w * row["refined"]["sse"]}
+    if "misfit_check" in row:
+        m = row["misfit_check"]
+        row["misfit_check"] = {**m, "mae": sc(m["mae"]), "noise_floor": sc(m["noise_floor"])}
+    if "bootstrap_points" in row:
+        row["bootstrap_points"] = {**row["bootstrap_points"], "A": aff(row["bootstrap_points"]["A"])}
+    if "holdout" in row:
+        h = dict(row["holdout"])
+        h.update(A=aff(h["A"]), A_interval=aff(h["A_interval"]), delta_A=sc(h["delta_A"]))
+        h["verdict"] = _text_verdict(h["identified"], h["A"], h["A_interval"],
+                                     ON_UNIT_SCALE + h["verdict"].split(": ", 1)[-1])
+        if h.get("later"):
+            h["later"] = {**h["later"], **{k: sc(h["later"][k]) for k in ("mae", "noise_floor", "bias")}}
+        fp = h["final_points"]
+        h["final_points"] = {**fp, "observed": aff(fp["observed"]), "predicted": aff(fp["predicted"]),
+                             **{k: sc(fp[k]) for k in ("mae", "noise_floor", "unvetted_mae")}}
+        row["holdout"] = h
+    return row
+
+
+def loo_in_units(loo, y_range):
+    """The leave-one-out comparison (`compare.compare_loo`, made on the 0-1 scale of `--y-range LO HI`) with its
+    A values, offsets and margin in the metric's units (`in_units`); `y_range` None or (0, 1): `loo`."""
+    if loo is None or y_range is None or tuple(y_range) == (0.0, 1.0):
+        return loo
+    from dataclasses import replace
+
+    lo, w = float(y_range[0]), float(y_range[1]) - float(y_range[0])
+    runs = tuple(replace(r, fit=replace(r.fit, A=lo + w * r.fit.A), A_offset=w * r.A_offset) for r in loo.runs)
+    return replace(loo, A_mean=lo + w * loo.A_mean, margin=w * loo.margin, runs=runs)
+
+
+def seeds_in_units(seeds: dict | None, y_range) -> dict | None:
+    """`--same-config`'s seed summary in the metric's units (`in_units`)."""
+    if seeds is None or y_range is None or tuple(y_range) == (0.0, 1.0):
+        return seeds
+    lo, w = float(y_range[0]), float(y_range[1]) - float(y_range[0])
+    return {**seeds, "per_seed_A": [None if a is None else lo + w * a for a in seeds["per_seed_A"]],
+            "half_range_A": None if seeds["half_range_A"] is None else w * seeds["half_range_A"],
+            "A": [lo + w * a for a in seeds["A"]], "seed_margin_A": w * seeds["seed_margin_A"]}
+
+
 def run_row(s, a, ex, ex_note) -> dict:
     f = a.fit
     row = {
@@ -70,7 +143,7 @@ def run_row(s, a, ex, ex_note) -> dict:
                                "mae": h.mae, "noise_floor": h.noise_floor, "ratio": h.ratio,
                                "noise_source": h.noise_source, "passed": h.passed}
     if f.refined is not None:
-        row["refined"] = {"A": f.refined.A, "B": f.refined.B, "C_mid": f.refined.C_mid, "sse": f.refined.sse,
+        row["refined"] = {"A": f.refined.A if a.identified else None, "B": f.refined.B, "C_mid": f.refined.C_mid, "sse": f.refined.sse,
                           "differs": f.refined.differs}
     if ex is not None:
         h, first = ex.half, ex.half.assessment
@@ -116,7 +189,8 @@ def print_table(desc, rows, loo, plots, seeds=None, *, not_fitted=()) -> None:
                          "intervals understate seed variance")
         if "refined" in r:
             q = r["refined"]
-            notes.append(f"{r['run']}: continuous refit A={q['A']:.4f} B={q['B']:.3f} C_mid={q['C_mid']:.4g}"
+            a_text = "A not identified" if q["A"] is None else f"A={q['A']:.4f}"
+            notes.append(f"{r['run']}: continuous refit {a_text} B={q['B']:.3f} C_mid={q['C_mid']:.4g}"
                          + (" (differs from the grid optimum)" if q["differs"] else ""))
         if ex:
             notes.append(f"{r['run']}: fit on compute <= {compact(ex['split_compute'])} (the first "
@@ -137,9 +211,13 @@ def print_table(desc, rows, loo, plots, seeds=None, *, not_fitted=()) -> None:
     for n in notes:
         print("  " + n)
     if seeds is not None:
-        per = ", ".join(f"{a:.3f}" for a in seeds["per_seed_A"])
-        print(f"seeds of one config: A per seed {per}; half-range {seeds['half_range_A']:.4f} "
-              f"(paper: <= 0.015, margin {seeds['seed_margin_A']:g}); seed-bootstrap A "
+        per = ", ".join(f"{name} {'not identified' if a is None else format(a, '.3f')}"
+                        for name, a in zip(seeds["runs"], seeds["per_seed_A"]))
+        n_ident = sum(a is not None for a in seeds["per_seed_A"])
+        half = (f"half-range {seeds['half_range_A']:.4f} (paper: <= 0.015, margin {seeds['seed_margin_A']:g})"
+                if seeds["half_range_A"] is not None else
+                f"no half-range: A identified for {n_ident} of {len(seeds['per_seed_A'])} runs (needs 2)")
+        print(f"seeds of one config: A per seed: {per}; {half}; seed-bootstrap interval of the pooled fit's A "
               f"{seeds['A'][0]:.3f}..{seeds['A'][1]:.3f} (n={seeds['n_ok']})")
     for r in rows:
         print_forecast(r)

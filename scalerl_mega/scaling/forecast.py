@@ -118,6 +118,7 @@ def _range(band: Band, k: int) -> str:
 
 
 PLAIN_REASONS = (
+    ("no rise", "the reward has not risen above its noise yet"),
     ("points after the cut", "too few validation points yet"),
     ("data stop before C_mid", "the curve has not bent over yet"),
     ("of its gain", "the curve has not bent over yet"),

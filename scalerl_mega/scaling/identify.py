@@ -20,6 +20,9 @@ A fit of Eq. 1 (paper Sec. 2.1, App. A.5) reports A as a number only when all of
    sqrt(2/pi) x mean binomial SE sqrt(p (1 - p) / N) of the held-out points (p: the full fit's value,
    N: validation samples per point, `val_prompts x val_samples_per_prompt` of each validation line).
    When N is unknown the residual std of the full fit stands in (and the reason says so).
+5. **A rise** (`no_rise`): the points from R0 to the fit's end are not all their mean within noise. A flat curve
+   gets the plain reason "no rise: reward constant within noise" instead of condition 3's notes (where a curve
+   stands relative to a C_mid or a gain it never showed says nothing).
 
 Otherwise the output says "not identified" with every failed condition, still gives the interval, and
 gives no point value of A and no predicted reward at a larger budget (`Assessment.A` is None).
@@ -224,6 +227,36 @@ def _r0_band(c, r, fit: SigmoidFit, options: FitOptions, n_samples, z: float) ->
     return [fit.R0 - z * se, fit.R0 + z * se]
 
 
+FLAT_LEVEL = 0.95
+"""A curve whose points (from R0 to the fit's end) a constant explains at this level is flat: "no rise"."""
+
+
+def no_rise(c: np.ndarray, r: np.ndarray, *, fit: SigmoidFit, n_samples=None, level: float = FLAT_LEVEL) -> str:
+    """"" when the run rises, else the reason in plain words: every point from the first to the fit's end (R0
+    included: a curve that has reached its ceiling still rose to it) is its mean within noise. With the samples
+    per point known, a chi-square test of the constant against the binomial noise; without, an F-test of Eq. 1
+    (3 parameters) against the constant on the same points."""
+    from scipy import stats
+
+    keep = c <= (fit.compute_range[1] if fit.fit_to is not None else np.inf)
+    x, y = c[keep], r[keep]
+    if y.size < 4:
+        return ""
+    mean = float(y.mean())
+    sse0 = float(np.sum((y - mean) ** 2))
+    if n_samples is not None:
+        ns = np.broadcast_to(np.asarray(n_samples, dtype=np.float64), c.shape)[keep]
+        var = np.clip(mean * (1.0 - mean), 0.25 / ns, None) / ns
+        if float(np.sum((y - mean) ** 2 / var)) > stats.chi2.ppf(level, y.size - 1):
+            return ""
+        return (f"no rise: reward constant within noise ({y.size} points at {mean:.3f} +- "
+                f"{float(np.std(y)):.3f}, as {float(ns.mean()):.0f} samples a point give)")
+    sse1 = float(np.sum((y - fit.predict(x)) ** 2))
+    if y.size <= 3 or sse1 <= 0 or ((sse0 - sse1) / 2.0) / (sse1 / (y.size - 3)) > stats.f.ppf(level, 2, y.size - 3):
+        return ""
+    return f"no rise: reward constant within noise ({y.size} points at {mean:.3f} +- {float(np.std(y)):.3f})"
+
+
 def assess(compute, reward, *, options: FitOptions, n_samples=None, min_points: int = MIN_POINTS,
            max_width: float = MAX_A_WIDTH, holdout_fraction: float = HOLDOUT_FRACTION,
            misfit_ratio: float = MISFIT_RATIO, r0_z: float = R0_Z) -> Assessment:
@@ -244,7 +277,10 @@ def assess(compute, reward, *, options: FitOptions, n_samples=None, min_points: 
     if n < min_points:
         cut = "-" if options.fit_from is None else f"{options.fit_from:.4g}"
         reasons.append(f"{n} points after the cut (fit from {cut}; need >= {min_points})")
-    if not fit.identified:  # its grid-only profile-range note is superseded by the interval check below
+    flat = no_rise(c, r, fit=fit, n_samples=n_samples)
+    if flat:  # where the curve stands relative to C_mid or its gain says nothing about a curve that does not rise
+        reasons.append(flat)
+    elif not fit.identified:  # its grid-only profile-range note is superseded by the interval check below
         own = [x for x in fit.reason.split("; ") if x and not x.startswith("A's 95% profile range")]
         reasons += own
     ho = None

@@ -27,7 +27,8 @@ import gzip
 import json
 import lzma
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -229,9 +230,31 @@ def read_series(path: str | Path, *, x: str = "compute_gpu_hours", y: str = "val
             )
     if xs[0] < 0:
         raise ValueError(f"{p}:{lines[0]}: {x} = {xs[0]:g} is negative")
-    label = name or (Path(path).name if Path(path).is_dir() else p.stem if p.name not in METRICS_NAMES else p.parent.name)
+    label = name or run_label(path)
     return Series(name=label, source=str(p), x_key=x, y_key=y, compute=np.asarray(xs, dtype=np.float64),
                   reward=np.asarray(ys, dtype=np.float64), lines=np.asarray(lines, dtype=np.int64), n_samples=ns)
+
+
+RUN_CONFIG = "run_config.yaml"
+"""The resolved config a run writes into its directory (run_dir.py): its `run_name:` and `seed:` lines name the run."""
+
+
+def run_label(path: str | Path) -> str:
+    """A run's name for tables and legends: `<run_name>/seed<seed>` from the run's `run_config.yaml` when it has
+    one; else `<parent>/<dir>` for a directory named seed<N> (two runs' `seed0` folders differ by their parent);
+    else the directory's name, or the file's stem for a file that is not a run's metrics file."""
+    p = Path(path)
+    d = p if p.is_dir() else p.parent if p.name in METRICS_NAMES else None
+    if d is None:
+        return p.stem
+    cfg = d / RUN_CONFIG
+    if cfg.is_file():
+        found = dict(re.findall(r"^(run_name|seed): *['\"]?([^'\"\n#]*?)['\"]? *$", cfg.read_text(encoding="utf-8"),
+                                flags=re.M))
+        if found.get("run_name") and found.get("seed", "").isdigit():
+            return f"{found['run_name']}/seed{found['seed']}"
+    d = d.resolve()
+    return f"{d.parent.name}/{d.name}" if re.fullmatch(r"seed\d+", d.name) else d.name
 
 
 def domain_keys(path: str | Path) -> list[str]:
@@ -270,3 +293,30 @@ def auto_x(paths, *, y: str = "val_pass_rate") -> tuple[str, str]:
         if float(s.compute.max()) > 0:
             return GPU_X, f"x axis: {GPU_X} (--x auto: {s.name} logged GPU-hours)"
     return DEVICE_X, f"x axis: {DEVICE_X} (--x auto: no run logged GPU-hours, e.g. CPU runs)"
+
+
+PASS_RATE_RANGE = (0.0, 1.0)
+"""The range of a pass rate: Eq. 1's asymptote, its band and the binomial noise model all live in it."""
+
+
+def check_range(s: Series, y_range: tuple[float, float] | None = None) -> None:
+    """ValueError naming the file, line and value of the first reward outside `y_range` (default: a pass rate's
+    [0, 1]); a metric with another range (e.g. a mean reward in [-1, 1]) is declared with `scalerl-fit --y-range`."""
+    lo, hi = PASS_RATE_RANGE if y_range is None else y_range
+    bad = np.flatnonzero((s.reward < lo) | (s.reward > hi))
+    if bad.size:
+        k = int(bad[0])
+        declare = ("a pass rate is in [0, 1]; declare another metric's range with --y-range LO HI" if y_range is None
+                   else "outside the range declared with --y-range")
+        raise ValueError(f"{s.source}:{int(s.lines[k])}: {s.y_key} = {s.reward[k]:g} is outside [{lo:g}, {hi:g}] "
+                         f"({declare}; {bad.size} of {s.reward.size} points outside)")
+
+
+def to_unit_range(s: Series, y_range: tuple[float, float]) -> Series:
+    """`s` with its rewards mapped affinely from `y_range` onto [0, 1], the scale Eq. 1, its band and its grids
+    work on; the binomial sample counts are dropped (they describe a pass rate, not another metric). A pass rate's
+own range returns `s` unchanged."""
+    lo, hi = y_range
+    if (lo, hi) == PASS_RATE_RANGE:
+        return s
+    return replace(s, reward=(s.reward - lo) / (hi - lo), n_samples=None)

@@ -42,6 +42,13 @@ class CurvePlot:
     band: Band | None = None
     """The 95% forecast band (`scaling.band`) over its computes beyond the fitted data: drawn shaded, with the
     forecast dashed, whether or not A is identified."""
+    y_range: tuple[float, float] | None = None
+    """`scalerl-fit --y-range LO HI`: `reward` and `fit` are on (y - LO) / (HI - LO); the y axis and the legend's
+    A values are labelled in the metric's units LO + (HI - LO) v."""
+
+    def units(self, v: float) -> float:
+        """A value of the fitted 0-1 scale in the metric's units."""
+        return v if self.y_range is None else self.y_range[0] + (self.y_range[1] - self.y_range[0]) * v
 
 
 def short_number(v: float) -> str:
@@ -120,6 +127,10 @@ def scaling_figure(curves: Sequence[CurvePlot], *, title: str | None = None, xla
         _log_ticks(ax)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
+    if curves[0].y_range is not None:  # drawn on the fitted 0-1 scale, labelled in the metric's units
+        from matplotlib.ticker import FuncFormatter
+
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{curves[0].units(v):.3g}"))
     if title:
         ax.set_title(title)
     ax.grid(True, which="major", alpha=0.3)
@@ -142,14 +153,15 @@ def _draw_curve(ax, cv: CurvePlot, *, color: str, c_min: float, c_max: float, lo
     xs_in = np.geomspace(lo, hi, 200) if lo > 0 else np.linspace(lo, hi, 200)
     a = cv.assessment
     identified = f.identified if a is None else a.identified
+    u = cv.units
     if identified:
-        label = f"{cv.label}: A={f.A:.3f}, B={f.B:.2f}, C_mid={f.C_mid:.4g}"
+        label = f"{cv.label}: A={u(f.A):.3f}, B={f.B:.2f}, C_mid={f.C_mid:.4g}"
     else:
         label = f"{cv.label}: A not identified"
     if a is not None:
         a_lo, a_hi = a.A_interval
-        label = label.replace(f"A={f.A:.3f}", f"A={f.A:.3f} [{a_lo:.3f}, {a_hi:.3f}]") if identified else \
-            f"{label} (95% interval {a_lo:.3f}..{a_hi:.3f})"
+        label = label.replace(f"A={u(f.A):.3f}", f"A={u(f.A):.3f} [{u(a_lo):.3f}, {u(a_hi):.3f}]") if identified \
+            else f"{label} (95% interval {u(a_lo):.3f}..{u(a_hi):.3f})"
         ax.axhspan(a_lo, a_hi, color=color, alpha=0.12, lw=0, zorder=1)
         if a.fit_from is not None and (a.fit_from > 0 or not log_x):
             ax.axvline(a.fit_from, color=color, lw=0.9, ls=":", alpha=0.8, zorder=2,

@@ -115,3 +115,35 @@ def test_the_runs_own_budget_is_its_planned_end():
     fixed.add(0.0, 0.1, step=0)
     fixed.add(0.05, 0.3, step=20)
     assert fixed.live.budget == 3.0 and fixed.unit == "GPU-hours"
+
+
+def test_the_readme_says_when_the_first_live_forecast_appears():
+    """README: the demo prints a forecast "at every validation from the Nth on (`forecast.min_points`)". The live
+    forecaster (train.AutoBudgetForecaster) fed the committed demo run's validation points with the demo's
+    forecast.min_points answers None before the Nth point and a forecast at the Nth and every later one."""
+    import json
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from scalerl_mega.config.run import ForecastConfig
+    from scalerl_mega.train import AutoBudgetForecaster
+
+    root = Path(__file__).resolve().parents[2]
+    m = re.search(r"at every\s+validation from the (\d+)(?:st|nd|rd|th) on \(`forecast\.min_points`",
+                  (root / "README.md").read_text())
+    assert m, "README no longer says when the first forecast appears"
+    first = int(m.group(1))
+    demo = yaml.safe_load((root / "conf" / "experiment" / "demo.yaml").read_text())
+    assert demo["forecast"]["min_points"] == first
+    import lzma
+
+    with lzma.open(root / "tests" / "fixtures" / "demo_run" / "metrics.jsonl.xz", "rt") as fh:
+        points = [json.loads(line) for line in fh]
+    points = [p for p in points if p["kind"] == "validation"][:first + 2]  # before, at and after the first
+    live = AutoBudgetForecaster(ForecastConfig(min_points=first), total_steps=80)
+    outs = [live.add(p["compute_device_hours"], p["val_pass_rate"], p["val_prompts"] * p["val_samples_per_prompt"],
+                     step=p["step"]) for p in points]
+    assert [o is not None for o in outs] == [k + 1 >= first for k in range(len(points))]
+    assert all(o.ok for o in outs[first - 1:])
