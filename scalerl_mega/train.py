@@ -467,13 +467,24 @@ def main() -> None:
 
     from scalerl_mega.config import register_configs
 
-    from scalerl_mega.run_dir import config_or_exit, precheck_overrides
+    from scalerl_mega.compose import compose_run_node
+    from scalerl_mega.output_dir import follow_output_dir
+    from scalerl_mega.run_dir import config_error_exit, config_or_exit, precheck_overrides
 
     register_configs()
     precheck_overrides(sys.argv[1:])  # a bad override or a misspelled name: one line, exit 2
-    validate_only = "--validate" in sys.argv[1:]  # compose + every compose-time check, then exit
-    if validate_only:
-        sys.argv.remove("--validate")
+    validate_only = "--validate" in sys.argv[1:]  # every check the run makes before its first step, then exit
+    argv = [a for a in sys.argv[1:] if a != "--validate"]
+    try:
+        argv = follow_output_dir(argv)  # output_dir=X: train.log and .hydra/ go to X as well
+    except ValueError as exc:
+        config_error_exit(exc)
+    if validate_only and not any(a.startswith("-") for a in argv):
+        # composed as Hydra composes the run, with the run's folder as output_dir; Hydra's job (which creates that
+        # folder, its train.log and .hydra/) never starts, so --validate writes nothing
+        config_or_exit(compose_run_node(argv), validate_only=True)
+        return
+    sys.argv[1:] = argv
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
     def _entry(cfg) -> None:
