@@ -9,7 +9,7 @@ TEST_ARGS ?= -n 2 --dist loadfile
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup test test-compat test-slow test-slurm test-sglang sglang-rl-compare test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-real reproduce \
+.PHONY: help setup test test-compat test-slow test-slurm test-sglang sglang-env sglang-rl-compare test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-real reproduce \
 	reproduce-sweep reproduce-analysis bench clean
 
 help:
@@ -23,6 +23,7 @@ help:
 	@echo "  test-compat        Megatron, conversion, checkpoint, multi-rank, loop tests on Python 3.12 + newest releases; the GPU kit rehearsed on the GPU wheel set"
 	@echo "  test-slow          the long tests (multi-rank, kill-and-resume, conversions at size)"
 	@echo "  test-sglang        against a real SGLang 0.5.23 server on CPU (its own .venv-sglang)"
+	@echo "  sglang-env         SGLang 0.5.23's own environment in .venv-sglang (rollout=sglang's servers)"
 	@echo "  test-slurm         against a real single-node Slurm (needs root and apt)"
 	@echo "  test-gpu           the GPU suite (on a machine with one NVIDIA GPU; GPU_PY=python3)"
 	@echo ""
@@ -111,6 +112,9 @@ test-slurm: setup
 # tests; each test module launches its real server(s) and stops their process groups before it ends.
 SGLANG_VENV   := .venv-sglang
 SGLANG_MODELS := build/sglang-models
+
+sglang-env:
+	./.ci/sglang_env.sh $(SGLANG_VENV)
 
 test-sglang: setup
 	./.ci/sglang_env.sh $(SGLANG_VENV)

@@ -424,24 +424,30 @@ def sglang_route_layout(cfg: TrainConfig):
                        moe_layers=tuple(i for i in range(m.num_layers) if m.is_moe_layer(i)))
 
 
-def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
-    """SGLang servers (one per engine, consecutive ports) and the client engine over them; with
-    `rollout.engine_urls` set, attach to those running servers instead (e.g. the generator job steps
-    of slurm/common.sh) -- the loop pushes the trainer's weights before the first request."""
-    from scalerl_mega.model.hf_export import hf_config_from_model
-    from scalerl_mega.rollout.local import LocalModelSpec
-    from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
-    from scalerl_mega.trainer.megatron.parallel import world_size_from_env
-
+def check_sglang_model(cfg: TrainConfig) -> tuple[str, dict]:
+    """The served model's HF (arch, config kwargs); ValueError for a model SGLang would load differently."""
     from scalerl_mega.convert.hf_layout import CAUSAL, sglang_warnings
     from scalerl_mega.model.archs import arch_of
+    from scalerl_mega.model.hf_export import hf_config_from_model
 
-    pause = pause_mode(cfg.off_policy)
-    routes = sglang_route_layout(cfg)
     arch, hf_kwargs = hf_config_from_model(cfg.model)
     if arch == "qwen3_moe" and (bad := sglang_warnings(CAUSAL, {"model_type": arch_of(arch).model_type, **hf_kwargs})):
         raise ValueError(f"model '{cfg.model.name}' with rollout.engine=sglang: {'; '.join(bad)}; use "
                          "model.tie_embeddings=false and no model.moe_dense_layers / moe_layer_freq 1 with SGLang")
+    return arch, hf_kwargs
+
+
+def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
+    """SGLang servers (one per engine, consecutive ports) and the client engine over them; with
+    `rollout.engine_urls` set, attach to those running servers instead (e.g. the generator job steps
+    of slurm/common.sh) -- the loop pushes the trainer's weights before the first request."""
+    from scalerl_mega.rollout.local import LocalModelSpec
+    from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
+    from scalerl_mega.trainer.megatron.parallel import world_size_from_env
+
+    pause = pause_mode(cfg.off_policy)
+    routes = sglang_route_layout(cfg)
+    arch, hf_kwargs = check_sglang_model(cfg)
     served = LocalModelSpec(arch=arch, config=hf_kwargs)  # its names/shapes: every push is checked before sending
     if cfg.rollout.engine_urls:
         backend = "nccl" if cfg.cluster.device == "cuda" else "gloo"

@@ -104,6 +104,41 @@ def compose_node(overrides: list[str]) -> DictConfig:
         GlobalHydra.instance().clear()
 
 
+def run_dir_of(overrides: list[str]) -> str:
+    """The folder the run of `scalerl-train OVERRIDES` writes to: `output_dir=`, else `hydra.run.dir=` (as given),
+    else conf/train.yaml's `hydra.run.dir` (`outputs/<run_name>/seed<seed>`) for these overrides."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from scalerl_mega.config import register_configs
+    from scalerl_mega.output_dir import RUN_DIR_KEY, override_value
+
+    for key in ("output_dir", RUN_DIR_KEY):
+        given = override_value(overrides, key)
+        if given is not None:
+            return given
+    register_configs()
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            node = compose(config_name=CONFIG_NAME, overrides=kept, return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+    return str(OmegaConf.select(node, RUN_DIR_KEY))
+
+
+def compose_run_node(overrides: list[str]) -> DictConfig:
+    """`compose_node` for the run of `scalerl-train OVERRIDES` as it would be launched: its `output_dir` is the
+    run's folder (`run_dir_of`), not '.', so that `--validate` checks the run directory the run would use."""
+    from scalerl_mega.output_dir import override_value
+
+    if override_value(overrides, "output_dir") is None:
+        overrides = [*overrides, f"output_dir={run_dir_of(overrides)}"]
+    return compose_node(overrides)
+
+
 def compose(overrides: list[str], *, preflight: bool = True, machine: bool = False) -> TrainConfig:
     """The validated TrainConfig of `scalerl-train OVERRIDES` (`compose_node`, then `from_node`)."""
     return from_node(compose_node(overrides), preflight=preflight, machine=machine)

@@ -202,6 +202,8 @@ def reward_error_metrics(groups: Sequence[Group]) -> dict[str, object]:
 
 def check_reward_errors(groups: Sequence[Group], *, stop_error_rate: float, where: str) -> None:
     """`RewardErrorStop` when at least `stop_error_rate` of the samples of `groups` failed to score."""
+    from scalerl_mega.output_dir import in_log_file
+
     counts, n = reward_error_counts(groups)
     errors = sum(counts.values())
     if not n or not errors or errors / n < stop_error_rate:
@@ -211,5 +213,5 @@ def check_reward_errors(groups: Sequence[Group], *, stop_error_rate: float, wher
     kinds = f" ({len(counts)} distinct errors)" if len(counts) > 1 else ""
     raise RewardErrorStop(
         f"reward error: {share} samples of {where or 'a step'} failed to score{kinds}, e.g. {first.removeprefix('error: ')}; "
-        f"the first traceback of each error is logged above and in the run's train.log. Fix the reward function, "
+        f"the first traceback of each error is {in_log_file()}. Fix the reward function, "
         f"or set reward.stop_error_rate=null to train on (reward.stop_error_rate={stop_error_rate:g})")

@@ -182,9 +182,10 @@ def precheck_overrides(argv: list[str]) -> None:
         config_error_exit(exc)
 
 
-def config_or_exit(cfg: TrainConfig, *, validate_only: bool = False):
-    """`scalerl-train`'s front door: the validated TrainConfig with the run directory checked, or a
-    one-line `config error: ...` on stderr and exit code 2 (no traceback)."""
+def config_or_exit(cfg: TrainConfig, *, validate_only: bool = False) -> TrainConfig:
+    """`scalerl-train`'s front door: the validated TrainConfig with the run directory checked (and, unless
+    `validate_only`, recorded there and announced), or a one-line `config error: ...` on stderr and exit code 2
+    (no traceback). `--validate` then runs the run's start checks (train.validate_or_exit)."""
     import logging
 
     from scalerl_mega.compose import from_node
@@ -199,12 +200,14 @@ def config_or_exit(cfg: TrainConfig, *, validate_only: bool = False):
         log.warning("resume=force: resuming under a config that differs in %s", "; ".join(diffs))
     if not validate_only and not config.dry_run and os.environ.get("RANK", "0") == "0":
         print(start_banner(config), flush=True)  # before the heavy imports: the first line comes in seconds
-    if validate_only:
-        n = config.model.num_params()
-        print(f"config OK: model {model_label(config)} ({n['total'] / 1e6:.1f}M parameters), data={data_label(config)}, "
-              f"loss={config.loss.name}, reward={config.reward.name}, output_dir={config.output_dir}", flush=True)
-        return None
     return config
+
+
+def config_ok_line(config: TrainConfig) -> str:
+    """What `scalerl-train --validate` prints when every check passed."""
+    n = config.model.num_params()
+    return (f"config OK: model {model_label(config)} ({n['total'] / 1e6:.1f}M parameters), data={data_label(config)}, "
+            f"loss={config.loss.name}, reward={config.reward.name}, output_dir={config.output_dir}")
 
 
 def start_banner(config: TrainConfig) -> str:

@@ -44,6 +44,12 @@ def sft_batch(pairs: Sequence[tuple[list[int], list[int]]], *, pad_id: int = 0) 
                     targets_BT=targets, loss_mask_BT=mask)
 
 
+def check_sft_batch(batch_size: int, *, num_examples: int) -> None:
+    """A warm-start batch draws `batch_size` distinct examples of the `num_examples`."""
+    if batch_size < 1 or batch_size > num_examples:
+        raise ValueError(f"sft.batch_size={batch_size} must be in [1, {num_examples}] (number of SFT examples)")
+
+
 def warm_start(trainer: MegatronPolicyTrainer, examples: Sequence[tuple[list[int], list[int]]], *, steps: int, batch_size: int,
                lr: float, warmup_steps: int, seed: int,
                on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
@@ -53,8 +59,7 @@ def warm_start(trainer: MegatronPolicyTrainer, examples: Sequence[tuple[list[int
     metrics."""
     if steps <= 0:
         return []
-    if batch_size < 1 or batch_size > len(examples):
-        raise ValueError(f"sft.batch_size={batch_size} must be in [1, {len(examples)}] (number of SFT examples)")
+    check_sft_batch(batch_size, num_examples=len(examples))
     trainer.reset_optimizer(dataclasses.replace(trainer.cfg.optim, lr=lr, warmup_steps=warmup_steps))
     rng = random.Random(seed)
     order: list[int] = []

@@ -129,7 +129,7 @@ def run_job(config: TrainConfig) -> dict[str, Any]:
     if finished is not None:
         return finished
     with config_errors():
-        task = build.build_task(config)
+        task = pre_step_checks(config)
         trainer = build.build_trainer(config)
     channel = ControlChannel(timeout_s=config.train.follower_timeout_s) if world > 1 else None
     controller = channel is None or channel.is_controller
@@ -345,7 +345,7 @@ def _warm_start_data(config: TrainConfig) -> Any:
     return dataclasses.replace(config.data, synthetic_num_prompts=n) if n else config.data
 
 
-def warm_start_task(config: TrainConfig, task: Task) -> Task:
+def warm_start_task(config: TrainConfig, task: Task, *, announce: bool = True) -> Task:
     """The task whose training prompts the warm start uses: `task` itself, or with `sft.synthetic_num_prompts`
     the synthetic set of that many prompts, after checking that none of `task`'s held-out prompts (compared
     by text: what the model sees) is among its training prompts (ValueError naming the key and an example).
@@ -368,10 +368,11 @@ def warm_start_task(config: TrainConfig, task: Task) -> Task:
                          f"{len(task.val_prompts)} held-out prompts are training prompts of the warm start's set, "
                          f"e.g. {leaked[0]!r}")
     held = {p.text for p in small.val_prompts}
-    logging.getLogger("scalerl_mega.train").info(
-        "sft: warm start on the %d training prompts of data.synthetic_num_prompts=%d (sft.synthetic_num_prompts); "
-        "none of this run's %d held-out prompts among them (%d held out there too)", len(small.train_prompts),
-        config.sft.synthetic_num_prompts, len(task.val_prompts), sum(p.text in held for p in task.val_prompts))
+    if announce:
+        logging.getLogger("scalerl_mega.train").info(
+            "sft: warm start on the %d training prompts of data.synthetic_num_prompts=%d (sft.synthetic_num_prompts); "
+            "none of this run's %d held-out prompts among them (%d held out there too)", len(small.train_prompts),
+            config.sft.synthetic_num_prompts, len(task.val_prompts), sum(p.text in held for p in task.val_prompts))
     return small
 
 
@@ -385,6 +386,33 @@ def fingerprint_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> 
         elif va != vb or (k in a) != (k in b):
             out.append(f"{prefix}{k}")
     return out
+
+
+def sft_checkpoint_diff(config: TrainConfig, theirs: dict[str, Any], mine: dict[str, Any], *,
+                        numerics: bool = False) -> list[str]:
+    """The fingerprint keys in which the shared warm start `theirs` differs from this run's (`mine`), the seed not
+    counted under `sft.any_seed`: those that change the maths, or with `numerics` those that change only the
+    summation order (`SFT_NUMERICS_ONLY`)."""
+    diff = [k for k in fingerprint_diff(theirs, mine) if not (k == "seed" and config.sft.any_seed)]
+    return [k for k in diff if (k in SFT_NUMERICS_ONLY) == numerics]
+
+
+def check_sft_checkpoint(config: TrainConfig, *, theirs: dict[str, Any] | None = None) -> None:
+    """`sft.checkpoint` holding a complete warm start written with other settings (its fingerprint `theirs`, read
+    from there when not given) is refused, naming the keys: loading it would start RL from other weights."""
+    import json
+
+    from scalerl_mega.trainer.megatron.checkpoint import latest_step
+
+    root = Path(str(config.sft.checkpoint))
+    if theirs is None:
+        if not (config.sft.checkpoint and latest_step(root) is not None and (root / SFT_FINGERPRINT).is_file()):
+            return
+        theirs = json.loads((root / SFT_FINGERPRINT).read_text())
+    diff = sft_checkpoint_diff(config, theirs, sft_fingerprint(config))
+    if diff:
+        raise ValueError(f"sft.checkpoint={config.sft.checkpoint!r} was written by a warm start with other "
+                         f"settings: {', '.join(diff)} differ (delete it or point sft.checkpoint elsewhere)")
 
 
 def _warm_start_or_load(config: TrainConfig, task: Task, trainer: PolicyTrainer, *, out: Path | None,
@@ -411,14 +439,10 @@ def _warm_start_or_load(config: TrainConfig, task: Task, trainer: PolicyTrainer,
         ready = channel.share(ready)
     if ready:
         theirs = json.loads(fp_path.read_text())
-        diff = [k for k in fingerprint_diff(theirs, mine) if not (k == "seed" and config.sft.any_seed)]
-        for k in set(diff) & set(SFT_NUMERICS_ONLY):  # same maths, another summation order
+        for k in sft_checkpoint_diff(config, theirs, mine, numerics=True):  # same maths, another summation order
             log.info("sft: the shared warm start was written with %s=%s, this run has %s: same maths, loaded",
                      k, theirs.get(k), mine.get(k))
-        diff = [k for k in diff if k not in SFT_NUMERICS_ONLY]
-        if diff:
-            raise ValueError(f"sft.checkpoint={config.sft.checkpoint!r} was written by a warm start with other "
-                             f"settings: {', '.join(diff)} differ (delete it or point sft.checkpoint elsewhere)")
+        check_sft_checkpoint(config, theirs=theirs)
         trainer.load(str(root))
         trainer.reset_optimizer()
         log.info("sft: loaded the shared warm start from %s (%d steps of seed %s not rerun)", root, config.sft.steps,
@@ -461,27 +485,79 @@ def _warm_start(config: TrainConfig, task: Task, trainer: PolicyTrainer, *, out:
         sft.warm_start(trainer, examples, on_step=log_sft, **kwargs)
 
 
+def pre_step_checks(config: TrainConfig) -> Task | None:
+    """Every check of the run's start that needs no model and no process, in the order the run meets them: the
+    trainer ranks, the installed backends, the task (its prompts within the length budget), the curriculum, the
+    engine settings, the episodes' target and chat template, and for a fresh warm start its prompt set and shared
+    checkpoint. What `--validate` runs after the compose-time checks, and what the run runs before it builds its
+    trainer. Returns the run's task (None for a dry run, which builds none)."""
+    from scalerl_mega import build
+    from scalerl_mega.config.machine import check_world_size
+    from scalerl_mega.episodes.checks import check_episodes
+    from scalerl_mega.loop import latest_checkpoint
+    from scalerl_mega.preflight import check_backends, check_engine_settings
+    from scalerl_mega.sft import check_sft_batch
+
+    check_world_size(config)
+    if config.dry_run:
+        return None
+    check_backends(config)
+    task = build.build_task(config)
+    build.build_sampler(config, task)
+    check_engine_settings(config, task)
+    check_episodes(config.env, task.tokenizer, stop_token_ids=task.stop_token_ids)
+    if config.sft.steps and latest_checkpoint(config) is None:
+        check_sft_batch(config.sft.batch_size, num_examples=len(warm_start_task(config, task, announce=False)
+                                                                .train_prompts))
+        check_sft_checkpoint(config)
+    return task
+
+
+def validate_or_exit(node: Any) -> None:
+    """`scalerl-train --validate`: the compose-time and run-directory checks (`run_dir.config_or_exit`), then
+    `pre_step_checks`; one `config OK: ...` line, or the run's one `config error:` line and exit status 2."""
+    from scalerl_mega.run_dir import config_errors, config_ok_line, config_or_exit
+
+    config = config_or_exit(node, validate_only=True)
+    with config_errors():
+        pre_step_checks(config)
+    print(config_ok_line(config), flush=True)
+
+
 def main() -> None:
     """Console script `scalerl-train`."""
     import hydra
 
     from scalerl_mega.config import register_configs
 
-    from scalerl_mega.run_dir import config_or_exit, precheck_overrides
+    from scalerl_mega.compose import compose_run_node
+    from scalerl_mega.output_dir import follow_output_dir
+    from scalerl_mega.run_dir import config_error_exit, config_or_exit, precheck_overrides
 
     register_configs()
     precheck_overrides(sys.argv[1:])  # a bad override or a misspelled name: one line, exit 2
-    validate_only = "--validate" in sys.argv[1:]  # compose + every compose-time check, then exit
-    if validate_only:
-        sys.argv.remove("--validate")
+    validate_only = "--validate" in sys.argv[1:]  # every check the run makes before its first step, then exit
+    argv = [a for a in sys.argv[1:] if a != "--validate"]
+    try:
+        argv = follow_output_dir(argv)  # output_dir=X: train.log and .hydra/ go to X as well
+    except ValueError as exc:
+        config_error_exit(exc)
+    if validate_only and not any(a.startswith("-") for a in argv):
+        # composed as Hydra composes the run, with the run's folder as output_dir; Hydra's job (which creates that
+        # folder, its train.log and .hydra/) never starts, so --validate writes nothing
+        validate_or_exit(compose_run_node(argv))
+        return
+    sys.argv[1:] = argv
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
     def _entry(cfg) -> None:
-        config = config_or_exit(cfg, validate_only=validate_only)  # config errors: one line, exit 2
-        if config is not None:
-            status = run_config(config).get("exit_status", 0)
-            if status:
-                sys.exit(status)  # 130: stopped by Ctrl-C after its checkpoint
+        if validate_only:  # `--validate -m`: each point of the sweep
+            validate_or_exit(cfg)
+            return
+        config = config_or_exit(cfg)  # config errors: one line, exit 2
+        status = run_config(config).get("exit_status", 0)
+        if status:
+            sys.exit(status)  # 130: stopped by Ctrl-C after its checkpoint
 
     try:
         _entry()

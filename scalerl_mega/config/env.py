@@ -1,7 +1,8 @@
 """The `env` group (conf/env/<name>.yaml): what one sample is. `single` (the default) is one prompt and one
 completion scored by the reward group; `custom` runs a user's environment class turn by turn (episodes/env.py);
 `agent` runs a user's agent function against an OpenAI-compatible endpoint (episodes/agent_server.py). Checked
-here (pure values) and where the targets are imported (`episodes.env.check_env_target`)."""
+here (pure values); the targets, their signatures and the chat template where the run and `--validate` check
+them before any model load (`episodes.checks.check_episodes`)."""
 
 from __future__ import annotations
 

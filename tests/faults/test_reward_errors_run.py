@@ -1,7 +1,7 @@
 """End to end: a custom reward that raises (`return float(completion)`) made every sample score -1 and the
 run "succeed" without one trained step, the exception in no console line, log or metrics row. Now the run stops at
 the first step whose samples all fail, with one line (exit status 1, no traceback of its own), and the reward's
-first traceback is in the console and in the run's train.log, once."""
+first traceback is in the console and in the run's train.log (named by its path: under output_dir), once."""
 
 from __future__ import annotations
 
@@ -25,13 +25,14 @@ def test_a_raising_custom_reward_stops_the_run_with_one_line_and_its_traceback_l
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "-m", "scalerl_mega.train", *TINY, "train.steps=5",
                         "reward=custom_example", "reward.custom._target_=tests.faults.raising_reward.score",
-                        f"output_dir={out}", f"hydra.run.dir={out}"], cwd=REPO, env=env, capture_output=True,
+                        f"output_dir={out}"], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=500)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-1]
     m = re.match(r"reward error: all 16 samples of step (\d+) failed to score, e.g. ValueError at raising_reward.py:6: "
                  r"could not convert string to float: .*reward.stop_error_rate=null to train on", last)
     assert m, last
+    assert f"the first traceback of each error is logged above and in {out / 'train.log'}." in last  # its real path
     console = r.stdout + r.stderr
     assert console.count("Traceback (most recent call last)") == 1  # the reward's, logged once; none for the stop
     assert "return float(completion)" in console

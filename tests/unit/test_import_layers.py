@@ -37,7 +37,7 @@ LAYERS: dict[str, float] = {
     "trainer": COMPONENT, "metrics": COMPONENT, "cluster": COMPONENT,
     "convert": TOOL,
     "build": ASSEMBLY, "loop": ASSEMBLY, "inflight": ASSEMBLY, "heldout": ASSEMBLY, "sft": ASSEMBLY,
-    "run_dir": ASSEMBLY, "report": ASSEMBLY, "compose": ASSEMBLY, "episodes": ASSEMBLY,
+    "run_dir": ASSEMBLY, "preflight": ASSEMBLY, "report": ASSEMBLY, "compose": ASSEMBLY, "episodes": ASSEMBLY,
     "train": ENTRY, "serve": ENTRY, "cluster.launch_config": ENTRY, "dry_run": ENTRY, "scaling.cli": ENTRY,
     "gguf_import": ENTRY,
 }

@@ -59,8 +59,8 @@ def test_resume_with_other_loss_is_refused_and_force_overrides(tmp_path):
 
 
 def _cli(tmp_path, *args):
-    return subprocess.run([sys.executable, "-c", "from scalerl_mega.train import main; main()", *args,
-                           f"hydra.run.dir={tmp_path / 'hydra'}"], capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, "-c", "from scalerl_mega.train import main; main()", *args],
+                          capture_output=True, text=True, timeout=300,
                           cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
 
 

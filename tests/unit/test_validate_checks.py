@@ -95,8 +95,8 @@ def test_synthetic_vocabulary_checks_need_no_tokenizer_build():
 
 
 def _cli(tmp_path, *args):
-    return subprocess.run([sys.executable, "-c", "from scalerl_mega.train import main; main()", *args,
-                           f"hydra.run.dir={tmp_path / 'hydra'}"], capture_output=True, text=True, timeout=600,
+    return subprocess.run([sys.executable, "-c", "from scalerl_mega.train import main; main()", *args],
+                          capture_output=True, text=True, timeout=600,
                           cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
 
 
