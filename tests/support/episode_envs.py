@@ -1,13 +1,18 @@
-"""Environments used by the episode tests (importable by the reward pool's spawned workers)."""
+"""Environments and agents used by the episode tests (they run on the episodes' own threads, in the test's
+process: module-level events let a test hold them where it wants)."""
 
 from __future__ import annotations
 
-import time
+import threading
+
+RELEASE = threading.Event()
+"""`sleep_step` (and `hanging_agent`) block until a test sets this (their deadline must fire first)."""
 
 
 class ScriptedEnv:
     """Feedback `' no '` + the question for `turns - 1` turns (reward 0.25 each), then done with 1.0. The task's
-    `mode` makes a call misbehave: `raise_reset`, `raise_step` (on the 2nd step), `sleep_step` (sleeps 30 s)."""
+    `mode` makes a call misbehave: `raise_reset`, `raise_step` (on the 2nd step), `sleep_step` (blocks until
+    `RELEASE` is set)."""
 
     def __init__(self, *, turns: int = 3, feedback: str = " no ") -> None:
         self.turns, self.feedback, self.n, self.mode, self.question = turns, feedback, 0, "", ""
@@ -23,7 +28,7 @@ class ScriptedEnv:
         if self.mode == "raise_step" and self.n == 2:
             raise ValueError("step failed on purpose")
         if self.mode == "sleep_step":
-            time.sleep(30)
+            RELEASE.wait(300)  # a safety net only: the test sets RELEASE
         if self.n >= self.turns:
             return [], 1.0, True
         return [{"role": "user", "content": self.feedback + self.question}], 0.25, False
@@ -45,3 +50,14 @@ def retry_agent(base_url: str, task: dict) -> float:
 
 def raising_agent(base_url: str, task: dict) -> float:
     raise KeyError("agent failed on purpose")
+
+
+def hanging_agent(base_url: str, task: dict) -> float:
+    """Makes one call, then blocks (its own time, not generation) until `RELEASE` is set."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["prompt"]}],
+                                   max_tokens=4)
+    RELEASE.wait(300)  # a safety net only: the test sets RELEASE
+    return 1.0
