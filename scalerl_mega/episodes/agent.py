@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from scalerl_mega.episodes.driver import TURN_SEED_STRIDE, EngineFront
@@ -57,7 +57,7 @@ class _AgentEpisode:
     calls: int = 0
     refused: int = 0
     opening: int | None = None
-    submitted_at: float = field(default_factory=time.monotonic)
+    submitted_at: float = 0.0
     call: Call | None = None
     in_generate: int = 0
     """Chat calls of the agent now waiting for the engine (its own time does not run meanwhile)."""
@@ -79,6 +79,8 @@ class AgentSettings:
     budget: int
     step_timeout_s: float = 60.0
     episode_timeout_s: float = 3600.0
+    clock: Callable[[], float] = time.monotonic
+    """The deadlines' clock (tests move a manual one)."""
 
 
 class AgentEngine(EngineFront):
@@ -109,6 +111,7 @@ class AgentEngine(EngineFront):
         for j in range(n):
             key, self._next_key = self._next_key, self._next_key + 1
             ep = _AgentEpisode(key=key, episode_id=f"e{key}", prompt=prompt, version=version, index=first_index + j,
+                               submitted_at=self.settings.clock(),
                                sampling=dataclasses.replace(sampling, hold_at=None,
                                                             seed=None if sampling.seed is None else sampling.seed + j))
             self._episodes[ep.episode_id] = ep
@@ -156,7 +159,7 @@ class AgentEngine(EngineFront):
     # ---- the agents, on the pool ------------------------------------------------------------------------------
     def _run_one(self, ep: _AgentEpisode, base_url: str, task: dict) -> float:
         with self._bridge:
-            ep.own_since = time.monotonic()
+            ep.own_since = self.settings.clock()
         return run_agent(self.fn, self.target, base_url, task)
 
     def _refused(self, episode_id: str) -> None:
@@ -186,7 +189,7 @@ class AgentEngine(EngineFront):
             with self._bridge:
                 if ep is not None:
                     ep.in_generate -= 1
-                    ep.own_since = time.monotonic()
+                    ep.own_since = self.settings.clock()
         return GenerateResult(output_ids=list(c.output_ids), gen_logprobs=list(c.gen_logprobs),
                               weight_versions=list(c.weight_versions), finish_reason=c.finish_reason, routes=c.routes)
 
@@ -224,7 +227,8 @@ class AgentEngine(EngineFront):
 
     # ---- finished and failed episodes ----------------------------------------------------------------------
     def _finished(self) -> list[Completion]:
-        out, now, st = [], time.monotonic(), self.settings
+        out, st = [], self.settings
+        now = st.clock()
         for ep in list(self._episodes.values()):
             call = ep.call
             with self._bridge:

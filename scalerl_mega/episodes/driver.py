@@ -65,7 +65,7 @@ class _Episode:
     result: tuple[float, bool, str] | None = None
     stopped_with: int | None = None
     """The stop id the last turn ended with; None when a length limit cut it."""
-    submitted_at: float = field(default_factory=time.monotonic)
+    submitted_at: float = 0.0
     call: Call | None = None
     """The environment call in flight (reset or step), None while generating."""
     inner_id: str | None = None
@@ -92,6 +92,8 @@ class EpisodeSettings:
     """`env.step_timeout_s`: one `reset`/`step` call's own time at most."""
     episode_timeout_s: float = 3600.0
     """`env.episode_timeout_s`: an episode's wall clock from its submission at most (generation included)."""
+    clock: Callable[[], float] = time.monotonic
+    """The deadlines' clock (the pool's own: tests move a manual one)."""
 
 POLL_TICK_S = 0.01
 """`poll`'s longest wait on one side (engine or pool) while both have work in flight."""
@@ -141,7 +143,8 @@ class EpisodeEngine(EngineFront):
         for j in range(n):
             sp = dataclasses.replace(sampling, seed=None if sampling.seed is None else sampling.seed + j,
                                      stop_token_ids=list(sampling.stop_token_ids))
-            ep = _Episode(key=self._next_key, prompt=prompt, sampling=sp, version=version, index=first_index + j)
+            ep = _Episode(key=self._next_key, prompt=prompt, sampling=sp, version=version, index=first_index + j,
+                          submitted_at=self.settings.clock())
             ep.call = self.pool.submit(self.runner.reset, task)
             self._episodes[ep.key] = ep
             self._next_key += 1
@@ -181,14 +184,14 @@ class EpisodeEngine(EngineFront):
     # ---- one episode's life ------------------------------------------------------------------------------------
     def _next_deadline(self, waiting: list[_Episode]) -> float:
         """Seconds until the first deadline of a call in flight could pass (a bound on how long to wait)."""
-        now, s = time.monotonic(), self.settings
+        now, s = self.settings.clock(), self.settings
         left = [s.episode_timeout_s - (now - ep.submitted_at) for ep in self._episodes.values()]
         left += [s.step_timeout_s - ep.call.running_for(now) for ep in waiting if ep.call.started is not None]
         return max(0.0, min(left, default=float("inf"))) + 1e-3
 
     def _advance(self) -> None:
         """Finished environment calls move their episodes on; calls and episodes past their deadlines fail."""
-        now = time.monotonic()
+        now = self.settings.clock()
         for ep in list(self._episodes.values()):
             call = ep.call
             if call is not None and call.done:

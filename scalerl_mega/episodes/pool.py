@@ -8,8 +8,8 @@ environment servers) and their code is ordinary blocking Python (a sync `openai`
 should do its heavy work in a subprocess of its own (the sandbox of `rewards/sandbox.py` does).
 
 `EpisodePool(size=n)` starts at most `n` daemon threads, one more only when a submitted call finds none idle.
-`submit(fn, *args)` returns a `Call` at once; the call records when a thread started it (`started`: the
-episode's own time counts from there, not from the queue) and its value or exception. A thread cannot be
+`submit(fn, *args)` returns a `Call` at once; the call records when a thread started it (`started`, on `clock`:
+the episode's own time counts from there, not from the queue) and its value or exception. A thread cannot be
 killed: a call past its deadline is abandoned by its caller (`Call.abandoned`) and holds its thread until it
 returns; the threads are daemons, so a hung call never delays the trainer's exit.
 """
@@ -45,10 +45,10 @@ class Call:
 class EpisodePool:
     """At most `size` daemon threads running submitted calls in submission order (module doc)."""
 
-    def __init__(self, *, size: int, name: str = "episodes") -> None:
+    def __init__(self, *, size: int, name: str = "episodes", clock: Callable[[], float] = time.monotonic) -> None:
         if int(size) < 1:
             raise ValueError(f"EpisodePool size={size} must be >= 1 (env.concurrency)")
-        self.size, self.name = int(size), name
+        self.size, self.name, self.clock = int(size), name, clock
         self.wake = threading.Event()
         """Set whenever a call finishes (cleared by the waiter before it looks)."""
         self._jobs: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
@@ -91,7 +91,7 @@ class EpisodePool:
                 self._queued -= 1
             if call is None:
                 return
-            call.started = time.monotonic()
+            call.started = self.clock()
             try:
                 call.value = call.fn(*call.args)
             except BaseException as e:  # noqa: BLE001 - user code: any failure is the call's result

@@ -7,6 +7,21 @@ import threading
 
 RELEASE = threading.Event()
 """`sleep_step` (and `hanging_agent`) block until a test sets this (their deadline must fire first)."""
+BLOCKED = threading.Event()
+"""Set by `sleep_step` / `hanging_agent` when they start blocking on `RELEASE`."""
+
+
+class ManualClock:
+    """A deadline clock that moves only when the test says (`advance`)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
 
 
 class ScriptedEnv:
@@ -28,6 +43,7 @@ class ScriptedEnv:
         if self.mode == "raise_step" and self.n == 2:
             raise ValueError("step failed on purpose")
         if self.mode == "sleep_step":
+            BLOCKED.set()
             RELEASE.wait(300)  # a safety net only: the test sets RELEASE
         if self.n >= self.turns:
             return [], 1.0, True
@@ -59,5 +75,28 @@ def hanging_agent(base_url: str, task: dict) -> float:
     client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
     client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["prompt"]}],
                                    max_tokens=4)
+    BLOCKED.set()
     RELEASE.wait(300)  # a safety net only: the test sets RELEASE
+    return 1.0
+
+
+OVERSIZED_SEEN: dict[str, dict] = {}
+"""What `oversized_agent`'s refused calls got back (status, code, param, message)."""
+
+
+def oversized_agent(base_url: str, task: dict) -> float:
+    """Asks for more than the engine's sequence holds (max_tokens=16), then sends a malformed body, records the
+    errors the real `openai` client raised, then makes a call that fits (max_tokens=4): reward 1."""
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": task["prompt"]}]
+    for name, kwargs in (("too_long", {"messages": messages, "max_tokens": 16}),
+                         ("malformed", {"messages": [{"role": "user", "content": 3}], "max_tokens": 4})):
+        try:
+            client.chat.completions.create(model="policy", **kwargs)
+        except BadRequestError as e:
+            err = e.body if isinstance(e.body, dict) else {}
+            OVERSIZED_SEEN[name] = {"status": e.status_code, **{k: err.get(k) for k in ("code", "param", "message")}}
+    client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
     return 1.0

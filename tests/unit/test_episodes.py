@@ -63,14 +63,20 @@ def _prompt(a: int, b: int, **meta) -> Prompt:
                   token_ids=TOK(text)["input_ids"])
 
 
-def _run(runner, prompts, *, n=2, budget=60, max_turns=5, max_new=6, version=0, max_seq_len=0, step_timeout_s=60.0,
-         on_error="drop"):
-    rec = Recording()
+def _run(runner, prompts, *, n=2, budget=60, max_turns=5, max_new=6, version=0, max_seq_len=0, on_error="drop",
+         on_blocked=None):
+    """Run the episodes to their end. Deadlines run on a manual clock (10 s per call): `on_blocked(clock)` is called
+    once an environment call blocks (`episode_envs.BLOCKED`)."""
+    from tests.support.episode_envs import BLOCKED, ManualClock
+
+    rec, clock = Recording(), ManualClock()
+    BLOCKED.clear()
     eng = EpisodeEngine(rec, runner=runner, splicer=ChatSplicer(TOK, template="arith", stop_token_ids=[EOS]),
                         decode=lambda ids: TOK.decode(ids, skip_special_tokens=True),
-                        pool=EpisodePool(size=4), failures=EpisodeFailures(on_error=on_error, failure_reward=-1.0),
+                        pool=EpisodePool(size=4, clock=clock),
+                        failures=EpisodeFailures(on_error=on_error, failure_reward=-1.0),
                         settings=EpisodeSettings(max_turns=max_turns, budget=budget, correct=1.0,
-                                                 max_seq_len=max_seq_len, step_timeout_s=step_timeout_s))
+                                                 max_seq_len=max_seq_len, step_timeout_s=10.0, clock=clock))
     for i, p in enumerate(prompts):
         eng.submit(p, SamplingParams(max_new_tokens=max_new, stop_token_ids=[EOS, *DIGITS], seed=10 * i), n=n,
                    version=version)
@@ -79,6 +85,9 @@ def _run(runner, prompts, *, n=2, budget=60, max_turns=5, max_new=6, version=0, 
         out += eng.poll(0.05)
         if len(out) == n * len(prompts):
             break
+        if on_blocked is not None and BLOCKED.is_set():
+            on_blocked(clock)
+            on_blocked = None
     assert len(out) == n * len(prompts) and eng.episodes_in_flight == 0
     eng.close()
     return out, rec
@@ -190,16 +199,22 @@ def released():
     RELEASE.set()
 
 
+def _past_the_step_deadline(clock):
+    clock.advance(10.5)
+
+
 def test_failed_episodes_are_dropped_and_counted_by_reason(runner, released, caplog):
-    """A raising reset, a raising step and a step that never returns before its deadline (it blocks until the test
-    ends) end their episodes; by default they are not trained: moved out of their group into `Group.dropped`,
-    counted by reason, each kind logged once."""
+    """A raising reset, a raising step and a step that never returns (it blocks until the test ends; the deadline
+    clock passes its 10 s once it blocks) end their episodes; by default they are not trained: moved out of their
+    group into `Group.dropped`, counted by reason, each kind logged once."""
     from scalerl_mega.episodes.records import episode_metrics
     from scalerl_mega.inflight import RewardErrorStop, reward_error_metrics
 
-    prompts = [_prompt(1, 2, mode="raise_reset"), _prompt(3, 4, mode="raise_step"), _prompt(5, 6, mode="sleep_step"),
-               _prompt(7, 8)]
-    episodes, _ = _run(runner, prompts, n=1, max_new=4, step_timeout_s=0.2)
+    prompts = [_prompt(1, 2, mode="raise_reset"), _prompt(3, 4, mode="raise_step"), _prompt(7, 8)]
+    episodes, _ = _run(runner, prompts, n=1, max_new=4)
+    hung = _prompt(5, 6, mode="sleep_step")
+    late, _ = _run(runner, [hung], n=1, max_new=4, on_blocked=_past_the_step_deadline)
+    episodes, prompts = episodes + late, prompts + [hung]
     by = {c.prompt_id: c for c in episodes}
     reset = by["p1_2"].episode_result
     assert reset[:2] == (0.0, False) and reset[2].startswith("dropped: env_error: error: RuntimeError at episode_envs.py")
@@ -209,7 +224,7 @@ def test_failed_episodes_are_dropped_and_counted_by_reason(runner, released, cap
     if step.turns == 2:  # the second step raised
         assert step.episode_result[2].startswith("dropped: env_error: error: ValueError at episode_envs.py")
     assert by["p5_6"].episode_result == (0.0, False, "dropped: step_timeout: tests.support.episode_envs.ScriptedEnv"
-                                                     ".step ran past env.step_timeout_s=0.2 s")
+                                                     ".step ran past env.step_timeout_s=10 s")
     groups = _score(prompts, episodes)
     kept = [s.completion.prompt_id for g in groups for s in g.samples]
     assert "p1_2" not in kept and "p5_6" not in kept and "p7_8" in kept
@@ -229,8 +244,11 @@ def test_failed_episodes_are_dropped_and_counted_by_reason(runner, released, cap
 def test_score_incorrect_keeps_failed_episodes_as_a_raising_reward(runner, released):
     from scalerl_mega.inflight import reward_error_metrics
 
-    prompts = [_prompt(1, 2, mode="raise_reset"), _prompt(5, 6, mode="sleep_step")]
-    episodes, _ = _run(runner, prompts, n=1, max_new=4, step_timeout_s=0.2, on_error="score_incorrect")
+    prompts = [_prompt(1, 2, mode="raise_reset")]
+    episodes, _ = _run(runner, prompts, n=1, max_new=4, on_error="score_incorrect")
+    hung = _prompt(5, 6, mode="sleep_step")
+    late, _ = _run(runner, [hung], n=1, max_new=4, on_error="score_incorrect", on_blocked=_past_the_step_deadline)
+    episodes, prompts = episodes + late, prompts + [hung]
     by = {c.prompt_id: c for c in episodes}
     assert by["p1_2"].episode_result[:2] == (-1.0, False)
     assert by["p1_2"].episode_result[2].startswith("error: RuntimeError at episode_envs.py")
