@@ -100,3 +100,71 @@ def oversized_agent(base_url: str, task: dict) -> float:
             OVERSIZED_SEEN[name] = {"status": e.status_code, **{k: err.get(k) for k in ("code", "param", "message")}}
     client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
     return 1.0
+
+
+BARRIER: list[threading.Barrier] = []
+"""The barrier `BarrierEnv` and `barrier_agent` wait on (set by the test; its timeout is a safety net)."""
+GATE = threading.Event()
+"""`GatedEnv`'s `wait` episodes block in their step until a `go` episode reaches its second step."""
+
+
+class BarrierEnv:
+    """Its one step blocks until every episode of the test is inside a step (`BARRIER[0]`): serial environment calls
+    could never get there (the barrier breaks at its safety timeout and the step raises)."""
+
+    def reset(self, task: dict) -> list[dict]:
+        return [{"role": "user", "content": task["prompt"]}]
+
+    def step(self, reply: str) -> tuple[list[dict], float, bool]:
+        BARRIER[0].wait()
+        return [], 1.0, True
+
+
+class GatedEnv:
+    """Two turns. A `wait` episode's first step blocks on `GATE`; a `go` episode's second step opens it: it can only
+    get there when its second generation ran while the other episode's tool call was blocked."""
+
+    def __init__(self) -> None:
+        self.n, self.mode, self.question = 0, "", ""
+
+    def reset(self, task: dict) -> list[dict]:
+        self.mode, self.question = task["mode"], task["prompt"]
+        return [{"role": "user", "content": self.question}]
+
+    def step(self, reply: str) -> tuple[list[dict], float, bool]:
+        self.n += 1
+        if self.mode == "wait":
+            GATE.wait(120)  # a safety net only
+            return [], 1.0, True
+        if self.n == 2:
+            GATE.set()
+            return [], 1.0, True
+        return [{"role": "user", "content": " no " + self.question}], 0.0, False
+
+
+def barrier_agent(base_url: str, task: dict) -> float:
+    """One call with the sync `openai` client, then blocking code (`BARRIER[0]`) that returns only when every
+    agent of the test is inside it."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["prompt"]}],
+                                   max_tokens=4)
+    BARRIER[0].wait()
+    return 1.0
+
+
+class RowEnv:
+    """Reads the dataset row's own column `final` (the row contract): reward 1 when it is "yes"."""
+
+    def reset(self, task: dict) -> list[dict]:
+        self.final = task["final"]
+        return [{"role": "user", "content": task["prompt"]}]
+
+    def step(self, reply: str) -> tuple[list[dict], float, bool]:
+        return [], 1.0 if self.final == "yes" else -1.0, True
+
+
+def row_agent(base_url: str, task: dict) -> float:
+    """The agent's view of the row contract: its own column `final`, no call needed."""
+    return 1.0 if task["final"] == "yes" else -1.0
