@@ -49,11 +49,13 @@ def test_bad_env_settings_name_the_key(overrides, key):
 
 
 def test_the_episode_pool_defaults_to_every_episode_of_a_step():
-    """`env.concurrency=0`: prompts_per_step x generations_per_prompt threads (768 at the paper's 48 x 16, the figure
-    docs/extending.md states); a set value is taken as is."""
+    """`env.concurrency=0`: prompts_per_step x generations_per_prompt threads (768 at the paper's 48 x 16, 256 in the
+    multi-turn demo: the figures docs/extending.md states); a set value is taken as is."""
     from scalerl_mega.config.env import EnvConfig, episode_concurrency
 
     assert episode_concurrency(EnvConfig(), prompts_per_step=48, generations_per_prompt=16) == 768
     assert episode_concurrency(EnvConfig(concurrency=5), prompts_per_step=48, generations_per_prompt=16) == 5
     c = _compose("experiment=demo_multiturn")
     assert (c.env.concurrency, c.env.on_error, c.env.episode_timeout_s) == (0, "drop", 3600.0)
+    assert episode_concurrency(c.env, prompts_per_step=c.train.prompts_per_step,
+                               generations_per_prompt=c.train.generations_per_prompt) == 256
