@@ -73,6 +73,20 @@ def _sampling(tok, new_tokens: int):
     return SamplingParams(max_new_tokens=new_tokens, temperature=1.0, stop_token_ids=stops, seed=0)
 
 
+def _drive(eng, tok, *, n: int, new_tokens: int) -> tuple[float, list]:
+    """Submit `n` prompts at once, poll until all are back: (wall seconds, completions); closes `eng`."""
+    sp = _sampling(tok, new_tokens)
+    t0 = time.monotonic()
+    for p in _prompts(tok, n):
+        eng.submit(p, sp, n=1, version=0)
+    out = []
+    while len(out) < n:
+        out += eng.poll(0.05)
+    wall = time.monotonic() - t0
+    eng.close()
+    return wall, out
+
+
 def run_episodes(*, episodes: int, concurrency: int, new_tokens: int, max_batch: int) -> dict[str, float]:
     """Wall time and generated tokens of `episodes` 4-turn episodes with `concurrency` environment threads."""
     from scalerl_mega.data.tasks.tokenizer import build_arith_tokenizer
@@ -89,15 +103,7 @@ def run_episodes(*, episodes: int, concurrency: int, new_tokens: int, max_batch:
                         decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
                         pool=EpisodePool(size=concurrency),
                         settings=EpisodeSettings(max_turns=4, budget=400, correct=1.0, step_timeout_s=60.0))
-    sp = _sampling(tok, new_tokens)
-    t0 = time.monotonic()
-    for p in _prompts(tok, episodes):
-        eng.submit(p, sp, n=1, version=0)
-    out = []
-    while len(out) < episodes:
-        out += eng.poll(0.05)
-    wall = time.monotonic() - t0
-    eng.close()
+    wall, out = _drive(eng, tok, n=episodes, new_tokens=new_tokens)
     turns = [c.turns for c in out]
     if turns != [4] * episodes:
         raise RuntimeError(f"expected {episodes} episodes of 4 turns, got turns {sorted(set(turns))}")
@@ -108,16 +114,7 @@ def run_single_turn(*, requests: int, new_tokens: int, max_batch: int) -> dict[s
     from scalerl_mega.data.tasks.tokenizer import build_arith_tokenizer
 
     tok = build_arith_tokenizer()
-    eng = _engine(max_batch=max_batch, max_seq_len=512)
-    sp = _sampling(tok, new_tokens)
-    t0 = time.monotonic()
-    for p in _prompts(tok, requests):
-        eng.submit(p, sp, n=1, version=0)
-    out = []
-    while len(out) < requests:
-        out += eng.poll(0.05)
-    wall = time.monotonic() - t0
-    eng.close()
+    wall, out = _drive(_engine(max_batch=max_batch, max_seq_len=512), tok, n=requests, new_tokens=new_tokens)
     return {"wall_s": wall, "generated_tokens": float(sum(len(c.output_ids) for c in out))}
 
 
