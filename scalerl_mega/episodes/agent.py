@@ -122,7 +122,10 @@ class AgentEngine(EngineFront):
         self.pool.wake.clear()
         self._forward_requests()
         busy = bool(self._requests.qsize()) or any(ep.call.done for ep in self._episodes.values())
-        for c in self.inner.poll(0.0 if busy else min(timeout_s, 0.05)):
+        if not busy and not self._waiting:  # every agent in its own code: wait for one to call or to end
+            self.pool.wait(min(timeout_s, 0.05))
+            self._forward_requests()
+        for c in self.inner.poll(0.0 if busy or not self._waiting else min(timeout_s, 0.05)):
             fut = self._waiting.pop(c.prompt_id, None)
             if fut is not None:
                 fut.set_result(c)
@@ -183,6 +186,7 @@ class AgentEngine(EngineFront):
             if ep is not None:
                 ep.in_generate += 1
             self._requests.put((request, fut))
+        self.pool.wake.set()  # a poll waiting for the agents
         try:
             c = fut.result(timeout=self.settings.episode_timeout_s)
         finally:
