@@ -493,8 +493,8 @@ def build_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
 
 
 def episode_engine(cfg: TrainConfig, task: Task, engine: RolloutEngine) -> RolloutEngine:
-    """`env=single`: `engine` itself; `env=custom`: the episode driver over it (episodes/driver.py), its
-    environment in a reward pool of `reward.num_workers`, the template checked now (episodes/template.py)."""
+    """`env=single`: `engine` itself; `env=custom`: the episode driver over it (episodes/driver.py), the
+    environment on the episodes' own pool, the template checked now (episodes/template.py)."""
     if cfg.env.name == "single":
         return engine
     from scalerl_mega.config.env import episode_budget
@@ -508,17 +508,30 @@ def episode_engine(cfg: TrainConfig, task: Task, engine: RolloutEngine) -> Rollo
     try:
         splicer = ChatSplicer(task.tokenizer, template=str(cfg.env.chat_template), stop_token_ids=task.stop_token_ids)
         custom = dict(cfg.env.custom)
-        runner = EnvRunner(target=str(custom["_target_"]), kwargs=dict(custom.get("kwargs") or {}),
-                           step_timeout_s=float(cfg.env.step_timeout_s), num_workers=int(cfg.reward.num_workers),
-                           failure_reward=float(cfg.reward.incorrect))
+        runner = EnvRunner(target=str(custom["_target_"]), kwargs=dict(custom.get("kwargs") or {}))
+        pool, failures = episode_pool(cfg)
     except Exception:
         engine.close()
         raise
-    return EpisodeEngine(engine, runner=runner, splicer=splicer, decode=task.decode,
+    return EpisodeEngine(engine, runner=runner, splicer=splicer, decode=task.decode, pool=pool, failures=failures,
                          settings=EpisodeSettings(max_turns=int(cfg.env.max_turns), correct=float(cfg.reward.correct),
                                                   budget=episode_budget(cfg.env, max_new_tokens=cfg.length.max_new_tokens),
+                                                  step_timeout_s=float(cfg.env.step_timeout_s),
+                                                  episode_timeout_s=float(cfg.env.episode_timeout_s),
                                                   max_seq_len=0 if cfg.rollout.name == "sglang"
                                                   else engine_max_seq_len(cfg, task)))
+
+
+def episode_pool(cfg: TrainConfig):
+    """The episodes' own threads (`env.concurrency`) and failure policy (`env.on_error`)."""
+    from scalerl_mega.config.env import episode_concurrency
+    from scalerl_mega.episodes.failures import EpisodeFailures
+    from scalerl_mega.episodes.pool import EpisodePool
+
+    size = episode_concurrency(cfg.env, prompts_per_step=cfg.train.prompts_per_step,
+                               generations_per_prompt=cfg.train.generations_per_prompt)
+    return (EpisodePool(size=size, name=f"env-{cfg.env.name}"),
+            EpisodeFailures(on_error=str(cfg.env.on_error), failure_reward=float(cfg.reward.incorrect)))
 
 
 def engine_weight_dtype(cfg: TrainConfig) -> str:
@@ -535,11 +548,11 @@ def engine_weight_dtype(cfg: TrainConfig) -> str:
 
 def agent_engine(cfg: TrainConfig, task: Task, engine: RolloutEngine) -> RolloutEngine:
     """`env=agent`: the agent episodes over `engine` (episodes/agent.py): the OpenAI-compatible endpoint in this
-    process, the agent function in a reward pool of `reward.num_workers`."""
+    process, the agent functions on the episodes' own pool (`env.concurrency` threads)."""
     import copy
 
     from scalerl_mega.config.env import episode_budget
-    from scalerl_mega.episodes.agent import AgentEngine
+    from scalerl_mega.episodes.agent import AgentEngine, AgentSettings
     from scalerl_mega.episodes.template import resolve_template
 
     try:
@@ -547,11 +560,14 @@ def agent_engine(cfg: TrainConfig, task: Task, engine: RolloutEngine) -> Rollout
         if cfg.env.chat_template:  # the endpoint templates with the tokenizer's template: a copy carries the fixed one
             tokenizer = copy.copy(tokenizer)
             tokenizer.chat_template = resolve_template(str(cfg.env.chat_template), tokenizer)[0]
-        return AgentEngine(engine, tokenizer=tokenizer, target=str(dict(cfg.env.agent)["_target_"]),
-                           timeout_s=float(cfg.env.step_timeout_s), num_workers=int(cfg.reward.num_workers),
-                           failure_reward=float(cfg.reward.incorrect), correct=float(cfg.reward.correct),
-                           max_turns=int(cfg.env.max_turns), stop_token_ids=list(task.stop_token_ids),
-                           budget=episode_budget(cfg.env, max_new_tokens=cfg.length.max_new_tokens))
+        pool, failures = episode_pool(cfg)
+        settings = AgentSettings(correct=float(cfg.reward.correct), max_turns=int(cfg.env.max_turns),
+                                 budget=episode_budget(cfg.env, max_new_tokens=cfg.length.max_new_tokens),
+                                 step_timeout_s=float(cfg.env.step_timeout_s),
+                                 episode_timeout_s=float(cfg.env.episode_timeout_s))
+        return AgentEngine(engine, tokenizer=tokenizer, target=str(dict(cfg.env.agent)["_target_"]), settings=settings,
+                           pool=pool, failures=failures, stop_token_ids=list(task.stop_token_ids),
+                           max_seq_len=0 if cfg.rollout.name == "sglang" else engine_max_seq_len(cfg, task))
     except Exception:
         engine.close()
         raise

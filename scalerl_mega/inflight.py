@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from scalerl_mega.episodes.failures import DROPPED, dropped_kind, is_dropped
 from scalerl_mega.interfaces import LoopComponents, RolloutEngine
 from scalerl_mega.types import Completion, Group, Prompt, SamplingParams, ScoredCompletion
 
@@ -158,14 +159,16 @@ def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, length: Le
             l_cache=length.penalty_cache_len).tolist()
     groups, i = [], 0
     for p in pendings:
-        samples = []
+        g = Group(prompt=p.prompt, samples=[])
         for _ in p.completions:
-            samples.append(ScoredCompletion(completion=flat[i], reward=rewards[i], passed=bool(results[i][1]),
-                                            reason=str(results[i][2])))
+            s = ScoredCompletion(completion=flat[i], reward=rewards[i], passed=bool(results[i][1]),
+                                 reason=str(results[i][2]))
+            (g.dropped if is_dropped(s.reason) else g.samples).append(s)
             i += 1
-        groups.append(Group(prompt=p.prompt, samples=samples))
+        groups.append(g)
     if stop_error_rate is not None:
         check_reward_errors(groups, stop_error_rate=stop_error_rate, where=where)
+        check_dropped_episodes(groups, stop_error_rate=stop_error_rate, where=where)
     return groups
 
 
@@ -198,6 +201,24 @@ def reward_error_metrics(groups: Sequence[Group]) -> dict[str, object]:
         first = next(s.reason for g in groups for s in g.samples if error_key(s.reason) is not None)
         out["reward/first_error"] = first.removeprefix(ERROR_PREFIX)
     return out
+
+
+def check_dropped_episodes(groups: Sequence[Group], *, stop_error_rate: float, where: str) -> None:
+    """`RewardErrorStop` when at least `stop_error_rate` of the episodes of `groups` were dropped
+    (`episodes.failures`: timed out, or their environment / agent raised), with the same one-line message form
+    as a reward's errors."""
+    dropped = [s.reason for g in groups for s in g.dropped]
+    n = len(dropped) + sum(len(g.samples) for g in groups)
+    if not n or not dropped or len(dropped) / n < stop_error_rate:
+        return
+    kinds = Counter(dropped_kind(r) for r in dropped)
+    share = f"all {n}" if len(dropped) == n else f"{len(dropped)} of {n}"
+    raise RewardErrorStop(
+        f"episode error: {share} episodes of {where or 'a step'} were dropped "
+        f"({', '.join(f'{k} {c}' for k, c in kinds.most_common())}), e.g. {dropped[0].removeprefix(DROPPED)}; "
+        f"the first of each kind is logged above and in the run's train.log. Fix the environment or agent (or raise "
+        f"env.step_timeout_s / env.episode_timeout_s), or set reward.stop_error_rate=null to train on "
+        f"(reward.stop_error_rate={stop_error_rate:g})")
 
 
 def check_reward_errors(groups: Sequence[Group], *, stop_error_rate: float, where: str) -> None:

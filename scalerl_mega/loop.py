@@ -140,7 +140,7 @@ def save_state(comps: LoopComponents, cfg: TrainConfig, *, state: LoopState, out
 
 def _prompt_dict(p: Prompt) -> dict[str, Any]:
     return {"prompt_id": p.prompt_id, "text": p.text, "task": p.task, "gold": p.gold,
-            "token_ids": p.token_ids, "meta": dict(p.meta)}
+            "token_ids": p.token_ids, "meta": dict(p.meta), "row": None if p.row is None else dict(p.row)}
 
 
 # ----------------------------------------------------------------------------- the loop

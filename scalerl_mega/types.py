@@ -49,6 +49,9 @@ class Prompt:
     """Tokenised prompt, filled by the loop before submission."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form metadata carried through to metrics (source file, row, difficulty, ...)."""
+    row: dict[str, Any] | None = None
+    """The dataset row as read, every column unchanged (None: a generated task, whose row is `meta`); episodes
+    pass it to `reset(task)` and agents (`episodes.env.task_row`)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -154,10 +157,13 @@ class Completion:
     env_tokens: int = 0
     """Environment ids spliced into `output_ids` (loss mask 0)."""
     episode_result: tuple[float, bool, str] | None = None
-    """(reward, passed, reason) the episode's environment gave (the sum of its turns' rewards; a raising or
-    timed-out environment: the reward pool's error result): scored as is, without the reward group."""
+    """(reward, passed, reason) the episode's environment gave (the sum of its turns' rewards; a failed episode:
+    `episodes.failures`, reason `dropped: <kind>: ...` when it is not trained): scored as is, without the reward
+    group."""
     broken_prefixes: int = 0
     """`env=agent`: calls of the episode that did not extend the previous call's ids (episodes/stitch.py)."""
+    refused_calls: int = 0
+    """`env=agent`: calls of the episode the endpoint answered with an error (a 4xx: bad body, too long)."""
     messages: list[dict[str, Any]] | None = None
     """The episode's chat messages (the assistant's decoded from its generated ids), for `episodes.jsonl`."""
 
@@ -186,6 +192,9 @@ class Group:
 
     prompt: Prompt
     samples: list[ScoredCompletion]
+    dropped: list[ScoredCompletion] = field(default_factory=list)
+    """Episodes of this prompt that failed for reasons outside the policy (`episodes.failures`): not trained,
+    not in `samples`, counted (`episode/dropped`)."""
 
     @property
     def rewards(self) -> list[float]:

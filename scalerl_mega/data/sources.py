@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,12 +125,14 @@ def iter_jsonl(path: str | os.PathLike, *, max_line_bytes: int = 64 << 20) -> It
                 yield lineno, RowError(f"{path}:{lineno}: {e}", kind=e.kind)
 
 
-def iter_parquet(path: str | os.PathLike, *, columns: list[str] | None = None) -> Iterator[tuple[int, Any]]:
-    """(row number starting at 1, row dict) of a Parquet file, read in record batches."""
+def iter_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
+                 required: Sequence[str] = ()) -> Iterator[tuple[int, Any]]:
+    """(row number starting at 1, row dict) of a Parquet file, read in record batches: `columns` (None: all of
+    them, as episodes receive the whole row); `required` columns must exist."""
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(path)
-    missing = [c for c in columns or [] if c not in pf.schema_arrow.names]
+    missing = [c for c in [*(columns or []), *required] if c not in pf.schema_arrow.names]
     if missing:
         raise RowError(f"{path}: missing column(s) {missing}; columns are {pf.schema_arrow.names}")
     row = 0
@@ -242,6 +244,7 @@ def row_to_prompt(row: object, *, schema: SourceSchema, where: str, tokenizer: T
         task=schema.task,
         gold=gold,
         meta={"source": where.rsplit(":", 1)[0], "row": where.rsplit(":", 1)[-1]},
+        row=dict(row),
     )
 
 
@@ -271,7 +274,7 @@ def load_prompts(
     if fmt == "jsonl":
         rows = iter_jsonl(p, max_line_bytes=max_line_bytes)
     elif fmt == "parquet":
-        rows = iter_parquet(p, columns=[schema.prompt_key, schema.gold_key])
+        rows = iter_parquet(p, required=[schema.prompt_key, schema.gold_key])
     elif fmt == "hf":
         rows = iter_hf(p, split=split)
     else:

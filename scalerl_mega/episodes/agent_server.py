@@ -64,9 +64,9 @@ class RequestError(Exception):
     """A request the endpoint refuses: sent as an OpenAI error body with `status`."""
 
     def __init__(self, message: str, *, status: int = 400, param: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+                 kind: str = "invalid_request_error", code: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.param, self.kind = status, param, kind
+        self.status, self.param, self.kind, self.code = status, param, kind, code
 
 
 @dataclass
@@ -95,12 +95,16 @@ class AgentEndpoint:
     `generate` a blocking `GenerateRequest -> GenerateResult` (the episode driver's bridge to the engines;
     it may be called from several request threads at once). `stop_token_ids` end every generation (default:
     the tokenizer's EOS); `default_max_tokens` applies when a request names no limit; `chat_template` (Jinja
-    source) replaces the tokenizer's own template."""
+    source) replaces the tokenizer's own template; `max_seq_len` (0: none) is the engine's longest sequence: a
+    call whose prompt plus `max_tokens` exceeds it is answered 400 (`context_length_exceeded`), one that names no
+    limit generates what fits; `on_refused(episode_id)` is told of every call of an open episode answered with a
+    4xx."""
 
     def __init__(self, *, tokenizer: "PreTrainedTokenizerBase", generate: Callable[[GenerateRequest], GenerateResult],
                  host: str = "127.0.0.1", port: int = 0, stop_token_ids: list[int] | None = None,
                  default_max_tokens: int = 512, model_name: str = "scalerl-policy",
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, max_seq_len: int = 0,
+                 on_refused: Callable[[str], None] | None = None) -> None:
         if default_max_tokens < 1:
             raise ValueError(f"AgentEndpoint default_max_tokens={default_max_tokens} must be >= 1")
         if stop_token_ids is None:
@@ -111,6 +115,7 @@ class AgentEndpoint:
         self.stop_token_ids = list(stop_token_ids)
         self.default_max_tokens = default_max_tokens
         self.model_name = model_name
+        self.max_seq_len, self.on_refused = int(max_seq_len), on_refused
         self.splicer = ChatSplicer(tokenizer, source=chat_template, stop_token_ids=self.stop_token_ids, check=False)
         self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()
@@ -161,6 +166,13 @@ class AgentEndpoint:
             raise ValueError(f"episode {episode_id!r} is not open")
         return ep.calls
 
+    def refused(self, episode_id: str) -> None:
+        """A call of `episode_id` was answered with a 4xx: `on_refused` is told when the episode is open."""
+        with self._lock:
+            known = episode_id in self._episodes
+        if known and self.on_refused is not None:
+            self.on_refused(episode_id)
+
     # ---- one call ----------------------------------------------------------------------------------
     def models(self, episode_id: str) -> dict[str, JSON]:
         self._episode(episode_id)
@@ -175,6 +187,7 @@ class AgentEndpoint:
                                   top_p=req["top_p"], seed=req["seed"],
                                   stop_token_ids=sorted(set(self.stop_token_ids) | set(self._stop_ids(req["stop"]))))
         prompt_ids = self._prompt_ids(episode_id, req["messages"], req["tools"])
+        sampling.max_new_tokens = self._fitting(len(prompt_ids), req["max_tokens"], given=req["max_tokens_given"])
         request = GenerateRequest(prompt_ids=prompt_ids, sampling=sampling, episode_id=episode_id)
         try:
             result = self.generate(request)
@@ -211,6 +224,20 @@ class AgentEndpoint:
                 "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
                 "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": n_out,
                           "total_tokens": len(prompt_ids) + n_out}}
+
+    def _fitting(self, n_prompt: int, max_tokens: int, *, given: bool) -> int:
+        """`max_tokens` within the engine's sequence length: refused (400) when the call named it and it does not
+        fit, else cut to what fits."""
+        room = self.max_seq_len - n_prompt if self.max_seq_len else max_tokens
+        if max_tokens <= room:
+            return max_tokens
+        if given or room < 1:
+            raise RequestError(f"this model's maximum context length is {self.max_seq_len} tokens; the request has "
+                               f"{n_prompt} tokens in the messages and asks for {max_tokens if given else 'at least 1'}"
+                               f" in the completion (max_tokens): shorten the messages or lower max_tokens",
+                               param="max_tokens" if given and room >= 1 else "messages",
+                               code="context_length_exceeded")
+        return room
 
     def _episode(self, episode_id: str) -> _Episode:
         with self._lock:
@@ -283,6 +310,7 @@ def _parse_request(body: object, *, default_max_tokens: int) -> dict[str, JSON]:
     if model is not None and not isinstance(model, str):
         raise RequestError("model must be a string", param="model")
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    given = limit is not None
     if limit is None:
         limit = default_max_tokens
     elif _is_bool(limit) or not isinstance(limit, int) or limit < 1:
@@ -296,7 +324,7 @@ def _parse_request(body: object, *, default_max_tokens: int) -> dict[str, JSON]:
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
         raise RequestError("stop must be a non-empty string or a list of at most 4 of them", param="stop")
-    return {"model": model, "max_tokens": limit, "temperature": temperature, "top_p": top_p, "seed": seed,
+    return {"model": model, "max_tokens": limit, "max_tokens_given": given, "temperature": temperature, "top_p": top_p, "seed": seed,
             "stop": stop, "tools": _tools(body.get("tools")), "messages": _messages(body.get("messages"))}
 
 
@@ -425,8 +453,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve(post=True)
 
     def _serve(self, *, post: bool) -> None:
+        m = _PATH.match(self.path.split("?", 1)[0])
         try:
-            m = _PATH.match(self.path.split("?", 1)[0])
             if m is None:
                 raise RequestError(f"no route {self.path!r}: the endpoint serves /episodes/<id>/v1/chat/completions "
                                    f"and /episodes/<id>/v1/models", status=404, kind="not_found_error")
@@ -437,7 +465,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._reply(200, self.server.endpoint.models(episode_id))
             self._reply(200, self.server.endpoint.chat_completion(episode_id, self._body()))
         except RequestError as e:
-            self._reply(e.status, {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": None}})
+            if e.status < 500 and m is not None:
+                self.server.endpoint.refused(m.group(1))
+            self._reply(e.status, {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": e.code}})
         except Exception as e:  # noqa: BLE001 - never a traceback to the client; the log has it
             log.exception("agent endpoint: internal error on %s", self.path)
             self._reply(500, {"error": {"message": f"internal error: {type(e).__name__}: {e}", "type": "server_error",

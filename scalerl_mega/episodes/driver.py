@@ -4,15 +4,20 @@
 unchanged: `submit` starts episodes, `poll` returns finished ones, one `Completion` per episode (the sample
 definition of `types.Completion`). Per episode:
 
-1. `reset(task)` (reward pool) gives the opening messages, templated once (`ChatSplicer.opening`);
+1. `reset(task)` (on the episodes' pool, `episodes.pool`) gives the opening messages, templated once
+   (`ChatSplicer.opening`);
 2. each turn submits the episode's full id list to the engine (a continuation: SGLang's radix cache and the
    local engine's prefill reuse nothing of the ids' meaning, only the ids) with what is left of the budget;
 3. the engine's generated ids, log-probs, versions and routes are kept as they are; the reply text (decoded
-   from them) goes to `step` (reward pool); its messages are spliced as the template's prefix-preserving
+   from them) goes to `step` (on the pool); its messages are spliced as the template's prefix-preserving
    difference (`ChatSplicer.environment_ids`), loss mask 0, log-prob 0.0, the preceding token's version;
 4. the episode ends when the environment says done, after `env.max_turns` turns, when the budget
-   (`env.max_tokens`) runs out (finish reason `length`: a truncation), or when a call fails (scored like a
-   raising reward: `incorrect`, with the pool's reason).
+   (`env.max_tokens`) runs out (finish reason `length`: a truncation), or when it fails (`episodes.failures`:
+   a call raised, a call ran past `env.step_timeout_s` of its own time, the episode past `env.episode_timeout_s`).
+
+Every episode's environment calls run concurrently with the other episodes' and with generation: `poll` never
+waits for a call, it collects the finished ones. Deadlines count a call's own time (from when a pool thread
+started it), never its wait for a thread or for the engine.
 
 Staleness counts from the episode's first token: every turn is submitted at the episode's admission version.
 Routes (routing replay) are concatenated: each turn contributes the positions after the previous turn's.
@@ -21,11 +26,14 @@ Routes (routing replay) are concatenated: each turn contributes the positions af
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from scalerl_mega.episodes.env import EnvOutcome, EnvRunner
+from scalerl_mega.episodes.env import EnvRunner, task_row
+from scalerl_mega.episodes.failures import EpisodeFailures
+from scalerl_mega.episodes.pool import Call, EpisodePool
 from scalerl_mega.episodes.template import ChatSplicer
 from scalerl_mega.interfaces import RolloutEngine
 from scalerl_mega.types import Completion, FinishReason, Prompt, Routes, SamplingParams
@@ -57,6 +65,11 @@ class _Episode:
     result: tuple[float, bool, str] | None = None
     stopped_with: int | None = None
     """The stop id the last turn ended with; None when a length limit cut it."""
+    submitted_at: float = 0.0
+    call: Call | None = None
+    """The environment call in flight (reset or step), None while generating."""
+    inner_id: str | None = None
+    """The engine request of the turn in flight."""
 
     def ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
@@ -75,6 +88,15 @@ class EpisodeSettings:
     """The engine's longest sequence (ids of the opening + the output), 0: no limit. The engine is sized from
     the dataset's prompts, but the opening is the environment's `reset` messages templated (e.g. with a system
     message): an episode that reaches it ends truncated, like one that spends its budget."""
+    step_timeout_s: float = 10.0
+    """`env.step_timeout_s`: one `reset`/`step` call's own time at most."""
+    episode_timeout_s: float = 3600.0
+    """`env.episode_timeout_s`: an episode's wall clock from its submission at most (generation included)."""
+    clock: Callable[[], float] = time.monotonic
+    """The deadlines' clock (the pool's own: tests move a manual one)."""
+
+POLL_TICK_S = 0.01
+"""`poll`'s longest wait on one side (engine or pool) while both have work in flight."""
 
 
 class EngineFront:
@@ -99,30 +121,48 @@ class EngineFront:
 
 
 class EpisodeEngine(EngineFront):
-    """A `RolloutEngine` of episodes over `engine` (see the module doc)."""
+    """A `RolloutEngine` of episodes over `engine` (see the module doc); the environment calls run on `pool`."""
 
     def __init__(self, engine: RolloutEngine, *, runner: EnvRunner, splicer: ChatSplicer,
-                 decode: Callable[[list[int]], str], settings: EpisodeSettings) -> None:
+                 decode: Callable[[list[int]], str], settings: EpisodeSettings, pool: EpisodePool,
+                 failures: EpisodeFailures | None = None) -> None:
         self.inner, self.runner, self.splicer, self.decode, self.settings = engine, runner, splicer, decode, settings
+        self.pool, self.failures = pool, failures or EpisodeFailures()
         self._next_key = 0
-        self._to_reset: list[_Episode] = []
+        self._episodes: dict[int, _Episode] = {}
+        """Every episode not yet finished, by key."""
         self._running: dict[str, _Episode] = {}
+        """Episodes with a turn in the engine, by the turn's request id."""
+        self._abandoned: set[str] = set()
+        """Turns of failed episodes still in the engine: dropped when they come back."""
         self._done: list[Completion] = []
 
     # ---- RolloutEngine -------------------------------------------------------------------------------------
     def submit(self, prompt: Prompt, sampling: SamplingParams, *, n: int, version: int, first_index: int = 0) -> None:
+        task = task_row(prompt)
         for j in range(n):
             sp = dataclasses.replace(sampling, seed=None if sampling.seed is None else sampling.seed + j,
                                      stop_token_ids=list(sampling.stop_token_ids))
-            self._to_reset.append(_Episode(key=self._next_key, prompt=prompt, sampling=sp, version=version,
-                                           index=first_index + j))
+            ep = _Episode(key=self._next_key, prompt=prompt, sampling=sp, version=version, index=first_index + j,
+                          submitted_at=self.settings.clock())
+            ep.call = self.pool.submit(self.runner.reset, task)
+            self._episodes[ep.key] = ep
             self._next_key += 1
 
     def poll(self, timeout_s: float = 0.0) -> list[Completion]:
-        self._reset_pending()
-        got = self.inner.poll(0.0 if self._done else timeout_s)
-        stepping = [ep for ep in (self._absorb(c) for c in got) if ep is not None]
-        self._step(stepping)
+        self.pool.wake.clear()
+        self._advance()
+        waiting = [ep for ep in self._episodes.values() if ep.call is not None]
+        wait_s = 0.0 if self._done else min(timeout_s, self._next_deadline(waiting))
+        if self._running or self._abandoned:
+            got = self.inner.poll(min(wait_s, POLL_TICK_S) if waiting else wait_s)
+        else:
+            got = []
+            if waiting:
+                self.pool.wait(wait_s)
+        for c in got:
+            self._absorb(c)
+        self._advance()
         out, self._done = self._done, []
         return out
 
@@ -130,11 +170,11 @@ class EpisodeEngine(EngineFront):
         try:
             self.inner.close()
         finally:
-            self.runner.close()
+            self.pool.close()
 
     @property
     def episodes_in_flight(self) -> int:
-        return len(self._to_reset) + len(self._running)
+        return len(self._episodes)
 
     @property
     def in_flight_turns(self) -> list[int]:
@@ -142,20 +182,42 @@ class EpisodeEngine(EngineFront):
         return [ep.turns for ep in self._running.values()]
 
     # ---- one episode's life ------------------------------------------------------------------------------------
-    def _reset_pending(self) -> None:
-        eps, self._to_reset = self._to_reset, []
-        for ep, res in zip(eps, self.runner.map([self.runner.reset_call(ep.prompt) for ep in eps])):
-            if not isinstance(res, EnvOutcome):
-                ep.prompt_ids = list(ep.prompt.token_ids or [])
-                self._fail(ep, res)
-                continue
-            ep.env, ep.messages = res.env, list(res.messages)
-            ep.prompt_ids = self.splicer.opening(ep.messages)
-            if self._left(ep) <= 0:  # the opening alone fills the engine's sequence
-                ep.finish = FinishReason.LENGTH
-                self._finish(ep)
-                continue
-            self._submit_turn(ep)
+    def _next_deadline(self, waiting: list[_Episode]) -> float:
+        """Seconds until the first deadline of a call in flight could pass (a bound on how long to wait)."""
+        now, s = self.settings.clock(), self.settings
+        left = [s.episode_timeout_s - (now - ep.submitted_at) for ep in self._episodes.values()]
+        left += [s.step_timeout_s - ep.call.running_for(now) for ep in waiting if ep.call.started is not None]
+        return max(0.0, min(left, default=float("inf"))) + 1e-3
+
+    def _advance(self) -> None:
+        """Finished environment calls move their episodes on; calls and episodes past their deadlines fail."""
+        now = self.settings.clock()
+        for ep in list(self._episodes.values()):
+            call = ep.call
+            if call is not None and call.done:
+                ep.call = None
+                if call.error is not None:
+                    self._fail(ep, "env_error", error=call.error)
+                elif ep.env is None:
+                    self._opened(ep, *call.value)
+                else:
+                    self._stepped(ep, *call.value)
+            elif now - ep.submitted_at > self.settings.episode_timeout_s:
+                self._fail(ep, "episode_timeout", detail=f"the episode ran past env.episode_timeout_s="
+                                                         f"{self.settings.episode_timeout_s:g} s")
+            elif call is not None and call.running_for(now) > self.settings.step_timeout_s:
+                what = "reset" if ep.env is None else "step"
+                self._fail(ep, "step_timeout", detail=f"{self.runner.target}.{what} ran past env.step_timeout_s="
+                                                      f"{self.settings.step_timeout_s:g} s")
+
+    def _opened(self, ep: _Episode, env: Any, messages: list[dict]) -> None:
+        ep.env, ep.messages = env, list(messages)
+        ep.prompt_ids = self.splicer.opening(ep.messages)
+        if self._left(ep) <= 0:  # the opening alone fills the engine's sequence
+            ep.finish = FinishReason.LENGTH
+            self._finish(ep)
+            return
+        self._submit_turn(ep)
 
     def _left(self, ep: _Episode) -> int:
         """Ids the episode may still hold: its budget's rest, within the engine's sequence length."""
@@ -177,16 +239,20 @@ class EpisodeEngine(EngineFront):
         inner_id = f"{ep.prompt.prompt_id}#{ep.key}.{ep.turns}"
         turn_prompt = Prompt(prompt_id=inner_id, text=ep.prompt.text, task=ep.prompt.task, gold=ep.prompt.gold,
                              token_ids=ep.ids())
-        self._running[inner_id] = ep
+        self._running[inner_id], ep.inner_id = ep, inner_id
         self.inner.submit(turn_prompt, sp, n=1, version=ep.version, first_index=ep.index)
 
-    def _absorb(self, c: Completion) -> _Episode | None:
-        """Append a finished turn to its episode; the episode when its environment must now step."""
+    def _absorb(self, c: Completion) -> None:
+        """Append a finished turn to its episode and start the environment's step on its reply."""
+        if c.prompt_id in self._abandoned:
+            self._abandoned.discard(c.prompt_id)
+            return
         ep = self._running.pop(c.prompt_id, None)
         if ep is None:
             raise RuntimeError(f"episode driver: the engine returned {c.prompt_id!r}, which no episode submitted")
         if list(c.prompt_ids) != ep.ids():
             raise RuntimeError(f"episode driver: the engine continued {c.prompt_id!r} from other ids than submitted")
+        ep.inner_id = None
         ep.output_ids += list(c.output_ids)
         ep.gen_logprobs += list(c.gen_logprobs)
         ep.weight_versions += list(c.weight_versions)
@@ -198,44 +264,46 @@ class EpisodeEngine(EngineFront):
         reply = self.decode(list(c.output_ids))
         ep.messages.append({"role": "assistant", "content": reply})
         ep.stopped_with = self.splicer.stop_id(c.output_ids)
-        return ep
+        ep.call = self.pool.submit(self.runner.step, ep.env, reply)
 
-    def _step(self, eps: list[_Episode]) -> None:
-        calls = [self.runner.step_call(ep.env, ep.messages[-1]["content"]) for ep in eps]
-        for ep, res in zip(eps, self.runner.map(calls)):
-            if not isinstance(res, EnvOutcome):
-                self._fail(ep, res)
-                continue
-            ep.env, ep.reward = res.env, ep.reward + res.reward
-            ep.messages += res.messages
-            left = self._left(ep)
-            if res.done or ep.turns >= self.settings.max_turns or ep.finish not in (
-                    FinishReason.STOP, FinishReason.INTERRUPTED) or not res.messages:
-                self._finish(ep)
-                continue
-            spliced = self.splicer.environment_ids(ep.messages[:len(ep.messages) - len(res.messages)], res.messages,
-                                                   stopped_with=ep.stopped_with)
-            if len(spliced) >= left:  # no room for the messages and one more generated token: truncated
-                ep.finish = FinishReason.LENGTH
-                self._finish(ep)
-                continue
-            last_version = ep.weight_versions[-1] if ep.weight_versions else ep.version
-            ep.output_ids += spliced
-            ep.gen_logprobs += [0.0] * len(spliced)
-            ep.weight_versions += [last_version] * len(spliced)
-            ep.loss_mask += [0] * len(spliced)
-            ep.env_tokens += len(spliced)
-            self._submit_turn(ep)
+    def _stepped(self, ep: _Episode, messages: list[dict], reward: float, done: bool) -> None:
+        ep.reward += reward
+        ep.messages += messages
+        left = self._left(ep)
+        if done or ep.turns >= self.settings.max_turns or ep.finish not in (
+                FinishReason.STOP, FinishReason.INTERRUPTED) or not messages:
+            self._finish(ep)
+            return
+        spliced = self.splicer.environment_ids(ep.messages[:len(ep.messages) - len(messages)], messages,
+                                               stopped_with=ep.stopped_with)
+        if len(spliced) >= left:  # no room for the messages and one more generated token: truncated
+            ep.finish = FinishReason.LENGTH
+            self._finish(ep)
+            return
+        last_version = ep.weight_versions[-1] if ep.weight_versions else ep.version
+        ep.output_ids += spliced
+        ep.gen_logprobs += [0.0] * len(spliced)
+        ep.weight_versions += [last_version] * len(spliced)
+        ep.loss_mask += [0] * len(spliced)
+        ep.env_tokens += len(spliced)
+        self._submit_turn(ep)
 
-    def _fail(self, ep: _Episode, res: Any) -> None:
-        """A failed reset/step: the episode ends, scored as the pool scored the failure (like a raising reward)."""
-        reward = float(res.reward)
-        if reward != reward:  # NaN: the call raised -> incorrect (the pool's failure reward)
-            reward = self.runner.failure_reward
-        ep.result = (reward, False, str(res.reason))
+    def _fail(self, ep: _Episode, kind: str, *, error: BaseException | None = None, detail: str = "") -> None:
+        """The episode ends here (`episodes.failures`: dropped, or scored incorrect); a call or turn still in
+        flight is abandoned."""
+        if ep.call is not None:
+            ep.call.abandoned, ep.call = True, None
+        if ep.inner_id is not None:
+            self._running.pop(ep.inner_id, None)
+            self._abandoned.add(ep.inner_id)
+            ep.inner_id = None
+        if not ep.prompt_ids:
+            ep.prompt_ids = list(ep.prompt.token_ids or [])
+        ep.result = self.failures.result(kind, error=error, detail=detail)
         self._finish(ep)
 
     def _finish(self, ep: _Episode) -> None:
+        self._episodes.pop(ep.key, None)
         if ep.result is None:
             ep.result = (ep.reward, ep.reward >= self.settings.correct, "env")
         self._done.append(Completion(

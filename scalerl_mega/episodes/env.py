@@ -6,19 +6,17 @@
         def step(self, reply: str) -> tuple[list[dict], float, bool]: ...
             # the assistant's reply text -> (messages to append, role user or tool; this turn's reward; done)
 
-The episode's reward is the sum of its turns' rewards. Every `reset` and `step` runs in the reward workers'
-pool (`rewards.pool.RewardPool`) under the deadline `env.step_timeout_s`; the environment object travels to
-the worker and back with each call (so it must pickle). A call that raises, times out or kills its worker
-comes back as the pool's error result, which the episode driver reports exactly as a raising reward is
-reported (`reward/errors`, the first traceback logged, `reward.stop_error_rate`).
+The episode's reward is the sum of its turns' rewards. `task` is the dataset row (`task_row`). Every `reset` and
+`step` runs on a thread of the episodes' own pool (`episodes.pool.EpisodePool`, `env.concurrency` threads), never
+in the reward workers; the environment object stays in the trainer process (it need not pickle). A call that
+raises or returns something malformed, or runs past `env.step_timeout_s`, fails its episode
+(`episodes.failures`: dropped by default).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from scalerl_mega.jsonvalue import JSON
 from scalerl_mega.types import Prompt
 
 ROLES = ("user", "tool", "system")
@@ -32,39 +30,21 @@ class Environment(Protocol):
     def step(self, reply: str) -> tuple[list[dict], float, bool]: ...
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EnvCall:
-    """One `reset` (env None: built here from target and kwargs) or `step` of one episode's environment."""
-
-    target: str
-    kwargs: dict
-    env: Any = None
-    task: dict | None = None
-    reply: str | None = None
-
-
-@dataclass(kw_only=True, slots=True)
-class EnvOutcome:
-    """What a call returned, with the environment object after it."""
-
-    env: Any
-    messages: list[dict]
-    reward: float = 0.0
-    done: bool = False
-    reason: str = "env"
-    """Read by the pool's error log (`rewards.result.error_key`): never an error here."""
-    detail: str = ""
-    extra: dict = field(default_factory=dict)
-
-
-_CLASSES: dict[str, JSON] = {}
+ADDED_KEYS = ("prompt", "gold", "prompt_id")
 
 
 def task_row(prompt: Prompt) -> dict:
-    """The dataset row given to `reset`: the prompt's metadata plus `prompt` (its text), `gold`, `task`,
-    `prompt_id`."""
-    return {**prompt.meta, "prompt": prompt.text, "gold": prompt.gold, "task": prompt.task,
-            "prompt_id": prompt.prompt_id}
+    """What `reset(task)` and an agent's `fn(base_url, task)` receive: the dataset row with all its own columns
+    unchanged (`Prompt.row`; a generated task's row is its `meta`), plus `prompt` (the formatted prompt text),
+    `gold` and `prompt_id`. A row that has a column of one of these names is refused (ValueError naming it):
+    the added key never overwrites the row's own value."""
+    row = prompt.meta if prompt.row is None else prompt.row
+    clash = [k for k in ADDED_KEYS if k in row]
+    if clash:
+        raise ValueError(f"the dataset row of prompt {prompt.prompt_id} has the column(s) {clash}, which episodes add "
+                         f"to the row they pass to reset(task) / fn(base_url, task) ({list(ADDED_KEYS)}): rename "
+                         f"the column in the dataset")
+    return {**row, "prompt": prompt.text, "gold": prompt.gold, "prompt_id": prompt.prompt_id}
 
 
 def check_messages(messages: Any, *, where: str, roles: tuple[str, ...] = ROLES) -> list[dict]:
@@ -78,56 +58,30 @@ def check_messages(messages: Any, *, where: str, roles: tuple[str, ...] = ROLES)
     return [dict(m) for m in messages]
 
 
-def run_env_call(call: EnvCall) -> EnvOutcome:
-    """What a pool worker runs: build and reset the environment, or step it."""
-    if call.env is None:
-        cls = _CLASSES.get(call.target)
-        if cls is None:
-            from scalerl_mega.rewards.custom import resolve_target
-
-            cls = _CLASSES[call.target] = resolve_target(call.target, key="env.custom._target_")
-        env = cls(**call.kwargs)
-        messages = check_messages(env.reset(dict(call.task or {})), where=f"{call.target}.reset",
-                                  roles=("system", "user"))
-        if not messages:
-            raise ValueError(f"{call.target}.reset returned no messages: an episode needs an opening")
-        return EnvOutcome(env=env, messages=messages)
-    out = call.env.step(call.reply)
-    if not (isinstance(out, tuple) and len(out) == 3):
-        raise ValueError(f"{call.target}.step returned {out!r}: expected (messages, reward, done)")
-    messages, reward, done = out
-    reward = float(reward)
-    if reward != reward or reward in (float("inf"), float("-inf")):
-        raise ValueError(f"{call.target}.step returned the reward {out[1]!r}: not a finite number")
-    return EnvOutcome(env=call.env, messages=check_messages(messages, where=f"{call.target}.step"), reward=reward,
-                      done=bool(done))
-
-
 class EnvRunner:
-    """Runs environment calls in a `RewardPool` (`env.step_timeout_s` per call); `map` never raises because of a
-    call: a failed one comes back as the pool's `RewardResult` (reason `error: ...`, `pool_timeout`,
-    `worker_died`)."""
+    """Builds and calls `env.custom._target_` (imported now, so that a bad target fails before any episode).
+    `reset` and `step` are what the pool's threads run; each checks what the user's method returned."""
 
-    def __init__(self, *, target: str, kwargs: dict, step_timeout_s: float, num_workers: int,
-                 failure_reward: float, start_method: str = "spawn") -> None:
+    def __init__(self, *, target: str, kwargs: dict) -> None:
         from scalerl_mega.rewards.custom import resolve_target
-        from scalerl_mega.rewards.pool import RewardPool
 
-        resolve_target(target, key="env.custom._target_")
+        self.cls = resolve_target(target, key="env.custom._target_")
         self.target, self.kwargs = target, dict(kwargs)
-        self.failure_reward = float(failure_reward)
-        self._pool = RewardPool(num_workers=num_workers, score_fn=run_env_call,
-                                deadline_fn=lambda _call: float(step_timeout_s), init_fn=None,
-                                failure_reward=failure_reward, start_method=start_method)
 
-    def map(self, calls: list[EnvCall]) -> list[Any]:
-        return self._pool.map(calls) if calls else []
+    def reset(self, task: dict) -> tuple[Any, list[dict]]:
+        """A new environment and its opening messages (roles system/user)."""
+        env = self.cls(**self.kwargs)
+        messages = check_messages(env.reset(dict(task)), where=f"{self.target}.reset", roles=("system", "user"))
+        if not messages:
+            raise ValueError(f"{self.target}.reset returned no messages: an episode needs an opening")
+        return env, messages
 
-    def reset_call(self, prompt: Prompt) -> EnvCall:
-        return EnvCall(target=self.target, kwargs=self.kwargs, task=task_row(prompt))
-
-    def step_call(self, env: Any, reply: str) -> EnvCall:
-        return EnvCall(target=self.target, kwargs=self.kwargs, env=env, reply=reply)
-
-    def close(self) -> None:
-        self._pool.close()
+    def step(self, env: Any, reply: str) -> tuple[list[dict], float, bool]:
+        out = env.step(reply)
+        if not (isinstance(out, tuple) and len(out) == 3):
+            raise ValueError(f"{self.target}.step returned {out!r}: expected (messages, reward, done)")
+        messages, reward, done = out
+        reward = float(reward)
+        if reward != reward or reward in (float("inf"), float("-inf")):
+            raise ValueError(f"{self.target}.step returned the reward {out[1]!r}: not a finite number")
+        return check_messages(messages, where=f"{self.target}.step"), reward, bool(done)

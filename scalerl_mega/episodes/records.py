@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
+from scalerl_mega.episodes.failures import dropped_kind
 from scalerl_mega.jsonvalue import JSON
 from scalerl_mega.types import Group
 
@@ -12,14 +14,26 @@ def episode_metrics(groups: Sequence[Group]) -> dict[str, float]:
     """Means over the step's episodes: `episode/turns`, `episode/env_tokens`, `episode/length` (output ids,
     generated and environment), `episode/generated_tokens`; `episode/env_errors`: episodes ended by a failed
     environment call (also counted in `reward/errors` / `reward/timeouts`); `episode/broken_prefixes` (`env=agent`:
-    calls that did not extend the previous one)."""
+    calls that did not extend the previous one); `episode/refused_calls` (`env=agent`: calls the endpoint answered
+    with an error); `dropped_metrics`."""
     cs = [s.completion for g in groups for s in g.samples]
     n = max(len(cs), 1)
     errors = sum(1 for c in cs if c.episode_result is not None and c.episode_result[2] not in ("env", "agent"))
     return {"episode/turns": sum(c.turns for c in cs) / n, "episode/env_tokens": sum(c.env_tokens for c in cs) / n,
             "episode/length": sum(len(c.output_ids) for c in cs) / n,
             "episode/generated_tokens": sum(sum(c.mask()) for c in cs) / n, "episode/env_errors": float(errors),
-            "episode/broken_prefixes": float(sum(c.broken_prefixes for c in cs))}
+            "episode/broken_prefixes": float(sum(c.broken_prefixes for c in cs)),
+            "episode/refused_calls": float(sum(c.refused_calls for c in cs)), **dropped_metrics(groups)}
+
+
+def dropped_metrics(groups: Sequence[Group]) -> dict[str, float | dict[str, int]]:
+    """`episode/dropped`: the step's episodes not trained (`episodes.failures`); `episode/dropped_by_reason`
+    ({"step_timeout": n, ...}, when any)."""
+    kinds = Counter(dropped_kind(s.reason) for g in groups for s in g.dropped)
+    out: dict[str, float | dict[str, int]] = {"episode/dropped": float(sum(kinds.values()))}
+    if kinds:
+        out["episode/dropped_by_reason"] = dict(kinds.most_common())
+    return out
 
 
 def episode_lines(groups: Sequence[Group], *, step: int) -> list[dict[str, JSON]]:

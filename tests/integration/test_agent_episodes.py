@@ -1,7 +1,8 @@
-"""`env=agent` (episodes/agent.py): agent code written against the real `openai` client runs in the reward pool and
-talks to the per-episode endpoint; its calls are bridged to the local engine from the loop's `poll` and stitched
-into one sample per episode with the engine's exact ids (decode-free checks); a raising agent is scored like a
-raising reward. Needs developer 57b's endpoint (episodes/agent_server.py) and the openai client."""
+"""`env=agent` (episodes/agent.py): agent code written against the real `openai` client runs on the episodes' own
+threads and talks to the per-episode endpoint; its calls are bridged to the local engine from the loop's `poll` and
+stitched into one sample per episode with the engine's exact ids (decode-free checks); a raising agent, or one past
+its own-time deadline, is dropped (or scored like a raising reward); a call longer than the engine's sequence gets
+a 400 and the run goes on."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 pytest.importorskip("scalerl_mega.episodes.agent_server")
 pytest.importorskip("openai")
 
-from scalerl_mega.episodes.agent import AgentEngine  # noqa: E402
+from scalerl_mega.episodes.agent import AgentEngine, AgentSettings  # noqa: E402
+from scalerl_mega.episodes.failures import EpisodeFailures  # noqa: E402
+from scalerl_mega.episodes.pool import EpisodePool  # noqa: E402
 from scalerl_mega.episodes.template import FIXED_TEMPLATES  # noqa: E402
 from scalerl_mega.types import SamplingParams  # noqa: E402
 from tests.unit.test_episodes import EOS, TOK, Recording, _prompt, _spans  # noqa: E402
@@ -18,14 +21,26 @@ from tests.unit.test_episodes import EOS, TOK, Recording, _prompt, _spans  # noq
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _agent_engine(target: str):
+class Held(Recording):
+    """The engine, whose answers the test holds back (`hold`) while it moves the deadline clock."""
+
+    hold = False
+
+    def poll(self, timeout_s=0.0):
+        return [] if self.hold else super().poll(timeout_s)
+
+
+def _agent_engine(target: str, *, on_error: str = "drop", max_seq_len: int = 0, clock=None):
     import copy
+    import time
 
     tok = copy.copy(TOK)
     tok.chat_template = FIXED_TEMPLATES["arith"]
-    rec = Recording()
-    return AgentEngine(rec, tokenizer=tok, target=target, timeout_s=60.0, num_workers=2, failure_reward=-1.0,
-                       correct=1.0, max_turns=4, budget=60, stop_token_ids=[EOS]), rec
+    rec = Held()
+    return AgentEngine(rec, tokenizer=tok, target=target, pool=EpisodePool(size=4), stop_token_ids=[EOS],
+                       settings=AgentSettings(correct=1.0, max_turns=4, budget=60, step_timeout_s=10.0,
+                                              episode_timeout_s=1e6, clock=clock or time.monotonic),
+                       failures=EpisodeFailures(on_error=on_error, failure_reward=-1.0), max_seq_len=max_seq_len), rec
 
 
 def _collect(eng, n):
@@ -72,13 +87,73 @@ def test_openai_client_agent_episodes_keep_the_engines_ids():
         assert ep.env_tokens == e - s
 
 
-def test_a_raising_agent_is_scored_like_a_raising_reward():
-    eng, _ = _agent_engine("tests.support.episode_envs.raising_agent")
+@pytest.mark.parametrize("on_error", ["drop", "score_incorrect"])
+def test_a_raising_agent_is_dropped_or_scored_like_a_raising_reward(on_error):
+    eng, _ = _agent_engine("tests.support.episode_envs.raising_agent", on_error=on_error)
     try:
         eng.submit(_prompt(1, 2), SamplingParams(max_new_tokens=8, seed=0, stop_token_ids=[EOS]), n=1, version=0)
         (ep,) = _collect(eng, 1)
     finally:
         eng.close()
-    assert ep.episode_result[:2] == (-1.0, False)
-    assert ep.episode_result[2].startswith("error: KeyError at episode_envs.py")
+    if on_error == "drop":
+        assert ep.episode_result[:2] == (0.0, False)
+        assert ep.episode_result[2].startswith("dropped: agent_error: error: KeyError at episode_envs.py")
+    else:
+        assert ep.episode_result[:2] == (-1.0, False)
+        assert ep.episode_result[2].startswith("error: KeyError at episode_envs.py")
     assert ep.output_ids == [] and ep.turns == 0
+
+
+def test_an_agent_past_its_own_time_is_dropped_while_waiting_for_generation_is_not_its_time():
+    """On a manual deadline clock (step deadline 10 s): while the agent's call waits in the engine (held back), the
+    clock passes 1000 s and the episode goes on; once the call is answered and the agent blocks in its own code,
+    11 s more drop it."""
+    from tests.support.episode_envs import BLOCKED, RELEASE, ManualClock
+
+    RELEASE.clear()
+    BLOCKED.clear()
+    clock = ManualClock()
+    eng, rec = _agent_engine("tests.support.episode_envs.hanging_agent", clock=clock)
+    rec.hold = True
+    try:
+        eng.submit(_prompt(1, 2), SamplingParams(max_new_tokens=4, seed=0, stop_token_ids=[EOS]), n=1, version=0)
+        for _ in range(20000):  # a hang guard: until the agent's call reached the engine
+            assert eng.poll(0.01) == []
+            if rec.submitted:
+                break
+        clock.advance(1000.0)
+        for _ in range(3):
+            assert eng.poll(0.0) == []  # waiting for generation: not the agent's own time
+        rec.hold = False
+        for _ in range(20000):
+            assert eng.poll(0.01) == []
+            if BLOCKED.is_set():
+                break
+        clock.advance(11.0)
+        (ep,) = _collect(eng, 1)
+    finally:
+        RELEASE.set()
+        eng.close()
+    assert ep.episode_result == (0.0, False, "dropped: step_timeout: tests.support.episode_envs.hanging_agent ran past "
+                                             "env.step_timeout_s=10 s of its own time")
+    assert ep.turns == 1 and len(rec.returned) == 1  # its one call was answered before the deadline fired
+
+
+def test_a_call_longer_than_the_engines_sequence_gets_a_400_and_the_run_goes_on():
+    """`max_seq_len` 20: the question (`<bos>Q:12+34=`, 9 ids) with max_tokens=16 is refused with an OpenAI-style
+    400 (the real `openai` client raises BadRequestError carrying it); a malformed body too; the agent goes on, its
+    refused calls are counted in the episode, and a call that fits is served."""
+    eng, rec = _agent_engine("tests.support.episode_envs.oversized_agent", max_seq_len=20)
+    try:
+        eng.submit(_prompt(12, 34), SamplingParams(max_new_tokens=8, seed=0, stop_token_ids=[EOS]), n=1, version=0)
+        (ep,) = _collect(eng, 1)
+    finally:
+        eng.close()
+    from tests.support.episode_envs import OVERSIZED_SEEN
+
+    too_long, malformed = OVERSIZED_SEEN["too_long"], OVERSIZED_SEEN["malformed"]
+    assert too_long["status"] == 400 and too_long["code"] == "context_length_exceeded"
+    assert "maximum context length is 20 tokens" in too_long["message"] and "9 tokens in the messages" in too_long["message"]
+    assert malformed["status"] == 400 and malformed["param"] == "messages"
+    assert ep.refused_calls == 2 and ep.turns == 1 and ep.episode_result == (1.0, True, "agent")
+    assert len(rec.returned) == 1 and len(next(iter(rec.returned.values())).prompt_ids) == 9

@@ -9,7 +9,8 @@ engine; 2 RL steps at PPO k=1 with the loop's own on-policy assert. Checked agai
   environment ids, which are the arith template's: `<eos>` closing a turn the engine did not end itself, then the
   characters of " no " + the question;
 - the reward is the agent's: 1 when the gold sum (from the question) is in the second reply, else -1;
-- the trainer's log-probs of the generated ids agree with the engine's (`metrics.mismatch_mode=assert`)."""
+- the trainer's log-probs of the generated ids agree with the engine's (`metrics.mismatch_mode=assert`);
+- the run ends (exit 0, agents of the next steps still in flight) without an error or a traceback in its log."""
 
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ def test_env_agent_trains_through_scalerl_train_with_the_engines_ids(tmp_path):
     cmd = [sys.executable, "-m", "tests.support.agent_train", str(record), *TINY, f"output_dir={out}", *AGENT]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"scalerl-train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    logged = proc.stdout + proc.stderr  # a normal end with agents in flight logs no error, no traceback
+    assert "[ERROR]" not in logged and "Traceback" not in logged and "shutting down" not in logged, logged[-6000:]
     tok = _arith()
     eos = tok.eos_token_id
     chars = lambda text: [tok.convert_tokens_to_ids(ch) for ch in text]  # noqa: E731 - the arith vocabulary

@@ -1,5 +1,5 @@
-"""`scalerl-train env=custom` end to end (Megatron-Core trainer, the local engine process, the environment in the
-reward pool): one sample per episode through the groups, the batch and the optimizer step; `episodes.jsonl`; the
+"""`scalerl-train env=custom` end to end (Megatron-Core trainer, the local engine process, the environment on the
+episodes' own threads): one sample per episode through the groups, the batch and the optimizer step; `episodes.jsonl`; the
 episode metrics; and the on-policy agreement of a multi-turn run at PPO-off-policy k=1 in FP32: every generated
 token of every episode (turn 2 included, after spliced environment ids) has the trainer's log-prob within 1e-3 of
 the engine's (asserted by the loop itself, `metrics.mismatch_mode=assert`), with rollout routing replay of the

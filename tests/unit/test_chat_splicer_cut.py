@@ -53,20 +53,20 @@ def _driver_second_turn_ids(tok, first):
     """The ids the episode driver submits for turn 2 after `first` = (output ids, finish reason)."""
     from scalerl_mega.episodes.driver import EpisodeEngine, EpisodeSettings
     from scalerl_mega.episodes.env import EnvRunner
+    from scalerl_mega.episodes.pool import EpisodePool
     from scalerl_mega.episodes.template import ChatSplicer
 
     eos = tok.eos_token_id
     engine = Scripted([first, ([eos], FinishReason.STOP)])
-    runner = EnvRunner(target="tests.support.episode_envs.ScriptedEnv", kwargs={"turns": 2}, step_timeout_s=10.0,
-                       num_workers=1, failure_reward=-1.0)
+    runner = EnvRunner(target="tests.support.episode_envs.ScriptedEnv", kwargs={"turns": 2})
     eng = EpisodeEngine(engine, runner=runner, splicer=ChatSplicer(tok, stop_token_ids=[eos]),
-                        decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+                        decode=lambda ids: tok.decode(ids, skip_special_tokens=True), pool=EpisodePool(size=1),
                         settings=EpisodeSettings(max_turns=2, budget=200, correct=1.0))
     try:
         eng.submit(Prompt(prompt_id="p", text=QUESTION, task="synthetic", gold="5"),
                    SamplingParams(max_new_tokens=50, stop_token_ids=[eos]), n=1, version=0)
         done = []
-        for _ in range(200):
+        for _ in range(20000):  # a hang guard: each poll waits on the environment's thread or the engine
             done += eng.poll(0.01)
             if done:
                 break

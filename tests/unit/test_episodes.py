@@ -1,6 +1,6 @@
 """Multi-turn episodes on the local engine (episodes/: template, env, driver): the exact-id invariants (decode-free:
 every generated span is the engine's ids, every environment span the template's difference computed here by
-hand), the broken-template refusal, environment exceptions and timeouts reported like a raising reward,
+hand), the broken-template refusal, failed episodes dropped and counted (or scored like a raising reward),
 `env.max_turns` and the episode budget, scoring through the loop's `score_groups`."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import pytest
 from scalerl_mega.data.tasks.tokenizer import build_arith_tokenizer
 from scalerl_mega.episodes.driver import EpisodeEngine, EpisodeSettings
 from scalerl_mega.episodes.env import EnvRunner
+from scalerl_mega.episodes.failures import EpisodeFailures
+from scalerl_mega.episodes.pool import EpisodePool
 from scalerl_mega.episodes.template import ChatSplicer, TemplateError
 from scalerl_mega.rollout.core import CoreConfig
 from scalerl_mega.rollout.inprocess import InProcessRolloutEngine
@@ -52,11 +54,7 @@ class Recording:
 
 @pytest.fixture(scope="module")
 def runner():
-    # the step timeout lets an honest step finish on a loaded machine; only `sleep_step` (an hour) reaches it
-    r = EnvRunner(target="tests.support.episode_envs.ScriptedEnv", kwargs={"turns": 3}, step_timeout_s=15.0,
-                  num_workers=1, failure_reward=-1.0)
-    yield r
-    r.close()
+    return EnvRunner(target="tests.support.episode_envs.ScriptedEnv", kwargs={"turns": 3})
 
 
 def _prompt(a: int, b: int, **meta) -> Prompt:
@@ -65,22 +63,33 @@ def _prompt(a: int, b: int, **meta) -> Prompt:
                   token_ids=TOK(text)["input_ids"])
 
 
-def _run(runner, prompts, *, n=2, budget=60, max_turns=5, max_new=6, version=0, max_seq_len=0):
-    rec = Recording()
+def _run(runner, prompts, *, n=2, budget=60, max_turns=5, max_new=6, version=0, max_seq_len=0, on_error="drop",
+         on_blocked=None):
+    """Run the episodes to their end. Deadlines run on a manual clock (10 s per call): `on_blocked(clock)` is called
+    once an environment call blocks (`episode_envs.BLOCKED`)."""
+    from tests.support.episode_envs import BLOCKED, ManualClock
+
+    rec, clock = Recording(), ManualClock()
+    BLOCKED.clear()
     eng = EpisodeEngine(rec, runner=runner, splicer=ChatSplicer(TOK, template="arith", stop_token_ids=[EOS]),
                         decode=lambda ids: TOK.decode(ids, skip_special_tokens=True),
+                        pool=EpisodePool(size=4, clock=clock),
+                        failures=EpisodeFailures(on_error=on_error, failure_reward=-1.0),
                         settings=EpisodeSettings(max_turns=max_turns, budget=budget, correct=1.0,
-                                                 max_seq_len=max_seq_len))
+                                                 max_seq_len=max_seq_len, step_timeout_s=10.0, clock=clock))
     for i, p in enumerate(prompts):
         eng.submit(p, SamplingParams(max_new_tokens=max_new, stop_token_ids=[EOS, *DIGITS], seed=10 * i), n=n,
                    version=version)
     out = []
-    for _ in range(2000):
-        out += eng.poll(0.0)
+    for _ in range(20000):  # a hang guard: every poll either waits on the engine or on the environment threads
+        out += eng.poll(0.05)
         if len(out) == n * len(prompts):
             break
+        if on_blocked is not None and BLOCKED.is_set():
+            on_blocked(clock)
+            on_blocked = None
     assert len(out) == n * len(prompts) and eng.episodes_in_flight == 0
-    rec.close()
+    eng.close()
     return out, rec
 
 
@@ -163,20 +172,9 @@ def test_the_engines_sequence_length_caps_an_episode(runner):
     assert any(ep.finish_reason == FinishReason.LENGTH for ep in episodes)
 
 
-def test_environment_errors_and_timeouts_score_like_a_raising_reward(runner, caplog):
-    from scalerl_mega.inflight import _Pending, reward_error_metrics, score_groups
-
-    prompts = [_prompt(1, 2, mode="raise_reset"), _prompt(3, 4, mode="raise_step"), _prompt(5, 6, mode="sleep_step")]
-    episodes, _ = _run(runner, prompts, n=1, max_new=4)
-    by = {c.prompt_id: c for c in episodes}
-    reset = by["p1_2"].episode_result
-    assert reset[:2] == (-1.0, False) and reset[2].startswith("error: RuntimeError at episode_envs.py")
-    assert by["p1_2"].output_ids == [] and by["p1_2"].turns == 0
-    step = by["p3_4"]
-    assert step.turns in (1, 2)
-    if step.turns == 2:  # the second step raised
-        assert step.episode_result[2].startswith("error: ValueError at episode_envs.py")
-    assert by["p5_6"].episode_result == (-1.0, False, "pool_timeout")
+def _score(prompts, episodes, *, stop_error_rate=None):
+    from scalerl_mega.config import LengthConfig
+    from scalerl_mega.inflight import _Pending, score_groups
 
     class Comps:
         def decode(self, ids):
@@ -185,12 +183,80 @@ def test_environment_errors_and_timeouts_score_like_a_raising_reward(runner, cap
         def reward_fn(self, prompts, texts):
             raise AssertionError("episodes are scored by their environment")
 
-    from scalerl_mega.config import LengthConfig
+    pend = [_Pending(seq=i, prompt=p, version=0, completions=[c for c in episodes if c.prompt_id == p.prompt_id])
+            for i, p in enumerate(prompts)]
+    return score_groups(pend, Comps(), LengthConfig(name="interruption"), stop_error_rate=stop_error_rate,
+                        where="step 1")
 
-    pend = [_Pending(seq=i, prompt=p, version=0, completions=[by[p.prompt_id]]) for i, p in enumerate(prompts)]
-    groups = score_groups(pend, Comps(), LengthConfig(name="interruption"))
+
+@pytest.fixture
+def released():
+    """Lets `sleep_step` environments return at the end of the test (their deadline has fired by then)."""
+    from tests.support.episode_envs import RELEASE
+
+    RELEASE.clear()
+    yield
+    RELEASE.set()
+
+
+def _past_the_step_deadline(clock):
+    clock.advance(10.5)
+
+
+def test_failed_episodes_are_dropped_and_counted_by_reason(runner, released, caplog):
+    """A raising reset, a raising step and a step that never returns (it blocks until the test ends; the deadline
+    clock passes its 10 s once it blocks) end their episodes; by default they are not trained: moved out of their
+    group into `Group.dropped`, counted by reason, each kind logged once."""
+    from scalerl_mega.episodes.records import episode_metrics
+    from scalerl_mega.inflight import RewardErrorStop, reward_error_metrics
+
+    prompts = [_prompt(1, 2, mode="raise_reset"), _prompt(3, 4, mode="raise_step"), _prompt(7, 8)]
+    episodes, _ = _run(runner, prompts, n=1, max_new=4)
+    hung = _prompt(5, 6, mode="sleep_step")
+    late, _ = _run(runner, [hung], n=1, max_new=4, on_blocked=_past_the_step_deadline)
+    episodes, prompts = episodes + late, prompts + [hung]
+    by = {c.prompt_id: c for c in episodes}
+    reset = by["p1_2"].episode_result
+    assert reset[:2] == (0.0, False) and reset[2].startswith("dropped: env_error: error: RuntimeError at episode_envs.py")
+    assert by["p1_2"].output_ids == [] and by["p1_2"].turns == 0
+    step = by["p3_4"]
+    assert step.turns in (1, 2)
+    if step.turns == 2:  # the second step raised
+        assert step.episode_result[2].startswith("dropped: env_error: error: ValueError at episode_envs.py")
+    assert by["p5_6"].episode_result == (0.0, False, "dropped: step_timeout: tests.support.episode_envs.ScriptedEnv"
+                                                     ".step ran past env.step_timeout_s=10 s")
+    groups = _score(prompts, episodes)
+    kept = [s.completion.prompt_id for g in groups for s in g.samples]
+    assert "p1_2" not in kept and "p5_6" not in kept and "p7_8" in kept
+    m = episode_metrics(groups)
+    n_env = 2 if step.turns == 2 else 1
+    assert m["episode/dropped"] == 1.0 + n_env and m["episode/dropped_by_reason"] == {"env_error": n_env,
+                                                                                      "step_timeout": 1}
+    assert reward_error_metrics(groups)["reward/errors"] == 0.0  # not scored: nothing to count there
+    logged = [r.getMessage() for r in caplog.records if r.name == "scalerl_mega.episodes"]
+    assert len(logged) == 1 + n_env and sum("step_timeout" in line for line in logged) == 1
+    with pytest.raises(RewardErrorStop, match=rf"episode error: {1 + n_env} of 4 episodes of step 1 were dropped "
+                                              r"\(.*step_timeout 1.*\).*reward.stop_error_rate=0.5"):
+        _score(prompts, episodes, stop_error_rate=0.5)
+    _score(prompts, episodes, stop_error_rate=1.0)  # below the rate: trains on
+
+
+def test_score_incorrect_keeps_failed_episodes_as_a_raising_reward(runner, released):
+    from scalerl_mega.inflight import reward_error_metrics
+
+    prompts = [_prompt(1, 2, mode="raise_reset")]
+    episodes, _ = _run(runner, prompts, n=1, max_new=4, on_error="score_incorrect")
+    hung = _prompt(5, 6, mode="sleep_step")
+    late, _ = _run(runner, [hung], n=1, max_new=4, on_error="score_incorrect", on_blocked=_past_the_step_deadline)
+    episodes, prompts = episodes + late, prompts + [hung]
+    by = {c.prompt_id: c for c in episodes}
+    assert by["p1_2"].episode_result[:2] == (-1.0, False)
+    assert by["p1_2"].episode_result[2].startswith("error: RuntimeError at episode_envs.py")
+    assert by["p5_6"].episode_result == (-1.0, False, "pool_timeout")
+    groups = _score(prompts, episodes)
+    assert all(len(g.samples) == 1 and not g.dropped for g in groups)
     m = reward_error_metrics(groups)
-    assert m["reward/timeouts"] == 1.0 and m["reward/errors"] == (2.0 if step.turns == 2 else 1.0)
+    assert m["reward/timeouts"] == 1.0 and m["reward/errors"] == 1.0
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused(tmp_path):
