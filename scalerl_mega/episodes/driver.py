@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from scalerl_mega.episodes.coverage import UnknownIds
 from scalerl_mega.episodes.env import EnvOutcome, EnvRunner
 from scalerl_mega.episodes.template import ChatSplicer
 from scalerl_mega.interfaces import RolloutEngine
@@ -57,6 +58,9 @@ class _Episode:
     result: tuple[float, bool, str] | None = None
     stopped_with: int | None = None
     """The stop id the last turn ended with; None when a length limit cut it."""
+    unknown_ids: int = 0
+    seen: list[str] = field(default_factory=list)
+    """What the model saw of the opening and of each environment splice (episodes/coverage.py)."""
 
     def ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
@@ -108,6 +112,7 @@ class EpisodeEngine(EngineFront):
         self._to_reset: list[_Episode] = []
         self._running: dict[str, _Episode] = {}
         self._done: list[Completion] = []
+        self.coverage = UnknownIds(splicer.tokenizer)
 
     # ---- RolloutEngine -------------------------------------------------------------------------------------
     def submit(self, prompt: Prompt, sampling: SamplingParams, *, n: int, version: int, first_index: int = 0) -> None:
@@ -151,6 +156,7 @@ class EpisodeEngine(EngineFront):
                 continue
             ep.env, ep.messages = res.env, list(res.messages)
             ep.prompt_ids = self.splicer.opening(ep.messages)
+            self._note(ep, ep.prompt_ids, ep.messages)
             if self._left(ep) <= 0:  # the opening alone fills the engine's sequence
                 ep.finish = FinishReason.LENGTH
                 self._finish(ep)
@@ -225,7 +231,13 @@ class EpisodeEngine(EngineFront):
             ep.weight_versions += [last_version] * len(spliced)
             ep.loss_mask += [0] * len(spliced)
             ep.env_tokens += len(spliced)
+            self._note(ep, spliced, res.messages)
             self._submit_turn(ep)
+
+    def _note(self, ep: _Episode, ids: list[int], messages: list[dict]) -> None:
+        """Tokenizer coverage of environment ids the model will see (episodes/coverage.py)."""
+        ep.unknown_ids += self.coverage.count(ids, messages)
+        ep.seen.append(self.coverage.seen(ids))
 
     def _fail(self, ep: _Episode, res: Any) -> None:
         """A failed reset/step: the episode ends, scored as the pool scored the failure (like a raising reward)."""
@@ -243,7 +255,8 @@ class EpisodeEngine(EngineFront):
             output_ids=ep.output_ids, gen_logprobs=ep.gen_logprobs, weight_versions=ep.weight_versions,
             finish_reason=ep.finish, loss_mask=ep.loss_mask, submitted_version=ep.version,
             routes=concat_routes(ep.routes), turns=ep.turns, env_tokens=ep.env_tokens, episode_result=ep.result,
-            messages=ep.messages, text=ep.messages[-1]["content"] if ep.turns else ""))
+            messages=ep.messages, text=ep.messages[-1]["content"] if ep.turns else "",
+            unknown_ids=ep.unknown_ids, seen=ep.seen))
 
 
 def concat_routes(parts: list[tuple[Routes, int]]) -> Routes | None:
