@@ -461,6 +461,22 @@ def _warm_start(config: TrainConfig, task: Task, trainer: PolicyTrainer, *, out:
         sft.warm_start(trainer, examples, on_step=log_sft, **kwargs)
 
 
+def _with_recorded_run(argv: list[str]) -> list[str]:
+    """`argv` with the overrides a tiny checkpoint records beside itself (`init_from_hf`'s scalerl_run.json),
+    said in one line; an unreadable file: one `config error:` line, exit 2."""
+    from scalerl_mega.tiny_run import RUN_FILE, with_recorded
+
+    try:
+        argv, added = with_recorded(argv)
+    except ValueError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if added:
+        print(f"init_from_hf is a tiny checkpoint for the synthetic task on CPU: adding its {RUN_FILE}'s "
+              f"{' '.join(added)} (the command line's own keys win)", flush=True)
+    return argv
+
+
 def main() -> None:
     """Console script `scalerl-train`."""
     import hydra
@@ -470,6 +486,7 @@ def main() -> None:
     from scalerl_mega.run_dir import config_or_exit, precheck_overrides
 
     register_configs()
+    sys.argv[1:] = _with_recorded_run(sys.argv[1:])  # a tiny checkpoint's own settings (tiny_run.py)
     precheck_overrides(sys.argv[1:])  # a bad override or a misspelled name: one line, exit 2
     validate_only = "--validate" in sys.argv[1:]  # compose + every compose-time check, then exit
     if validate_only:

@@ -154,7 +154,8 @@ def recompute_assumed(args, sl) -> tuple[str, str]:
 def assumed_line(args, lay: TrainLayout, source: str) -> str:
     """One line naming every setting the plan assumed that a flag may change."""
     sp = "on" if lay.sequence_parallel and lay.tp > 1 else "off"
-    head = "BF16 head" if args.bf16_head else "FP32 head, " + ("fused CISPO logits" if lay.fused_head else "full logits")
+    logits = "fused CISPO logits" if lay.fused_head else "full logits"
+    head = "BF16 head" if args.bf16_head else f"FP32 head, {logits}"
     return (f"assumed: recompute={lay.recompute} ({source}), sequence parallel {sp}, "
             f"distributed optimizer {'off' if args.no_distributed_optimizer else 'on'}, {head}, "
             f"seq_len={lay.seq_len}, micro_batch={lay.micro_batch}, "
