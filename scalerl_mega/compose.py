@@ -93,6 +93,9 @@ def compose_node(overrides: list[str]) -> DictConfig:
     from scalerl_mega.config import register_configs
 
     register_configs()
+    from scalerl_mega.tiny_run import with_recorded
+
+    overrides, _ = with_recorded(overrides)  # a tiny checkpoint's own settings, as `scalerl-train` adds them
     kept = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
     if not any(o.startswith("output_dir=") for o in kept):
         kept.append("output_dir=.")

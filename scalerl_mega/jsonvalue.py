@@ -56,7 +56,8 @@ def loads_strict(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> JSON:
     except RecursionError:
         raise BadValue("too_deep", f"nesting deeper than {max_depth}") from None
     except json.JSONDecodeError as e:
-        raise BadValue("bad_json", f"bad JSON ({e.msg} at column {e.colno})") from None
+        where = f"column {e.colno}" if e.lineno == 1 else f"line {e.lineno} column {e.colno}"
+        raise BadValue("bad_json", f"bad JSON ({e.msg} at {where})") from None
     check_value(value, max_depth=max_depth)
     return value
 

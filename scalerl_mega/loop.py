@@ -51,6 +51,7 @@ from scalerl_mega.metrics.alarms import MismatchGuard, TruncationAlarm
 from scalerl_mega.metrics.calibration import GEN_STAT_KEYS, calibration_fields, engine_decode_stats
 from scalerl_mega.metrics.compute import ComputeCounter, gpu_utilization
 from scalerl_mega.metrics.progress import ProgressClock, progress_line
+from scalerl_mega.metrics.untrained import UNTRAINED_KEY, no_training_warning, untrained_step_line
 from scalerl_mega.metrics.rollout_stats import rollout_metrics, staleness_histogram, tokens_per_version
 from scalerl_mega.metrics.val_window import center_step, val_metrics, window_slice
 from scalerl_mega.metrics.writer import MetricsWriter
@@ -225,6 +226,7 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
         _validate(cfg, comps, router, state, writer, compute, forecaster, rng)
 
     clock = _StepClock()
+    first_step, trained_steps = state.step, 0
     while state.step < cfg.train.steps:
         s = state.step
         clock.start(comps.engine)
@@ -240,11 +242,7 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
         metrics.update(res.metrics)
         engine_busy = router.in_flight > 0  # 5. optimizer step (the engines keep generating meanwhile)
         t_train = time.monotonic()
-        if res.batch is not None:
-            tm = comps.trainer.train_step(res.batch)
-            metrics.update({f"train/{key}": v for key, v in tm.items()})
-        else:
-            metrics["skipped_no_signal"] = 1.0
+        trained_steps += _train_or_say_why(cfg, comps, res, metrics, step=s + 1, prompts=len(groups))
         train_s = time.monotonic() - t_train
         if not engine_busy:
             clock.gen_idle += train_s
@@ -276,6 +274,8 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
         if _validate_save_or_stop(cfg, comps, router, state, writer, compute, forecaster, rng, clock=clock):
             return state
     guard.finish()
+    if state.step > first_step and not trained_steps:
+        log.warning("%s", no_training_warning(state.step - first_step))
     return state
 
 
@@ -388,6 +388,20 @@ def _build_batch(cfg: TrainConfig, groups: list[Group], *, step: int) -> BatchRe
                              micro_batch_tokens=cfg.train.micro_batch_tokens,
                              pack_sequences=cfg.train.pack_sequences, policy_version=step,
                              route_weights=cfg.moe.routing_replay == "ids_and_weights")
+
+
+def _train_or_say_why(cfg: TrainConfig, comps: LoopComponents, res: BatchResult, metrics: dict[str, Any], *,
+                      step: int, prompts: int) -> bool:
+    """Step 5: the optimizer step on the batch (its `train/*` metrics), or, when the filter kept no prompt, the
+    console line saying so and `skipped_no_signal` (metrics/untrained.py). Whether it trained."""
+    if res.batch is not None:
+        tm = comps.trainer.train_step(res.batch)
+        metrics.update({f"train/{key}": v for key, v in tm.items()})
+        return True
+    metrics[UNTRAINED_KEY] = 1.0
+    log.warning("%s", untrained_step_line(step, prompts=prompts, kept_prompts=0,
+                                          zero_variance=cfg.filter.name == "zero_variance"))
+    return False
 
 
 def _step_fields(cfg: TrainConfig, comps: LoopComponents, groups: list[Group], pendings: list[_Pending],

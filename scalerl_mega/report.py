@@ -112,8 +112,10 @@ def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget
     key = compute_key(val)
     unit = "GPU-hours" if key == "compute_gpu_hours" else "device-hours"
     points = [(float(r[key]), float(r["val_pass_rate"]), int(r["step"])) for r in val]
+    from scalerl_mega.metrics.untrained import report_lines as untrained_lines
+
     lines = [f"# {title}", "", *_summary_lines(points, train, extra=extra, unit=unit), *_reward_error_lines(train),
-             ""]
+             *untrained_lines(train), ""]
     n_samples = [float(r["val_prompts"]) * float(r["val_samples_per_prompt"]) if "val_prompts" in r and
                  "val_samples_per_prompt" in r else None for r in val]
     ns = None if any(v is None for v in n_samples) else n_samples

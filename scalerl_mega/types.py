@@ -166,6 +166,10 @@ class Completion:
     """`env=agent`: calls of the episode the endpoint answered with an error (a 4xx: bad body, too long)."""
     messages: list[dict[str, Any]] | None = None
     """The episode's chat messages (the assistant's decoded from its generated ids), for `episodes.jsonl`."""
+    unknown_ids: int = 0
+    """`env=custom`: environment ids that are the tokenizer's unknown id (episodes/coverage.py)."""
+    seen: list[str] | None = None
+    """`env=custom`: what the model saw of the opening and of each environment splice (the decoded ids)."""
 
     @property
     def num_tokens(self) -> int:

@@ -4,11 +4,18 @@
 Examples:
   tools/plan.py --layout train_scout       # slurm/train_scout.sh's default layout (scalerl_mega/cluster/layouts.py)
   tools/plan.py --layout train_scout --device h200 --tp 8 --gen-tp 4 --recompute selective  # flags override it
+  tools/plan.py --layout train_qwen3_moe GPU_TYPE=h200 MODEL=qwen3_235b_a22b TRAINER_NODES=8 TP=4 PP=2 EP=32 GEN_TP=8
+                                           # a `layout[...]` line of the script's header, typed as it stands
   tools/plan.py --model llama3_8b --device h100_80gb --tp 4 --dp 4 --gen-tp 1
   tools/plan.py --model scout_17b16e --device gb200 --tp 4 --pp 1 --dp 4 --ep 4 --gen-tp 2
   tools/plan.py --table            # the table in docs/cluster_and_gpu.md: every model on every device
   tools/plan.py --sync-table       # predicted weight-sync seconds and floors, one vs per-stage senders, SGLang and
                                    # local engines (scalerl_mega/cluster/sync_model.py; --json: one row each)
+
+Settings not given are the Slurm scripts': `--recompute` defaults to the recompute of the script that ships
+`--model` (full, except selective for slurm/train_dense.sh's 8B models; cluster/layouts.py script_recompute),
+sequence parallel when tp > 1, the distributed optimizer, the FP32 head with the fused CISPO logits, sequence
+16,384, micro-batch 1; the report's first line prints what was assumed.
 
 The trainer figure is the one the meta-device dry run (`dry_run=true`) and the Slurm launch check give for the
 same layout (scalerl_mega/dry_run.py trainer_plan; the default recipe: CISPO with the fused FP32 head).
@@ -127,8 +134,54 @@ def sync_table(links) -> str:
     return "\n".join(rows)
 
 
+HEADER_KEYS = ("MODEL", "GPU_TYPE", "GPUS_PER_NODE", "TRAINER_NODES", "GEN_TP", "TP", "PP", "EP", "RECOMPUTE")
+"""The variables of a script header's `layout[...]` line (`ScriptLayout.with_env` applies them)."""
+
+
+def header_layout(layout: str | None, settings: list[str]):
+    """The `ScriptLayout` of `--layout` under a header line's `KEY=VALUE` settings (None without `--layout`).
+    Raises ValueError naming a malformed or unknown setting, or settings given without `--layout`."""
+    from scalerl_mega.cluster.layouts import LAYOUTS
+
+    env = {}
+    for item in settings:
+        key, eq, value = item.partition("=")
+        if not eq or key not in HEADER_KEYS:
+            raise ValueError(f"{item!r} is not a header setting KEY=VALUE with KEY one of {', '.join(HEADER_KEYS)}")
+        env[key] = value
+    if env and layout is None:
+        raise ValueError(f"{' '.join(settings)}: a header line's settings change a script's defaults; name the "
+                         "script with --layout (e.g. --layout train_qwen3_moe)")
+    return None if layout is None else LAYOUTS[layout].with_env(env)
+
+
+def recompute_assumed(args, sl) -> tuple[str, str]:
+    """(recompute, where it came from): the flag, else the `--layout`'s, else the script that ships the model."""
+    from scalerl_mega.cluster.layouts import script_recompute
+
+    if args.recompute is not None:
+        return args.recompute, "given"
+    if sl is not None:
+        return sl.recompute, f"slurm/{args.layout}.sh's; --recompute to change"
+    mode, names = script_recompute(args.model)
+    scripts = sorted({n.split("/")[0] for n in names})
+    src = f"slurm/{scripts[0]}.sh's, the script that trains {args.model}" if scripts else "train.recompute's default"
+    return mode, f"{src}; --recompute to change"
+
+
+def assumed_line(args, lay: TrainLayout, source: str) -> str:
+    """One line naming every setting the plan assumed that a flag may change."""
+    sp = "on" if lay.sequence_parallel and lay.tp > 1 else "off"
+    logits = "fused CISPO logits" if lay.fused_head else "full logits"
+    head = "BF16 head" if args.bf16_head else f"FP32 head, {logits}"
+    return (f"assumed: recompute={lay.recompute} ({source}), sequence parallel {sp}, "
+            f"distributed optimizer {'off' if args.no_distributed_optimizer else 'on'}, {head}, "
+            f"seq_len={lay.seq_len}, micro_batch={lay.micro_batch}, "
+            f"tp={lay.tp} pp={lay.pp} dp={lay.dp} ep={lay.ep} ({lay.world} trainer GPUs), gen tp={args.gen_tp}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    from scalerl_mega.cluster.layouts import LAYOUTS, RECOMPUTE_DEFAULT
+    from scalerl_mega.cluster.layouts import LAYOUTS
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layout", choices=sorted(LAYOUTS),
@@ -143,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bf16-head", action="store_true", help="precision=bf16_head (default: FP32 output layer)")
     ap.add_argument("--no-sequence-parallel", action="store_true")
     ap.add_argument("--no-distributed-optimizer", action="store_true")
-    ap.add_argument("--recompute", choices=("none", "selective", "full"), default=RECOMPUTE_DEFAULT)
+    ap.add_argument("--recompute", choices=("none", "selective", "full"), default=None,
+                    help="activation recompute (default: the --layout's, else that of the script that ships --model)")
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--seq-len", type=int, default=16384, help="paper Sec. 2: 16,384 tokens")
     ap.add_argument("--num-microbatches", type=int, default=None)
@@ -161,12 +215,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--link-gbps", type=float, default=25.0, help="weight sync: one sender's network GB/s")
     ap.add_argument("--gather-gbps", type=float, default=150.0, help="weight sync: intra-node gather GB/s per GPU")
     ap.add_argument("--recv-gbps", type=float, default=25.0, help="weight sync: one receiving engine rank's GB/s")
+    ap.add_argument("settings", nargs="*", metavar="KEY=VALUE",
+                    help="with --layout: a header line's settings, e.g. GPU_TYPE=h200 TP=4 (the script's variables)")
     known, _ = ap.parse_known_args(argv)
-    if known.layout:  # the script's defaults; flags given on the command line still override them
-        sl = LAYOUTS[known.layout]
+    try:
+        sl = header_layout(known.layout, known.settings)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if sl is not None:  # the script's defaults; flags given on the command line still override them
         lay0 = sl.train_layout()
         ap.set_defaults(model=sl.model, device=sl.gpu_type, tp=lay0.tp, pp=lay0.pp, dp=lay0.dp, ep=lay0.ep,
-                        recompute=lay0.recompute, no_sequence_parallel=not lay0.sequence_parallel, gen_tp=sl.gen_tp)
+                        no_sequence_parallel=not lay0.sequence_parallel, gen_tp=sl.gen_tp,
+                        nics_per_node=sl.gpus_per_node)
     args = ap.parse_args(argv)
 
     from scalerl_mega.cluster.sync_model import SyncLinks, predict_sync
@@ -179,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(sync_rows(links), indent=1) if args.json else sync_table(links))
         return 0
     model, dev = MODELS[args.model], DEVICES[args.device]
+    try:
+        args.recompute, recompute_source = recompute_assumed(args, sl)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     lay = TrainLayout(
         tp=args.tp,
         pp=args.pp,
@@ -204,7 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    out: dict = {"model": model.name, "device": dev.name, "trainer": None, "generator": None}
+    out: dict = {"model": model.name, "device": dev.name, "trainer": None, "generator": None,
+                 "assumed": {"recompute": lay.recompute, "recompute_source": recompute_source}}
+    if not args.json:
+        print(assumed_line(args, lay, recompute_source))
     try:
         out["weight_sync"] = predict_sync(model, lay, links).as_json()
     except ValueError as exc:

@@ -131,6 +131,18 @@ def shipped_layouts() -> dict[str, ScriptLayout]:
     return {**LAYOUTS, **{name: LAYOUTS[script].with_env(env) for name, (script, env) in MODEL_VARIANTS.items()}}
 
 
+def script_recompute(model: str) -> tuple[str, list[str]]:
+    """The activation recompute the shipped scripts train `model` with, and the shipped layouts that train it
+    (`shipped_layouts` names); a model no script ships gets the trainer's default (`train.recompute`) and no names.
+    The memory planner's default for `--model` (tools/plan.py), so a layout typed from a script's header plans the
+    header's figure. Raises ValueError when two shipped layouts of one model disagree (then no default is right)."""
+    found = {name: sl.recompute for name, sl in shipped_layouts().items() if sl.model == model}
+    modes = set(found.values())
+    if len(modes) > 1:
+        raise ValueError(f"shipped layouts of {model!r} disagree on recompute: {found}")
+    return (modes.pop() if modes else RECOMPUTE_DEFAULT), sorted(found)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0] != "defaults" or args[1] not in LAYOUTS:

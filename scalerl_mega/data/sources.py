@@ -118,7 +118,8 @@ def iter_jsonl(path: str | os.PathLike, *, max_line_bytes: int = 64 << 20) -> It
             if not raw.strip():
                 continue
             try:
-                yield lineno, loads_strict(raw.decode("utf-8"))
+                # without its line break: a row cut short is then bad at its end, not "at column 1" of the next line
+                yield lineno, loads_strict(raw.decode("utf-8").rstrip("\r\n"))
             except UnicodeDecodeError as e:
                 yield lineno, RowError(f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start})", kind="not_utf8")
             except BadValue as e:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from scalerl_mega.episodes.coverage import UnknownIds
 from scalerl_mega.episodes.env import EnvRunner, task_row
 from scalerl_mega.episodes.failures import EpisodeFailures
 from scalerl_mega.episodes.pool import Call, EpisodePool
@@ -70,6 +71,9 @@ class _Episode:
     """The environment call in flight (reset or step), None while generating."""
     inner_id: str | None = None
     """The engine request of the turn in flight."""
+    unknown_ids: int = 0
+    seen: list[str] = field(default_factory=list)
+    """What the model saw of the opening and of each environment splice (episodes/coverage.py)."""
 
     def ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
@@ -136,6 +140,7 @@ class EpisodeEngine(EngineFront):
         self._abandoned: set[str] = set()
         """Turns of failed episodes still in the engine: dropped when they come back."""
         self._done: list[Completion] = []
+        self.coverage = UnknownIds(splicer.tokenizer)
 
     # ---- RolloutEngine -------------------------------------------------------------------------------------
     def submit(self, prompt: Prompt, sampling: SamplingParams, *, n: int, version: int, first_index: int = 0) -> None:
@@ -213,6 +218,7 @@ class EpisodeEngine(EngineFront):
     def _opened(self, ep: _Episode, env: Any, messages: list[dict]) -> None:
         ep.env, ep.messages = env, list(messages)
         ep.prompt_ids = self.splicer.opening(ep.messages)
+        self._note(ep, ep.prompt_ids, ep.messages)
         if self._left(ep) <= 0:  # the opening alone fills the engine's sequence
             ep.finish = FinishReason.LENGTH
             self._finish(ep)
@@ -286,7 +292,13 @@ class EpisodeEngine(EngineFront):
         ep.weight_versions += [last_version] * len(spliced)
         ep.loss_mask += [0] * len(spliced)
         ep.env_tokens += len(spliced)
+        self._note(ep, spliced, messages)
         self._submit_turn(ep)
+
+    def _note(self, ep: _Episode, ids: list[int], messages: list[dict]) -> None:
+        """Tokenizer coverage of environment ids the model will see (episodes/coverage.py)."""
+        ep.unknown_ids += self.coverage.count(ids, messages)
+        ep.seen.append(self.coverage.seen(ids))
 
     def _fail(self, ep: _Episode, kind: str, *, error: BaseException | None = None, detail: str = "") -> None:
         """The episode ends here (`episodes.failures`: dropped, or scored incorrect); a call or turn still in
@@ -311,7 +323,8 @@ class EpisodeEngine(EngineFront):
             output_ids=ep.output_ids, gen_logprobs=ep.gen_logprobs, weight_versions=ep.weight_versions,
             finish_reason=ep.finish, loss_mask=ep.loss_mask, submitted_version=ep.version,
             routes=concat_routes(ep.routes), turns=ep.turns, env_tokens=ep.env_tokens, episode_result=ep.result,
-            messages=ep.messages, text=ep.messages[-1]["content"] if ep.turns else ""))
+            messages=ep.messages, text=ep.messages[-1]["content"] if ep.turns else "",
+            unknown_ids=ep.unknown_ids, seen=ep.seen))
 
 
 def concat_routes(parts: list[tuple[Routes, int]]) -> Routes | None:

@@ -15,7 +15,8 @@ def episode_metrics(groups: Sequence[Group]) -> dict[str, float]:
     generated and environment), `episode/generated_tokens`; `episode/env_errors`: episodes ended by a failed
     environment call (also counted in `reward/errors` / `reward/timeouts`); `episode/broken_prefixes` (`env=agent`:
     calls that did not extend the previous one); `episode/refused_calls` (`env=agent`: calls the endpoint answered
-    with an error); `dropped_metrics`."""
+    with an error); `episode/unknown_ids`: environment ids of the step's episodes that are the tokenizer's unknown
+    id (a sum: characters the vocabulary lacks, episodes/coverage.py); `dropped_metrics`."""
     cs = [s.completion for g in groups for s in g.samples]
     n = max(len(cs), 1)
     errors = sum(1 for c in cs if c.episode_result is not None and c.episode_result[2] not in ("env", "agent"))
@@ -23,7 +24,8 @@ def episode_metrics(groups: Sequence[Group]) -> dict[str, float]:
             "episode/length": sum(len(c.output_ids) for c in cs) / n,
             "episode/generated_tokens": sum(sum(c.mask()) for c in cs) / n, "episode/env_errors": float(errors),
             "episode/broken_prefixes": float(sum(c.broken_prefixes for c in cs)),
-            "episode/refused_calls": float(sum(c.refused_calls for c in cs)), **dropped_metrics(groups)}
+            "episode/refused_calls": float(sum(c.refused_calls for c in cs)),
+            "episode/unknown_ids": float(sum(c.unknown_ids for c in cs)), **dropped_metrics(groups)}
 
 
 def dropped_metrics(groups: Sequence[Group]) -> dict[str, float | dict[str, int]]:
@@ -38,7 +40,9 @@ def dropped_metrics(groups: Sequence[Group]) -> dict[str, float | dict[str, int]
 
 def episode_lines(groups: Sequence[Group], *, step: int) -> list[dict[str, JSON]]:
     """One `episodes.jsonl` record per episode: step, prompt_id, turns, reward, ids (opening + output), loss_mask
-    (0 on the opening and environment ids, 1 on generated ones), messages."""
+    (0 on the opening and environment ids, 1 on generated ones), messages (their text), seen (`env=custom`: what the
+    model saw of the opening and of each environment splice, the decoded ids: `<unk>` where the text had
+    characters the tokenizer lacks)."""
     out = []
     for g in groups:
         for s in g.samples:
@@ -46,5 +50,6 @@ def episode_lines(groups: Sequence[Group], *, step: int) -> list[dict[str, JSON]
             out.append({"step": step, "prompt_id": c.prompt_id, "sample_index": c.sample_index, "turns": c.turns,
                         "finish_reason": c.finish_reason.value, "reward": s.reward, "passed": s.passed,
                         "prompt_len": len(c.prompt_ids),
-                        "ids": [*c.prompt_ids, *c.output_ids], "loss_mask": [0] * len(c.prompt_ids) + c.mask(), "messages": c.messages or []})
+                        "ids": [*c.prompt_ids, *c.output_ids], "loss_mask": [0] * len(c.prompt_ids) + c.mask(), "messages": c.messages or [],
+                        "seen": c.seen or []})
     return out

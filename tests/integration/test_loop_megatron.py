@@ -62,7 +62,7 @@ def test_pipeline_rl_2_megatron_trainer_and_engine_process(tmp_path):
         # loss diagnostics (fused CISPO head of the demo: entropy from the same chunked pass)
         assert 0.0 <= r["train/clip_fraction"] <= 1.0 and r["train/approx_kl"] >= -1e-9
         assert r["train/rho_max"] >= r["train/rho_mean"] > 0.0
-        assert 0.0 < r["train/entropy"] <= math.log(48) + 1e-6  # the demo's 48-token vocabulary
+        assert 0.0 < r["train/entropy"] <= math.log(48) + 1e-6  # the demo model's 48 logits (model.vocab_size)
         # the micro-batch plan the batch logs is the one the trainer executed (dp = 1, no SP rounding)
         assert abs(r["train/padding_fraction"] - r["padding_fraction"]) < 1e-12 and r["micro_batches"] >= 1
         assert r["train/executed_tokens"] >= r["batch_tokens_trained"]

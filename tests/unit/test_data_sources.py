@@ -272,3 +272,17 @@ def test_file_level_problems_name_the_path(tmp_path):
             assert str(e.value).startswith(f"{path}") and re.search(reason, str(e.value)), (path, mode, str(e.value))
     with pytest.raises(ValueError, match=f"{tmp_path / 'notds'}: is a directory, not a jsonl file"):
         load_prompts(tmp_path / "notds", schema=POLARIS, fmt="jsonl")
+
+
+@pytest.mark.parametrize("eol", ["\n", "\r\n"])
+def test_bad_json_names_the_column_in_the_row(tmp_path, eol):
+    """The column of a bad row is counted in that row: a row cut short is bad just past its last character
+    (it said "at column 1", the next line's, when the line break was parsed with the row), a missing comma
+    where the next key starts."""
+    cut = '{"problem": "1+1", "answer": '  # 29 characters: nothing after the last colon and space
+    missing = '{"problem": "x" "answer": "2"}'  # the second key starts at column 17
+    good = json.dumps({"problem": "2+2", "answer": "4"})
+    f = write(tmp_path / "bad.jsonl", (cut + eol + missing + eol + good + eol).encode())
+    res = load_prompts(f, schema=POLARIS, on_error="skip")
+    assert res.errors == [f"{f}:1: bad JSON (Expecting value at column {len(cut) + 1})",
+                          f"{f}:2: bad JSON (Expecting ',' delimiter at column 17)"]

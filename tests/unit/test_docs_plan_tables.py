@@ -152,3 +152,66 @@ def test_docs_layout_table_has_each_header_line_in_its_cell():
     dashes = {(key, d) for key, row in cells.items() for d, k in columns.items() if row[k].strip() == "—"}
     assert not dashes & seen and ((("train_qwen3_moe", "qwen3_235b_a22b"), "h100_80gb") in seen)
     assert dashes == {(("train_deepseek_v3", "deepseek_v3_671b"), "h100_80gb")}  # 671B needs > 64 H100 nodes
+
+
+def test_each_shipped_layout_typed_as_flags_plans_its_header_figure(capsys):
+    """A layout typed into the planner as flags, with no --layout and no --recompute, plans the figure its script's
+    header gives: the planner assumes the recompute of the script that trains the model (full, selective for
+    slurm/train_dense.sh's 8B models). Qwen3-235B at TP 4 PP 2 EP 32 on 64 H100s planned 172.16 GiB with the
+    trainer's default (selective) where the script's header says 75.5 (full)."""
+    from scalerl_mega.cluster.layouts import shipped_layouts
+
+    lines = header_lines()
+    for name, sl in shipped_layouts().items():
+        script = name.split("/")[0]
+        gibs = {gib for n, device, env, gib, _ in lines
+                if n == script and device == sl.gpu_type and LAYOUTS[n].with_env(env) == sl}
+        assert len(gibs) == 1, (name, gibs)  # each shipped layout has its header line
+        rc, out = tool_json(capsys, ["--model", sl.model, "--device", sl.gpu_type, "--tp", str(sl.tp),
+                                     "--pp", str(sl.pp), "--dp", str(sl.trainer_gpus // (sl.tp * sl.pp)),
+                                     "--ep", str(sl.ep), "--gen-tp", str(sl.gen_tp)])
+        assert out["assumed"]["recompute"] == sl.recompute, name
+        assert (round(out["trainer"]["total_bytes"] / P.GiB, 1), rc) == (gibs.pop(), 0), name
+
+
+def test_a_header_line_typed_after_its_layout_plans_its_figure(capsys):
+    """`tools/plan.py --layout <script> KEY=VALUE ...` with a `layout[...]` header line's settings as they stand
+    plans the header's figure on the header's GPU; a setting that is not a header variable is refused (exit 1)."""
+    for name, device, env, gib, budget in header_lines():
+        rc, out = tool_json(capsys, ["--layout", name, *(f"{k}={v}" for k, v in env.items())])
+        assert out["device"] == device and rc == 0, (name, env)
+        assert round(out["trainer"]["total_bytes"] / P.GiB, 1) == gib, (name, env)
+    assert plan_tool().main(["--layout", "train_dense", "TPP=2"]) == 1
+    assert "'TPP=2' is not a header setting" in capsys.readouterr().err
+    assert plan_tool().main(["TP=2"]) == 1 and "name the script with --layout" in capsys.readouterr().err
+
+
+def test_the_printed_assumptions_name_the_recompute_and_its_source(capsys):
+    """The report's first line says what the plan assumed: the script's recompute and where it came from, or the
+    flag's when given."""
+    plan_tool().main(["--model", "qwen3_235b_a22b", "--device", "h100_80gb", "--tp", "4", "--pp", "2", "--dp", "8",
+                      "--ep", "32", "--gen-tp", "8"])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("assumed: recompute=full (slurm/train_qwen3_moe.sh's, the script that trains "
+                            "qwen3_235b_a22b; --recompute to change), sequence parallel on"), first
+    assert "tp=4 pp=2 dp=8 ep=32 (64 trainer GPUs)" in first
+    argv = ["--model", "qwen3_235b_a22b", "--device", "h100_80gb", "--tp", "4", "--pp", "2", "--dp", "8", "--ep", "32",
+            "--gen-tp", "8"]
+    rc_full, full = tool_json(capsys, argv)
+    rc_sel, sel = tool_json(capsys, [*argv, "--recompute", "selective"])  # the docs' 75.49 vs 172.16 GiB
+    assert (round(full["trainer"]["total_bytes"] / P.GiB, 2), rc_full) == (75.49, 0)
+    assert (round(sel["trainer"]["total_bytes"] / P.GiB, 2), rc_sel) == (172.16, 2)
+    assert round(P.H100_80GB.budget_bytes / P.GiB, 2) == 75.67
+    plan_tool().main(["--model", "llama3_8b", "--recompute", "none"])
+    assert capsys.readouterr().out.startswith("assumed: recompute=none (given), sequence parallel off")
+
+
+def test_script_recompute_per_model():
+    """Every planner model is trained by a script, and each script's layouts of one model agree on recompute."""
+    from scalerl_mega.cluster.layouts import script_recompute
+
+    got = {m: script_recompute(m)[0] for m in P.MODELS}
+    assert got == {"llama3_8b": "selective", "qwen3_8b": "selective", "scout_17b16e": "full",
+                   "qwen3_30b_a3b": "full", "qwen3_235b_a22b": "full", "moonlight_16b_a3b": "full",
+                   "deepseek_v3_671b": "full"}
+    assert script_recompute("not_shipped") == ("selective", [])

@@ -78,7 +78,7 @@ def test_own_data_with_the_demo_model_says_it_cannot_read_free_text(tmp_path):
     assert "a model of model.vocab_size=48 tokens cannot read free text (the embedded demo model's vocabulary is the " \
            "synthetic task's digits and symbols)" in msg
     assert "model=hf init_from_hf=/path/to/hf_checkpoint" in msg and "data.tokenizer_path=" in msg
-    # a tokenizer alone is not enough: the demo model's 48-token vocabulary cannot hold it
+    # a tokenizer alone is not enough: the demo model's 48 ids (model.vocab_size) cannot hold it
     from test_data_build import _tokenizer_dir
 
     tok, n = _tokenizer_dir(tmp_path, chat=False)
