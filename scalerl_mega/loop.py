@@ -243,6 +243,8 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
         if res.batch is not None:
             tm = comps.trainer.train_step(res.batch)
             metrics.update({f"train/{key}": v for key, v in tm.items()})
+            if "onpolicy_mismatch_kl" in tm:  # generator vs trainer on the same weights (an FP8 generator's bias)
+                metrics["rollout/mismatch_kl"] = tm["onpolicy_mismatch_kl"]
         else:
             metrics["skipped_no_signal"] = 1.0
         train_s = time.monotonic() - t_train
