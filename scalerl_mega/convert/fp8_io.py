@@ -18,19 +18,33 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Protocol
 
 import torch
 
+from scalerl_mega.jsonvalue import JSON
+
 from scalerl_mega.quant import fp8
 from scalerl_mega.quant.checkpoint import checkpoint_fp8_block, fp8_quantization_config
+
+
+class CheckpointReader(Protocol):
+    """What the loaders read a checkpoint through (`load.HFShardReader`, `st_io.SafetensorsDir`)."""
+
+    directory: str
+
+    def names(self) -> list[str]: ...
+
+    def shape(self, name: str) -> tuple[int, ...]: ...
+
+    def get(self, name: str) -> torch.Tensor: ...
 
 
 class Fp8DequantReader:
     """A checkpoint reader whose blockwise-FP8 weights come out dequantized into `dtype` (module doc); other
     attributes (`opened`, `bytes_read`, `location`, ...) are the wrapped reader's."""
 
-    def __init__(self, src: Any, *, block: tuple[int, int], dtype: torch.dtype) -> None:
+    def __init__(self, src: CheckpointReader, *, block: tuple[int, int], dtype: torch.dtype) -> None:
         self.src = src
         self.block = block
         self.dtype = dtype
@@ -43,7 +57,7 @@ class Fp8DequantReader:
             raise ValueError(f"{src.directory}: FP8 scale {orphans[0]!r} has no weight "
                              f"{orphans[0][: -len(fp8.SCALE_SUFFIX)]!r} in the checkpoint")
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self.src, name)
 
     def names(self) -> list[str]:
@@ -51,7 +65,7 @@ class Fp8DequantReader:
 
     def get(self, name: str, *, rows: tuple[int, int] | None = None) -> torch.Tensor:
         if fp8.scale_name(name) not in self._scales:
-            t = self.src.get(name) if rows is None else self.src.get(name, rows=rows)
+            t = self.src.get(name) if rows is None else self.src.get(name, rows=rows)  # type: ignore[call-arg]
             if t.dtype == fp8.FP8_DTYPE:
                 raise ValueError(f"{self.src.directory}: {name!r} is float8_e4m3fn but the checkpoint has no "
                                  f"{fp8.scale_name(name)!r} for it")
@@ -69,19 +83,21 @@ class Fp8DequantReader:
         return int(torch.Size(self.src.shape(name)).numel()) * self.dtype.itemsize
 
 
-def checkpoint_reader(src: Any, config: Mapping[str, Any], *, where: str, dtype: torch.dtype) -> Any:
+def checkpoint_reader(src: CheckpointReader, config: Mapping[str, JSON], *, where: str,
+                      dtype: torch.dtype) -> CheckpointReader:
     """`src` itself for an unquantized checkpoint, a `Fp8DequantReader` into `dtype` for blockwise FP8;
     ValueError naming `where` and the format for any other quantization."""
     block = checkpoint_fp8_block(config, where=where)
     return src if block is None else Fp8DequantReader(src, block=block, dtype=dtype)
 
 
-def unquantized_config(config: Mapping[str, Any]) -> dict[str, Any]:
+def unquantized_config(config: Mapping[str, JSON]) -> dict[str, JSON]:
     """`config` without its `quantization_config` (a dequantized copy of the checkpoint is not FP8)."""
     out = dict(config)
     out.pop("quantization_config", None)
-    if isinstance(out.get("text_config"), Mapping):
-        out["text_config"] = {k: v for k, v in out["text_config"].items() if k != "quantization_config"}
+    text = out.get("text_config")
+    if isinstance(text, Mapping):
+        out["text_config"] = {k: v for k, v in text.items() if k != "quantization_config"}
     return out
 
 

@@ -68,7 +68,7 @@ def read_hf_config(path: str | Path, *, key: str = "init_from_hf") -> dict[str, 
     return cfg
 
 
-def _readable_config(path: str | Path, *, key: str) -> dict[str, Any]:
+def _readable_config(path: str | Path, *, key: str) -> Mapping[str, object]:
     """`read_hf_config`, refusing a quantization format the trainer cannot read (it reads blockwise FP8,
     dequantized on import: quant/checkpoint.py), so `--validate` names it before anything is built."""
     from scalerl_mega.quant.checkpoint import checkpoint_fp8_block

@@ -5,25 +5,25 @@ of DeepSeek-V3 and Qwen3-*-FP8 that transformers' fine-grained FP8 loader and SG
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
+from scalerl_mega.jsonvalue import JSON
 from scalerl_mega.quant.fp8 import BLOCK
 
 
-def fp8_quantization_config(block: tuple[int, int] = BLOCK) -> dict[str, Any]:
+def fp8_quantization_config(block: tuple[int, int] = BLOCK) -> dict[str, JSON]:
     """`quantization_config` of a blockwise FP8 checkpoint (weights e4m3, dynamic activation scales)."""
     return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
             "weight_block_size": [int(block[0]), int(block[1])]}
 
 
-def checkpoint_fp8_block(config: Mapping[str, Any], *, where: str) -> tuple[int, int] | None:
+def checkpoint_fp8_block(config: Mapping[str, JSON], *, where: str) -> tuple[int, int] | None:
     """The FP8 block size of a checkpoint whose `config.json` (or its `text_config`) is `config`; None when it
     is not quantized. ValueError naming `where`, the key and the format for any other quantization (the trainer
     reads blockwise FP8 only): another `quant_method` (compressed-tensors, GPTQ, AWQ, bitsandbytes, MXFP4 ...),
     per-tensor FP8 (no `weight_block_size`), or an FP8 format other than e4m3."""
     qc = config.get("quantization_config")
-    if qc is None and isinstance(config.get("text_config"), Mapping):
-        qc = config["text_config"].get("quantization_config")
+    text = config.get("text_config")
+    if qc is None and isinstance(text, Mapping):
+        qc = text.get("quantization_config")
     if qc is None:
         return None
     if not isinstance(qc, Mapping):

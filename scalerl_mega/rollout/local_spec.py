@@ -12,6 +12,8 @@ from scalerl_mega.rollout.core import CoreConfig, GenRequest
 from scalerl_mega.weight_sync import WeightManifest, WeightSyncConfig
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from scalerl_mega.types import Prompt, SamplingParams
 
 
@@ -70,7 +72,7 @@ def build_model(spec: LocalModelSpec, *, device: str = "cpu") -> Any:
     return _fp8_round_trip(model) if spec.quantization == "fp8" else model
 
 
-def _fp8_round_trip(model: Any) -> Any:
+def _fp8_round_trip(model: "torch.nn.Module") -> "torch.nn.Module":
     """Every FP8 checkpoint tensor of `model` replaced in place by its blockwise FP8 value (quantized, then
     dequantized), so that an FP8 engine serves FP8 weights from the start, before the first push."""
     import torch

@@ -145,3 +145,18 @@ def test_onpolicy_mismatch_kl():
     out = finalize_train_metrics({k: float(v) for k, v in m.items()})
     assert out["onpolicy_mismatch_kl"] == pytest.approx(want, rel=1e-6)
     assert "onpolicy_kl_sum" not in out
+
+
+@pytest.mark.parametrize("name", ["llama3_8b", "qwen3_30b_a3b"])
+def test_planner_counts_fp8_generator_weights(name):
+    """`--gen-quantization fp8` / `rollout.quantization=fp8`: every projection parameter (attention, MLPs, experts)
+    drops from 2 bytes to 1 + 4/128^2; embedding, head, norms and routers stay bf16. At TP1 and TP2."""
+    from scalerl_mega.cluster import plan as P
+
+    m = P.MODELS[name]
+    proj = m.layers * m.attention_params() + m.dense_layers * m.dense_mlp_params() + m.moe_layers * (
+        m.expert_params_per_layer() + m.shared_expert_params())
+    for tp in (1, 2):
+        none = P.generator_weight_bytes(m, P.GenLayout(tp=tp))
+        q = P.generator_weight_bytes(m, P.GenLayout(tp=tp, quantization="fp8"))
+        assert none - q == pytest.approx(proj * (2 - (1 + 4 / 128**2)) / tp, abs=2)
