@@ -282,7 +282,8 @@ def local_engine_config(cfg: TrainConfig, task: Task, *, index: int = 0):
                          f"{max_seq} (prompt + length.max_new_tokens / interruption budget)")
     backend = local_sync_backend(cfg)
     return LocalEngineConfig(
-        model=LocalModelSpec(arch=arch, config=hf_kwargs, init_seed=int(cfg.seed), dtype=cfg.precision.params_dtype),
+        model=LocalModelSpec(arch=arch, config=hf_kwargs, init_seed=int(cfg.seed), dtype=cfg.precision.params_dtype,
+                             quantization=str(cfg.rollout.quantization)),
         core=CoreConfig(max_batch=cfg.rollout.max_batch_size, max_seq_len=max_seq,
                         fp32_lm_head=cfg.precision.name == "fp32_head", eos_token_ids=list(task.stop_token_ids),
                         record_routes=records_routes(cfg)),
@@ -448,7 +449,8 @@ def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
     pause = pause_mode(cfg.off_policy)
     routes = sglang_route_layout(cfg)
     arch, hf_kwargs = check_sglang_model(cfg)
-    served = LocalModelSpec(arch=arch, config=hf_kwargs)  # its names/shapes: every push is checked before sending
+    # its names/shapes (and FP8 scales): every push is checked before sending
+    served = LocalModelSpec(arch=arch, config=hf_kwargs, quantization=str(cfg.rollout.quantization))
     if cfg.rollout.engine_urls:
         backend = "nccl" if cfg.cluster.device == "cuda" else "gloo"
         servers = [SGLangServer.attach(u, tp_size=cfg.rollout.sglang_tp_size) for u in cfg.rollout.engine_urls]
@@ -460,6 +462,10 @@ def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
             max_inflight_per_server=int(cfg.rollout.max_batch_size),
             sync=weight_sync_config(cfg, backend=backend)))
     path = write_hf_checkpoint(cfg, task, trainer, Path(cfg.output_dir) / "hf_init")
+    if cfg.rollout.quantization == "fp8":  # the servers start FP8 (block scales), as every push then arrives
+        from scalerl_mega.convert.fp8_io import quantize_hf_dir
+
+        quantize_hf_dir(str(path))
     servers = []
     for i in range(cfg.rollout.num_engines):
         scfg = SGLangServerConfig(
@@ -468,7 +474,8 @@ def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
             random_seed=int(cfg.seed), fp32_lm_head=cfg.precision.name == "fp32_head", pause_mode=pause,
             base_gpu_id=(cfg.cluster.trainer_devices or world_size_from_env()) + i * cfg.rollout.sglang_tp_size,
             startup_timeout_s=cfg.rollout.startup_timeout_s, return_routed_experts=routes is not None,
-            dtype="float32" if cfg.precision.params_dtype == "float32" else "bfloat16")
+            dtype="float32" if cfg.precision.params_dtype == "float32" else "bfloat16",
+            quantization=None if cfg.rollout.quantization == "none" else str(cfg.rollout.quantization))
         servers.append(SGLangServer.launch(scfg))
     return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
         pause_mode=pause, seed=int(cfg.seed), routes=routes, model=served,
@@ -540,10 +547,11 @@ def engine_weight_dtype(cfg: TrainConfig) -> str:
     `precision.params_dtype`. SGLang holds its LM head in that dtype too (a pushed FP32 head is
     rounded on load; `--enable-fp32-lm-head` upcasts at compute), so its push sends the head in it;
     the local engine keeps an FP32 copy of the pushed head (rollout/core.py): "+fp32_head"."""
-    from scalerl_mega.trainer.megatron.export import FP32_HEAD
+    from scalerl_mega.trainer.megatron.export import FP8_SYNC, FP32_HEAD
 
     dtype = str(cfg.precision.params_dtype)
-    return dtype + FP32_HEAD if cfg.rollout.name != "sglang" and cfg.model.fp32_lm_head else dtype
+    dtype = dtype + FP32_HEAD if cfg.rollout.name != "sglang" and cfg.model.fp32_lm_head else dtype
+    return dtype + FP8_SYNC if cfg.rollout.quantization == "fp8" else dtype  # "+fp8": linear projections in FP8
 
 
 def agent_engine(cfg: TrainConfig, task: Task, engine: RolloutEngine) -> RolloutEngine:

@@ -286,7 +286,7 @@ def generator_estimate(cfg) -> dict[str, Any]:
     scale = 2 if cfg.precision.params_dtype == "float32" else 1
     seq, _ = sequence_shape(cfg)
     lay = GenLayout(tp=int(cfg.rollout.sglang_tp_size), seq_len=seq, kv_bytes=2 * scale,
-                    min_seqs=int(cfg.train.generations_per_prompt))
+                    min_seqs=int(cfg.train.generations_per_prompt), quantization=str(cfg.rollout.quantization))
     lay.validate(shape)
     per_tok = kv_bytes_per_token(shape, lay)
     return {"tp": lay.tp, "weights_bytes": generator_weight_bytes(shape, lay) * scale,

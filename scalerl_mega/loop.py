@@ -397,6 +397,8 @@ def _train_or_say_why(cfg: TrainConfig, comps: LoopComponents, res: BatchResult,
     if res.batch is not None:
         tm = comps.trainer.train_step(res.batch)
         metrics.update({f"train/{key}": v for key, v in tm.items()})
+        if "onpolicy_mismatch_kl" in tm:  # generator vs trainer on the same weights (an FP8 generator's bias)
+            metrics["rollout/mismatch_kl"] = tm["onpolicy_mismatch_kl"]
         return True
     metrics[UNTRAINED_KEY] = 1.0
     log.warning("%s", untrained_step_line(step, prompts=prompts, kept_prompts=0,

@@ -11,6 +11,10 @@ conditional`` writes the original checkpoint back.
 Writes OUT/mp_rank_TT_PPP_EEE/model.safetensors (TP-sharded, Megatron names) + megatron_convert.json,
 streaming one tensor at a time; validates every name and shape first and writes nothing on error.
 Load into a live model with ``scalerl_mega.convert.load.load_megatron_checkpoint``.
+
+A blockwise FP8 checkpoint (DeepSeek-V3, Qwen3-*-FP8: ``weight_scale_inv`` scales, ``quantization_config`` with
+``weight_block_size``) is dequantized on the way (``--dequantize-dtype``, default: the dtype its config.json
+names); any other quantization format is refused with its name.
 """
 
 from __future__ import annotations
@@ -31,13 +35,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (default: --tp)")
     p.add_argument("--arch", choices=tuple(ARCHS), default=None, help="fail unless the checkpoint is this architecture")
     p.add_argument("--vocab-multiple", type=int, default=128, help="pad vocab to a multiple of this times --tp")
+    p.add_argument("--dequantize-dtype", choices=("bfloat16", "float32"), default=None,
+                   help="dtype of a blockwise FP8 checkpoint's dequantized weights (default: its config's dtype)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    import torch
+
     from scalerl_mega.convert.pipeline import convert_hf_to_megatron
 
     try:
         summary = convert_hf_to_megatron(hf_dir=args.hf_dir, out=args.out, tp=args.tp, pp=args.pp, ep=args.ep, etp=args.etp,
-                                         vocab_multiple=args.vocab_multiple, expect_arch=args.arch, progress=not args.no_progress)
+                                         vocab_multiple=args.vocab_multiple, expect_arch=args.arch, progress=not args.no_progress,
+                                         dequantize_dtype=getattr(torch, args.dequantize_dtype) if args.dequantize_dtype else None)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -5,7 +5,10 @@
 #   3. the GPU suite (tests/gpu, Megatron-Core tests first)   -> gpu_suite.log
 #   4. the LM head as the trainer calls it at N=16384 H=4096 V=131072 against naive and the 3xTF32 mode, errors
 #      vs float64 (bench/fused_cispo.py)                    -> head.log, head.jsonl (a line per variant)
-#   5. a bf16 RL loop of a ~0.5B model, saved and resumed in a fresh process (bench/rl_loop.py)
+#   5. GPU only: FP8 rollout on a real SGLang server started with --quantization fp8, fed FP8 weights + block
+#      scales in flight, its log-probs against the local FP8 emulation (tests/gpu/test_fp8_sglang_gpu.py; skipped
+#      without the SGLang environment)                      -> appended to gpu_suite.log
+#   6. a bf16 RL loop of a ~0.5B model, saved and resumed in a fresh process (bench/rl_loop.py)
 #                                                           -> rl_loop.log, rl_loop.json (run A's table first)
 #   summary.json (bench/gpu_summary.py) from stages.jsonl and the files above: rewritten at every stage's start
 #   and end and by the exit trap, so a kill (SIGTERM, the outer timeout's SIGKILL) still leaves one naming each
@@ -164,6 +167,8 @@ if [ "$mode" = gpu ]; then
   stage head 90 "$rl_min" "$out/head.log" "$py" bench/fused_cispo.py --device cuda --dtype float32 \
     --bf16-valued-hidden --error --shapes 16384,4096,131072 --variants naive trainer triton \
     --fp32-precision tf32x3 --iters 5 --jsonl "$out/head.jsonl"
+  stage fp8_sync 150 "$rl_min" "$out/gpu_suite.log" "$py" -m pytest -p no:cacheprovider -m gpu -s -q -rs \
+    tests/gpu/test_fp8_sglang_gpu.py
   rl_args=()
 else
   stage gpu_suite 120 $(( 30 + rl_min )) "$out/gpu_suite.log" "$py" -m pytest -p no:cacheprovider -m gpu -q \

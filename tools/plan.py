@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-tp", type=int, default=1)
     ap.add_argument("--mem-fraction-static", type=float, default=0.85)
     ap.add_argument("--min-seqs", type=int, default=16)
+    ap.add_argument("--gen-quantization", choices=("none", "fp8"), default="none",
+                    help="generator weights: none (bf16) | fp8 (blockwise FP8 projections, rollout.quantization=fp8)")
     ap.add_argument("--table", action="store_true", help="print the table of docs/cluster_and_gpu.md and exit")
     ap.add_argument("--trainer-gpus", type=int, default=16, help="for --table: paper App. A.3 uses 16 trainers")
     ap.add_argument("--json", action="store_true")
@@ -262,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         fused_head=not (args.full_logits or args.bf16_head),  # build.use_fused_cispo: the default recipe's head
     )
     glay = GenLayout(
-        tp=args.gen_tp, seq_len=args.seq_len, mem_fraction_static=args.mem_fraction_static, min_seqs=args.min_seqs
+        tp=args.gen_tp, seq_len=args.seq_len, mem_fraction_static=args.mem_fraction_static, min_seqs=args.min_seqs,
+        quantization=args.gen_quantization,
     )
     try:
         trep = trainer_memory(model, lay, dev)

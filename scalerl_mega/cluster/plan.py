@@ -316,6 +316,7 @@ class GenLayout:
     mem_fraction_static: float = 0.85
     kv_bytes: int = 2  # bf16 KV cache; 1 for fp8
     min_seqs: int = 16  # one prompt's group of G=16 full-length sequences must fit
+    quantization: str = "none"  # "fp8": linear projections in blockwise FP8 (quant/fp8.py), the rest bf16
 
     def validate(self, model: ModelShape) -> None:
         if self.tp < 1 or (model.kv_heads % self.tp and self.tp % model.kv_heads):
@@ -518,7 +519,11 @@ def kv_bytes_per_token(model: ModelShape, layout: GenLayout) -> int:
 def generator_weight_bytes(model: ModelShape, layout: GenLayout) -> int:
     replicated = model.layers * model.norm_params_per_layer() + model.hidden + model.moe_layers * model.router_params()
     sharded = model.total_params() - replicated
-    return 2 * (sharded // layout.tp + replicated)
+    if layout.quantization == "none":
+        return 2 * (sharded // layout.tp + replicated)
+    from scalerl_mega.quant.fp8 import bytes_per_param  # FP8 projections (+ block scales); embedding, head: bf16
+    table = model.embedding_params() + model.head_params()
+    return int((2 * table + bytes_per_param(layout.quantization) * (sharded - table)) / layout.tp) + 2 * replicated
 
 
 def generator_memory(model: ModelShape, layout: GenLayout, device: Device) -> MemoryReport:
@@ -537,7 +542,8 @@ def generator_memory(model: ModelShape, layout: GenLayout, device: Device) -> Me
         f"{pool // per_tok:,} tokens = {pool // (per_tok * layout.seq_len)} full sequences of {layout.seq_len}",
     ]
     return MemoryReport(
-        role="generator", components={"weights_bf16": weights, "kv_cache_min": need_kv}, budget_bytes=static, notes=notes
+        role="generator", components={"weights_bf16" if layout.quantization == "none" else "weights_fp8_bf16": weights,
+                                      "kv_cache_min": need_kv}, budget_bytes=static, notes=notes
     )
 
 

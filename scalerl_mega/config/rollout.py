@@ -8,6 +8,7 @@ from scalerl_mega.config.checks import one_of, positive
 
 ROLLOUT_NAMES = ("local", "sglang")
 SYNC_SENDERS = ("single", "per_stage")
+QUANTIZATIONS = ("none", "fp8")  # quant/fp8.py QUANTIZATIONS (kept here: the config layer imports no torch)
 
 
 @dataclass
@@ -56,6 +57,12 @@ class RolloutConfig:
     """rollout=local: run the engine's GenerationCore in the trainer's process on the trainer's device (one GPU
     for both; a weight push is an in-place copy, no process group: rollout/inprocess.py). Generation then
     advances only while the loop waits (no overlap with training). One engine, one trainer rank."""
+    quantization: str = "none"
+    """The generators' weight format: none (the trainer's dtype) | fp8 (blockwise FP8, DeepSeek-V3 / Qwen3-FP8
+    format: every weight push sends each linear projection as float8_e4m3fn with its 128x128-block
+    `weight_scale_inv`, about half the bytes of bf16; norms, routers, embeddings and the head keep their dtype.
+    SGLang servers start on an FP8 copy of the initial checkpoint with `--quantization fp8`; the local engine
+    holds the dequantized FP8 weights, so a CPU run sees the generator's real FP8 mismatch (quant/fp8.py)."""
     inflight_hold_tokens: int = 0
     """Rehearsal/test knob (local engine, PipelineRL only): a request that cannot be trained before
     the next weight update pauses after this many tokens until that update arrives, so in-flight
@@ -89,3 +96,4 @@ def validate_rollout(rollout: RolloutConfig) -> None:
         raise ValueError("rollout.weight_sync_senders=per_stage needs rollout.in_process=false (an in-process engine "
                          "takes the weights by copy, no sender groups); use rollout.weight_sync_senders=single")
     positive("rollout.inflight_hold_tokens", rollout.inflight_hold_tokens, allow_zero=True)
+    one_of("rollout.quantization", rollout.quantization, QUANTIZATIONS)

@@ -162,8 +162,11 @@ def hf_tensor_source(src: HFShardReader, hf, dims: ArchDims, *, wanted: Iterable
 def load_hf_checkpoint(model, hf_dir: str, *, dims: ArchDims | None = None) -> list[str]:
     """Load an HF checkpoint directly (each rank converts only the groups it needs). Either layout
     (``convert.hf_layout``): of a multimodal ``Llama4ForConditionalGeneration`` checkpoint the text
-    model under ``language_model.`` is loaded and the vision tower is logged and skipped."""
+    model under ``language_model.`` is loaded and the vision tower is logged and skipped. A blockwise FP8
+    checkpoint (``quantization_config``: DeepSeek-V3, Qwen3-*-FP8) is dequantized in FP32 as it is read and lands
+    in the parameters' dtype (``convert.fp8_io``)."""
     from scalerl_mega.convert.dims import dims_from_hf_config
+    from scalerl_mega.convert.fp8_io import checkpoint_reader
     from scalerl_mega.convert.hf_layout import read_layout
     from scalerl_mega.convert.pipeline import validate_hf
 
@@ -171,7 +174,7 @@ def load_hf_checkpoint(model, hf_dir: str, *, dims: ArchDims | None = None) -> l
     hf_dims = dims_from_hf_config(hf.text_config, where=f"{hf_dir}/config.json")
     if dims is not None and dims != hf_dims:
         raise ValueError(f"{hf_dir}: HF config does not match the model ({hf_dims} vs {dims})")
-    src = HFShardReader(hf_dir)
+    src = checkpoint_reader(HFShardReader(hf_dir), hf.config, where=f"{hf_dir}/config.json", dtype=torch.float32)
     non_text = validate_hf(src, hf_dims, hf, check_shapes=False)  # names; shapes as each tensor is read
     if non_text:
         log.info("%s: %s checkpoint; skipping its %d tensors outside the decoder (vision tower, projector, or "

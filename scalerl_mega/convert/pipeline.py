@@ -136,15 +136,23 @@ def _stage_of(group: tables.Group, dims: ArchDims, pp: int) -> int:
 def convert_hf_to_megatron(
     *, hf_dir: str, out: str, tp: int = 1, pp: int = 1, ep: int = 1, etp: int | None = None,
     vocab_multiple: int = 128, expect_arch: str | None = None, progress: bool = False,
-    max_shard_bytes: int = 2 << 30,
+    max_shard_bytes: int = 2 << 30, dequantize_dtype: torch.dtype | None = None,
 ) -> Summary:
-    """HF checkpoint directory -> converter Megatron checkpoint sharded for (tp, pp, ep)."""
-    layout = hf_layout.read_layout(hf_dir)
+    """HF checkpoint directory -> converter Megatron checkpoint sharded for (tp, pp, ep). A blockwise FP8
+    checkpoint is dequantized into `dequantize_dtype` (None: the dtype its config.json names, else bfloat16) and
+    written without its `quantization_config` (``convert.fp8_io``)."""
+    from scalerl_mega.convert.fp8_io import checkpoint_reader, unquantized_config
+
+    source = hf_layout.read_layout(hf_dir)
+    where = os.path.join(hf_dir, "config.json")
+    layout = hf_layout.HFLayout(source.kind, unquantized_config(source.config))
     cfg = layout.text_config
-    dims = dims_from_hf_config(cfg, where=os.path.join(hf_dir, "config.json"), expect_arch=expect_arch)
+    dims = dims_from_hf_config(cfg, where=where, expect_arch=expect_arch)
     etp = tp if etp is None else etp
     validate_layout(dims, tp=tp, pp=pp, ep=ep, etp=etp)
-    src = SafetensorsDir(hf_dir)
+    src = checkpoint_reader(SafetensorsDir(hf_dir), source.config, where=where,
+                            dtype=dequantize_dtype or _declared_dtype(cfg))
+    quantized = not isinstance(src, SafetensorsDir)
     non_text = validate_hf(src, dims, layout)
     padded = dims.padded_vocab_size(vocab_multiple=vocab_multiple, tp=tp)
     groups = list(tables.iter_groups(dims))
@@ -177,6 +185,9 @@ def convert_hf_to_megatron(
         with open(os.path.join(tmp, META), "w") as f:
             json.dump(meta, f, indent=1)
         _copy_side_files(hf_dir, os.path.join(tmp, "hf"))
+        if quantized:  # the converted weights are not FP8: neither is the config kept beside them
+            with open(os.path.join(tmp, "hf", "config.json"), "w") as f:
+                json.dump(dict(layout.config), f, indent=2)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -185,6 +196,13 @@ def convert_hf_to_megatron(
             bar.close()
     os.replace(tmp, out)
     return _summary(checksums, nbytes, layout=layout.kind, skipped=_non_text_report(src, non_text))
+
+
+def _declared_dtype(cfg: dict) -> torch.dtype:
+    """The dtype a checkpoint's config.json names (`dtype`, or `torch_dtype` before transformers 5), else bf16."""
+    name = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+    dtype = getattr(torch, str(name), None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.bfloat16
 
 
 def _rank_writer(

@@ -29,6 +29,8 @@ _DTYPES: dict[str, torch.dtype] = {
     "I8": torch.int8,
     "U8": torch.uint8,
     "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,  # blockwise FP8 checkpoints (DeepSeek-V3, Qwen3-*-FP8)
+    "F8_E5M2": torch.float8_e5m2,
 }
 _CODES = {v: k for k, v in _DTYPES.items()}
 

@@ -68,6 +68,16 @@ def read_hf_config(path: str | Path, *, key: str = "init_from_hf") -> dict[str, 
     return cfg
 
 
+def _readable_config(path: str | Path, *, key: str) -> Mapping[str, object]:
+    """`read_hf_config`, refusing a quantization format the trainer cannot read (it reads blockwise FP8,
+    dequantized on import: quant/checkpoint.py), so `--validate` names it before anything is built."""
+    from scalerl_mega.quant.checkpoint import checkpoint_fp8_block
+
+    cfg = read_hf_config(path, key=key)
+    checkpoint_fp8_block(cfg, where=f"{key}={str(path)!r}: config.json")
+    return cfg
+
+
 def hf_text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """The decoder's config: multimodal Llama-4 (`model_type: llama4`) keeps it under `text_config`."""
     if cfg.get("model_type") == "llama4":
@@ -94,7 +104,7 @@ def model_from_hf_dir(path: str | Path, *, base: ModelConfig | None = None, key:
     from scalerl_mega.convert.model_config import model_config_from_hf
 
     with _naming(key, path):
-        cfg = hf_text_config(read_hf_config(path, key=key))
+        cfg = hf_text_config(_readable_config(path, key=key))
         model = model_config_from_hf(cfg, name=HF_MODEL_NAME, where=f"{key}={str(path)!r}: config.json")
     if base is not None:
         model = dataclasses.replace(model, **{k: getattr(base, k) for k in KEEP_FROM_COMPOSED})
@@ -151,7 +161,7 @@ def config_mismatches(theirs: Mapping[str, Any], ours: Mapping[str, Any], *, rel
 def check_model_matches_hf(model: ModelConfig, path: str | Path, *, key: str = "init_from_hf") -> None:
     """ValueError listing every mismatching field when `model` cannot hold `<path>`'s weights."""
     with _naming(key, path):  # an unusable config.json (unsupported model_type, missing key, ...)
-        bad = model_mismatches(model, read_hf_config(path, key=key), where="config.json")
+        bad = model_mismatches(model, _readable_config(path, key=key), where="config.json")
     if bad:
         raise ValueError(f"{key}={str(path)!r} does not match model '{model.name}' ({len(bad)} field(s)): "
                          + "; ".join(bad) + ". Use model=hf to take the shapes from the checkpoint, or fix model.*")

@@ -268,8 +268,10 @@ class GenerationCore(RouteRecorder):
         """Resolve HF names to parameters without touching the model: [(name, parameter, tensor)].
 
         Names are checkpoint names (`hf_params.checkpoint_target`: a Qwen3-MoE expert's tensors load into
-        its slice of the fused expert parameter); `lm_head.weight` is accepted for tied embeddings. The
-        first unknown name or shape mismatch raises ValueError naming the tensor."""
+        its slice of the fused expert parameter); `lm_head.weight` is accepted for tied embeddings, and the
+        `weight_scale_inv` of a blockwise FP8 weight (quant/fp8.py) with its block grid's shape (resolved to
+        the weight's parameter). The first unknown name or shape mismatch raises ValueError naming the tensor."""
+        from scalerl_mega.quant.fp8 import SCALE_SUFFIX, scale_shape
         from scalerl_mega.rollout.hf_params import checkpoint_target
 
         params = dict(self.model.named_parameters())
@@ -277,12 +279,16 @@ class GenerationCore(RouteRecorder):
         tied = self.model.get_output_embeddings().weight is emb
         out = []
         for name, tensor in named_tensors:
-            p = checkpoint_target(params, name)
+            scale = name.endswith(SCALE_SUFFIX)
+            p = checkpoint_target(params, name[: -len(SCALE_SUFFIX)] if scale else name)
             if p is None and tied and name == "lm_head.weight":
                 p = emb
             if p is None:
                 raise ValueError(f"load_weights: unknown parameter name {name!r}")
-            if tuple(p.shape) != tuple(tensor.shape):
+            if scale and (p.dim() != 2 or tuple(tensor.shape) != scale_shape(p.shape)):
+                raise ValueError(f"load_weights: {name!r} has shape {tuple(tensor.shape)}, the 128x128 block scales "
+                                 f"of a {tuple(p.shape)} weight are {scale_shape(p.shape) if p.dim() == 2 else 'none'}")
+            if not scale and tuple(p.shape) != tuple(tensor.shape):
                 raise ValueError(
                     f"load_weights: {name!r} has shape {tuple(tensor.shape)}, model expects {tuple(p.shape)}"
                 )
@@ -293,10 +299,15 @@ class GenerationCore(RouteRecorder):
         """Copy HF-named tensors into the model in place (between steps; KV cache kept).
 
         All-or-nothing: every name and shape is checked (`check_weights`) before the first copy, so a
-        rejected call leaves the model exactly as it was. Returns the names loaded.
+        rejected call leaves the model exactly as it was. A blockwise FP8 weight (float8_e4m3fn plus its
+        `weight_scale_inv`, anywhere in the update) is dequantized in FP32 and loaded in the model's dtype: the
+        engine computes with exactly the FP8 weights an FP8 server holds (weights only: activations stay in the
+        model dtype). Returns the names loaded.
         """
+        from scalerl_mega.quant.fp8 import dequantize_named
+
         torch = self._torch
-        resolved = self.check_weights(named_tensors)
+        resolved = self.check_weights(dequantize_named(named_tensors))
         head = self.model.get_output_embeddings().weight
         head32 = None
         with torch.no_grad():

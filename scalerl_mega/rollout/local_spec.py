@@ -12,6 +12,8 @@ from scalerl_mega.rollout.core import CoreConfig, GenRequest
 from scalerl_mega.weight_sync import WeightManifest, WeightSyncConfig
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from scalerl_mega.types import Prompt, SamplingParams
 
 
@@ -33,6 +35,10 @@ class LocalModelSpec:
     """A local HF model directory (config.json + safetensors); overrides `config`."""
     dtype: str = "float32"
     init_seed: int = 0
+    quantization: str = "none"
+    """"fp8": the engine serves blockwise FP8 weights (quant/fp8.py), as an SGLang server started on an FP8
+    checkpoint does: weight pushes carry each linear projection in float8_e4m3fn with its `weight_scale_inv`
+    (the manifest asks for them), and the model holds their dequantized values (its initial weights too)."""
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -41,6 +47,8 @@ class LocalModelSpec:
             raise ValueError("LocalModelSpec: give exactly one of config= or path=")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"LocalModelSpec.dtype={self.dtype!r} must be float32, bfloat16 or float16")
+        if self.quantization not in ("none", "fp8"):
+            raise ValueError(f"LocalModelSpec.quantization={self.quantization!r} must be 'none' or 'fp8'")
 
 
 def build_model(spec: LocalModelSpec, *, device: str = "cpu") -> Any:
@@ -60,7 +68,25 @@ def build_model(spec: LocalModelSpec, *, device: str = "cpu") -> Any:
         model = model.to(dtype)
     from scalerl_mega.rollout.hf_params import expose_router_biases
 
-    return expose_router_biases(model.to(device).eval())
+    model = expose_router_biases(model.to(device).eval())
+    return _fp8_round_trip(model) if spec.quantization == "fp8" else model
+
+
+def _fp8_round_trip(model: "torch.nn.Module") -> "torch.nn.Module":
+    """Every FP8 checkpoint tensor of `model` replaced in place by its blockwise FP8 value (quantized, then
+    dequantized), so that an FP8 engine serves FP8 weights from the start, before the first push."""
+    import torch
+
+    from scalerl_mega.quant.fp8 import dequantize_blockwise, is_fp8_weight, quantize_blockwise
+    from scalerl_mega.rollout.hf_params import checkpoint_manifest, checkpoint_target
+
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, spec in checkpoint_manifest(model, source="engine model").specs.items():
+            if is_fp8_weight(name, spec.shape):
+                target = checkpoint_target(params, name)
+                target.copy_(dequantize_blockwise(*quantize_blockwise(target), dtype=target.dtype))
+    return model
 
 
 def _class_and_config(spec: LocalModelSpec) -> tuple[Any, Any]:
@@ -94,7 +120,19 @@ def model_manifest(spec: LocalModelSpec) -> "WeightManifest":
             model_cls, cfg = _class_and_config(spec)
             model = model_cls(cfg)
             source = f"{model_cls.__name__} from its config"
-    return checkpoint_manifest(expose_router_biases(model), source=source)
+    manifest = checkpoint_manifest(expose_router_biases(model), source=source)
+    return fp8_manifest(manifest) if spec.quantization == "fp8" else manifest
+
+
+def fp8_manifest(manifest: WeightManifest) -> WeightManifest:
+    """`manifest` as an FP8 generator accepts it: each FP8 weight in float8_e4m3fn followed by its float32 scale
+    (`quant.fp8.quantized_shapes`); every other tensor as before."""
+    from scalerl_mega.quant.fp8 import quantized_shapes
+    from scalerl_mega.weight_sync import TensorSpec
+
+    specs = [TensorSpec(n, shape, dt or s.dtype) for s in manifest.specs.values()
+             for n, shape, dt in quantized_shapes(s.name, s.shape)]
+    return WeightManifest(specs, aliases=manifest.aliases, source=f"{manifest.source}, blockwise FP8")
 
 
 @dataclass(kw_only=True)

@@ -136,6 +136,8 @@ def policy_metrics(logp_BT: torch.Tensor, mb: dict, loss: torch.Tensor) -> dict:
             metrics["onpolicy_tokens"] = sel.sum().to(logp_BT.dtype)
             abs_on = log_ratio.abs() * sel
             metrics["onpolicy_abs_log_ratio_sum"] = abs_on.sum()
+            # k3 estimate of KL(pi_gen || pi_train) on the generator's own samples: rho - 1 - log rho >= 0
+            metrics["onpolicy_kl_sum"] = ((log_ratio.exp() - 1 - log_ratio) * sel).sum()
             metrics["onpolicy_abs_log_ratio_max"] = abs_on.max() if abs_on.numel() else abs_on.sum()
     return metrics
 
@@ -191,15 +193,20 @@ def finalize_train_metrics(summed: dict[str, float]) -> dict[str, float]:
     the logged metrics: `objective.losses.diagnostic_sums` shares become `clip_fraction`, `rho_mean`,
     `rho_max`, `approx_kl` (k3), `is_ess`, `entropy` (if computed), `is_correction_fraction` (if a
     correction ran); `onpolicy_abs_log_ratio_mean` from its sum and token count, and
-    `onpolicy_abs_log_ratio_max` only when some on-policy token was seen (else both are absent).
+    `onpolicy_abs_log_ratio_max` only when some on-policy token was seen (else both are absent), and with them
+    `onpolicy_mismatch_kl`: the mean of rho - 1 - log rho over those tokens, the k3 estimate of
+    KL(pi_gen || pi_train) per token (the generator-vs-trainer mismatch: an FP8 generator's, for one).
     Other keys pass through. SFT metrics (no diagnostic shares) are returned as is."""
     from scalerl_mega.objective.losses import DIAGNOSTIC_SUM_KEYS, diagnostic_means
 
     out = {k: v for k, v in summed.items() if k not in DIAGNOSTIC_SUM_KEYS}
     if all(k in summed for k in DIAGNOSTIC_SUM_KEYS):
         out.update(diagnostic_means(summed))
+    kl_sum = out.pop("onpolicy_kl_sum", None)
     if summed.get("onpolicy_tokens", 0.0) > 0:
         out["onpolicy_abs_log_ratio_mean"] = summed["onpolicy_abs_log_ratio_sum"] / summed["onpolicy_tokens"]
+        if kl_sum is not None:
+            out["onpolicy_mismatch_kl"] = kl_sum / summed["onpolicy_tokens"]
     else:
         out.pop("onpolicy_abs_log_ratio_max", None)
     return out

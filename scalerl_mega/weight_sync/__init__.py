@@ -396,6 +396,18 @@ def bucket_meta(bucket: list[tuple[str, "torch.Tensor"]], *, version: int, index
 
 
 # ---- broadcast with deadlines -----------------------------------------------------------------
+def wire_tensors(tensors: list["torch.Tensor"], group: "ProcessGroup") -> list["torch.Tensor"]:
+    """`tensors` as they cross `group`: on gloo, which has no float8 type, a float8 tensor (an FP8 weight push,
+    quant/fp8.py) travels as a uint8 view of its bytes (same storage: received bytes land in the float8 buffer);
+    on NCCL, and any other dtype, unchanged."""
+    import torch
+    import torch.distributed as dist
+
+    if not any(t.is_floating_point() and t.element_size() == 1 for t in tensors) or dist.get_backend(group) != "gloo":
+        return tensors
+    return [t.view(torch.uint8) if t.is_floating_point() and t.element_size() == 1 else t for t in tensors]
+
+
 def _wait_all(works: list[Any], *, what: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     for i, w in enumerate(works):
@@ -465,7 +477,7 @@ class DistWeightSender:
                 tensors = [flat]
             what = f"weight sync v{version} bucket {index} ({len(bucket)} tensors, first {meta.names[0]!r})"
             try:
-                works = [dist.broadcast(t, src=0, group=self.group, async_op=True) for t in tensors]
+                works = [dist.broadcast(t, src=0, group=self.group, async_op=True) for t in wire_tensors(tensors, self.group)]
             except Exception as e:  # noqa: BLE001
                 raise WeightSyncError(f"{what}: broadcast could not start: {e}") from e
             _wait_all(works, what=what, timeout_s=cfg.timeout_s)
@@ -516,6 +528,7 @@ class DistWeightReceiver:
             (n, torch.empty(s, dtype=dtype_from_name(d), device=self.device))
             for n, d, s in zip(meta.names, meta.dtypes, meta.shapes)
         ]
-        works = [dist.broadcast(t, src=0, group=self.group, async_op=True) for _, t in out]
+        works = [dist.broadcast(t, src=0, group=self.group, async_op=True)
+                 for t in wire_tensors([t for _, t in out], self.group)]
         _wait_all(works, what=what, timeout_s=self.timeout_s)
         return out

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from scalerl_mega.weight_sync import (BucketMeta, DistWeightReceiver, SendStats, TensorSpec, WeightSyncError,
-                                      _wait_all, flatten_bucket, follow_plan)
+                                      _wait_all, flatten_bucket, follow_plan, wire_tensors)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -125,7 +125,7 @@ def send_buckets(group: "ProcessGroup", named_tensors: Iterable[tuple[str, "torc
             flat = flatten_bucket(tensors, out=flat)
             tensors = [flat]
         try:
-            works = [dist.broadcast(t, src=0, group=group, async_op=True) for t in tensors]
+            works = [dist.broadcast(t, src=0, group=group, async_op=True) for t in wire_tensors(tensors, group)]
         except Exception as e:  # noqa: BLE001
             raise WeightSyncError(f"{what}: broadcast could not start: {e}") from e
         _wait_all(works, what=what, timeout_s=timeout_s)

@@ -31,6 +31,9 @@ class SGLangServerConfig:
     in_place the launch adds `IN_PLACE_FLAGS` (see there): without them SGLang 0.5.23 reuses KV computed
     with the old weights for prompts sharing a prefix after an update, and tags one token early."""
     base_gpu_id: int = 0
+    quantization: str | None = None
+    """Pass --quantization (e.g. "fp8": the model path must then be a blockwise FP8 checkpoint, whose
+    `quantization_config` gives the 128x128 blocks that FP8 weight pushes fill; `rollout.quantization`)."""
     extra_args: list[str] = field(default_factory=list)
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
@@ -86,6 +89,8 @@ def launch_command(cfg: SGLangServerConfig) -> list[str]:
         cmd.append("--enable-return-routed-experts")
     if cfg.pause_mode == "in_place":
         cmd += list(IN_PLACE_FLAGS)
+    if cfg.quantization:
+        cmd += ["--quantization", cfg.quantization]
     return cmd + list(cfg.extra_args)
 
 

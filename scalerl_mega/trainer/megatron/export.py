@@ -54,6 +54,38 @@ def is_head_weight(hf_name: str, *, tied: bool) -> bool:
 
 FP32_HEAD = "+fp32_head"
 """Suffix of a weight dtype spec ("bfloat16+fp32_head"): the LM head keeps its own (FP32) dtype."""
+FP8_SYNC = "+fp8"
+"""Last suffix of a weight dtype spec ("bfloat16+fp8", "float32+fp32_head+fp8"): after the cast, every linear
+projection travels as blockwise FP8 with its scale (`quant.fp8.quantize_named`, `rollout.quantization=fp8`);
+norms, routers, embeddings and the head keep the cast dtype (the FP32 head stays FP32)."""
+
+
+def split_quantization(spec: torch.dtype | str | None) -> tuple[torch.dtype | str | None, str]:
+    """(the dtype spec without its quantization suffix, "fp8" or "none")."""
+    if isinstance(spec, str) and spec.endswith(FP8_SYNC):
+        return spec[: -len(FP8_SYNC)], "fp8"
+    return spec, "none"
+
+
+def hf_emitter(dtype: torch.dtype | str | None, model_cfg):
+    """`emit(hf_name, tensor)` -> the (name, tensor) pairs a weight push sends for one converted tensor: cast per
+    `weight_dtypes`, then quantized to FP8 with its scale where the spec says "+fp8" (`FP8_SYNC`). The one place
+    where a push's tensors take their wire format, for the single and the per-stage senders alike."""
+    from scalerl_mega.quant.fp8 import quantize_named
+
+    spec, quantization = split_quantization(dtype)
+    body_dtype, head_dtype = weight_dtypes(spec, model_cfg)
+    tied = bool(getattr(model_cfg, "tie_embeddings", False))
+
+    def emit(name: str, t: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        to = head_dtype if is_head_weight(name, tied=tied) else body_dtype
+        t = t if to is None or t.dtype == to else t.to(to)
+        if quantization == "fp8":
+            yield from quantize_named([(name, t)])
+        else:
+            yield name, t
+
+    return emit
 
 
 def weight_dtypes(spec: torch.dtype | str | None, model_cfg) -> tuple[torch.dtype | None, torch.dtype | None]:
@@ -81,20 +113,15 @@ def export_hf_weights(model, model_cfg, *, dtype: torch.dtype | str | None = Non
 
     ``model``: a GPTModel, DDP-wrapped model or list of chunks; ``model_cfg``: the trainer
     ``ModelConfig`` (or a ``convert.dims.ArchDims``); ``dtype``: cast of the yielded tensors, a spec of
-    ``weight_dtypes`` (None keeps the parameters' dtypes; "<dtype>+fp32_head" keeps an FP32 LM head FP32).
+    ``weight_dtypes`` (None keeps the parameters' dtypes; "<dtype>+fp32_head" keeps an FP32 LM head FP32),
+    ending in "+fp8" for an FP8 push (`hf_emitter`).
     """
     from scalerl_mega.convert import tables
     from scalerl_mega.trainer.megatron.global_names import global_params, unwrap
     from scalerl_mega.convert.model_config import dims_from_model_config
 
     dims = dims_from_model_config(model_cfg)
-    body_dtype, head_dtype = weight_dtypes(dtype, model_cfg)
-    tied = bool(getattr(model_cfg, "tie_embeddings", False))
-
-    def cast(name: str, t: torch.Tensor) -> torch.Tensor:
-        to = head_dtype if is_head_weight(name, tied=tied) else body_dtype
-        return t if to is None or t.dtype == to else t.to(to)
-
+    out = hf_emitter(dtype, model_cfg)
     emit = is_emitting_rank()
     for gpt in unwrap(model):
         params = global_params(gpt, dims)
@@ -110,7 +137,7 @@ def export_hf_weights(model, model_cfg, *, dtype: torch.dtype | str | None = Non
                 for group in batch:
                     for name, t in tables.mcore_to_hf(group, [full[n] for n in group.mcore], dims=dims,
                                                       padded_vocab=dims.vocab_size):
-                        yield name, cast(name, t)
+                        yield from out(name, t)
             del full
 
 
@@ -166,14 +193,25 @@ def export_plan(model_cfg, *, dtype: torch.dtype | str | None = None) -> list:
     from scalerl_mega.weight_sync import TensorSpec, dtype_name
 
     dims = dims_from_model_config(model_cfg)
-    body_dtype, head_dtype = weight_dtypes(dtype, model_cfg)
+    spec, quantization = split_quantization(dtype)
+    body_dtype, head_dtype = weight_dtypes(spec, model_cfg)
     tied = bool(getattr(model_cfg, "tie_embeddings", False))
 
     def spec_dtype(name: str) -> str | None:
         to = head_dtype if is_head_weight(name, tied=tied) else body_dtype
         return None if to is None else dtype_name(to)
 
-    return [TensorSpec(n, tables.expected_hf_shape(n, dims), spec_dtype(n)) for n in tables.hf_names(dims)]
+    plan = [TensorSpec(n, tables.expected_hf_shape(n, dims), spec_dtype(n)) for n in tables.hf_names(dims)]
+    return quantized_plan(plan) if quantization == "fp8" else plan
+
+
+def quantized_plan(plan: list) -> list:
+    """Planned tensors (`weight_sync.TensorSpec`) as an FP8 push sends them: each FP8 weight with its dtype, followed
+    by its scale (`quant.fp8.quantized_shapes`), in the order `hf_emitter` yields them."""
+    from scalerl_mega.quant.fp8 import quantized_shapes
+    from scalerl_mega.weight_sync import TensorSpec
+
+    return [TensorSpec(n, shape, dt or s.dtype) for s in plan for n, shape, dt in quantized_shapes(s.name, s.shape)]
 
 
 def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:

@@ -43,9 +43,12 @@ def sender_plan(model_cfg, layout: SenderLayout, *, dtype, params_dtype: str) ->
     """Group name -> its sender's planned tensors, in the order `export_own` yields them."""
     from scalerl_mega.convert.model_config import dims_from_model_config
     from scalerl_mega.weight_sync.plan import sender_specs
+    from scalerl_mega.trainer.megatron.export import quantized_plan, split_quantization
 
-    return sender_specs(dims_from_model_config(model_cfg), layout,
-                        resolved_plan(model_cfg, dtype=dtype, params_dtype=params_dtype))
+    spec, quantization = split_quantization(dtype)
+    plans = sender_specs(dims_from_model_config(model_cfg), layout,
+                         resolved_plan(model_cfg, dtype=spec, params_dtype=params_dtype))
+    return {g: quantized_plan(p) for g, p in plans.items()} if quantization == "fp8" else plans
 
 
 def my_sender(layout: SenderLayout) -> Sender | None:
@@ -75,18 +78,13 @@ def export_own(model, model_cfg, layout: SenderLayout, *, dtype=None,
 
     from scalerl_mega.convert import tables
     from scalerl_mega.convert.model_config import dims_from_model_config
-    from scalerl_mega.trainer.megatron.export import _all_gather, _batches, _gather_full, is_head_weight, weight_dtypes
+    from scalerl_mega.trainer.megatron.export import _batches, _gather_full, hf_emitter
     from scalerl_mega.trainer.megatron.global_names import global_params, unwrap
 
     dims = dims_from_model_config(model_cfg)
-    body_dtype, head_dtype = weight_dtypes(dtype, model_cfg)
-    tied = bool(getattr(model_cfg, "tie_embeddings", False))
+    out = hf_emitter(dtype, model_cfg)
     me = my_sender(layout)
     memory = memory if memory is not None else ExportMemory()
-
-    def cast(name: str, t: torch.Tensor) -> torch.Tensor:
-        to = head_dtype if is_head_weight(name, tied=tied) else body_dtype
-        return t if to is None or t.dtype == to else t.to(to)
 
     for gpt in unwrap(model):
         params = global_params(gpt, dims)
@@ -107,7 +105,7 @@ def export_own(model, model_cfg, layout: SenderLayout, *, dtype=None,
                     if all(n in full for n in group.mcore):
                         for name, t in tables.mcore_to_hf(group, [full[n] for n in group.mcore], dims=dims,
                                                           padded_vocab=dims.vocab_size):
-                            yield name, cast(name, t)
+                            yield from out(name, t)
             del full
 
 
