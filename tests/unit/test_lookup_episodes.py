@@ -145,3 +145,21 @@ def test_the_banner_names_the_environment_and_its_turns():
     assert lines[-1].startswith("  env     custom: scalerl_mega.episodes.examples.RetryArithmetic(attempts=3); "
                                 "at most 3 turns and 144 ids")
     assert not any(line.startswith("  env ") for line in start_banner(_compose("experiment=demo")).splitlines())
+
+
+def test_report_states_the_pass_rate_by_turn_at_the_first_and_last_validation(tmp_path):
+    import json
+
+    from scalerl_mega.report import write_report
+
+    rows = [{"kind": "validation", "step": s, "compute_device_hours": c, "val_pass_rate": p1 + p2,
+             "episode/pass_at_turn_1": p1, "episode/pass_at_turn_2": p2}
+            for s, c, p1, p2 in ((0, 0.01, 0.0, 0.35), (10, 0.02, 0.0025, 0.5), (20, 0.03, 0.005, 0.6))]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = write_report(tmp_path, title="t").read_text()
+    assert "- passed at turn 1 (share of validation episodes): 0.000 at step 0 -> 0.005 at step 20\n" in md
+    assert "- passed at turn 2 (share of validation episodes): 0.350 at step 0 -> 0.600 at step 20\n" in md
+    (tmp_path / "single").mkdir()
+    (tmp_path / "single" / "metrics.jsonl").write_text(
+        json.dumps({"kind": "validation", "step": 0, "compute_device_hours": 0.01, "val_pass_rate": 0.5}) + "\n")
+    assert "passed at turn" not in write_report(tmp_path / "single", title="t").read_text()
