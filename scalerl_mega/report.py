@@ -48,6 +48,18 @@ def _summary_lines(points: list[tuple[float, float, int]], train: list[dict], *,
     return lines
 
 
+def _turn_lines(val: list[dict]) -> list[str]:
+    """Episode runs: the "- passed at turn t" lines, the share of validation episodes that passed at each turn
+    (`episode/pass_at_turn_<t>`, metrics/val_window.py) at the first and the last validation; [] otherwise."""
+    if not val:
+        return []
+    turns = sorted(int(k.rsplit("_", 1)[1]) for k in val[-1] if k.startswith("episode/pass_at_turn_"))
+    first, last = val[0], val[-1]
+    share = lambda r, t: float(r.get(f"episode/pass_at_turn_{t}", 0.0))  # noqa: E731
+    return [f"- passed at turn {t} (share of validation episodes): {share(first, t):.3f} at step {first['step']} -> "
+            f"{share(last, t):.3f} at step {last['step']}" for t in turns]
+
+
 def _reward_error_lines(train: list[dict]) -> list[str]:
     """The "- reward calls that failed" line when any scoring call raised or its worker died (the loop's
     `reward/errors` and `reward/first_error` metrics, `inflight.reward_error_metrics`): the count over the run and
@@ -114,8 +126,8 @@ def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget
     points = [(float(r[key]), float(r["val_pass_rate"]), int(r["step"])) for r in val]
     from scalerl_mega.metrics.untrained import report_lines as untrained_lines
 
-    lines = [f"# {title}", "", *_summary_lines(points, train, extra=extra, unit=unit), *_reward_error_lines(train),
-             *untrained_lines(train), ""]
+    lines = [f"# {title}", "", *_summary_lines(points, train, extra=extra, unit=unit), *_turn_lines(val),
+             *_reward_error_lines(train), *untrained_lines(train), ""]
     n_samples = [float(r["val_prompts"]) * float(r["val_samples_per_prompt"]) if "val_prompts" in r and
                  "val_samples_per_prompt" in r else None for r in val]
     ns = None if any(v is None for v in n_samples) else n_samples

@@ -242,7 +242,26 @@ def start_banner(config: TrainConfig) -> str:
         f"data={data_label(config)}, reward={config.reward.name}; {config.cluster.device}, rollout={config.rollout.name}",
         f"  steps   {start} {t.steps} RL steps x {t.prompts_per_step} prompts x {t.generations_per_prompt} "
         f"samples{val}",
+        *env_banner(config),
     ])
+
+
+def env_banner(config: TrainConfig) -> list[str]:
+    """The banner's episode line (none for `env=single`): the environment (its group, class or agent function
+    and keyword arguments), the turns and ids an episode may hold, the chat template."""
+    from scalerl_mega.config.env import episode_budget
+
+    env = config.env
+    if env.name == "single":
+        return []
+    node = (env.custom if env.name == "custom" else env.agent) or {}
+    target = node.get("_target_", "") if hasattr(node, "get") else ""
+    kwargs = dict(node.get("kwargs") or {}) if env.name == "custom" and hasattr(node, "get") else {}
+    args = ", ".join(f"{k}={v!r}" for k, v in sorted(kwargs.items()))
+    budget = episode_budget(env, max_new_tokens=config.length.max_new_tokens)
+    template = env.chat_template or "the tokenizer's"
+    return [f"  env     {env.name}: {target}({args}); at most {env.max_turns} turns and {budget} ids per episode, "
+            f"chat template {template}"]
 
 
 def model_label(config: TrainConfig) -> str:

@@ -21,25 +21,29 @@ if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
 
 
-def sft_batch(pairs: Sequence[tuple[list[int], list[int]]], *, pad_id: int = 0) -> SftBatch:
+def sft_batch(pairs: Sequence[tuple[list[int], ...]], *, pad_id: int = 0) -> SftBatch:
     """(prompt ids, target ids) pairs -> the trainer's SFT batch. Target token j sits at position
-    P + j and is predicted from position P + j - 1 (same layout as batch.build_train_batch)."""
+    P + j and is predicted from position P + j - 1 (same layout as batch.build_train_batch). A third element,
+    the target's loss mask (0/1 per target id), leaves ids out of the loss (a multi-turn trace's environment ids,
+    episodes/demonstrations.py); without it every target id is trained."""
     import torch
 
     if not pairs:
         raise ValueError("sft_batch: no examples")
-    T = max(len(p) + len(t) for p, t in pairs)
+    T = max(len(p) + len(t) for p, t, *_ in pairs)
     B = len(pairs)
     input_ids = torch.full((B, T), pad_id, dtype=torch.int64)
     targets = torch.zeros((B, T), dtype=torch.int64)
     mask = torch.zeros((B, T), dtype=torch.float32)
-    for b, (p, t) in enumerate(pairs):
+    for b, (p, t, *m) in enumerate(pairs):
         if not p or not t:
             raise ValueError(f"sft_batch: example {b} has an empty prompt or target")
         P, O = len(p), len(t)
+        if m and len(m[0]) != O:
+            raise ValueError(f"sft_batch: example {b} has {O} target ids and a loss mask of {len(m[0])}")
         input_ids[b, : P + O] = torch.tensor([*p, *t], dtype=torch.int64)
         targets[b, P - 1 : P - 1 + O] = torch.tensor(t, dtype=torch.int64)
-        mask[b, P - 1 : P - 1 + O] = 1.0
+        mask[b, P - 1 : P - 1 + O] = torch.tensor(m[0], dtype=torch.float32) if m else 1.0
     return SftBatch(input_ids_BT=input_ids, position_ids_BT=torch.arange(T).expand(B, T).contiguous(),
                     targets_BT=targets, loss_mask_BT=mask)
 
@@ -50,7 +54,7 @@ def check_sft_batch(batch_size: int, *, num_examples: int) -> None:
         raise ValueError(f"sft.batch_size={batch_size} must be in [1, {num_examples}] (number of SFT examples)")
 
 
-def warm_start(trainer: MegatronPolicyTrainer, examples: Sequence[tuple[list[int], list[int]]], *, steps: int, batch_size: int,
+def warm_start(trainer: MegatronPolicyTrainer, examples: Sequence[tuple[list[int], ...]], *, steps: int, batch_size: int,
                lr: float, warmup_steps: int, seed: int,
                on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
     """`steps` optimizer steps of next-token loss on shuffled `examples` (epochs reshuffled with

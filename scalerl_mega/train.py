@@ -466,8 +466,11 @@ def _warm_start(config: TrainConfig, task: Task, trainer: PolicyTrainer, *, out:
 
     from scalerl_mega import sft
     from scalerl_mega.data.tasks.arith import sft_token_ids
+    from scalerl_mega.episodes.demonstrations import warm_start_examples
 
-    examples = [sft_token_ids(task.tokenizer, p) for p in task.train_prompts]
+    examples = warm_start_examples(config, task)  # an environment's protocol traces (env=custom), if it shows them
+    if examples is None:
+        examples = [sft_token_ids(task.tokenizer, p) for p in task.train_prompts]
     kwargs = dict(steps=config.sft.steps, batch_size=config.sft.batch_size, lr=config.sft.lr,
                   warmup_steps=config.sft.warmup_steps, seed=int(config.seed))
     if out is None:

@@ -5,6 +5,14 @@ from __future__ import annotations
 import re
 
 BOXED = re.compile(r"\\boxed\{(-?\d+)\}")
+SUM_PROMPT = re.compile(r"Q:(\d+)\+(\d+)=")
+
+
+def final_answer(reply: str) -> str | None:
+    """The reply's answer: the last `\\boxed{N}` after `</think>` (like the single-turn reward's `require_think`);
+    None when it has none."""
+    answer = BOXED.findall(reply.split("</think>", 1)[1]) if "</think>" in reply else []
+    return answer[-1] if answer else None
 
 
 class RetryArithmetic:
@@ -26,12 +34,62 @@ class RetryArithmetic:
 
     def step(self, reply: str) -> tuple[list[dict], float, bool]:
         self.tries += 1
-        answer = BOXED.findall(reply.split("</think>", 1)[1]) if "</think>" in reply else []
-        if answer and answer[-1] == self.gold:
+        if final_answer(reply) == self.gold:
             return [], self.correct, True
         if self.tries >= self.attempts:
             return [], self.incorrect, True
         return [{"role": "user", "content": self.feedback + self.question}], 0.0, False
+
+
+class LookupArithmetic:
+    """Addition whose second number only the environment knows (the multi-turn demo): the opening shows
+    `Q:47+k=`; a reply that holds the request word (`ask`) and no answer gets the message `k=38`, and only then
+    can the sum be known. A reply with an answer (`\\boxed{N}` after `</think>`) ends the episode, `correct`
+    when N is the sum, else `incorrect`; a reply with neither, or a request beyond `asks`, ends it `incorrect`.
+    An answer given blind (before the lookup) passes only when it guesses the hidden number: for one opening,
+    exactly one of the possible hidden numbers makes a given blind answer pass.
+
+    Reads only `prompt` (the synthetic task's `Q:<a>+<b>=`) and `gold` of the row. Every message is in the
+    synthetic tokenizer's alphabet (digits, `+`, `=`, `:`, `Q` and lower-case letters of its phrase)."""
+
+    def __init__(self, *, placeholder: str = "k", request: str = "ask", asks: int = 1, correct: float = 1.0,
+                 incorrect: float = -1.0) -> None:
+        if asks < 1:
+            raise ValueError(f"env.custom.kwargs.asks={asks} must be >= 1")
+        if not placeholder or not request or any(ch.isdigit() for ch in placeholder + request):
+            raise ValueError(f"env.custom.kwargs placeholder={placeholder!r} and request={request!r} must be "
+                             "non-empty and hold no digit")
+        self.placeholder, self.request, self.asks = placeholder, request, asks
+        self.correct, self.incorrect = correct, incorrect
+        self.a = self.b = self.gold = ""
+        self.asked = 0
+
+    def reset(self, task: dict) -> list[dict]:
+        m = SUM_PROMPT.fullmatch(str(task["prompt"]).strip())
+        if m is None:
+            raise ValueError(f"LookupArithmetic: the row's prompt {task['prompt']!r} is not 'Q:<a>+<b>=' "
+                             "(data=synthetic)")
+        self.a, self.b, self.gold, self.asked = m.group(1), m.group(2), str(task["gold"]), 0
+        return [{"role": "user", "content": f"Q:{self.a}+{self.placeholder}="}]
+
+    def step(self, reply: str) -> tuple[list[dict], float, bool]:
+        answer = final_answer(reply)
+        if answer is not None:
+            return [], self.correct if answer == self.gold else self.incorrect, True
+        if self.request in reply and self.asked < self.asks:
+            self.asked += 1
+            return [{"role": "user", "content": f"{self.placeholder}={self.b}"}], 0.0, False
+        return [], self.incorrect, True
+
+    def reference_replies(self, task: dict) -> list[str]:
+        """The replies of the protocol for `task` (the warm start's traces, episodes/demonstrations.py): the
+        request, then the synthetic task's column-by-column trace for the sum."""
+        from scalerl_mega.data.tasks.arith import target_text
+
+        m = SUM_PROMPT.fullmatch(str(task["prompt"]).strip())
+        if m is None:
+            raise ValueError(f"LookupArithmetic: the row's prompt {task['prompt']!r} is not 'Q:<a>+<b>='")
+        return [self.request, target_text(int(m.group(1)), int(m.group(2)))]
 
 
 class PythonTool:

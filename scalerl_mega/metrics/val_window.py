@@ -23,7 +23,9 @@ from scalerl_mega.metrics.rollout_stats import domain_key
 from scalerl_mega.types import FinishReason, Group
 
 Outcome = list
-"""One validation sample: [prompt index, domain, passed (0/1), reward, truncated (0/1), mean weight version]."""
+"""One validation sample: [prompt index, domain, passed (0/1), reward, truncated (0/1), mean weight version,
+turns (the assistant turns of its episode; 1 for a single-turn sample)]. Outcomes saved before `turns` was
+recorded have six fields and count as one turn."""
 
 
 def window_slice(num_prompts: int, *, width: int, position: int) -> range:
@@ -49,17 +51,34 @@ def outcomes(groups: Iterable[Group], *, index_of: dict[str, int]) -> list[Outco
             versions = s.completion.weight_versions
             out.append([index_of[g.prompt.prompt_id], g.prompt.task, int(bool(s.passed)), float(s.reward),
                         int(s.completion.finish_reason == FinishReason.LENGTH),
-                        sum(versions) / len(versions) if versions else float(s.completion.submitted_version)])
+                        sum(versions) / len(versions) if versions else float(s.completion.submitted_version),
+                        int(s.completion.turns)])
     return out
 
 
-def val_metrics(samples: Sequence[Outcome], *, expected_prompts: int | None = None) -> dict[str, float]:
+def pass_at_turn(episodes: Iterable[tuple[int, bool]], *, max_turns: int) -> dict[str, float]:
+    """`episode/pass_at_turn_<t>` for t = 1..max_turns: the share of all `episodes` ((turns, passed) each) that
+    passed and ended at turn t. An episode ends when its environment says done, so a passing episode's last turn
+    is the turn whose reply passed; the shares sum to the pass rate. Turns beyond `max_turns` count at
+    `max_turns` (an episode cannot hold more)."""
+    if max_turns < 1:
+        raise ValueError(f"pass_at_turn: max_turns={max_turns} must be >= 1")
+    eps = list(episodes)
+    if not eps:
+        raise ValueError("pass_at_turn: no episodes")
+    counts = Counter(min(max(int(t), 1), max_turns) for t, ok in eps if ok)
+    return {f"episode/pass_at_turn_{t}": counts[t] / len(eps) for t in range(1, max_turns + 1)}
+
+
+def val_metrics(samples: Sequence[Outcome], *, expected_prompts: int | None = None,
+                max_turns: int = 0) -> dict[str, float]:
     """The fields of one validation line from its samples' outcomes: pass rate, reward, truncation, per-domain
     pass rates and counts (`val/<domain>_pass_rate`, `val/<domain>_samples`), the prompts and samples behind it
     (`val_prompts` x `val_samples_per_prompt` = the N of the binomial noise floor, scaling/io.py) and the mean
     weight version of the samples' tokens. Every prompt present has all its samples (a slice is scored only when
     complete); a window that lost slices anyway (the loop regenerates those a stop left in flight) has fewer
-    prompts than `expected_prompts` and says so (`val_prompts_missing`): its N is what was scored."""
+    prompts than `expected_prompts` and says so (`val_prompts_missing`): its N is what was scored. `max_turns` > 0
+    (episode runs: `env.max_turns`) adds the pass rate by the turn that passed (`pass_at_turn`)."""
     n = len(samples)
     if n == 0:
         raise ValueError("val_metrics: no validation samples")
@@ -83,4 +102,6 @@ def val_metrics(samples: Sequence[Outcome], *, expected_prompts: int | None = No
     })
     if expected_prompts is not None and prompts < expected_prompts:
         out["val_prompts_missing"] = float(expected_prompts - prompts)
+    if max_turns:
+        out.update(pass_at_turn(((o[6] if len(o) > 6 else 1, bool(o[2])) for o in samples), max_turns=max_turns))
     return out

@@ -18,12 +18,16 @@ def test_single_is_the_default_and_the_multiturn_demo_composes():
     m = _compose("experiment=demo_multiturn")
     validate(m)
     assert (m.env.name, m.env.max_turns, m.env.chat_template) == ("custom", 2, "arith")
-    assert m.env.custom["_target_"] == "scalerl_mega.episodes.examples.RetryArithmetic"
-    assert episode_budget(m.env, max_new_tokens=m.length.max_new_tokens) == 110
-    assert m.data.max_prompt_tokens + 110 <= m.model.max_position_embeddings
-    # everything else is the single-turn demo's
-    for group in ("model", "optim", "loss", "off_policy", "length", "train", "sft"):
+    assert m.env.custom["_target_"] == "scalerl_mega.episodes.examples.LookupArithmetic"
+    assert episode_budget(m.env, max_new_tokens=m.length.max_new_tokens) == 64
+    assert m.data.max_prompt_tokens + 64 <= m.model.max_position_embeddings
+    # `ask` + <eos>, the longest lookup `k=999` and a whole 48-token turn fit the episode's budget
+    assert 4 + 5 + m.length.max_new_tokens <= 64
+    # everything else is the single-turn demo's (the warm start traces 4,000 prompts' episodes, not 20,000)
+    for group in ("model", "optim", "loss", "off_policy", "length"):
         assert getattr(m, group) == getattr(c, group)
+    assert dataclasses.replace(m.train, steps=c.train.steps) == c.train and m.train.steps == 30
+    assert dataclasses.replace(m.sft, synthetic_num_prompts=c.sft.synthetic_num_prompts) == c.sft
     assert episode_budget(dataclasses.replace(m.env, max_tokens=0), max_new_tokens=48) == 96
 
 
