@@ -1,4 +1,4 @@
-"""An OpenAI chat-completions endpoint per episode, in front of the engine, that records exact ids (issue 57, item 4).
+"""An OpenAI chat-completions endpoint per episode, in front of the engine, that records exact ids.
 
 Existing agent code (`fn(base_url, task) -> reward`, written against any OpenAI client) talks to
 `AgentEndpoint.open_episode(id)`'s base url, `http://127.0.0.1:PORT/episodes/<id>/v1`. Every
