@@ -168,7 +168,7 @@ def score_groups(pendings: Sequence[_Pending], comps: LoopComponents, length: Le
         groups.append(g)
     if stop_error_rate is not None:
         check_reward_errors(groups, stop_error_rate=stop_error_rate, where=where)
-        check_dropped_episodes(groups, stop_error_rate=stop_error_rate, where=where)
+    check_dropped_episodes(groups, stop_error_rate=stop_error_rate, where=where)
     return groups
 
 
@@ -203,22 +203,23 @@ def reward_error_metrics(groups: Sequence[Group]) -> dict[str, object]:
     return out
 
 
-def check_dropped_episodes(groups: Sequence[Group], *, stop_error_rate: float, where: str) -> None:
+def check_dropped_episodes(groups: Sequence[Group], *, stop_error_rate: float | None, where: str) -> None:
     """`RewardErrorStop` when at least `stop_error_rate` of the episodes of `groups` were dropped
     (`episodes.failures`: timed out, or their environment / agent raised), with the same one-line message form
-    as a reward's errors."""
+    as a reward's errors; with `stop_error_rate` None only when every episode was (nothing is left to train)."""
     dropped = [s.reason for g in groups for s in g.dropped]
     n = len(dropped) + sum(len(g.samples) for g in groups)
-    if not n or not dropped or len(dropped) / n < stop_error_rate:
+    if not n or not dropped or len(dropped) / n < (1.0 if stop_error_rate is None else stop_error_rate):
         return
+    rate = ("every episode was dropped: nothing is left to train" if stop_error_rate is None
+            else f"or set reward.stop_error_rate=null to train on (reward.stop_error_rate={stop_error_rate:g})")
     kinds = Counter(dropped_kind(r) for r in dropped)
     share = f"all {n}" if len(dropped) == n else f"{len(dropped)} of {n}"
     raise RewardErrorStop(
         f"episode error: {share} episodes of {where or 'a step'} were dropped "
         f"({', '.join(f'{k} {c}' for k, c in kinds.most_common())}), e.g. {dropped[0].removeprefix(DROPPED)}; "
         f"the first of each kind is logged above and in the run's train.log. Fix the environment or agent (or raise "
-        f"env.step_timeout_s / env.episode_timeout_s), or set reward.stop_error_rate=null to train on "
-        f"(reward.stop_error_rate={stop_error_rate:g})")
+        f"env.step_timeout_s / env.episode_timeout_s), {rate}")
 
 
 def check_reward_errors(groups: Sequence[Group], *, stop_error_rate: float, where: str) -> None:

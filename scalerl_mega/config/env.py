@@ -41,8 +41,8 @@ class EnvConfig:
     of a step in flight; `episode_concurrency`). Threads start on demand."""
     on_error: str = "drop"
     """An episode that times out or whose environment / agent raises: `drop` (not trained; counted in
-    `episode/dropped` by reason; a step where at least `reward.stop_error_rate` of the episodes were dropped
-    stops the run) or `score_incorrect` (trained with `reward.incorrect`, counted in `reward/errors` /
+    `episode/dropped` by reason; a step where at least `reward.stop_error_rate` of the episodes were dropped,
+    or every one of them, stops the run) or `score_incorrect` (trained with `reward.incorrect`, counted in `reward/errors` /
     `reward/timeouts`)."""
     chat_template: str = ""
     """The chat template episodes are spliced with. Empty: the tokenizer's own; a name of

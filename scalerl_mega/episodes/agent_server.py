@@ -1,4 +1,4 @@
-"""An OpenAI chat-completions endpoint per episode, in front of the engine, that records exact ids (issue 57, item 4).
+"""An OpenAI chat-completions endpoint per episode, in front of the engine, that records exact ids.
 
 Existing agent code (`fn(base_url, task) -> reward`, written against any OpenAI client) talks to
 `AgentEndpoint.open_episode(id)`'s base url, `http://127.0.0.1:PORT/episodes/<id>/v1`. Every
@@ -401,6 +401,9 @@ def _content(content: object, *, where: str) -> str:
 # ---- HTTP ------------------------------------------------------------------------------------------
 class _Server(ThreadingHTTPServer):
     daemon_threads = False  # server_close joins them
+    request_queue_size = 4096
+    """The listen backlog (socketserver's default is 5): every episode's agent may connect at once
+    (`env.concurrency`), and connections past the backlog are refused while the accept loop waits for the GIL."""
     endpoint: AgentEndpoint
 
     def __init__(self, *args: object, **kwargs: object) -> None:

@@ -53,6 +53,7 @@ def server():
         proc.wait(30)
 
 
+@pytest.mark.slow
 def test_an_openenv_server_runs_episodes_with_exact_ids_and_its_rewards(server):
     rec = Recording()
     runner = EnvRunner(target="scalerl_mega.episodes.openenv_env.OpenEnvEnvironment",

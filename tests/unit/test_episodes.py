@@ -239,6 +239,9 @@ def test_failed_episodes_are_dropped_and_counted_by_reason(runner, released, cap
                                               r"\(.*step_timeout 1.*\).*reward.stop_error_rate=0.5"):
         _score(prompts, episodes, stop_error_rate=0.5)
     _score(prompts, episodes, stop_error_rate=1.0)  # below the rate: trains on
+    _score(prompts, episodes, stop_error_rate=None)
+    with pytest.raises(RewardErrorStop, match=r"all 1 episodes .* every episode was dropped: nothing is left to train"):
+        _score([hung], late, stop_error_rate=None)  # null trains on, but not on nothing
 
 
 def test_score_incorrect_keeps_failed_episodes_as_a_raising_reward(runner, released):
