@@ -55,7 +55,9 @@ def test_the_qwen3_experiments_compose_for_cpu_from_a_tiny_checkpoint(tmp_path, 
     cfg = compose([f"experiment={exp}", f"init_from_hf={tmp_path / 'ckpt'}", "train.steps=3"])
     assert (cfg.run_name, cfg.model.name, cfg.model.arch, cfg.data.name) == (exp, "hf", arch, "synthetic")
     assert (cfg.rollout.name, cfg.cluster.name, cfg.cluster.device) == ("local", "local", "cpu")
-    assert (cfg.train.steps, cfg.train.prompts_per_step, cfg.sft.steps) == (3, 8, 300)
+    # docs/extending.md: 2-digit sums, 8 prompts x 8 samples, a 300-step SFT warm start
+    assert (cfg.train.steps, cfg.train.prompts_per_step, cfg.train.generations_per_prompt) == (3, 8, 8)
+    assert (cfg.data.synthetic_max_digits, cfg.sft.steps) == (2, 300)
     assert (cfg.loss.name, cfg.filter.name) == ("cispo", "zero_variance")  # the experiment's recipe stays
 
 
