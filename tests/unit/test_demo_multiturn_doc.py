@@ -58,23 +58,27 @@ def test_running_doc_and_readme_state_the_runs_as_ranges():
     doc = _doc()
     runs = doc["runs"]
     first, last = value_range([r["first"] for r in runs]), value_range([r["last"] for r in runs])
-    gain = value_range([r["gain"] for r in runs], "{:+.2f}")
+    gain = value_range([r["gain"] for r in runs])
     steps = value_range([r["gain_reached_step"] for r in runs], "{:.0f}")
     after_launch = _minutes([r["gain_reached_wall_s"] for r in runs])
     after_first = _minutes([r["gain_reached_wall_s"] - r["validations"][0]["wall_s"] for r in runs])
     turn1 = value_range([p["pass_at_turn_1"] for r in runs for p in r["validations"]], "{:.3f}")
     share = value_range([r["last_share_of_passes_at_turn_2_or_later"] for r in runs])
     load = value_range([x for r in runs for x in (r["load_before"], r["load_after"])], "{:.0f}")
-    wall = _minutes([r["wall_s"] for r in runs])
+    wall = _minutes([r["launch_to_exit_s"] for r in runs])
+    sft, rl = value_range([r["sft_s"] for r in runs], "{:.0f}"), value_range([r["rl_s"] for r in runs], "{:.0f}")
     running = _text("docs/running_scalerl.md")
     for part in (f"Measured at `{doc['revision']}`", f"load average {load}",
-                 f"the validation pass rate went from {first} to {last} (gain {gain})",
+                 f"the validation pass rate went from {first} to {last} (gain +{gain})",
                  f"first reached +0.15 at RL step {steps}, {after_launch} minutes after the launch "
                  f"({after_first} minutes after the first validation)",
                  f"passed at turn 1: {turn1} of the validation episodes",
                  f"at the end {share} of the passing validation episodes passed at turn 2",
-                 f"Each run took {wall} minutes"):
+                 f"Each run took {wall} minutes from launch to exit (SFT {sft} s, RL {rl} s)",
+                 f"within 10 minutes of the launch for {sum(r['gain_reached_wall_s'] <= 600 for r in runs)} of the "
+                 f"{len(runs)} seeds"):
         assert part in running, part
+    assert all(p["pass_at_turn_1"] == 0.0 for r in runs for p in r["validations"])  # "every pass at turn 2"
     readme = _text("README.md")
     line = f"validation pass rate {first} -> {last} over seeds 0, 1 and 2, every pass at turn 2"
     assert line in readme, line

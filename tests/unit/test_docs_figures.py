@@ -119,6 +119,12 @@ FIGURES = [
            "b + 1)) > 1e-2"),
     Figure("docs/sglang.md", "on-policy engine-vs-trainer log-prob max below 1e-3",
            "tests/sglang/test_real_rl_demo.py::test_demo_recipe_on_real_sglang", "max(mismatch) < 1e-3"),
+    Figure("docs/extending.md", "so the best blind answer passes with probability 1/30",
+           "tests/unit/test_lookup_episodes.py::test_a_blind_answer_passes_only_for_the_hidden_number_it_guesses",
+           "assert best == Fraction(1, 30)"),
+    Figure("docs/running_scalerl.md", "a blind answer passes with probability at most 1/30",
+           "tests/unit/test_lookup_episodes.py::test_a_blind_answer_passes_only_for_the_hidden_number_it_guesses",
+           "assert best == Fraction(1, 30)"),
 ]
 
 
