@@ -93,7 +93,7 @@ def compose_node(overrides: list[str]) -> DictConfig:
     from scalerl_mega.config import register_configs
 
     register_configs()
-    from scalerl_mega.tiny_run import with_recorded
+    from scalerl_mega.model.tiny_run import with_recorded
 
     overrides, _ = with_recorded(overrides)  # a tiny checkpoint's own settings, as `scalerl-train` adds them
     kept = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]

@@ -530,7 +530,7 @@ def validate_or_exit(node: Any) -> None:
 def _with_recorded_run(argv: list[str]) -> list[str]:
     """`argv` with the overrides a tiny checkpoint records beside itself (`init_from_hf`'s scalerl_run.json),
     said in one line; an unreadable file: one `config error:` line, exit 2."""
-    from scalerl_mega.tiny_run import RUN_FILE, with_recorded
+    from scalerl_mega.model.tiny_run import RUN_FILE, with_recorded
 
     try:
         argv, added = with_recorded(argv)
@@ -554,7 +554,7 @@ def main() -> None:
     from scalerl_mega.run_dir import config_error_exit, config_or_exit, precheck_overrides
 
     register_configs()
-    sys.argv[1:] = _with_recorded_run(sys.argv[1:])  # a tiny checkpoint's own settings (tiny_run.py)
+    sys.argv[1:] = _with_recorded_run(sys.argv[1:])  # a tiny checkpoint's own settings (model/tiny_run.py)
     precheck_overrides(sys.argv[1:])  # a bad override or a misspelled name: one line, exit 2
     validate_only = "--validate" in sys.argv[1:]  # every check the run makes before its first step, then exit
     argv = [a for a in sys.argv[1:] if a != "--validate"]

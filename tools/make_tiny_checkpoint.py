@@ -8,7 +8,7 @@
 
 OUT gets config.json + model.safetensors (FP32, random init of `--seed`), the synthetic task's 47-token
 tokenizer (scalerl_mega/data/tasks/tokenizer.py) and scalerl_run.json, what the checkpoint is for: the overrides
-that train it on the embedded task on CPU with an SFT warm start (scalerl_mega/tiny_run.py), which `scalerl-train`
+that train it on the embedded task on CPU with an SFT warm start (scalerl_mega/model/tiny_run.py), which `scalerl-train`
 adds when `init_from_hf=OUT` (`scalerl-train experiment=qwen3 init_from_hf=OUT train.steps=3`, nothing else). It
 converts too (tools/convert_hf_to_megatron.py).
 The shapes are those of the architecture's tiny preset under conf/model/ (table `TINY` below: a new architecture
@@ -41,7 +41,7 @@ def make_tiny_checkpoint(arch: str, out: Path, *, seed: int = 0) -> Path:
     from scalerl_mega.model.archs import arch_of
     from scalerl_mega.model.config import load_model_preset
     from scalerl_mega.model.hf_export import hf_config_from_model
-    from scalerl_mega.tiny_run import write_run_file
+    from scalerl_mega.model.tiny_run import write_run_file
 
     if arch not in TINY:
         raise ValueError(f"architecture {arch!r} has no tiny checkpoint; known: {', '.join(TINY)}")

@@ -1,4 +1,4 @@
-"""A tiny checkpoint records what it is for (scalerl_mega/tiny_run.py): `tools/make_tiny_checkpoint.py` writes the
+"""A tiny checkpoint records what it is for (scalerl_mega/model/tiny_run.py): `tools/make_tiny_checkpoint.py` writes the
 overrides that run it on the synthetic task on CPU beside it, and `scalerl-train experiment=qwen3
 init_from_hf=DIR` composes with them, the command line's own keys (and the groups it chooses) winning. The slow
 test runs that command as it stands and checks the RL steps trained samples."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scalerl_mega.tiny_run import CPU_RUN, RUN_FILE, recorded_overrides, with_recorded, write_run_file
+from scalerl_mega.model.tiny_run import CPU_RUN, RUN_FILE, recorded_overrides, with_recorded, write_run_file
 
 REPO = Path(__file__).resolve().parents[2]
 
