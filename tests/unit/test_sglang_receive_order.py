@@ -84,13 +84,18 @@ class FakeServer:
             self.log.append(key)
             self.wire.receive(self.index, key)
 
+    def init_weights_update_group(self, *, group_name: str, **_) -> None:
+        with self.busy:  # joining is collective over the group's ranks too
+            self.log.append(("join", group_name))
+            self.wire.receive(self.index, ("join", group_name))
+
     def __getattr__(self, name):  # pause, begin/end update, version, continue: logged
         return lambda *a, **k: self.log.append(name)
 
 
 def host(servers: list[FakeServer]) -> SimpleNamespace:
     """The engine side `SGLangGroups` drives (`multi_groups.GroupsHost`)."""
-    cfg = SimpleNamespace(pause_mode="in_place", control_timeout_s=5.0, sync=SimpleNamespace(timeout_s=SAFETY_S))
+    cfg = SimpleNamespace(pause_mode="in_place", control_timeout_s=5.0, sync=SimpleNamespace(timeout_s=SAFETY_S, backend="gloo"))
 
     def fan_out(fn, *, what, timeout_s):
         return [fn(c) for c in servers]
@@ -226,3 +231,15 @@ def test_receive_order_refuses_buckets_out_of_order():
     plan["a"][1].seq = -1
     with pytest.raises(ValueError, match=r"group 'a'.s buckets are not in increasing receive order"):
         receive_order(plan)
+
+
+def test_every_server_joins_the_groups_in_one_order():
+    """Joining a group is collective too: every server joins the groups by name, one at a time, from one thread."""
+    wire = Broadcasts(servers=2)
+    servers = [FakeServer(i, wire) for i in range(2)]
+    groups = SGLangGroups(host(servers))
+    groups.join({"g-b": "tcp://127.0.0.1:2", "g-a": "tcp://127.0.0.1:1", "g-c": "tcp://127.0.0.1:3"})
+    groups.wait_joined()
+    for s in servers:
+        assert s.log == [("join", "g-a"), ("join", "g-b"), ("join", "g-c")]
+    assert wire.deadlock is None and sorted(groups.joined) == ["g-a", "g-b", "g-c"]

@@ -70,7 +70,7 @@ class SGLangGroups:
     def __init__(self, engine: GroupsHost) -> None:
         self.engine = engine
         self.joined: list[str] = []
-        self._pending: list[tuple[str, Future]] = []
+        self._pending: list[tuple[list, Future]] = []
         self._running: list[Future] = []
         self._pool: ThreadPoolExecutor | None = None
 
@@ -89,35 +89,43 @@ class SGLangGroups:
         return self._pool
 
     def join(self, init_methods: dict[str, str]) -> None:
-        """Fire /init_weights_update_group for every group to every server (no wait: each call returns once
-        its sender joined as rank 0); `wait_joined` waits."""
+        """Start every server joining every group (no wait; `wait_joined` waits): one caller thread per server,
+        the groups in one order all servers share (by name). Joining a group is collective over its ranks and a
+        server joins one group at a time, so servers that joined in different orders would wait on each other."""
         from scalerl_mega.weight_sync import engine_rank_offsets
 
         eng = self.engine
         world_size, offsets = engine_rank_offsets([s.tp_size for s in eng.servers])
-        pool = self._executor(len(init_methods) * len(eng.servers) + 1)
-        for name, url in init_methods.items():
-            host, port = _address(url, group=name)
-            for client, off in zip(eng._ctl_clients, offsets):  # noqa: SLF001 - the engine's own clients
-                self._pending.append((name, pool.submit(
-                    client.init_weights_update_group, master_address=host, master_port=port, rank_offset=off,
-                    world_size=world_size, group_name=name, backend=eng.config.sync.backend)))
+        groups = [(name, *_address(url, group=name)) for name, url in sorted(init_methods.items())]
+        pool = self._executor(len(eng.servers) + 1)
+        self._pending = [(groups, pool.submit(self._join, client, groups, rank_offset=off, world_size=world_size))
+                         for client, off in zip(eng._ctl_clients, offsets)]  # noqa: SLF001 - the engine's own clients
 
-    def wait_joined(self) -> None:
-        """Every server joined every group (the server joins them one after another), or WeightSyncError."""
+    def _join(self, client, groups: list[tuple[str, str, int]], *, rank_offset: int, world_size: int) -> None:
+        """One server joins `groups` in order; WeightSyncError naming the group it could not join."""
         from scalerl_mega.rollout.sglang.client import SGLangError
 
+        for name, host, port in groups:
+            try:
+                client.init_weights_update_group(master_address=host, master_port=port, rank_offset=rank_offset,
+                                                 world_size=world_size, group_name=name,
+                                                 backend=self.engine.config.sync.backend)
+            except SGLangError as e:
+                raise WeightSyncError(f"weight sync group {name!r}: a server could not join: {e}") from e
+
+    def wait_joined(self) -> None:
+        """Every server joined every group, or WeightSyncError."""
         pending, self._pending = self._pending, []
-        deadline = time.monotonic() + self.engine.config.sync.timeout_s * (len(pending) + 1)
-        for name, fut in pending:
+        groups = sum(len(g) for g, _ in pending)
+        deadline = time.monotonic() + self.engine.config.sync.timeout_s * (groups + 1)
+        for names, fut in pending:
             try:
                 fut.result(timeout=max(deadline - time.monotonic(), 0.001))
             except TimeoutError:
-                raise WeightSyncError(f"weight sync group {name!r}: a server did not join within the deadline") from None
-            except SGLangError as e:
-                raise WeightSyncError(f"weight sync group {name!r}: a server could not join: {e}") from e
-            if name not in self.joined:
-                self.joined.append(name)
+                raise WeightSyncError(f"weight sync groups {[n for n, _, _ in names]}: a server did not join within "
+                                      "the deadline") from None
+        for names, _ in pending:
+            self.joined += [n for n, _, _ in names if n not in self.joined]
 
     def check(self, plan: dict[str, list[BucketMeta]], *, version: int) -> None:
         """The manifest check of the whole update before the first byte (WeightSyncError naming the tensor)."""
