@@ -138,6 +138,7 @@ CFG_ROUTED_EXPERTS=0
 CFG_PAUSE_MODE=in_place
 CFG_SIGTERM_GRACE_S=120
 CFG_SEQUENCE_PARALLEL=0
+CFG_QUANTIZATION=none
 
 scalerl_log() { printf '[scalerl %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 scalerl_die() { printf '[scalerl] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -200,6 +201,8 @@ scalerl_generator_cmd() {
   if [[ $CFG_ROUTED_EXPERTS == 1 ]]; then CMD+=(--enable-return-routed-experts); fi
   # PipelineRL's in-place updates: no stale prefix cache, exact version tags (rollout/sglang/launch.py IN_PLACE_FLAGS)
   if [[ $CFG_PAUSE_MODE == in_place ]]; then CMD+=(--disable-radix-cache --disable-overlap-schedule); fi
+  # rollout.quantization=fp8: FP8 generators fed FP8 weight pushes (MODEL_PATH: a blockwise FP8 checkpoint)
+  if [[ $CFG_QUANTIZATION == fp8 ]]; then CMD+=(--quantization fp8); fi
   : "$node" "$gpu_base"
 }
 
@@ -260,6 +263,7 @@ scalerl_validate_config() {
       PAUSE_MODE) CFG_PAUSE_MODE=$value ;;
       SIGTERM_GRACE_S) CFG_SIGTERM_GRACE_S=$value ;;
       SEQUENCE_PARALLEL) CFG_SEQUENCE_PARALLEL=$value ;;
+      QUANTIZATION) CFG_QUANTIZATION=$value ;;
     esac
   done <<<"$out"
   line="precision=$CFG_PRECISION params_dtype=$CFG_PARAMS_DTYPE seed=$CFG_SEED"

@@ -14,6 +14,8 @@ steps must agree on as shell-sourceable `KEY=value` lines:
     RUN_NAME=scalerl
     SEQUENCE_PARALLEL=1        (resolved parallel.sequence_parallel: the trainer step gets
                                 CUDA_DEVICE_MAX_CONNECTIONS=1, which Megatron needs for SP/TP overlap)
+    QUANTIZATION=none          (rollout.quantization: fp8 -> SGLang --quantization fp8; MODEL_PATH must then be a
+                                blockwise FP8 checkpoint, which the trainer's init_from_hf dequantizes)
 
 A config error prints one line naming the key (`config error: <key>=<value> ...`) and exits 2, so a
 bad sweep point or typo fails in seconds instead of after the servers loaded their weights.
@@ -76,7 +78,8 @@ def settings(cfg) -> dict[str, str]:
             "ROUTED_EXPERTS": "1" if records_routes(cfg) else "0",
             "PAUSE_MODE": pause_mode(cfg.off_policy),
             "SIGTERM_GRACE_S": str(math.ceil(cfg.train.sigterm_grace_s)),
-            "SEQUENCE_PARALLEL": "1" if cfg.parallel.sequence_parallel_on(cfg.model) else "0"}
+            "SEQUENCE_PARALLEL": "1" if cfg.parallel.sequence_parallel_on(cfg.model) else "0",
+            "QUANTIZATION": str(cfg.rollout.quantization)}
 
 
 def gpu_memory_bytes() -> int | None:

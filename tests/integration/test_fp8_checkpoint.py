@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.fixture(scope="module")
@@ -93,23 +94,20 @@ def test_unsupported_quantization_is_named(tmp_path, tiny):
     assert proc.returncode == 2 and "compressed-tensors" in proc.stderr
 
 
-def worker(hf_dir: str, out: str) -> None:
+def worker(out: str, hf_dir: str) -> None:
     import torch
 
     from scalerl_mega.build import init_trainer_from_hf
     from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.model.hf_import import model_from_hf_dir
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
-    from scalerl_mega.types import SftBatch
+    from test_init_from_hf import random_sft_batch
 
     torch.set_num_threads(1)
     model = model_from_hf_dir(hf_dir, base=load_model_preset("tiny_deepseek_v3"))
     trainer = MegatronPolicyTrainer(MegatronConfig(model=model, parallel=ParallelConfig(), optim=OptimConfig(lr=1e-3)))
     try:
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, model.vocab_size, (3, 17), generator=g)
-        batch = SftBatch(input_ids_BT=ids[:, :-1], position_ids_BT=torch.arange(16).expand(3, 16).contiguous(),
-                         targets_BT=ids[:, 1:], loss_mask_BT=torch.ones(3, 16))
+        ids, batch = random_sft_batch(model.vocab_size)
         loaded = init_trainer_from_hf(trainer, SimpleNamespace(init_from_hf=hf_dir, model=model))
         after = trainer.logprobs(batch)
         with open(out, "w") as f:
@@ -126,14 +124,10 @@ def test_init_from_fp8_deepseek_v3_matches_transformers_fp8_loader(tmp_path, tin
     import torch
     from transformers import AutoModelForCausalLM
 
+    from mp_launch import run_single_worker
+
     fp8_dir = tiny.fp8
-    out = tmp_path / "out.json"
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_fp8_checkpoint as t; "
-            f"t.worker({str(fp8_dir)!r}, {str(out)!r})")
-    proc = subprocess.run([sys.executable, "-c", f"if __name__ == '__main__':\n    {code}"], capture_output=True,
-                          text=True, timeout=540)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(out.read_text())
+    res = run_single_worker(__file__, tmp_path / "out.json", args=(str(fp8_dir),))
     ids = torch.tensor(res["ids"])
 
     def logp(model_dir: Path) -> torch.Tensor:
@@ -146,3 +140,8 @@ def test_init_from_fp8_deepseek_v3_matches_transformers_fp8_loader(tmp_path, tin
     assert (after - logp(fp8_dir)).abs().max() < 1e-5
     assert (after - logp(tiny.plain)).abs().max() > 1e-3  # the weights before FP8 give other log-probs
     assert res["n_loaded"] > 0
+
+
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--worker":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    worker(sys.argv[2], sys.argv[3])

@@ -43,3 +43,29 @@ def test_rl_steps_with_an_fp8_generator(tmp_path):
         assert 1e-4 < r["train/onpolicy_abs_log_ratio_mean"] <= r["train/onpolicy_abs_log_ratio_max"]
         assert r["rollout/mismatch_kl"] == r["train/onpolicy_mismatch_kl"] > 0
         assert 0.0 <= r["train/is_correction_fraction"] <= 1.0
+
+
+@pytest.mark.slow  # ~3 min each: two trainer ranks under torchrun and an engine process
+@pytest.mark.parametrize("senders", ["single", "per_stage"])
+def test_pp2_fp8_push_lands_as_the_fp8_checkpoint(tmp_path, senders):
+    """PP2 (`tiny` demo widths): the single sender (later stage relayed to rank 0) and the per-stage senders push FP8;
+    after the last push the engine holds exactly the saved checkpoint written as a blockwise FP8 checkpoint and
+    loaded by transformers (its own dequantization): SHA-256 of every parameter, FP32."""
+    import shutil
+
+    from multirank_util import COMMON, convert, hf_digest, records, run_job
+
+    from scalerl_mega.convert.fp8_io import quantize_hf_dir
+
+    out = tmp_path / "run"
+    run_job(out, [*COMMON, "model=demo_dense", "sft.steps=0", "train.steps=1", "train.save_every=1",
+                  "metrics.weights_digest=true", "parallel.pp=2", f"rollout.weight_sync_senders={senders}",
+                  "rollout.weight_sync_bucket_mb=1", "rollout.quantization=fp8"], nproc=2, timeout=900)
+    recs = records(out)
+    assert [r["step"] for r in recs] == [1] and recs[-1]["gen/weights_version"] == 1.0
+    convert(out / "checkpoints", tmp_path / "hf")
+    shutil.copytree(tmp_path / "hf", tmp_path / "hf_fp8")
+    assert quantize_hf_dir(str(tmp_path / "hf_fp8")) > 0
+    assert hf_digest(tmp_path / "hf_fp8") == recs[-1]["gen/weights_sha256"]
+    assert hf_digest(tmp_path / "hf") != recs[-1]["gen/weights_sha256"]  # not the unquantized weights
+    assert recs[-1]["sync/senders"] == (2.0 if senders == "per_stage" else 1.0)

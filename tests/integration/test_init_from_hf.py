@@ -14,22 +14,30 @@ from types import SimpleNamespace
 import pytest
 
 
+def random_sft_batch(vocab_size: int):
+    """(ids [3, 17] of seed 0, the SftBatch scoring tokens 1..16 of each row)."""
+    import torch
+
+    from scalerl_mega.types import SftBatch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab_size, (3, 17), generator=g)
+    return ids, SftBatch(input_ids_BT=ids[:, :-1], position_ids_BT=torch.arange(16).expand(3, 16).contiguous(),
+                         targets_BT=ids[:, 1:], loss_mask_BT=torch.ones(3, 16))
+
+
 def worker(hf_dir: str, out: str) -> None:
     import torch
 
     from scalerl_mega.build import init_trainer_from_hf
     from scalerl_mega.model.config import MegatronConfig, OptimConfig, ParallelConfig, load_model_preset
     from scalerl_mega.trainer.megatron.trainer import MegatronPolicyTrainer
-    from scalerl_mega.types import SftBatch
 
     torch.set_num_threads(1)
     model = load_model_preset("tiny_moe")
     trainer = MegatronPolicyTrainer(MegatronConfig(model=model, parallel=ParallelConfig(), optim=OptimConfig(lr=1e-3)))
     try:
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, model.vocab_size, (3, 17), generator=g)
-        batch = SftBatch(input_ids_BT=ids[:, :-1], position_ids_BT=torch.arange(16).expand(3, 16).contiguous(),
-                         targets_BT=ids[:, 1:], loss_mask_BT=torch.ones(3, 16))
+        ids, batch = random_sft_batch(model.vocab_size)
         before = trainer.logprobs(batch)
         loaded = init_trainer_from_hf(trainer, SimpleNamespace(init_from_hf=hf_dir, model=model))
         after = trainer.logprobs(batch)

@@ -160,3 +160,23 @@ def test_planner_counts_fp8_generator_weights(name):
         none = P.generator_weight_bytes(m, P.GenLayout(tp=tp))
         q = P.generator_weight_bytes(m, P.GenLayout(tp=tp, quantization="fp8"))
         assert none - q == pytest.approx(proj * (2 - (1 + 4 / 128**2)) / tp, abs=2)
+
+
+def test_float8_crosses_gloo_as_bytes():
+    """gloo has no float8 type (its broadcast raises "Invalid scalar type"); `wire_tensors` sends the bytes as a
+    uint8 view of the same storage, other dtypes unchanged."""
+    import torch.distributed as dist
+
+    from scalerl_mega.weight_sync import destroy_group, free_port, init_custom_process_group, wire_tensors
+
+    g = init_custom_process_group(backend="gloo", init_method=f"tcp://127.0.0.1:{free_port()}", world_size=1, rank=0,
+                                  group_name="fp8_wire_test", timeout_s=30)
+    try:
+        q = torch.randn(4, 4).to(torch.float8_e4m3fn)
+        with pytest.raises(RuntimeError, match="Invalid scalar type"):
+            dist.broadcast(q, src=0, group=g)
+        wire = wire_tensors([q, torch.ones(2)], g)
+        assert wire[0].dtype == torch.uint8 and wire[0].data_ptr() == q.data_ptr() and wire[1].dtype == torch.float32
+        dist.broadcast(wire[0], src=0, group=g)
+    finally:
+        destroy_group(g)

@@ -436,3 +436,13 @@ def test_multi_node_generators_refuse_a_split_that_does_not_tile(nodelist, gen_t
                        timeout=600)
     assert r.returncode != 0 and message in r.stderr, r.stderr
     assert "step " not in r.stdout
+
+
+def test_fp8_rollout_starts_the_servers_with_quantization_fp8():
+    """rollout.quantization=fp8 (from the composed config) adds SGLang's --quantization fp8 to every server."""
+    steps = _steps(_dry("train_dense.sh", "gb[001-002]", TRAINER_NODES="1", TRAIN_FILES="/data/p.jsonl",
+                        EXTRA_OVERRIDES="rollout.quantization=fp8"))
+    gens = [v[1] for k, v in steps.items() if k.startswith("gen")]
+    assert gens and all(g[g.index("--quantization") + 1] == "fp8" for g in gens)
+    plain = _steps(_dry("train_dense.sh", "gb[001-002]", TRAINER_NODES="1", TRAIN_FILES="/data/p.jsonl"))
+    assert not any("--quantization" in v[1] for k, v in plain.items() if k.startswith("gen"))

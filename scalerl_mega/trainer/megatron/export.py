@@ -231,6 +231,8 @@ def export_to_rank0(model, model_cfg, *, dtype: torch.dtype | str | None = None)
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
+    from scalerl_mega.weight_sync import wire_tensors
+
     local = export_hf_weights(model, model_cfg, dtype=dtype)
     pp = ps.get_pipeline_model_parallel_world_size()
     if pp == 1 or not dist.is_initialized():
@@ -249,7 +251,7 @@ def export_to_rank0(model, model_cfg, *, dtype: torch.dtype | str | None = None)
                     break
                 name, shape, dtype_name = header[0]
                 t = torch.empty(shape, dtype=_as_dtype(dtype_name), device=device)
-                dist.recv(t, src=src)
+                dist.recv(wire_tensors([t], None)[0], src=src)  # float8 (an FP8 push) as bytes on gloo
                 yield name, t
         return
     if not is_emitting_rank():
@@ -259,7 +261,7 @@ def export_to_rank0(model, model_cfg, *, dtype: torch.dtype | str | None = None)
     device = _p2p_device()
     for name, t in local:  # a later stage's emitting rank: relay to rank 0
         dist.send_object_list([(name, tuple(t.shape), str(t.dtype).replace("torch.", ""))], dst=0, device=device)
-        dist.send(t.contiguous(), dst=0)
+        dist.send(wire_tensors([t.contiguous()], None)[0], dst=0)
     dist.send_object_list([None], dst=0, device=device)
 
 
