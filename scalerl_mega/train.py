@@ -2,7 +2,7 @@
 
     scalerl-train experiment=demo                 # CPU embedded default (`make demo`)
     scalerl-train --cfg job experiment=scalerl    # print the resolved ScaleRL config
-    scalerl-train --validate experiment=scalerl   # run every compose-time check, then exit
+    scalerl-train --validate experiment=scalerl   # every check the run makes before its first step, then exit
     scalerl-train -m experiment=loo_dapo,loo_plan hydra/launcher=submitit_slurm
 
 The config lives in `conf/` at the repository root (shipped in the wheel as `scalerl_mega/conf/`);
