@@ -2,7 +2,7 @@
 
     scalerl-train experiment=demo                 # CPU embedded default (`make demo`)
     scalerl-train --cfg job experiment=scalerl    # print the resolved ScaleRL config
-    scalerl-train --validate experiment=scalerl   # run every compose-time check, then exit
+    scalerl-train --validate experiment=scalerl   # every check the run makes before its first step, then exit
     scalerl-train -m experiment=loo_dapo,loo_plan hydra/launcher=submitit_slurm
 
 The config lives in `conf/` at the repository root (shipped in the wheel as `scalerl_mega/conf/`);
@@ -518,12 +518,24 @@ def pre_step_checks(config: TrainConfig) -> Task | None:
 
 def validate_or_exit(node: Any) -> None:
     """`scalerl-train --validate`: the compose-time and run-directory checks (`run_dir.config_or_exit`), then
-    `pre_step_checks`; one `config OK: ...` line, or the run's one `config error:` line and exit status 2."""
+    `pre_step_checks`; one `config OK: ...` line (after the checks' warnings), or the run's one `config error:`
+    line and exit status 2."""
     from scalerl_mega.run_dir import config_errors, config_ok_line, config_or_exit
 
+    import logging
+    import logging.handlers
+
     config = config_or_exit(node, validate_only=True)
-    with config_errors():
-        pre_step_checks(config)
+    held = logging.handlers.BufferingHandler(capacity=1 << 20)  # warnings of the checks: after the verdict, if OK
+    held.setLevel(logging.WARNING)
+    logging.getLogger().addHandler(held)
+    try:
+        with config_errors():
+            pre_step_checks(config)
+    finally:
+        logging.getLogger().removeHandler(held)
+    for record in held.buffer:
+        print(f"warning: {record.getMessage()}", file=sys.stderr, flush=True)
     print(config_ok_line(config), flush=True)
 
 

@@ -110,80 +110,152 @@ def test_validate_refuses_what_the_run_refuses_and_a_run_time_config_error_is_th
     assert lines[0].startswith("config error: cluster.trainer_devices=2 but this trainer job has WORLD_SIZE=1 ranks")
 
 
-def _called_names(func) -> list[str]:
-    """The names of the functions `func`'s body calls (`f(...)` and `mod.f(...)`), in source order."""
-    import ast
-    import inspect
-    import textwrap
+STOP = ("run_rl", "_run_rl", "_finish", "serve", "_finished_run", "run_and_exit")
+"""Where the run's first step begins (the RL loop; a follower rank's serving loop; a finished run's early return;
+the dry run, which plans and exits)."""
 
-    tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
-    calls = [n.func for n in ast.walk(tree) if isinstance(n, ast.Call)]
-    return [c.id if isinstance(c, ast.Name) else c.attr for c in calls if isinstance(c, (ast.Name, ast.Attribute))]
+
+def _is_check(key) -> bool:
+    name = key[1].rsplit(".", 1)[-1].lstrip("_")
+    return name.startswith(("check_", "validate")) or name in ("check", "resolve_model")
+
+
+def run_and_validate_reach():
+    """(what `scalerl-train` calls before step 1, what `scalerl-train --validate` calls), from `train.main` through
+    the static call graph (callgraph.py): --validate is the same entry without the run (`train.run_config`)."""
+    from callgraph import reach
+
+    main = [("scalerl_mega.train", "main")]
+    return reach(main, stop=STOP), reach(main, stop=(*STOP, "run_config"))
 
 
 def pre_step_checks() -> dict[str, set[str]]:
-    """{check function: the functions that call it} of every check the run makes before its first step: the checks of the config's
-    composition (`compose.prepare`, `compose.from_node`: `validate`, `validate_machine` and what it calls),
-    of the run directory (`run_dir.config_or_exit`) and of the trainer process's set-up (`train._process_setup`),
-    found by reading those functions; a new `check_*` call in any of them is enumerated here without a test edit."""
-    from scalerl_mega import compose, run_dir, train
-    from scalerl_mega.config import machine
-
-    import ast
+    """{check function: the checks that call it} of every module-level check (`check_*`, `validate*`,
+    `resolve_model`) the run calls before its first step but the weights' load and the trainer's construction
+    (`RUN_ONLY`), wherever it calls it (found from the entry by the call
+    graph, not from a list of callers): a new check anywhere on the way is enumerated here without a test edit."""
     import importlib
-    import inspect
-    import textwrap
 
-    out = {}
-    for caller in (compose.prepare, compose.from_node, run_dir.config_or_exit, train._process_setup,
-                   machine.validate_machine):
-        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(caller)))):
-            if isinstance(node, ast.ImportFrom) and node.module.startswith("scalerl_mega"):
-                importlib.import_module(node.module)  # where the checks it imports at call time live
-        for name in _called_names(caller):
-            if name.startswith("check_") or name in ("resolve_model", "validate", "validate_machine"):
-                out.setdefault(name, set()).add(caller.__name__)
-    return out
+    from callgraph import callees
+
+    run, _ = run_and_validate_reach()
+    checks = {k for k in run if _is_check(k) and "." not in k[1] and not k[1].startswith("_")
+              and k[1] != "validate_or_exit" and k not in RUN_ONLY}  # --validate's entry; the run's own
+    for mod, _ in checks:
+        importlib.import_module(mod)  # where the check lives (the run imports it at call time)
+    names = {k[1] for k in checks}
+    return {name: {c[1] for c in run if _is_check(c) and any(t[1] == name for t in callees(c))} - {name}
+            for name in names}
 
 
-def test_every_pre_step_check_is_run_by_validate(tmp_path, monkeypatch, capsys):
-    """Each check the run makes before step 0, made to fail in turn (every other check passing), fails `--validate`
-    (`run_dir.config_or_exit(validate_only=True)`, what `scalerl-train --validate` calls) with exit status 2 and its
-    message as the one `config error:` line: --validate calls every one of them."""
+RUN_ONLY = {
+    # the weights' load: reads and maps the checkpoint's tensors (its config.json is checked before: resolve_model,
+    # check_model_matches_hf); a damaged tensor file is found by reading it
+    **dict.fromkeys([("scalerl_mega.convert.hf_layout", "layout_of_config"), ("scalerl_mega.convert.hf_layout",
+                     "read_layout"), ("scalerl_mega.convert.layout", "pad_vocab"), ("scalerl_mega.convert.layout",
+                     "unpad_vocab"), ("scalerl_mega.convert.load", "HFShardReader.__init__"),
+                     ("scalerl_mega.convert.load", "HFShardReader._header"), ("scalerl_mega.convert.load",
+                     "load_full_tensors"), ("scalerl_mega.convert.load", "load_hf_checkpoint"),
+                     ("scalerl_mega.convert.pipeline", "validate_hf"), ("scalerl_mega.convert.sharding", "tp_shard"),
+                     ("scalerl_mega.convert.tables", "expected_hf_shape")],
+                    "the weights' load"),
+    # the trainer's construction: values the config checks refuse first (train.recompute, train.micro_batch_tokens,
+    # train.follower_timeout_s: config/run.py; cluster.device=cuda without CUDA: validate_machine), or what only the
+    # built Megatron model can say (a >5B model on a CPU, Llama-4 features the local spec lacks)
+    **dict.fromkeys([("scalerl_mega.trainer.megatron.models", "build_model"), ("scalerl_mega.trainer.megatron.models",
+                     "layer_spec"), ("scalerl_mega.trainer.megatron.models", "recompute_kwargs"),
+                     ("scalerl_mega.trainer.megatron.parallel", "init_parallel"),
+                     ("scalerl_mega.trainer.megatron.trainer", "MegatronPolicyTrainer.__init__"),
+                     ("scalerl_mega.trainer.ranks", "ControlChannel.__init__"), ("scalerl_mega.trainer.ranks",
+                     "ControllerTrainer.__init__"), ("scalerl_mega.objective.is_correction", "check_is_params")],
+                    "the trainer's construction"),
+    # processes and servers: invariants of values already checked (reward.num_workers: check_reward_settings; the
+    # engine configs: check_engine_settings), or what a started process / server / this process's limits say
+    **dict.fromkeys([("scalerl_mega.preemption", "watch_parent"), ("scalerl_mega.rewards.pool", "RewardPool.__init__"),
+                     ("scalerl_mega.rollout.kv_cache", "SlotKVCache.__init__"), ("scalerl_mega.rollout.local",
+                     "LocalRolloutEngine._wait_for"), ("scalerl_mega.rollout.sglang.async_client",
+                     "AsyncGenerateClient.__init__"), ("scalerl_mega.rollout.sglang.engine",
+                     "SGLangEngineConfig.__post_init__"), ("scalerl_mega.rollout.sglang.engine",
+                     "SGLangRolloutEngine.__init__"), ("scalerl_mega.rollout.sglang.engine", "_ensure_open_files"),
+                     ("scalerl_mega.rollout.sglang.launch", "SGLangServerConfig.__post_init__"),
+                     ("scalerl_mega.episodes.agent_server", "AgentEndpoint.__init__"), ("scalerl_mega.sft", "sft_batch")],
+                    "the processes and servers"),
+}
+"""Refusals the run can make before step 1 that --validate does not make, each with the step that makes them."""
+
+
+def test_every_refusal_before_step_1_is_made_by_validate_or_named_here():
+    """Every function the run calls before its first step that raises or checks is one --validate calls too, or
+    one of `RUN_ONLY` (none stale): a new `raise` in a builder the run calls fails here until --validate makes it."""
+    from callgraph import raises
+
+    run, validate = run_and_validate_reach()
+    run_only = {k for k in run - validate if raises(k) or _is_check(k)}
+    assert run_only == set(RUN_ONLY), (sorted(run_only - set(RUN_ONLY)), sorted(set(RUN_ONLY) - run_only))
+    # the builders the issue named are on both paths: the task (no prompt fits the length budget), the curriculum,
+    # the engine configs, the episodes' targets and template
+    for key in [("scalerl_mega.build", "prompts_within_limit"), ("scalerl_mega.data.curriculum", "Curriculum.__init__"),
+                ("scalerl_mega.build", "local_engine_config"), ("scalerl_mega.episodes.checks", "check_env_target"),
+                ("scalerl_mega.episodes.template", "ChatSplicer.check"), ("scalerl_mega.preflight", "check_backends")]:
+        assert key in validate and key in run, key
+
+
+NODES = {  # the config each check is made for (default: the synthetic demo)
+    "dataset": ("check_data_files", "check_tokenizer_source", "check_data_rows", "check_sft_examples",
+                "check_tokenizer_dir", "check_tokenizer_fits", "check_template", "check_held_out", "check_value"),
+    "custom": ("check_env_target", "check_episode_template"),
+    "agent": ("check_agent_target",),
+    "sglang": ("check_sglang_model",),
+    "hf": ("check_model_matches_hf",),
+}
+
+
+@pytest.mark.slow  # ~50 checks, each a --validate that builds the task: 1-4 min on 2 loaded cores
+def test_every_pre_step_check_is_run_by_validate(tmp_path, monkeypatch, capsys, hf_model):
+    """Each check the run makes before step 1, made to fail in turn (the others run for real on a valid config), fails `--validate`
+    (`train.validate_or_exit`, what `scalerl-train --validate` calls) with exit status 2 and its message as the one
+    `config error:` line: --validate calls every one of them."""
     import inspect
 
     from scalerl_mega import train
     from scalerl_mega.compose import compose_node
-    from scalerl_mega.run_dir import config_or_exit
 
     checks = pre_step_checks()
     assert {"resolve_model", "check_data_keys", "check_synthetic_vocab", "check_data_files", "check_tokenizer_source",
             "check_data_rows", "check_sft_examples", "check_reward_settings", "check_loggers", "validate",
-            "validate_machine", "check_resume", "check_world_size"} <= set(checks), sorted(checks)
-    # the run's set-up checks nothing --validate does not: the process set-up's only check is check_world_size
-    assert [n for n in _called_names(train._process_setup) if n.startswith("check_")] == ["check_world_size"]
+            "validate_machine", "check_resume", "check_world_size", "check_backends", "check_engine_settings",
+            "check_episodes", "check_env_target", "check_agent_target", "check_episode_template",
+            "check_sglang_model", "check_sft_batch", "check_sft_checkpoint"} <= set(checks), sorted(checks)
     where: dict[str, list] = {}  # every module attribute that is one of the check functions (imported names too)
     for mod in [m for name, m in list(sys.modules.items()) if name.startswith("scalerl_mega") and m is not None]:
         for name in checks:
             if inspect.isfunction(getattr(mod, name, None)):
                 where.setdefault(name, []).append(mod)
-    nodes = {"synthetic": compose_node(["experiment=demo", f"output_dir={tmp_path / 's'}"]),
-             "dataset": compose_node(["experiment=demo", "data=jsonl", f"data.train_files=[{tmp_path / 'qa.jsonl'}]",
-                                      f"data.tokenizer_path={tmp_path / 'tok'}", f"output_dir={tmp_path / 'd'}"])}
-    dataset_only = {"check_data_files", "check_tokenizer_source", "check_data_rows", "check_sft_examples",
-                    "check_tokenizer_dir", "check_tokenizer_fits"}
-    for name in checks:
+    assert set(where) == set(checks), sorted(set(checks) - set(where))
+    demo = ["experiment=demo", f"output_dir={tmp_path / 'out'}"]
+    rows = _jsonl(tmp_path / "qa.jsonl", _rows(30))
+    nodes = {"synthetic": demo, "dataset": [*demo, "data=jsonl", f"data.train_files=[{rows}]", "data.val_prompts=5",
+                                             "sft.batch_size=8", "data.template='Q: {problem}'", *hf_model],
+             "custom": ["experiment=demo_multiturn", f"output_dir={tmp_path / 'out'}"],
+             "agent": [*demo, "env=agent", "env.agent._target_=tests.unit.test_validate_checks.agent",
+                       "env.max_turns=1"],
+             "sglang": [*demo, "rollout=sglang", "rollout.engine_urls=[http://127.0.0.1:1]"], "hf": [*demo, f"init_from_hf={tmp_path / 'ckpt'}"]}
+    for name in set(where):
+        kind = next((k for k, names in NODES.items() if name in names), "synthetic")
         with monkeypatch.context() as m:
-            for other, mods in where.items():
-                if other not in checks[name]:  # a check that calls this one (validate_machine) runs for real
-                    for mod in mods:
-                        m.setattr(mod, other, _passing if other != name else _failing(name))
-            node = nodes["dataset" if name in dataset_only else "synthetic"]
+            for mod in where[name]:  # every other check runs for real (and passes: each config is valid)
+                m.setattr(mod, name, _failing(name))
             with pytest.raises(SystemExit) as e:
-                config_or_exit(node, validate_only=True)
+                train.validate_or_exit(compose_node(nodes[kind]))
                 print(f"--validate passed with {name} failing")
         assert e.value.code == 2, name
-        assert capsys.readouterr().err.strip() == f"config error: forced failure of {name}", name
+        err = capsys.readouterr().err.strip()  # a check may say where (the file and line of a bad value)
+        assert err.startswith("config error: ") and err.endswith(f"forced failure of {name}") and "\n" not in err, err
+
+
+def agent(base_url: str, task: dict) -> float:
+    """An agent function of the right shape (never called: --validate only imports it)."""
+    raise AssertionError("not called by --validate")
 
 
 def _passing(*args, **kwargs):
