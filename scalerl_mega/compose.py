@@ -115,7 +115,7 @@ def run_dir_of(overrides: list[str]) -> str:
     from omegaconf import OmegaConf
 
     from scalerl_mega.config import register_configs
-    from scalerl_mega.output_dir import RUN_DIR_KEY, override_value
+    from scalerl_mega.config.output_dir import RUN_DIR_KEY, override_value
 
     for key in ("output_dir", RUN_DIR_KEY):
         given = override_value(overrides, key)
@@ -135,7 +135,7 @@ def run_dir_of(overrides: list[str]) -> str:
 def compose_run_node(overrides: list[str]) -> DictConfig:
     """`compose_node` for the run of `scalerl-train OVERRIDES` as it would be launched: its `output_dir` is the
     run's folder (`run_dir_of`), not '.', so that `--validate` checks the run directory the run would use."""
-    from scalerl_mega.output_dir import override_value
+    from scalerl_mega.config.output_dir import override_value
 
     if override_value(overrides, "output_dir") is None:
         overrides = [*overrides, f"output_dir={run_dir_of(overrides)}"]

@@ -224,7 +224,7 @@ def check_dropped_episodes(groups: Sequence[Group], *, stop_error_rate: float | 
 
 def check_reward_errors(groups: Sequence[Group], *, stop_error_rate: float, where: str) -> None:
     """`RewardErrorStop` when at least `stop_error_rate` of the samples of `groups` failed to score."""
-    from scalerl_mega.output_dir import in_log_file
+    from scalerl_mega.config.output_dir import in_log_file
 
     counts, n = reward_error_counts(groups)
     errors = sum(counts.values())

@@ -85,3 +85,15 @@ def warm_start(trainer: MegatronPolicyTrainer, examples: Sequence[tuple[list[int
     finally:
         trainer.reset_optimizer()
     return history
+
+
+def fingerprint_diff(a: dict[str, object], b: dict[str, object], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts (missing on one side counts)."""
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += fingerprint_diff(va, vb, f"{prefix}{k}.")
+        elif va != vb or (k in a) != (k in b):
+            out.append(f"{prefix}{k}")
+    return out

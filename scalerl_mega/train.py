@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.conf_path import conf_dir
+from scalerl_mega.sft import fingerprint_diff  # noqa: F401 (tests import it from here too)
 
 CONF_DIR = conf_dir()
 
@@ -376,18 +377,6 @@ def warm_start_task(config: TrainConfig, task: Task, *, announce: bool = True) -
     return small
 
 
-def fingerprint_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested dicts (missing on one side counts)."""
-    out = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += fingerprint_diff(va, vb, f"{prefix}{k}.")
-        elif va != vb or (k in a) != (k in b):
-            out.append(f"{prefix}{k}")
-    return out
-
-
 def sft_checkpoint_diff(config: TrainConfig, theirs: dict[str, Any], mine: dict[str, Any], *,
                         numerics: bool = False) -> list[str]:
     """The fingerprint keys in which the shared warm start `theirs` differs from this run's (`mine`), the seed not
@@ -562,7 +551,7 @@ def main() -> None:
     from scalerl_mega.config import register_configs
 
     from scalerl_mega.compose import compose_run_node
-    from scalerl_mega.output_dir import follow_output_dir
+    from scalerl_mega.config.output_dir import follow_output_dir
     from scalerl_mega.run_dir import config_error_exit, config_or_exit, precheck_overrides
 
     register_configs()

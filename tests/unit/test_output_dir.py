@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scalerl_mega.output_dir import follow_output_dir, in_log_file, override_value
+from scalerl_mega.config.output_dir import follow_output_dir, in_log_file, override_value
 
 REPO = Path(__file__).resolve().parents[2]
 
