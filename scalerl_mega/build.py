@@ -500,45 +500,11 @@ def build_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
 
 
 def episode_engine(cfg: TrainConfig, task: Task, engine: RolloutEngine) -> RolloutEngine:
-    """`env=single`: `engine` itself; `env=custom`: the episode driver over it (episodes/driver.py), the
-    environment on the episodes' own pool, the template checked now (episodes/template.py)."""
-    if cfg.env.name == "single":
-        return engine
-    from scalerl_mega.config.env import episode_budget
+    """`engine` as the run's `env` group wants it: itself (`env=single`), under the episode driver (`env=custom`)
+    or behind the agent endpoint (`env=agent`); episodes/assemble.py builds the last two."""
+    from scalerl_mega.episodes.assemble import episode_engine as over
 
-    if cfg.env.name == "agent":
-        return agent_engine(cfg, task, engine)
-    from scalerl_mega.episodes.driver import EpisodeEngine, EpisodeSettings
-    from scalerl_mega.episodes.env import EnvRunner
-    from scalerl_mega.episodes.template import ChatSplicer
-
-    try:
-        splicer = ChatSplicer(task.tokenizer, template=str(cfg.env.chat_template), stop_token_ids=task.stop_token_ids)
-        custom = dict(cfg.env.custom)
-        runner = EnvRunner(target=str(custom["_target_"]), kwargs=dict(custom.get("kwargs") or {}))
-        pool, failures = episode_pool(cfg)
-    except Exception:
-        engine.close()
-        raise
-    return EpisodeEngine(engine, runner=runner, splicer=splicer, decode=task.decode, pool=pool, failures=failures,
-                         settings=EpisodeSettings(max_turns=int(cfg.env.max_turns), correct=float(cfg.reward.correct),
-                                                  budget=episode_budget(cfg.env, max_new_tokens=cfg.length.max_new_tokens),
-                                                  step_timeout_s=float(cfg.env.step_timeout_s),
-                                                  episode_timeout_s=float(cfg.env.episode_timeout_s),
-                                                  max_seq_len=0 if cfg.rollout.name == "sglang"
-                                                  else engine_max_seq_len(cfg, task)))
-
-
-def episode_pool(cfg: TrainConfig):
-    """The episodes' own threads (`env.concurrency`) and failure policy (`env.on_error`)."""
-    from scalerl_mega.config.env import episode_concurrency
-    from scalerl_mega.episodes.failures import EpisodeFailures
-    from scalerl_mega.episodes.pool import EpisodePool
-
-    size = episode_concurrency(cfg.env, prompts_per_step=cfg.train.prompts_per_step,
-                               generations_per_prompt=cfg.train.generations_per_prompt)
-    return (EpisodePool(size=size, name=f"env-{cfg.env.name}"),
-            EpisodeFailures(on_error=str(cfg.env.on_error), failure_reward=float(cfg.reward.incorrect)))
+    return over(cfg, engine, task=task, max_seq_len=lambda: engine_max_seq_len(cfg, task))
 
 
 def engine_weight_dtype(cfg: TrainConfig) -> str:
@@ -552,33 +518,6 @@ def engine_weight_dtype(cfg: TrainConfig) -> str:
     dtype = str(cfg.precision.params_dtype)
     dtype = dtype + FP32_HEAD if cfg.rollout.name != "sglang" and cfg.model.fp32_lm_head else dtype
     return dtype + FP8_SYNC if cfg.rollout.quantization == "fp8" else dtype  # "+fp8": linear projections in FP8
-
-
-def agent_engine(cfg: TrainConfig, task: Task, engine: RolloutEngine) -> RolloutEngine:
-    """`env=agent`: the agent episodes over `engine` (episodes/agent.py): the OpenAI-compatible endpoint in this
-    process, the agent functions on the episodes' own pool (`env.concurrency` threads)."""
-    import copy
-
-    from scalerl_mega.config.env import episode_budget
-    from scalerl_mega.episodes.agent import AgentEngine, AgentSettings
-    from scalerl_mega.episodes.template import resolve_template
-
-    try:
-        tokenizer = task.tokenizer
-        if cfg.env.chat_template:  # the endpoint templates with the tokenizer's template: a copy carries the fixed one
-            tokenizer = copy.copy(tokenizer)
-            tokenizer.chat_template = resolve_template(str(cfg.env.chat_template), tokenizer)[0]
-        pool, failures = episode_pool(cfg)
-        settings = AgentSettings(correct=float(cfg.reward.correct), max_turns=int(cfg.env.max_turns),
-                                 budget=episode_budget(cfg.env, max_new_tokens=cfg.length.max_new_tokens),
-                                 step_timeout_s=float(cfg.env.step_timeout_s),
-                                 episode_timeout_s=float(cfg.env.episode_timeout_s))
-        return AgentEngine(engine, tokenizer=tokenizer, target=str(dict(cfg.env.agent)["_target_"]), settings=settings,
-                           pool=pool, failures=failures, stop_token_ids=list(task.stop_token_ids),
-                           max_seq_len=0 if cfg.rollout.name == "sglang" else engine_max_seq_len(cfg, task))
-    except Exception:
-        engine.close()
-        raise
 
 
 def allocation_devices(cfg: TrainConfig, *, world_size: int) -> int:

@@ -504,7 +504,7 @@ def _record_validation(cfg: TrainConfig, state: LoopState, writer: MetricsWriter
             log.info("%s", plain_line(fc, unit=forecaster.unit))
 
 
-def _as_rng_state(state: Sequence[Any]) -> tuple:
+def _as_rng_state(state: Sequence[object]) -> tuple:
     """random.Random state restored from a (possibly list-converted) checkpoint value."""
     version, internal, gauss = state
     return (version, tuple(internal), gauss)

@@ -182,12 +182,7 @@ def convert_hf_to_megatron(
             "vocab_multiple": vocab_multiple, "padded_vocab_size": padded, "hf_config": cfg, "shapes": shapes,
             "hf_layout": layout.kind, "hf_source_config": dict(layout.config),
         }
-        with open(os.path.join(tmp, META), "w") as f:
-            json.dump(meta, f, indent=1)
-        _copy_side_files(hf_dir, os.path.join(tmp, "hf"))
-        if quantized:  # the converted weights are not FP8: neither is the config kept beside them
-            with open(os.path.join(tmp, "hf", "config.json"), "w") as f:
-                json.dump(dict(layout.config), f, indent=2)
+        _write_meta_and_side_files(tmp, meta=meta, hf_dir=hf_dir, layout=layout, quantized=quantized)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -196,6 +191,18 @@ def convert_hf_to_megatron(
             bar.close()
     os.replace(tmp, out)
     return _summary(checksums, nbytes, layout=layout.kind, skipped=_non_text_report(src, non_text))
+
+
+def _write_meta_and_side_files(
+    tmp: str, *, meta: dict, hf_dir: str, layout: hf_layout.HFLayout, quantized: bool,
+) -> None:
+    """The converted checkpoint's metadata and the HF side files (tokenizer, config) kept under `hf/`."""
+    with open(os.path.join(tmp, META), "w") as f:
+        json.dump(meta, f, indent=1)
+    _copy_side_files(hf_dir, os.path.join(tmp, "hf"))
+    if quantized:  # the converted weights are not FP8: neither is the config kept beside them
+        with open(os.path.join(tmp, "hf", "config.json"), "w") as f:
+            json.dump(dict(layout.config), f, indent=2)
 
 
 def _declared_dtype(cfg: dict) -> torch.dtype:

@@ -37,7 +37,7 @@ from scalerl_mega.interfaces import RolloutEngine, Tokenizer
 from scalerl_mega.types import Completion, FinishReason, Prompt, SamplingParams
 
 
-def run_agent(fn: Callable[[str, dict], Any], target: str, base_url: str, task: dict) -> float:
+def run_agent(fn: Callable[[str, dict], object], target: str, base_url: str, task: dict) -> float:
     """What a pool thread runs: the user's agent function, once; its reward checked to be a finite number."""
     out = fn(base_url, dict(task))
     reward = float(out)

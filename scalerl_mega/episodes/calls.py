@@ -1,4 +1,4 @@
-"""The records of one agent-endpoint call (issue 57, item 4): what the endpoint asks the engine for, what it
+"""The records of one agent-endpoint call: what the endpoint asks the engine for, what it
 gets back, and what it keeps per episode for stitching (`episodes/stitch.py`).
 
 Plain keyword-only dataclasses of Python lists (they cross threads and processes); only `types` and

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
-
+from scalerl_mega.interfaces import Tokenizer
 from scalerl_mega.jsonvalue import JSON
 
 log = logging.getLogger(__name__)
@@ -20,7 +19,7 @@ log = logging.getLogger(__name__)
 class UnknownIds:
     """Unknown-id accounting of one run's episode driver (one instance per run: it warns once)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         unk = getattr(tokenizer, "unk_token_id", None)
         self.unk_id = None if unk is None else int(unk)

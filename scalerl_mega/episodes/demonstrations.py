@@ -13,23 +13,32 @@ always show what the environment really says.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-from scalerl_mega.episodes.env import check_messages, task_row
+from scalerl_mega.episodes.env import Environment, check_messages, task_row
 from scalerl_mega.episodes.template import ChatSplicer
 from scalerl_mega.types import Prompt
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.config import TrainConfig
 
 SftExample = tuple[list[int], list[int], list[int]]
 """(prompt ids, target ids, target loss mask)."""
 
 
-def has_demonstrations(env_cls: Any) -> bool:
+class Demonstrating(Environment, Protocol):
+    """An environment that shows its protocol: the assistant's replies that pass `task`."""
+
+    def reference_replies(self, task: dict) -> list[str]: ...
+
+
+def has_demonstrations(env_cls: type) -> bool:
     """Whether an environment class shows its protocol (`reference_replies`)."""
     return callable(getattr(env_cls, "reference_replies", None))
 
 
-def demonstration(env: Any, task: dict, splicer: ChatSplicer, *, correct: float) -> SftExample:
+def demonstration(env: Demonstrating, task: dict, splicer: ChatSplicer, *, correct: float) -> SftExample:
     """One task's SFT example from a fresh environment object `env` (see the module doc); ValueError when the
     reference replies do not pass."""
     messages = check_messages(env.reset(dict(task)), where="reset", roles=("system", "user"))
@@ -63,13 +72,13 @@ def demonstration(env: Any, task: dict, splicer: ChatSplicer, *, correct: float)
     return prompt_ids, target, mask
 
 
-def demonstrations(env_cls: Any, kwargs: dict, prompts: Sequence[Prompt], splicer: ChatSplicer, *,
+def demonstrations(env_cls: Callable[..., Demonstrating], kwargs: dict, prompts: Sequence[Prompt], splicer: ChatSplicer, *,
                    correct: float) -> list[SftExample]:
     """The SFT examples of `prompts` (one fresh `env_cls(**kwargs)` each, given the row `reset` gets)."""
     return [demonstration(env_cls(**kwargs), task_row(p), splicer, correct=correct) for p in prompts]
 
 
-def warm_start_examples(config: Any, task: Any) -> list[SftExample] | None:
+def warm_start_examples(config: TrainConfig, task: Any) -> list[SftExample] | None:
     """The warm start's examples when the run's environment (`env=custom`) shows its protocol: one
     demonstration per training prompt, templated with `env.chat_template`; None otherwise (the task's own traces)."""
     if config.env.name != "custom":

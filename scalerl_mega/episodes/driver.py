@@ -29,15 +29,18 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.episodes.coverage import UnknownIds
-from scalerl_mega.episodes.env import EnvRunner, task_row
+from scalerl_mega.episodes.env import EnvRunner, Environment, task_row
 from scalerl_mega.episodes.failures import EpisodeFailures
 from scalerl_mega.episodes.pool import Call, EpisodePool
 from scalerl_mega.episodes.template import ChatSplicer
 from scalerl_mega.interfaces import RolloutEngine
 from scalerl_mega.types import Completion, FinishReason, Prompt, Routes, SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 TURN_SEED_STRIDE = 7919
 """A turn's sampling seed: the sample's seed + turn x this (turn 0 keeps the single-turn seed)."""
@@ -109,7 +112,7 @@ class EngineFront:
 
     inner: RolloutEngine
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], *, version: int) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
         self.inner.update_weights(named_tensors, version=version)
 
     def pause(self) -> None:
@@ -215,7 +218,7 @@ class EpisodeEngine(EngineFront):
                 self._fail(ep, "step_timeout", detail=f"{self.runner.target}.{what} ran past env.step_timeout_s="
                                                       f"{self.settings.step_timeout_s:g} s")
 
-    def _opened(self, ep: _Episode, env: Any, messages: list[dict]) -> None:
+    def _opened(self, ep: _Episode, env: Environment, messages: list[dict]) -> None:
         ep.env, ep.messages = env, list(messages)
         ep.prompt_ids = self.splicer.opening(ep.messages)
         self._note(ep, ep.prompt_ids, ep.messages)

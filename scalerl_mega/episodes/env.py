@@ -15,7 +15,7 @@ raises or returns something malformed, or runs past `env.step_timeout_s`, fails 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from scalerl_mega.types import Prompt
 
@@ -47,7 +47,7 @@ def task_row(prompt: Prompt) -> dict:
     return {**row, "prompt": prompt.text, "gold": prompt.gold, "prompt_id": prompt.prompt_id}
 
 
-def check_messages(messages: Any, *, where: str, roles: tuple[str, ...] = ROLES) -> list[dict]:
+def check_messages(messages: object, *, where: str, roles: tuple[str, ...] = ROLES) -> list[dict]:
     """`messages` as a list of {role, content} dicts with roles in `roles`; ValueError naming `where`."""
     if not isinstance(messages, list):
         raise ValueError(f"{where} returned {type(messages).__name__}, expected a list of chat messages")
@@ -68,7 +68,7 @@ class EnvRunner:
         self.cls = resolve_target(target, key="env.custom._target_")
         self.target, self.kwargs = target, dict(kwargs)
 
-    def reset(self, task: dict) -> tuple[Any, list[dict]]:
+    def reset(self, task: dict) -> tuple[Environment, list[dict]]:
         """A new environment and its opening messages (roles system/user)."""
         env = self.cls(**self.kwargs)
         messages = check_messages(env.reset(dict(task)), where=f"{self.target}.reset", roles=("system", "user"))
@@ -76,7 +76,7 @@ class EnvRunner:
             raise ValueError(f"{self.target}.reset returned no messages: an episode needs an opening")
         return env, messages
 
-    def step(self, env: Any, reply: str) -> tuple[list[dict], float, bool]:
+    def step(self, env: Environment, reply: str) -> tuple[list[dict], float, bool]:
         out = env.step(reply)
         if not (isinstance(out, tuple) and len(out) == 3):
             raise ValueError(f"{self.target}.step returned {out!r}: expected (messages, reward, done)")

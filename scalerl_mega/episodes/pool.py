@@ -28,7 +28,7 @@ class Call:
 
     __slots__ = ("fn", "args", "started", "done", "value", "error", "abandoned")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
+    def __init__(self, fn: Callable[..., object], args: tuple) -> None:
         self.fn, self.args = fn, args
         self.started: float | None = None
         self.done = False
@@ -63,7 +63,7 @@ class EpisodePool:
         """Threads started so far (at most `size`)."""
         return len(self._threads)
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Call:
+    def submit(self, fn: Callable[..., object], *args: object) -> Call:
         call = Call(fn, args)
         with self._lock:
             if self._closed:

@@ -1,4 +1,4 @@
-"""Stitching an episode's recorded endpoint calls into training samples (issue 57, item 4). Pure: no I/O.
+"""Stitching an episode's recorded endpoint calls into training samples. Pure: no I/O.
 
 An agent that talks to the endpoint (`episodes/agent_server.py`) makes one call per assistant turn. Call k
 extends call k-1 when its prompt ids start with call k-1's prompt ids + output ids (the endpoint builds them

@@ -1,4 +1,4 @@
-"""Hermes / Qwen3 tool calls <-> OpenAI `tool_calls` (issue 57, item 4). Pure: no I/O.
+"""Hermes / Qwen3 tool calls <-> OpenAI `tool_calls`. Pure: no I/O.
 
 Qwen2.5/Qwen3 (and Hermes) chat templates list the tools in the system turn and have the model answer a call as
 

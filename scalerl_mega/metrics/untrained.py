@@ -6,8 +6,7 @@ step trained anything. Pure text from the step's numbers and the run's metrics r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 UNTRAINED_KEY = "skipped_no_signal"
 """The metrics-line key the loop sets to 1.0 on a step whose batch kept no prompt."""
@@ -21,7 +20,7 @@ def untrained_step_line(step: int, *, prompts: int, kept_prompts: int, zero_vari
     return f"step {step}: all {prompts} prompts {why}: nothing trained"
 
 
-def untrained_steps(train: Sequence[dict[str, Any]]) -> list[int]:
+def untrained_steps(train: Sequence[Mapping[str, float]]) -> list[int]:
     """The steps of the run's train metrics records (one per step, `step` 1-based) that trained nothing."""
     return [int(r["step"]) for r in train if r.get(UNTRAINED_KEY)]
 
@@ -34,7 +33,7 @@ def no_training_warning(steps: int) -> str:
             "advantages, a zero loss)")
 
 
-def report_lines(train: Sequence[dict[str, Any]]) -> list[str]:
+def report_lines(train: Sequence[Mapping[str, float]]) -> list[str]:
     """report.md's "- ..." lines: how many steps trained nothing (which ones), and the warning when none trained;
     [] when every step trained."""
     skipped = untrained_steps(train)

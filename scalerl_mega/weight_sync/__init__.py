@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-    from torch.distributed import ProcessGroup
+    from torch.distributed import ProcessGroup, Work
 
 log = logging.getLogger(__name__)
 
@@ -408,7 +408,7 @@ def wire_tensors(tensors: list["torch.Tensor"], group: "ProcessGroup") -> list["
     return [t.view(torch.uint8) if t.is_floating_point() and t.element_size() == 1 else t for t in tensors]
 
 
-def _wait_all(works: list[Any], *, what: str, timeout_s: float) -> None:
+def _wait_all(works: list[Work], *, what: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     for i, w in enumerate(works):
         left = max(deadline - time.monotonic(), 0.001)

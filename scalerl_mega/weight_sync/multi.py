@@ -208,7 +208,7 @@ def single_sender_metrics(stats: SendStats | None, *, seconds: float) -> dict[st
             "sync/seconds": float(seconds)}
 
 
-def sync_metrics(per_sender: list[dict[str, Any]], *, seconds: float) -> dict[str, float]:
+def sync_metrics(per_sender: list[dict[str, int | str]], *, seconds: float) -> dict[str, float]:
     """The train record's `sync/*` fields from every sender's stats (`SenderStats` as dicts) and
     every rank's transient bytes (`transient_bytes`, 0 on ranks that only gathered)."""
     senders = [s for s in per_sender if s.get("group")]

@@ -23,10 +23,11 @@ manifest, before the first byte moves.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:  # pragma: no cover
     from scalerl_mega.convert.dims import ArchDims
+    from scalerl_mega.convert.tables import Group
     from scalerl_mega.weight_sync import TensorSpec
 
 DEFAULT_MAX_GROUPS = 16
@@ -95,7 +96,7 @@ class SenderLayout:
         return out
 
 
-def _stage_groups(dims: "ArchDims", layout: SenderLayout) -> Iterable[tuple[int, Any]]:
+def _stage_groups(dims: "ArchDims", layout: SenderLayout) -> Iterable[tuple[int, "Group"]]:
     """(stage, conversion-table group) in the order every rank of a stage exports them: stage after stage, each
     stage's layers split evenly (`sharding.stage_layers`), its groups in table order."""
     from scalerl_mega.convert import sharding, tables

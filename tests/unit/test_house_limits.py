@@ -21,21 +21,10 @@ UPSTREAM = re.compile(r"(?i)\b(?:sglang|slime|verl|vllm|megatron(?:-lm|-core)?|p
                       r"openrlhf|areal|nemo-rl|deepspeed|triton|flash-attention|verifiers|hydra|setuptools|pip|"
                       r"github)(?:'s)?\s*(?:issue|pr|pull request)?\s*$")
 CITATIONS_LEFT = {
-    'scalerl_mega/cluster/sync_model.py': ['issue 58'],
     'scalerl_mega/config/keys.py': ['issue 49'],
     'scalerl_mega/config/machine.py': ['issue 26'],
-    'scalerl_mega/config/rollout.py': ['issue 58'],
     'scalerl_mega/config/run.py': ['issue #19'],
-    'scalerl_mega/episodes/__init__.py': ['issue 57'],
-    'scalerl_mega/episodes/agent_server.py': ['issue 57'],
-    'scalerl_mega/episodes/calls.py': ['issue 57'],
-    'scalerl_mega/episodes/stitch.py': ['issue 57'],
-    'scalerl_mega/episodes/tool_calls.py': ['issue 57'],
-    'scalerl_mega/multi_sync.py': ['issue 58'],
-    'scalerl_mega/rollout/sglang/__init__.py': ['issue #19'],
-    'scalerl_mega/rollout/sglang/multi_groups.py': ['issue 58'],
     'scalerl_mega/scaling/identify.py': ['issue 28'],
-    'scalerl_mega/sync_plan.py': ['issue 58'],
 }
 """Files being reworked elsewhere now, with the citations they still hold; empty it once those land."""
 

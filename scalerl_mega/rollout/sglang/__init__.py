@@ -30,7 +30,8 @@ applied; then the engine's `version` is not advanced, generation is resumed and 
 Forced interruption is done client-side in two requests: generate up to `interruption_at`
 tokens; if the budget ran out, resend prompt + output + phrase for `answer_budget` more tokens.
 
-MoE routes (rollout routing replay, issue #19): with `SGLangEngineConfig.routes` set, requests carry
+MoE routes (rollout routing replay: the trainer re-uses the experts the engine picked): with
+`SGLangEngineConfig.routes` set, requests carry
 `return_routed_experts: true` (SGLang 0.5.23 `GenerateReqInput`; the server must run with
 `--enable-return-routed-experts`, `SGLangServerConfig.return_routed_experts`) and the response's
 `meta_info.routed_experts` is decoded: base64 of a little-endian int32 C-order array
