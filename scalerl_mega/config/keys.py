@@ -1,4 +1,4 @@
-"""The names a `scalerl-train` command line may use, checked before Hydra composes (issue 49): a misspelled key
+"""The names a `scalerl-train` command line may use, checked before Hydra composes: a misspelled key
 of the typed config (`train.stepz=3`, also with Hydra's `+`, which would silently add it), a misspelled group
 (`los=cispo`) or group option (`loss=cispoo`) is one line naming the closest valid name, instead of Hydra's advice
 to append the typo with `+`.

@@ -78,7 +78,7 @@ def cpu_native_bf16(cpuinfo: str | None = None) -> bool | None:
 def warn_cpu_bf16(*, cpuinfo: str | None = None) -> bool:
     """Warn (once per process, rank 0 only) that bf16 parameters on a CPU without native bf16 run
     emulated: several times slower than FP32 (4.7x on the reproduction config, measured on an AVX2-only
-    machine; issue 26). Returns whether it warned."""
+    machine). Returns whether it warned."""
     import logging
     import os
 

@@ -157,7 +157,8 @@ class MetricsConfig:
 
 @dataclass
 class MoEConfig:
-    """MoE train/inference consistency: rollout routing replay (issue #19, trainer/megatron/routing.py)."""
+    """MoE train/inference consistency: rollout routing replay, the trainer re-using the experts the engine
+    picked (trainer/megatron/routing.py)."""
 
     routing_replay: str = "none"
     """none: the trainer routes by itself | ids: replay the generator's expert ids (Megatron router

@@ -1,4 +1,4 @@
-"""When is A identified? The one rule used by `scalerl-fit`, the live forecast and report.md (issue 28).
+"""When is A identified? The one rule used by `scalerl-fit`, the live forecast and report.md.
 
 A fit of Eq. 1 (paper Sec. 2.1, App. A.5) reports A as a number only when all of these hold:
 

@@ -20,13 +20,8 @@ TRACKER = re.compile(r"(?i)\b(?:items? \d+ of )?issues? #?\d+|(?<![\w#&/])#\d{1,
 UPSTREAM = re.compile(r"(?i)\b(?:sglang|slime|verl|vllm|megatron(?:-lm|-core)?|pytorch|torch|transformers|trl|"
                       r"openrlhf|areal|nemo-rl|deepspeed|triton|flash-attention|verifiers|hydra|setuptools|pip|"
                       r"github)(?:'s)?\s*(?:issue|pr|pull request)?\s*$")
-CITATIONS_LEFT = {
-    'scalerl_mega/config/keys.py': ['issue 49'],
-    'scalerl_mega/config/machine.py': ['issue 26'],
-    'scalerl_mega/config/run.py': ['issue #19'],
-    'scalerl_mega/scaling/identify.py': ['issue 28'],
-}
-"""Files being reworked elsewhere now, with the citations they still hold; empty it once those land."""
+CITATIONS_LEFT: dict[str, list[str]] = {}
+"""Files allowed to keep tracker citations (none: a new entry needs a reason)."""
 
 
 def top_level_modules(pkg: Path = ROOT / "scalerl_mega") -> list[str]:
