@@ -48,13 +48,9 @@ def test_a_tokenizer_without_an_unknown_id_counts_none():
 def test_the_driver_counts_warns_and_dumps_what_the_model_saw(caplog):
     from test_episodes import _prompt, _run, _spans
 
-    runner = EnvRunner(target="tests.support.episode_envs.ScriptedEnv", kwargs={"turns": 3, "feedback": " no box "},
-                       step_timeout_s=10.0, num_workers=1, failure_reward=-1.0)
-    try:
-        with caplog.at_level(logging.WARNING, logger=COVERAGE_LOG):
-            episodes, _ = _run(runner, [_prompt(47, 38), _prompt(5, 9)])
-    finally:
-        runner.close()
+    runner = EnvRunner(target="tests.support.episode_envs.ScriptedEnv", kwargs={"turns": 3, "feedback": " no box "})
+    with caplog.at_level(logging.WARNING, logger=COVERAGE_LOG):
+        episodes, _ = _run(runner, [_prompt(47, 38), _prompt(5, 9)])
     assert len([r for r in caplog.records if r.name == COVERAGE_LOG]) == 1  # once per run (one driver)
     spliced_total = 0
     for ep in episodes:
