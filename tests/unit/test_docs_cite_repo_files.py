@@ -8,7 +8,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 OUTSIDE = re.compile(r"DESIGN\.md|reference/[A-Z_]+\.md|/work/shared|shared/reference")
 # a path after `<commit>:` (`git show 7ab7997:bench/x.py`) names a file at that commit, not in the tree
-REPO_PATH = re.compile(r"(?<![\w/.:])((?:scalerl_mega|tools|conf|tests|bench|slurm|hydra_plugins)/[\w/.-]*\w\.(?:py|yaml|sh|md|json))")
+REPO_PATH = re.compile(r"(?<![\w/.:])((?:scalerl_mega|tools|conf|tests|bench|slurm|hydra_plugins)/[\w/.-]*\w\.(?:py|yaml|sh|md|json))(?![\w])")
 PENDING: set[str] = set()
 
 ABSENT_ON_PURPOSE = {"hydra_plugins/__init__.py", "bench/out/fused_cispo_gpu.json"}  # bench/out: written by make bench-gpu  # "no `hydra_plugins/__init__.py`": a namespace package
