@@ -125,7 +125,9 @@ def test_recorded_routes_follow_qwen3_moe_routing(renormalise):
         w = torch.tensor(R.weights, dtype=torch.float64).view(n, 3, 2)
         ref_ids, ref_w = _oracle_routes(model, seq[:-1], top_k=2, renormalise=renormalise)
         assert torch.equal(ids, ref_ids)
-        assert float((w - ref_w).abs().max()) < 1e-6
+        # float32 softmax of router logits spread x30, KV-cached steps against one full forward: a few float32
+        # ulps of a probability (measured 1.27e-6 with numpy 2.4.6 / scipy 1.17.1 wheels, below 1e-6 before)
+        assert float((w - ref_w).abs().max()) < 4e-6
         if renormalise:
             assert torch.allclose(w.sum(-1), torch.ones(n, 3, dtype=torch.float64), atol=1e-6)
         used |= set(ids.flatten().tolist())
