@@ -157,8 +157,17 @@ RUN_ONLY = {
                      ("scalerl_mega.convert.load", "HFShardReader._header"), ("scalerl_mega.convert.load",
                      "load_full_tensors"), ("scalerl_mega.convert.load", "load_hf_checkpoint"),
                      ("scalerl_mega.convert.pipeline", "validate_hf"), ("scalerl_mega.convert.sharding", "tp_shard"),
-                     ("scalerl_mega.convert.tables", "expected_hf_shape")],
+                     ("scalerl_mega.convert.tables", "expected_hf_shape"),
+                     ("scalerl_mega.convert.fp8_io", "Fp8DequantReader.__init__"),
+                     ("scalerl_mega.convert.fp8_io", "quantize_hf_dir"), ("scalerl_mega.quant.fp8",
+                     "dequantize_blockwise"), ("scalerl_mega.quant.fp8", "quantize_blockwise")],
                     "the weights' load"),
+    # the warm start's episode traces: replaying an environment's reference replies through reset/step (a row
+    # whose own column clashes with prompt/gold/prompt_id, a message that is not a chat message, a reference that
+    # does not pass) is found while the SFT examples are built, one row at a time
+    **dict.fromkeys([("scalerl_mega.episodes.demonstrations", "demonstration"), ("scalerl_mega.episodes.env",
+                     "check_messages"), ("scalerl_mega.episodes.env", "task_row")],
+                    "the warm start's episode traces"),
     # the trainer's construction: values the config checks refuse first (train.recompute, train.micro_batch_tokens,
     # train.follower_timeout_s: config/run.py; cluster.device=cuda without CUDA: validate_machine), or what only the
     # built Megatron model can say (a >5B model on a CPU, Llama-4 features the local spec lacks)
@@ -178,7 +187,9 @@ RUN_ONLY = {
                      "SGLangEngineConfig.__post_init__"), ("scalerl_mega.rollout.sglang.engine",
                      "SGLangRolloutEngine.__init__"), ("scalerl_mega.rollout.sglang.engine", "_ensure_open_files"),
                      ("scalerl_mega.rollout.sglang.launch", "SGLangServerConfig.__post_init__"),
-                     ("scalerl_mega.episodes.agent_server", "AgentEndpoint.__init__"), ("scalerl_mega.sft", "sft_batch")],
+                     ("scalerl_mega.episodes.agent_server", "AgentEndpoint.__init__"), ("scalerl_mega.sft", "sft_batch"),
+                     ("scalerl_mega.episodes.pool", "EpisodePool.__init__"),  # env.concurrency: validate_env
+                     ("scalerl_mega.episodes.failures", "EpisodeFailures.__post_init__")],  # env.on_error: validate_env
                     "the processes and servers"),
 }
 """Refusals the run can make before step 1 that --validate does not make, each with the step that makes them."""

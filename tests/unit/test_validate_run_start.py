@@ -45,7 +45,8 @@ def _validate(tmp_path, *overrides: str):
     from scalerl_mega.compose import compose_run_node
     from scalerl_mega.train import validate_or_exit
 
-    small = ["data.synthetic_num_prompts=400", "data.val_prompts=8", "sft.batch_size=64"]  # a quick task to build
+    small = ["data.synthetic_num_prompts=400", "data.val_prompts=8", "sft.synthetic_num_prompts=300",
+             "sft.batch_size=64"]  # a quick task to build
     validate_or_exit(compose_run_node([overrides[0], *small, *overrides[1:], f"output_dir={tmp_path / 'out'}"]))
 
 
@@ -60,7 +61,7 @@ CASES = [
     ([*MULTI, f"env.custom._target_={HERE}.ResetWithoutTask"],
      r"ResetWithoutTask\.reset\(self\) -> 'list\[dict\]' cannot be called as reset\(task\) \(one argument"),
     ([*MULTI, "+env.custom.kwargs.level=2"],
-     r"env\.custom\.kwargs=\{'attempts': 2, 'level': 2\}: RetryArithmetic\(\*, attempts.*cannot be built with them"),
+     r"env\.custom\.kwargs=\{'level': 2\}: LookupArithmetic\(\*, placeholder.*cannot be built with them"),
     ([*MULTI, "env.chat_template=/no/such.jinja"],
      r"env\.chat_template='/no/such\.jinja' is neither one of \['arith', 'chatml'\] nor a file"),
     ([*MULTI, "env.chat_template="], r"the tokenizer has no chat template: set env\.chat_template"),
