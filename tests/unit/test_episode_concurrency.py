@@ -42,6 +42,16 @@ def _collect(eng, n: int) -> list:
     raise AssertionError(f"{len(out)} of {n} episodes finished")
 
 
+
+def _episode_results(eng, prompts) -> dict:
+    """One episode of each prompt on `eng` (closed after): prompt id -> episode_result."""
+    try:
+        for p in prompts:
+            eng.submit(p, SamplingParams(max_new_tokens=3, seed=0, stop_token_ids=[EOS]), n=1, version=0)
+        return {c.prompt_id: c.episode_result for c in _collect(eng, len(prompts))}
+    finally:
+        eng.close()
+
 def test_every_episodes_environment_step_is_in_flight_at_once():
     n = 8
     episode_envs.BARRIER[:] = [threading.Barrier(n, timeout=SAFETY_S)]
@@ -129,24 +139,12 @@ def test_the_dataset_row_reaches_reset_and_agents_whole(tmp_path):
     for row in rows:
         p = by_problem[row["problem"]]
         assert task_row(p) == {**row, "prompt": p.text, "gold": row["answer"], "prompt_id": p.prompt_id}
-    eng, _ = _engine("tests.support.episode_envs.RowEnv", pool_size=2)
-    try:
-        for p in prompts:
-            eng.submit(p, SamplingParams(max_new_tokens=3, seed=0, stop_token_ids=[EOS]), n=1, version=0)
-        out = {c.prompt_id: c.episode_result for c in _collect(eng, 2)}
-    finally:
-        eng.close()
+    out = _episode_results(_engine("tests.support.episode_envs.RowEnv", pool_size=2)[0], prompts)
     assert out == {by_problem["1+2"].prompt_id: (1.0, True, "env"), by_problem["4+4"].prompt_id: (-1.0, False, "env")}
     pytest.importorskip("openai")
     from tests.integration.test_agent_episodes import _agent_engine
 
-    agents, _ = _agent_engine("tests.support.episode_envs.row_agent")
-    try:
-        for p in prompts:
-            agents.submit(p, SamplingParams(max_new_tokens=3, seed=0, stop_token_ids=[EOS]), n=1, version=0)
-        got = {c.prompt_id: c.episode_result for c in _collect(agents, 2)}
-    finally:
-        agents.close()
+    got = _episode_results(_agent_engine("tests.support.episode_envs.row_agent")[0], prompts)
     assert got == {by_problem["1+2"].prompt_id: (1.0, True, "agent"),
                    by_problem["4+4"].prompt_id: (-1.0, False, "agent")}
 
