@@ -90,7 +90,7 @@ def run_layout(spec: str, index: int, args, engine) -> dict:
     load_hf_checkpoint(gpt, args.hf_dir, dims=dims_from_model_config(model_cfg))
     with torch.no_grad():
         for p in gpt.parameters():
-            p.add_(0.125 * (index + 1))
+            p.add_(0.125 * (index + 1 + args.shift_offset))
     rank = dist.get_rank()
     ref = list(export_to_rank0(gpt, model_cfg))
     ref_digest = _loaded_digest(args.engine_hf_dir, ref) if rank == 0 and not args.sglang_url else None
@@ -165,6 +165,9 @@ def main() -> None:
     p.add_argument("--bucket-bytes", type=int, default=16384)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--flattened", action="store_true")
+    p.add_argument("--shift-offset", type=int, default=0,
+                   help="layout i shifts every parameter by 0.125 * (i + 1 + offset): a server that earlier tests "
+                        "already synced gets weights it has not held")
     p.add_argument("--group-prefix", default="wu", help="group names' prefix (a server keeps every name it joined)")
     p.add_argument("--engines", type=int, default=1, help="local engine processes (several: build.EngineSet)")
     p.add_argument("--sglang-url", default="",
