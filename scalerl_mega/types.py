@@ -167,9 +167,11 @@ class Completion:
     messages: list[dict[str, Any]] | None = None
     """The episode's chat messages (the assistant's decoded from its generated ids), for `episodes.jsonl`."""
     unknown_ids: int = 0
-    """`env=custom`: environment ids that are the tokenizer's unknown id (episodes/coverage.py)."""
+    """Environment ids that are the tokenizer's unknown id (`env=custom`: the opening and the splices; `env=agent`:
+    what the endpoint templated for the trained sample's calls; episodes/coverage.py)."""
     seen: list[str] | None = None
-    """`env=custom`: what the model saw of the opening and of each environment splice (the decoded ids)."""
+    """What the model saw of the opening and of each environment splice (the decoded ids; `env=agent`: one entry
+    per call of the trained sample)."""
 
     @property
     def num_tokens(self) -> int:

@@ -43,6 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
 from scalerl_mega.episodes.calls import GenerateRequest, GenerateResult, RecordedCall
+from scalerl_mega.episodes.coverage import UnknownIds
 from scalerl_mega.episodes.template import ChatSplicer, TemplateError
 from scalerl_mega.episodes.tool_calls import parse_tool_calls, same_calls, template_tool_calls
 from scalerl_mega.jsonvalue import JSON
@@ -117,6 +118,7 @@ class AgentEndpoint:
         self.model_name = model_name
         self.max_seq_len, self.on_refused = int(max_seq_len), on_refused
         self.splicer = ChatSplicer(tokenizer, source=chat_template, stop_token_ids=self.stop_token_ids, check=False)
+        self.coverage = UnknownIds(tokenizer)  # one per endpoint (per run): it warns once
         self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()
         self._server: _Server | None = None
@@ -186,7 +188,7 @@ class AgentEndpoint:
         sampling = SamplingParams(max_new_tokens=req["max_tokens"], temperature=req["temperature"],
                                   top_p=req["top_p"], seed=req["seed"],
                                   stop_token_ids=sorted(set(self.stop_token_ids) | set(self._stop_ids(req["stop"]))))
-        prompt_ids = self._prompt_ids(episode_id, req["messages"], req["tools"])
+        prompt_ids, templated, templated_messages = self._prompt_ids(episode_id, req["messages"], req["tools"])
         sampling.max_new_tokens = self._fitting(len(prompt_ids), req["max_tokens"], given=req["max_tokens_given"])
         request = GenerateRequest(prompt_ids=prompt_ids, sampling=sampling, episode_id=episode_id)
         try:
@@ -207,6 +209,9 @@ class AgentEndpoint:
             reply_t["tool_calls"] = template_tool_calls(tool_calls, where="reply")
         call = RecordedCall.of(request, result)
         call.messages = [*req["messages"], reply_t]
+        # tokenizer coverage of what the endpoint templated, once the model has seen it (episodes/coverage.py)
+        call.unknown_ids = self.coverage.count(templated, templated_messages)
+        call.seen = self.coverage.seen(templated)
         with self._lock:
             ep = self._episodes.get(episode_id)
             if ep is not None:  # closed meanwhile: the call is not recorded
@@ -257,9 +262,11 @@ class AgentEndpoint:
             out.append(ids[0])
         return out
 
-    def _prompt_ids(self, episode_id: str, messages: list[dict[str, JSON]], tools: Tools) -> list[int]:
+    def _prompt_ids(self, episode_id: str, messages: list[dict[str, JSON]],
+                    tools: Tools) -> tuple[list[int], list[int], list[dict[str, JSON]]]:
         """The previous call's ids + the template's ids for the new messages when the call extends it,
-        else the messages templated afresh (module doc)."""
+        else the messages templated afresh (module doc); with the ids templated here and their messages (what
+        the tokenizer-coverage count looks at)."""
         with self._lock:
             turns = list(self._episodes[episode_id].turns) if episode_id in self._episodes else []
         for turn in reversed(turns):
@@ -273,8 +280,9 @@ class AgentEndpoint:
                                      stopped_with=turn.ids[-1] if turn.stopped else None)
             except TemplateError:  # not prefix-preserving for these messages: templated afresh below
                 break
-            return turn.ids + env
-        return self._template(self.splicer.opening, messages, tools=tools)
+            return turn.ids + env, env, new
+        opening = self._template(self.splicer.opening, messages, tools=tools)
+        return opening, opening, messages
 
     @staticmethod
     def _template(fn: Callable[..., list[int]], *args: object, **kwargs: object) -> list[int]:

@@ -53,6 +53,11 @@ class RecordedCall:
     routes: Routes | None = None
     messages: list[dict[str, JSON]] = field(default_factory=list)
     """The call's chat messages and the assistant's reply as decoded from its generated ids (template form)."""
+    unknown_ids: int = 0
+    """Ids of the tokenizer's unknown id among those the endpoint templated for this call (the whole prompt when
+    templated afresh, else the new messages' span): characters the vocabulary lacks (episodes/coverage.py)."""
+    seen: str = ""
+    """Those templated ids as the model sees them (decoded, special tokens kept)."""
 
     @classmethod
     def of(cls, request: GenerateRequest, result: GenerateResult) -> "RecordedCall":

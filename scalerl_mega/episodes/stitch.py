@@ -15,6 +15,8 @@ reuse; the sample layout is that of an episode sample:
   token's version on environment ids (the first call's first version if nothing was generated yet);
 - `submitted_version`: the version at the sample's first generated token (PipelineRL-k counts staleness from it);
 - `turns` (the calls) and `env_tokens` (the environment ids);
+- `unknown_ids` and `seen`: the calls' tokenizer coverage of the ids the endpoint templated (the opening, then
+  each call's new messages; episodes/coverage.py);
 - `routes`: the calls' routes concatenated (position t from the call whose forward sampled id t + 1), or None
   when a call of the sample recorded none.
 """
@@ -86,7 +88,8 @@ def _sample(run: list[RecordedCall], *, prompt_id: str, sample_index: int) -> Co
                       output_ids=ids, gen_logprobs=logprobs, weight_versions=versions,
                       finish_reason=run[-1].finish_reason, loss_mask=mask,
                       submitted_version=versions_seen[0] if versions_seen else 0, routes=_routes(run),
-                      turns=len(run), env_tokens=n_env)
+                      turns=len(run), env_tokens=n_env, unknown_ids=sum(c.unknown_ids for c in run),
+                      seen=[c.seen for c in run])
 
 
 def _routes(run: list[RecordedCall]) -> Routes | None:

@@ -157,3 +157,48 @@ def test_a_call_longer_than_the_engines_sequence_gets_a_400_and_the_run_goes_on(
     assert malformed["status"] == 400 and malformed["param"] == "messages"
     assert ep.refused_calls == 2 and ep.turns == 1 and ep.episode_result == (1.0, True, "agent")
     assert len(rec.returned) == 1 and len(next(iter(rec.returned.values())).prompt_ids) == 9
+
+
+def test_agent_messages_outside_the_vocabulary_are_counted_warned_once_and_dumped(caplog):
+    """Tokenizer coverage on the endpoint's templating: the agent's feedback " no box " + the question has two
+    characters outside the arith tokenizer's 47 tokens (b, x), so each episode's second call is spliced with two
+    `<unk>` ids (hand-worked: ` no ` then `<unk> o <unk>` then ` ` then the question's characters, after the
+    `<eos>` closing a turn the engine did not end itself). The run warns once (one endpoint), the count reaches the
+    step's `episode/unknown_ids` (4 episodes x 2) and the dump's `seen` holds what the model saw."""
+    import logging
+    import re
+
+    from scalerl_mega.episodes.records import episode_lines, episode_metrics
+    from scalerl_mega.types import Group, ScoredCompletion
+
+    log_name = "scalerl_mega.episodes.coverage"
+    eng, _ = _agent_engine("tests.support.episode_envs.box_retry_agent")
+    prompts = [_prompt(47, 38), _prompt(5, 9)]
+    with caplog.at_level(logging.WARNING, logger=log_name):
+        try:
+            for i, p in enumerate(prompts):
+                eng.submit(p, SamplingParams(max_new_tokens=16, seed=10 * i, stop_token_ids=[EOS]), n=2, version=0)
+            episodes = _collect(eng, 4)
+        finally:
+            eng.close()
+    warnings = [r.getMessage() for r in caplog.records if r.name == log_name]
+    assert len(warnings) == 1, warnings
+    assert re.search(r"maps to 2 unknown id\(s\) of the tokenizer \(id 3, .*'user:  no box (Q:47\+38=|Q:5\+9=)' is "
+                     r"seen by the model as '(<eos>)? no <unk>o<unk> \1'", warnings[0]), warnings[0]
+    unk, ch = TOK.unk_token_id, TOK.convert_tokens_to_ids
+    for ep in episodes:
+        p = next(p for p in prompts if p.prompt_id == ep.prompt_id)
+        assert ep.turns == 2 and ep.broken_prefixes == 0
+        (s, e, _), = [span for span in _spans(ep.mask()) if span[2] == 0]
+        spliced = ep.output_ids[s:e]
+        by_hand = [ch(c) for c in " no "] + [unk, ch("o"), unk, ch(" ")] + [ch(c) for c in p.text]
+        assert spliced[-len(by_hand):] == by_hand and spliced[:-len(by_hand)] in ([], [EOS])
+        assert ep.unknown_ids == 2
+        assert ep.seen == ["<bos>" + p.text, TOK.decode(spliced, skip_special_tokens=False)]
+        assert ep.seen[1].endswith(" no <unk>o<unk> " + p.text)
+    groups = [Group(prompt=prompts[0], samples=[ScoredCompletion(completion=ep, reward=0.0, passed=False)
+                                                for ep in episodes])]
+    assert episode_metrics(groups)["episode/unknown_ids"] == 8.0
+    lines = episode_lines(groups, step=1)
+    assert [line["seen"] for line in lines] == [ep.seen for ep in episodes]
+    assert all(line["messages"][2]["content"].startswith(" no box ") for line in lines)  # the text as written

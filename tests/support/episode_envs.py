@@ -50,7 +50,7 @@ class ScriptedEnv:
         return [{"role": "user", "content": self.feedback + self.question}], 0.25, False
 
 
-def retry_agent(base_url: str, task: dict) -> float:
+def retry_agent(base_url: str, task: dict, *, feedback: str = " no ") -> float:
     """Agent code written against the OpenAI client (`env=agent`): asks, then asks again after the feedback `no`
     with the history sent back unchanged; the reward 1 when the second reply contains the answer, else -1."""
     from openai import OpenAI
@@ -59,9 +59,14 @@ def retry_agent(base_url: str, task: dict) -> float:
     messages = [{"role": "user", "content": task["prompt"]}]
     first = client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
     messages += [{"role": "assistant", "content": first.choices[0].message.content},
-                 {"role": "user", "content": " no " + task["prompt"]}]
+                 {"role": "user", "content": feedback + task["prompt"]}]
     second = client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
     return 1.0 if str(task["gold"]) in (second.choices[0].message.content or "") else -1.0
+
+
+def box_retry_agent(base_url: str, task: dict) -> float:
+    """`retry_agent` whose feedback is " no box ": b and x are outside the arith tokenizer's vocabulary."""
+    return retry_agent(base_url, task, feedback=" no box ")
 
 
 def raising_agent(base_url: str, task: dict) -> float:
