@@ -20,8 +20,10 @@ gets an OpenAI-style error body (`{"error": {"message", "type", "param", "code"}
 failure of the engine call a 5xx with the exception's message; no traceback reaches the client and no request
 stops the server. Served: `messages` (roles system/developer/user/assistant/tool, text content or text
 parts, `tool_calls` on assistant messages), `tools`, `tool_choice` "auto"/"none", `max_tokens` /
-`max_completion_tokens`, `temperature`, `top_p`, `seed`, `n` = 1 and `stop` strings of one token each
-(exact ids rule out cutting inside a token); `stream` is refused.
+`max_completion_tokens`, `temperature`, `top_p`, `seed`, `n` = 1, `stop` strings of one token each
+(exact ids rule out cutting inside a token) and `stream` (the finished completion sent as server-sent events,
+`stream_options.include_usage` honoured: agent SDKs that always stream, such as verifiers' chat program, work
+unchanged).
 
 The server is `http.server`'s threaded server on its own thread (one thread per request, HTTP/1.0: one
 request per connection); leaving the context stops it, unblocks idle connections and joins every thread
@@ -309,8 +311,12 @@ def _parse_request(body: object, *, default_max_tokens: int) -> dict[str, JSON]:
     n = body.get("n", 1)
     if n is not None and (_is_bool(n) or n != 1):
         raise RequestError(f"n={n!r}: this endpoint serves n=1 only (one sample per call)", param="n")
-    if body.get("stream"):
-        raise RequestError("stream=true is not served; send stream=false", param="stream")
+    stream = body.get("stream")
+    if stream is not None and not _is_bool(stream):
+        raise RequestError(f"stream={stream!r} must be a boolean", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise RequestError("stream_options must be an object", param="stream_options")
     choice = body.get("tool_choice")
     if choice not in (None, "auto", "none"):
         raise RequestError(f"tool_choice={choice!r} is not served (only 'auto' or 'none')", param="tool_choice")
@@ -334,6 +340,25 @@ def _parse_request(body: object, *, default_max_tokens: int) -> dict[str, JSON]:
         raise RequestError("stop must be a non-empty string or a list of at most 4 of them", param="stop")
     return {"model": model, "max_tokens": limit, "max_tokens_given": given, "temperature": temperature, "top_p": top_p, "seed": seed,
             "stop": stop, "tools": _tools(body.get("tools")), "messages": _messages(body.get("messages"))}
+
+
+def stream_events(completion: dict[str, JSON], *, include_usage: bool) -> list[dict[str, JSON]]:
+    """A finished `chat.completion` as OpenAI's `chat.completion.chunk` events for `stream=true`: the whole
+    message in one delta (tool calls with their `index`), then the finish reason, then (`stream_options.
+    include_usage`) the usage with no choices. The call is generated whole first, so streaming changes only
+    the wire form, never the ids."""
+    choice = completion["choices"][0]
+    message = choice["message"]
+    delta: dict[str, JSON] = {"role": "assistant", "content": message["content"]}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(message["tool_calls"])]
+    head = {k: completion[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    events = [head | {"choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]},
+              head | {"choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"],
+                                   "logprobs": None}]}]
+    if include_usage:
+        events.append(head | {"choices": [], "usage": completion["usage"]})
+    return events
 
 
 def _is_bool(x: object) -> bool:
@@ -474,7 +499,12 @@ class _Handler(BaseHTTPRequestHandler):
                 raise RequestError(f"{self.command} is not allowed on {self.path!r}", status=405)
             if what == "models":
                 return self._reply(200, self.server.endpoint.models(episode_id))
-            self._reply(200, self.server.endpoint.chat_completion(episode_id, self._body()))
+            body = self._body()
+            completion = self.server.endpoint.chat_completion(episode_id, body)
+            if body.get("stream") is True:  # validated by chat_completion
+                usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return self._reply_events(stream_events(completion, include_usage=usage))
+            self._reply(200, completion)
         except RequestError as e:
             if e.status < 500 and m is not None:
                 self.server.endpoint.refused(m.group(1))
@@ -496,11 +526,16 @@ class _Handler(BaseHTTPRequestHandler):
         except (UnicodeDecodeError, ValueError) as e:
             raise RequestError(f"the request body is not valid JSON ({e})") from None
 
-    def _reply(self, status: int, obj: dict[str, JSON]) -> None:
-        data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    def _reply_events(self, events: list[dict[str, JSON]]) -> None:
+        """A whole completion as server-sent events (`data: <chunk>` each, then `data: [DONE]`)."""
+        data = "".join(f"data: {json.dumps(e, ensure_ascii=False)}\n\n" for e in events) + "data: [DONE]\n\n"
+        self._reply(200, data.encode("utf-8"), content_type="text/event-stream")
+
+    def _reply(self, status: int, obj: dict[str, JSON] | bytes, *, content_type: str = "application/json") -> None:
+        data = obj if isinstance(obj, bytes) else json.dumps(obj, ensure_ascii=False).encode("utf-8")
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.send_header("Connection", "close")
             self.end_headers()

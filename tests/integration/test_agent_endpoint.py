@@ -169,7 +169,8 @@ BAD = [  # body, status, words the message must contain
     (b"\xff\xfe", 400, "not valid JSON"),
     (b"[1, 2]", 400, "must be a JSON object, got list"),
     (dict(VALID, n=2), 400, "n=1 only"),
-    (dict(VALID, stream=True), 400, "stream=true is not served"),
+    (dict(VALID, stream="yes"), 400, "stream='yes' must be a boolean"),
+    (dict(VALID, stream=True, stream_options=[1]), 400, "stream_options must be an object"),
     (dict(VALID, messages=[]), 400, "messages must be a non-empty list"),
     (dict(VALID, messages=[{"role": "wizard", "content": "x"}]), 400, "messages[0].role='wizard'"),
     (dict(VALID, messages=[{"role": "user", "content": 5}]), 400, "messages[0].content must be a string"),
@@ -243,6 +244,9 @@ def test_bad_requests_get_openai_error_bodies_and_the_server_keeps_serving(tok):
             got, text = _post(ep.port, path, json.dumps(body).encode())
             seen.add(got)
             assert got in (200, 400) and "Traceback" not in text, (body, text)
+            if got == 200 and body.get("stream") is True:  # server-sent events, the last one [DONE]
+                assert text.endswith("data: [DONE]\n\n") and '"chat.completion.chunk"' in text, text
+                continue
             assert ("choices" if got == 200 else "error") in json.loads(text), text
         assert seen == {200, 400}
         r = _client(url).chat.completions.create(model="m", messages=VALID["messages"], max_tokens=2)
@@ -374,3 +378,35 @@ def test_concurrent_episodes_keep_their_own_calls(tok):
         res = stitch_calls(results[i], prompt_id=f"c{i}")
         assert res.broken_prefixes == 0 and len(results[i]) == 3
         assert res.samples[0].prompt_ids == _enc(tok, f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_streamed_call_is_the_same_call_sent_as_server_sent_events(tok):
+    """`stream=true` (agent SDKs that always stream): the openai client's chunks rebuild the reply the engine's ids
+    decode to, tool calls included (the scripted Hermes block), with the usage of the recorded ids; the call
+    records and stitches exactly as an unstreamed one."""
+    open_, json_, close_ = tok.convert_tokens_to_ids(["<tool_call>", ae.TOOL_JSON, "</tool_call>"])
+    header_end = _enc(tok, "<|im_start|>assistant\n")[-1]
+    eng = ae.engine(hidden=64)
+    eng.update_weights(ae.scripted_weights({header_end: open_, open_: json_, json_: close_,
+                                            close_: tok.eos_token_id}).state_dict().items(), version=1)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "what is 2+3"}]
+    with AgentEndpoint(tokenizer=tok, generate=ae.EngineGenerate(eng)) as ep:
+        client = _client(ep.open_episode("streamed"))
+        chunks = list(client.chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=8,
+                                                     temperature=0, stream=True,
+                                                     stream_options={"include_usage": True}))
+        calls = ep.close_episode("streamed")
+    assert [c.output_ids for c in calls] == [[open_, json_, close_, tok.eos_token_id]]
+    deltas = [ch.choices[0] for ch in chunks if ch.choices]
+    assert [d.finish_reason for d in deltas] == [None, "tool_calls"]
+    (tc,) = deltas[0].delta.tool_calls
+    assert (tc.index, tc.function.name, json.loads(tc.function.arguments)) == (0, "add", {"a": 2, "b": 3})
+    assert chunks[-1].choices == [] and (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (
+        len(calls[0].prompt_ids), 4)
+    with AgentEndpoint(tokenizer=tok, generate=ae.EngineGenerate(ae.engine(seed=3))) as ep:
+        client = _client(ep.open_episode("text"))
+        text = "".join(ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
+            model="m", messages=messages[1:], max_tokens=6, temperature=0, stream=True) if ch.choices)
+        (call,) = ep.close_episode("text")
+    shown = call.output_ids[:-1] if call.output_ids[-1] == tok.eos_token_id else call.output_ids
+    assert text == tok.decode(shown, skip_special_tokens=False) and len(call.output_ids) >= 1
