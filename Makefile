@@ -9,7 +9,7 @@ TEST_ARGS ?= -n 2 --dist loadfile
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup test test-compat test-slow test-slurm test-sglang sglang-env sglang-rl-compare test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-multiturn-seeds demo-real reproduce \
+.PHONY: help setup test test-compat test-slow test-slurm test-sglang sglang-env verifiers-env test-verifiers sglang-rl-compare test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-multiturn-seeds demo-real reproduce \
 	reproduce-sweep reproduce-analysis bench clean
 
 help:
@@ -24,6 +24,8 @@ help:
 	@echo "  test-slow          the long tests (multi-rank, kill-and-resume, conversions at size)"
 	@echo "  test-sglang        against a real SGLang 0.5.23 server on CPU (its own .venv-sglang)"
 	@echo "  sglang-env         SGLang 0.5.23's own environment in .venv-sglang (rollout=sglang's servers)"
+	@echo "  verifiers-env      verifiers 0.4's own environment in .venv-verifiers (env=agent runs verifiers episodes)"
+	@echo "  test-verifiers     verifiers 0.4 episodes against a real scalerl-train run (builds .venv-verifiers)"
 	@echo "  test-slurm         against a real single-node Slurm (needs root and apt)"
 	@echo "  test-gpu           the GPU suite (on a machine with one NVIDIA GPU; GPU_PY=python3)"
 	@echo ""
@@ -116,6 +118,17 @@ SGLANG_MODELS := build/sglang-models
 
 sglang-env:
 	./.ci/sglang_env.sh $(SGLANG_VENV)
+
+# verifiers 0.4 (docs/extending.md, "verifiers 0.4"): its own environment (.venv-verifiers; verifiers pins openai<3),
+# then the test that runs its episodes against a real scalerl-train run's agent endpoint.
+VERIFIERS_VENV := .venv-verifiers
+
+verifiers-env:
+	./.ci/verifiers_env.sh $(VERIFIERS_VENV)
+
+test-verifiers: setup
+	./.ci/verifiers_env.sh $(VERIFIERS_VENV)
+	SCALERL_VERIFIERS_PYTHON=$(CURDIR)/$(VERIFIERS_VENV)/bin/python $(PYTEST) -m slow tests/integration/test_verifiers_rollouts.py
 
 test-sglang: setup
 	./.ci/sglang_env.sh $(SGLANG_VENV)

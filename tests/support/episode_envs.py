@@ -173,3 +173,26 @@ class RowEnv:
 def row_agent(base_url: str, task: dict) -> float:
     """The agent's view of the row contract: its own column `final`, no call needed."""
     return 1.0 if task["final"] == "yes" else -1.0
+
+
+VERIFIERS_RECORD_VAR = "SCALERL_TEST_VERIFIERS_RECORD"
+"""A file the verifiers agent appends what verifiers reported for each episode to (one JSON line)."""
+
+
+def verifiers_addition_agent(base_url: str, task: dict) -> float:
+    """A verifiers 0.4 taskset (`tests/support/verifiers_plugins/scalerl_vf_addition.py`) as `env=agent`, through
+    `run_verifiers_episode`; what verifiers reported is appended to `$SCALERL_TEST_VERIFIERS_RECORD` under the
+    endpoint's episode id (from the url)."""
+    import dataclasses
+    import json
+    import os
+    from pathlib import Path
+
+    from scalerl_mega.episodes.verifiers_agent import run_verifiers_episode
+
+    plugins = Path(__file__).resolve().parent / "verifiers_plugins"
+    got = run_verifiers_episode(base_url, task, taskset="scalerl_vf_addition", plugin_path=[str(plugins)])
+    episode_id = base_url.rstrip("/").split("/")[-2]
+    with open(os.environ[VERIFIERS_RECORD_VAR], "a") as f:
+        f.write(json.dumps({"episode_id": episode_id, **dataclasses.asdict(got)}) + "\n")
+    return got.reward
