@@ -54,15 +54,20 @@ def _collect(eng, n):
     return out
 
 
-def test_openai_client_agent_episodes_keep_the_engines_ids():
-    eng, rec = _agent_engine("tests.support.episode_envs.retry_agent")
+def _two_prompts_twice(target: str, *, version: int):
+    """The agent `target` on 2 prompts x 2 episodes each, run to their end: (episodes, recording engine, prompts)."""
+    eng, rec = _agent_engine(target)
     prompts = [_prompt(47, 38), _prompt(5, 9)]
     try:
         for i, p in enumerate(prompts):
-            eng.submit(p, SamplingParams(max_new_tokens=16, seed=10 * i, stop_token_ids=[EOS]), n=2, version=3)
-        episodes = _collect(eng, 4)
+            eng.submit(p, SamplingParams(max_new_tokens=16, seed=10 * i, stop_token_ids=[EOS]), n=2, version=version)
+        return _collect(eng, 4), rec, prompts
     finally:
         eng.close()
+
+
+def test_openai_client_agent_episodes_keep_the_engines_ids():
+    episodes, rec, prompts = _two_prompts_twice("tests.support.episode_envs.retry_agent", version=3)
     assert sorted((c.prompt_id, c.sample_index) for c in episodes) == sorted(
         (p.prompt_id, i) for p in prompts for i in range(2))
     for ep in episodes:
@@ -172,15 +177,8 @@ def test_agent_messages_outside_the_vocabulary_are_counted_warned_once_and_dumpe
     from scalerl_mega.types import Group, ScoredCompletion
 
     log_name = "scalerl_mega.episodes.coverage"
-    eng, _ = _agent_engine("tests.support.episode_envs.box_retry_agent")
-    prompts = [_prompt(47, 38), _prompt(5, 9)]
     with caplog.at_level(logging.WARNING, logger=log_name):
-        try:
-            for i, p in enumerate(prompts):
-                eng.submit(p, SamplingParams(max_new_tokens=16, seed=10 * i, stop_token_ids=[EOS]), n=2, version=0)
-            episodes = _collect(eng, 4)
-        finally:
-            eng.close()
+        episodes, _, prompts = _two_prompts_twice("tests.support.episode_envs.box_retry_agent", version=0)
     warnings = [r.getMessage() for r in caplog.records if r.name == log_name]
     assert len(warnings) == 1, warnings
     assert re.search(r"maps to 2 unknown id\(s\) of the tokenizer \(id 3, .*'user:  no box (Q:47\+38=|Q:5\+9=)' is "
