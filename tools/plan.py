@@ -147,6 +147,8 @@ def sync_table(links) -> str:
     return "\n".join(rows) + "\n\n" + "\n".join(fp8)
 
 
+KV_CACHE_BYTES = {"auto": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+"""Bytes per cached K or V element under SGLang's `--kv-cache-dtype` (auto: the model dtype, bf16)."""
 HEADER_KEYS = ("MODEL", "GPU_TYPE", "GPUS_PER_NODE", "TRAINER_NODES", "GEN_TP", "TP", "PP", "EP", "RECOMPUTE")
 """The variables of a script header's `layout[...]` line (`ScriptLayout.with_env` applies them)."""
 
@@ -223,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-seqs", type=int, default=16)
     ap.add_argument("--gen-quantization", choices=("none", "fp8"), default="none",
                     help="generator weights: none (bf16) | fp8 (blockwise FP8 projections, rollout.quantization=fp8)")
+    ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_BYTES, default="auto",
+                    help="generator KV cache, SGLang's --kv-cache-dtype: auto (the model's bf16, 2 bytes) | fp8_e4m3 | "
+                         "fp8_e5m2 (1 byte)")
     ap.add_argument("--table", action="store_true", help="print the table of docs/cluster_and_gpu.md and exit")
     ap.add_argument("--trainer-gpus", type=int, default=16, help="for --table: paper App. A.3 uses 16 trainers")
     ap.add_argument("--json", action="store_true")
@@ -279,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     glay = GenLayout(
         tp=args.gen_tp, seq_len=args.seq_len, mem_fraction_static=args.mem_fraction_static, min_seqs=args.min_seqs,
-        quantization=args.gen_quantization,
+        quantization=args.gen_quantization, kv_bytes=KV_CACHE_BYTES[args.kv_cache_dtype],
     )
     try:
         trep = trainer_memory(model, lay, dev)

@@ -5,8 +5,8 @@ the source of the sync table's FP8 rows and of the docs' figures."""
 
 from __future__ import annotations
 
+import importlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -88,12 +88,13 @@ def test_bytes_equal_a_real_fp8_push_into_the_local_engine():
     assert sent < 0.6 * 4 * shape.total_params()
 
 
-def test_sync_table_fp8_rows_come_from_the_same_count():
+def test_sync_table_fp8_rows_come_from_the_same_count(capsys, monkeypatch):
     """`--sync-table --json`: every layout has bf16 and FP8 rows; an FP8 row's bytes are `model_bytes` of its model,
     its seconds `estimate_sync` with `quantization="fp8"`; MoE models send about half, dense 8B models more (their
     embedding and head stay bf16), Scout nearly all (fused experts); the docs state those ranges."""
-    rows = json.loads(subprocess.run([sys.executable, "tools/plan.py", "--sync-table", "--json"], cwd=ROOT,
-                                     capture_output=True, text=True, check=True, timeout=600).stdout)
+    monkeypatch.setattr(sys, "path", [str(ROOT / "tools"), *sys.path])
+    assert importlib.import_module("plan").main(["--sync-table", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
     by = {(r["layout"], r["quantization"], r["backend"], r["senders"]): r for r in rows}
     ratios: dict[str, float] = {}
     for (layout, q, backend, senders), r in by.items():
