@@ -55,16 +55,15 @@ def plot(runs: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from demo_multiturn_runs import save_figure
+
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for r in runs:
         label = f"seed {r['seed']}" + ("" if r["is_correction"] == "none" else f", {r['is_correction']}")
         ax.plot([p["step"] for p in r["validations"]], [p["pass_rate"] for p in r["validations"]], marker="o",
                 ls="-" if r["is_correction"] == "none" else "--", label=label)
     ax.set(xlabel="RL step", ylabel="validation pass rate", title="experiment=demo rollout.quantization=fp8")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    save_figure(fig, [ax], path)
 
 
 def main(argv: list[str] | None = None) -> int:
