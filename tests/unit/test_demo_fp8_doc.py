@@ -68,13 +68,14 @@ def test_running_doc_states_the_runs_as_ranges():
     assert (f"over all trained tokens KL {mm('kl_mean')}, mean |log-ratio| {mm('abs_log_ratio_mean')}, CISPO's "
             f"truncation on {mm('clip_fraction_mean', '{:.1e}')} of the tokens") in text
     assert (f"`loss.is_correction=mis_token`, seed 0): {mis['first']:.2f} -> {mis['last']:.2f} (peak "
-            f"{mis['peak']:.2f}), {mis['mismatch']['is_correction_fraction_mean']:.1e} of the tokens masked, KL over "
-            f"all trained tokens {mis['mismatch']['kl_mean']:.2g}") in text
+            f"{mis['peak']:.2f}; its warm start ended elsewhere, seed 0 without the correction starts at "
+            f"{plain[0]['first']:.2f}), {mis['mismatch']['is_correction_fraction_mean']:.1e} of the tokens masked, KL "
+            f"over all trained tokens {mis['mismatch']['kl_mean']:.2g}") in text
     bf16 = json.loads((ROOT / "docs" / "demo_runs.json").read_text())["runs"]
     assert (f"the bf16 demo goes {bf16[0]['first']:.2f} -> {value_range([r['last'] for r in bf16])} on seed 0" in text
             and {r["seed"] for r in bf16} == {0})
     assert f"against {value_range([r['onpolicy_abs_log_ratio_mean'] for r in bf16], '{:.1e}')} for the bf16" in text
-    assert f"{plain[0]['mismatch']['sync_bytes']:,.0f} bytes per push against {_fp32_bytes():,} in FP32" in text
+    assert f"Each push: {plain[0]['mismatch']['sync_bytes']:,.0f} bytes against {_fp32_bytes():,} in FP32" in text
     assert f"sends {_qwen3_moe_fp8_share():.2f} of its FP32 bytes" in text
     assert "[demo_fp8_runs.json](demo_fp8_runs.json)" in text and (ROOT / "docs" / "demo_fp8_runs.png").is_file()
 
