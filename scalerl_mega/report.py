@@ -111,11 +111,12 @@ def _domain_lines(val: list[dict], *, key: str, curves: list, cut_fraction: floa
 
 def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget: float | None = None,
                  extra: dict[str, str] | None = None, cut_fraction: float | None = None,
-                 fit_from: float | None = None) -> Path:
+                 fit_from: float | None = None, quantization: str = "none", is_correction: str = "none") -> Path:
     """Write <run_dir>/report.md (and scaling.png when a fit is possible); returns the markdown path.
     `extra`: more "- key: value" summary lines (wall times, ...); `cut_fraction`: the fit cut off the
     paper's GPU-hour scale (default `identify.CUT_FRACTION`, as `forecast.cut_fraction`); `fit_from`: a
-    fixed cut instead (`forecast.fit_from`)."""
+    fixed cut instead (`forecast.fit_from`). A quantized generator (`quantization`, `rollout.quantization`) adds
+    the mismatch section (metrics/mismatch.py) under the run's `is_correction` (`loss.is_correction`)."""
     from scalerl_mega.scaling.plot import CurvePlot, plot_scaling
 
     run_dir = Path(run_dir)
@@ -144,6 +145,9 @@ def write_report(run_dir: str | Path, *, title: str = "scalerl-mega run", budget
         curves.append(CurvePlot(label=title, compute=[c for c, _, _ in points], reward=[r for _, r, _ in points],
                                 fit=a.fit, assessment=a, band=band))
     lines += _domain_lines(val, key=key, curves=curves, cut_fraction=cut_fraction, fit_from=fit_from)
+    from scalerl_mega.metrics.mismatch import report_lines as mismatch_lines
+
+    lines += mismatch_lines(train, quantization=quantization, is_correction=is_correction)
     if curves:
         files = plot_scaling(curves, path=run_dir / "scaling", formats=("png",), title=title,
                              xlabel=f"Compute ({unit})", extend_to=2 * budget if budget else None)

@@ -294,7 +294,8 @@ def _finish(config: TrainConfig, summary: dict[str, Any], *, out: Path, resumed:
         "SFT warm start": f"{summary['sft_s']:.0f} s ({config.sft.steps} steps)",
         "RL": f"{summary['rl_s']:.0f} s ({steps} steps)",
         "trainer ranks": str(world),
-    }, cut_fraction=float(config.forecast.cut_fraction), fit_from=float(config.forecast.fit_from) or None)
+    }, cut_fraction=float(config.forecast.cut_fraction), fit_from=float(config.forecast.fit_from) or None,
+        quantization=str(config.rollout.quantization), is_correction=str(config.loss.is_correction))
     summary["report"] = str(report)
     summary["trainer_ranks"] = world
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -10,7 +10,8 @@ Examples:
   tools/plan.py --model scout_17b16e --device gb200 --tp 4 --pp 1 --dp 4 --ep 4 --gen-tp 2
   tools/plan.py --table            # the table in docs/cluster_and_gpu.md: every model on every device
   tools/plan.py --sync-table       # predicted weight-sync seconds and floors, one vs per-stage senders, SGLang and
-                                   # local engines (scalerl_mega/cluster/sync_model.py; --json: one row each)
+                                   # local engines, bf16 and FP8 (scalerl_mega/cluster/sync_model.py; --json: one
+                                   # row each)
 
 Settings not given are the Slurm scripts': `--recompute` defaults to the recompute of the script that ships
 `--model` (full, except selective for slurm/train_dense.sh's 8B models; cluster/layouts.py script_recompute),
@@ -96,44 +97,58 @@ each receiving rank's own shard (shard-to-shard transfer), not a broadcast of th
 
 def sync_rows(links) -> list[dict]:
     """Every shipped layout (`layouts.shipped_layouts`: the scripts' defaults, then the other models of their
-    headers) x backend (sglang, local) x senders (single, per_stage): `--sync-table --json`."""
+    headers) x quantization (none: bf16, fp8: `rollout.quantization=fp8`'s blockwise FP8 projections) x backend
+    (sglang, local) x senders (single, per_stage): `--sync-table --json`."""
+    from dataclasses import replace
+
     from scalerl_mega.cluster.layouts import shipped_layouts
     from scalerl_mega.cluster.sync_model import BACKENDS, SENDER_MODES, estimate_sync
 
     rows = []
     for name, sl in shipped_layouts().items():
-        for backend in BACKENDS:
-            for senders in SENDER_MODES:
-                e = estimate_sync(MODELS[sl.model], sl.train_layout(), links, backend=backend, senders=senders)
-                rows.append({"model": sl.model, "layout": name, "backend": backend, "senders": senders,
-                             "seconds": round(e.seconds, 3), "floor_s": round(e.floor_s, 3), "bound": e.bound,
-                             "groups": e.groups, "max_sender_bytes": e.max_sender_bytes, "total_bytes": e.total_bytes,
-                             "script_senders": sl.sync_senders})
+        for quantization in ("none", "fp8"):
+            for backend in BACKENDS:
+                for senders in SENDER_MODES:
+                    e = estimate_sync(MODELS[sl.model], sl.train_layout(), replace(links, quantization=quantization),
+                                      backend=backend, senders=senders)
+                    rows.append({"model": sl.model, "layout": name, "quantization": quantization, "backend": backend,
+                                 "senders": senders, "seconds": round(e.seconds, 3), "floor_s": round(e.floor_s, 3),
+                                 "bound": e.bound, "groups": e.groups, "max_sender_bytes": e.max_sender_bytes,
+                                 "total_bytes": e.total_bytes, "script_senders": sl.sync_senders})
     return rows
 
 
+MODES = (("sglang", "single"), ("sglang", "per_stage"), ("local", "single"), ("local", "per_stage"))
+
+
 def sync_table(links) -> str:
-    """Markdown table of docs/cluster_and_gpu.md: per shipped layout, modelled seconds and the floor each mode
-    hits (`seconds / floor bound`), SGLang and local engines, and the mode its script runs."""
+    """Markdown tables of docs/cluster_and_gpu.md. bf16: per shipped layout, modelled seconds and the floor each
+    mode hits (`seconds / floor bound`), SGLang and local engines, and the mode its script runs. FP8: the bytes
+    sent and each mode's seconds in bf16 and under `rollout.quantization=fp8`, side by side."""
     rows = ["| layout | model | tp/pp/ep | GiB sent | groups | SGLang single | SGLang per_stage | local single | "
             "local per_stage | script runs | peers (measured) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    by_layout: dict[str, dict] = {}
+    fp8 = ["| layout | model | GiB sent bf16 / FP8 | FP8 / bf16 bytes | SGLang single s bf16 / FP8 | SGLang per_stage "
+           "s bf16 / FP8 | local single s bf16 / FP8 | local per_stage s bf16 / FP8 |", "|---|---|---|---|---|---|---|---|"]
+    cells: dict[tuple, dict] = {}
     for r in sync_rows(links):
-        by_layout.setdefault(r["layout"], {})[(r["backend"], r["senders"])] = r
+        cells[(r["layout"], r["quantization"], r["backend"], r["senders"])] = r
     from scalerl_mega.cluster.layouts import shipped_layouts
 
     for name, sl in shipped_layouts().items():
-        cells = by_layout[name]
-        lay, any_row = sl.train_layout(), cells[("sglang", "per_stage")]
+        lay, bf, q = sl.train_layout(), cells[(name, "none", *MODES[1])], cells[(name, "fp8", *MODES[1])]
         modes = [f"{c['seconds']:.2f} / {c['floor_s']:.2f} {c['bound']}" for c in
-                 (cells[("sglang", "single")], cells[("sglang", "per_stage")], cells[("local", "single")],
-                  cells[("local", "per_stage")])]
-        rows.append(f"| {name} | {sl.model} | {lay.tp}/{lay.pp}/{lay.ep} | {any_row['total_bytes'] / GiB:.1f} | "
-                    f"{any_row['groups']} | " + " | ".join(modes) + f" | {sl.sync_senders} | "
+                 (cells[(name, "none", *m)] for m in MODES)]
+        rows.append(f"| {name} | {sl.model} | {lay.tp}/{lay.pp}/{lay.ep} | {bf['total_bytes'] / GiB:.1f} | "
+                    f"{bf['groups']} | " + " | ".join(modes) + f" | {sl.sync_senders} | "
                     f"{SYNC_PEERS.get(sl.model, '-')} |")
-    return "\n".join(rows)
+        secs = [f"{cells[(name, 'none', *m)]['seconds']:.2f} / {cells[(name, 'fp8', *m)]['seconds']:.2f}" for m in MODES]
+        fp8.append(f"| {name} | {sl.model} | {bf['total_bytes'] / GiB:.1f} / {q['total_bytes'] / GiB:.1f} | "
+                   f"{q['total_bytes'] / bf['total_bytes']:.3f} | " + " | ".join(secs) + " |")
+    return "\n".join(rows) + "\n\n" + "\n".join(fp8)
 
 
+KV_CACHE_BYTES = {"auto": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+"""Bytes per cached K or V element under SGLang's `--kv-cache-dtype` (auto: the model dtype, bf16)."""
 HEADER_KEYS = ("MODEL", "GPU_TYPE", "GPUS_PER_NODE", "TRAINER_NODES", "GEN_TP", "TP", "PP", "EP", "RECOMPUTE")
 """The variables of a script header's `layout[...]` line (`ScriptLayout.with_env` applies them)."""
 
@@ -210,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-seqs", type=int, default=16)
     ap.add_argument("--gen-quantization", choices=("none", "fp8"), default="none",
                     help="generator weights: none (bf16) | fp8 (blockwise FP8 projections, rollout.quantization=fp8)")
+    ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_BYTES, default="auto",
+                    help="generator KV cache, SGLang's --kv-cache-dtype: auto (the model's bf16, 2 bytes) | fp8_e4m3 | "
+                         "fp8_e5m2 (1 byte)")
     ap.add_argument("--table", action="store_true", help="print the table of docs/cluster_and_gpu.md and exit")
     ap.add_argument("--trainer-gpus", type=int, default=16, help="for --table: paper App. A.3 uses 16 trainers")
     ap.add_argument("--json", action="store_true")
@@ -234,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from scalerl_mega.cluster.sync_model import SyncLinks, predict_sync
 
-    links = SyncLinks(link_gbps=args.link_gbps, gather_gbps=args.gather_gbps, recv_gbps=args.recv_gbps)
+    links = SyncLinks(link_gbps=args.link_gbps, gather_gbps=args.gather_gbps, recv_gbps=args.recv_gbps,
+                      quantization=args.gen_quantization)
     if args.table:
         print(table(seq_len=args.seq_len, micro_batch=args.micro_batch, trainer_gpus=args.trainer_gpus))
         return 0
@@ -265,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     glay = GenLayout(
         tp=args.gen_tp, seq_len=args.seq_len, mem_fraction_static=args.mem_fraction_static, min_seqs=args.min_seqs,
-        quantization=args.gen_quantization,
+        quantization=args.gen_quantization, kv_bytes=KV_CACHE_BYTES[args.kv_cache_dtype],
     )
     try:
         trep = trainer_memory(model, lay, dev)

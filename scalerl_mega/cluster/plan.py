@@ -156,8 +156,8 @@ class ModelShape:
     def shared_expert_params(self) -> int:
         return 3 * self.hidden * self.shared_expert_ffn
 
-    def router_params(self) -> int:
-        return self.hidden * self.num_experts
+    def router_params(self) -> int:  # + DeepSeek-V3's (MLA models') e_score_correction_bias, one per expert
+        return self.hidden * self.num_experts + (self.num_experts if self.mla else 0)
 
     def embedding_params(self) -> int:
         return self.vocab * self.hidden

@@ -2,7 +2,9 @@
 sends what), into SGLang servers or local engines, and the floor each one hits.
 
 A model of the wire, the receivers and the gathers, not a measurement (bench/weight_sync.py measures the CPU/gloo
-case). Every byte of the model is sent once, `bytes_per_param` each (bf16 = 2; a parameter so other dtypes fit).
+case). Every byte of the model is sent once, `bytes_per_param` each (bf16 = 2; a parameter so other dtypes fit), or
+with `quantization="fp8"` the projections in blockwise FP8 plus their scales and the rest at `bytes_per_param`,
+counted matrix by matrix (cluster/weight_bytes.py).
 
 * Broadcast: a group holds its sender and every engine rank; a broadcast delivers every byte of the group to every
   receiving rank. NCCL pipelines it down a ring/tree, so one group moves at the slowest link on its path: the
@@ -29,13 +31,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scalerl_mega.cluster.plan import ModelShape, TrainLayout
+from scalerl_mega.cluster.weight_bytes import FUSED_EXPERTS, layer_part_bytes
 from scalerl_mega.weight_sync import DEFAULT_BUCKET_BYTES
 from scalerl_mega.weight_sync.plan import DEFAULT_MAX_GROUPS, expert_senders_per_stage
 
 GB = 1e9
-FUSED_EXPERTS = frozenset({"scout_17b16e"})
-"""Models whose HF checkpoint holds a layer's experts in one tensor (Llama-4's `experts.gate_up_proj`): their
-experts travel with the stage's dense sender (weight_sync/plan.py), so they get one sender per pipeline stage."""
 BACKENDS = ("sglang", "local")
 SENDER_MODES = ("single", "per_stage")
 BOUNDS = {
@@ -57,7 +57,10 @@ class SyncLinks:
     gather_gbps: float = 150.0
     """Effective intra-node all-gather bandwidth per GPU, GB/s (NVLink class; an assumption)."""
     bytes_per_param: int = 2
-    """The generator's dtype (bf16)."""
+    """The weights' dtype (bf16); under FP8, that of the tensors left unquantized."""
+    quantization: str = "none"
+    """`rollout.quantization`: "fp8" sends the projections in blockwise FP8 with their scales
+    (cluster/weight_bytes.py)."""
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     """Bucket size (`sync.bucket_bytes`): the first bucket's gather is not hidden on SGLang."""
 
@@ -89,28 +92,33 @@ class SyncPrediction:
                 "senders": self.senders, "max_sender_bytes": self.max_sender_bytes}
 
 
-def stage_bytes(model: ModelShape, *, pp: int, stage: int, bytes_per_param: int) -> tuple[int, int]:
+def stage_bytes(model: ModelShape, *, pp: int, stage: int, bytes_per_param: int,
+                quantization: str = "none") -> tuple[int, int]:
     """(dense bytes, expert bytes) of pipeline stage `stage`, unsharded: its layers' attention, norms, dense
-    MLPs, shared experts and routers, the embedding on the first stage, final norm and LM head on the last."""
+    MLPs, shared experts and routers, the embedding on the first stage, final norm and LM head on the last.
+    `quantization="fp8"`: the projections in blockwise FP8 with their scales, the rest at `bytes_per_param`
+    (cluster/weight_bytes.py)."""
+    part = layer_part_bytes(model, dtype_bytes=bytes_per_param, quantization=quantization)
     lps = model.layers // pp
     moe = model.stage_moe_layers(pp, stage)
-    dense = lps * (model.attention_params() + model.norm_params_per_layer()) + (lps - moe) * model.dense_mlp_params()
-    dense += moe * (model.shared_expert_params() + model.router_params())
+    dense = lps * (part["attention"] + model.norm_params_per_layer() * bytes_per_param)
+    dense += (lps - moe) * part["dense_mlp"] + moe * (part["shared_expert"] + model.router_params() * bytes_per_param)
     if stage == 0:
-        dense += model.embedding_params()
+        dense += model.embedding_params() * bytes_per_param
     if stage == pp - 1:
-        dense += model.hidden + model.head_params()
-    return dense * bytes_per_param, moe * model.expert_params_per_layer() * bytes_per_param
+        dense += (model.hidden + model.head_params()) * bytes_per_param
+    return dense, moe * part["experts"]
 
 
-def sender_bytes(model: ModelShape, layout: TrainLayout, *, bytes_per_param: int = 2,
+def sender_bytes(model: ModelShape, layout: TrainLayout, *, bytes_per_param: int = 2, quantization: str = "none",
                  max_groups: int = DEFAULT_MAX_GROUPS) -> list[int]:
     """Bytes of every per-stage group (weight_sync.plan's layout: stage leaders first carry pool 0's experts)."""
     ep = layout.ep if model.num_experts and model.name not in FUSED_EXPERTS else 1
     pools = expert_senders_per_stage(pp=layout.pp, ep=ep, max_groups=max_groups)
     out = []
     for s in range(layout.pp):
-        dense, experts = stage_bytes(model, pp=layout.pp, stage=s, bytes_per_param=bytes_per_param)
+        dense, experts = stage_bytes(model, pp=layout.pp, stage=s, bytes_per_param=bytes_per_param,
+                                     quantization=quantization)
         out += [dense + experts // pools] + [experts // pools] * (pools - 1)
     return out
 
@@ -127,12 +135,14 @@ def estimate_sync(model: ModelShape, layout: TrainLayout, links: SyncLinks = Syn
     if backend not in BACKENDS or senders not in SENDER_MODES:
         raise ValueError(f"weight sync model: backend={backend!r} / senders={senders!r}; expected one of "
                          f"{BACKENDS} / {SENDER_MODES}")
-    per = sender_bytes(model, layout, bytes_per_param=links.bytes_per_param, max_groups=max_groups)
+    per = sender_bytes(model, layout, bytes_per_param=links.bytes_per_param, quantization=links.quantization,
+                       max_groups=max_groups)
     total = sum(per)
     link, recv, gather = links.link_gbps * GB, links.recv_gbps * GB, links.gather_gbps * GB
     w = min(link, recv)
     if senders == "single":
-        stage0 = sum(stage_bytes(model, pp=layout.pp, stage=0, bytes_per_param=links.bytes_per_param))
+        stage0 = sum(stage_bytes(model, pp=layout.pp, stage=0, bytes_per_param=links.bytes_per_param,
+                                 quantization=links.quantization))
         relay = total - stage0
         seconds = total / gather + relay / link + total / w
         floor, bound = _floor([("sender_nic", total / link), ("receiver_nic", total / recv),

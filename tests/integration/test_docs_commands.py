@@ -51,6 +51,8 @@ RULES: list[tuple[str, str, str]] = [  # (regex on the command, mode, reason for
     (r"tools/cluster_sim\.py --calibration", "help", "needs the demo's metrics (make demo)"),
     (r"tools/cluster_sim\.py", "run", ""),
     (r"tools/sweep_report\.py", "help", "needs a finished sweep"),
+    (r"tools/demo_fp8_runs\.py", "help", "needs finished FP8 demo runs (tests/unit/test_demo_fp8_doc.py checks its "
+     "committed summary)"),
     (r"scalerl-fit", "help", "needs finished runs (make demo; tests/unit/test_scaling_cli.py runs it on built ones)"),
 ]
 

@@ -45,6 +45,37 @@ def test_rl_steps_with_an_fp8_generator(tmp_path):
         assert 0.0 <= r["train/is_correction_fraction"] <= 1.0
 
 
+@pytest.mark.slow  # ~3-4 min on the shared 2-core machine (trainer build, SFT warm start, engine process, 3 steps)
+@pytest.mark.timeout(1200)
+def test_rl_steps_on_tiny_qwen3_moe_with_an_fp8_generator(tmp_path):
+    """tiny_qwen3_moe (4 experts top-2, a dense layer, q/k norms; the task's 48-token vocabulary) with its experts
+    synced and served in FP8: the steps train, every push moves exactly the bytes the planner counts for the model
+    (cluster/weight_bytes.py: FP8 projections and their scales, the rest in the run's FP32) and about half the bytes
+    of a bf16 push, and the FP8 generator's mismatch is measured (> 0, finite) with its TIS clip fraction."""
+    import dataclasses
+
+    from scalerl_mega.cluster.weight_bytes import model_bytes
+    from scalerl_mega.dry_run import model_shape
+    from scalerl_mega.model.config import load_model_preset
+
+    out = tmp_path / "qwen3_moe_fp8"
+    run_train(out, "model=tiny_qwen3_moe", "model.vocab_size=48", "model.max_position_embeddings=128",
+              "sft.steps=40", "off_policy=ppo_off_policy", "off_policy.k=1", "train.steps=3", "train.val_every=0",
+              "loss=dapo", "loss.is_correction=tis_token", "rollout.quantization=fp8", timeout=1100)
+    train = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    shape = model_shape(dataclasses.replace(load_model_preset("tiny_qwen3_moe"), vocab_size=48,
+                                            max_position_embeddings=128))
+    n = shape.total_params()
+    for r in train:
+        assert r["train/update_successful"] == 1.0 and r["train/onpolicy_tokens"] > 0
+        assert r["sync/bytes"] == model_bytes(shape, dtype_bytes=4, quantization="fp8")  # 227,804 B
+        assert 0.5 < r["sync/bytes"] / (2 * n) < 0.6 and r["sync/bytes"] / (4 * n) < 0.3  # vs bf16, FP32 pushes
+        assert math.isfinite(r["rollout/mismatch_kl"]) and r["rollout/mismatch_kl"] > 0
+        assert 0.0 < r["train/onpolicy_abs_log_ratio_mean"] <= r["train/onpolicy_abs_log_ratio_max"]
+        assert 0.0 <= r["train/is_correction_fraction"] <= 1.0
+
+
 @pytest.mark.slow  # ~3 min each: two trainer ranks under torchrun and an engine process
 @pytest.mark.parametrize("senders", ["single", "per_stage"])
 def test_pp2_fp8_push_lands_as_the_fp8_checkpoint(tmp_path, senders):

@@ -180,3 +180,28 @@ def test_float8_crosses_gloo_as_bytes():
         dist.broadcast(wire[0], src=0, group=g)
     finally:
         destroy_group(g)
+
+
+def test_planner_fp8_kv_cache_halves_the_kv_bytes(capsys, monkeypatch):
+    """`tools/plan.py --kv-cache-dtype fp8_e4m3` (SGLang's flag): one byte per cached K/V element. Qwen3-30B-A3B on
+    its script's layout (generator TP 2 of 4 KV heads): 2 (K, V) x 48 layers x 2 heads x 128 x 2 bytes = 49,152
+    bytes per token per GPU in bf16, half in FP8, so the pool holds twice the full sequences; the docs say so."""
+    import importlib
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.setattr(sys, "path", [str(root / "tools"), *sys.path])
+    plan_tool = importlib.import_module("plan")
+    gen = {}
+    for kv in ("auto", "fp8_e4m3"):
+        assert plan_tool.main(["--layout", "train_qwen3_moe", "--kv-cache-dtype", kv, "--json"]) == 0
+        gen[kv] = json.loads(capsys.readouterr().out)["generator"]
+    per_tok = {kv: int(g["notes"][0].split("=")[1].replace(",", "")) for kv, g in gen.items()}
+    assert per_tok == {"auto": 2 * 48 * 2 * 128 * 2, "fp8_e4m3": 2 * 48 * 2 * 128}
+    assert gen["fp8_e4m3"]["components_bytes"]["kv_cache_min"] * 2 == gen["auto"]["components_bytes"]["kv_cache_min"]
+    seqs = {kv: int(g["notes"][1].split(" = ")[2].split()[0]) for kv, g in gen.items()}
+    docs = " ".join((root / "docs" / "running_scalerl.md").read_text().split())
+    assert (f"{per_tok['auto']:,} -> {per_tok['fp8_e4m3']:,} KV bytes per token per GPU, {seqs['auto']} -> "
+            f"{seqs['fp8_e4m3']} full 16,384-token sequences") in docs

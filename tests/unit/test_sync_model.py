@@ -113,7 +113,8 @@ def test_plan_json_carries_weight_sync_and_the_table_lists_every_layout():
     sl = shipped_layouts()["train_qwen3_moe/qwen3_235b_a22b@h200"]
     assert "| 4/2/32 |" in row and sl.trainer_gpus == 64 and sl.gpu_type == "h200"
     docs = (ROOT / "docs" / "cluster_and_gpu.md").read_text()
-    assert table.strip() in docs  # the docs table is the tool's output
+    bf16, fp8 = table.strip().split("\n\n")  # the bf16 table, then bf16 beside FP8
+    assert bf16 in docs and fp8 in docs  # the docs tables are the tool's output
 
 
 def test_sync_table_json_rows_and_the_scripts_run_the_faster_mode():
@@ -125,12 +126,12 @@ def test_sync_table_json_rows_and_the_scripts_run_the_faster_mode():
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     layouts = shipped_layouts()
-    assert len(rows) == 4 * len(layouts)
-    assert {(r["layout"], r["backend"], r["senders"]) for r in rows} == {
-        (n, b, s) for n in layouts for b in ("sglang", "local") for s in ("single", "per_stage")}
+    assert len(rows) == 8 * len(layouts)
+    assert {(r["layout"], r["quantization"], r["backend"], r["senders"]) for r in rows} == {
+        (n, q, b, s) for n in layouts for q in ("none", "fp8") for b in ("sglang", "local") for s in ("single", "per_stage")}
     assert all({"model", "layout", "backend", "senders", "seconds", "floor_s", "bound"} <= set(r) for r in rows)
     assert all(r["seconds"] >= r["floor_s"] > 0 for r in rows)
-    row = {(r["layout"], r["backend"], r["senders"]): r for r in rows}
+    row = {(r["layout"], r["backend"], r["senders"]): r for r in rows if r["quantization"] == "none"}
     # Qwen3-30B-A3B at TP 4 x EP 8 (PP 1: no relay), bf16, 25 GB/s links, 150 GB/s gathers
     total = 2 * MODELS["qwen3_30b_a3b"].total_params()
     one = row[("train_qwen3_moe", "sglang", "single")]
