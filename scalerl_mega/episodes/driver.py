@@ -10,7 +10,10 @@ definition of `types.Completion`). Per episode:
    local engine's prefill reuse nothing of the ids' meaning, only the ids) with what is left of the budget;
 3. the engine's generated ids, log-probs, versions and routes are kept as they are; the reply text (decoded
    from them) goes to `step` (on the pool); its messages are spliced as the template's prefix-preserving
-   difference (`ChatSplicer.environment_ids`), loss mask 0, log-prob 0.0, the preceding token's version;
+   difference (`ChatSplicer.environment_ids`), loss mask 0, log-prob 0.0, the preceding token's version.
+   The templating (the opening, each splice) and the tokenizer-coverage count run on the pool thread right
+   after the episode's own `reset`/`step`, not on the thread that drives the engine: with hundreds of episodes
+   in flight, templating their turns one after another there would hold up generation;
 4. the episode ends when the environment says done, after `env.max_turns` turns, when the budget
    (`env.max_tokens`) runs out (finish reason `length`: a truncation), or when it fails (`episodes.failures`:
    a call raised, a call ran past `env.step_timeout_s` of its own time, the episode past `env.episode_timeout_s`).
@@ -79,8 +82,6 @@ class _Episode:
     env_tokens: int = 0
     finish: FinishReason = FinishReason.STOP
     result: tuple[float, bool, str] | None = None
-    stopped_with: int | None = None
-    """The stop id the last turn ended with; None when a length limit cut it."""
     submitted_at: float = 0.0
     call: Call | None = None
     """The environment call in flight (reset or step), None while generating."""
@@ -117,6 +118,32 @@ class EpisodeSettings:
     reward_group: bool = False
     """The reward group scores the episodes (`env=single`): a completion carries no episode result, and
     `inflight.score_groups` scores its text like any sample's."""
+
+@dataclass(kw_only=True)
+class _EnvCall:
+    """What an episode's call on the pool gives back: the environment's answer and the ids its messages splice
+    as, templated on the same thread (`splice`)."""
+
+    env: Any = None
+    messages: list[dict] = field(default_factory=list)
+    reward: float = 0.0
+    done: bool = False
+    ids: list[int] | None = None
+    """The opening's or the splice's ids; None when nothing was templated."""
+    unknown_ids: int = 0
+    seen: str = ""
+    error: BaseException | None = None
+    """The template's refusal (`TemplateError`), raised on the driving thread."""
+
+    def splice(self, make_ids: Callable[[], list[int]], coverage: UnknownIds) -> None:
+        try:
+            self.ids = make_ids()
+        except Exception as e:  # noqa: BLE001 - the driver raises it (a template problem ends the run)
+            self.error = e
+            return
+        self.unknown_ids = coverage.count(self.ids, self.messages)
+        self.seen = coverage.seen(self.ids)
+
 
 POLL_TICK_S = 0.01
 """`poll`'s longest wait on one side (engine or pool) while both have work in flight."""
@@ -174,7 +201,7 @@ class EpisodeEngine(EngineFront):
                           submitted_at=self.settings.clock())
             self._episodes[ep.key] = ep
             self._next_key += 1
-            self._call(ep, self.runner.reset, task)
+            self._call(ep, self._reset, task)
 
     def poll(self, timeout_s: float = 0.0) -> list[Completion]:
         self.pool.wake.clear()
@@ -233,9 +260,9 @@ class EpisodeEngine(EngineFront):
             self._fail(ep, "env_error", error=call.error)
         elif not ep.opened:
             ep.opened = True
-            self._opened(ep, *call.value)
+            self._opened(ep, call.value)
         else:
-            self._stepped(ep, *call.value)
+            self._stepped(ep, call.value)
 
     def _advance(self) -> None:
         """Finished environment calls move their episodes on; calls and episodes past their deadlines fail."""
@@ -256,12 +283,30 @@ class EpisodeEngine(EngineFront):
                 break
             self._fail(ep, "episode_timeout", detail=f"the episode ran past env.episode_timeout_s={limit:g} s")
 
-    def _opened(self, ep: _Episode, env: Environment | None, messages: list[dict]) -> None:
-        """The opening: `messages` templated once, or with none (`env=single`) the prompt's own ids."""
-        ep.env, ep.messages = env, list(messages)
+    def _reset(self, task: dict | None) -> _EnvCall:
+        """On a pool thread: the environment's `reset`, its opening messages templated (`_EnvCall.splice`)."""
+        env, messages = self.runner.reset(task)
+        out = _EnvCall(env=env, messages=messages)
+        if messages:
+            out.splice(lambda: self.splicer.opening(messages), self.coverage)
+        return out
+
+    def _step(self, env: Environment, reply: str, history: list[dict], more: bool,
+              stopped_with: int | None) -> _EnvCall:
+        """On a pool thread: the environment's `step` on `reply` (the last message of `history`); when the
+        episode goes on (`more`, not done, messages to add) their ids spliced after the reply's turn."""
+        messages, reward, done = self.runner.step(env, reply)
+        out = _EnvCall(messages=messages, reward=reward, done=done)
+        if more and not done and messages:
+            out.splice(lambda: self.splicer.environment_ids(history, messages, stopped_with=stopped_with),
+                       self.coverage)
+        return out
+
+    def _opened(self, ep: _Episode, got: _EnvCall) -> None:
+        """The opening: the messages templated once, or with none (`env=single`) the prompt's own ids."""
+        ep.env, ep.messages = got.env, list(got.messages)
         if ep.messages:
-            ep.prompt_ids = self.splicer.opening(ep.messages)
-            self._note(ep, ep.prompt_ids, ep.messages)
+            ep.prompt_ids = self._note(ep, got)
         else:
             ep.prompt_ids = list(ep.prompt.token_ids)
         if self._left(ep) <= 0:  # the opening alone fills the engine's sequence
@@ -318,36 +363,42 @@ class EpisodeEngine(EngineFront):
         ep.finish = c.finish_reason
         reply = self.decode(list(c.output_ids))
         ep.messages.append({"role": "assistant", "content": reply})
-        ep.stopped_with = None if self.splicer is None else self.splicer.stop_id(c.output_ids)
-        self._call(ep, self.runner.step, ep.env, reply)
+        stopped_with = None if self.splicer is None else self.splicer.stop_id(c.output_ids)
+        more = ep.turns < self.settings.max_turns and ep.finish in (FinishReason.STOP, FinishReason.INTERRUPTED)
+        self._call(ep, self._step, ep.env, reply, list(ep.messages), more, stopped_with)
 
-    def _stepped(self, ep: _Episode, messages: list[dict], reward: float, done: bool) -> None:
-        ep.reward += reward
-        ep.messages += messages
+    def _stepped(self, ep: _Episode, got: _EnvCall) -> None:
+        ep.reward += got.reward
+        ep.messages += got.messages
         left = self._left(ep)
-        if done or ep.turns >= self.settings.max_turns or ep.finish not in (
-                FinishReason.STOP, FinishReason.INTERRUPTED) or not messages:
+        if got.ids is None and got.error is None:  # done, out of turns, cut, or nothing to add
             self._finish(ep)
             return
-        spliced = self.splicer.environment_ids(ep.messages[:len(ep.messages) - len(messages)], messages,
-                                               stopped_with=ep.stopped_with)
-        if len(spliced) >= left:  # no room for the messages and one more generated token: truncated
+        if got.error is not None:
+            raise got.error  # the template's refusal stops the run (it is no failure of the episode)
+        if len(got.ids) >= left:  # no room for the messages and one more generated token: truncated
             ep.finish = FinishReason.LENGTH
             self._finish(ep)
             return
+        spliced = self._note(ep, got)
         last_version = ep.weight_versions[-1] if ep.weight_versions else ep.version
         ep.output_ids += spliced
         ep.gen_logprobs += [0.0] * len(spliced)
         ep.weight_versions += [last_version] * len(spliced)
         ep.loss_mask += [0] * len(spliced)
         ep.env_tokens += len(spliced)
-        self._note(ep, spliced, messages)
         self._submit_turn(ep)
 
-    def _note(self, ep: _Episode, ids: list[int], messages: list[dict]) -> None:
-        """Tokenizer coverage of environment ids the model will see (episodes/coverage.py)."""
-        ep.unknown_ids += self.coverage.count(ids, messages)
-        ep.seen.append(self.coverage.seen(ids))
+    @staticmethod
+    def _note(ep: _Episode, got: _EnvCall) -> list[int]:
+        """The ids a pool thread templated for `ep`, their tokenizer coverage noted (episodes/coverage.py); the
+        template's refusal is raised here, on the driving thread: it stops the run, it is no failure of the
+        episode."""
+        if got.error is not None:
+            raise got.error
+        ep.unknown_ids += got.unknown_ids
+        ep.seen.append(got.seen)
+        return got.ids
 
     def _fail(self, ep: _Episode, kind: str, *, error: BaseException | None = None, detail: str = "") -> None:
         """The episode ends here (`episodes.failures`: dropped, or scored incorrect); a call or turn still in
