@@ -278,7 +278,8 @@ class EpisodeEngine(EngineFront):
                 self._fail(ep, "step_timeout", detail=f"{self.runner.target}.{what} ran past env.step_timeout_s="
                                                       f"{self.settings.step_timeout_s:g} s")
         limit = self.settings.episode_timeout_s
-        for ep in list(self._episodes.values()):  # submission order: the oldest first
+        while self._episodes:  # by key: submission order, so only the oldest few are looked at
+            ep = next(iter(self._episodes.values()))
             if now - ep.submitted_at <= limit:
                 break
             self._fail(ep, "episode_timeout", detail=f"the episode ran past env.episode_timeout_s={limit:g} s")
