@@ -13,6 +13,11 @@ rewards print the same digest.
     .venv/bin/python bench/single_turn.py --repeats 5         # the median's CPU seconds and each repeat's
 
 Each repeat builds a fresh engine (same weights, same seeds): the repeats' digests agree.
+
+`front_us_per_sample`: what the episode front itself costs (`episodes.assemble.single_turn_engine`), apart from
+generation's noise: the CPU microseconds per sample of submitting and polling one step's samples through it over
+an engine that answers at once (`Instant`, the demo's completions replayed), minus the same through `Instant`
+alone (median of 20 rounds each).
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ import statistics
 import time
 
 
-def one_step(cfg, task, comps_kw: dict) -> tuple[float, int, str]:
-    """(CPU seconds, generated tokens, digest) of one step's rollout and scoring (see the module doc)."""
+def one_step(cfg, task, comps_kw: dict) -> tuple[float, int, str, dict]:
+    """(CPU seconds, generated tokens, digest, the completions by (prompt ids, sample index)) of one step's rollout
+    and scoring (see the module doc)."""
     from scalerl_mega.build import build_engine
     from scalerl_mega.inflight import _Pending, _Router, sampling_params, score_groups
     from scalerl_mega.interfaces import LoopComponents
@@ -50,6 +56,8 @@ def one_step(cfg, task, comps_kw: dict) -> tuple[float, int, str]:
     finally:
         engine.close()
     h, tokens = hashlib.sha256(), 0
+    answers = {(tuple(s.completion.prompt_ids), s.completion.sample_index): s.completion for g in groups
+               for s in g.samples}
     for g in groups:
         for s in g.samples:
             c = s.completion
@@ -57,7 +65,55 @@ def one_step(cfg, task, comps_kw: dict) -> tuple[float, int, str]:
             h.update(repr((c.prompt_id, c.sample_index, c.prompt_ids, c.output_ids, [float.hex(x) for x in c.gen_logprobs],
                            c.weight_versions, c.mask(), c.finish_reason.value, c.interrupted_at, s.reward,
                            s.passed)).encode())
-    return cpu, tokens, h.hexdigest()
+    return cpu, tokens, h.hexdigest(), answers
+
+
+class Instant:
+    """A RolloutEngine that completes every request at once with a recorded completion of it."""
+
+    def __init__(self, answers: dict) -> None:
+        self.answers, self.ready = answers, []
+
+    def submit(self, prompt, sampling, *, n: int, version: int, first_index: int = 0) -> None:
+        import dataclasses
+
+        for j in range(n):
+            c = self.answers[(tuple(prompt.token_ids), first_index + j)]
+            self.ready.append(dataclasses.replace(c, prompt_id=prompt.prompt_id, submitted_version=version))
+
+    def poll(self, timeout_s: float = 0.0) -> list:
+        out, self.ready = self.ready, []
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def front_us_per_sample(cfg, task, answers: dict, *, rounds: int = 20) -> float:
+    """The episode front's own CPU microseconds per sample (module doc)."""
+    from scalerl_mega.episodes.assemble import single_turn_engine
+    from scalerl_mega.types import SamplingParams
+
+    G = cfg.train.generations_per_prompt
+    prompts = task.train_prompts[:cfg.train.prompts_per_step]
+    sp = SamplingParams(max_new_tokens=cfg.length.max_new_tokens, seed=0)
+
+    def cpu(make) -> float:
+        times = []
+        for _ in range(rounds):
+            eng = make()
+            t0, got = time.process_time(), 0
+            for p in prompts:
+                for i in range(G):
+                    eng.submit(p, sp, n=1, version=0, first_index=i)
+            while got < len(prompts) * G:
+                got += len(eng.poll(0.0))
+            times.append(time.process_time() - t0)
+        return statistics.median(times)
+
+    bare = cpu(lambda: Instant(answers))
+    front = cpu(lambda: single_turn_engine(Instant(answers), decode=task.decode))
+    return (front - bare) / (len(prompts) * G) * 1e6
 
 
 def main() -> None:
@@ -79,13 +135,14 @@ def main() -> None:
         runs = [one_step(cfg, task, comps_kw) for _ in range(args.repeats)]
     finally:
         getattr(reward_fn, "close", lambda: None)()
-    digests = {d for _, _, d in runs}
+    digests = {r[2] for r in runs}
     if len(digests) != 1:
         raise RuntimeError(f"the repeats generated different samples: {sorted(digests)}")
-    cpus = [c for c, _, _ in runs]
+    cpus = [r[0] for r in runs]
     print(json.dumps({"samples": cfg.train.prompts_per_step * cfg.train.generations_per_prompt,
                       "generated_tokens": runs[0][1], "cpu_s_median": round(statistics.median(cpus), 3),
-                      "cpu_s": [round(c, 3) for c in cpus], "digest": runs[0][2]}))
+                      "cpu_s": [round(c, 3) for c in cpus], "digest": runs[0][2],
+                      "front_us_per_sample": round(front_us_per_sample(cfg, task, runs[0][3]), 1)}))
 
 
 if __name__ == "__main__":

@@ -325,8 +325,10 @@ class EpisodeEngine(EngineFront):
 
     def _submit_turn(self, ep: _Episode) -> None:
         left = self._left(ep)
-        sp = dataclasses.replace(ep.sampling, max_new_tokens=min(ep.sampling.max_new_tokens, left),
-                                 stop_token_ids=list(ep.sampling.stop_token_ids))
+        sp = ep.sampling  # the episode's own copy: its first turn as sampled unless the budget must shrink
+        if ep.turns or sp.max_new_tokens > left:
+            sp = dataclasses.replace(sp, max_new_tokens=min(sp.max_new_tokens, left),
+                                     stop_token_ids=list(sp.stop_token_ids))
         if ep.turns:
             sp.hold_at = None
             if sp.seed is not None:
