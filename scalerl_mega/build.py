@@ -500,8 +500,8 @@ def build_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
 
 
 def episode_engine(cfg: TrainConfig, task: Task, engine: RolloutEngine) -> RolloutEngine:
-    """`engine` as the run's `env` group wants it: itself (`env=single`), under the episode driver (`env=custom`)
-    or behind the agent endpoint (`env=agent`); episodes/assemble.py builds the last two."""
+    """`engine` under the episode engine the run's `env` group wants (episodes/assemble.py): the one-turn episode
+    (`env=single`), the episode driver (`env=custom`) or the agent endpoint (`env=agent`)."""
     from scalerl_mega.episodes.assemble import episode_engine as over
 
     return over(cfg, engine, task=task, max_seq_len=lambda: engine_max_seq_len(cfg, task))

@@ -1,5 +1,6 @@
-"""The episode engines a run's `env` group asks for, over an already-built engine: the environment driver
-(`env=custom`) or the agent endpoint (`env=agent`), with their own thread pool and failure policy.
+"""The episode engines a run's `env` group asks for, over an already-built engine: the one-turn episode
+(`env=single`), the environment driver (`env=custom`) or the agent endpoint (`env=agent`), with their own thread
+pool and failure policy. Every run's engine is one of these: one rollout path.
 
 `build.py` calls these with the task's pieces; the engine sizing stays there (`max_seq_len` is asked for only
 where an episode engine needs it, so a failing check reports in the order it always did).
@@ -28,11 +29,12 @@ class EpisodeTask(Protocol):
 
 def episode_engine(cfg: TrainConfig, engine: RolloutEngine, *, task: EpisodeTask,
                    max_seq_len: Callable[[], int]) -> RolloutEngine:
-    """`env=single`: `engine` itself; `env=custom`: the episode driver over it (episodes/driver.py), the
-    environment on the episodes' own pool, the template checked now (episodes/template.py). `max_seq_len`:
-    the local engine's longest sequence (not asked for with SGLang)."""
+    """`env=single`: the one-turn episode over it (episodes/single.py); `env=custom`: the episode driver over it
+    (episodes/driver.py), the environment on the episodes' own pool, the template checked now
+    (episodes/template.py); `env=agent`: `agent_engine`. `max_seq_len`: the local engine's longest sequence (not
+    asked for with SGLang)."""
     if cfg.env.name == "single":
-        return engine
+        return single_turn_engine(engine, decode=task.decode, correct=float(cfg.reward.correct))
     from scalerl_mega.config.env import episode_budget
 
     if cfg.env.name == "agent":
@@ -56,6 +58,21 @@ def episode_engine(cfg: TrainConfig, engine: RolloutEngine, *, task: EpisodeTask
                                                   episode_timeout_s=float(cfg.env.episode_timeout_s),
                                                   max_seq_len=0 if cfg.rollout.name == "sglang"
                                                   else max_seq_len()))
+
+
+def single_turn_engine(engine: RolloutEngine, *, decode: Callable[[list[int]], str],
+                       correct: float = 1.0) -> RolloutEngine:
+    """`env=single`: the one-turn episode (`episodes.single.OneTurn`) over `engine`: the opening is the prompt's
+    own ids, a turn generates its sampling's budget (the engine checks the sequence length, as for any request),
+    the reward group scores it, no deadline of its own (`rollout.stall_timeout_s` covers a hung engine)."""
+    from scalerl_mega.episodes.driver import EpisodeEngine, EpisodeSettings
+    from scalerl_mega.episodes.pool import InlinePool
+    from scalerl_mega.episodes.single import OneTurn
+
+    never = float("inf")
+    return EpisodeEngine(engine, runner=OneTurn(), splicer=None, decode=decode, pool=InlinePool(),
+                         settings=EpisodeSettings(max_turns=1, budget=0, correct=correct, step_timeout_s=never,
+                                                  episode_timeout_s=never, reward_group=True))
 
 
 def episode_pool(cfg: TrainConfig) -> tuple[EpisodePool, EpisodeFailures]:

@@ -9,6 +9,7 @@ maps) never counts one."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from scalerl_mega.interfaces import Tokenizer
 from scalerl_mega.jsonvalue import JSON
@@ -17,13 +18,15 @@ log = logging.getLogger(__name__)
 
 
 class UnknownIds:
-    """Unknown-id accounting of one run's episode driver (one instance per run: it warns once)."""
+    """Unknown-id accounting of one run's episode driver (one instance per run: it warns once, whichever of the
+    episodes' pool threads finds the first)."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         unk = getattr(tokenizer, "unk_token_id", None)
         self.unk_id = None if unk is None else int(unk)
         self.warned = False
+        self._lock = threading.Lock()
 
     def seen(self, ids: Sequence[int]) -> str:
         """The ids as the model sees them: decoded with special tokens (`<unk>` included) kept."""
@@ -35,8 +38,11 @@ class UnknownIds:
         if self.unk_id is None:
             return 0
         n = sum(1 for i in ids if int(i) == self.unk_id)
-        if n and not self.warned:
-            self.warned = True
+        if not n:
+            return 0
+        with self._lock:
+            first, self.warned = not self.warned, True
+        if first:
             text = " | ".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in messages)
             log.warning("an environment message maps to %d unknown id(s) of the tokenizer (id %d, characters "
                         "outside its vocabulary): %r is seen by the model as %r; episode/unknown_ids counts them "

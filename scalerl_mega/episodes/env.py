@@ -68,6 +68,11 @@ class EnvRunner:
         self.cls = resolve_target(target, key="env.custom._target_")
         self.target, self.kwargs = target, dict(kwargs)
 
+    def task(self, prompt: Prompt) -> dict:
+        """What `reset` receives for `prompt`: the dataset row (`task_row`; a column clash is refused here, at
+        submission, not on a pool thread)."""
+        return task_row(prompt)
+
     def reset(self, task: dict) -> tuple[Environment, list[dict]]:
         """A new environment and its opening messages (roles system/user)."""
         env = self.cls(**self.kwargs)

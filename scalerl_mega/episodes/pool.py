@@ -12,6 +12,9 @@ should do its heavy work in a subprocess of its own (the sandbox of `rewards/san
 the episode's own time counts from there, not from the queue) and its value or exception. A thread cannot be
 killed: a call past its deadline is abandoned by its caller (`Call.abandoned`) and holds its thread until it
 returns; the threads are daemons, so a hung call never delays the trainer's exit.
+
+`InlinePool` has the same face for calls that do no I/O (`env=single`'s, `episodes.single`): each runs on the
+caller's thread inside `submit`, which returns it done.
 """
 
 from __future__ import annotations
@@ -118,3 +121,31 @@ class EpisodePool:
             self._queued += n
         for _ in range(n):
             self._jobs.put(None)
+
+
+class InlinePool:
+    """`EpisodePool`'s face, running each call inside `submit` on the caller's thread (module doc): no thread, no
+    queue, the call returned done."""
+
+    size = 1
+    threads = 0
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.wake = threading.Event()
+
+    def submit(self, fn: Callable[..., object], *args: object) -> Call:
+        call = Call(fn, args)
+        call.started = self.clock()
+        try:
+            call.value = fn(*args)
+        except Exception as e:  # noqa: BLE001 - the call's failure is its result, as on a pool thread
+            call.error = e
+        call.done = True
+        return call
+
+    def wait(self, timeout_s: float) -> None:
+        """Nothing runs elsewhere: no call can finish while waiting."""
+
+    def close(self) -> None:
+        """Nothing to stop."""

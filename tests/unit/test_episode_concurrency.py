@@ -13,7 +13,7 @@ import pytest
 from scalerl_mega.episodes.driver import EpisodeEngine, EpisodeSettings
 from scalerl_mega.episodes.env import EnvRunner, task_row
 from scalerl_mega.episodes.pool import EpisodePool
-from scalerl_mega.episodes.template import ChatSplicer
+from scalerl_mega.episodes.template import ChatSplicer, TemplateError
 from scalerl_mega.types import Prompt, SamplingParams
 from tests.support import episode_envs
 from tests.unit.test_episodes import EOS, TOK, Recording, _prompt
@@ -167,3 +167,70 @@ def test_a_parquet_row_keeps_every_column(tmp_path):
     pq.write_table(pa.table({"problem": ["1+2"], "answer": ["3"], "final": ["yes"]}), f)
     (p,) = load_prompts(f, schema="polaris").prompts
     assert p.row == {"problem": "1+2", "answer": "3", "final": "yes"}
+
+
+class ThreadNoting(ChatSplicer):
+    """The arith splicer, noting the thread of every opening and splice it templates; `refuse_after` splices
+    raise the template's refusal."""
+
+    def __init__(self, *, refuse_after: int | None = None) -> None:
+        super().__init__(TOK, template="arith", stop_token_ids=[EOS])
+        self.threads: list[str] = []
+        self.refuse_after = refuse_after
+
+    def opening(self, messages, *, tools=None):
+        self.threads.append(threading.current_thread().name)
+        return super().opening(messages, tools=tools)
+
+    def environment_ids(self, history, new, *, stopped_with, tools=None):
+        self.threads.append(threading.current_thread().name)
+        if self.refuse_after is not None and len(self.threads) > self.refuse_after:
+            raise TemplateError("refused on purpose")
+        return super().environment_ids(history, new, stopped_with=stopped_with, tools=tools)
+
+
+def _noting_engine(splicer: ThreadNoting) -> EpisodeEngine:
+    return EpisodeEngine(Recording(), runner=EnvRunner(target="tests.support.episode_envs.ScriptedEnv",
+                                                       kwargs={"turns": 3}),
+                         splicer=splicer, decode=lambda ids: TOK.decode(ids, skip_special_tokens=True),
+                         pool=EpisodePool(size=4, name="episodes"),
+                         settings=EpisodeSettings(max_turns=3, budget=60, step_timeout_s=SAFETY_S,
+                                                  episode_timeout_s=10 * SAFETY_S))
+
+
+def test_openings_and_splices_are_templated_on_the_pool_threads_not_the_polling_one():
+    """Every episode's opening and every environment splice is templated on a thread of the episodes' pool (the
+    thread that polls drives generation only); the ids are those the driver's exact-id tests check."""
+    splicer = ThreadNoting()
+    eng = _noting_engine(splicer)
+    any_id = SamplingParams(max_new_tokens=3, seed=0, stop_token_ids=list(range(TOK.vocab_size + 8)))
+    try:
+        for i in range(4):
+            eng.submit(_prompt(i, i + 2), any_id, n=1, version=0)
+        out = _collect(eng, 4)
+    finally:
+        eng.close()
+    assert [c.turns for c in out] == [3] * 4  # one id a turn, 3 turns: 4 openings and 8 splices templated
+    assert len(splicer.threads) == 4 + 4 * 2
+    assert threading.current_thread().name not in splicer.threads
+    assert all(name.startswith("episodes-") for name in splicer.threads)
+    texts = {p.prompt_id: p.text for p in (_prompt(i, i + 2) for i in range(4))}
+    for c in out:  # the arith template by hand: after a generated id, <eos> unless it was the stop, then the feedback
+        gen = [i for i, m in zip(c.output_ids, c.loss_mask) if m]
+        feedback = list(TOK(" no " + texts[c.prompt_id], add_special_tokens=False)["input_ids"])
+        spliced = [[*([EOS] if g != EOS else []), *feedback] for g in gen[:2]]
+        assert c.prompt_ids == [TOK.bos_token_id, *TOK(texts[c.prompt_id], add_special_tokens=False)["input_ids"]]
+        assert c.output_ids == [gen[0], *spliced[0], gen[1], *spliced[1], gen[2]]
+
+
+def test_a_template_refusal_on_a_pool_thread_stops_the_run_from_poll():
+    """The template's refusal mid-episode is no failure of the episode (not dropped, not scored): it is raised by
+    `poll`, on the thread that drives the run, as when the driver templated there."""
+    eng = _noting_engine(ThreadNoting(refuse_after=1))
+    try:
+        eng.submit(_prompt(1, 2), SamplingParams(max_new_tokens=3, seed=0, stop_token_ids=list(range(TOK.vocab_size + 8))),
+                   n=1, version=0)
+        with pytest.raises(TemplateError, match="refused on purpose"):
+            _collect(eng, 1)
+    finally:
+        eng.close()
