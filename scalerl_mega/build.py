@@ -13,6 +13,7 @@ happen inside the builders.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -314,6 +315,20 @@ class EngineSet:
         tensors = list(named_tensors)  # tiny models only: several receivers need the same stream
         for e in self.engines:
             e.update_weights(iter(tensors), version=version)
+
+    def update_adapter(self, adapter_config, named_tensors, *, version: int) -> None:
+        """The same LoRA adapter to every engine (`interfaces.AdapterEngine`); `last_sync_stats`: the tensors and
+        bytes all engines received, and the seconds of the whole fan-out."""
+        from scalerl_mega.weight_sync import SendStats
+
+        tensors = list(named_tensors)  # adapters are small: every engine gets the same list
+        total, t0 = SendStats(version=version), time.monotonic()
+        for e in self.engines:
+            e.update_adapter(adapter_config, iter(tensors), version=version)
+            total.tensors += e.last_sync_stats.tensors
+            total.bytes += e.last_sync_stats.bytes
+        total.seconds = time.monotonic() - t0
+        self.last_sync_stats = total
 
     # multi-sender sync (weight_sync.multi.MultiSyncEngine): every sender broadcasts to all engines at once, engine i
     # being rank i + 1 of each group; an update is applied by each engine when all its groups delivered

@@ -44,6 +44,20 @@ class RolloutEngine(Protocol):
 
 
 @runtime_checkable
+class AdapterEngine(Protocol):
+    """The optional LoRA capability of a `RolloutEngine` (the local engines, SGLang, `build.EngineSet`): it
+    serves PEFT LoRA adapters on its base model, so a step's sync sends the adapter alone."""
+
+    def update_adapter(self, adapter_config: dict[str, object], named_tensors: Iterable[tuple[str, "torch.Tensor"]], *,
+                       version: int) -> None:
+        """Serve the PEFT 0.21 adapter (`adapter_config.json` as a dict; tensors
+        `base_model.model.<module>.lora_A.weight` [r, in] and `.lora_B.weight` [out, r]) as `policy-v{version}`
+        to requests started from now on; a request keeps the adapter it started with, and a version is dropped
+        once no request uses it. A bad adapter raises WeightSyncError naming the adapter and tensor, and the
+        previous version keeps serving."""
+
+
+@runtime_checkable
 class PolicyTrainer(Protocol):
     """Trains the policy (Megatron-Core on CPU and GPU)."""
 

@@ -1,0 +1,168 @@
+"""LoRA adapters on the local engine (rollout/lora.py, `GenerationCore.load_adapter`, the in-process and the spawned
+engine's `update_adapter`): log-probs against HF + peft's own `PeftModel` (the adapter files PEFT itself writes),
+per-request version binding, all-or-nothing loads, and the bytes a sync carries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from scalerl_mega.interfaces import AdapterEngine
+from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest
+from scalerl_mega.rollout.inprocess import InProcessRolloutEngine
+from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, build_model
+from scalerl_mega.types import Prompt, SamplingParams
+from scalerl_mega.weight_sync import WeightSyncError
+
+peft = pytest.importorskip("peft")
+
+CFG = dict(vocab_size=53, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+           num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PROMPT = [3, 4, 5]
+P = Prompt(prompt_id="p", text="", task="synthetic", gold="0", token_ids=PROMPT)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _spec() -> LocalModelSpec:
+    return LocalModelSpec(arch="llama", config=CFG, init_seed=0)
+
+
+def peft_adapter(tmp_path, *, seed: int, r: int = 4, alpha: int = 8, targets=TARGETS):
+    """An adapter as PEFT 0.21 writes it (`save_pretrained`: adapter_config.json + adapter_model.safetensors) for
+    the engine's base model, B random so that it changes the outputs; returns (config dict, tensors, PeftModel)."""
+    from safetensors.torch import load_file
+
+    base = build_model(_spec())
+    torch.manual_seed(seed)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=r, lora_alpha=alpha, target_modules=targets,
+                                                      init_lora_weights=False, lora_dropout=0.0))
+    with torch.no_grad():  # PEFT's random B is as large as A: scale it to a small but visible change
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(0.3)
+    out = tmp_path / f"adapter{seed}"
+    model.save_pretrained(out)
+    config = json.loads((out / "adapter_config.json").read_text())
+    return config, sorted(load_file(out / "adapter_model.safetensors").items()), model.eval()
+
+
+def oracle(model, output):
+    """float64 log-softmax of each output token from one full-sequence forward of `model` (HF or PeftModel)."""
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([PROMPT + output])).logits[0].double(), -1)
+    return [logp[len(PROMPT) - 1 + j, t].item() for j, t in enumerate(output)]
+
+
+def _max_err(model, c) -> float:
+    return max(abs(a - b) for a, b in zip(oracle(model, c.output_ids), c.gen_logprobs))
+
+
+def _req(rid: str, seed: int) -> GenRequest:
+    return GenRequest(rid=rid, prompt_id=rid, sample_index=0, prompt_ids=PROMPT, seed=seed,
+                      sampling=SamplingParams(max_new_tokens=8))
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory):
+    """Two adapters (seeds 1 and 2) of the same base model, as PEFT writes them."""
+    d = tmp_path_factory.mktemp("lora")
+    return {1: peft_adapter(d, seed=1), 2: peft_adapter(d, seed=2)}
+
+
+def test_peft_writes_the_names_the_engine_reads(adapters):
+    config, tensors, _ = adapters[1]
+    assert config["peft_type"] == "LORA" and config["r"] == 4 and sorted(config["target_modules"]) == sorted(TARGETS)
+    assert len(tensors) == 2 * 7 * 2 and tensors[0][0].startswith("base_model.model.model.layers.0.")
+
+
+def test_in_process_engine_log_probs_equal_hf_peft_and_failed_loads_keep_the_version(adapters):
+    (config, tensors, peft1), (config2, tensors2, _) = adapters[1], adapters[2]
+    engine = InProcessRolloutEngine(LocalEngineConfig(model=_spec(), core=CoreConfig(max_batch=4, max_seq_len=64)))
+    assert isinstance(engine, AdapterEngine)
+    base = build_model(_spec())
+    engine.submit(P, SamplingParams(max_new_tokens=8, seed=1), n=2, version=0)
+    for c in _drain(engine, 2):
+        assert _max_err(base, c) < 1e-5 and c.weight_versions == [0] * 8
+    engine.update_adapter(config, iter(tensors), version=1)
+    engine.submit(P, SamplingParams(max_new_tokens=8, seed=1), n=2, version=1)
+    for c in _drain(engine, 2):
+        assert _max_err(peft1, c) < 1e-5 and c.weight_versions == [1] * 8
+        assert _max_err(base, c) > 1e-3  # the adapter changes what the base model would give
+    good = dict(tensors2)
+    q_a = "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"
+    bad = [({**good, q_a: torch.zeros(4, 31)}, config2, rf"policy-v2.*{q_a}.*shape \(4, 31\)"),
+           ({k: v for k, v in good.items() if k != q_a}, config2, rf"policy-v2.*missing tensor '{q_a}'"),
+           ({**good, "base_model.model.model.layers.0.mlp.nope.lora_A.weight": torch.zeros(4, 32)}, config2,
+            r"policy-v2.*mlp\.nope.*no such module"),
+           (good, {**config2, "use_rslora": True}, r"policy-v2.*use_rslora")]
+    for tensors_bad, cfg_bad, match in bad:
+        with pytest.raises(WeightSyncError, match=match):
+            engine.update_adapter(cfg_bad, iter(sorted(tensors_bad.items())), version=2)
+        assert engine.version == 1 and engine.core.adapter == "policy-v1"
+    engine.submit(P, SamplingParams(max_new_tokens=8, seed=3), n=1, version=1)
+    (c,) = _drain(engine, 1)
+    assert _max_err(peft1, c) < 1e-5 and c.weight_versions == [1] * 8
+    engine.close()
+
+
+def _drain(engine, n):
+    out = []
+    for _ in range(1000):
+        out += engine.poll(0.0)
+        if len(out) >= n:
+            return out
+    raise AssertionError(f"{len(out)} of {n} completions")
+
+
+def test_a_request_keeps_its_adapter_version_in_a_mixed_batch_and_old_versions_are_dropped_when_unused(adapters):
+    (config, tensors, peft1), (config2, tensors2, peft2) = adapters[1], adapters[2]
+    core = GenerationCore(build_model(_spec()), config=CoreConfig(max_batch=4, max_seq_len=64, admit_min_free=1))
+    core.load_adapter(config, iter(tensors), version=1)
+    core.add(_req("a", 11))
+    core.step()  # "a" admitted with policy-v1 (one token sampled)
+    assert core.num_running == 1
+    core.load_adapter(config2, iter(tensors2), version=2)
+    assert sorted(core.lora.adapters) == ["policy-v1", "policy-v2"]  # "a" still holds v1
+    core.add(_req("b", 12))
+    core.add(_req("c", 13))
+    done = {}
+    while core.can_progress():
+        done.update({c.prompt_id: c for c in core.step()})
+        if "a" in done:
+            assert sorted(core.lora.adapters) == ["policy-v2"]  # v1 dropped once its last request finished
+    assert done["a"].weight_versions == [1] * 8 and _max_err(peft1, done["a"]) < 1e-5
+    for rid in ("b", "c"):  # decoded in the same batches as "a", each row with its own adapter
+        assert done[rid].weight_versions == [2] * 8 and _max_err(peft2, done[rid]) < 1e-5
+
+
+def test_spawned_engine_receives_the_adapter_over_the_sync_group_and_counts_its_bytes(adapters):
+    from scalerl_mega.rollout.local import LocalRolloutEngine
+    from scalerl_mega.weight_sync import WeightSyncConfig
+
+    (config, tensors, peft1), (config2, tensors2, _) = adapters[1], adapters[2]
+    engine = LocalRolloutEngine(LocalEngineConfig(model=_spec(), core=CoreConfig(max_batch=4, max_seq_len=64),
+                                                  sync=WeightSyncConfig(bucket_bytes=4096, timeout_s=60.0)))
+    try:
+        engine.update_adapter(config, iter(tensors), version=1)
+        # r (in + out) per adapted linear, hand-counted from the model's shapes: q/o [32, 32], k/v [16, 32],
+        # gate/up [64, 32], down [32, 64]; two layers, FP32
+        per_layer = 4 * ((32 + 32) * 2 + (32 + 16) * 2 + (32 + 64) * 3)
+        assert engine.last_sync_stats.bytes == 2 * per_layer * 4 == 16384
+        assert engine.last_sync_stats.buckets >= 4  # several buckets of at most 4 KiB
+        model_bytes = sum(p.numel() * 4 for p in build_model(_spec()).parameters())
+        assert engine.last_sync_stats.bytes < 0.2 * model_bytes
+        missing = [(n, t) for n, t in tensors2 if "layers.0.mlp.down_proj.lora_B" not in n]
+        with pytest.raises(WeightSyncError, match=r"policy-v2.*missing tensor .*layers\.0\.mlp\.down_proj\.lora_B"):
+            engine.update_adapter(config2, iter(missing), version=2)
+        engine.submit(P, SamplingParams(max_new_tokens=8, seed=5), n=2, version=1)
+        done = []
+        while len(done) < 2:
+            done += engine.poll(1.0)
+        for c in done:  # the previous version still serves
+            assert c.weight_versions == [1] * 8 and _max_err(peft1, c) < 1e-5
+    finally:
+        engine.close()
