@@ -60,7 +60,7 @@ def _hf_pairs(group, a: torch.Tensor, b: torch.Tensor, *, dims) -> list[tuple[st
     """(HF module, A, B) of one adapted linear given its table group (`convert.tables.Group`)."""
     modules = [n[: -len(".weight")] for n in group.hf]
     bs = [t for _, t in _rows_to_hf(group, b, dims=dims)]
-    return [(m, a, bb) for m, bb in zip(modules, bs, strict=True)]
+    return [(m, a.clone(), bb) for m, bb in zip(modules, bs, strict=True)]  # own copies: one tensor per PEFT key
 
 
 def _rows_to_hf(group, b: torch.Tensor, *, dims) -> list[tuple[str, torch.Tensor]]:
@@ -72,7 +72,7 @@ def _expert_pairs(kind: str, layer: int, expert: int, a, b, *, prefix: str) -> l
     base = f"model.layers.{layer}.{prefix}experts.{expert}."
     if kind == "expert_fc1":
         gate, up = torch.chunk(b, 2, dim=0)
-        return [(base + "gate_proj", a, gate.contiguous()), (base + "up_proj", a, up.contiguous())]
+        return [(base + "gate_proj", a.clone(), gate.contiguous()), (base + "up_proj", a.clone(), up.contiguous())]
     return [(base + "down_proj", a, b)]
 
 

@@ -55,6 +55,9 @@ class MegatronPolicyTrainer:
             from scalerl_mega.trainer.megatron import lora
 
             lora.inject_lora(model, self.peft, num_experts=cfg.model.num_experts, seed=cfg.optim.seed)
+        self.peft_base: dict[str, Any] = {"path": "", "seed": int(cfg.optim.seed), "model": cfg.model.name}
+        """The frozen base an adapter checkpoint references (`lora_ckpt.base_reference`): a random base's seed and
+        model until `build.init_trainer_from_hf` sets the HF checkpoint's path and fingerprint."""
         self.chunks = [wrap.wrap_model(model, self.tcfg, cfg)]
         step.configure_schedule(self.tcfg, self.chunks)
         self.optimizer = wrap.build_optimizer(self.chunks, cfg)
@@ -233,6 +236,11 @@ class MegatronPolicyTrainer:
         from scalerl_mega.trainer.megatron import checkpoint
 
         state = {"step": self.step, "torch_rng_state": torch.get_rng_state(), **(extra_state or {})}
+        if self.peft is not None:  # an adapter-only checkpoint: the base is referenced (lora_ckpt.py)
+            import dataclasses
+
+            state["peft"] = {"config": dataclasses.asdict(self.peft) if dataclasses.is_dataclass(self.peft)
+                             else dict(self.peft), "base": dict(self.peft_base)}
         checkpoint.save_checkpoint(path, step=self.step if step is None else int(step), chunks=self.chunks,
                                    optimizer=self.optimizer, extra_state=state, model_config=self.cfg.model,
                                    optimizer_format=self.cfg.optim.checkpoint_format)
@@ -243,6 +251,11 @@ class MegatronPolicyTrainer:
         from scalerl_mega.trainer.megatron import checkpoint
 
         state = checkpoint.load_checkpoint(path, chunks=self.chunks, optimizer=self.optimizer)
+        saved_peft = state.pop("peft", None)
+        if self.peft is not None:
+            from scalerl_mega.trainer.megatron.lora_ckpt import check_base
+
+            check_base((saved_peft or {}).get("base"), self.peft_base, where=f"checkpoint {path}")
         self.step = int(state.pop("step", 0))
         rng = state.pop("torch_rng_state", None)
         if rng is not None:
