@@ -65,6 +65,28 @@ def _base_logprobs(model: str, batch):
     return logp, weights
 
 
+def _global_base(trainer) -> dict:
+    """The base model's full tensors under their global names (one rank: its parameters are the full tensors)."""
+    from scalerl_mega.convert.model_config import dims_from_model_config
+    from scalerl_mega.trainer.megatron.global_names import global_params
+
+    gpt = trainer.chunks[0].module
+    return {n: p.detach().clone() for n, p in global_params(gpt, dims_from_model_config(trainer.cfg.model)).items()}
+
+
+def _load_base(trainer, path: str) -> None:
+    """Another layout's base = the one-rank run's (expert weights are drawn per expert-parallel rank, so a seed alone
+    does not give the same experts under EP2)."""
+    import torch
+
+    from scalerl_mega.convert.load import load_full_tensors
+    from scalerl_mega.convert.model_config import dims_from_model_config
+
+    base = torch.load(path)
+    load_full_tensors(trainer.chunks, dims=dims_from_model_config(trainer.cfg.model), full_tensor=base.__getitem__)
+    trainer.optimizer.reload_model_params()
+
+
 def _frozen_checks(trainer, base_weights) -> dict:
     """Base parameters frozen and equal to the peft=none model's; grad buffers and optimizer state only for the
     adapters."""
@@ -123,6 +145,9 @@ def main() -> None:
     ap.add_argument("--ep", type=int, default=1)
     ap.add_argument("--sp", action="store_true")
     ap.add_argument("--hf-check", action="store_true")
+    ap.add_argument("--resume-from", help="after training, load this adapter checkpoint (another layout's) and "
+                    "record the log-probs it gives")
+    ap.add_argument("--base", help="one rank: write the base's global tensors here; torchrun: load them from here")
     args = ap.parse_args()
     out = Path(args.worker)
     if "RANK" not in os.environ:
@@ -141,6 +166,10 @@ def main() -> None:
         base_logp, base_weights = _base_logprobs(args.model, probe)
     trainer = MegatronPolicyTrainer(_cfg(args.model, tp=args.tp, ep=args.ep, sp=args.sp, lora=True))
     res: dict = {}
+    if args.base and single:
+        torch.save(_global_base(trainer), args.base)
+    elif args.base:
+        _load_base(trainer, args.base)
     if single:
         res["step0_bitwise"] = bool(torch.equal(trainer.logprobs(probe), base_logp))
         res.update(_frozen_checks(trainer, base_weights))
@@ -152,9 +181,13 @@ def main() -> None:
     res.update(adapter_config=config, peft_bytes=trainer.peft_bytes(), model_bytes=trainer.model_bytes())
     if single:  # how far the trained adapters moved the model: the HF + PEFT comparison is not of two base models
         res["adapter_moved_logp_max"] = float(((logp - base_logp).abs() * probe.loss_mask_BT).max())
+    saved = {"named": dict(named), "logp": logp, "mask": probe.loss_mask_BT}
+    if args.resume_from:  # resharded: the one-rank checkpoint's adapters under this layout
+        trainer.load(args.resume_from)
+        saved["logp_resumed"] = trainer.logprobs(probe)
     if not dist.is_initialized() or dist.get_rank() == 0:
         res["exported_bytes"] = sum(t.numel() * t.element_size() for _, t in named)
-        torch.save({"named": dict(named), "logp": logp, "mask": probe.loss_mask_BT}, str(out.with_suffix(".pt")))
+        torch.save(saved, str(out.with_suffix(".pt")))
     if args.hf_check:
         from lora_hf_check import hf_peft_logprobs
 
