@@ -207,6 +207,10 @@ def init_trainer_from_hf(trainer: PolicyTrainer, cfg: TrainConfig) -> list[str]:
     check_model_matches_hf(cfg.model, path)
     loaded = load_hf_checkpoint(trainer.chunks, path)
     trainer.optimizer.reload_model_params()  # mixed precision keeps fp32 main copies of the params
+    if getattr(trainer, "peft", None) is not None:  # peft=lora: adapter checkpoints reference this base
+        from scalerl_mega.trainer.megatron.lora_ckpt import base_reference
+
+        trainer.peft_base = base_reference(path, seed=int(cfg.optim.seed), model_name=str(cfg.model.name))
     log.info("initialised the policy from %s (%d tensors)", path, len(loaded))
     return loaded
 

@@ -26,6 +26,7 @@ from scalerl_mega.config.recipe import (
     validate_off_policy,
     validate_recipe_choices,
 )
+from scalerl_mega.config.peft import PeftConfig, validate_peft
 from scalerl_mega.config.reward import RewardSettings
 from scalerl_mega.config.rollout import RolloutConfig, validate_rollout
 from scalerl_mega.config.run import (
@@ -90,6 +91,7 @@ class TrainConfig:
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    peft: PeftConfig = field(default_factory=PeftConfig)
 
 def records_routes(cfg: TrainConfig) -> bool:
     """Whether the generators record MoE routes: an MoE model and `moe.record_routes`, which unset
@@ -122,6 +124,7 @@ def validate(cfg: TrainConfig) -> None:
     validate_moe(cfg.moe)
     validate_forecast(cfg.forecast)
     validate_env(cfg.env)
+    validate_peft(cfg.peft)
     _validate_trainer(cfg)
     if not str(cfg.resume):
         raise ValueError("resume='' must be 'auto', 'never' or a checkpoint directory")
@@ -192,7 +195,7 @@ def megatron_config(cfg: TrainConfig) -> MegatronConfig:
                           optim=replace(cfg.optim, seed=int(cfg.optim.seed) + int(cfg.seed)),
                           params_dtype=cfg.precision.params_dtype, grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32,
                           recompute=cfg.train.recompute, routing_replay=cfg.moe.routing_replay,
-                          logit_temperature=float(cfg.rollout.temperature))
+                          logit_temperature=float(cfg.rollout.temperature), peft=cfg.peft)
 
 
 def flat_config(config: Any) -> dict[str, Any]:
