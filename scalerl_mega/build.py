@@ -494,12 +494,27 @@ def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
             base_gpu_id=(cfg.cluster.trainer_devices or world_size_from_env()) + i * cfg.rollout.sglang_tp_size,
             startup_timeout_s=cfg.rollout.startup_timeout_s, return_routed_experts=routes is not None,
             dtype="float32" if cfg.precision.params_dtype == "float32" else "bfloat16",
-            quantization=None if cfg.rollout.quantization == "none" else str(cfg.rollout.quantization))
+            quantization=None if cfg.rollout.quantization == "none" else str(cfg.rollout.quantization),
+            lora=sglang_lora_serving(cfg))
         servers.append(SGLangServer.launch(scfg))
     return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
         pause_mode=pause, seed=int(cfg.seed), routes=routes, model=served,
         max_inflight_per_server=int(cfg.rollout.max_batch_size),
         sync=weight_sync_config(cfg, backend="nccl")))
+
+
+def sglang_lora_serving(cfg: TrainConfig):
+    """`peft=lora`: how launched SGLang servers serve the adapters (`launch.LoraServing`: `peft.rank` as the rank
+    bound, the HF modules `peft.targets` export to, torch_native on a CPU, csgmv on a GPU); None otherwise."""
+    if cfg.peft.kind != "lora":
+        return None
+    from scalerl_mega.config.peft import target_kinds
+    from scalerl_mega.rollout.sglang.launch import LoraServing
+    from scalerl_mega.trainer.megatron.lora_export import HF_SHORT
+
+    short = sorted({s for k in target_kinds(list(cfg.peft.targets)) for s in HF_SHORT[k.split("_")[-1]]})
+    return LoraServing(max_rank=int(cfg.peft.rank), target_modules=tuple(short),
+                       backend="csgmv" if cfg.cluster.device == "cuda" else "torch_native")
 
 
 def build_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
@@ -568,5 +583,5 @@ def build_components(cfg: TrainConfig, *, task: Task | None = None, trainer: Pol
     return LoopComponents(
         engine=engine, trainer=trainer, reward_fn=reward_fn or build_reward_fn(cfg),
         sampler=build_sampler(cfg, task), val_prompts=list(task.val_prompts), decode=task.decode,
-        weight_dtype=engine_weight_dtype(cfg), sync_weights=sync_weights,
+        weight_dtype=engine_weight_dtype(cfg), sync_weights=sync_weights, adapter_sync=cfg.peft.kind == "lora",
         encode=task.encode, stop_token_ids=list(task.stop_token_ids), interruption_ids=list(task.interruption_ids))

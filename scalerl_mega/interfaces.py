@@ -151,6 +151,9 @@ class LoopComponents:
     """dtype the generators hold their weights in ("bfloat16", "float32"; "bfloat16+fp32_head" keeps an
     FP32 LM head FP32, `export.weight_dtypes`): exports are cast to it on the training device before
     they are sent. None keeps the trainer's dtype."""
+    adapter_sync: bool = False
+    """`peft=lora`: each step's push sends the trainer's LoRA adapter alone (`trainer.export_adapter` ->
+    `engine.update_adapter`, `AdapterEngine`); the base weights travel once, at the loop's first push."""
     sync_weights: Callable[..., dict[str, float]] | None = None
     """The per-stage weight push (`rollout.weight_sync_senders=per_stage`: `ranks.ControllerTrainer.sync_weights`,
     called as (engine, version=, dtype=) and returning the `sync/*` metrics); None: the one-sender push

@@ -126,6 +126,7 @@ def validate(cfg: TrainConfig) -> None:
     validate_env(cfg.env)
     validate_peft(cfg.peft)
     _validate_trainer(cfg)
+    _validate_peft_rollout(cfg)
     if not str(cfg.resume):
         raise ValueError("resume='' must be 'auto', 'never' or a checkpoint directory")
     _validate_across_groups(cfg)
@@ -142,6 +143,30 @@ def _validate_trainer(cfg: TrainConfig) -> None:
             mcfg.validate(world_size=world)
         except ValueError as exc:
             raise ValueError(f"cluster.trainer_devices={world}: {exc}") from None
+
+
+def _validate_peft_rollout(cfg: TrainConfig) -> None:
+    """`peft=lora` against the generators that serve its adapters (each step sends the adapter alone): adapters on
+    the routed experts of an MoE model are served neither by the local engine (it adapts the HF model's
+    `nn.Linear` modules; transformers 5 holds the experts as fused 3-D parameters) nor by SGLang on a CPU (its MoE
+    LoRA runs on its Triton kernels only)."""
+    from scalerl_mega.config.peft import target_kinds
+
+    if cfg.peft.kind != "lora" or not int(cfg.model.num_experts or 0):
+        return
+    experts = [t for t in cfg.peft.targets if target_kinds([t]) & {"expert_fc1", "expert_fc2"}]
+    if not experts:
+        return
+    where = ("rollout.name=local: the local engine adapts the HF model's nn.Linear modules, and the routed "
+             "experts are fused 3-D parameters there" if cfg.rollout.name == "local" else
+             "rollout.name=sglang with cluster.device=cpu: SGLang 0.5.23 serves MoE LoRA with its Triton kernels "
+             "only (GPU)" if cfg.cluster.device == "cpu" else "")
+    if where:
+        raise ValueError(f"peft.targets={list(cfg.peft.targets)!r} adapts the routed experts of model.arch="
+                         f"{cfg.model.arch!r} (model.num_experts={cfg.model.num_experts}) via {experts}, not served with "
+                         f"{where}; target the attention and the dense/shared MLP instead (e.g. peft.targets="
+                         "[linear_qkv,linear_proj,mlp.linear_fc1,mlp.linear_fc2,shared_experts.linear_fc1,"
+                         "shared_experts.linear_fc2])")
 
 
 def _validate_across_groups(cfg: TrainConfig) -> None:

@@ -79,17 +79,14 @@ def _is_target(key: str, targets: "str | list[str]") -> bool:
     return key in targets or any(key.endswith("." + t) for t in targets)
 
 
-def parse_adapter(config: dict[str, object], named_tensors: Iterable[tuple[str, "torch.Tensor"]], model: "torch.nn.Module",
-                  *, version: int) -> LoraAdapter:
-    """Check a PEFT adapter against `model` and return it on the model's device and dtype. ValueError names the
-    adapter and the first offending tensor: an unknown or untargeted module, a non-linear one, a wrong shape, a
-    duplicate, or a targeted linear without its A or B."""
-    import torch
-
+def check_adapter(config: dict[str, object], named_tensors: Iterable[tuple[str, "torch.Tensor"]],
+                  linears: dict[str, tuple[int, int]], *, version: int, where: str = "the engine's model"
+                  ) -> tuple[float, dict[str, dict[str, "torch.Tensor"]]]:
+    """Check a PEFT adapter against the shapes [out, in] of the linears it may adapt (`linears`, by module name):
+    (alpha / r, module -> {"lora_A": A, "lora_B": B}). ValueError names the adapter and the first offending
+    tensor: an unknown or untargeted module, a wrong shape, a duplicate, or a targeted linear without its A or B."""
     name = adapter_name(version)
     r, alpha, targets = _targets(config, name=name)
-    modules = dict(model.named_modules())
-    param = next(model.parameters())
     got: dict[str, dict[str, torch.Tensor]] = {}
     for tname, t in named_tensors:
         m = _TENSOR.match(tname)
@@ -97,29 +94,44 @@ def parse_adapter(config: dict[str, object], named_tensors: Iterable[tuple[str, 
             raise ValueError(f"adapter {name!r}: tensor {tname!r} is not named "
                              f"'{PEFT_PREFIX}<module>.lora_A.weight' or '.lora_B.weight'")
         mod_name, which = m["module"], m["which"]
-        mod = modules.get(mod_name)
-        if not isinstance(mod, torch.nn.Linear):
-            what = "no such module" if mod is None else f"a {type(mod).__name__}, not a Linear"
-            raise ValueError(f"adapter {name!r}: tensor {tname!r}: {what} in the engine's model")
+        if mod_name not in linears:
+            raise ValueError(f"adapter {name!r}: tensor {tname!r}: no such linear module in {where}")
         if not _is_target(mod_name, targets):
             raise ValueError(f"adapter {name!r}: tensor {tname!r}: module not in target_modules={targets!r}")
-        want = (r, mod.in_features) if which == "lora_A" else (mod.out_features, r)
+        out_f, in_f = linears[mod_name]
+        want = (r, in_f) if which == "lora_A" else (out_f, r)
         if tuple(t.shape) != want:
             raise ValueError(f"adapter {name!r}: tensor {tname!r} has shape {tuple(t.shape)}, expected {want} "
-                             f"(r={r}, {mod_name} is [{mod.out_features}, {mod.in_features}])")
+                             f"(r={r}, {mod_name} is [{out_f}, {in_f}])")
         if which in got.setdefault(mod_name, {}):
             raise ValueError(f"adapter {name!r}: tensor {tname!r} appears twice")
-        got[mod_name][which] = t.detach().to(device=param.device, dtype=param.dtype, copy=True)
-    for mod_name, mod in modules.items():
-        if isinstance(mod, torch.nn.Linear) and _is_target(mod_name, targets):
+        got[mod_name][which] = t
+    for mod_name in linears:
+        if _is_target(mod_name, targets):
             for which in ("lora_A", "lora_B"):
                 if which not in got.get(mod_name, {}):
                     raise ValueError(f"adapter {name!r}: missing tensor '{PEFT_PREFIX}{mod_name}.{which}.weight' "
                                      f"(target_modules={targets!r} covers {mod_name})")
     if not got:
-        raise ValueError(f"adapter {name!r}: target_modules={targets!r} matches no Linear of the engine's model")
-    return LoraAdapter(name=name, version=int(version), scale=alpha / r,
-                       modules={k: (v["lora_A"], v["lora_B"]) for k, v in got.items()})
+        raise ValueError(f"adapter {name!r}: target_modules={targets!r} matches no linear of {where}")
+    return alpha / r, got
+
+
+def model_linears(model: "torch.nn.Module") -> dict[str, tuple[int, int]]:
+    """[out, in] of every `nn.Linear` of an HF model, by module name (what a LoRA adapter may target)."""
+    import torch
+
+    return {n: (m.out_features, m.in_features) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def parse_adapter(config: dict[str, object], named_tensors: Iterable[tuple[str, "torch.Tensor"]], model: "torch.nn.Module",
+                  *, version: int) -> LoraAdapter:
+    """`check_adapter` against `model`'s linears, the tensors copied to the model's device and dtype."""
+    scale, got = check_adapter(config, named_tensors, model_linears(model), version=version)
+    param = next(model.parameters())
+    modules = {k: tuple(v[w].detach().to(device=param.device, dtype=param.dtype, copy=True) for w in ("lora_A", "lora_B"))
+               for k, v in got.items()}
+    return LoraAdapter(name=adapter_name(version), version=int(version), scale=scale, modules=modules)
 
 
 class MultiLoRA:

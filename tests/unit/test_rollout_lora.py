@@ -97,7 +97,7 @@ def test_in_process_engine_log_probs_equal_hf_peft_and_failed_loads_keep_the_ver
     bad = [({**good, q_a: torch.zeros(4, 31)}, config2, rf"policy-v2.*{q_a}.*shape \(4, 31\)"),
            ({k: v for k, v in good.items() if k != q_a}, config2, rf"policy-v2.*missing tensor '{q_a}'"),
            ({**good, "base_model.model.model.layers.0.mlp.nope.lora_A.weight": torch.zeros(4, 32)}, config2,
-            r"policy-v2.*mlp\.nope.*no such module"),
+            r"policy-v2.*mlp\.nope.*no such linear module"),
            (good, {**config2, "use_rslora": True}, r"policy-v2.*use_rslora")]
     for tensors_bad, cfg_bad, match in bad:
         with pytest.raises(WeightSyncError, match=match):
