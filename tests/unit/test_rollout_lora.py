@@ -166,3 +166,41 @@ def test_spawned_engine_receives_the_adapter_over_the_sync_group_and_counts_its_
             assert c.weight_versions == [1] * 8 and _max_err(peft1, c) < 1e-5
     finally:
         engine.close()
+
+
+class _AdapterTrainer:
+    """The trainer side of a LoRA push as the loop sees it: base weights (HF names) and a PEFT adapter."""
+
+    def __init__(self, base_state: dict, adapter) -> None:
+        self.base_state, self.adapter, self.dtypes = base_state, adapter, []
+
+    def export_hf_weights(self, *, dtype=None):
+        return iter(self.base_state.items())
+
+    def export_adapter(self, *, dtype=None):
+        self.dtypes.append(dtype)
+        return self.adapter[0], list(self.adapter[1])
+
+
+def test_the_loop_push_sends_the_base_once_then_the_adapter_alone_and_reports_its_bytes(adapters):
+    from scalerl_mega.interfaces import LoopComponents
+    from scalerl_mega.loop import push_weights
+    from scalerl_mega.weight_sync import weights_sha256
+
+    base = {n: t + 0.01 for n, t in build_model(_spec()).state_dict().items()}  # the trainer's base differs from
+    engine = InProcessRolloutEngine(LocalEngineConfig(model=_spec(), core=CoreConfig(max_batch=4, max_seq_len=64)))
+    trainer = _AdapterTrainer(base, adapters[1])  # the engine's own initialisation until the first push
+    comps = LoopComponents(engine=engine, trainer=trainer, reward_fn=None, sampler=None, val_prompts=[], decode=None,
+                           encode=None, stop_token_ids=[], adapter_sync=True, weight_dtype="float32+fp32_head")
+    push_weights(comps, version=0, full=True)
+    assert engine.weights_digest() == {"weights_sha256": weights_sha256(base.items()), "version": 0}
+    metrics = push_weights(comps, version=1)
+    # the adapter's bytes counted from its shapes (r = 4; q/o [32, 32], k/v [16, 32], gate/up [64, 32],
+    # down [32, 64]; two layers; FP32), against the whole model's
+    adapter_bytes = 2 * 4 * ((32 + 32) * 2 + (32 + 16) * 2 + (32 + 64) * 3) * 4
+    model_bytes = sum(t.numel() * 4 for t in base.values())
+    assert metrics["sync/bytes"] == adapter_bytes == 16384 and "sync/seconds" in metrics
+    assert metrics["sync/bytes"] / model_bytes < 0.2
+    assert trainer.dtypes == ["float32", "float32"]  # the generator dtype without the FP32-head suffix
+    assert engine.weights_digest()["weights_sha256"] == weights_sha256(base.items())  # the base is not sent again
+    assert engine.core.adapter == "policy-v1" and engine.version == 1
