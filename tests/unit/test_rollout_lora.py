@@ -15,6 +15,7 @@ from scalerl_mega.rollout.inprocess import InProcessRolloutEngine
 from scalerl_mega.rollout.local import LocalEngineConfig, LocalModelSpec, build_model
 from scalerl_mega.types import Prompt, SamplingParams
 from scalerl_mega.weight_sync import WeightSyncError
+from tests.unit.test_rollout_inprocess import _collect as _drain
 
 peft = pytest.importorskip("peft")
 
@@ -107,15 +108,6 @@ def test_in_process_engine_log_probs_equal_hf_peft_and_failed_loads_keep_the_ver
     (c,) = _drain(engine, 1)
     assert _max_err(peft1, c) < 1e-5 and c.weight_versions == [1] * 8
     engine.close()
-
-
-def _drain(engine, n):
-    out = []
-    for _ in range(1000):
-        out += engine.poll(0.0)
-        if len(out) >= n:
-            return out
-    raise AssertionError(f"{len(out)} of {n} completions")
 
 
 def test_a_request_keeps_its_adapter_version_in_a_mixed_batch_and_old_versions_are_dropped_when_unused(adapters):
