@@ -196,3 +196,19 @@ def test_the_loop_push_sends_the_base_once_then_the_adapter_alone_and_reports_it
     assert trainer.dtypes == ["float32", "float32"]  # the generator dtype without the FP32-head suffix
     assert engine.weights_digest()["weights_sha256"] == weights_sha256(base.items())  # the base is not sent again
     assert engine.core.adapter == "policy-v1" and engine.version == 1
+
+
+def test_an_engine_set_loads_the_adapter_on_every_engine(adapters):
+    from scalerl_mega.build import EngineSet
+
+    config, tensors, peft1 = adapters[1]
+    engines = [InProcessRolloutEngine(LocalEngineConfig(model=_spec(), core=CoreConfig(max_batch=4, max_seq_len=64)))
+               for _ in range(2)]
+    both = EngineSet(engines)
+    assert isinstance(both, AdapterEngine)
+    both.update_adapter(config, iter(tensors), version=3)
+    assert both.last_sync_stats.bytes == 2 * 16384 and both.last_sync_stats.tensors == 2 * len(tensors)
+    for e in engines:
+        e.submit(P, SamplingParams(max_new_tokens=8, seed=2), n=1, version=3)
+        (c,) = _drain(e, 1)
+        assert c.weight_versions == [3] * 8 and _max_err(peft1, c) < 1e-5
