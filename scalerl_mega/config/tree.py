@@ -147,9 +147,9 @@ def _validate_trainer(cfg: TrainConfig) -> None:
 
 def _validate_peft_rollout(cfg: TrainConfig) -> None:
     """`peft=lora` against the generators that serve its adapters (each step sends the adapter alone): adapters on
-    the routed experts of an MoE model are served neither by the local engine (it adapts the HF model's
-    `nn.Linear` modules; transformers 5 holds the experts as fused 3-D parameters) nor by SGLang on a CPU (its MoE
-    LoRA runs on its Triton kernels only)."""
+    the routed experts of an MoE model are served by the local engine only in the Llama-4 layers it runs sparsely on
+    a CPU (rollout/sparse_moe.py; elsewhere transformers 5 holds the experts as fused 3-D parameters it does not
+    adapt), and not by SGLang on a CPU (its MoE LoRA runs on its Triton kernels only)."""
     from scalerl_mega.config.peft import target_kinds
 
     if cfg.peft.kind != "lora" or not int(cfg.model.num_experts or 0):
@@ -157,10 +157,12 @@ def _validate_peft_rollout(cfg: TrainConfig) -> None:
     experts = [t for t in cfg.peft.targets if target_kinds([t]) & {"expert_fc1", "expert_fc2"}]
     if not experts:
         return
-    where = ("rollout.name=local: the local engine adapts the HF model's nn.Linear modules, and the routed "
-             "experts are fused 3-D parameters there" if cfg.rollout.name == "local" else
+    sparse = cfg.model.arch == "llama4" and cfg.cluster.device == "cpu"
+    where = (f"rollout.name=local and cluster.device={cfg.cluster.device!r}: the local engine adapts routed experts "
+             "only in the Llama-4 layers it runs sparsely on a CPU (elsewhere they are fused 3-D parameters it does "
+             "not adapt)" if cfg.rollout.name == "local" and not sparse else
              "rollout.name=sglang with cluster.device=cpu: SGLang 0.5.23 serves MoE LoRA with its Triton kernels "
-             "only (GPU)" if cfg.cluster.device == "cpu" else "")
+             "only (GPU)" if cfg.rollout.name == "sglang" and cfg.cluster.device == "cpu" else "")
     if where:
         raise ValueError(f"peft.targets={list(cfg.peft.targets)!r} adapts the routed experts of model.arch="
                          f"{cfg.model.arch!r} (model.num_experts={cfg.model.num_experts}) via {experts}, not served with "

@@ -26,6 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 ADAPTER_PREFIX = "policy-v"
 PEFT_PREFIX = "base_model.model."
+_EXPERT = re.compile(r"^(.+\.experts)\.\d+\.(?:gate_proj|up_proj|down_proj)$")
+"""A routed expert's projection: group 1 is the fused experts module's name."""
 _TENSOR = re.compile(r"^base_model\.model\.(?P<module>.+)\.(?P<which>lora_A|lora_B)\.weight$")
 _UNSUPPORTED = {
     "use_dora": "DoRA", "use_rslora": "rsLoRA scaling (SGLang ignores it)", "rank_pattern": "per-module ranks",
@@ -118,10 +120,23 @@ def check_adapter(config: dict[str, object], named_tensors: Iterable[tuple[str, 
 
 
 def model_linears(model: "torch.nn.Module") -> dict[str, tuple[int, int]]:
-    """[out, in] of every `nn.Linear` of an HF model, by module name (what a LoRA adapter may target)."""
+    """[out, in] of every `nn.Linear` of an HF model, by module name (what a LoRA adapter may target), and of each
+    routed expert's projections in the Llama-4 MoE layers the engine runs sparsely (`sparse_moe.py`:
+    `<layer>.feed_forward.experts.<e>.gate_proj` / `up_proj` [I, H], `down_proj` [H, I], the checkpoint's per-expert
+    names; the experts are one fused parameter each in the model)."""
     import torch
 
-    return {n: (m.out_features, m.in_features) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    from scalerl_mega.rollout.sparse_moe import SPARSE_ATTR
+
+    out = {n: (m.out_features, m.in_features) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    for name, m in model.named_modules():
+        if getattr(m, SPARSE_ATTR, False):
+            n_exp, hidden, two_i = m.experts.gate_up_proj.shape
+            for e in range(n_exp):
+                base = f"{name}.experts.{e}."
+                out.update({base + "gate_proj": (two_i // 2, hidden), base + "up_proj": (two_i // 2, hidden),
+                            base + "down_proj": (hidden, two_i // 2)})
+    return out
 
 
 def parse_adapter(config: dict[str, object], named_tensors: Iterable[tuple[str, "torch.Tensor"]], model: "torch.nn.Module",
@@ -144,12 +159,22 @@ class MultiLoRA:
         self.model = model
         self.adapters: dict[str, LoraAdapter] = {}
         self._hooked: dict[str, "torch.utils.hooks.RemovableHandle"] = {}
+        self._experts: dict[str, "torch.nn.Module"] = {}
+        """Sparse Llama-4 expert modules with adapters, by name (`sparse_moe_forward` calls `expert_delta`)."""
         self._groups: list[tuple[LoraAdapter, "torch.Tensor | None"]] = []
+        self._rows = 1
+        self._tokens: tuple[int, list] | None = None
 
     def add(self, adapter: LoraAdapter) -> None:
+        from scalerl_mega.rollout.sparse_moe import LORA_ATTR
+
         modules = dict(self.model.named_modules())
         for mod_name in adapter.modules:
-            if mod_name not in self._hooked:
+            experts_name = None if mod_name in modules else _EXPERT.match(mod_name)
+            if experts_name is not None:  # a routed expert's projection: served by the sparse MoE forward
+                self._experts[experts_name[1]] = modules[experts_name[1]]
+                setattr(modules[experts_name[1]], LORA_ATTR, self)
+            elif mod_name not in self._hooked:
                 self._hooked[mod_name] = modules[mod_name].register_forward_hook(self._hook(mod_name))
         self.adapters[adapter.name] = adapter
 
@@ -162,17 +187,59 @@ class MultiLoRA:
         covered = {m for a in self.adapters.values() for m in a.modules}
         for mod_name in [m for m in self._hooked if m not in covered]:
             self._hooked.pop(mod_name).remove()
+        from scalerl_mega.rollout.sparse_moe import LORA_ATTR
+
+        covered_experts = {x[1] for x in map(_EXPERT.match, covered) if x is not None}
+        for name in [n for n in self._experts if n not in covered_experts]:
+            delattr(self._experts.pop(name), LORA_ATTR)
         return dropped
 
     def bind(self, names: list[str | None], *, device: "torch.device") -> None:
         """The next forward's rows: row i uses adapter `names[i]` (None: none)."""
         import torch
 
-        self._groups = []
+        self._groups, self._rows, self._tokens = [], len(names), None
         for n in dict.fromkeys(x for x in names if x is not None):
             rows = [i for i, x in enumerate(names) if x == n]
             idx = None if len(rows) == len(names) else torch.tensor(rows, dtype=torch.long, device=device)
             self._groups.append((self.adapters[n], idx))
+
+    def _token_groups(self, n_tokens: int) -> list:
+        """The bound groups over the forward's flattened tokens ([rows, seq] row-major): (adapter, None for all
+        tokens, else a bool mask of its rows' tokens)."""
+        import torch
+
+        if self._tokens is None or self._tokens[0] != n_tokens:
+            seq, groups = n_tokens // self._rows, []
+            for adapter, idx in self._groups:
+                member = None
+                if idx is not None:
+                    member = torch.zeros(n_tokens, dtype=torch.bool, device=idx.device)
+                    member[(idx[:, None] * seq + torch.arange(seq, device=idx.device)).reshape(-1)] = True
+                groups.append((adapter, member))
+            self._tokens = (n_tokens, groups)
+        return self._tokens[1]
+
+    def expert_delta(self, experts: "torch.nn.Module", e: int, *, rows: "torch.Tensor", x: "torch.Tensor",
+                     outs: tuple, projs: tuple[str, ...], n_tokens: int) -> tuple:
+        """Routed expert `e`'s outputs `outs` (one per projection in `projs`, all computed from its input `x`, the
+        tokens `rows` of the layer's `n_tokens`) plus each bound adapter's `(x A^T B^T) * alpha / r` on its tokens."""
+        import torch.nn.functional as F
+
+        prefix = next(n for n, m in self._experts.items() if m is experts)
+        outs = list(outs)
+        for adapter, member in self._token_groups(n_tokens):
+            sel = None if member is None else member.index_select(0, rows).nonzero().squeeze(1)
+            for k, proj in enumerate(projs):
+                ab = adapter.modules.get(f"{prefix}.{e}.{proj}")
+                if ab is None or (sel is not None and sel.numel() == 0):
+                    continue
+                if sel is None:
+                    outs[k] = outs[k] + F.linear(F.linear(x, ab[0]), ab[1]) * adapter.scale
+                else:
+                    delta = F.linear(F.linear(x.index_select(0, sel), ab[0]), ab[1]) * adapter.scale
+                    outs[k] = outs[k].index_add(0, sel, delta)
+        return tuple(outs)
 
     def _hook(self, mod_name: str):
         import torch.nn.functional as F

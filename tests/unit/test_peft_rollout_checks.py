@@ -13,17 +13,20 @@ def _compose(*overrides: str):
     return compose(["experiment=demo", "peft=lora", *overrides])
 
 
-@pytest.mark.parametrize("rollout, where", [("local", "rollout.name=local"),
-                                            ("sglang", "rollout.name=sglang with cluster.device=cpu")])
-def test_expert_adapters_on_generators_that_cannot_serve_them_are_refused(rollout, where):
-    with pytest.raises(ValueError, match=rf"peft.targets=.*linear_fc1.*routed experts of model.arch='llama4' "
-                                         rf"\(model.num_experts=4\).*{where}"):
-        _compose(f"rollout={rollout}")  # the default targets include every SwiGLU: the routed experts too
+@pytest.mark.parametrize("overrides, where", [
+    (("model=tiny_qwen3_moe",), r"model.arch='qwen3_moe'.*rollout.name=local and cluster.device='cpu'"),
+    (("rollout=sglang",), r"model.arch='llama4'.*rollout.name=sglang with cluster.device=cpu"),
+])
+def test_expert_adapters_on_generators_that_cannot_serve_them_are_refused(overrides, where):
+    with pytest.raises(ValueError, match=rf"peft.targets=.*linear_fc1.*routed experts of {where}"):
+        _compose(*overrides)  # the default targets include every SwiGLU: the routed experts too
 
 
-def test_attention_and_shared_expert_adapters_compose_and_give_the_sglang_flags():
+def test_expert_adapters_on_the_cpu_llama4_local_engine_and_attention_ones_on_sglang_compose():
     from scalerl_mega.build import sglang_lora_serving
 
+    assert _compose().peft.targets == ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]  # sparse Llama-4
+    _compose("model=tiny_qwen3_moe", "peft.targets=[linear_qkv,linear_proj]")
     cfg = _compose("rollout=sglang", "peft.rank=16",
                    "peft.targets=[linear_qkv,linear_proj,shared_experts.linear_fc1,shared_experts.linear_fc2]")
     serving = sglang_lora_serving(cfg)

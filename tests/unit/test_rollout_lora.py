@@ -212,3 +212,69 @@ def test_an_engine_set_loads_the_adapter_on_every_engine(adapters):
         e.submit(P, SamplingParams(max_new_tokens=8, seed=2), n=1, version=3)
         (c,) = _drain(e, 1)
         assert c.weight_versions == [3] * 8 and _max_err(peft1, c) < 1e-5
+
+
+LLAMA4 = dict(vocab_size=61, hidden_size=32, intermediate_size=16, intermediate_size_mlp=64, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=1,
+              interleave_moe_layer_step=1, no_rope_layers=[1, 0], attention_chunk_size=64,
+              max_position_embeddings=256, tie_word_embeddings=False)
+
+
+def _llama4_adapter(seed: int, r: int = 4):
+    """A rank-r adapter on every attention projection, every routed expert's gate/up/down (the per-expert names the
+    trainer exports) and the shared expert of the tiny Llama-4, A and B random; (config, tensors, scale)."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {}
+    for layer in range(2):
+        pre = f"model.layers.{layer}."
+        shapes.update({pre + "self_attn.q_proj": (32, 32), pre + "self_attn.k_proj": (16, 32),
+                       pre + "self_attn.v_proj": (16, 32), pre + "self_attn.o_proj": (32, 32)})
+        for m in ["feed_forward.shared_expert"] + [f"feed_forward.experts.{e}" for e in range(4)]:
+            shapes.update({f"{pre}{m}.gate_proj": (16, 32), f"{pre}{m}.up_proj": (16, 32), f"{pre}{m}.down_proj": (32, 16)})
+    tensors = []
+    for mod, (out_f, in_f) in shapes.items():
+        tensors += [(f"base_model.model.{mod}.lora_A.weight", 0.3 * torch.randn(r, in_f, generator=gen)),
+                    (f"base_model.model.{mod}.lora_B.weight", 0.3 * torch.randn(out_f, r, generator=gen))]
+    config = {"peft_type": "LORA", "r": r, "lora_alpha": 2 * r, "target_modules": [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+    return config, tensors, 2.0
+
+
+def _merged_llama4(tensors, scale):
+    """The tiny Llama-4 with the adapter merged into its weights (W + s B A; a routed expert's into its slice of the
+    fused gate_up_proj [E, H, 2I] / down_proj [E, I, H], stored input-major): HF's own dense MoE forward is the oracle."""
+    model = build_model(LocalModelSpec(arch="llama4", config=LLAMA4, init_seed=0))
+    ab = dict(tensors)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name in [n[len("base_model.model."):-len(".lora_A.weight")] for n in ab if n.endswith("lora_A.weight")]:
+            delta = scale * ab[f"base_model.model.{name}.lora_B.weight"] @ ab[f"base_model.model.{name}.lora_A.weight"]
+            if ".experts." in name:
+                layer, e, proj = name.split(".experts.")[0], int(name.split(".")[-2]), name.split(".")[-1]
+                if proj == "down_proj":
+                    params[f"{layer}.experts.down_proj"][e] += delta.T
+                else:
+                    cols = slice(0, 16) if proj == "gate_proj" else slice(16, 32)
+                    params[f"{layer}.experts.gate_up_proj"][e][:, cols] += delta.T
+            else:
+                params[name + ".weight"] += delta
+    return model.eval()
+
+
+def test_routed_expert_adapters_on_the_sparse_llama4_engine_equal_the_merged_model():
+    cfg1, t1, s1 = _llama4_adapter(1)
+    cfg2, t2, s2 = _llama4_adapter(2)
+    core = GenerationCore(build_model(LocalModelSpec(arch="llama4", config=LLAMA4, init_seed=0)),
+                          config=CoreConfig(max_batch=4, max_seq_len=64, admit_min_free=1))
+    core.load_adapter(cfg1, iter(t1), version=1)
+    core.add(_req("a", 21))
+    core.step()
+    core.load_adapter(cfg2, iter(t2), version=2)
+    core.add(_req("b", 22))
+    done = {}
+    while core.can_progress():
+        done.update({c.prompt_id: c for c in core.step()})
+    assert done["a"].weight_versions == [1] * 8 and done["b"].weight_versions == [2] * 8
+    assert _max_err(_merged_llama4(t1, s1), done["a"]) < 1e-5
+    assert _max_err(_merged_llama4(t2, s2), done["b"]) < 1e-5
+    assert _max_err(build_model(LocalModelSpec(arch="llama4", config=LLAMA4, init_seed=0)), done["b"]) > 1e-3
