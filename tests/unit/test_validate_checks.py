@@ -187,6 +187,7 @@ RUN_ONLY = {
                      "SGLangEngineConfig.__post_init__"), ("scalerl_mega.rollout.sglang.engine",
                      "SGLangRolloutEngine.__init__"), ("scalerl_mega.rollout.sglang.engine", "_ensure_open_files"),
                      ("scalerl_mega.rollout.sglang.launch", "SGLangServerConfig.__post_init__"),
+                     ("scalerl_mega.rollout.sglang.launch", "LoraServing.__post_init__"),  # peft.*: validate_peft
                      ("scalerl_mega.episodes.agent_server", "AgentEndpoint.__init__"), ("scalerl_mega.sft", "sft_batch"),
                      ("scalerl_mega.episodes.pool", "EpisodePool.__init__"),  # env.concurrency: validate_env
                      ("scalerl_mega.episodes.failures", "EpisodeFailures.__post_init__")],  # env.on_error: validate_env
