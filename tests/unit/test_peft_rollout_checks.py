@@ -33,3 +33,13 @@ def test_expert_adapters_on_the_cpu_llama4_local_engine_and_attention_ones_on_sg
     assert serving.max_rank == 16 and serving.backend == "torch_native"
     assert serving.target_modules == ("down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj")
     assert sglang_lora_serving(_compose("peft=none")) is None
+
+
+def test_demo_lora_is_the_demo_with_rank_8_adapters_at_ten_times_its_learning_rate():
+    from tests.unit.test_config import _compose as hydra_compose
+
+    demo, lora = hydra_compose("experiment=demo"), hydra_compose("experiment=demo_lora")
+    assert (lora.peft.kind, lora.peft.rank, lora.peft.alpha) == ("lora", 8, 16.0)
+    assert lora.peft.targets == ["linear_qkv", "linear_proj", "shared_experts.linear_fc1", "shared_experts.linear_fc2"]
+    assert lora.optim.lr == pytest.approx(10 * demo.optim.lr) and lora.sft.steps == 0
+    assert (lora.model, lora.train, lora.rollout, lora.loss) == (demo.model, demo.train, demo.rollout, demo.loss)
