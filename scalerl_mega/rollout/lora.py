@@ -108,8 +108,11 @@ def check_adapter(config: dict[str, object], named_tensors: Iterable[tuple[str, 
         if which in got.setdefault(mod_name, {}):
             raise ValueError(f"adapter {name!r}: tensor {tname!r} appears twice")
         got[mod_name][which] = t
+    experts = any(_EXPERT.match(m) for m in got)
     for mod_name in linears:
-        if _is_target(mod_name, targets):
+        # routed experts' projections match the short names of the dense/shared ones; PEFT adapts them only as
+        # modules, which fused experts are not: required only from an adapter that carries expert tensors
+        if _is_target(mod_name, targets) and (experts or not _EXPERT.match(mod_name)):
             for which in ("lora_A", "lora_B"):
                 if which not in got.get(mod_name, {}):
                     raise ValueError(f"adapter {name!r}: missing tensor '{PEFT_PREFIX}{mod_name}.{which}.weight' "

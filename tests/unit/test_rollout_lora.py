@@ -278,3 +278,16 @@ def test_routed_expert_adapters_on_the_sparse_llama4_engine_equal_the_merged_mod
     assert _max_err(_merged_llama4(t1, s1), done["a"]) < 1e-5
     assert _max_err(_merged_llama4(t2, s2), done["b"]) < 1e-5
     assert _max_err(build_model(LocalModelSpec(arch="llama4", config=LLAMA4, init_seed=0)), done["b"]) > 1e-3
+
+
+def test_a_shared_expert_adapter_needs_no_routed_expert_tensors_but_a_routed_one_needs_them_all():
+    config, tensors, _ = _llama4_adapter(3)
+    core = GenerationCore(build_model(LocalModelSpec(arch="llama4", config=LLAMA4, init_seed=0)),
+                          config=CoreConfig(max_batch=2, max_seq_len=32))
+    shared_only = [(n, t) for n, t in tensors if ".experts." not in n]  # gate_proj etc. name the shared expert too
+    core.load_adapter(config, iter(shared_only), version=1)
+    assert not any(".experts." in m for m in core.lora.adapters["policy-v1"].modules)
+    one_missing = [(n, t) for n, t in tensors if "layers.1.feed_forward.experts.2.up_proj.lora_B" not in n]
+    with pytest.raises(ValueError, match=r"policy-v2.*missing tensor .*layers\.1\.feed_forward\.experts\.2\.up_proj"):
+        core.load_adapter(config, iter(one_missing), version=2)
+    assert core.adapter == "policy-v1"
