@@ -116,6 +116,7 @@ def validate_peft_for(peft: PeftConfig, *, model: Any, parallel: Any) -> None:
     experts = target_kinds(list(peft.targets)) & {"expert_fc1", "expert_fc2"}
     if experts and getattr(model, "is_moe", False) and parallel.expert_tp() > 1:
         raise ValueError(f"peft.targets={list(peft.targets)!r} adapts the routed experts with expert tensor "
-                         f"parallelism {parallel.expert_tp()} (parallel.expert_tp): expert adapters are "
-                         "implemented for expert_tp=1 (experts split over parallel.ep only); set "
-                         "parallel.expert_tp=1 or target the attention and mlp.* linears")
+                         f"parallelism {parallel.expert_tp()} (parallel.etp; with parallel.ep=1 it is parallel.tp): "
+                         "expert adapters are implemented for whole experts per rank; use parallel.ep > 1 with "
+                         "parallel.etp=1, or targets without the experts (linear_qkv, linear_proj, mlp.linear_fc1, "
+                         "mlp.linear_fc2)")

@@ -226,3 +226,20 @@ def inject_lora(gpt: torch.nn.Module, peft: Any, *, num_experts: int, seed: int)
 def trainable_numel(gpt: torch.nn.Module) -> int:
     """Elements of this rank's trainable parameters (the adapters' local shards after `inject_lora`)."""
     return sum(p.numel() for p in gpt.parameters() if p.requires_grad)
+
+
+def merge_adapters(gpt: torch.nn.Module) -> int:
+    """Fold every adapter of a one-rank model into its base weight, `W += (alpha / r) B A` (in float64, rounded once
+    to W's dtype), and zero B, so the model computes the same function with plain weights (a merged HF export).
+    Returns the number of merged linears."""
+    n = 0
+    with torch.no_grad():
+        for _, module in adapted_modules(gpt):
+            adapter = getattr(module, ADAPTER)
+            if adapter.layout.tp > 1:
+                raise NotImplementedError("merge_adapters runs on a one-rank model (the converter's)")
+            delta = (adapter.lora_B.double() @ adapter.lora_A.double()) * adapter.scale
+            module.weight.add_(delta.to(module.weight.dtype))
+            adapter.lora_B.zero_()
+            n += 1
+    return n
