@@ -4,6 +4,7 @@ checked against counts worked by hand (model/lora_shapes.py)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 from pathlib import Path
@@ -28,28 +29,42 @@ def test_full_training_is_the_default_and_lora_composes_with_its_defaults():
     validate(c)
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["peft.rank=0"], r"peft\.rank=0 must be > 0"),
-    (["peft.alpha=0"], r"peft\.alpha=0\.0 must be > 0"),
-    (["peft.dropout=1.0"], r"peft\.dropout=1\.0 must be in \[0, 1\)"),
-    (["peft.targets=[linear_qkvv]"], r"unknown target 'linear_qkvv' \(did you mean linear_qkv\?\)"),
-    (["peft.targets=[use_rslora]"], r"rsLoRA .* not offered"),
-    (["peft.targets=[use_dora]"], r"DoRA.* not offered"),
-    (["peft.targets=[]"], r"peft\.targets=\[\] adapts nothing"),
-    (["peft.kind=qlora"], r"peft\.kind='qlora' is not one of"),
-    (["model=tiny_deepseek_v3"], r"peft\.kind=lora with model\.arch='deepseek_v3'.*deferred"),
-    (["peft.dropout=0.1", "parallel.tp=2", "model.num_attention_heads=4"], r"peft\.dropout=0\.1 with parallel\.tp=2"),
-    (["model=tiny_qwen3_moe", "parallel.tp=2"], r"parallel\.etp"),
+@pytest.fixture(scope="module")
+def lora_demo():
+    return _compose("experiment=demo", "peft=lora")
+
+
+def _with(cfg, **groups):
+    """A copy of a composed config with some groups' keys replaced."""
+    cfg = copy.deepcopy(cfg)
+    for group, changes in groups.items():
+        setattr(cfg, group, dataclasses.replace(getattr(cfg, group), **changes))
+    return cfg
+
+
+@pytest.mark.parametrize(("groups", "message"), [
+    ({"peft": {"rank": 0}}, r"peft\.rank=0 must be > 0"),
+    ({"peft": {"alpha": 0.0}}, r"peft\.alpha=0\.0 must be > 0"),
+    ({"peft": {"dropout": 1.0}}, r"peft\.dropout=1\.0 must be in \[0, 1\)"),
+    ({"peft": {"targets": ["linear_qkvv"]}}, r"unknown target 'linear_qkvv' \(did you mean linear_qkv\?\)"),
+    ({"peft": {"targets": ["use_rslora"]}}, r"rsLoRA .* not offered"),
+    ({"peft": {"targets": ["use_dora"]}}, r"DoRA.* not offered"),
+    ({"peft": {"targets": []}}, r"peft\.targets=\[\] adapts nothing"),
+    ({"peft": {"kind": "qlora"}}, r"peft\.kind='qlora' is not one of"),
+    ({"peft": {"dropout": 0.1}, "parallel": {"tp": 2}}, r"peft\.dropout=0\.1 with parallel\.tp=2"),
 ])
-def test_validate_refuses_naming_the_keys(overrides, message):
-    c = _compose("experiment=demo", "peft=lora", *overrides)
+def test_validate_refuses_naming_the_keys(lora_demo, groups, message):
     with pytest.raises(ValueError, match=message):
-        validate(c)
+        validate(_with(lora_demo, **groups))
 
 
-def test_lora_on_attention_only_is_allowed_with_expert_tensor_parallelism():
-    validate(_compose("experiment=demo", "peft=lora", "model=tiny_qwen3_moe", "parallel.tp=2",
-                      "peft.targets=[linear_qkv,linear_proj,mlp.linear_fc1,mlp.linear_fc2]"))
+def test_mla_and_expert_tensor_parallel_expert_adapters_are_refused_at_validate():
+    with pytest.raises(ValueError, match=r"peft\.kind=lora with model\.arch='deepseek_v3'.*deferred"):
+        validate(_compose("experiment=demo", "peft=lora", "model=tiny_deepseek_v3"))
+    moe = _compose("experiment=demo", "peft=lora", "model=tiny_qwen3_moe", "parallel.tp=2")
+    with pytest.raises(ValueError, match=r"adapts the routed experts .*parallel\.etp"):
+        validate(moe)
+    validate(_with(moe, peft={"targets": ["linear_qkv", "linear_proj", "mlp.linear_fc1", "mlp.linear_fc2"]}))
 
 
 def test_dataclass_default_targets_and_kinds():
