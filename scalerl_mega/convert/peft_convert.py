@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from scalerl_mega.convert.pipeline import Summary, write_hf
 
 
-def peft_state(step_dir: Path) -> dict[str, Any] | None:
+def peft_state(step_dir: Path) -> dict[str, object] | None:
     """The `peft` record of a trainer checkpoint (its adapter settings and base reference), None for a full one."""
     from scalerl_mega.trainer.megatron import checkpoint
 
     return (checkpoint._load_common(step_dir).get("extra_state") or {}).get("peft")
 
 
-def _load_base(model, model_cfg, base: dict[str, Any], *, base_dir: str | None, where: str) -> None:
+def _load_base(model, model_cfg, base: dict[str, object], *, base_dir: str | None, where: str) -> None:
     from scalerl_mega.convert.load import load_hf_checkpoint
     from scalerl_mega.trainer.megatron.lora_ckpt import base_reference, check_base
 
@@ -38,7 +37,7 @@ def _load_base(model, model_cfg, base: dict[str, Any], *, base_dir: str | None, 
 
 
 def convert_lora_checkpoint(*, ckpt: str, peft_out: str | None = None, merged_out: str | None = None,
-                            base_dir: str | None = None, max_shard_bytes: int = 2 << 30) -> dict[str, Any]:
+                            base_dir: str | None = None, max_shard_bytes: int = 2 << 30) -> dict[str, object]:
     """Write the adapter (`peft_out`) and/or the merged model (`merged_out`) of the LoRA checkpoint `ckpt` (a `step_N`
     directory or a root). Returns what was written ({"peft": {...}, "merged": Summary})."""
     from scalerl_mega.config.peft import PeftConfig
@@ -71,7 +70,7 @@ def convert_lora_checkpoint(*, ckpt: str, peft_out: str | None = None, merged_ou
         _load_base(model, model_cfg, base, base_dir=base_dir, where=f"checkpoint {step_dir}")
         checkpoint.load_checkpoint(step_dir, chunks=[model])
         model.eval()
-        written: dict[str, Any] = {}
+        written: dict[str, object] = {}
         if peft_out is not None:
             config, named = lora_export.export_peft_adapter([model], model_cfg, peft, base_model=base.get("path", ""))
             write_peft_adapter(peft_out, config, named)
