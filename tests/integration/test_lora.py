@@ -101,7 +101,7 @@ def _convert_and_check(tmp_path: Path) -> None:
     from lora_worker import _batch
     from scalerl_mega.model.peft_files import read_peft_adapter
 
-    cmd = [sys.executable, "tools/convert_megatron_to_hf.py", "--ckpt", str(tmp_path / "lora_ckpt"),
+    cmd = [sys.executable, "tools/convert_megatron_to_hf.py", "--ckpt", str(tmp_path / "lora_ckpt_1rank"),
            "--peft-out", str(tmp_path / "peft"), "--merge-lora", "--out", str(tmp_path / "merged")]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -123,7 +123,8 @@ def test_llama_lora_tp2_sequence_parallel_matches_one_rank_and_resumes_its_check
     one = _one_rank(tmp_path, "tiny_dense", "--hf-check")
     _check_one_rank(one, LLAMA_TRAINABLE)
     assert one["hf_vs_megatron_max_abs"] <= 1e-5
-    _torchrun(tmp_path, "tiny_dense", "--tp", "2", "--sp", "--resume-from", str(tmp_path / "lora_ckpt"))
+    two = _torchrun(tmp_path, "tiny_dense", "--tp", "2", "--sp", "--resume-from", str(tmp_path / "lora_ckpt_1rank"))
+    assert two["resume_loss"][0] == two["resume_loss"][1] and two["resume_logp_equal"]
     _same_adapters(tmp_path / "one.pt", tmp_path / "two.pt", atol=5e-5)
     import torch
 
@@ -135,5 +136,6 @@ def test_llama_lora_tp2_sequence_parallel_matches_one_rank_and_resumes_its_check
 def test_qwen3_moe_expert_lora_ep2_matches_one_rank(tmp_path):
     one = _one_rank(tmp_path, "tiny_qwen3_moe", "--base", str(tmp_path / "base.pt"))
     _check_one_rank(one, MOE_TRAINABLE)
-    _torchrun(tmp_path, "tiny_qwen3_moe", "--ep", "2", "--base", str(tmp_path / "base.pt"))
+    two = _torchrun(tmp_path, "tiny_qwen3_moe", "--ep", "2", "--base", str(tmp_path / "base.pt"))
+    assert two["resume_loss"][0] == two["resume_loss"][1] and two["resume_logp_equal"]  # distributed optimizer, DP 2
     _same_adapters(tmp_path / "one.pt", tmp_path / "two.pt", atol=2e-4)
