@@ -165,7 +165,8 @@ class MegatronPolicyTrainer:
         yielded on global rank 0; every rank must
         exhaust the iterator (TP/EP gathers inside each pipeline stage, later stages relayed to rank 0;
         `export.export_to_rank0`). The stream announces its names/shapes/dtypes up front
-        (`weight_sync.PlannedTensors`), so an engine checks them before the first bucket is sent."""
+        (`weight_sync.PlannedTensors`), so an engine checks them before the first bucket is sent. With `peft=lora`
+        these are the frozen base's weights: the adapters are not in them (`export_adapter`)."""
         from scalerl_mega.weight_sync import PlannedTensors
         from scalerl_mega.trainer.megatron import export
 
