@@ -20,8 +20,6 @@ Pure dataclass and checks: no torch, no megatron (the config layer is imported b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
 from scalerl_mega.config.checks import one_of, positive
 from scalerl_mega.suggest import did_you_mean
 
@@ -99,23 +97,24 @@ def validate_peft(peft: PeftConfig) -> None:
         raise ValueError(f"peft.targets={targets!r} names a target twice")
 
 
-def validate_peft_for(peft: PeftConfig, *, model: Any, parallel: Any) -> None:
-    """`peft=lora` against the model (`ModelConfig`) and layout (`ParallelConfig`): what the trainer's adapters
-    cannot do is refused here, naming the keys, before anything is built."""
+def validate_peft_for(peft: PeftConfig, *, arch: str, is_mla: bool, is_moe: bool, tp: int, expert_tp: int) -> None:
+    """`peft=lora` against the model (`model.arch`, MLA, MoE) and layout (`parallel.tp`, the resolved expert tensor
+    parallelism): what the trainer's adapters cannot do is refused here, naming the keys, before anything is built."""
     validate_peft(peft)
     if not peft.on:
         return
-    if getattr(model, "is_mla", False):
-        raise ValueError(f"peft.kind=lora with model.arch={model.arch!r}: LoRA on Multi-head Latent Attention "
+    if is_mla:
+        raise ValueError(f"peft.kind=lora with model.arch={arch!r}: LoRA on Multi-head Latent Attention "
                          "(DeepSeek-V3, Moonlight) is deferred (its low-rank q/kv projections have no adapter "
                          "mapping or PEFT export yet); use peft=none")
-    if float(peft.dropout) > 0 and int(parallel.tp) > 1:
-        raise ValueError(f"peft.dropout={peft.dropout} with parallel.tp={parallel.tp}: the adapter A of a "
+    if float(peft.dropout) > 0 and tp > 1:
+        raise ValueError(f"peft.dropout={peft.dropout} with parallel.tp={tp}: the adapter A of a "
                          "column-parallel layer is replicated over tensor-parallel ranks and would need one "
                          "dropout mask on all of them; use peft.dropout=0 or parallel.tp=1")
     experts = target_kinds(list(peft.targets)) & {"expert_fc1", "expert_fc2"}
-    if experts and getattr(model, "is_moe", False) and parallel.expert_tp() > 1:
+    if experts and is_moe and expert_tp > 1:
         raise ValueError(f"peft.targets={list(peft.targets)!r} adapts the routed experts with expert tensor "
-                         f"parallelism {parallel.expert_tp()} (parallel.expert_tp): expert adapters are "
-                         "implemented for expert_tp=1 (experts split over parallel.ep only); set "
-                         "parallel.expert_tp=1 or target the attention and mlp.* linears")
+                         f"parallelism {expert_tp} (parallel.etp; with parallel.ep=1 it is parallel.tp): "
+                         "expert adapters are implemented for whole experts per rank; use parallel.ep > 1 with "
+                         "parallel.etp=1, or targets without the experts (linear_qkv, linear_proj, mlp.linear_fc1, "
+                         "mlp.linear_fc2)")

@@ -489,7 +489,8 @@ class MegatronConfig:
         if self.peft is not None:
             from scalerl_mega.config.peft import validate_peft_for
 
-            validate_peft_for(self.peft, model=self.model, parallel=self.parallel)
+            validate_peft_for(self.peft, arch=self.model.arch, is_mla=self.model.is_mla, is_moe=self.model.is_moe,
+                              tp=self.parallel.tp, expert_tp=self.parallel.expert_tp())
         if self.mixed_dtype_params and self.optim.use_distributed_optimizer is False:
             raise ValueError("optim: use_distributed_optimizer=False with bf16 params and the FP32 head "
                              "(precision.params_dtype=bfloat16, model.fp32_lm_head=True): Megatron's "

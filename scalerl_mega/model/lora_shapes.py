@@ -6,10 +6,10 @@ tests compare it with the parameters `trainer/megatron/lora.inject_lora` really 
 
 from __future__ import annotations
 
-from typing import Any
+from scalerl_mega.model.config import ModelConfig
 
 
-def adapted_linears(model: Any, kinds: set[str]) -> list[tuple[str, int, int, int]]:
+def adapted_linears(model: ModelConfig, kinds: set[str]) -> list[tuple[str, int, int, int]]:
     """(kind, in, out, how many in the model) for each adapted linear kind of a `ModelConfig`, `kinds` the
     module kinds the targets select (`config.peft.target_kinds`)."""
     hidden, heads, groups, hd = model.hidden_size, model.num_attention_heads, model.num_query_groups, model.kv_channels
@@ -28,7 +28,7 @@ def adapted_linears(model: Any, kinds: set[str]) -> list[tuple[str, int, int, in
     return [r for r in rows if r[0] in kinds and r[3] > 0]
 
 
-def lora_numel(model: Any, *, rank: int, kinds: set[str]) -> int:
+def lora_numel(model: ModelConfig, *, rank: int, kinds: set[str]) -> int:
     """Parameters of all adapters: sum over adapted linears of r (in + out)."""
     return sum(rank * (i + o) * n for _, i, o, n in adapted_linears(model, kinds))
 
@@ -37,11 +37,11 @@ SPLITS = {"qkv": 3, "fc1": 2, "expert_fc1": 2, "shared_fc1": 2}
 """HF projections a fused Megatron linear exports to (q/k/v; gate/up): each carries the shared A."""
 
 
-def peft_export_numel(model: Any, *, rank: int, kinds: set[str]) -> int:
+def peft_export_numel(model: ModelConfig, *, rank: int, kinds: set[str]) -> int:
     """Elements of the PEFT export of all adapters: B's rows once, A once per HF projection (`SPLITS`)."""
     return sum(rank * (i * SPLITS.get(k, 1) + o) * n for k, i, o, n in adapted_linears(model, kinds))
 
 
-def lora_expert_numel(model: Any, *, rank: int, kinds: set[str]) -> int:
+def lora_expert_numel(model: ModelConfig, *, rank: int, kinds: set[str]) -> int:
     """The routed experts' share of `lora_numel` (split over expert-parallel ranks, not data-parallel ones)."""
     return lora_numel(model, rank=rank, kinds=kinds & {"expert_fc1", "expert_fc2"})

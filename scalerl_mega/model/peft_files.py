@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+
+import torch
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
 
 
-def write_peft_adapter(directory: str | os.PathLike, adapter_config: dict[str, Any], named: list) -> Path:
+def write_peft_adapter(directory: str | os.PathLike, adapter_config: dict[str, object], named: list[tuple[str, torch.Tensor]]) -> Path:
     """Write the two files into `directory` (created; existing files of the same names are replaced). Tensors are
     written contiguous on the CPU (a file, not a hot path)."""
     from safetensors.torch import save_file
@@ -28,7 +29,7 @@ def write_peft_adapter(directory: str | os.PathLike, adapter_config: dict[str, A
     return out
 
 
-def read_peft_adapter(directory: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
+def read_peft_adapter(directory: str | os.PathLike) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
     """(adapter_config, {name: tensor}) of a PEFT adapter directory."""
     from safetensors.torch import load_file
 

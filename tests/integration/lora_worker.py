@@ -6,7 +6,7 @@
 Every run: the same seeded batches, two SFT steps at a high learning rate, then the trained adapters exported to
 PEFT (`trainer.export_adapter`) and the log-probs of a batch, saved to OUT.pt (rank 0) for the test to compare
 across layouts. One rank also checks step 0 against a `peft=none` trainer of the same seed, the frozen base,
-the optimizer and grad-buffer sizes, a save / step / load / step round trip and, with --hf-check, HF + PEFT.
+the optimizer and grad-buffer sizes and, with --hf-check, HF + PEFT; every run a save / step / load / step round trip.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def _after_training(trainer, base_weights) -> dict:
 
 def _roundtrip(trainer, vocab: int, out: Path) -> dict:
     """save -> step -> load -> step: the second step repeats the first exactly (adapters + Adam state)."""
-    ck = out.parent / "lora_ckpt"
+    ck = out.parent / f"lora_ckpt_{os.environ['WORLD_SIZE']}rank"
     trainer.save(str(ck))
     m1 = trainer.sft_step(_batch(300, vocab))
     logp1 = trainer.logprobs(_batch(9, vocab))
@@ -193,8 +193,7 @@ def main() -> None:
 
         hf = hf_peft_logprobs(trainer, config, named, probe, workdir=out.parent)
         res["hf_vs_megatron_max_abs"] = float(((hf - logp).abs() * probe.loss_mask_BT).max())
-    if single:
-        res.update(_roundtrip(trainer, vocab, out))
+    res.update(_roundtrip(trainer, vocab, out))  # with 2 ranks at DP 2: the distributed optimizer's adapter state
     if not dist.is_initialized() or dist.get_rank() == 0:
         out.write_text(json.dumps(res))
     trainer.close()

@@ -6,7 +6,8 @@
 - the PEFT export loaded by HF transformers + `peft.PeftModel.from_pretrained` gives the trainer's log-probs
   within 1e-5;
 - an adapter-only checkpoint resumes exactly (save, step, load, step: the same loss and log-probs) and loads under
-  TP2 with sequence parallelism (resharded);
+  TP2 with sequence parallelism (resharded); `tools/convert_megatron_to_hf.py --peft-out` writes the adapter the
+  trainer exported, bit for bit, and `--merge-lora` an HF checkpoint with the trainer's log-probs within 1e-5;
 - TP2 + sequence parallelism (Llama) and EP2 (Qwen3-MoE, expert adapters) train the same adapters as one rank.
 """
 
@@ -90,6 +91,31 @@ def test_qwen3_lora_one_rank_frozen_base_peft_export_and_resume(tmp_path):
     # the PEFT export: B rows once, A once per HF projection (q/k/v share one, gate/up another), FP32
     per_layer = R * (64 * 3 + 256) + R * (128 + 64) + R * (64 * 2 + 256) + R * (128 + 64)
     assert res["peft_bytes"] == 2 * per_layer * 4
+    _convert_and_check(tmp_path)
+
+
+def _convert_and_check(tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lora_worker import _batch
+    from scalerl_mega.model.peft_files import read_peft_adapter
+
+    cmd = [sys.executable, "tools/convert_megatron_to_hf.py", "--ckpt", str(tmp_path / "lora_ckpt_1rank"),
+           "--peft-out", str(tmp_path / "peft"), "--merge-lora", "--out", str(tmp_path / "merged")]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = torch.load(tmp_path / "one.pt")
+    config, tensors = read_peft_adapter(tmp_path / "peft")
+    assert config["r"] == R and sorted(tensors) == sorted(one["named"])
+    assert all(torch.equal(tensors[k], one["named"][k]) for k in tensors)
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), dtype=torch.float32).eval()
+    probe = _batch(9, merged.config.vocab_size)  # the worker's probe batch
+    with torch.no_grad():
+        logits = merged(input_ids=probe.input_ids_BT, position_ids=probe.position_ids_BT).logits.float()
+    logp = torch.log_softmax(logits, -1).gather(-1, probe.targets_BT.unsqueeze(-1)).squeeze(-1)
+    assert float(((logp - one["logp"]).abs() * one["mask"]).max()) <= 1e-5
 
 
 @pytest.mark.slow
@@ -97,7 +123,8 @@ def test_llama_lora_tp2_sequence_parallel_matches_one_rank_and_resumes_its_check
     one = _one_rank(tmp_path, "tiny_dense", "--hf-check")
     _check_one_rank(one, LLAMA_TRAINABLE)
     assert one["hf_vs_megatron_max_abs"] <= 1e-5
-    _torchrun(tmp_path, "tiny_dense", "--tp", "2", "--sp", "--resume-from", str(tmp_path / "lora_ckpt"))
+    two = _torchrun(tmp_path, "tiny_dense", "--tp", "2", "--sp", "--resume-from", str(tmp_path / "lora_ckpt_1rank"))
+    assert two["resume_loss"][0] == two["resume_loss"][1] and two["resume_logp_equal"]
     _same_adapters(tmp_path / "one.pt", tmp_path / "two.pt", atol=5e-5)
     import torch
 
@@ -109,5 +136,6 @@ def test_llama_lora_tp2_sequence_parallel_matches_one_rank_and_resumes_its_check
 def test_qwen3_moe_expert_lora_ep2_matches_one_rank(tmp_path):
     one = _one_rank(tmp_path, "tiny_qwen3_moe", "--base", str(tmp_path / "base.pt"))
     _check_one_rank(one, MOE_TRAINABLE)
-    _torchrun(tmp_path, "tiny_qwen3_moe", "--ep", "2", "--base", str(tmp_path / "base.pt"))
+    two = _torchrun(tmp_path, "tiny_qwen3_moe", "--ep", "2", "--base", str(tmp_path / "base.pt"))
+    assert two["resume_loss"][0] == two["resume_loss"][1] and two["resume_logp_equal"]  # distributed optimizer, DP 2
     _same_adapters(tmp_path / "one.pt", tmp_path / "two.pt", atol=2e-4)

@@ -176,7 +176,11 @@ RUN_ONLY = {
                      ("scalerl_mega.trainer.megatron.parallel", "init_parallel"),
                      ("scalerl_mega.trainer.megatron.trainer", "MegatronPolicyTrainer.__init__"),
                      ("scalerl_mega.trainer.ranks", "ControlChannel.__init__"), ("scalerl_mega.trainer.ranks",
-                     "ControllerTrainer.__init__"), ("scalerl_mega.objective.is_correction", "check_is_params")],
+                     "ControllerTrainer.__init__"), ("scalerl_mega.objective.is_correction", "check_is_params"),
+                     # peft=lora: the keys are checked by --validate (config/peft.py); what only the built model can
+                     # say (grouped-GEMM experts, targets matching no linear) and the adapter's shape invariant
+                     ("scalerl_mega.trainer.megatron.lora", "inject_lora"),
+                     ("scalerl_mega.trainer.megatron.lora", "LoRAAdapter.__init__")],
                     "the trainer's construction"),
     # processes and servers: invariants of values already checked (reward.num_workers: check_reward_settings; the
     # engine configs: check_engine_settings), or what a started process / server / this process's limits say

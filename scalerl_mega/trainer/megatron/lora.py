@@ -35,12 +35,15 @@ import math
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
-ADAPTER = "lora"
-"""Attribute (child module) name of the adapter on an adapted linear."""
+from scalerl_mega.trainer.megatron.global_names import ADAPTER
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.config.peft import PeftConfig
+
 _COLUMN = frozenset({"qkv", "fc1", "expert_fc1", "shared_fc1"})
 _EXPERT_KINDS = frozenset({"expert_fc1", "expert_fc2"})
 _KIND = (
@@ -63,11 +66,6 @@ def module_kind(name: str) -> str | None:
         if pattern.search(name):
             return kind
     return None
-
-
-def is_adapter_param(name: str) -> bool:
-    """A parameter name (local or global) of a LoRA adapter."""
-    return f".{ADAPTER}.lora_" in name
 
 
 @dataclass(frozen=True)
@@ -170,7 +168,7 @@ def _adapter_input(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return (y * g).to(x.dtype)
 
 
-def _add_adapter_output(module: torch.nn.Module, args: tuple, output: Any) -> Any:
+def _add_adapter_output(module: torch.nn.Module, args: tuple, output: tuple | torch.Tensor) -> tuple | torch.Tensor:
     """Forward hook of an adapted linear: its (output, bias) with the adapter's output added to the output."""
     delta = getattr(module, ADAPTER)(_adapter_input(module, args[0]))
     if isinstance(output, tuple):
@@ -194,7 +192,7 @@ def global_weight_name(gpt: torch.nn.Module, local_module: str, *, num_experts: 
     return sharding.to_global_name(local_module + ".weight", layer_offset=layer_offset, expert_offset=expert_offset)
 
 
-def inject_lora(gpt: torch.nn.Module, peft: Any, *, num_experts: int, seed: int) -> int:
+def inject_lora(gpt: torch.nn.Module, peft: PeftConfig, *, num_experts: int, seed: int) -> int:
     """Freeze every parameter of `gpt` (one GPTModel chunk, before DDP) and add a `LoRAAdapter` to each linear the
     targets select (`peft`: config.peft.PeftConfig). Returns the number of adapted linears on this rank; a chunk with
     none is an error naming `peft.targets` (nothing would train)."""
@@ -226,3 +224,20 @@ def inject_lora(gpt: torch.nn.Module, peft: Any, *, num_experts: int, seed: int)
 def trainable_numel(gpt: torch.nn.Module) -> int:
     """Elements of this rank's trainable parameters (the adapters' local shards after `inject_lora`)."""
     return sum(p.numel() for p in gpt.parameters() if p.requires_grad)
+
+
+def merge_adapters(gpt: torch.nn.Module) -> int:
+    """Fold every adapter of a one-rank model into its base weight, `W += (alpha / r) B A` (in float64, rounded once
+    to W's dtype), and zero B, so the model computes the same function with plain weights (a merged HF export).
+    Returns the number of merged linears."""
+    n = 0
+    with torch.no_grad():
+        for _, module in adapted_modules(gpt):
+            adapter = getattr(module, ADAPTER)
+            if adapter.layout.tp > 1:
+                raise NotImplementedError("merge_adapters runs on a one-rank model (the converter's)")
+            delta = (adapter.lora_B.double() @ adapter.lora_A.double()) * adapter.scale
+            module.weight.add_(delta.to(module.weight.dtype))
+            adapter.lora_B.zero_()
+            n += 1
+    return n

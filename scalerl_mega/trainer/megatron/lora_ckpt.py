@@ -14,9 +14,12 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.trainer.megatron.lora import LoRAAdapter
 
 KEY_PREFIX = "adapters."
 
@@ -28,7 +31,7 @@ def has_adapters(chunks: list) -> bool:
     return any(True for gpt in unwrap(chunks) for _ in adapted_modules(gpt))
 
 
-def _tensors(chunks: list) -> list[tuple[str, Any, Any]]:
+def _tensors(chunks: list) -> list[tuple[str, LoRAAdapter, str]]:
     """(global key stem, adapter, local module name) of every adapter on this rank."""
     from scalerl_mega.trainer.megatron.global_names import unwrap
     from scalerl_mega.trainer.megatron.lora import ADAPTER, adapted_modules, global_weight_name
@@ -45,7 +48,7 @@ def _num_experts(gpt) -> int:
     return int(getattr(gpt.config, "num_moe_experts", None) or 0)
 
 
-def adapter_sharded_state_dict(chunks: list) -> dict[str, Any]:
+def adapter_sharded_state_dict(chunks: list) -> dict[str, object]:
     """The adapters of this rank as a Megatron sharded state dict (module docstring); its tensors are the live
     parameters, so the optimizer's sharded state maps onto them."""
     from megatron.core import parallel_state as ps
@@ -54,7 +57,7 @@ def adapter_sharded_state_dict(chunks: list) -> dict[str, Any]:
 
     dp = ps.get_data_parallel_rank(with_context_parallel=True)
     edp = ps.get_expert_data_parallel_rank() if any(a.layout.expert for _, a, _ in _tensors(chunks)) else 0
-    sd: dict[str, Any] = {}
+    sd: dict[str, object] = {}
     for stem, adapter, _ in _tensors(chunks):
         lay = adapter.layout
         a_key, b_key = f"{stem}.lora_A", f"{stem}.lora_B"
@@ -73,7 +76,7 @@ def adapter_sharded_state_dict(chunks: list) -> dict[str, Any]:
     return sd
 
 
-def load_adapter_state(chunks: list, loaded: dict[str, Any]) -> None:
+def load_adapter_state(chunks: list, loaded: dict[str, torch.Tensor]) -> None:
     """Copy a loaded adapter state dict (`adapter_sharded_state_dict`'s keys, tensors) into the adapters; a key
     missing from it is an error naming the key (a checkpoint of other targets or another rank)."""
     for stem, adapter, _ in _tensors(chunks):
@@ -93,7 +96,7 @@ def load_adapter_state(chunks: list, loaded: dict[str, Any]) -> None:
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
-def base_reference(path: str, *, seed: int, model_name: str) -> dict[str, Any]:
+def base_reference(path: str, *, seed: int, model_name: str) -> dict[str, object]:
     """What an adapter checkpoint's frozen base is: `init_from_hf`'s directory and a fingerprint of it (SHA-256 over
     its JSON files' bytes and each weight file's name and size: cheap at any size, and it changes when the
     checkpoint is replaced or re-exported), or, for a randomly initialised base, the seed and model it is drawn
@@ -110,7 +113,7 @@ def base_reference(path: str, *, seed: int, model_name: str) -> dict[str, Any]:
     return {"path": str(root.resolve()), "sha256": h.hexdigest()}
 
 
-def check_base(saved: dict[str, Any] | None, current: dict[str, Any], *, where: str) -> None:
+def check_base(saved: dict[str, object] | None, current: dict[str, object], *, where: str) -> None:
     """Refuse to resume adapters onto another base than they were trained on (naming both)."""
     if not saved:
         raise ValueError(f"{where}: an adapter checkpoint without its base reference (peft_base)")

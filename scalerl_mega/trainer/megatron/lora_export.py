@@ -12,16 +12,19 @@ per-expert LoRA; transformers 5 holds experts as fused 3-D parameters, which PEF
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from scalerl_mega.config.peft import PeftConfig
 
 HF_SHORT = {"qkv": ("q_proj", "k_proj", "v_proj"), "proj": ("o_proj",), "fc1": ("gate_proj", "up_proj"),
             "fc2": ("down_proj",)}
 """The HF projections of each adapted Megatron linear (the fused ones split)."""
 
 
-def peft_adapter_config(peft: Any, *, kinds: set[str], base_model: str = "") -> dict[str, Any]:
+def peft_adapter_config(peft: PeftConfig, *, kinds: set[str], base_model: str = "") -> dict[str, object]:
     """The content of PEFT's `adapter_config.json` for adapters on `kinds` (config.peft.target_kinds)."""
     short = sorted({s for k in kinds for s in HF_SHORT[k.split("_")[-1]]})
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": int(peft.rank), "lora_alpha": float(peft.alpha),
@@ -68,7 +71,8 @@ def _rows_to_hf(group, b: torch.Tensor, *, dims) -> list[tuple[str, torch.Tensor
     return list(zip(group.hf, group.to_hf([b], dims, dims.vocab_size), strict=True))
 
 
-def _expert_pairs(kind: str, layer: int, expert: int, a, b, *, prefix: str) -> list[tuple[str, Any, Any]]:
+def _expert_pairs(kind: str, layer: int, expert: int, a: torch.Tensor, b: torch.Tensor, *,
+                  prefix: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     base = f"model.layers.{layer}.{prefix}experts.{expert}."
     if kind == "expert_fc1":
         gate, up = torch.chunk(b, 2, dim=0)
@@ -109,8 +113,8 @@ def _stage_adapters(chunks: list, model_cfg) -> Iterator[tuple[str, torch.Tensor
                     yield f"base_model.model.{module_name}.lora_B.weight", bb.contiguous()
 
 
-def export_peft_adapter(chunks: list, model_cfg, peft: Any, *, dtype: torch.dtype | None = None,
-                        base_model: str = "") -> tuple[dict[str, Any], list[tuple[str, torch.Tensor]]]:
+def export_peft_adapter(chunks: list, model_cfg, peft: PeftConfig, *, dtype: torch.dtype | None = None,
+                        base_model: str = "") -> tuple[dict[str, object], list[tuple[str, torch.Tensor]]]:
     """(adapter_config, [(PEFT name, tensor), ...]) of the whole model on global rank 0, an empty list on the other
     ranks; every rank must call it (TP/EP gathers, pipeline stages relayed to rank 0). `dtype`: cast of the tensors
     (None keeps the parameters')."""

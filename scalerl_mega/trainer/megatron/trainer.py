@@ -55,7 +55,7 @@ class MegatronPolicyTrainer:
             from scalerl_mega.trainer.megatron import lora
 
             lora.inject_lora(model, self.peft, num_experts=cfg.model.num_experts, seed=cfg.optim.seed)
-        self.peft_base: dict[str, Any] = {"path": "", "seed": int(cfg.optim.seed), "model": cfg.model.name}
+        self.peft_base: dict[str, object] = {"path": "", "seed": int(cfg.optim.seed), "model": cfg.model.name}
         """The frozen base an adapter checkpoint references (`lora_ckpt.base_reference`): a random base's seed and
         model until `build.init_trainer_from_hf` sets the HF checkpoint's path and fingerprint."""
         self.chunks = [wrap.wrap_model(model, self.tcfg, cfg)]
@@ -165,14 +165,15 @@ class MegatronPolicyTrainer:
         yielded on global rank 0; every rank must
         exhaust the iterator (TP/EP gathers inside each pipeline stage, later stages relayed to rank 0;
         `export.export_to_rank0`). The stream announces its names/shapes/dtypes up front
-        (`weight_sync.PlannedTensors`), so an engine checks them before the first bucket is sent."""
+        (`weight_sync.PlannedTensors`), so an engine checks them before the first bucket is sent. With `peft=lora`
+        these are the frozen base's weights: the adapters are not in them (`export_adapter`)."""
         from scalerl_mega.weight_sync import PlannedTensors
         from scalerl_mega.trainer.megatron import export
 
         return PlannedTensors(export.export_to_rank0(self.chunks, self.cfg.model, dtype=dtype),
                               plan=export.export_plan(self.cfg.model, dtype=dtype))
 
-    def export_adapter(self, *, dtype: str | None = None, base_model: str = "") -> tuple[dict[str, Any], list[tuple[str, Tensor]]]:
+    def export_adapter(self, *, dtype: str | None = None, base_model: str = "") -> tuple[dict[str, object], list[tuple[str, Tensor]]]:
         """`peft=lora`: (PEFT `adapter_config.json` content, [(PEFT tensor name, full tensor), ...]) on global rank 0,
         an empty list on the others; every rank must call it (`lora_export.export_peft_adapter`). `dtype`: a torch
         dtype name for the tensors (None: the parameters')."""
