@@ -37,3 +37,10 @@ def test_three_seeds_each_gain_over_their_first_validation():
         assert r["exit_status"] == 0 and [p["step"] for p in points] == list(range(0, 81, 10))
         assert (r["first"], r["last"]) == (points[0]["pass_rate"], points[-1]["pass_rate"])
         assert r["gain"] == pytest.approx(r["last"] - r["first"], abs=1e-4) and r["gain"] >= 0.15
+
+
+def test_the_running_doc_states_the_bytes_of_the_committed_runs():
+    text = " ".join((ROOT / "docs" / "running_scalerl.md").read_text().split())
+    run = _doc()["runs"][0]
+    assert (f"Each push there carries {run['sync_bytes_per_step'][0]:,} bytes of adapters against "
+            f"{run['full_model_bytes']:,} bytes for the whole model") in text
