@@ -87,7 +87,7 @@ def summarise(run_dir: Path, *, full_bytes: int) -> dict:
     launch_rec = json.loads((run_dir / "launch.json").read_text())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     val = [{"step": r["step"], "pass_rate": r["val_pass_rate"]} for r in rows if r["kind"] == "validation"]
-    sync = sorted({r["sync/bytes"] for r in rows if r["kind"] == "train" and "sync/bytes" in r})
+    sync = sorted({int(r["sync/bytes"]) for r in rows if r["kind"] == "train" and "sync/bytes" in r})
     first, last = val[0]["pass_rate"], val[-1]["pass_rate"]
     return {
         "seed": launch_rec["seed"], "exit_status": launch_rec["exit_status"],
