@@ -134,6 +134,7 @@ def _roundtrip(trainer, vocab: int, out: Path) -> dict:
     files = sorted(p.name for p in next(ck.glob("step_*")).iterdir())
     ckpt_bytes = sum(p.stat().st_size for p in next(ck.glob("step_*")).rglob("*") if p.is_file())
     return {"resume_loss": [m1["loss"], m2["loss"]], "resume_logp_equal": torch_equal(logp1, logp2),
+            "resume_logp_max_abs": float((logp1 - logp2).abs().max()), "resume_grad_norm": [m1["grad_norm"], m2["grad_norm"]],
             "ckpt_files": files, "ckpt_bytes": ckpt_bytes}
 
 
