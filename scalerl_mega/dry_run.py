@@ -274,7 +274,14 @@ def trainer_plan(cfg, *, world_size: int, device):
     from scalerl_mega.cluster.plan import trainer_memory
 
     mcfg = megatron_config(cfg)
-    return trainer_memory(model_shape(mcfg.model), train_layout(cfg, mcfg, world_size), device)
+    shape, layout = model_shape(mcfg.model), train_layout(cfg, mcfg, world_size)
+    peft = getattr(cfg, "peft", None)
+    if peft is not None and peft.kind == "lora":  # frozen base, adapters trained (cluster/plan_lora.py)
+        from scalerl_mega.cluster.plan_lora import lora_trainer_memory
+        from scalerl_mega.config.peft import target_kinds
+
+        return lora_trainer_memory(shape, layout, device, rank=int(peft.rank), kinds=target_kinds(list(peft.targets)))
+    return trainer_memory(shape, layout, device)
 
 
 def generator_estimate(cfg) -> dict[str, Any]:

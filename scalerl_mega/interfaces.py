@@ -44,6 +44,20 @@ class RolloutEngine(Protocol):
 
 
 @runtime_checkable
+class AdapterEngine(Protocol):
+    """The optional LoRA capability of a `RolloutEngine` (the local engines, SGLang, `build.EngineSet`): it
+    serves PEFT LoRA adapters on its base model, so a step's sync sends the adapter alone."""
+
+    def update_adapter(self, adapter_config: dict[str, object], named_tensors: Iterable[tuple[str, "torch.Tensor"]], *,
+                       version: int) -> None:
+        """Serve the PEFT 0.21 adapter (`adapter_config.json` as a dict; tensors
+        `base_model.model.<module>.lora_A.weight` [r, in] and `.lora_B.weight` [out, r]) as `policy-v{version}`
+        to requests started from now on; a request keeps the adapter it started with, and a version is dropped
+        once no request uses it. A bad adapter raises WeightSyncError naming the adapter and tensor, and the
+        previous version keeps serving."""
+
+
+@runtime_checkable
 class PolicyTrainer(Protocol):
     """Trains the policy (Megatron-Core on CPU and GPU)."""
 
@@ -137,6 +151,9 @@ class LoopComponents:
     """dtype the generators hold their weights in ("bfloat16", "float32"; "bfloat16+fp32_head" keeps an
     FP32 LM head FP32, `export.weight_dtypes`): exports are cast to it on the training device before
     they are sent. None keeps the trainer's dtype."""
+    adapter_sync: bool = False
+    """`peft=lora`: each step's push sends the trainer's LoRA adapter alone (`trainer.export_adapter` ->
+    `engine.update_adapter`, `AdapterEngine`); the base weights travel once, at the loop's first push."""
     sync_weights: Callable[..., dict[str, float]] | None = None
     """The per-stage weight push (`rollout.weight_sync_senders=per_stage`: `ranks.ControllerTrainer.sync_weights`,
     called as (engine, version=, dtype=) and returning the `sync/*` metrics); None: the one-sender push

@@ -41,7 +41,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,10 +89,19 @@ class LoopState:
 
 
 # ----------------------------------------------------------------------------- weights
-def push_weights(comps: LoopComponents, *, version: int) -> dict[str, float]:
+def push_weights(comps: LoopComponents, *, version: int, full: bool = False) -> dict[str, float]:
     """Trainer -> engines (HF-named tensors): one sender, or every stage's sender (`comps.sync_weights`);
-    returns the `sync/*` metrics (`sync/seconds`: seconds spent)."""
+    returns the `sync/*` metrics (`sync/seconds`: seconds spent). With `comps.adapter_sync` (peft=lora) the LoRA
+    adapter alone, preceded by the base weights when `full` (the loop's first push: the engines start from their
+    own initialisation)."""
     t0 = time.monotonic()
+    if comps.adapter_sync:
+        if full:
+            push_weights(replace(comps, adapter_sync=False), version=version)
+        dtype = comps.weight_dtype.split("+")[0] if comps.weight_dtype else None  # "bfloat16+fp32_head": no head here
+        config, tensors = comps.trainer.export_adapter(dtype=dtype)
+        comps.engine.update_adapter(config, tensors, version=version)
+        return single_sender_metrics(getattr(comps.engine, "last_sync_stats", None), seconds=time.monotonic() - t0)
     if comps.sync_weights is not None:
         out = comps.sync_weights(comps.engine, version=version, dtype=comps.weight_dtype)
         return {**out, "sync/seconds": time.monotonic() - t0}
@@ -209,7 +218,7 @@ def _loop(cfg: TrainConfig, comps: LoopComponents, *, state: LoopState, router: 
     k = cfg.off_policy.k
     pipeline = cfg.off_policy.name == "pipeline_rl"
     state.weight_version = state.step
-    push_weights(comps, version=state.step)
+    push_weights(comps, version=state.step, full=True)
     admission = _Admission(cfg=cfg, comps=comps, router=router, state=state, readmit=readmit, rng=rng)
     window = cfg.train.val_mode == "window" and cfg.train.val_every > 0
     if state.step == 0 and cfg.train.val_every:  # window mode too: R0 is the warm start's own point

@@ -146,8 +146,8 @@ def run_job(config: TrainConfig) -> dict[str, Any]:
             resumed = channel.share(resumed)
         t0 = time.monotonic()
         with config_errors():
-            if config.init_from_hf and not resumed:
-                build.init_trainer_from_hf(trainer, config)
+            if config.init_from_hf and (not resumed or config.peft.kind == "lora"):  # an adapter checkpoint
+                build.init_trainer_from_hf(trainer, config)  # holds no base: it is loaded again on resume
             if config.sft.steps and not resumed:
                 _warm_start_or_load(config, task, trainer, out=out if controller else None, channel=channel)
         summary["sft_s"] = time.monotonic() - t0

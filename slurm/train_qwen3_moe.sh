@@ -12,6 +12,10 @@
 #   layout[h100_80gb]: GPU_TYPE=h100_80gb MODEL=qwen3_235b_a22b TRAINER_NODES=8 TP=4 PP=2 EP=32 GEN_TP=8    75.5 of 75.7 GiB (0.2 GiB spare)
 #   layout[h200]: GPU_TYPE=h200 MODEL=qwen3_235b_a22b TRAINER_NODES=8 TP=4 PP=2 EP=32 GEN_TP=8    75.5 of 124.8 GiB
 #   layout[gb200]: GPU_TYPE=gb200 MODEL=qwen3_235b_a22b GPUS_PER_NODE=4 TRAINER_NODES=8 TP=4 PP=2 EP=16 GEN_TP=4  136.3 of 164.6
+# LoRA (peft=lora: the base frozen in bf16, adapters of rank 8 on attention and every expert trained, optimizer state
+# for the adapters only; cluster/plan_lora.py, `tools/plan.py --peft lora`): Qwen3-235B-A22B's trainer fits ONE 8xH100
+# node instead of 8 (checked by tests/unit/test_plan_lora.py; set `sbatch --nodes` to the generator nodes + 1):
+#   lora[h100_80gb]: GPU_TYPE=h100_80gb MODEL=qwen3_235b_a22b TRAINER_NODES=1 TP=4 PP=2 EP=4 GEN_TP=8 EXTRA_OVERRIDES="peft=lora peft.rank=8"    66.1 of 75.7 GiB
 # Generators: 30B-A3B at GEN_TP 2 holds 30.5 GiB of bf16 weights per H100; 235B-A22B at GEN_TP 8 on H200
 # (4 KV heads, each on 2 GPUs) 55 GiB, at GEN_TP 4 on GB200 110 GiB, leaving KV for >= 51 sequences of 16k;
 # on H100 the same 55 GiB per GPU leaves far less room for the KV cache.

@@ -8,6 +8,9 @@ Examples:
                                            # a `layout[...]` line of the script's header, typed as it stands
   tools/plan.py --model llama3_8b --device h100_80gb --tp 4 --dp 4 --gen-tp 1
   tools/plan.py --model scout_17b16e --device gb200 --tp 4 --pp 1 --dp 4 --ep 4 --gen-tp 2
+  tools/plan.py --model qwen3_235b_a22b --tp 4 --pp 2 --ep 4 --recompute full --peft lora --rank 8
+                                   # LoRA (peft=lora): frozen bf16 base, optimizer state for the adapters only
+                                   # (scalerl_mega/cluster/plan_lora.py)
   tools/plan.py --table            # the table in docs/cluster_and_gpu.md: every model on every device
   tools/plan.py --sync-table       # predicted weight-sync seconds and floors, one vs per-stage senders, SGLang and
                                    # local engines, bf16 and FP8 (scalerl_mega/cluster/sync_model.py; --json: one
@@ -35,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from scalerl_mega.config.peft import DEFAULT_TARGETS  # noqa: E402
 from scalerl_mega.cluster.plan import (  # noqa: E402
     DEVICES,
     MODELS,
@@ -195,6 +199,20 @@ def assumed_line(args, lay: TrainLayout, source: str) -> str:
             f"tp={lay.tp} pp={lay.pp} dp={lay.dp} ep={lay.ep} ({lay.world} trainer GPUs), gen tp={args.gen_tp}")
 
 
+def _trainer_memory_fn(args):
+    """`plan.trainer_memory`, or with `--peft lora` the LoRA plan (`plan_lora.lora_trainer_memory`) of the
+    given rank and targets (their names checked as `peft.targets` is)."""
+    if args.peft == "none":
+        return trainer_memory
+    from scalerl_mega.cluster.plan_lora import lora_trainer_memory
+    from scalerl_mega.config.peft import PeftConfig, target_kinds, validate_peft
+
+    peft = PeftConfig(kind="lora", rank=args.rank, targets=[t for t in args.targets.split(",") if t])
+    validate_peft(peft)
+    kinds = target_kinds(peft.targets)
+    return lambda model, lay, dev: lora_trainer_memory(model, lay, dev, rank=peft.rank, kinds=kinds)
+
+
 def main(argv: list[str] | None = None) -> int:
     from scalerl_mega.cluster.layouts import LAYOUTS
 
@@ -235,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--link-gbps", type=float, default=25.0, help="weight sync: one sender's network GB/s")
     ap.add_argument("--gather-gbps", type=float, default=150.0, help="weight sync: intra-node gather GB/s per GPU")
     ap.add_argument("--recv-gbps", type=float, default=25.0, help="weight sync: one receiving engine rank's GB/s")
+    ap.add_argument("--peft", choices=("none", "lora"), default="none",
+                    help="lora: plan LoRA training (peft=lora): the base frozen, adapters trained")
+    ap.add_argument("--rank", type=int, default=8, help="--peft lora: the adapters' rank (peft.rank)")
+    ap.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
+                    help="--peft lora: comma-separated peft.targets (default: attention, every MLP and expert)")
     ap.add_argument("settings", nargs="*", metavar="KEY=VALUE",
                     help="with --layout: a header line's settings, e.g. GPU_TYPE=h200 TP=4 (the script's variables)")
     known, _ = ap.parse_known_args(argv)
@@ -287,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         quantization=args.gen_quantization, kv_bytes=KV_CACHE_BYTES[args.kv_cache_dtype],
     )
     try:
-        trep = trainer_memory(model, lay, dev)
+        memory = _trainer_memory_fn(args)
+        trep = memory(model, lay, dev)
         grep_ = generator_memory(model, glay, dev)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -313,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{ws['senders']} senders {ws['multi_sender_s']:.2f} s (largest sender {ws['max_sender_bytes'] / GiB:.1f} GiB)")
     if not trep.fits:
         status = 2
-        sug = smallest_trainer_layout(model, dev, base=lay)
+        sug = smallest_trainer_layout(model, dev, base=lay, memory=memory)
         out["trainer_suggestion"] = None if sug is None else asdict(sug)
         if not args.json:
             msg = "none up to 1024 GPUs" if sug is None else _layout_str(sug)

@@ -553,11 +553,11 @@ def _divisors(n: int) -> list[int]:
 
 
 def smallest_trainer_layout(
-    model: ModelShape, device: Device, *, base: TrainLayout, max_gpus: int = 1024, world: int | None = None
-) -> TrainLayout | None:
+    model: ModelShape, device: Device, *, base: TrainLayout, max_gpus: int = 1024, world: int | None = None,
+    memory=None) -> TrainLayout | None:
     """Fewest-GPU layout (then lowest pp, then lowest tp) that fits, keeping ``base``'s micro-batch,
     sequence length, recompute, SP and optimizer settings. None if nothing up to ``max_gpus`` fits.
-    With ``world``, only layouts of exactly that many GPUs are considered."""
+    With ``world``, only layouts of exactly that many GPUs are considered; ``memory``: the plan (``trainer_memory``)."""
     candidates = []
     tps = [t for t in (1, 2, 4, 8) if model.kv_heads % t == 0]
     pps = [p for p in _divisors(model.layers) if p <= 16]
@@ -573,7 +573,7 @@ def smallest_trainer_layout(
     candidates.sort(key=lambda lay: (lay.world, lay.pp, lay.tp, -lay.ep))
     for lay in candidates:
         try:
-            if trainer_memory(model, lay, device).fits:
+            if (memory or trainer_memory)(model, lay, device).fits:
                 return lay
         except ValueError:
             continue

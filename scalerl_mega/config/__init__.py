@@ -6,6 +6,7 @@
     run       cluster, train loop, sft, metrics, moe, forecast
     reward    RewardSettings (checked by rewards/ where it is used)
     env       EnvConfig: single-turn samples or multi-turn episodes   validate_env
+    peft      PeftConfig: LoRA adapters on the trainer (peft=lora)    validate_peft, validate_peft_for
     tree      TrainConfig (the whole tree), register_configs, validate (every group, then across groups)
     machine   validate_machine: devices, tokenizer directory, emulated-bf16 warning
 
@@ -24,6 +25,7 @@ from scalerl_mega.config.machine import (
     validate_machine,
     warn_cpu_bf16,
 )
+from scalerl_mega.config.peft import PEFT_KINDS, PeftConfig, validate_peft, validate_peft_for
 from scalerl_mega.config.recipe import (
     ADV_NORM_NAMES,
     AGGREGATION_NAMES,
@@ -77,5 +79,5 @@ __all__ = [
     "PrecisionConfig", "RewardSettings", "RolloutConfig", "SFTConfig", "TrainConfig", "TrainLoopConfig",
     "check_tokenizer_dir", "check_tokenizer_fits", "check_tokenizer_source", "cpu_native_bf16", "flat_config",
     "megatron_config", "pause_mode", "records_routes", "register_configs",
-    "validate", "validate_machine", "warn_cpu_bf16",
+    "validate", "validate_machine", "validate_peft", "validate_peft_for", "warn_cpu_bf16",
 ]

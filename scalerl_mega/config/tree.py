@@ -26,6 +26,7 @@ from scalerl_mega.config.recipe import (
     validate_off_policy,
     validate_recipe_choices,
 )
+from scalerl_mega.config.peft import PeftConfig, validate_peft
 from scalerl_mega.config.reward import RewardSettings
 from scalerl_mega.config.rollout import RolloutConfig, validate_rollout
 from scalerl_mega.config.run import (
@@ -90,6 +91,7 @@ class TrainConfig:
     forecast: ForecastConfig = field(default_factory=ForecastConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    peft: PeftConfig = field(default_factory=PeftConfig)
 
 def records_routes(cfg: TrainConfig) -> bool:
     """Whether the generators record MoE routes: an MoE model and `moe.record_routes`, which unset
@@ -122,7 +124,9 @@ def validate(cfg: TrainConfig) -> None:
     validate_moe(cfg.moe)
     validate_forecast(cfg.forecast)
     validate_env(cfg.env)
+    validate_peft(cfg.peft)
     _validate_trainer(cfg)
+    _validate_peft_rollout(cfg)
     if not str(cfg.resume):
         raise ValueError("resume='' must be 'auto', 'never' or a checkpoint directory")
     _validate_across_groups(cfg)
@@ -139,6 +143,32 @@ def _validate_trainer(cfg: TrainConfig) -> None:
             mcfg.validate(world_size=world)
         except ValueError as exc:
             raise ValueError(f"cluster.trainer_devices={world}: {exc}") from None
+
+
+def _validate_peft_rollout(cfg: TrainConfig) -> None:
+    """`peft=lora` against the generators that serve its adapters (each step sends the adapter alone): adapters on
+    the routed experts of an MoE model are served by the local engine only in the Llama-4 layers it runs sparsely on
+    a CPU (rollout/sparse_moe.py; elsewhere transformers 5 holds the experts as fused 3-D parameters it does not
+    adapt), and not by SGLang on a CPU (its MoE LoRA runs on its Triton kernels only)."""
+    from scalerl_mega.config.peft import target_kinds
+
+    if cfg.peft.kind != "lora" or not int(cfg.model.num_experts or 0):
+        return
+    experts = [t for t in cfg.peft.targets if target_kinds([t]) & {"expert_fc1", "expert_fc2"}]
+    if not experts:
+        return
+    sparse = cfg.model.arch == "llama4" and cfg.cluster.device == "cpu"
+    where = (f"rollout.name=local and cluster.device={cfg.cluster.device!r}: the local engine adapts routed experts "
+             "only in the Llama-4 layers it runs sparsely on a CPU (elsewhere they are fused 3-D parameters it does "
+             "not adapt)" if cfg.rollout.name == "local" and not sparse else
+             "rollout.name=sglang with cluster.device=cpu: SGLang 0.5.23 serves MoE LoRA with its Triton kernels "
+             "only (GPU)" if cfg.rollout.name == "sglang" and cfg.cluster.device == "cpu" else "")
+    if where:
+        raise ValueError(f"peft.targets={list(cfg.peft.targets)!r} adapts the routed experts of model.arch="
+                         f"{cfg.model.arch!r} (model.num_experts={cfg.model.num_experts}) via {experts}, not served with "
+                         f"{where}; target the attention and the dense/shared MLP instead (e.g. peft.targets="
+                         "[linear_qkv,linear_proj,mlp.linear_fc1,mlp.linear_fc2,shared_experts.linear_fc1,"
+                         "shared_experts.linear_fc2])")
 
 
 def _validate_across_groups(cfg: TrainConfig) -> None:
@@ -192,7 +222,7 @@ def megatron_config(cfg: TrainConfig) -> MegatronConfig:
                           optim=replace(cfg.optim, seed=int(cfg.optim.seed) + int(cfg.seed)),
                           params_dtype=cfg.precision.params_dtype, grad_reduce_in_fp32=cfg.precision.grad_reduce_in_fp32,
                           recompute=cfg.train.recompute, routing_replay=cfg.moe.routing_replay,
-                          logit_temperature=float(cfg.rollout.temperature))
+                          logit_temperature=float(cfg.rollout.temperature), peft=cfg.peft)
 
 
 def flat_config(config: Any) -> dict[str, Any]:

@@ -443,6 +443,9 @@ class MegatronConfig:
     """The generator's sampling temperature (`rollout.temperature`): RL log-probs are those of
     softmax(logits / T), the distribution the samples were drawn from and whose log-probs the engine
     returns, so every importance ratio compares like with like. SFT batches always use T=1."""
+    peft: Any = None
+    """The `peft` group (`config.peft.PeftConfig`; None: full training): `peft.kind=lora` freezes the base model
+    and trains LoRA adapters only (trainer/megatron/lora.py)."""
 
     @property
     def bf16(self) -> bool:
@@ -483,6 +486,11 @@ class MegatronConfig:
             if self.parallel.cp > 1:
                 raise ValueError(f"moe: routing_replay={self.routing_replay!r} with parallel.cp="
                                  f"{self.parallel.cp}: context-parallel token layouts are not mapped; use cp=1")
+        if self.peft is not None:
+            from scalerl_mega.config.peft import validate_peft_for
+
+            validate_peft_for(self.peft, arch=self.model.arch, is_mla=self.model.is_mla, is_moe=self.model.is_moe,
+                              tp=self.parallel.tp, expert_tp=self.parallel.expert_tp())
         if self.mixed_dtype_params and self.optim.use_distributed_optimizer is False:
             raise ValueError("optim: use_distributed_optimizer=False with bf16 params and the FP32 head "
                              "(precision.params_dtype=bfloat16, model.fp32_lm_head=True): Megatron's "

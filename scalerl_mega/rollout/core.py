@@ -8,7 +8,9 @@
 
 Weight updates (`load_weights`) happen between steps; running requests keep their KV cache,
 which was computed with the old weights (PipelineRL in-flight semantics, paper Sec. 3.1). Every
-output token records the weight version whose forward produced its logits.
+output token records the weight version whose forward produced its logits. LoRA adapters (`load_adapter`,
+rollout/lora.py) bind per request instead: a request runs with the adapter, and is tagged with the version,
+current at its first admission.
 
 Forced interruption (paper Sec. 2 / App. A.11): once a request has sampled `interruption_at`
 tokens, the phrase `interruption_ids` is fed token by token (log-prob 0.0, loss mask 0) and the
@@ -46,6 +48,7 @@ from scalerl_mega.types import Completion, FinishReason, SamplingParams
 if TYPE_CHECKING:  # pragma: no cover
     import torch
     from transformers import PreTrainedModel
+    from scalerl_mega.rollout.lora import LoraAdapter
 
 
 @dataclass(kw_only=True)
@@ -110,6 +113,10 @@ class _Row:
     """Recorded route chunks: (ids [m, L, K], weights [m, L, K], version) for consecutive positions."""
     routes_n: int = 0
     """Positions with a recorded route (0..routes_n-1)."""
+    adapter: str | None = None
+    """The LoRA adapter this request runs with (`rollout/lora.py`), bound at its first admission; None: none."""
+    bound_version: int | None = None
+    """The weight version at its first admission: every token's version once adapters are served."""
     n_sampled: int = 0
     interrupted_at: int | None = None
     t_admit: float | None = None
@@ -164,6 +171,10 @@ class GenerationCore(RouteRecorder):
         self._w32 = None
         self._refresh_head()
         self._torch = torch
+        self.lora = None
+        """The served LoRA adapters (`lora.MultiLoRA`), from the first `load_adapter` on."""
+        self.adapter: str | None = None
+        """The adapter newly admitted requests are bound to (the last one loaded)."""
         # the decode step builds its own masks only for SDPA over full and chunked attention layers (anything
         # else, e.g. sliding windows, a chunked layer without a chunk size, or non-SDPA attention, gets the 2-D
         # mask and HF's construction); a chunk no request outgrows (max_seq_len) is full attention
@@ -246,6 +257,9 @@ class GenerationCore(RouteRecorder):
             free = self.config.max_batch - len(self.rows)
             if self.waiting and free > 0 and (free >= self._admit_min or not self.rows or free >= len(self.waiting)):
                 new = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
+                for r in new:  # a request keeps the adapter (and version) of its first admission, also once retracted
+                    if r.bound_version is None:
+                        r.adapter, r.bound_version = self.adapter, self.version
                 first = len(self.rows)
                 st["prefill_steps"] += 1
                 logits = self._prefill(new)  # counts the prompt tokens it computes
@@ -321,12 +335,33 @@ class GenerationCore(RouteRecorder):
     def set_version(self, version: int) -> None:
         self.version = int(version)
 
+    def load_adapter(self, config: dict[str, object], named_tensors: Iterable[tuple[str, "torch.Tensor"]], *,
+                     version: int) -> "LoraAdapter":
+        """Serve the PEFT LoRA adapter `policy-v{version}` (`lora.parse_adapter`: checked whole, ValueError
+        naming the adapter and tensor, nothing changed) to requests admitted from now on; requests already
+        admitted keep theirs, and versions no request holds any more are dropped. Returns the `LoraAdapter`."""
+        from scalerl_mega.rollout.lora import MultiLoRA, parse_adapter
+
+        adapter = parse_adapter(config, named_tensors, self.model, version=version)
+        if self.lora is None:
+            self.lora = MultiLoRA(self.model)
+        self.lora.add(adapter)
+        self.adapter = adapter.name
+        self.set_version(version)
+        self._retain_adapters()
+        return adapter
+
+    def _retain_adapters(self) -> None:
+        if self.lora is not None:
+            self.lora.retain({self.adapter} | {r.adapter for r in self.rows} | {r.adapter for r in self.waiting})
+
     def abort_all(self) -> list[Completion]:
         """Abort every running and waiting request; return their partial outputs (finish ABORT)."""
         rows = self.rows + list(self.waiting)
         self.rows = []
         self.waiting.clear()
         self.kv.length = 0
+        self._retain_adapters()
         return [self._completion(r, FinishReason.ABORT) for r in rows]
 
     def retract_all(self) -> int:
@@ -378,6 +413,8 @@ class GenerationCore(RouteRecorder):
         kv.mask_SC[:n, kv.length] = True
         ids = torch.tensor([r.next_input for r in self.rows], dtype=torch.long, device=self.device).view(n, 1)
         pos = torch.tensor([r.pos for r in self.rows], dtype=torch.long, device=self.device).view(n, 1)
+        if self.lora is not None:  # each row's adapter (rollout/lora.py)
+            self.lora.bind([r.adapter for r in self.rows], device=self.device)
         hidden = self._forward(ids, self._decode_masks(off, pos), pos, cache)
         kv.length += 1
         routes = self._take_routes(n, 1)
@@ -421,10 +458,10 @@ class GenerationCore(RouteRecorder):
         seqs = [r.req.prompt_ids + r.output_ids for r in new]
         src_of = list(range(len(new)))  # row j is a copy of distinct row src_of[j] (itself if distinct)
         if self.config.share_prefill:
-            first: dict[tuple[int, ...], int] = {}  # input -> its index among the distinct ones
+            first: dict[tuple, int] = {}  # (adapter, input) -> its index among the distinct ones
             distinct, copies = [], []
             for j, s in enumerate(seqs):
-                key = tuple(s)
+                key = (new[j].adapter, *s)
                 if key in first:
                     copies.append((j, first[key]))
                 else:
@@ -450,6 +487,8 @@ class GenerationCore(RouteRecorder):
         ids, amask, pos = ids.to(self.device), amask.to(self.device), pos.to(self.device)
         col0 = kv.length - p_max
         cache = kv.hf_cache(slice(n0, n0 + u), column_offset=col0, length=0)
+        if self.lora is not None:
+            self.lora.bind([r.adapter for r in new[:u]], device=self.device)
         hidden = self._forward(ids, amask, pos, cache)
         routes = self._take_routes(u, p_max)
         now = time.monotonic()
@@ -493,7 +532,7 @@ class GenerationCore(RouteRecorder):
                 r.n_sampled += 1
             r.output_ids.append(tok)
             r.logprobs.append(lp)
-            r.versions.append(self.version)
+            r.versions.append(self.version if self.lora is None else r.bound_version)
             r.loss_mask.append(m)
             r.next_input = tok
             reason = self._finish_reason(r, tok, sampled=m == 1)
@@ -509,6 +548,8 @@ class GenerationCore(RouteRecorder):
             self.rows.pop()
         if not self.rows:
             self.kv.length = 0
+        if out:
+            self._retain_adapters()
         out.reverse()
         return out
 

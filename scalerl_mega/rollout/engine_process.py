@@ -130,6 +130,8 @@ class _EngineLoop:
             self._multi_session(*msg[1:])
         elif kind == "weights_begin":
             self._weight_session(msg[1])
+        elif kind == "adapter_begin":  # a LoRA adapter: buckets as for weights, loaded whole at the end
+            self._weight_session(msg[1], adapter_config=msg[2])
         elif kind == "stats":
             self.out_q.put(("stats", (msg[1], self.core.stats())))
         elif kind == "digest":
@@ -142,9 +144,10 @@ class _EngineLoop:
         else:
             raise ValueError(f"engine: unknown command {kind!r}")
 
-    def _weight_session(self, version: int) -> None:
+    def _weight_session(self, version: int, *, adapter_config: dict | None = None) -> None:
         """Block decoding; receive announced buckets until "weights_end" (deadline per message), then
-        commit them all at once.
+        commit them all at once: as weights, or with `adapter_config` as the PEFT LoRA adapter
+        `policy-v{version}` (`GenerationCore.load_adapter`, checked whole when complete).
 
         All-or-nothing: each bucket is checked (names, shapes) and staged as it arrives; a rejected
         tensor does not stop the session -- later buckets are still received, so the broadcast
@@ -173,7 +176,9 @@ class _EngineLoop:
             if msg[0] == "weights_bucket":
                 meta: BucketMeta = msg[1]
                 received = self.receiver.receive_bucket(meta)
-                if rejected is None:
+                if rejected is None and adapter_config is not None:
+                    staged += [(n, None, t.clone()) for n, t in received]
+                elif rejected is None:
                     try:
                         # clone: a flattened bucket's tensors are views of a buffer reused by the next one
                         staged += [(n, p, t.clone()) for n, p, t in self.core.check_weights(received)]
@@ -185,10 +190,15 @@ class _EngineLoop:
                 self.out_q.put(("ack", ("weights_abort", msg[1])))
                 return
             elif msg[0] == "weights_end":
-                if rejected is None:
+                if rejected is None and adapter_config is not None:
+                    try:
+                        self.core.load_adapter(adapter_config, [(n, t) for n, _, t in staged], version=msg[1])
+                    except ValueError as e:
+                        rejected = str(e)
+                elif rejected is None:
                     self.core.load_weights((n, t) for n, _, t in staged)
                     self.core.set_version(msg[1])
-                else:
+                if rejected is not None:
                     self.out_q.put(("weights_rejected", (msg[1], rejected)))
                 self.out_q.put(("ack", ("weights_end", msg[1])))
                 return

@@ -83,6 +83,21 @@ class InProcessRolloutEngine:
         self.last_sync_stats = stats
         self.version = version
 
+    def update_adapter(self, adapter_config: dict[str, object], named_tensors: Iterable[tuple[str, "torch.Tensor"]], *,
+                       version: int) -> None:
+        """Serve the PEFT LoRA adapter `policy-v{version}` to requests admitted from now on (`GenerationCore.
+        load_adapter`: running ones keep theirs). A bad adapter raises WeightSyncError naming the adapter and
+        tensor; the previous version keeps serving. `last_sync_stats` counts the adapter's tensors and bytes."""
+        stats = SendStats(version=version)
+        t0 = time.monotonic()
+        try:
+            self.core.load_adapter(adapter_config, _counting(named_tensors, stats), version=version)
+        except ValueError as e:
+            raise WeightSyncError(f"in-process engine rejected {e}; it keeps serving v{self.version}") from None
+        stats.seconds = time.monotonic() - t0
+        self.last_sync_stats = stats
+        self.version = version
+
     def pause(self, mode: str = "in_place") -> None:
         """Stop decoding. in_place keeps running requests and their KV; retract re-queues them (KV
         recomputed after resume); abort returns them at the next poll with finish reason ABORT."""

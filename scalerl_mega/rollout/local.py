@@ -84,6 +84,17 @@ class _PipeAnnouncer:
                                   f"keeps serving v{self.engine.version}")
 
 
+class _AdapterAnnouncer(_PipeAnnouncer):
+    """Opens the session as a LoRA adapter's (the engine loads the buckets' tensors as `policy-v{version}`)."""
+
+    def __init__(self, engine: "LocalRolloutEngine", adapter_config: dict[str, object]) -> None:
+        super().__init__(engine)
+        self.adapter_config = adapter_config
+
+    def begin(self, version: int) -> None:
+        self.engine._send(("adapter_begin", version, self.adapter_config))
+
+
 class LocalRolloutEngine:
     """`RolloutEngine` backed by a `GenerationCore` in a spawned process (see module doc)."""
 
@@ -150,6 +161,22 @@ class LocalRolloutEngine:
             self._init_group()
             self._sender = DistWeightSender(self._group, announcer=_PipeAnnouncer(self), config=self.config.sync)
         self.last_sync_stats = self._sender.send(named_tensors, version=version)
+        self.version = version
+
+    def update_adapter(self, adapter_config: dict[str, object], named_tensors: Iterable[tuple[str, "torch.Tensor"]], *,
+                       version: int) -> None:
+        """Send a PEFT LoRA adapter (config dict + `base_model.model.<module>.lora_A/B.weight` tensors) over the
+        weight-sync group; the engine serves it as `policy-v{version}` to requests admitted from then on, running
+        ones keeping theirs (`GenerationCore.load_adapter`). A bad adapter raises WeightSyncError naming the
+        adapter and tensor, and the engine keeps serving its previous version. `last_sync_stats`: the adapter's
+        bytes."""
+        from scalerl_mega.weight_sync import DistWeightSender
+
+        if self._group is None:
+            self._init_group()
+        sender = DistWeightSender(self._group, announcer=_AdapterAnnouncer(self, dict(adapter_config)),
+                                  config=self.config.sync)
+        self.last_sync_stats = sender.send(named_tensors, version=version)
         self.version = version
 
     # ---- multi-sender sync (weight_sync/multi.py): the controller joins the engine to every sender's group and

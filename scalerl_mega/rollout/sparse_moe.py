@@ -32,14 +32,30 @@ def sparse_moe_forward(moe: "torch.nn.Module", hidden_states: "torch.Tensor"):
     experts = moe.experts
     ids_NK = torch.topk(logits_NE, moe.top_k, dim=1).indices  # the router's own selection
     routed_NH = torch.zeros_like(h_NH)
+    lora = getattr(experts, LORA_ATTR, None)  # per-expert LoRA adapters (rollout/lora.py), if any are served
     for e in torch.unique(ids_NK).tolist():
         rows = (ids_NK == e).any(dim=1).nonzero().squeeze(1)
         x = h_NH.index_select(0, rows) * scores_NE.index_select(0, rows)[:, e : e + 1]
         gate, up = (x @ experts.gate_up_proj[e]).chunk(2, dim=-1)
-        routed_NH.index_add_(0, rows, (up * experts.act_fn(gate)) @ experts.down_proj[e])
+        if lora is not None:
+            gate, up = lora.expert_delta(experts, e, rows=rows, x=x, outs=(gate, up), projs=("gate_proj", "up_proj"),
+                                         n_tokens=h_NH.shape[0])
+        h = up * experts.act_fn(gate)
+        out = h @ experts.down_proj[e]
+        if lora is not None:
+            (out,) = lora.expert_delta(experts, e, rows=rows, x=h, outs=(out,), projs=("down_proj",),
+                                       n_tokens=h_NH.shape[0])
+        routed_NH.index_add_(0, rows, out)
     out = moe.shared_expert(h_NH)
     out.add_(routed_NH)
     return out, logits_NE
+
+
+LORA_ATTR = "_scalerl_lora"
+"""Attribute of a sparse layer's `Llama4TextExperts` holding the `lora.MultiLoRA` that serves adapters on its experts
+(set by `MultiLoRA.add`)."""
+SPARSE_ATTR = "_scalerl_sparse"
+"""Marks a `Llama4TextMoe` routed through `sparse_moe_forward` (its experts can take LoRA adapters)."""
 
 
 def use_sparse_moe(model: "torch.nn.Module") -> int:
@@ -51,5 +67,6 @@ def use_sparse_moe(model: "torch.nn.Module") -> int:
     for module in model.modules():
         if type(module).__name__ == "Llama4TextMoe":
             module.forward = types.MethodType(sparse_moe_forward, module)
+            setattr(module, SPARSE_ATTR, True)
             n += 1
     return n

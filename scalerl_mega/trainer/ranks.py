@@ -9,6 +9,7 @@ controller's trainer calls on their shard in lock step:
     controller (ControllerTrainer)                 followers (serve)
     train_step(batch)   --"train_step" + batch-->  trainer.train_step(batch)   (each trains its DP shard)
     export_hf_weights() --"export" + dtype------>  exhaust trainer.export_hf_weights(dtype)  (TP/EP/PP gathers)
+    export_adapter()    --"export_adapter"--->  trainer.export_adapter(dtype)  (peft=lora: TP/EP/PP gathers to rank 0)
     sync_weights(engine, version) --"sync"----->  sync.sync(version, dtype): its own share over its own group
                                                    (rollout.weight_sync_senders=per_stage; megatron/sync_senders.py)
     save(path, step, extra) --"save" + path, step-->  trainer.save(path, step)  (collective dist-checkpoint)
@@ -52,7 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("scalerl_mega.ranks")
 
 CONTROLLER = 0
-COMMANDS = ("train_step", "export", "sync", "save", "load", "stop")
+COMMANDS = ("train_step", "export", "export_adapter", "sync", "save", "load", "stop")
 
 
 class RankFailure(RuntimeError):
@@ -193,6 +194,11 @@ class ControllerTrainer:
         self.channel.send("export", dtype)
         return self.trainer.export_hf_weights(dtype=dtype)
 
+    def export_adapter(self, *, dtype: str | None = None) -> tuple[dict[str, object], list[tuple[str, torch.Tensor]]]:
+        """`peft=lora`: the PEFT adapter on the controller (every rank gathers its share)."""
+        self.channel.send("export_adapter", dtype)
+        return self.trainer.export_adapter(dtype=dtype)
+
     def sync_weights(self, engine: MultiSyncEngine, *, version: int, dtype: str | None = None) -> dict[str, float]:
         """Every rank sends its share of weight version `version` to `engine` over its own group, the
         controller coordinating (`sync_senders.RankSync`); returns the `sync/*` metrics."""
@@ -237,6 +243,8 @@ def serve(trainer: PolicyTrainer, channel: ControlChannel, *, sync: RankSync | N
         elif command == "export":
             for _ in trainer.export_hf_weights(dtype=payload):
                 pass
+        elif command == "export_adapter":
+            trainer.export_adapter(dtype=payload)
         elif command == "sync":
             if sync is None:
                 raise RankFailure(f"trainer rank {channel.rank}: the controller syncs per stage but this rank has no "

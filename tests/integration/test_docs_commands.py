@@ -34,6 +34,7 @@ RUN_AS_WRITTEN_AT_LEAST = 14
 RULES: list[tuple[str, str, str]] = [  # (regex on the command, mode, reason for help/skip)
     (r"^make (demo|demo-real)$", "skip", "trains for minutes (make demo / make demo-real; tests/integration/test_demo_seeds.py)"),
     (r"^make demo-multiturn-seeds$", "skip", "trains three seeds for about 40 minutes (tests/unit/test_demo_multiturn_doc.py checks its committed summary)"),
+    (r"^make demo-lora-seeds$", "skip", "a warm start and three LoRA seeds, about 30 minutes (tests/unit/test_demo_lora_doc.py checks its committed summary)"),
     (r"^make test$", "skip", "the default suite itself"),
     (r"^make check-gpu-envs$", "skip", "needs the two GPU environments (docs/cluster_install.md)"),
     (r"\bsbatch\b|^srun\b", "skip", "needs a Slurm cluster (make test-slurm runs sbatch on a private one)"),

@@ -15,10 +15,14 @@ import os
 from pathlib import Path
 
 from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
+from scalerl_mega.rollout.sglang.launch import LoraServing
 from scalerl_mega.weight_sync import WeightSyncConfig, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_PATH = Path(__file__).resolve().parent / "server_path"
+LORA_SERVER_PATH = Path(__file__).resolve().parent / "lora_server_path"
+"""Added to the PYTHONPATH of a server launched with LoRA: its `sitecustomize` drops SGLang's pinned host memory,
+which a CPU cannot give (test-only; the package never carries it)."""
 CPU_ARGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
             "--disable-cuda-graph", "--context-length", "256", "--max-running-requests", "8",
             "--max-total-tokens", "4096", "--grammar-backend", "none"]
@@ -34,12 +38,14 @@ def sglang_python() -> str:
 
 
 def cpu_server_config(model_path: str | Path, *, pause_mode: str = "in_place", return_routed_experts: bool = False,
-                      extra_args: tuple[str, ...] = ()) -> SGLangServerConfig:
-    """The project's server config with the CPU settings (FP32, one free loopback port)."""
+                      extra_args: tuple[str, ...] = (), lora: LoraServing | None = None) -> SGLangServerConfig:
+    """The project's server config with the CPU settings (FP32, one free loopback port); with `lora`, the
+    pinned-memory stand-in of `LORA_SERVER_PATH` joins the PYTHONPATH."""
+    path = [str(SERVER_PATH)] + ([str(LORA_SERVER_PATH)] if lora is not None else [])
     env = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_CPU_OMP_THREADS_BIND": os.environ.get("SGLANG_CPU_OMP_THREADS_BIND", "0-1"),
-           "PYTHONPATH": str(SERVER_PATH), "PYTHONUNBUFFERED": "1"}
+           "PYTHONPATH": os.pathsep.join(path), "PYTHONUNBUFFERED": "1"}
     return SGLangServerConfig(
-        model_path=str(model_path), port=free_port(), dtype="float32", pause_mode=pause_mode,
+        model_path=str(model_path), port=free_port(), dtype="float32", pause_mode=pause_mode, lora=lora,
         return_routed_experts=return_routed_experts, python=sglang_python(), env=env,
         extra_args=CPU_ARGS + list(extra_args), startup_timeout_s=600.0)
 
@@ -61,9 +67,10 @@ def launch(model_path: str | Path, **kw) -> SGLangServer:
     return server
 
 
-def engine_for(*servers: SGLangServer, pause_mode: str) -> SGLangRolloutEngine:
+def engine_for(*servers: SGLangServer, pause_mode: str, adapter_dir: str | None = None,
+               body_hook=None) -> SGLangRolloutEngine:
     """The project's engine over real servers: gloo weight sync in 64 KiB buckets (several per update),
     60 s deadlines."""
-    return SGLangRolloutEngine(list(servers), config=SGLangEngineConfig(
-        pause_mode=pause_mode, control_timeout_s=60.0, request_timeout_s=300.0,
+    return SGLangRolloutEngine(list(servers), body_hook=body_hook, config=SGLangEngineConfig(
+        pause_mode=pause_mode, control_timeout_s=60.0, request_timeout_s=300.0, adapter_dir=adapter_dir,
         sync=WeightSyncConfig(backend="gloo", timeout_s=60.0, bucket_bytes=64 << 10)))

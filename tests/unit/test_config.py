@@ -78,7 +78,8 @@ def _recipe(c) -> tuple:
 
 def test_every_experiment_file_is_covered():
     on_disk = {p.stem for p in (CONF / "experiment").glob("*.yaml")}
-    assert on_disk == set(EXPECTED) | {"demo", "demo_multiturn", "smollm2_cpu", "smollm2_python_tool", "gpu_check"}
+    assert on_disk == set(EXPECTED) | {"demo", "demo_multiturn", "demo_lora", "smollm2_cpu", "smollm2_python_tool",
+                                       "gpu_check"}
     research = {p.stem for p in (CONF / "experiment" / "reproduction").glob("*.yaml")}
     assert research == set(REPRO) | {"predictability"}
     assert not list((CONF / "experiment").glob("*/*/*.yaml"))  # one folder deep, no chains of iterations

@@ -176,7 +176,11 @@ RUN_ONLY = {
                      ("scalerl_mega.trainer.megatron.parallel", "init_parallel"),
                      ("scalerl_mega.trainer.megatron.trainer", "MegatronPolicyTrainer.__init__"),
                      ("scalerl_mega.trainer.ranks", "ControlChannel.__init__"), ("scalerl_mega.trainer.ranks",
-                     "ControllerTrainer.__init__"), ("scalerl_mega.objective.is_correction", "check_is_params")],
+                     "ControllerTrainer.__init__"), ("scalerl_mega.objective.is_correction", "check_is_params"),
+                     # peft=lora: the keys are checked by --validate (config/peft.py); what only the built model can
+                     # say (grouped-GEMM experts, targets matching no linear) and the adapter's shape invariant
+                     ("scalerl_mega.trainer.megatron.lora", "inject_lora"),
+                     ("scalerl_mega.trainer.megatron.lora", "LoRAAdapter.__init__")],
                     "the trainer's construction"),
     # processes and servers: invariants of values already checked (reward.num_workers: check_reward_settings; the
     # engine configs: check_engine_settings), or what a started process / server / this process's limits say
@@ -187,6 +191,7 @@ RUN_ONLY = {
                      "SGLangEngineConfig.__post_init__"), ("scalerl_mega.rollout.sglang.engine",
                      "SGLangRolloutEngine.__init__"), ("scalerl_mega.rollout.sglang.engine", "_ensure_open_files"),
                      ("scalerl_mega.rollout.sglang.launch", "SGLangServerConfig.__post_init__"),
+                     ("scalerl_mega.rollout.sglang.launch", "LoraServing.__post_init__"),  # peft.*: validate_peft
                      ("scalerl_mega.episodes.agent_server", "AgentEndpoint.__init__"), ("scalerl_mega.sft", "sft_batch"),
                      ("scalerl_mega.episodes.pool", "EpisodePool.__init__"),  # env.concurrency: validate_env
                      ("scalerl_mega.episodes.failures", "EpisodeFailures.__post_init__")],  # env.on_error: validate_env

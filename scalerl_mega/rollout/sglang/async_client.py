@@ -145,11 +145,11 @@ class AsyncGenerateClient:
         self.slots = asyncio.Semaphore(max_inflight)
 
     async def generate(self, *, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None,
-                       return_routed_experts: bool = False) -> dict:
+                       return_routed_experts: bool = False, lora_path: str | None = None) -> dict:
         import asyncio
 
         body = generate_body(input_ids=input_ids, sampling_params=sampling_params, rid=rid,
-                             return_routed_experts=return_routed_experts)
+                             return_routed_experts=return_routed_experts, lora_path=lora_path)
         if self.body_hook is not None:
             self.body_hook("/generate", "request", body)
         try:

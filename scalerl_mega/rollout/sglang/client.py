@@ -25,11 +25,14 @@ class ServerDown(SGLangError):
 
 
 def generate_body(*, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None,
-                  return_routed_experts: bool) -> dict[str, Any]:
-    """The /generate request body (SGLang 0.5.23 `GenerateReqInput`)."""
+                  return_routed_experts: bool, lora_path: str | None = None) -> dict[str, Any]:
+    """The /generate request body (SGLang 0.5.23 `GenerateReqInput`; `lora_path`: the name of a loaded LoRA
+    adapter the request runs with)."""
     body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": True}
     if rid is not None:
         body["rid"] = rid
+    if lora_path is not None:
+        body["lora_path"] = lora_path
     if return_routed_experts:
         body["return_routed_experts"] = True
     return body
@@ -147,6 +150,19 @@ class SGLangClient:
             "load_format": meta.load_format,
         }
         return self._call("POST", "/update_weights_from_distributed", body)
+
+    def load_lora_adapter(self, name: str, path: str) -> JSON:
+        """Load the PEFT adapter directory `path` (as the server sees it) under `name`."""
+        return self._call("POST", "/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+    def load_lora_adapter_from_tensors(self, name: str, config_dict: dict[str, object], payloads: list[str]) -> JSON:
+        """Load an adapter from its PEFT config and tensors: one base64 pickle of {name: tensor} per TP rank."""
+        return self._call("POST", "/load_lora_adapter_from_tensors",
+                          {"lora_name": name, "config_dict": config_dict, "serialized_named_tensors": payloads})
+
+    def unload_lora_adapter(self, name: str) -> JSON:
+        """Unload adapter `name` (SGLang answers once no running request uses it any more)."""
+        return self._call("POST", "/unload_lora_adapter", {"lora_name": name})
 
     def update_weight_version(self, version: str) -> JSON:
         """Tag the tokens generated from now on with `version` (running requests are kept)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.rollout.core import GenRequest
+from scalerl_mega.rollout.sglang.adapters import ServedAdapters
 from scalerl_mega.rollout.sglang.async_client import AsyncGenerateClient, AsyncHttp
 from scalerl_mega.rollout.sglang.client import PAUSE_MODES, BodyHook, SGLangClient, SGLangError, ServerDown
 from scalerl_mega.rollout.sglang.generate import (
@@ -57,6 +58,10 @@ class SGLangEngineConfig:
     directory): the names and shapes every update is checked against before the first bucket. None:
     the `model_path` of a launched server, or the one an attached server reports (/model_info) if it
     is a local directory with a config.json; without either there is no pre-send check."""
+    adapter_dir: str | None = None
+    """LoRA adapters (`update_adapter`): None sends each one in the request body (`/load_lora_adapter_from_tensors`);
+    a directory every server reads (shared storage) gets each version written in PEFT format and loaded by path
+    (`/load_lora_adapter`). rollout/sglang/adapters.py."""
 
     def __post_init__(self) -> None:
         if self.pause_mode not in PAUSE_MODES:
@@ -143,6 +148,9 @@ class SGLangRolloutEngine:
         self._manifest_known = False
         self._in_place_checked = False
         self._groups: "SGLangGroups | None" = None
+        self._adapters = ServedAdapters()
+        self._adapter_load = None
+        """How the current adapter reaches a server, fn(client, server): reloaded after a restart."""
 
     # ---- RolloutEngine ---------------------------------------------------------------------------
     def submit(self, prompt: "Prompt", sampling: "SamplingParams", *, n: int, version: int,
@@ -211,6 +219,75 @@ class SGLangRolloutEngine:
         self._fan_out(lambda c: c.continue_generation(), what="continue_generation", timeout_s=t)
         self.version = version
         self._stale.clear()
+
+    def update_adapter(self, adapter_config: dict[str, object], named_tensors: Iterable[tuple[str, "torch.Tensor"]], *,
+                       version: int) -> None:
+        """Load the PEFT LoRA adapter `policy-v{version}` on every server (rollout/sglang/adapters.py); samples
+        started from now on name it (`lora_path`), running ones keep theirs, and the previous version is unloaded
+        once its last sample ends. Checked first against the served model's linears (WeightSyncError naming the
+        adapter and tensor, nothing sent); a server refusing it raises WeightSyncError naming the server, the
+        adapter is unloaded from the others and the previous version keeps serving."""
+        import os
+
+        from scalerl_mega.rollout.lora import adapter_name, check_adapter
+        from scalerl_mega.rollout.sglang.adapters import manifest_linears, tensors_payload, write_peft_dir
+        from scalerl_mega.weight_sync import SendStats
+
+        t0 = time.monotonic()
+        name, serving = adapter_name(version), (self._adapters.current or ("the base model",))[0]
+        tensors = [(n, t.detach()) for n, t in named_tensors]
+        manifest = self.manifest()
+        if manifest is not None:
+            try:
+                check_adapter(adapter_config, tensors, manifest_linears(manifest), version=version, where=manifest.source)
+            except ValueError as e:
+                raise WeightSyncError(f"SGLang engine: {e}; nothing was sent, the servers keep serving {serving}") from None
+        if self.config.adapter_dir is not None:
+            path = os.path.join(self.config.adapter_dir, name)
+            write_peft_dir(path, adapter_config, tensors)
+            load = lambda c, s: c.load_lora_adapter(name, path)  # noqa: E731
+        else:
+            payload = tensors_payload(tensors)
+            load = lambda c, s: c.load_lora_adapter_from_tensors(name, dict(adapter_config), [payload] * s.tp_size)  # noqa: E731
+        futs = [self._ctl_pool.submit(load, c, s) for c, s in zip(self._ctl_clients, self.servers)]
+        failed = []
+        for f, server in zip(futs, self.servers):
+            try:
+                _wait_futures([f], what=f"load adapter {name!r} on {server.url}", timeout_s=self.config.control_timeout_s)
+            except WeightSyncError as e:
+                failed.append(str(e))
+        if failed:
+            self._unload_later(name, only=[c for c, f in zip(self._ctl_clients, futs) if f.done() and f.exception() is None])
+            raise WeightSyncError(f"SGLang did not load adapter {name!r} ({'; '.join(failed)}); the servers keep "
+                                  f"serving {serving}")
+        self._adapter_load = load
+        gone = self._adapters.switch(name, version)
+        if gone is not None:
+            self._unload_later(gone)
+        self.version = version
+        self.last_sync_stats = SendStats(version=version, buckets=1, tensors=len(tensors), seconds=time.monotonic() - t0,
+                                         bytes=sum(t.numel() * t.element_size() for _, t in tensors))
+
+    def _unload_later(self, name: str, *, only: list[SGLangClient] | None = None) -> None:
+        """Unload adapter `name` from every server (or `only` these) on the control pool, without waiting; failures
+        are logged (a server that lost it, e.g. restarted, has nothing to unload)."""
+        import logging
+        import os
+        import shutil
+
+        def run() -> None:
+            for c in self._ctl_clients if only is None else only:
+                try:
+                    c.unload_lora_adapter(name)
+                except SGLangError as e:
+                    logging.getLogger(__name__).warning("SGLang %s: unloading adapter %r failed: %s", c.url, name, e)
+            if self.config.adapter_dir is not None and only is None:
+                shutil.rmtree(os.path.join(self.config.adapter_dir, name), ignore_errors=True)
+
+        try:
+            self._ctl_pool.submit(run)
+        except RuntimeError:  # the engine is closing: the servers go with it
+            pass
 
     # ---- multi-sender sync (weight_sync.multi.MultiSyncEngine; rollout/sglang/multi_groups.py)
     @property
@@ -398,6 +475,8 @@ class SGLangRolloutEngine:
             if not server.restartable or server.restarts >= self.config.max_restarts:
                 raise ServerDown(f"SGLang server {server.url} is down and cannot be restarted")
             server.restart()
+            if self._adapter_load is not None:  # it lost its adapters: new samples run with the current one
+                self._adapter_load(self._ctl_clients[si], server)
             # its weight-sync rank left the group: rebuild the group (on every server) at the next
             # update. Until then new requests prefer servers holding the synced weights; if the
             # restarted server is the only one, it generates with its launch weights and its tokens
@@ -411,22 +490,32 @@ class SGLangRolloutEngine:
 
     async def _agenerate(self, client: AsyncGenerateClient, req: GenRequest) -> Completion:
         async with client.slots:  # held across both requests of an interrupted sample
-            return await self._sample(client, req)
+            lora = self._adapters.acquire()  # the adapter of the whole sample, held until it ends
+            try:
+                c = await self._sample(client, req, lora=lora and lora[0])
+                if lora is not None:  # its version tags every token (the servers' own version is the base's)
+                    c.weight_versions = [lora[1]] * len(c.weight_versions)
+                    if c.routes is not None:
+                        c.routes.versions = [lora[1]] * len(c.routes.versions)
+                return c
+            finally:
+                gone = None if lora is None else self._adapters.release(lora[0])
+                if gone is not None:
+                    self._unload_later(gone)
 
-    async def _sample(self, client: AsyncGenerateClient, req: GenRequest) -> Completion:
+    async def _sample(self, client: AsyncGenerateClient, req: GenRequest, *, lora: str | None = None) -> Completion:
+        """One sample (two requests if interrupted, both naming the LoRA adapter `lora` if given)."""
         sp = req.sampling
         t0 = time.monotonic()
         init = self.config.initial_version
-        think_budget = sp.max_new_tokens
         interrupt = sp.interruption_at is not None and sp.interruption_at <= sp.max_new_tokens
-        if interrupt:
-            think_budget = sp.interruption_at
+        think_budget = sp.interruption_at if interrupt else sp.max_new_tokens
         layout = self.config.routes
         first = parse_generate_response(
             await client.generate(
                 input_ids=req.prompt_ids,
                 sampling_params=sglang_sampling_params(sp, seed=req.seed, max_new_tokens=think_budget),
-                rid=req.rid, return_routed_experts=layout is not None,
+                rid=req.rid, return_routed_experts=layout is not None, lora_path=lora,
             ),
             initial_version=init, routes=layout, input_len=len(req.prompt_ids),
         )
@@ -446,7 +535,7 @@ class SGLangRolloutEngine:
                     await client.generate(
                         input_ids=req.prompt_ids + ids,
                         sampling_params=sglang_sampling_params(sp, seed=req.seed, max_new_tokens=sp.answer_budget),
-                        rid=req.rid + "/answer", return_routed_experts=layout is not None,
+                        rid=req.rid + "/answer", return_routed_experts=layout is not None, lora_path=lora,
                     ),
                     initial_version=init, routes=layout, input_len=len(req.prompt_ids) + len(ids),
                 )

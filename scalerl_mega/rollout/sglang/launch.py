@@ -11,6 +11,32 @@ from dataclasses import dataclass, field
 from scalerl_mega.rollout.sglang.client import PAUSE_MODES, SGLangClient, SGLangError, ServerDown
 
 
+LORA_BACKENDS = ("triton", "csgmv", "ascend", "torch_native", "triton_v2")
+"""SGLang 0.5.23's `--lora-backend` choices (`srt/arg_groups/fields/lora.py`); only torch_native runs on a CPU."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraServing:
+    """What a server serving LoRA adapters is launched with: `--enable-lora --max-lora-rank --lora-target-modules
+    --lora-backend` (the adapters' rank bound and HF module names: `peft.rank`, `peft.targets`)."""
+
+    max_rank: int
+    target_modules: tuple[str, ...]
+    backend: str = "csgmv"
+
+    def __post_init__(self) -> None:
+        if self.max_rank < 1:
+            raise ValueError(f"LoraServing.max_rank={self.max_rank} (peft.rank) must be >= 1")
+        if not self.target_modules:
+            raise ValueError("LoraServing.target_modules (peft.targets) is empty")
+        if self.backend not in LORA_BACKENDS:
+            raise ValueError(f"LoraServing.backend={self.backend!r} must be one of {LORA_BACKENDS}")
+
+    def args(self) -> list[str]:
+        return ["--enable-lora", "--max-lora-rank", str(self.max_rank), "--lora-target-modules",
+                *self.target_modules, "--lora-backend", self.backend]
+
+
 @dataclass(kw_only=True)
 class SGLangServerConfig:
     model_path: str
@@ -34,6 +60,8 @@ class SGLangServerConfig:
     quantization: str | None = None
     """Pass --quantization (e.g. "fp8": the model path must then be a blockwise FP8 checkpoint, whose
     `quantization_config` gives the 128x128 blocks that FP8 weight pushes fill; `rollout.quantization`)."""
+    lora: LoraServing | None = None
+    """Serve LoRA adapters (`peft=lora`); None: the base model only."""
     extra_args: list[str] = field(default_factory=list)
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
@@ -91,6 +119,8 @@ def launch_command(cfg: SGLangServerConfig) -> list[str]:
         cmd += list(IN_PLACE_FLAGS)
     if cfg.quantization:
         cmd += ["--quantization", cfg.quantization]
+    if cfg.lora is not None:
+        cmd += cfg.lora.args()
     return cmd + list(cfg.extra_args)
 
 

@@ -103,9 +103,24 @@ def _unwrap(chunk):
 
 
 def _model_sharded_state_dict(chunks: list) -> dict:
-    if len(chunks) == 1:
-        return _unwrap(chunks[0]).sharded_state_dict()
-    raise NotImplementedError("virtual pipeline (several model chunks) checkpointing is not supported yet")
+    """The model part of a checkpoint: the whole model's sharded state, or with LoRA adapters (`peft=lora`) the
+    adapters' only (the frozen base is referenced, not saved: lora_ckpt.py)."""
+    from scalerl_mega.trainer.megatron import lora_ckpt
+
+    if len(chunks) != 1:
+        raise NotImplementedError("virtual pipeline (several model chunks) checkpointing is not supported yet")
+    if lora_ckpt.has_adapters(chunks):
+        return lora_ckpt.adapter_sharded_state_dict(chunks)
+    return _unwrap(chunks[0]).sharded_state_dict()
+
+
+def _load_model_state(chunks: list, loaded: dict) -> None:
+    from scalerl_mega.trainer.megatron import lora_ckpt
+
+    if lora_ckpt.has_adapters(chunks):
+        lora_ckpt.load_adapter_state(chunks, loaded)
+    else:
+        _unwrap(chunks[0]).load_state_dict(loaded)
 
 
 def _barrier() -> None:
@@ -495,7 +510,7 @@ def _load_verified(ckpt: Path, common: dict[str, Any], *, chunks: list, optimize
         loaded = dist_checkpointing.load(state, str(ckpt))
     except Exception as exc:
         raise RuntimeError(f"checkpoint {ckpt}: load failed ({type(exc).__name__}: {str(exc)[:300]})") from exc
-    _unwrap(chunks[0]).load_state_dict(loaded["model"])
+    _load_model_state(chunks, loaded["model"])
     if with_opt:
         with torch.no_grad(), optimizer_state.adam_step_kept(optimizer):
             optimizer.load_state_dict(loaded["optimizer"])

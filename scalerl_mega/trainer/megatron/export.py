@@ -228,12 +228,17 @@ def export_to_rank0(model, model_cfg, *, dtype: torch.dtype | str | None = None)
     Rank 0 yields its stage's groups, then stage 1's, 2's, ... as relayed by their emitting ranks
     (tensor-, data- and context-parallel rank 0 of the stage: the members of rank 0's pipeline group).
     """
+    return relay_to_rank0(export_hf_weights(model, model_cfg, dtype=dtype))
+
+
+def relay_to_rank0(local: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """`local` (this stage's named tensors, yielded on its emitting rank, collective inside the stage) of every
+    pipeline stage, yielded on global rank 0 in stage order (`export_to_rank0`); every rank must exhaust it."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
     from scalerl_mega.weight_sync import wire_tensors
 
-    local = export_hf_weights(model, model_cfg, dtype=dtype)
     pp = ps.get_pipeline_model_parallel_world_size()
     if pp == 1 or not dist.is_initialized():
         yield from local

@@ -49,6 +49,15 @@ class MegatronPolicyTrainer:
         self.info = parallel.init_parallel(cfg.parallel, model=cfg.model, seed=cfg.optim.seed)
         model, self.tcfg = models.build_model(cfg.model, cfg.parallel, params_dtype=cfg.params_dtype,
                                               recompute=cfg.recompute)
+        self.peft = cfg.peft if cfg.peft is not None and cfg.peft.kind == "lora" else None
+        """`peft=lora`: the base model frozen and LoRA adapters trained (trainer/megatron/lora.py), else None."""
+        if self.peft is not None:  # before DDP and the optimizer: no grad buffers, no state for the base
+            from scalerl_mega.trainer.megatron import lora
+
+            lora.inject_lora(model, self.peft, num_experts=cfg.model.num_experts, seed=cfg.optim.seed)
+        self.peft_base: dict[str, object] = {"path": "", "seed": int(cfg.optim.seed), "model": cfg.model.name}
+        """The frozen base an adapter checkpoint references (`lora_ckpt.base_reference`): a random base's seed and
+        model until `build.init_trainer_from_hf` sets the HF checkpoint's path and fingerprint."""
         self.chunks = [wrap.wrap_model(model, self.tcfg, cfg)]
         step.configure_schedule(self.tcfg, self.chunks)
         self.optimizer = wrap.build_optimizer(self.chunks, cfg)
@@ -156,12 +165,51 @@ class MegatronPolicyTrainer:
         yielded on global rank 0; every rank must
         exhaust the iterator (TP/EP gathers inside each pipeline stage, later stages relayed to rank 0;
         `export.export_to_rank0`). The stream announces its names/shapes/dtypes up front
-        (`weight_sync.PlannedTensors`), so an engine checks them before the first bucket is sent."""
+        (`weight_sync.PlannedTensors`), so an engine checks them before the first bucket is sent. With `peft=lora`
+        these are the frozen base's weights: the adapters are not in them (`export_adapter`)."""
         from scalerl_mega.weight_sync import PlannedTensors
         from scalerl_mega.trainer.megatron import export
 
         return PlannedTensors(export.export_to_rank0(self.chunks, self.cfg.model, dtype=dtype),
                               plan=export.export_plan(self.cfg.model, dtype=dtype))
+
+    def export_adapter(self, *, dtype: str | None = None, base_model: str = "") -> tuple[dict[str, object], list[tuple[str, Tensor]]]:
+        """`peft=lora`: (PEFT `adapter_config.json` content, [(PEFT tensor name, full tensor), ...]) on global rank 0,
+        an empty list on the others; every rank must call it (`lora_export.export_peft_adapter`). `dtype`: a torch
+        dtype name for the tensors (None: the parameters')."""
+        from scalerl_mega.trainer.megatron.export import _as_dtype
+        from scalerl_mega.trainer.megatron.lora_export import export_peft_adapter
+
+        if self.peft is None:
+            raise ValueError("export_adapter needs peft.kind=lora (this trainer trains the full model)")
+        return export_peft_adapter(self.chunks, self.cfg.model, self.peft, dtype=_as_dtype(dtype), base_model=base_model)
+
+    def peft_bytes(self, *, dtype: str | None = None) -> int:
+        """Bytes of the tensors `export_adapter(dtype=dtype)` returns (the adapters' full, unsharded tensors; fused
+        linears' A counted once per HF projection, as PEFT stores it); 0 without `peft=lora`."""
+        from scalerl_mega.config.peft import target_kinds
+        from scalerl_mega.model.lora_shapes import peft_export_numel
+
+        if self.peft is None:
+            return 0
+        kinds = target_kinds(list(self.peft.targets))
+        return peft_export_numel(self.cfg.model, rank=int(self.peft.rank), kinds=kinds) * self._itemsize(dtype)
+
+    def model_bytes(self, *, dtype: str | None = None) -> int:
+        """Bytes of the whole model's HF tensors (what a full weight push sends) at `dtype` (None: the parameters')."""
+        from scalerl_mega.convert import tables
+        from scalerl_mega.convert.model_config import dims_from_model_config
+
+        dims = dims_from_model_config(self.cfg.model)
+        numel = sum(_prod(tables.expected_hf_shape(n, dims)) for n in tables.hf_names(dims))
+        return numel * self._itemsize(dtype)
+
+    def _itemsize(self, dtype: str | None) -> int:
+        import torch
+
+        from scalerl_mega.trainer.megatron.export import _as_dtype
+
+        return torch.empty((), dtype=_as_dtype(dtype or self.cfg.params_dtype)).element_size()
 
     @property
     def optim(self) -> OptimConfig:
@@ -189,6 +237,11 @@ class MegatronPolicyTrainer:
         from scalerl_mega.trainer.megatron import checkpoint
 
         state = {"step": self.step, "torch_rng_state": torch.get_rng_state(), **(extra_state or {})}
+        if self.peft is not None:  # an adapter-only checkpoint: the base is referenced (lora_ckpt.py)
+            import dataclasses
+
+            state["peft"] = {"config": dataclasses.asdict(self.peft) if dataclasses.is_dataclass(self.peft)
+                             else dict(self.peft), "base": dict(self.peft_base)}
         checkpoint.save_checkpoint(path, step=self.step if step is None else int(step), chunks=self.chunks,
                                    optimizer=self.optimizer, extra_state=state, model_config=self.cfg.model,
                                    optimizer_format=self.cfg.optim.checkpoint_format)
@@ -199,6 +252,11 @@ class MegatronPolicyTrainer:
         from scalerl_mega.trainer.megatron import checkpoint
 
         state = checkpoint.load_checkpoint(path, chunks=self.chunks, optimizer=self.optimizer)
+        saved_peft = state.pop("peft", None)
+        if self.peft is not None:
+            from scalerl_mega.trainer.megatron.lora_ckpt import check_base
+
+            check_base((saved_peft or {}).get("base"), self.peft_base, where=f"checkpoint {path}")
         self.step = int(state.pop("step", 0))
         rng = state.pop("torch_rng_state", None)
         if rng is not None:
@@ -209,3 +267,10 @@ class MegatronPolicyTrainer:
         from scalerl_mega.trainer.megatron import parallel
 
         parallel.teardown_parallel()
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    out = 1
+    for s in shape:
+        out *= int(s)
+    return out
