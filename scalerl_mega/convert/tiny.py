@@ -43,17 +43,19 @@ def tiny_hf_config(arch: str, *, tie: bool = False, init_std: float = 0.15, **ov
     if arch == "deepseek_v3":
         return tiny_deepseek_v3_config(tie=tie, init_std=init_std, **overrides)
     if arch in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
-        return tiny_hybrid_config(arch, tie=tie, init_std=init_std, **overrides)
+        return tiny_hybrid_config(arch, tie=tie, **overrides)  # its own initializer_range
     raise ValueError(f"arch={arch!r}: expected 'llama', 'llama4', 'qwen3', 'qwen3_moe', 'deepseek_v3', 'qwen3_next', "
                      "'qwen3_5' or 'qwen3_5_moe'")
 
 
-def tiny_hybrid_config(arch: str, *, tie: bool = False, init_std: float = 0.15, **overrides):
+def tiny_hybrid_config(arch: str, *, tie: bool = False, init_std: float = 0.1, **overrides):
     """Tiny Gated DeltaNet hybrid: 3 layers (GDN, gated full attention, GDN: `full_attention_interval` 2), hidden
     32, 4 query / 2 KV heads of 16 with RoPE on the first half (`partial_rotary_factor` 0.5), GDN with 2 key heads
     of 8 and 4 value heads of 8 (two value heads per key head), conv kernel 4; Qwen3-Next and Qwen3.5-MoE: 4 experts
     top-2 (renormalised) of width 16 and a sigmoid-gated shared expert of 24, Qwen3-Next's last layer dense
-    through `mlp_only_layers`; Qwen3.5: a dense MLP of 48. Same shapes as conf/model/tiny_<arch>.yaml."""
+    through `mlp_only_layers`; Qwen3.5: a dense MLP of 48. Same shapes as conf/model/tiny_<arch>.yaml.
+    `initializer_range` 0.1 keeps the logits near 3 (0.15 doubles them, and the FP32 rounding of TP-split sums
+    then reaches 1e-5)."""
     from transformers import Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3NextConfig
 
     common = dict(vocab_size=100, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
