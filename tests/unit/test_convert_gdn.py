@@ -157,3 +157,13 @@ def test_gdn_refusals_name_the_key():
         load_model_preset("tiny_qwen3_5_moe", overrides={"moe_shared_expert_gate": False})
     with pytest.raises(ValueError, match="partial_rotary_factor.*Qwen3-Next"):
         load_model_preset("tiny_qwen3", overrides={"partial_rotary_factor": 0.5})
+
+
+def test_qwen3_next_80b_preset_counts_the_published_80b_total_and_3b_active():
+    """Qwen3-Next-80B-A3B: "80B total, 3B activated" (its model card); the count from the shapes, GDN and gated
+    attention included, is 79.67B total and 3.87B per token (embedding and head included)."""
+    from scalerl_mega.model.config import load_model_preset
+
+    n = load_model_preset("qwen3_next_80b_a3b").num_params()
+    assert abs(n["total"] - 80e9) / 80e9 < 0.005
+    assert 3e9 <= n["active"] < 4e9
