@@ -167,3 +167,15 @@ def test_qwen3_next_80b_preset_counts_the_published_80b_total_and_3b_active():
     n = load_model_preset("qwen3_next_80b_a3b").num_params()
     assert abs(n["total"] - 80e9) / 80e9 < 0.005
     assert 3e9 <= n["active"] < 4e9
+
+
+def test_recurrent_state_and_banner_of_the_80b_preset():
+    """Per sequence, whatever its length: 36 GDN layers x (32 value heads x 128 x 128 FP32 state = 2,097,152 B
+    + conv cache (2 x 16 x 128 + 32 x 128 = 8,192 channels) x 3 past inputs x 2 B = 49,152 B) = 77,266,944 B."""
+    from scalerl_mega.model.config import load_model_preset
+    from scalerl_mega.model.hybrid import banner_note, recurrent_state_bytes_per_sequence
+
+    m = load_model_preset("qwen3_next_80b_a3b")
+    assert recurrent_state_bytes_per_sequence(m) == 77_266_944
+    assert banner_note(m, cuda=False) == ", Gated DeltaNet in 36 of 48 layers (torch path, no fla)"
+    assert banner_note(load_model_preset("tiny_qwen3"), cuda=False) == ""
