@@ -21,7 +21,8 @@ SCORE_FUNCTIONS = ("softmax", "sigmoid")
 LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
 PRESETS = ("tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe", "tiny_deepseek_v3", "llama3_8b", "scout_17b16e",
            "qwen3_0p6b", "qwen3_8b", "qwen3_30b_a3b", "qwen3_235b_a22b", "moonlight_16b_a3b", "deepseek_v3_671b",
-           "tiny_qwen3_next", "tiny_qwen3_5", "tiny_qwen3_5_moe", "qwen3_next_80b_a3b")
+           "tiny_qwen3_next", "tiny_qwen3_5", "tiny_qwen3_5_moe", "qwen3_next_80b_a3b",
+           "qwen3_5_35b_a3b")
 
 
 def _conf_dir() -> Path:

@@ -203,3 +203,13 @@ def test_multimodal_qwen3_5_checkpoint_round_trip_carries_the_vision_tower(tmp_p
     assert all(torch.equal(a.get(n), b.get(n)) for n in a.names())
     assert json.loads((back / "config.json").read_text())["model_type"] == arch
     assert read_layout(str(back)).text_config["model_type"] == f"{arch}_text"
+
+
+def test_qwen3_5_35b_preset_counts_the_published_35b_total_and_3b_active():
+    """Qwen3.5-35B-A3B's language model: 34.66B from the shapes (the language model only: within 1.5% of the name's
+    35B), 3.45B per token."""
+    from scalerl_mega.model.config import load_model_preset
+
+    n = load_model_preset("qwen3_5_35b_a3b").num_params()
+    assert abs(n["total"] - 35e9) / 35e9 < 0.015
+    assert 3e9 <= n["active"] < 4e9

@@ -25,6 +25,7 @@ PUBLISHED = {  # preset -> its model's config.json (a new preset for a published
     "moonlight_16b_a3b": "Moonlight-16B-A3B.config.json",
     "deepseek_v3_671b": "DeepSeek-V3.config.json",
     "qwen3_next_80b_a3b": "Qwen3-Next-80B-A3B-Instruct.config.json",
+    "qwen3_5_35b_a3b": "Qwen3.5-35B-A3B.config.json",
 }
 NOT_PUBLISHED = {"tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe", "tiny_deepseek_v3", "tiny_qwen3_next", "tiny_qwen3_5",
                  "tiny_qwen3_5_moe", "hf", "demo_moe", "demo_dense",
