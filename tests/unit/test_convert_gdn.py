@@ -213,3 +213,18 @@ def test_qwen3_5_35b_preset_counts_the_published_35b_total_and_3b_active():
     n = load_model_preset("qwen3_5_35b_a3b").num_params()
     assert abs(n["total"] - 35e9) / 35e9 < 0.015
     assert 3e9 <= n["active"] < 4e9
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    (["train.pack_sequences=true"], r"train\.pack_sequences=true with model\.arch='qwen3_5'.*Gated DeltaNet"),
+    (["parallel.cp=2", "cluster.trainer_devices=2"], r"parallel: cp=2 > 1 with Gated DeltaNet layers"),
+])
+def test_run_config_refusals_name_the_key(overrides, key):
+    """What `scalerl-train --validate` checks (config.validate) refuses for a GDN model, naming the key."""
+    from test_hf_model_config import _compose
+
+    from scalerl_mega.config import validate
+
+    validate(_compose("experiment=demo", "model=tiny_qwen3_5"))  # the same run without them is valid
+    with pytest.raises(ValueError, match=key):
+        validate(_compose("experiment=demo", "model=tiny_qwen3_5", *overrides))
