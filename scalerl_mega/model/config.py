@@ -39,7 +39,8 @@ class ModelConfig:
     name: str = "custom"
     arch: str = "llama"
     """"llama" (Llama-3 family), "llama4" (Llama-4: MoE + NoPE/chunked attention features), "qwen3"
-    (Qwen3 dense: per-head q/k RMSNorm) or "qwen3_moe" (Qwen3-MoE); model/archs.py."""
+    (Qwen3 dense: per-head q/k RMSNorm), "qwen3_moe" (Qwen3-MoE), "deepseek_v3", or the Gated DeltaNet hybrids
+    "qwen3_next", "qwen3_5", "qwen3_5_moe" (model/hybrid.py); model/archs.py."""
     vocab_size: int = 256
     """Used unpadded: must be divisible by the tensor-parallel size (so exported logits are exact)."""
     hidden_size: int = 64

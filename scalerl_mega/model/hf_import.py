@@ -9,9 +9,10 @@ built, so a mismatch is reported before a size check such as "built only on GPU"
 Supported `config.json` kinds (model/archs.py): Llama-3.x dense (`model_type: llama`, incl. `rope_scaling`
 of type `llama3` and tied embeddings as in Llama-3.2-1B/3B and SmolLM2), Llama-4 text
 (`model_type: llama4_text`), Qwen3 dense (`qwen3`: per-head q/k RMSNorm, tied embeddings in the small
-ones) and Qwen3-MoE (`qwen3_moe`: softmax top-k routing, `norm_topk_prob`, `mlp_only_layers`). A multimodal Llama-4 `config.json` (`model_type: llama4`) carries its
-text model under `text_config`; `hf_text_config` is the hook that unwraps it (loading its weights
-is the converter's job, scalerl_mega/convert/).
+ones), Qwen3-MoE (`qwen3_moe`: softmax top-k routing, `norm_topk_prob`, `mlp_only_layers`), DeepSeek-V3 and the Gated
+DeltaNet hybrids (`qwen3_next`, `qwen3_5_text`, `qwen3_5_moe_text`). A multimodal Llama-4 (`llama4`) or Qwen3.5
+(`qwen3_5`, `qwen3_5_moe`) `config.json` carries its text model under `text_config`; `hf_text_config` is the hook
+that unwraps it (loading its weights is the converter's job, scalerl_mega/convert/).
 """
 
 from __future__ import annotations
