@@ -228,3 +228,26 @@ def test_run_config_refusals_name_the_key(overrides, key):
     validate(_compose("experiment=demo", "model=tiny_qwen3_5"))  # the same run without them is valid
     with pytest.raises(ValueError, match=key):
         validate(_compose("experiment=demo", "model=tiny_qwen3_5", *overrides))
+
+
+def test_torch_fallback_patches_megatron_only_and_leaves_fla_unfound():
+    """Without fla the trainer's GDN runs megatron's torch path: the shim gives megatron's GDN module a torch
+    `l2norm` (x / sqrt(sum x^2 + 1e-6), worked here) and lets it build, and registers nothing named `fla`, so
+    transformers, whenever it is imported, still finds no fla and keeps its own torch kernels."""
+    import importlib.util
+    import sys
+
+    from scalerl_mega.trainer.megatron import gdn
+
+    if importlib.util.find_spec("fla") is not None:
+        pytest.skip("fla is installed here")
+    assert gdn.kernels(cuda=False) == "torch" and gdn.kernels(cuda=True) == "torch"
+    x = torch.tensor([[3.0, 4.0]])
+    assert torch.allclose(gdn.torch_l2norm(x), x / (25.0 + 1e-6) ** 0.5)
+    gdn.install_torch_fallback()
+    mod = gdn._gdn_module()
+    assert mod.HAVE_FLA and mod.l2norm is gdn.torch_l2norm
+    assert "fla" not in sys.modules and importlib.util.find_spec("fla") is None
+    from transformers.utils.import_utils import is_flash_linear_attention_available
+
+    assert not is_flash_linear_attention_available()
