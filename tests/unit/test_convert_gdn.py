@@ -251,3 +251,23 @@ def test_torch_fallback_patches_megatron_only_and_leaves_fla_unfound():
     from transformers.utils.import_utils import is_flash_linear_attention_available
 
     assert not is_flash_linear_attention_available()
+
+
+def test_mtp_weights_are_carried_through_a_round_trip(tmp_path):
+    """Qwen3-Next's published checkpoint holds multi-token-prediction weights (`mtp.*`) that transformers and the
+    trainer do not use: the converter skips them on load, keeps them beside the checkpoint and writes them back."""
+    from safetensors.torch import load_file, save_file
+
+    from scalerl_mega.convert.st_io import SafetensorsDir
+
+    hf, mc, back = tmp_path / "hf", tmp_path / "mc", tmp_path / "back"
+    save_tiny_hf("qwen3_next", str(hf))
+    tensors = load_file(str(hf / "model.safetensors"))
+    tensors["mtp.fc.weight"] = torch.randn(32, 64)
+    tensors["mtp.layers.0.input_layernorm.weight"] = torch.randn(32)
+    save_file(tensors, str(hf / "model.safetensors"), metadata={"format": "pt"})
+    assert _tool("convert_hf_to_megatron").main(["--hf-dir", str(hf), "--out", str(mc), "--tp", "2"]) == 0
+    assert _tool("convert_megatron_to_hf").main(["--ckpt", str(mc), "--out", str(back)]) == 0
+    b = SafetensorsDir(str(back))
+    assert sorted(b.names()) == sorted(tensors)
+    assert all(torch.equal(b.get(n), t) for n, t in tensors.items())
