@@ -87,3 +87,24 @@ def test_gdn_gradients_match_transformers_tp1_tp2(tmp_path, arch):
         decay = ("A_log", "dt_bias")
         assert max(v for k, v in report[layout].items() if k not in decay) < 5e-5, (layout, report[layout])
         assert max(report[layout][k] for k in decay) < 1e-3, (layout, report[layout])
+
+
+@pytest.mark.compat
+@pytest.mark.timeout(900)
+def test_trainer_loads_a_multimodal_qwen3_5_moe_checkpoint_directly(tmp_path):
+    """`init_from_hf` at a published-layout (multimodal) Qwen3.5-MoE checkpoint: the trainer's model, loaded from
+    `model.language_model.*`, gives the multimodal model's text logits within 1e-5 (FP32)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.integration.test_convert_megatron import ROOT
+
+    hf = str(tmp_path / "hf")
+    save_tiny_hf("qwen3_5_moe", hf, conditional=True)
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")  # one process: init_parallel picks a free port
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "integration", "gdn_vl_worker.py"), hf,
+                           "Qwen3_5MoeForConditionalGeneration"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    diff, ref = map(float, next(line for line in proc.stdout.splitlines() if line.startswith("diff ")).split()[1:])
+    assert diff <= 1e-5 and ref > 1.0, (diff, ref)
