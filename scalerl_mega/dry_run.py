@@ -235,7 +235,16 @@ def model_shape(model):
                       shared_expert_ffn=model.shared_expert_ffn, moe_every=model.moe_layer_freq,
                       moe_dense=tuple(model.moe_dense_layers), qk_norm=model.qk_layernorm,
                       mla=(model.q_lora_rank or 0, model.kv_lora_rank, model.qk_rope_head_dim, model.v_head_dim)
-                      if model.is_mla else ())
+                      if model.is_mla else (), gdn=_gdn_shape(model))
+
+
+def _gdn_shape(model) -> tuple[int, ...]:
+    """`ModelShape.gdn` of a Gated DeltaNet hybrid (() otherwise): its GDN layers, one GDN mixer's parameters, and
+    the recurrent + conv state of one sequence (FP32 state, bf16 conv cache)."""
+    from scalerl_mega.model.hybrid import gdn_params, linear_layers, recurrent_state_bytes_per_sequence
+
+    n = len(linear_layers(model))
+    return (n, gdn_params(model), recurrent_state_bytes_per_sequence(model)) if n else ()
 
 
 def sequence_shape(cfg) -> tuple[int, int]:
@@ -286,7 +295,8 @@ def trainer_plan(cfg, *, world_size: int, device):
 
 def generator_estimate(cfg) -> dict[str, Any]:
     """Per-GPU generator bytes (SGLang TP `rollout.sglang_tp_size`, body dtype `precision.params_dtype`):
-    weights and the KV cache of `train.generations_per_prompt` full-length sequences."""
+    weights and the KV cache of `train.generations_per_prompt` full-length sequences (with a GDN hybrid's
+    per-sequence recurrent + conv state)."""
     from scalerl_mega.cluster.plan import GenLayout, generator_weight_bytes, kv_bytes_per_token
 
     shape = model_shape(cfg.model)
@@ -295,9 +305,9 @@ def generator_estimate(cfg) -> dict[str, Any]:
     lay = GenLayout(tp=int(cfg.rollout.sglang_tp_size), seq_len=seq, kv_bytes=2 * scale,
                     min_seqs=int(cfg.train.generations_per_prompt), quantization=str(cfg.rollout.quantization))
     lay.validate(shape)
-    per_tok = kv_bytes_per_token(shape, lay)
+    per_tok, state = kv_bytes_per_token(shape, lay), (shape.gdn[2] // lay.tp if shape.gdn else 0)
     return {"tp": lay.tp, "weights_bytes": generator_weight_bytes(shape, lay) * scale,
-            "kv_bytes_per_token": per_tok, "kv_cache_bytes": per_tok * seq * lay.min_seqs,
+            "kv_bytes_per_token": per_tok, "kv_cache_bytes": (per_tok * seq + state) * lay.min_seqs,
             "kv_sequences": lay.min_seqs, "seq_len": seq}
 
 

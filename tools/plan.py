@@ -220,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layout", choices=sorted(LAYOUTS),
                     help="a Slurm script's default layout (model, device, TP/PP/DP/EP, recompute, SP, gen TP)")
     ap.add_argument("--model", choices=sorted(MODELS), default="llama3_8b")
+    ap.add_argument("--preset", default=None, help="plan a conf/model preset instead of --model (e.g. qwen3_next_80b_a3b: "
+                    "a Gated DeltaNet hybrid, its generator holding KV for the full-attention layers and each "
+                    "sequence's recurrent + conv state)")
     ap.add_argument("--device", choices=sorted(DEVICES), default="h100_80gb")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
@@ -284,6 +287,16 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(sync_rows(links), indent=1) if args.json else sync_table(links))
         return 0
     model, dev = MODELS[args.model], DEVICES[args.device]
+    if args.preset:
+        from scalerl_mega.dry_run import model_shape
+        from scalerl_mega.model.config import load_model_preset
+
+        try:
+            model = model_shape(load_model_preset(args.preset))
+        except ValueError as exc:
+            print(f"error: --preset: {exc}", file=sys.stderr)
+            return 1
+        args.model = args.preset
     try:
         args.recompute, recompute_source = recompute_assumed(args, sl)
     except ValueError as exc:

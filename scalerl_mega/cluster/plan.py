@@ -105,6 +105,8 @@ class ModelShape:
     moe_dense: tuple[int, ...] = ()  # layers kept dense although moe_every selects them (Qwen3-MoE mlp_only_layers)
     qk_norm: bool = False  # per-head RMSNorm weights on q and k (Qwen3): 2 * head_dim per layer
     mla: tuple[int, int, int, int] = ()  # DeepSeek-V3 MLA (q_lora_rank or 0, kv_lora_rank, rope dim, v dim)
+    gdn: tuple[int, int, int] = ()  # Gated DeltaNet hybrid (model/hybrid.py): (GDN layers, params of one GDN mixer,
+    # its recurrent + conv state bytes per sequence over all GDN layers); the other layers gated full attention
 
     def __post_init__(self) -> None:
         for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "vocab"):
@@ -141,7 +143,10 @@ class ModelShape:
             n = self.heads
             q = h * ql + ql * n * (d + rope) if ql else h * n * (d + rope)
             return q + h * (kvl + rope) + kvl * n * (d + v) + n * v * h
-        return h * self.heads * d * 2 + h * self.kv_heads * d * 2  # q, o + k, v
+        attn = h * self.heads * d * (3 if self.gdn else 2) + h * self.kv_heads * d * 2  # q (+ output gate), o + k, v
+        if self.gdn:  # the mean over a hybrid's full-attention and GDN layers
+            return ((self.layers - self.gdn[0]) * attn + self.gdn[0] * self.gdn[1]) // self.layers
+        return attn
 
     def norm_params_per_layer(self) -> int:
         latent = self.mla[0] + self.mla[1] if self.mla else 0  # MLA's q / kv latent RMSNorms (replicated over TP)
@@ -188,21 +193,8 @@ LLAMA3_8B = ModelShape(
 # checkpoint is meta-llama/Llama-4-Scout-17B-16E): hidden 5120, 48 layers, 40 heads, 8 KV heads,
 # head_dim 128, intermediate_size (expert) 8192, 16 local experts, top-1, vocab 202048,
 # interleave_moe_layer_step 1 (every layer MoE), one shared expert of the same size, untied.
-SCOUT_17B16E = ModelShape(
-    name="scout_17b16e",
-    hidden=5120,
-    layers=48,
-    heads=40,
-    kv_heads=8,
-    head_dim=128,
-    ffn=16384,
-    vocab=202048,
-    num_experts=16,
-    top_k=1,
-    expert_ffn=8192,
-    shared_expert_ffn=8192,
-    moe_every=1,
-)
+SCOUT_17B16E = ModelShape(name="scout_17b16e", hidden=5120, layers=48, heads=40, kv_heads=8, head_dim=128, ffn=16384,
+                          vocab=202048, num_experts=16, top_k=1, expert_ffn=8192, shared_expert_ffn=8192, moe_every=1)
 # Qwen3 (Qwen/Qwen3-*/config.json, tests/data/hf_configs/): head_dim 128 independent of hidden / heads,
 # per-head q/k RMSNorm, vocab 151936, untied; the MoE models route top-8 of 128 experts in every layer
 # (decoder_sparse_step 1, mlp_only_layers []) without a shared expert.
@@ -510,10 +502,12 @@ def trainer_memory(model: ModelShape, layout: TrainLayout, device: Device) -> Me
 def kv_bytes_per_token(model: ModelShape, layout: GenLayout) -> int:
     """K and V of one token on one GPU; with tp > kv_heads every GPU keeps one (replicated) KV head, as
     SGLang's QKVParallelLinear does (`num_kv_heads = max(1, total_num_kv_heads // tp_size)`). MLA: SGLang caches
-    the compressed KV and the RoPE key, (kv_lora_rank + rope dim) per layer, whole on every TP rank."""
+    the compressed KV and the RoPE key, (kv_lora_rank + rope dim) per layer, whole on every TP rank. A GDN hybrid
+    caches K and V in its full-attention layers only (its GDN layers keep a per-sequence state: `generator_memory`)."""
     if model.mla:
         return model.layers * (model.mla[1] + model.mla[2]) * layout.kv_bytes
-    return 2 * model.layers * max(1, model.kv_heads // layout.tp) * model.head_dim * layout.kv_bytes
+    kv_layers = model.layers - (model.gdn[0] if model.gdn else 0)
+    return 2 * kv_layers * max(1, model.kv_heads // layout.tp) * model.head_dim * layout.kv_bytes
 
 
 def generator_weight_bytes(model: ModelShape, layout: GenLayout) -> int:
@@ -527,19 +521,19 @@ def generator_weight_bytes(model: ModelShape, layout: GenLayout) -> int:
 
 
 def generator_memory(model: ModelShape, layout: GenLayout, device: Device) -> MemoryReport:
-    """SGLang per-GPU memory: weights + the KV pool needed for ``min_seqs`` full sequences.
-
-    The budget is ``mem_fraction_static * capacity`` (what SGLang reserves for weights + KV)."""
+    """SGLang per-GPU memory: weights + the KV pool needed for ``min_seqs`` full sequences (a GDN hybrid's: plus each
+    sequence's recurrent + conv state, its value heads split over TP). The budget is ``mem_fraction_static *
+    capacity`` (what SGLang reserves for weights + KV)."""
     layout.validate(model)
     weights = generator_weight_bytes(model, layout)
-    per_tok = kv_bytes_per_token(model, layout)
-    need_kv = layout.min_seqs * layout.seq_len * per_tok
+    per_tok, state = kv_bytes_per_token(model, layout), (model.gdn[2] // layout.tp if model.gdn else 0)
+    need_kv = layout.min_seqs * (layout.seq_len * per_tok + state)
     static = int(layout.mem_fraction_static * device.capacity_bytes)
     pool = max(0, static - weights)
     notes = [
-        f"KV bytes/token/GPU={per_tok:,}",
+        f"KV bytes/token/GPU={per_tok:,}" + (f", GDN state bytes/sequence/GPU={state:,}" if state else ""),
         f"KV pool at mem_fraction_static={layout.mem_fraction_static}: {pool / GiB:.1f} GiB = "
-        f"{pool // per_tok:,} tokens = {pool // (per_tok * layout.seq_len)} full sequences of {layout.seq_len}",
+        f"{pool // per_tok:,} tokens = {pool // (per_tok * layout.seq_len + state)} full sequences of {layout.seq_len}",
     ]
     return MemoryReport(
         role="generator", components={"weights_bf16" if layout.quantization == "none" else "weights_fp8_bf16": weights,

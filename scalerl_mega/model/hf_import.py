@@ -9,9 +9,10 @@ built, so a mismatch is reported before a size check such as "built only on GPU"
 Supported `config.json` kinds (model/archs.py): Llama-3.x dense (`model_type: llama`, incl. `rope_scaling`
 of type `llama3` and tied embeddings as in Llama-3.2-1B/3B and SmolLM2), Llama-4 text
 (`model_type: llama4_text`), Qwen3 dense (`qwen3`: per-head q/k RMSNorm, tied embeddings in the small
-ones) and Qwen3-MoE (`qwen3_moe`: softmax top-k routing, `norm_topk_prob`, `mlp_only_layers`). A multimodal Llama-4 `config.json` (`model_type: llama4`) carries its
-text model under `text_config`; `hf_text_config` is the hook that unwraps it (loading its weights
-is the converter's job, scalerl_mega/convert/).
+ones), Qwen3-MoE (`qwen3_moe`: softmax top-k routing, `norm_topk_prob`, `mlp_only_layers`), DeepSeek-V3 and the Gated
+DeltaNet hybrids (`qwen3_next`, `qwen3_5_text`, `qwen3_5_moe_text`). A multimodal Llama-4 (`llama4`) or Qwen3.5
+(`qwen3_5`, `qwen3_5_moe`) `config.json` carries its text model under `text_config`; `hf_text_config` is the hook
+that unwraps it (loading its weights is the converter's job, scalerl_mega/convert/).
 """
 
 from __future__ import annotations
@@ -78,12 +79,22 @@ def _readable_config(path: str | Path, *, key: str) -> Mapping[str, object]:
     return cfg
 
 
+_MULTIMODAL = {"llama4": "llama4_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+"""Multimodal `model_type` -> the `model_type` of the text model it keeps under `text_config`."""
+
+
 def hf_text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The decoder's config: multimodal Llama-4 (`model_type: llama4`) keeps it under `text_config`."""
-    if cfg.get("model_type") == "llama4":
+    """The decoder's config: multimodal Llama-4 (`model_type: llama4`) and Qwen3.5 (`qwen3_5`, `qwen3_5_moe`) keep
+    it under `text_config` (their vision tower is not the trainer's)."""
+    kind = cfg.get("model_type")
+    if kind in _MULTIMODAL:
         if not isinstance(cfg.get("text_config"), Mapping):
-            raise ValueError("config.json: model_type='llama4' (multimodal) without a text_config object")
-        return {"model_type": "llama4_text", **cfg["text_config"]}
+            raise ValueError(f"config.json: model_type={kind!r} (multimodal) without a text_config object")
+        text = {"model_type": _MULTIMODAL[kind], **cfg["text_config"]}
+        text["model_type"] = _MULTIMODAL[kind]
+        if "tie_word_embeddings" in cfg and "tie_word_embeddings" not in cfg["text_config"]:
+            text["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+        return text
     return cfg
 
 

@@ -157,6 +157,8 @@ RUN_ONLY = {
                      ("scalerl_mega.convert.load", "HFShardReader._header"), ("scalerl_mega.convert.load",
                      "load_full_tensors"), ("scalerl_mega.convert.load", "load_hf_checkpoint"),
                      ("scalerl_mega.convert.pipeline", "validate_hf"), ("scalerl_mega.convert.sharding", "tp_shard"),
+                     ("scalerl_mega.convert.sharding", "_sections"), ("scalerl_mega.convert.gdn_layout", "shard_sections"),
+                     ("scalerl_mega.convert.gdn_layout", "split_sections"),
                      ("scalerl_mega.convert.tables", "expected_hf_shape"),
                      ("scalerl_mega.convert.fp8_io", "Fp8DequantReader.__init__"),
                      ("scalerl_mega.convert.fp8_io", "quantize_hf_dir"), ("scalerl_mega.quant.fp8",
