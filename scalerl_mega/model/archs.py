@@ -45,6 +45,12 @@ ARCHS: dict[str, Arch] = {
         Arch(name="deepseek_v3", model_type="deepseek_v3", causal_lm="DeepseekV3ForCausalLM",
              config_class="DeepseekV3Config", moe="always", qk_layernorm=False, router="mlp.gate",
              family="DeepSeek-V3"),
+        Arch(name="qwen3_next", model_type="qwen3_next", causal_lm="Qwen3NextForCausalLM", config_class="Qwen3NextConfig",
+             moe="always", qk_layernorm=True, router="mlp.gate", family="Qwen3-Next"),
+        Arch(name="qwen3_5", model_type="qwen3_5_text", causal_lm="Qwen3_5ForCausalLM", config_class="Qwen3_5TextConfig",
+             moe="never", qk_layernorm=True, family="Qwen3.5"),
+        Arch(name="qwen3_5_moe", model_type="qwen3_5_moe_text", causal_lm="Qwen3_5MoeForCausalLM",
+             config_class="Qwen3_5MoeTextConfig", moe="always", qk_layernorm=True, router="mlp.gate", family="Qwen3.5-MoE"),
     )
 }
 ARCH_BY_MODEL_TYPE: dict[str, str] = {a.model_type: a.name for a in ARCHS.values()}

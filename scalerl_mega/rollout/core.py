@@ -132,6 +132,7 @@ class GenerationCore(RouteRecorder):
         import torch
 
         from scalerl_mega.rollout.kv_cache import SlotKVCache
+        from scalerl_mega.rollout.recurrent_state import recurrent_spec
 
         self.model = model.eval()
         if config.sparse_moe and next(model.parameters()).device.type == "cpu":
@@ -153,6 +154,7 @@ class GenerationCore(RouteRecorder):
             capacity=2 * config.max_seq_len,
             dtype=param.dtype,
             device=param.device,
+            recurrent=recurrent_spec(model),
             **_kv_shape(mcfg, heads=heads, head_dim=head_dim),
         )
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
@@ -164,13 +166,14 @@ class GenerationCore(RouteRecorder):
         self._w32 = None
         self._refresh_head()
         self._torch = torch
-        # the decode step builds its own masks only for SDPA over full and chunked attention layers (anything
-        # else, e.g. sliding windows, a chunked layer without a chunk size, or non-SDPA attention, gets the 2-D
-        # mask and HF's construction); a chunk no request outgrows (max_seq_len) is full attention
+        # the decode step builds its own masks only for SDPA over full and chunked attention layers and GDN layers
+        # (anything else, e.g. sliding windows, a chunked layer without a chunk size, or non-SDPA attention, gets the
+        # 2-D mask and HF's construction); a chunk no request outgrows (max_seq_len) is full attention
         layer_types = set(getattr(mcfg, "layer_types", None) or ["full_attention"])
         chunk = getattr(mcfg, "attention_chunk_size", None) if "chunked_attention" in layer_types else None
+        self._linear = "linear_attention" in layer_types
         self._own_masks = (getattr(mcfg, "_attn_implementation", None) == "sdpa"
-                           and layer_types <= {"full_attention", "chunked_attention"}
+                           and layer_types <= {"full_attention", "chunked_attention", "linear_attention"}
                            and ("chunked_attention" not in layer_types or bool(chunk)))
         self._chunk = int(chunk) if chunk and int(chunk) < config.max_seq_len else None
         self._stats = {"busy_s": 0.0, "decode_steps": 0, "decode_tokens": 0, "prefill_steps": 0,
@@ -402,8 +405,8 @@ class GenerationCore(RouteRecorder):
         if not self._own_masks:
             return mask_NC
         full = mask_NC[:, None, None, :]
-        if self._chunk is None:
-            return full
+        if self._chunk is None:  # a GDN layer's decode step has no padding to mask (HF passes it None too)
+            return {"full_attention": full, "linear_attention": None} if self._linear else full
         start_N1 = torch.tensor(kv.start_S[:n], dtype=torch.long, device=self.device).view(n, 1)
         col_pos_NC = torch.arange(off, kv.length + 1, device=self.device).view(1, -1) - start_N1
         same_NC = torch.div(col_pos_NC, self._chunk, rounding_mode="floor") == torch.div(
