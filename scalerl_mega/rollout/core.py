@@ -396,8 +396,9 @@ class GenerationCore(RouteRecorder):
         attention layers (Llama-4's RoPE layers) gets `{layer type: mask}`, the chunked one keeping a
         column only where its position (column - row start) is in the query's chunk (HF's chunked
         mask with the row's left padding; a plain 4-D mask where no request outgrows the chunk, which
-        both of Llama-4's mask builders pass through). Other attention implementations and other layer
-        types (sliding windows) get the 2-D mask, from which HF builds theirs."""
+        both of Llama-4's mask builders pass through); a hybrid's GDN layers (Qwen3.5, Qwen3-Next) get
+        None, as from HF for one new token. Other attention implementations and other layer types (sliding
+        windows) get the 2-D mask, from which HF builds theirs."""
         torch = self._torch
         kv = self.kv
         n = pos_N1.shape[0]
