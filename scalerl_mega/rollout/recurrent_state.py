@@ -50,10 +50,7 @@ def recurrent_spec(model: Any) -> RecurrentSpec | None:
     gdn = [(i, layer.linear_attn) for i, layer in enumerate(layers) if getattr(layer, "linear_attn", None) is not None]
     if not gdn:
         return None
-    m = gdn[0][1]
-    sizes = {(g.conv_dim, g.conv_kernel_size, g.num_v_heads, g.head_k_dim, g.head_v_dim) for _, g in gdn}
-    if len(sizes) != 1:
-        raise ValueError(f"GDN layers of different sizes are not supported: {sorted(sizes)}")
+    m = gdn[0][1]  # one config: every GDN layer has the same sizes
     return RecurrentSpec(layers=tuple(i for i, _ in gdn), conv_dim=m.conv_dim, conv_kernel=m.conv_kernel_size,
                          value_heads=m.num_v_heads, key_dim=m.head_k_dim, value_dim=m.head_v_dim)
 
