@@ -185,3 +185,29 @@ def test_retraction_recomputes_the_state_with_the_new_weights():
         assert c.weight_versions == [0] * 4 + [1] * 6
         fresh = _oracle_logprobs(model_b, c.prompt_ids, c.output_ids)
         assert max(abs(a - b) for a, b in zip(fresh[4:], c.gen_logprobs[4:])) < TOL
+
+
+def test_recorded_routes_of_a_hybrid_are_a_full_forwards():
+    """Routing replay on Qwen3-Next (MoE layers 0, 2, 3; layer 1 dense): the expert ids the engine records per
+    position, through prefills and recurrent decode steps, are the router's top-k of one full forward."""
+    from scalerl_mega.rollout.core import moe_routers
+
+    model = _model("qwen3_next")
+    routers = moe_routers(model)
+    with torch.no_grad():
+        for r in routers:
+            r.weight.mul_(30.0)  # spread the router logits: routes differ between tokens
+    core = GenerationCore(model, config=CoreConfig(max_batch=2, max_seq_len=24, record_routes=True))
+    for i, prompt in enumerate([[3, 17, 40, 8], [5, 9], [22, 1, 1, 60, 14, 7]]):
+        core.add(_req(i, prompt, n=6 + i))
+    for c in core.run_until_done():
+        seq = c.prompt_ids + c.output_ids
+        n = c.routes.num_positions
+        assert (n, c.routes.num_layers, c.routes.topk) == (len(seq) - 1, 3, 2)
+        seen = []
+        hooks = [r.register_forward_hook(lambda m, a, out: seen.append(out[2])) for r in routers]
+        with torch.no_grad():
+            model(torch.tensor([seq[:-1]]))
+        for h in hooks:
+            h.remove()
+        assert torch.equal(torch.tensor(c.routes.expert_ids).view(n, 3, 2).long(), torch.stack(seen, 1).long())
