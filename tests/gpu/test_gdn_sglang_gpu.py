@@ -41,20 +41,11 @@ def _model(seed: int):
 
 
 def test_sglang_serves_a_pushed_qwen3_5_like_the_trainer(tmp_path):
-    import torch
+    from tests.sglang_support.real_server import gpu_engine, require_gpu_sglang
 
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    from tests.sglang_support.real_server import LAUNCHED, sglang_python
-
-    try:
-        py = sglang_python()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    require_gpu_sglang()
     from scalerl_mega.rollout.local import LocalModelSpec
-    from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
     from scalerl_mega.types import Prompt, SamplingParams
-    from scalerl_mega.weight_sync import WeightSyncConfig, free_port
     from tests.sglang_support.oracle import collect, full_logprobs
     from tests.sglang_support.tiny_model import train_tokenizer
 
@@ -62,16 +53,7 @@ def test_sglang_serves_a_pushed_qwen3_5_like_the_trainer(tmp_path):
     first = _model(0)
     first.save_pretrained(path)
     train_tokenizer(path)
-    cfg = SGLangServerConfig(model_path=str(path), port=free_port(), dtype="bfloat16", pause_mode="retract",
-                             mem_fraction_static=0.3, python=py, env={"PYTHONUNBUFFERED": "1"},
-                             extra_args=["--context-length", "256", "--max-running-requests", "8"])
-    server = SGLangServer(url=cfg.url, config=cfg)
-    LAUNCHED.append(server)
-    server.start(wait=True)
-    engine = SGLangRolloutEngine([server], config=SGLangEngineConfig(
-        pause_mode="retract", control_timeout_s=120.0, request_timeout_s=300.0,
-        model=LocalModelSpec(arch="qwen3_5", config=CONFIG),
-        sync=WeightSyncConfig(backend="gloo", flattened=True, timeout_s=120.0, bucket_bytes=256 << 10)))
+    server, engine = gpu_engine(path, spec=LocalModelSpec(arch="qwen3_5", config=CONFIG), pause_mode="retract")
     try:
         new = _model(1)
         engine.update_weights(list(new.state_dict().items()), version=1)
