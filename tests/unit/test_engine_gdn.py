@@ -13,11 +13,12 @@ import random
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest
 from scalerl_mega.rollout.local import LocalModelSpec, build_model
-from scalerl_mega.rollout.sampling import sample_tokens
 from scalerl_mega.types import FinishReason, SamplingParams
+from tests.support.inflight_update import swapped_reference, update_after
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -137,30 +138,11 @@ def test_in_flight_update_keeps_the_recurrent_state(arch):
     core = GenerationCore(_model(arch), config=CoreConfig(max_batch=2, max_seq_len=24))
     core.add(_req(2, [1, 2], n=total + 2))  # admitted first: the request under test shares its forwards
     core.add(_req(1, prompt, n=total, seed=4242))
-    done = []
-    while not any(r.req.rid == "1" and len(r.output_ids) == k for r in core.rows):
-        done += core.step()
-    core.load_weights(new_weights.items())
-    core.set_version(1)
-    done += core.run_until_done()
-    c = next(x for x in done if x.prompt_id == "1")
+    c = next(x for x in update_after(core, rid="1", k=k, weights=new_weights) if x.prompt_id == "1")
     assert c.weight_versions == [0] * k + [1] * (total - k)
-
-    from transformers import DynamicCache
-
     ref_model = _model(arch)
-    cache = DynamicCache(config=ref_model.config)
-    ids, ref_tokens, ref_lps = torch.tensor([prompt]), [], []
-    with torch.no_grad():
-        for step in range(total):
-            if step == k:
-                ref_model.load_state_dict(new_weights)
-            logits = ref_model(ids, past_key_values=cache, use_cache=True).logits[:, -1].float()
-            tok, _ = sample_tokens(logits, temperature_N=torch.ones(1), top_p_N=torch.ones(1),
-                                   seeds_N=torch.tensor([4242]), steps_N=torch.tensor([step]))
-            ref_tokens.append(tok.item())
-            ref_lps.append(torch.log_softmax(logits.double(), -1)[0, tok.item()].item())
-            ids = tok.view(1, 1)
+    ref_tokens, ref_lps = swapped_reference(ref_model, new_weights, prompt, k=k, total=total, seed=4242,
+                                            cache=DynamicCache(config=ref_model.config))
     assert c.output_ids == ref_tokens
     assert max(abs(a - b) for a, b in zip(ref_lps, c.gen_logprobs)) < TOL
     model_b = _model(arch)
