@@ -29,6 +29,9 @@ TINY = {  # model.arch -> the tiny preset (conf/model/<preset>.yaml) whose shape
     "qwen3": "tiny_qwen3",
     "qwen3_moe": "tiny_qwen3_moe",
     "deepseek_v3": "tiny_deepseek_v3",
+    "qwen3_next": "tiny_qwen3_next",
+    "qwen3_5": "tiny_qwen3_5",
+    "qwen3_5_moe": "tiny_qwen3_5_moe",
 }
 
 

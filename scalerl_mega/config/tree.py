@@ -163,6 +163,10 @@ def _validate_across_groups(cfg: TrainConfig) -> None:
     if cfg.train.pack_sequences and int(getattr(cfg.parallel, "cp", 1)) > 1:
         raise ValueError(f"train.pack_sequences=true with parallel.cp={cfg.parallel.cp}: packed rows are not "
                          "split for context parallelism")
+    if cfg.train.pack_sequences and cfg.model.arch in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+        raise ValueError(f"train.pack_sequences=true with model.arch={cfg.model.arch!r}: its Gated DeltaNet layers "
+                         "cannot run packed rows (megatron-core 0.16.1 refuses them, and the torch GDN path has no "
+                         "per-sequence boundaries; fla's varlen kernels would be needed); use train.pack_sequences=false")
     if cfg.rollout.inflight_hold_tokens and (cfg.rollout.name != "local" or cfg.off_policy.name != "pipeline_rl"):
         raise ValueError(f"rollout.inflight_hold_tokens={cfg.rollout.inflight_hold_tokens} needs rollout.name=local "
                          f"and off_policy.name=pipeline_rl (got {cfg.rollout.name!r}, {cfg.off_policy.name!r})")

@@ -64,6 +64,17 @@ class ArchDims:
     moe_group_topk: int = 0
     moe_scaling_factor: float = 1.0
     moe_expert_bias: bool = False
+    # Qwen3-Next / Qwen3.5 (convert/hybrid_dims.py): Gated DeltaNet layers, gated attention, gated shared expert
+    linear_layers: tuple[int, ...] = ()  # 0-based GDN layers (the rest: full attention)
+    linear_conv_kernel: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    partial_rotary_factor: float = 1.0
+    attn_output_gate: bool = False
+    shared_expert_gate: bool = False
+    fused_gdn_proj: bool = False  # Qwen3-Next's in_proj_qkvz / in_proj_ba, grouped per key head
 
     @property
     def heads_per_group(self) -> int:
@@ -76,6 +87,9 @@ class ArchDims:
 
     def is_moe_layer(self, layer: int) -> bool:
         return layer in self.moe_layers
+
+    def is_linear_layer(self, layer: int) -> bool:
+        return layer in self.linear_layers
 
 
 def _require(cfg: Mapping[str, JSON], key: str, where: str) -> Any:
@@ -228,6 +242,13 @@ def _deepseek_v3_dims(cfg: Mapping[str, JSON], common: dict[str, JSON], *, where
     return ArchDims(**deepseek_v3_fields(cfg, common, where=where, layers=layers))
 
 
+def _hybrid_dims(cfg: Mapping[str, JSON], common: dict[str, JSON], *, where: str, layers: int) -> ArchDims:
+    from scalerl_mega.convert.hybrid_dims import hybrid_dims
+
+    return hybrid_dims(cfg, common, where=where, layers=layers)
+
+
 _ARCH_FIELDS = {"llama": _dense_dims, "llama4": _llama4_dims, "qwen3": _dense_dims, "qwen3_moe": _qwen3_moe_dims,
-                "deepseek_v3": _deepseek_v3_dims}
+                "deepseek_v3": _deepseek_v3_dims, "qwen3_next": _hybrid_dims, "qwen3_5": _hybrid_dims,
+                "qwen3_5_moe": _hybrid_dims}
 """The config.json fields each architecture adds to the common ones (model/archs.py lists the architectures)."""

@@ -47,7 +47,7 @@ def load_full_tensors(model, *, dims: ArchDims, full_tensor: Callable[[str], tor
             rank, size = _tp(sharding.expert_index(name) is not None)
             if name.endswith(("word_embeddings.weight", "output_layer.weight")):
                 full = layout.pad_vocab(layout.unpad_vocab(full, vocab=dims.vocab_size), padded_vocab=param.shape[0] * size)
-            shard = sharding.tp_shard(name, full, rank=rank, size=size)
+            shard = sharding.tp_shard(name, full, rank=rank, size=size, dims=dims)
             if tuple(shard.shape) != tuple(param.shape):
                 raise ValueError(f"tensor {name!r}: checkpoint shard has shape {tuple(shard.shape)}, model parameter has {tuple(param.shape)}")
             with torch.no_grad():

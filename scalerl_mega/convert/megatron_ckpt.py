@@ -68,7 +68,7 @@ class MegatronShards:
         if name not in self._where:
             raise ValueError(f"{self.path}: tensor {name!r} is missing")
         parts = sorted(self._where[name], key=lambda x: x[0])
-        full = sharding.tp_merge(name, [sd.get(name) for _, sd in parts])
+        full = sharding.tp_merge(name, [sd.get(name) for _, sd in parts], dims=self.dims)
         want = self.full_shape(name)
         if tuple(full.shape) != want:
             raise ValueError(f"{self.path}: tensor {name!r} has shape {tuple(full.shape)}, expected {want}")

@@ -84,6 +84,11 @@ def model_config_from_hf(cfg: Mapping[str, Any], *, name: str = "hf", where: str
         return ModelConfig(**common, **_qwen3_moe_fields(d, cfg)).validate()
     if d.arch == "deepseek_v3":
         return ModelConfig(**common, **_deepseek_v3_fields(d)).validate()
+    if d.arch in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+        from scalerl_mega.convert.hybrid_dims import model_fields
+
+        moe = _qwen3_moe_fields(d, cfg) if d.num_experts else {}
+        return ModelConfig(**common, **{**moe, **model_fields(d)}).validate()
     moe_freq = _every_nth([int(d.is_moe_layer(i)) for i in range(d.num_layers)], key="moe_layers", where=where)
     return ModelConfig(
         **common,
@@ -130,6 +135,10 @@ def dims_from_model_config(m) -> ArchDims:
         from scalerl_mega.convert.deepseek_dims import dims_fields
 
         extra = dims_fields(m)
+    if m.arch in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+        from scalerl_mega.convert.hybrid_dims import dims_fields as hybrid_fields
+
+        extra = hybrid_fields(m)
     return ArchDims(
         **extra,
         arch=m.arch, hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_attention_heads,

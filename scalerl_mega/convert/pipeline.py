@@ -170,7 +170,7 @@ def convert_hf_to_megatron(
                 size = tp if e is None else etp
                 for t in range(size):
                     w = _rank_writer(writers, (t, stage, ep_rank), tmp=tmp, max_shard_bytes=max_shard_bytes)
-                    w.add(name, sharding.tp_shard(name, full, rank=t, size=size))
+                    w.add(name, sharding.tp_shard(name, full, rank=t, size=size, dims=dims))
                 del full
                 if bar:
                     bar.update(1)

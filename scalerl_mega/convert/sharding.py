@@ -12,7 +12,7 @@ import re
 
 import torch
 
-REPLICATED, DIM0, DIM1, GLU = "replicated", "dim0", "dim1", "glu"
+REPLICATED, DIM0, DIM1, GLU, SECTIONS = "replicated", "dim0", "dim1", "glu", "sections"
 
 _TP_RULES: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"(word_embeddings|output_layer)\.weight$"), DIM0),  # vocab-parallel
@@ -20,6 +20,10 @@ _TP_RULES: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"linear_(q|q_down|q_up|kv_down|kv_up)_proj\.weight$"), DIM0),  # MLA (local spec: column-parallel)
     (re.compile(r"linear_fc1\.weight\d*$"), GLU),  # column-parallel, gate and up halves split alike
     (re.compile(r"(linear_proj|linear_fc2)\.weight\d*$"), DIM1),  # row-parallel
+    # Gated DeltaNet (convert/gdn_layout.py): in_proj [q, k, v, z, b, a] and conv1d [q, k, v] split per section
+    (re.compile(r"self_attention\.(in_proj|conv1d)\.weight$"), SECTIONS),
+    (re.compile(r"self_attention\.(A_log|dt_bias)$"), DIM0),
+    (re.compile(r"self_attention\.out_proj\.weight$"), DIM1),
 )
 
 _EXPERT = re.compile(r"^(?P<pre>decoder\.layers\.\d+\.mlp\.experts\.)(?P<fc>linear_fc[12])\.weight(?P<e>\d+)$")
@@ -44,11 +48,25 @@ def expert_index(name: str) -> int | None:
     return int(m.group("e")) if m else None
 
 
-def tp_shard(name: str, full: torch.Tensor, *, rank: int, size: int) -> torch.Tensor:
-    """The part of a full Megatron tensor held by TP rank ``rank`` of ``size``."""
+def _sections(name: str, dims) -> list[int]:
+    """Row sections of a GDN tensor (``dims``: the model's ``ArchDims``, which fixes them)."""
+    if dims is None:
+        raise ValueError(f"{name}: a Gated DeltaNet tensor is split per section; pass dims=")
+    from scalerl_mega.convert.hybrid_tables import conv_sections, in_proj_sections
+
+    return in_proj_sections(dims) if ".in_proj." in name else conv_sections(dims)
+
+
+def tp_shard(name: str, full: torch.Tensor, *, rank: int, size: int, dims=None) -> torch.Tensor:
+    """The part of a full Megatron tensor held by TP rank ``rank`` of ``size`` (``dims``: needed for the
+    Gated DeltaNet tensors split per section)."""
     kind = tp_kind(name)
     if size == 1 or kind == REPLICATED:
         return full
+    if kind == SECTIONS:
+        from scalerl_mega.convert.gdn_layout import shard_sections
+
+        return shard_sections(full, _sections(name, dims), rank=rank, size=size)
     if kind == GLU:
         gate, up = torch.chunk(full, 2, dim=0)
         return torch.cat([torch.chunk(gate, size, 0)[rank], torch.chunk(up, size, 0)[rank]], 0).contiguous()
@@ -58,11 +76,15 @@ def tp_shard(name: str, full: torch.Tensor, *, rank: int, size: int) -> torch.Te
     return torch.chunk(full, size, dim)[rank].contiguous()
 
 
-def tp_merge(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
+def tp_merge(name: str, shards: list[torch.Tensor], *, dims=None) -> torch.Tensor:
     """Inverse of ``tp_shard`` given every rank's shard in rank order."""
     kind = tp_kind(name)
     if len(shards) == 1 or kind == REPLICATED:
         return shards[0]
+    if kind == SECTIONS:
+        from scalerl_mega.convert.gdn_layout import merge_sections
+
+        return merge_sections(shards, _sections(name, dims))
     if kind == GLU:
         halves = [torch.chunk(s, 2, dim=0) for s in shards]
         return torch.cat([h[0] for h in halves] + [h[1] for h in halves], 0)

@@ -28,7 +28,7 @@ Fn = Callable[[Sequence[torch.Tensor], ArchDims, int], list[torch.Tensor]]
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Rule:
-    scope: str  # "model" | "final" | "layer" | "dense" | "moe"
+    scope: str  # "model" | "final" | "layer" | "dense" | "moe" | "linear" | "full"
     mcore: tuple[str, ...]
     hf: tuple[str, ...]
     to_mcore: Fn  # (hf tensors, dims, padded_vocab) -> mcore tensors
@@ -219,6 +219,10 @@ TABLES: dict[str, tuple[Rule, ...]] = {"llama": LLAMA_TABLE, "llama4": LLAMA4_TA
 def table_of(dims: ArchDims) -> tuple[Rule, ...]:
     if dims.arch == "deepseek_v3" and not dims.q_lora_rank:
         return DEEPSEEK_V3_NO_Q_LORA_TABLE
+    if dims.arch in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):  # Gated DeltaNet hybrids: convert/hybrid_tables.py
+        from scalerl_mega.convert.hybrid_tables import hybrid_table
+
+        return hybrid_table(dims)
     return TABLES[dims.arch]
 
 
@@ -242,6 +246,8 @@ def _applies(rule: Rule, dims: ArchDims, layer: int | None) -> bool:
         return not dims.is_moe_layer(layer)
     if rule.scope == "moe":
         return dims.is_moe_layer(layer)
+    if rule.scope in ("linear", "full"):  # Gated DeltaNet / full-attention layers of the hybrid families
+        return dims.is_linear_layer(layer) == (rule.scope == "linear")
     return True
 
 
@@ -257,7 +263,7 @@ def iter_groups(dims: ArchDims, *, layers: Sequence[int] | None = None, first_st
                 yield Group(rule, None, _expand(rule.mcore, None, 0), _expand(rule.hf, None, 0))
     for i in layer_ids:
         for rule in table:
-            if rule.scope not in ("layer", "dense", "moe") or not _applies(rule, dims, i):
+            if rule.scope not in ("layer", "dense", "moe", "linear", "full") or not _applies(rule, dims, i):
                 continue
             for e in range(dims.num_experts) if rule.per_expert else [None]:
                 yield Group(rule, i, _expand(rule.mcore, i, dims.num_experts, e), _expand(rule.hf, i, dims.num_experts, e))
@@ -291,7 +297,9 @@ def _hf_shape_by_pattern(dims: ArchDims) -> list[tuple[str, tuple[int, ...]]]:
     """(regex on the HF name, shape); the first match wins, so specific names come before general ones."""
     H, V, hd = dims.hidden_size, dims.vocab_size, dims.head_dim
     nq, nkv, F, Fm, E = dims.num_heads * hd, dims.num_kv_heads * hd, dims.ffn_hidden_size, dims.moe_ffn_hidden_size, dims.num_experts
-    return [*_mla_shapes(dims), *_plain_shapes(H, V, hd, nq, nkv, F, Fm, E)]
+    from scalerl_mega.convert.hybrid_tables import hybrid_shapes
+
+    return [*_mla_shapes(dims), *hybrid_shapes(dims), *_plain_shapes(H, V, hd, nq, nkv, F, Fm, E)]
 
 
 def _mla_shapes(d: ArchDims) -> list[tuple[str, tuple[int, ...]]]:

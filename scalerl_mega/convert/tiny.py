@@ -42,7 +42,35 @@ def tiny_hf_config(arch: str, *, tie: bool = False, init_std: float = 0.15, **ov
                                  "mlp_only_layers": [1], "router_aux_loss_coef": 0.001, **overrides})
     if arch == "deepseek_v3":
         return tiny_deepseek_v3_config(tie=tie, init_std=init_std, **overrides)
-    raise ValueError(f"arch={arch!r}: expected 'llama', 'llama4', 'qwen3', 'qwen3_moe' or 'deepseek_v3'")
+    if arch in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+        return tiny_hybrid_config(arch, tie=tie, **overrides)  # its own initializer_range
+    raise ValueError(f"arch={arch!r}: expected 'llama', 'llama4', 'qwen3', 'qwen3_moe', 'deepseek_v3', 'qwen3_next', "
+                     "'qwen3_5' or 'qwen3_5_moe'")
+
+
+def tiny_hybrid_config(arch: str, *, tie: bool = False, init_std: float = 0.1, **overrides):
+    """Tiny Gated DeltaNet hybrid: 3 layers (GDN, gated full attention, GDN: `full_attention_interval` 2), hidden
+    32, 4 query / 2 KV heads of 16 with RoPE on the first half (`partial_rotary_factor` 0.5), GDN with 2 key heads
+    of 8 and 4 value heads of 8 (two value heads per key head), conv kernel 4; Qwen3-Next and Qwen3.5-MoE: 4 experts
+    top-2 (renormalised) of width 16 and a sigmoid-gated shared expert of 24, Qwen3-Next's last layer dense
+    through `mlp_only_layers`; Qwen3.5: a dense MLP of 48. Same shapes as conf/model/tiny_<arch>.yaml.
+    `initializer_range` 0.1 keeps the logits near 3 (0.15 doubles them, and the FP32 rounding of TP-split sums
+    then reaches 1e-5)."""
+    from transformers import Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3NextConfig
+
+    common = dict(vocab_size=100, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                  linear_num_key_heads=2, linear_num_value_heads=4, full_attention_interval=2, rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+                  tie_word_embeddings=tie, initializer_range=init_std, max_position_embeddings=128)
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+               router_aux_loss_coef=0.001)
+    if arch == "qwen3_5":
+        return Qwen3_5TextConfig(**{**common, "intermediate_size": 48, **overrides})
+    if arch == "qwen3_5_moe":
+        return Qwen3_5MoeTextConfig(**{**common, **moe, **overrides})
+    return Qwen3NextConfig(**{**common, **moe, "intermediate_size": 48, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                              "mlp_only_layers": [2], **overrides})
 
 
 # YaRN as DeepSeek-V3's (factor 40 of 4096, mscale = mscale_all_dim = 1) scaled down to an original context of 16

@@ -20,7 +20,8 @@ DISPATCHERS = ("alltoall", "allgather")
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 LOAD_BALANCING = ("aux_loss", "seq_aux_loss", "none")
 PRESETS = ("tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe", "tiny_deepseek_v3", "llama3_8b", "scout_17b16e",
-           "qwen3_0p6b", "qwen3_8b", "qwen3_30b_a3b", "qwen3_235b_a22b", "moonlight_16b_a3b", "deepseek_v3_671b")
+           "qwen3_0p6b", "qwen3_8b", "qwen3_30b_a3b", "qwen3_235b_a22b", "moonlight_16b_a3b", "deepseek_v3_671b",
+           "tiny_qwen3_next", "tiny_qwen3_5", "tiny_qwen3_5_moe", "qwen3_next_80b_a3b")
 
 
 def _conf_dir() -> Path:
@@ -121,6 +122,22 @@ class ModelConfig:
     moe_router_expert_bias: bool = False
     """A per-expert bias added to the sigmoid scores for the top-k choice only (HF `e_score_correction_bias`):
     a buffer, loaded and exported, frozen in RL (Megatron's aux-free update rate is 0)."""
+    # --- Qwen3-Next / Qwen3.5 only (model/hybrid.py): Gated DeltaNet layers, gated attention ---
+    layer_types: list[str] = field(default_factory=list)
+    """Per layer "linear_attention" (GDN) or "full_attention"; empty: from `full_attention_interval`."""
+    full_attention_interval: int = 4
+    """Layer i is full attention when (i + 1) % this == 0 (HF's default when `layer_types` is absent)."""
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    partial_rotary_factor: float = 1.0
+    """Share of each head's dims that RoPE rotates (the first ones; Qwen3-Next 0.25)."""
+    attention_output_gate: bool = False
+    """Full attention's output times sigmoid(gate), the gate a second query-sized projection."""
+    moe_shared_expert_gate: bool = False
+    """The shared expert's output times sigmoid(h . w_gate) (HF `shared_expert_gate`)."""
 
     @property
     def is_mla(self) -> bool:
@@ -204,6 +221,9 @@ class ModelConfig:
         from scalerl_mega.model.deepseek import validate_deepseek
 
         validate_deepseek(self, where)
+        from scalerl_mega.model.hybrid import validate_hybrid
+
+        validate_hybrid(self, where)
         features = self.llama4_features()
         if features and self.arch != "llama4":
             raise ValueError(f"{where}: {features[0]} is a Llama-4 feature but arch={self.arch!r} "
@@ -222,21 +242,24 @@ class ModelConfig:
         (3*h*f) or a MoE block (router h*E, E routed SwiGLU experts 3*h*f_e, shared 3*h*f_s), final norm h.
         """
         from scalerl_mega.model.deepseek import mla_attention_params
+        from scalerl_mega.model.hybrid import gated_attention_extra_params, gdn_params, linear_layers
 
         h, d = self.hidden_size, self.kv_channels
         heads, groups = self.num_attention_heads, self.num_query_groups
-        attn = h * heads * d + 2 * h * groups * d + heads * d * h + 2 * h
+        attn = h * heads * d + 2 * h * groups * d + heads * d * h + 2 * h + gated_attention_extra_params(self)
         if self.is_mla:
             attn = mla_attention_params(self) + 2 * h
         if self.qk_layernorm:
             attn += 2 * d
+        gdn, linear = gdn_params(self) + 2 * h, linear_layers(self)
+        shared = 3 * h * self.shared_expert_ffn + (h if self.moe_shared_expert_gate else 0)
         dense_mlp = 3 * h * self.ffn_hidden_size
         expert = 3 * h * self.expert_ffn
-        shared = 3 * h * self.shared_expert_ffn
         total = active = 0
         for layer in range(self.num_layers):
-            total += attn
-            active += attn
+            mixer = gdn if layer in linear else attn
+            total += mixer
+            active += mixer
             if self.is_moe_layer(layer):
                 total += h * self.num_experts + self.num_experts * expert + shared
                 active += h * self.num_experts + self.moe_topk * expert + shared
@@ -332,6 +355,9 @@ class ParallelConfig:
         from scalerl_mega.model.deepseek import validate_mla_layout
 
         validate_mla_layout(m, tp=self.tp, where=where)
+        from scalerl_mega.model.hybrid import validate_hybrid_layout
+
+        validate_hybrid_layout(m, tp=self.tp, cp=self.cp, where=where)
         if m.vocab_size % self.tp:
             raise ValueError(f"{where}: tp={self.tp} does not divide model.vocab_size={m.vocab_size}")
         if m.num_layers % self.pp:

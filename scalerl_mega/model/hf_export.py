@@ -41,6 +41,10 @@ def hf_config_from_model(m: ModelConfig) -> tuple[str, dict[str, Any]]:
         from scalerl_mega.convert.deepseek_dims import hf_config_kwargs
 
         return "deepseek_v3", hf_config_kwargs(m, common)
+    if m.arch in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+        from scalerl_mega.convert.hybrid_dims import hf_config_kwargs as hybrid_kwargs
+
+        return m.arch, hybrid_kwargs(m, common)
     if m.arch != "llama4":
         raise ValueError(f"model '{m.name}': arch={m.arch!r} has no HF config mapping")
     if m.is_moe:

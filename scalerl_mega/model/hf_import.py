@@ -78,12 +78,22 @@ def _readable_config(path: str | Path, *, key: str) -> Mapping[str, object]:
     return cfg
 
 
+_MULTIMODAL = {"llama4": "llama4_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+"""Multimodal `model_type` -> the `model_type` of the text model it keeps under `text_config`."""
+
+
 def hf_text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The decoder's config: multimodal Llama-4 (`model_type: llama4`) keeps it under `text_config`."""
-    if cfg.get("model_type") == "llama4":
+    """The decoder's config: multimodal Llama-4 (`model_type: llama4`) and Qwen3.5 (`qwen3_5`, `qwen3_5_moe`) keep
+    it under `text_config` (their vision tower is not the trainer's)."""
+    kind = cfg.get("model_type")
+    if kind in _MULTIMODAL:
         if not isinstance(cfg.get("text_config"), Mapping):
-            raise ValueError("config.json: model_type='llama4' (multimodal) without a text_config object")
-        return {"model_type": "llama4_text", **cfg["text_config"]}
+            raise ValueError(f"config.json: model_type={kind!r} (multimodal) without a text_config object")
+        text = {"model_type": _MULTIMODAL[kind], **cfg["text_config"]}
+        text["model_type"] = _MULTIMODAL[kind]
+        if "tie_word_embeddings" in cfg and "tie_word_embeddings" not in cfg["text_config"]:
+            text["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+        return text
     return cfg
 
 

@@ -24,8 +24,10 @@ PUBLISHED = {  # preset -> its model's config.json (a new preset for a published
     "qwen3_235b_a22b": "Qwen3-235B-A22B.config.json",
     "moonlight_16b_a3b": "Moonlight-16B-A3B.config.json",
     "deepseek_v3_671b": "DeepSeek-V3.config.json",
+    "qwen3_next_80b_a3b": "Qwen3-Next-80B-A3B-Instruct.config.json",
 }
-NOT_PUBLISHED = {"tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe", "tiny_deepseek_v3", "hf", "demo_moe", "demo_dense",
+NOT_PUBLISHED = {"tiny_dense", "tiny_moe", "tiny_qwen3", "tiny_qwen3_moe", "tiny_deepseek_v3", "tiny_qwen3_next", "tiny_qwen3_5",
+                 "tiny_qwen3_5_moe", "hf", "demo_moe", "demo_dense",
                  "gpu_check_0p5b"}  # toy shapes; `hf` takes its shapes from the checkpoint
 
 

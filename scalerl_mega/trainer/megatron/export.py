@@ -168,7 +168,7 @@ def _gather_full(names: list[str], params: dict, *, dims) -> dict[str, torch.Ten
             continue
         shards = (_all_gather(params[name].data, ps.get_tensor_model_parallel_group())
                   if sharding.tp_kind(name) != sharding.REPLICATED else [params[name].data])
-        full[name] = _owned(sharding.tp_merge(name, shards))
+        full[name] = _owned(sharding.tp_merge(name, shards, dims=dims))
     if experts:
         # every EP rank holds E/ep consecutive experts; gather local expert j (per tensor kind) from all of them
         ep = ps.get_expert_model_parallel_world_size()

@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from scalerl_mega.model.config import ModelConfig, ParallelConfig
+from scalerl_mega.model.hybrid import is_hybrid
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -85,6 +86,7 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig, *, params_d
             # a RouterReplay per router (inactive until routing.RouteTracker sets an action), so
             # moe.routing_replay can replay the generator's routes (Megatron-Core 0.16.1 router_replay.py)
             moe_enable_routing_replay=True,
+            moe_shared_expert_gate=model.moe_shared_expert_gate,  # Qwen3-Next / Qwen3.5: sigmoid-gated shared expert
         )
     fields = dict(
         num_layers=model.num_layers,
@@ -138,11 +140,20 @@ def _config_for_arch(model: ModelConfig, fields: dict[str, Any], config_class: t
 
         config_class = MLATransformerConfig
         fields.update(mla_config_kwargs(model), qk_layernorm=True, **router_kwargs(model))
+    if is_hybrid(model.arch):
+        from scalerl_mega.trainer.megatron.gdn import config_kwargs
+
+        fields.update(config_kwargs(model))
     return config_class(**fields)
 
 
 def layer_spec(model: ModelConfig, tcfg, *, use_te: bool):
-    """Transformer block/layer spec. Llama-4 features -> `llama4.llama4_layer_spec` (lazy import)."""
+    """Transformer block/layer spec. Llama-4 features -> `llama4.llama4_layer_spec` (lazy import); the Gated
+    DeltaNet hybrids -> `gdn.hybrid_block_spec` (always local)."""
+    if is_hybrid(model.arch):
+        from scalerl_mega.trainer.megatron.gdn import hybrid_block_spec
+
+        return hybrid_block_spec(model, tcfg)
     if model.arch == "llama4" and model.llama4_features():
         try:
             from scalerl_mega.trainer.megatron import llama4
@@ -204,7 +215,7 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, *, use_te: bool | 
 
     model.validate()
     if use_te is None:
-        use_te = te_available()
+        use_te = te_available() and not is_hybrid(model.arch)  # the GDN hybrids have a local spec only
     if not torch.cuda.is_available() and not on_meta and model.num_params()["total"] > 5e9:
         raise ValueError(f"model '{model.name}': {model.num_params()['total'] / 1e9:.1f}B parameters is "
                          "built only on GPU (no CUDA here)")
@@ -221,6 +232,7 @@ def build_model(model: ModelConfig, parallel: ParallelConfig, *, use_te: bool | 
         share_embeddings_and_output_weights=model.tie_embeddings,
         position_embedding_type="none" if model.is_mla else "rope",  # MLA applies its own (YaRN) RoPE
         rotary_base=int(model.rope_theta),
+        rotary_percent=float(model.partial_rotary_factor),  # Qwen3-Next / Qwen3.5 rotate the first quarter
         rope_scaling=False,  # Megatron fixes 3 of the 4 Llama-3 parameters; rope.apply_rope_scaling has all
     )
     apply_rope_scaling(gpt, model)
