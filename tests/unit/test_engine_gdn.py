@@ -193,3 +193,24 @@ def test_recorded_routes_of_a_hybrid_are_a_full_forwards():
         for h in hooks:
             h.remove()
         assert torch.equal(torch.tensor(c.routes.expert_ids).view(n, 3, 2).long(), torch.stack(seen, 1).long())
+
+
+def test_engine_serves_the_language_model_of_a_multimodal_checkpoint(tmp_path):
+    """A published Qwen3.5 checkpoint is multimodal (model_type qwen3_5, `text_config`, weights under
+    `model.language_model.`, a vision tower): the engine loads its language model as transformers' text-only
+    `Qwen3_5ForCausalLM` (the vision tower left out) and its log-probs are the multimodal model's on text."""
+    import transformers
+
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=4,
+                  spatial_merge_size=1, temporal_patch_size=1)
+    torch.manual_seed(0)
+    full = transformers.Qwen3_5ForConditionalGeneration(
+        transformers.Qwen3_5Config(text_config=CONFIGS["qwen3_5"], vision_config=vision)).eval()
+    full.save_pretrained(tmp_path)
+    spec = LocalModelSpec(arch="qwen3_5", path=str(tmp_path))
+    model = build_model(spec)
+    assert type(model).__name__ == "Qwen3_5ForCausalLM" and not any("visual" in n for n, _ in model.named_parameters())
+    core = GenerationCore(model, config=CoreConfig(max_batch=2, max_seq_len=24))
+    core.add(_req(1, [3, 4, 5, 9], n=8))
+    c = core.run_until_done()[0]
+    assert max(abs(a - b) for a, b in zip(_oracle_logprobs(full, [3, 4, 5, 9], c.output_ids), c.gen_logprobs)) < TOL
