@@ -218,7 +218,10 @@ def start_banner(config: TrainConfig) -> str:
 
     m, t = config.model, config.train
     n = m.num_params()
+    from scalerl_mega.model.hybrid import banner_note
+
     moe = f", MoE {m.num_experts} experts top-{m.moe_topk}" if m.is_moe else ""
+    moe += banner_note(m, cuda=str(config.cluster.device).startswith("cuda"))
     ckpt = latest_checkpoint(config)
     if ckpt is not None:  # the step the load will take (a damaged newest checkpoint falls back), not `latest`'s
         step, newest = loadable_step(ckpt), latest_step(ckpt)

@@ -243,9 +243,16 @@ def _deepseek_v3_dims(cfg: Mapping[str, JSON], common: dict[str, JSON], *, where
 
 
 def _hybrid_dims(cfg: Mapping[str, JSON], common: dict[str, JSON], *, where: str, layers: int) -> ArchDims:
-    from scalerl_mega.convert.hybrid_dims import hybrid_dims
+    """Qwen3-Next / Qwen3.5 / Qwen3.5-MoE (convert/hybrid_dims.py): the GDN fields on a dense MLP or on Qwen3-MoE's
+    MoE layers with a sigmoid-gated shared expert."""
+    from scalerl_mega.convert.hybrid_dims import gdn_fields, moe_config
 
-    return hybrid_dims(cfg, common, where=where, layers=layers)
+    gdn = gdn_fields(cfg, where=where, layers=layers)
+    if cfg.get("model_type") == "qwen3_5_text":
+        return ArchDims(ffn_hidden_size=int(_require(cfg, "intermediate_size", where)), **gdn, **common)
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+    return dataclasses.replace(_qwen3_moe_dims(moe_config(cfg), common, where=where, layers=layers), **gdn,
+                               shared_expert_ffn=shared, shared_expert_gate=shared > 0)
 
 
 _ARCH_FIELDS = {"llama": _dense_dims, "llama4": _llama4_dims, "qwen3": _dense_dims, "qwen3_moe": _qwen3_moe_dims,

@@ -23,6 +23,17 @@ def gdn_sections(*, key_dim: int, value_dim: int, value_heads: int) -> list[int]
     return [key_dim, key_dim, value_dim, value_dim, value_heads, value_heads]
 
 
+def in_proj_sections(d) -> list[int]:
+    """`gdn_sections` of an `ArchDims` `d`."""
+    return gdn_sections(key_dim=d.linear_num_key_heads * d.linear_key_head_dim,
+                        value_dim=d.linear_num_value_heads * d.linear_value_head_dim, value_heads=d.linear_num_value_heads)
+
+
+def conv_sections(d) -> list[int]:
+    """Rows of q, k, v in the GDN's depthwise `conv1d` weight."""
+    return in_proj_sections(d)[:3]
+
+
 def split_sections(full: torch.Tensor, sections: list[int]) -> list[torch.Tensor]:
     if sum(sections) != full.shape[0]:
         raise ValueError(f"tensor of {full.shape[0]} rows does not hold sections {sections}")

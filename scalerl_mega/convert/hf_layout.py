@@ -9,6 +9,12 @@ Two layouts carry a Llama-4 text model:
   (``model_type`` ``llama4``, the text config under ``text_config``); text tensors under
   ``language_model.``, the vision tower under ``vision_model.`` and ``multi_modal_projector.``.
 
+Qwen3.5 / Qwen3.5-MoE publish the same two ways: ``Qwen3_5(Moe)ForCausalLM`` (``qwen3_5_text`` /
+``qwen3_5_moe_text``, causal) and the multimodal ``Qwen3_5(Moe)ForConditionalGeneration`` (``qwen3_5`` /
+``qwen3_5_moe``, conditional): text tensors under ``model.language_model.`` (the head stays ``lm_head.``), the
+vision tower under ``model.visual.``, carried unchanged like Llama-4's. The multi-token-prediction weights of
+Qwen3-Next and Qwen3.5 (``mtp.*``) are carried the same way in either layout.
+
 The converter tables name text tensors as in the causal layout; ``HFLayout.hf_name`` adds the prefix.
 SGLang 0.5.23 loads Llama-4 through ``mllama4.Llama4ForConditionalGeneration.load_weights``
 (``language_model.`` prefix, fused ``experts.gate_up_proj``/``down_proj``, q/k rows permuted from
@@ -32,6 +38,11 @@ CAUSAL, CONDITIONAL = "causal", "conditional"
 LAYOUTS = (CAUSAL, CONDITIONAL)
 TEXT_PREFIX = "language_model."
 NON_TEXT_PREFIXES = ("vision_model.", "multi_modal_projector.")
+QWEN_VL = {"qwen3_5": ("qwen3_5_text", "Qwen3_5ForConditionalGeneration"),
+           "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForConditionalGeneration")}
+"""Multimodal Qwen3.5 `model_type` -> (its text model's `model_type`, its class)."""
+QWEN_VL_TEXT, QWEN_VL_NON_TEXT, MTP_PREFIX = "model.language_model.", ("model.visual.",), "mtp."
+_MTP_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +57,17 @@ class HFLayout:
         return dict(self.config["text_config"]) if self.kind == CONDITIONAL else dict(self.config)
 
     @property
+    def qwen_vl(self) -> bool:
+        return self.kind == CONDITIONAL and self.config.get("model_type") in QWEN_VL
+
+    @property
     def prefix(self) -> str:
-        return TEXT_PREFIX if self.kind == CONDITIONAL else ""
+        """Llama-4's text prefix (a Qwen3.5 conditional checkpoint maps `model.` only: `hf_name`)."""
+        return TEXT_PREFIX if self.kind == CONDITIONAL and not self.qwen_vl else ""
 
     def hf_name(self, text_name: str) -> str:
+        if self.qwen_vl:
+            return QWEN_VL_TEXT + text_name[len("model."):] if text_name.startswith("model.") else text_name
         return self.prefix + text_name
 
     def is_non_text(self, name: str) -> bool:
@@ -57,13 +75,17 @@ class HFLayout:
         DeepSeek-V3's multi-token-prediction layers (`model.layers.{i}` for i >= num_hidden_layers, i.e.
         `num_nextn_predict_layers`), which RL does not need: skipped on load, carried unchanged into the
         converter checkpoint and written back on export."""
+        if self.qwen_vl:
+            return name.startswith((*QWEN_VL_NON_TEXT, MTP_PREFIX))
         if self.kind == CONDITIONAL:
             return name.startswith(NON_TEXT_PREFIXES)
+        if self.config.get("model_type") in _MTP_TYPES:
+            return name.startswith(MTP_PREFIX)
         return self.config.get("model_type") == "deepseek_v3" and is_mtp_layer(name, self.config)
 
     def carries_non_text(self) -> bool:
         """Whether an export in this layout writes the non-text tensors back."""
-        return self.kind == CONDITIONAL or self.config.get("model_type") == "deepseek_v3"
+        return self.kind == CONDITIONAL or self.config.get("model_type") in ("deepseek_v3", *_MTP_TYPES)
 
 
 _LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
@@ -76,6 +98,12 @@ def is_mtp_layer(name: str, cfg: Mapping[str, JSON]) -> bool:
 
 def layout_of_config(cfg: Mapping[str, JSON], *, where: str = "config.json") -> HFLayout:
     """Detect the layout from a ``config.json`` dict (ValueError naming the key otherwise)."""
+    if cfg.get("model_type") in QWEN_VL:
+        text = cfg.get("text_config")
+        if not isinstance(text, Mapping):
+            raise ValueError(f"{where}: model_type={cfg['model_type']!r} (multimodal Qwen3.5) without a text_config")
+        tie = {"tie_word_embeddings": cfg["tie_word_embeddings"]} if "tie_word_embeddings" in cfg else {}
+        return HFLayout(CONDITIONAL, {**cfg, "text_config": {**tie, **text, "model_type": QWEN_VL[cfg["model_type"]][0]}})
     if cfg.get("model_type") != "llama4":
         return HFLayout(CAUSAL, dict(cfg))
     text = cfg.get("text_config")
@@ -105,8 +133,16 @@ def output_config(kind: str, text_config: Mapping[str, JSON], *, source: Mapping
         return {**text, "architectures": [arch_of_model_type(text.get("model_type")).causal_lm]}
     if kind != CONDITIONAL:
         raise ValueError(f"layout={kind!r}: expected one of {LAYOUTS}")
+    vl = {t: (mm, cls) for mm, (t, cls) in QWEN_VL.items()}
+    if text.get("model_type") in vl:
+        mm, cls = vl[text["model_type"]]
+        base = dict(source) if source and source.get("model_type") == mm else {}
+        text.pop("architectures", None)
+        return {**base, "architectures": [cls], "model_type": mm, "text_config": text,
+                "tie_word_embeddings": bool(text.get("tie_word_embeddings", False))}
     if text.get("model_type") != "llama4_text":
-        raise ValueError(f"layout='conditional' is Llama-4 only; the model is model_type={text.get('model_type')!r}")
+        raise ValueError(f"layout='conditional' is Llama-4 and Qwen3.5 only; the model is model_type="
+                         f"{text.get('model_type')!r}")
     base = dict(source) if source and source.get("model_type") == "llama4" else {}
     text.pop("architectures", None)
     return {**base, "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "text_config": text,

@@ -4,20 +4,18 @@ Read as transformers 5.23 reads them: the layer pattern from `layer_types`, or, 
 `full_attention_interval`-th layer (default 4); the GDN widths from the `linear_*` fields; `partial_rotary_factor`
 from `rope_parameters` (or the top level, as in Qwen3-Next's published file); MoE layers as Qwen3-MoE's
 (`mlp_only_layers`, `decoder_sparse_step`; Qwen3.5-MoE has neither: every layer) with a sigmoid-gated shared
-expert of `shared_expert_intermediate_size`. The attention output is always gated (Qwen3.5 writes
+expert of `shared_expert_intermediate_size` (convert/dims.py assembles them). The attention output is always gated (Qwen3.5 writes
 `attn_output_gate: true`; false is refused).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any, Mapping
 
 from scalerl_mega.jsonvalue import JSON
 from scalerl_mega.model.hybrid import FULL, LINEAR, layer_types_of
 
 if TYPE_CHECKING:  # pragma: no cover
-    from scalerl_mega.convert.dims import ArchDims
     from scalerl_mega.model.config import ModelConfig
 
 _GDN = ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
@@ -33,11 +31,8 @@ def _layer_types(cfg: Mapping[str, JSON], *, where: str, layers: int) -> list[st
     return types
 
 
-def hybrid_dims(cfg: Mapping[str, JSON], common: dict[str, JSON], *, where: str, layers: int) -> "ArchDims":
-    """The `ArchDims` of a hybrid GDN config (ValueError naming the key)."""
-    from scalerl_mega.convert.dims import ArchDims, _qwen3_moe_dims
-
-    model_type = cfg.get("model_type")
+def gdn_fields(cfg: Mapping[str, JSON], *, where: str, layers: int) -> dict[str, Any]:
+    """The `ArchDims` fields a hybrid GDN config adds (ValueError naming the key)."""
     if cfg.get("attn_output_gate") is False:
         raise ValueError(f"{where}: attn_output_gate=false is not supported (the trainer's attention is gated)")
     for key in _GDN:
@@ -48,26 +43,25 @@ def hybrid_dims(cfg: Mapping[str, JSON], common: dict[str, JSON], *, where: str,
                          f"linear_num_key_heads={cfg['linear_num_key_heads']}")
     rope = cfg.get("rope_parameters") or {}
     partial = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
-    gdn = dict(
+    return dict(
         linear_layers=tuple(i for i, t in enumerate(_layer_types(cfg, where=where, layers=layers)) if t == LINEAR),
         linear_conv_kernel=cfg["linear_conv_kernel_dim"], linear_key_head_dim=cfg["linear_key_head_dim"],
         linear_value_head_dim=cfg["linear_value_head_dim"], linear_num_key_heads=cfg["linear_num_key_heads"],
         linear_num_value_heads=cfg["linear_num_value_heads"], partial_rotary_factor=partial, attn_output_gate=True,
-        fused_gdn_proj=model_type == "qwen3_next",
+        fused_gdn_proj=cfg.get("model_type") == "qwen3_next",
     )
-    if model_type == "qwen3_5_text":
-        if cfg.get("intermediate_size") is None:
-            raise ValueError(f"{where}: config key 'intermediate_size' is missing")
-        return ArchDims(ffn_hidden_size=int(cfg["intermediate_size"]), **gdn, **common)
-    moe_cfg = dict(cfg)
-    moe_cfg.setdefault("intermediate_size", cfg.get("moe_intermediate_size"))  # Qwen3.5-MoE: no dense MLP
-    moe = _qwen3_moe_dims(moe_cfg, common, where=where, layers=layers)
-    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
-    return dataclasses.replace(moe, **gdn, shared_expert_ffn=shared, shared_expert_gate=shared > 0,
-                               moe_norm_topk=bool(cfg.get("norm_topk_prob", True)))
 
 
-def model_fields(d: "ArchDims") -> dict[str, Any]:
+def moe_config(cfg: Mapping[str, JSON]) -> dict[str, JSON]:
+    """`cfg` as Qwen3-MoE's reader takes it: Qwen3.5-MoE has no dense MLP width (`intermediate_size`), so the
+    expert width stands in (no layer uses it)."""
+    out = dict(cfg)
+    out.setdefault("intermediate_size", cfg.get("moe_intermediate_size"))
+    out.setdefault("norm_topk_prob", True)  # Qwen3.5-MoE's router always renormalises (its file has no key)
+    return out
+
+
+def model_fields(d: Any) -> dict[str, Any]:
     """`ModelConfig` fields (beyond the common ones and the Qwen3-MoE routing) of hybrid `ArchDims` `d`."""
     types = [LINEAR if d.is_linear_layer(i) else FULL for i in range(d.num_layers)]
     return dict(layer_types=types, linear_conv_kernel_dim=d.linear_conv_kernel, linear_key_head_dim=d.linear_key_head_dim,

@@ -52,7 +52,7 @@ def _sections(name: str, dims) -> list[int]:
     """Row sections of a GDN tensor (``dims``: the model's ``ArchDims``, which fixes them)."""
     if dims is None:
         raise ValueError(f"{name}: a Gated DeltaNet tensor is split per section; pass dims=")
-    from scalerl_mega.convert.hybrid_tables import conv_sections, in_proj_sections
+    from scalerl_mega.convert.gdn_layout import conv_sections, in_proj_sections
 
     return in_proj_sections(dims) if ".in_proj." in name else conv_sections(dims)
 

@@ -106,6 +106,20 @@ def tiny_conditional_config(*, tie: bool = False, init_std: float = 0.15):
     return Llama4Config(text_config=text.to_dict(), vision_config=vision.to_dict(), tie_word_embeddings=tie)
 
 
+def tiny_qwen_vl_model(arch: str, *, tie: bool = False):
+    """Tiny multimodal ``Qwen3_5(Moe)ForConditionalGeneration``: the tiny text model plus a one-block vision tower."""
+    import torch
+    import transformers
+
+    cls = "Qwen3_5MoeForConditionalGeneration" if arch == "qwen3_5_moe" else "Qwen3_5ForConditionalGeneration"
+    config_cls = "Qwen3_5MoeConfig" if arch == "qwen3_5_moe" else "Qwen3_5Config"
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=4,
+                  temporal_patch_size=2, spatial_merge_size=2)
+    config = getattr(transformers, config_cls)(text_config=tiny_hybrid_config(arch, tie=tie).to_dict(),
+                                               vision_config=vision, tie_word_embeddings=tie)
+    return getattr(transformers, cls)(config).to(torch.float32)
+
+
 def save_tiny_hf(arch: str, path: str, *, seed: int = 0, tie: bool = False, max_shard_size: str | None = None,
                  conditional: bool = False, **overrides) -> None:
     """Random tiny model of ``arch`` saved with ``save_pretrained`` (safetensors) to ``path``;
@@ -114,9 +128,12 @@ def save_tiny_hf(arch: str, path: str, *, seed: int = 0, tie: bool = False, max_
     from transformers import AutoModelForCausalLM, Llama4ForConditionalGeneration
 
     torch.manual_seed(seed)
-    if conditional:
+    if conditional and arch in ("qwen3_5", "qwen3_5_moe"):
+        model = tiny_qwen_vl_model(arch, tie=tie)
+    elif conditional:
         if arch != "llama4":
-            raise ValueError(f"arch={arch!r}: only 'llama4' has a conditional (multimodal) checkpoint")
+            raise ValueError(f"arch={arch!r}: only 'llama4', 'qwen3_5' and 'qwen3_5_moe' have a conditional "
+                             "(multimodal) checkpoint")
         model = Llama4ForConditionalGeneration._from_config(tiny_conditional_config(tie=tie), dtype=torch.float32)
     else:
         model = AutoModelForCausalLM.from_config(tiny_hf_config(arch, tie=tie, **overrides), dtype=torch.float32)

@@ -120,3 +120,15 @@ def recurrent_state_bytes_per_sequence(m, *, dtype_bytes: int = 2, state_bytes: 
     conv_dim = 2 * m.linear_num_key_heads * m.linear_key_head_dim + m.linear_num_value_heads * m.linear_value_head_dim
     conv = conv_dim * (m.linear_conv_kernel_dim - 1) * dtype_bytes
     return n * (state + conv)
+
+
+def banner_note(m, *, cuda: bool) -> str:
+    """The banner's words for the GDN layers of `m` ("" for other models): how many, and which kernels run them:
+    fla's (CUDA with the fla package found; not imported here) or megatron's torch path (trainer/megatron/gdn.py)."""
+    n = len(linear_layers(m))
+    if not n:
+        return ""
+    import importlib.util
+
+    fla = cuda and importlib.util.find_spec("fla") is not None
+    return f", Gated DeltaNet in {n} of {m.num_layers} layers ({'fla kernels' if fla else 'torch path, no fla'})"

@@ -167,3 +167,39 @@ def test_qwen3_next_80b_preset_counts_the_published_80b_total_and_3b_active():
     n = load_model_preset("qwen3_next_80b_a3b").num_params()
     assert abs(n["total"] - 80e9) / 80e9 < 0.005
     assert 3e9 <= n["active"] < 4e9
+
+
+def test_recurrent_state_and_banner_of_the_80b_preset():
+    """Per sequence, whatever its length: 36 GDN layers x (32 value heads x 128 x 128 FP32 state = 2,097,152 B
+    + conv cache (2 x 16 x 128 + 32 x 128 = 8,192 channels) x 3 past inputs x 2 B = 49,152 B) = 77,266,944 B."""
+    from scalerl_mega.model.config import load_model_preset
+    from scalerl_mega.model.hybrid import banner_note, recurrent_state_bytes_per_sequence
+
+    m = load_model_preset("qwen3_next_80b_a3b")
+    assert recurrent_state_bytes_per_sequence(m) == 77_266_944
+    assert banner_note(m, cuda=False) == ", Gated DeltaNet in 36 of 48 layers (torch path, no fla)"
+    assert banner_note(load_model_preset("tiny_qwen3"), cuda=False) == ""
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+def test_multimodal_qwen3_5_checkpoint_round_trip_carries_the_vision_tower(tmp_path, arch):
+    """The published layout (`Qwen3_5(Moe)ForConditionalGeneration`): text tensors under `model.language_model.`,
+    the vision tower under `model.visual.`; converted at TP2 and back in the same layout, every tensor bit-exact,
+    and the config's text model is the trainer's."""
+    from scalerl_mega.convert.hf_layout import read_layout
+    from scalerl_mega.convert.st_io import SafetensorsDir
+    from scalerl_mega.model.hf_import import model_from_hf_dir
+
+    hf, mc, back = tmp_path / "hf", tmp_path / "mc", tmp_path / "back"
+    save_tiny_hf(arch, str(hf), conditional=True)
+    names = SafetensorsDir(str(hf)).names()
+    assert "model.language_model.layers.0.linear_attn.in_proj_qkv.weight" in names
+    assert any(n.startswith("model.visual.") for n in names)
+    assert model_from_hf_dir(hf).arch == arch
+    assert _tool("convert_hf_to_megatron").main(["--hf-dir", str(hf), "--out", str(mc), "--tp", "2"]) == 0
+    assert _tool("convert_megatron_to_hf").main(["--ckpt", str(mc), "--out", str(back)]) == 0
+    a, b = SafetensorsDir(str(hf)), SafetensorsDir(str(back))
+    assert sorted(a.names()) == sorted(b.names())
+    assert all(torch.equal(a.get(n), b.get(n)) for n in a.names())
+    assert json.loads((back / "config.json").read_text())["model_type"] == arch
+    assert read_layout(str(back)).text_config["model_type"] == f"{arch}_text"

@@ -198,7 +198,7 @@ def test_hf_layout_detection_and_errors():
     assert causal.kind == "causal" and causal.prefix == "" and not causal.is_non_text("vision_model.x")
     with pytest.raises(ValueError, match="without a text_config"):
         hf_layout.layout_of_config({"model_type": "llama4"})
-    with pytest.raises(ValueError, match="layout='conditional' is Llama-4 only"):
+    with pytest.raises(ValueError, match="layout='conditional' is Llama-4 and Qwen3.5 only"):
         hf_layout.output_config("conditional", _tiny_cfg("llama").to_dict())
     out = hf_layout.output_config("conditional", causal.text_config)
     assert out["architectures"] == ["Llama4ForConditionalGeneration"] and hf_layout.layout_of_config(out).kind == "conditional"

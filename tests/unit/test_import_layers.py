@@ -33,6 +33,7 @@ LAYERS: dict[str, float] = {
     "config": BASE, "objective": BASE, "scaling": BASE, "weight_sync": BASE, "model": BASE,
     "convert.dims": BASE, "convert.layout": BASE, "convert.tables": BASE, "convert.hf_layout": BASE,
     "convert.sharding": BASE, "convert.model_config": BASE, "convert.tiny": BASE, "convert.deepseek_dims": BASE,
+    "convert.hybrid_dims": BASE, "convert.gdn_layout": BASE,
     "data": COMPONENT, "rewards": COMPONENT, "rollout": COMPONENT, "sglang_emulation": TOOL,
     "trainer": COMPONENT, "metrics": COMPONENT, "cluster": COMPONENT,
     "convert": TOOL,

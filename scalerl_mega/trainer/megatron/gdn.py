@@ -4,7 +4,7 @@ megatron-core ships `GatedDeltaNet` (0.16.1: `ssm/gated_delta_net.py`; 0.19.2: `
 but its stock specs are TransformerEngine-only and the layer refuses to build without the `fla` package
 (flash-linear-attention), whose Triton kernels do not run on CPU. This module owns what the project needs instead:
 
-- `hybrid_block_spec`: the local GPT block with the GDN layers' self-attention slot holding `GatedDeltaNet`
+- `with_gdn_layers`: the local GPT block with the GDN layers' self-attention slot holding `GatedDeltaNet`
   (in_proj a `ColumnParallelLinear` after the layer's own input norm, out_norm `gated_rms_norm()`, out_proj a
   `RowParallelLinear`), the other layers gated full attention (`attention_output_gate`), and every other RMSNorm
   zero-centred (`zero_centered_rms_norm()`: `(1 + w) * x / rms(x)`, as transformers' Qwen3NextRMSNorm).
@@ -131,18 +131,14 @@ def gdn_layer_spec():
         in_proj=ColumnParallelLinear, out_norm=gated_rms_norm(), out_proj=RowParallelLinear))
 
 
-def hybrid_block_spec(model: "ModelConfig", tcfg):
-    """This pipeline stage's block spec (module docstring): megatron's local GPT block (dense or MoE layers as
-    configured) with zero-centred norms, and `GatedDeltaNet` in the self-attention slot of the GDN layers."""
-    from megatron.core.models.gpt import gpt_layer_specs
+def with_gdn_layers(block, model: "ModelConfig", tcfg):
+    """This pipeline stage's local block spec `block` (zero-centred norms already in place: models.layer_spec) with
+    `GatedDeltaNet` in the self-attention slot of the GDN layers; the others keep their gated attention."""
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     from scalerl_mega.model.hybrid import linear_layers
-    from scalerl_mega.trainer.megatron.models import replace_in_spec
 
     install_torch_fallback()
-    block = gpt_layer_specs.get_gpt_decoder_block_spec(tcfg, use_transformer_engine=False, normalization="RMSNorm")
-    block = replace_in_spec(block, gpt_layer_specs.LNImpl, zero_centered_rms_norm())
     offset, linear, gdn = get_transformer_layer_offset(tcfg), set(linear_layers(model)), gdn_layer_spec()
     specs = [dataclasses.replace(s, submodules=dataclasses.replace(s.submodules, self_attention=gdn))
              if offset + j in linear else s for j, s in enumerate(block.layer_specs)]

@@ -149,11 +149,14 @@ def _config_for_arch(model: ModelConfig, fields: dict[str, Any], config_class: t
 
 def layer_spec(model: ModelConfig, tcfg, *, use_te: bool):
     """Transformer block/layer spec. Llama-4 features -> `llama4.llama4_layer_spec` (lazy import); the Gated
-    DeltaNet hybrids -> `gdn.hybrid_block_spec` (always local)."""
+    DeltaNet hybrids -> zero-centred norms and `gdn.with_gdn_layers` (always local)."""
     if is_hybrid(model.arch):
-        from scalerl_mega.trainer.megatron.gdn import hybrid_block_spec
+        from megatron.core.models.gpt import gpt_layer_specs
 
-        return hybrid_block_spec(model, tcfg)
+        from scalerl_mega.trainer.megatron import gdn
+
+        block = gpt_layer_specs.get_gpt_decoder_block_spec(tcfg, use_transformer_engine=False, normalization="RMSNorm")
+        return gdn.with_gdn_layers(replace_in_spec(block, gpt_layer_specs.LNImpl, gdn.zero_centered_rms_norm()), model, tcfg)
     if model.arch == "llama4" and model.llama4_features():
         try:
             from scalerl_mega.trainer.megatron import llama4
