@@ -8,7 +8,10 @@
 #   5. GPU only: FP8 rollout on a real SGLang server started with --quantization fp8, fed FP8 weights + block
 #      scales in flight, its log-probs against the local FP8 emulation (tests/gpu/test_fp8_sglang_gpu.py; skipped
 #      without the SGLang environment)                      -> appended to gpu_suite.log
-#   6. a bf16 RL loop of a ~0.5B model, saved and resumed in a fresh process (bench/rl_loop.py)
+#   6. GPU only: a Gated DeltaNet hybrid (tiny Qwen3.5) on a real SGLang server, weights of another seed pushed,
+#      its log-probs against the FP32 trainer forward (tests/gpu/test_gdn_sglang_gpu.py; SGLang 0.5.23 lacks the
+#      CPU kernels, docs/sglang.md)                         -> appended to gpu_suite.log
+#   7. a bf16 RL loop of a ~0.5B model, saved and resumed in a fresh process (bench/rl_loop.py)
 #                                                           -> rl_loop.log, rl_loop.json (run A's table first)
 #   summary.json (bench/gpu_summary.py) from stages.jsonl and the files above: rewritten at every stage's start
 #   and end and by the exit trap, so a kill (SIGTERM, the outer timeout's SIGKILL) still leaves one naming each
@@ -112,7 +115,7 @@ stage() {  # stage NAME CAP_S RESERVE_S LOG COMMAND...: run under min(CAP, left 
   child=""
   running=""
   case $rc in
-    0) status=done ;;
+    0) status="done" ;;
     124|137) status="timed out" ;;
     *) status=failed ;;
   esac
@@ -137,6 +140,7 @@ if "$py" -c "$has_deps" 2>/dev/null; then
   event install skipped
 else
   # the wheel set of `make gpu-wheels`: one version per distribution, and never torch/triton/numpy (the device's)
+  # shellcheck disable=SC2012  # wheel file names: no odd characters
   bad=$(ls "$wheels"/*.whl 2>/dev/null | sed 's#.*/##' | awk -F- '
     { n = tolower($1); gsub(/[-_.]+/, "_", n); seen[n]++ }
     n ~ /^(torch|triton|numpy|nvidia_.*)$/ { print "gpu_check: " $0 " would install over the device'"'"'s " n }
@@ -169,6 +173,8 @@ if [ "$mode" = gpu ]; then
     --fp32-precision tf32x3 --iters 5 --jsonl "$out/head.jsonl"
   stage fp8_sync 150 "$rl_min" "$out/gpu_suite.log" "$py" -m pytest -p no:cacheprovider -m gpu -s -q -rs \
     tests/gpu/test_fp8_sglang_gpu.py
+  stage gdn_sglang 150 "$rl_min" "$out/gpu_suite.log" "$py" -m pytest -p no:cacheprovider -m gpu -s -q -rs \
+    tests/gpu/test_gdn_sglang_gpu.py
   rl_args=()
 else
   stage gpu_suite 120 $(( 30 + rl_min )) "$out/gpu_suite.log" "$py" -m pytest -p no:cacheprovider -m gpu -q \

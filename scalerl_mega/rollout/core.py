@@ -139,6 +139,7 @@ class GenerationCore(RouteRecorder):
         import torch
 
         from scalerl_mega.rollout.kv_cache import SlotKVCache
+        from scalerl_mega.rollout.recurrent_state import recurrent_spec
 
         self.model = model.eval()
         if config.sparse_moe and next(model.parameters()).device.type == "cpu":
@@ -155,11 +156,8 @@ class GenerationCore(RouteRecorder):
         param = next(model.parameters())
         self.device = param.device
         self.kv = SlotKVCache(
-            num_layers=mcfg.num_hidden_layers,
-            num_slots=config.max_batch,
-            capacity=2 * config.max_seq_len,
-            dtype=param.dtype,
-            device=param.device,
+            num_layers=mcfg.num_hidden_layers, num_slots=config.max_batch, capacity=2 * config.max_seq_len,
+            dtype=param.dtype, device=param.device, recurrent=recurrent_spec(model),
             **_kv_shape(mcfg, heads=heads, head_dim=head_dim),
         )
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
@@ -171,21 +169,19 @@ class GenerationCore(RouteRecorder):
         self._w32 = None
         self._refresh_head()
         self._torch = torch
-        self.lora = None
-        """The served LoRA adapters (`lora.MultiLoRA`), from the first `load_adapter` on."""
-        self.adapter: str | None = None
-        """The adapter newly admitted requests are bound to (the last one loaded)."""
-        # the decode step builds its own masks only for SDPA over full and chunked attention layers (anything
-        # else, e.g. sliding windows, a chunked layer without a chunk size, or non-SDPA attention, gets the 2-D
-        # mask and HF's construction); a chunk no request outgrows (max_seq_len) is full attention
+        self.lora = None  # the served LoRA adapters (`lora.MultiLoRA`), from the first `load_adapter` on
+        self.adapter: str | None = None  # what newly admitted requests are bound to (the last one loaded)
+        # the decode step builds its own masks only for SDPA over full and chunked attention layers and GDN layers
+        # (anything else, e.g. sliding windows, a chunked layer without a chunk size, or non-SDPA attention, gets the
+        # 2-D mask and HF's construction); a chunk no request outgrows (max_seq_len) is full attention
         layer_types = set(getattr(mcfg, "layer_types", None) or ["full_attention"])
         chunk = getattr(mcfg, "attention_chunk_size", None) if "chunked_attention" in layer_types else None
+        self._linear = "linear_attention" in layer_types
         self._own_masks = (getattr(mcfg, "_attn_implementation", None) == "sdpa"
-                           and layer_types <= {"full_attention", "chunked_attention"}
+                           and layer_types <= {"full_attention", "chunked_attention", "linear_attention"}
                            and ("chunked_attention" not in layer_types or bool(chunk)))
         self._chunk = int(chunk) if chunk and int(chunk) < config.max_seq_len else None
-        self._stats = {"busy_s": 0.0, "decode_steps": 0, "decode_tokens": 0, "prefill_steps": 0,
-                       "prefill_tokens": 0}
+        self._stats = dict.fromkeys(("busy_s", "decode_steps", "decode_tokens", "prefill_steps", "prefill_tokens"), 0)
 
     # ---- public API --------------------------------------------------------------------------
     def add(self, req: GenRequest) -> None:
@@ -430,8 +426,9 @@ class GenerationCore(RouteRecorder):
         attention layers (Llama-4's RoPE layers) gets `{layer type: mask}`, the chunked one keeping a
         column only where its position (column - row start) is in the query's chunk (HF's chunked
         mask with the row's left padding; a plain 4-D mask where no request outgrows the chunk, which
-        both of Llama-4's mask builders pass through). Other attention implementations and other layer
-        types (sliding windows) get the 2-D mask, from which HF builds theirs."""
+        both of Llama-4's mask builders pass through); a hybrid's GDN layers (Qwen3.5, Qwen3-Next) get
+        None, as from HF for one new token. Other attention implementations and other layer types (sliding
+        windows) get the 2-D mask, from which HF builds theirs."""
         torch = self._torch
         kv = self.kv
         n = pos_N1.shape[0]
@@ -439,8 +436,8 @@ class GenerationCore(RouteRecorder):
         if not self._own_masks:
             return mask_NC
         full = mask_NC[:, None, None, :]
-        if self._chunk is None:
-            return full
+        if self._chunk is None:  # a GDN layer's decode step has no padding to mask (HF passes it None too)
+            return {"full_attention": full, "linear_attention": None} if self._linear else full
         start_N1 = torch.tensor(kv.start_S[:n], dtype=torch.long, device=self.device).view(n, 1)
         col_pos_NC = torch.arange(off, kv.length + 1, device=self.device).view(1, -1) - start_N1
         same_NC = torch.div(col_pos_NC, self._chunk, rounding_mode="floor") == torch.div(

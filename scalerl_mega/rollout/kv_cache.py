@@ -14,6 +14,10 @@ masked 0-weight times the value stays 0).
   moved (`relayout`): an O(cache) copy that happens once every ~C/2 steps.
 
 `hf_cache(n)` wraps the buffers in a `transformers` `Cache` whose layers write in place.
+
+Hybrid models (Qwen3.5, Qwen3-Next: `recurrent=`) hold K/V buffers for their full-attention layers only; their
+Gated DeltaNet layers keep a fixed-size state per slot instead (`recurrent_state.SlotRecurrentState`), which moves
+with its row and has no columns (a relayout leaves it alone).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+
+    from scalerl_mega.rollout.recurrent_state import RecurrentSpec
 
 
 def _make_layer_class():
@@ -78,17 +84,27 @@ class SlotKVCache:
         dtype: "torch.dtype",
         device: "torch.device | str" = "cpu",
         value_head_dim: int | None = None,
+        recurrent: "RecurrentSpec | None" = None,
     ) -> None:
         """`value_head_dim`: the value width when it differs from the key's (DeepSeek-V3's MLA caches the
-        compressed KV as its "keys" and the RoPE key as its "values", one head each)."""
+        compressed KV as its "keys" and the RoPE key as its "values", one head each). `recurrent`: the GDN
+        layers of a hybrid model, which get a per-slot recurrent state instead of K/V buffers."""
         import torch
+
+        from scalerl_mega.rollout.recurrent_state import SlotRecurrentState
 
         if capacity < 2:
             raise ValueError(f"SlotKVCache capacity={capacity} must be >= 2")
         shape = (num_slots, num_kv_heads, capacity, head_dim)
         vshape = (num_slots, num_kv_heads, capacity, value_head_dim or head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(vshape, dtype=dtype, device=device) for _ in range(num_layers)]
+        linear = set(recurrent.layers) if recurrent is not None else set()
+        self.attn_layers = [i for i in range(num_layers) if i not in linear]
+        """The layers with K/V buffers (`keys[j]` belongs to layer `attn_layers[j]`)."""
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.attn_layers]
+        self.values = [torch.zeros(vshape, dtype=dtype, device=device) for _ in self.attn_layers]
+        self.states = (SlotRecurrentState(recurrent, num_slots=num_slots, dtype=dtype, device=device)
+                       if recurrent is not None else None)
+        self.num_layers = num_layers
         self.mask_SC = torch.zeros((num_slots, capacity), dtype=torch.bool, device=device)
         self.start_S = [0] * num_slots
         self.capacity = capacity
@@ -98,14 +114,17 @@ class SlotKVCache:
 
     # ---- views handed to the HF model ------------------------------------------------------
     def hf_cache(self, rows: slice, *, column_offset: int = 0, length: int | None = None):
-        """A `transformers` Cache over slot rows `rows`, starting at `column_offset`, `length` used."""
+        """A `transformers` Cache over slot rows `rows`, starting at `column_offset`, `length` used. A GDN
+        layer's recurrent state starts from zero when `length` is 0 (a prefill), else continues."""
         from transformers.cache_utils import Cache
 
         length = self.length - column_offset if length is None else length
-        layers = [
-            self._layer_cls(k[rows, :, column_offset:], v[rows, :, column_offset:], length)
-            for k, v in zip(self.keys, self.values)
-        ]
+        layers: list = [None] * self.num_layers
+        for i, k, v in zip(self.attn_layers, self.keys, self.values):
+            layers[i] = self._layer_cls(k[rows, :, column_offset:], v[rows, :, column_offset:], length)
+        if self.states is not None:
+            for i in self.states.spec.layers:
+                layers[i] = self.states.hf_layer(i, rows, fresh=length == 0)
         return Cache(layers=layers)
 
     # ---- slot management --------------------------------------------------------------------
@@ -118,6 +137,8 @@ class SlotKVCache:
             v[dst].copy_(v[src])
         self.mask_SC[dst].copy_(self.mask_SC[src])
         self.start_S[dst] = self.start_S[src]
+        if self.states is not None:
+            self.states.move_row(src, dst)
 
     def clear_row_prefix(self, row: int, start: int) -> None:
         """Zero row `row` left of column `start` and mark `[start, length)` valid."""

@@ -26,11 +26,12 @@ class LocalModelSpec:
     """A model for the local engine: an HF config (tiny random models) or a local HF directory."""
 
     arch: str = "llama"
-    """"llama" (LlamaForCausalLM), "llama4" (Llama4ForCausalLM, text only), "qwen3" (Qwen3ForCausalLM) or
-    "qwen3_moe" (Qwen3MoeForCausalLM); model/archs.py."""
+    """A name of model/archs.py: "llama" (LlamaForCausalLM), "llama4" (Llama4ForCausalLM, text only), "qwen3"
+    (Qwen3ForCausalLM), "qwen3_moe" (Qwen3MoeForCausalLM), "deepseek_v3", or a Gated DeltaNet hybrid:
+    "qwen3_5" (Qwen3_5ForCausalLM), "qwen3_5_moe" (Qwen3_5MoeForCausalLM), "qwen3_next" (Qwen3NextForCausalLM)."""
     config: dict[str, Any] | None = None
-    """Keyword arguments of the architecture's config class (LlamaConfig, Llama4TextConfig, Qwen3Config,
-    Qwen3MoeConfig; random init with `init_seed`)."""
+    """Keyword arguments of the architecture's config class (`Arch.config_class`: LlamaConfig, Qwen3_5TextConfig,
+    ...; random init with `init_seed`)."""
     path: str | None = None
     """A local HF model directory (config.json + safetensors); overrides `config`."""
     dtype: str = "float32"

@@ -46,21 +46,12 @@ def _fp8_of(model):
 
 
 def test_fp8_server_takes_fp8_pushes_and_matches_the_emulation(tmp_path):
-    import torch
+    from tests.sglang_support.real_server import gpu_engine, require_gpu_sglang
 
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    from tests.sglang_support.real_server import LAUNCHED, sglang_python
-
-    try:
-        py = sglang_python()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    require_gpu_sglang()
     from scalerl_mega.convert.fp8_io import quantize_hf_dir
     from scalerl_mega.rollout.local import LocalModelSpec
-    from scalerl_mega.rollout.sglang import SGLangEngineConfig, SGLangRolloutEngine, SGLangServer, SGLangServerConfig
     from scalerl_mega.types import Prompt, SamplingParams
-    from scalerl_mega.weight_sync import WeightSyncConfig, free_port
     from tests.sglang_support.oracle import collect, full_logprobs
     from tests.sglang_support.tiny_model import train_tokenizer
 
@@ -68,16 +59,8 @@ def test_fp8_server_takes_fp8_pushes_and_matches_the_emulation(tmp_path):
     _model(0).save_pretrained(path)
     train_tokenizer(path)
     assert quantize_hf_dir(str(path)) == 2 * 7
-    cfg = SGLangServerConfig(model_path=str(path), port=free_port(), dtype="bfloat16", quantization="fp8",
-                             mem_fraction_static=0.3, python=py, env={"PYTHONUNBUFFERED": "1"},
-                             extra_args=["--context-length", "256", "--max-running-requests", "8"])
-    server = SGLangServer(url=cfg.url, config=cfg)
-    LAUNCHED.append(server)
-    server.start(wait=True)
-    engine = SGLangRolloutEngine([server], config=SGLangEngineConfig(
-        pause_mode="in_place", control_timeout_s=120.0, request_timeout_s=300.0,
-        model=LocalModelSpec(arch="qwen3", config=CONFIG, quantization="fp8"),
-        sync=WeightSyncConfig(backend="gloo", flattened=True, timeout_s=120.0, bucket_bytes=256 << 10)))
+    server, engine = gpu_engine(path, spec=LocalModelSpec(arch="qwen3", config=CONFIG, quantization="fp8"),
+                                pause_mode="in_place", quantization="fp8")
     try:
         new = _model(1)
         pushed, emulated = _fp8_of(new)

@@ -74,3 +74,35 @@ def engine_for(*servers: SGLangServer, pause_mode: str, adapter_dir: str | None 
     return SGLangRolloutEngine(list(servers), body_hook=body_hook, config=SGLangEngineConfig(
         pause_mode=pause_mode, control_timeout_s=60.0, request_timeout_s=300.0, adapter_dir=adapter_dir,
         sync=WeightSyncConfig(backend="gloo", timeout_s=60.0, bucket_bytes=64 << 10)))
+
+
+def require_gpu_sglang() -> str:
+    """The SGLang interpreter for a GPU test (tests/gpu, the GPU kit); skips the test without CUDA or without the
+    SGLang environment."""
+    import pytest
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    try:
+        return sglang_python()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
+def gpu_engine(model_path: str | Path, *, spec, pause_mode: str,
+               quantization: str | None = None) -> tuple[SGLangServer, SGLangRolloutEngine]:
+    """A real SGLang server on this machine's GPU (bf16, 30% of its memory, 256-token context, 8 requests) serving
+    `model_path`, started and healthy, and the project's engine over it, building its updates for `spec` (a
+    `LocalModelSpec`): gloo weight sync in flattened 256 KiB buckets, 120 s deadlines. The caller closes the engine
+    and stops the server."""
+    cfg = SGLangServerConfig(model_path=str(model_path), port=free_port(), dtype="bfloat16", pause_mode=pause_mode,
+                             quantization=quantization, mem_fraction_static=0.3, python=require_gpu_sglang(),
+                             env={"PYTHONUNBUFFERED": "1"},
+                             extra_args=["--context-length", "256", "--max-running-requests", "8"])
+    server = SGLangServer(url=cfg.url, config=cfg)
+    LAUNCHED.append(server)
+    server.start(wait=True)
+    return server, SGLangRolloutEngine([server], config=SGLangEngineConfig(
+        pause_mode=pause_mode, control_timeout_s=120.0, request_timeout_s=300.0, model=spec,
+        sync=WeightSyncConfig(backend="gloo", flattened=True, timeout_s=120.0, bucket_bytes=256 << 10)))

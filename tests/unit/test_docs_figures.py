@@ -48,6 +48,9 @@ FIGURES = [
            "tests/sglang/test_real_qwen3.py::"
            "test_in_flight_update_under_checkpoint_names_lands_at_the_token_boundary",
            ("TOL = 1e-5", "c.output_ids, b)) < TOL")),
+    Figure("docs/sglang.md", "whose log-probs equal a full transformers forward within 1e-5",
+           "tests/unit/test_engine_gdn.py::test_engine_logprobs_equal_a_full_forward_and_batching_changes_no_token",
+           ("TOL = 1e-5", "zip(ref, c.gen_logprobs)) < TOL")),
     Figure("docs/sglang.md", "naming the step and URL within the 60 s sync deadline + 10 s (measured ~1 s)",
            "tests/sglang/test_real_in_place.py::test_server_death_mid_update_raises_a_named_error_in_bounded_time",
            "assert took < 60.0 + 10.0"),
@@ -139,6 +142,9 @@ GPU_BOUNDS = [
     Figure("docs/cluster_and_gpu.md", "the resumed losses equal the uninterrupted run's within 2e-6 relative",
            "tests/gpu/test_megatron_gpu.py::test_save_load_then_the_next_steps_match_the_uninterrupted_run",
            "RESUME_REL_TOL = 2e-6"),
+    Figure("docs/sglang.md", "SGLang's log-probs within a mean |dlogp| < 0.05 of the FP32 trainer forward",
+           "tests/gpu/test_gdn_sglang_gpu.py::test_sglang_serves_a_pushed_qwen3_5_like_the_trainer",
+           "MEAN_TOL = 0.05"),
 ]
 
 def _norm(text: str) -> str:

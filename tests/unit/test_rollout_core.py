@@ -16,6 +16,7 @@ from scalerl_mega.rollout.core import CoreConfig, GenerationCore, GenRequest
 from scalerl_mega.rollout.local import LocalModelSpec, build_model
 from scalerl_mega.rollout.sampling import counter_uniform, sample_tokens, top_p_mask
 from scalerl_mega.types import FinishReason, SamplingParams
+from tests.support.inflight_update import swapped_reference, update_after
 
 LLAMA = dict(
     vocab_size=61,
@@ -309,37 +310,14 @@ def test_in_flight_update_keeps_stale_kv_and_tags_versions():
     core = GenerationCore(_model(seed=0), config=CoreConfig(max_batch=2, max_seq_len=32))
     core.add(req)
     core.add(_req(2, [1, 2], max_new_tokens=total, temperature=1.0))  # a neighbour in the batch
-    done = []
-    while len(core.rows[0].output_ids if core.rows else []) < k:
-        done += core.step()
-    core.load_weights(new_weights.items())
-    core.set_version(1)
-    done += core.run_until_done()
-    c = next(x for x in done if x.prompt_id == "1")
+    c = next(x for x in update_after(core, rid="1", k=k, weights=new_weights) if x.prompt_id == "1")
     assert c.weight_versions == [0] * k + [1] * (total - k)
 
     # reference: HF's own cache; weights swapped after the k-th token was sampled
     from transformers import DynamicCache
 
-    ref_model = _model(seed=0)
-    cache = DynamicCache()
-    ids = torch.tensor([prompt])
-    ref_tokens, ref_lps = [], []
-    with torch.no_grad():
-        for step in range(total):
-            if step == k:
-                ref_model.load_state_dict(new_weights)
-            logits = ref_model(ids, past_key_values=cache, use_cache=True).logits[:, -1].float()
-            tok, _ = sample_tokens(
-                logits,
-                temperature_N=torch.ones(1),
-                top_p_N=torch.ones(1),
-                seeds_N=torch.tensor([4242]),
-                steps_N=torch.tensor([step]),
-            )
-            ref_tokens.append(tok.item())
-            ref_lps.append(torch.log_softmax(logits.double(), -1)[0, tok.item()].item())
-            ids = tok.view(1, 1)
+    ref_tokens, ref_lps = swapped_reference(_model(seed=0), new_weights, prompt, k=k, total=total, seed=4242,
+                                            cache=DynamicCache())
     assert c.output_ids == ref_tokens
     assert max(abs(a - b) for a, b in zip(ref_lps, c.gen_logprobs)) < 1e-5
     # and it is really the stale KV: recomputing the prefix with v1 gives different log-probs
