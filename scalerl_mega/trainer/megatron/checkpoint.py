@@ -504,7 +504,7 @@ def _load_verified(ckpt: Path, common: dict[str, Any], *, chunks: list, optimize
                 f"{saved}, which reshards over data parallelism only; this run is {now}. Resume under the "
                 "saved layout (and save again with optim.checkpoint_format=fully_reshardable), or load "
                 "the model without the optimizer state")
-        primed = optimizer_state.prime_fresh_optimizer(optimizer)
+        optimizer_state.prime_fresh_optimizer(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=True, metadata=optim_metadata(fmt))
     try:
         loaded = dist_checkpointing.load(state, str(ckpt))
@@ -514,6 +514,5 @@ def _load_verified(ckpt: Path, common: dict[str, Any], *, chunks: list, optimize
     if with_opt:
         with torch.no_grad(), optimizer_state.adam_step_kept(optimizer):
             optimizer.load_state_dict(loaded["optimizer"])
-            if primed:
-                optimizer_state.restore_adam_step(optimizer, loaded["optimizer"])
+            optimizer_state.restore_adam_step(optimizer)
     return dict(common.get("extra_state", {}))

@@ -1,6 +1,6 @@
 """The optimizer state around a checkpoint load (`checkpoint.load_checkpoint`): which optimizer Megatron built
 (distributed, torch Adam(W) or TE's FusedAdam), priming a never-stepped torch Adam(W) so that Megatron can build the
-state dict to load into, restoring Adam's common step after a dp_reshardable load, and the scoped fix for loading a
+state dict to load into, restoring Adam's per-parameter steps after a distributed-optimizer load, and the scoped fix for loading a
 fully_reshardable distributed-optimizer state (megatron-core 0.16.1)."""
 
 from __future__ import annotations
@@ -90,31 +90,30 @@ def prime_fresh_optimizer(optimizer) -> bool:
     return primed
 
 
-def restore_adam_step(optimizer, loaded: object) -> None:
-    """After loading into a primed optimizer: the distributed optimizer's dp_reshardable load copies
-    each parameter's 'step' from the *local* (non-persistent) value, i.e. the 0 of the priming, so
-    Adam's bias correction would restart. Set every state's step to the saved common step (the
-    'step' of the saved param_groups)."""
+def restore_adam_step(optimizer) -> None:
+    """After a distributed-optimizer load into torch Adam(W): give every parameter its own 'step' tensor holding
+    the saved common step.
+
+    Without TransformerEngine/Apex, `DistributedOptimizer.load_state_dict` (megatron-core 0.16.1) puts the saved
+    common step (the 'step' of the saved param_groups, which it also copies into the inner optimizer's
+    param_groups) into the state as ONE tensor object shared by every parameter. Torch's Adam increments each
+    parameter's step in place, so the next `step()` advanced that shared counter once per parameter and the bias
+    correction of Adam (1 - beta^t) used t = s+1, s+2, ... instead of s+1. The dp_reshardable load then copies
+    the *local* (non-persistent) step into it: 0 for a primed fresh optimizer, the in-memory step for a load
+    into a trained one. Both are undone here, per chained optimizer (the expert-parallel one is separate).
+    Other inner optimizers (TE/Apex FusedAdam: no per-parameter step) and non-distributed ones (their param
+    groups hold no 'step') are left as they are.
+    """
     import torch
 
-    steps: set[float] = set()
-
-    def walk(node: object) -> None:
-        if isinstance(node, dict):
-            for group in node.get("param_groups", []) if isinstance(node.get("param_groups"), list) else []:
-                if isinstance(group, dict) and "step" in group:
-                    steps.add(float(group["step"]))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, (list, tuple)):
-            for value in node:
-                walk(value)
-
-    walk(loaded)
-    if len(steps) != 1:
-        return
-    step = steps.pop()
     for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
-        for st in getattr(getattr(sub, "optimizer", None), "state", {}).values():
+        inner = getattr(sub, "optimizer", None)
+        if inner is None or not keeps_per_param_step(inner):
+            continue
+        steps = {float(g["step"]) for g in inner.param_groups if "step" in g and g["params"]}
+        if len(steps) != 1:
+            continue
+        step = steps.pop()
+        for st in inner.state.values():
             if "step" in st:
                 st["step"] = torch.tensor(step, dtype=torch.float32)
