@@ -36,6 +36,8 @@ RULES: list[tuple[str, str, str]] = [  # (regex on the command, mode, reason for
     (r"^make demo-multiturn-seeds$", "skip", "trains three seeds for about 40 minutes (tests/unit/test_demo_multiturn_doc.py checks its committed summary)"),
     (r"^make demo-lora-seeds$", "skip", "a warm start and three LoRA seeds, about 30 minutes (tests/unit/test_demo_lora_doc.py checks its committed summary)"),
     (r"^make test$", "skip", "the default suite itself"),
+    (r"^make (verifiers-env|test-verifiers)$", "skip", "builds .venv-verifiers from the package index, about 4 minutes "
+     "(make test-verifiers then runs tests/integration/test_verifiers_rollouts.py)"),
     (r"^make check-gpu-envs$", "skip", "needs the two GPU environments (docs/cluster_install.md)"),
     (r"\bsbatch\b|^srun\b", "skip", "needs a Slurm cluster (make test-slurm runs sbatch on a private one)"),
     (r"^(pip|/opt/scalerl|python3\.12 -m venv|export |python -c \"import torch)", "skip",
