@@ -24,14 +24,20 @@ DRIVER = REPO / "tests" / "faults" / "signal_driver.py"
 def _launch(out: Path, *args: str, log: Path) -> tuple[int, str, int]:
     """Run the driver (or plain `scalerl-train` with args[0] == "-") in a session of its own; returns (exit status,
     console, process group id)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     head, overrides = ([sys.executable, "-m", "scalerl_mega.train"], args[1:]) if args[0] == "-" else \
         ([sys.executable, str(DRIVER), *args[:4]], args[4:])
     cmd = [*head, *TINY, *overrides, f"output_dir={out}", f"hydra.run.dir={out}"]  # later overrides win
+    return run_in_session(cmd, log=log)
+
+
+def run_in_session(cmd: list[str], *, log: Path) -> tuple[int, str, int]:
+    """Run `cmd` from the repository in a session (process group) of its own, console to `log`; returns (exit
+    status, console, process group id). The timeout is a safety net that kills the group, not an assertion."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     with open(log, "w") as fh:
         job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            rc = job.wait(timeout=400)
+            rc = job.wait(timeout=600)
         finally:
             if job.poll() is None:
                 os.killpg(job.pid, 9)
