@@ -65,11 +65,17 @@ def install_torch_fallback() -> None:
 def config_kwargs(model: "ModelConfig") -> dict[str, Any]:
     """TransformerConfig fields of a hybrid model: the GDN widths, the gated attention, the gated shared expert;
     `deterministic_mode` selects megatron's torch GDN kernels (only the embedding lookup changes besides: an
-    indexed gather instead of `F.embedding`, the same values)."""
+    indexed gather instead of `F.embedding`, the same values).
+
+    `hetereogenous_dist_checkpoint` (megatron's spelling) keys each layer's checkpoint tensors by its global layer
+    number (`decoder.layers.{i}.*`) instead of stacking every layer's tensor along a leading layer axis: only some
+    layers are GDN, so a stacked `self_attention.dt_bias` would cover some of the axis's rows and dist-checkpointing
+    refuses the save. Megatron sets the same for its own hybrids, whose layer pattern (`linear_attention_freq`)
+    this local spec does not use."""
     return dict(linear_conv_kernel_dim=model.linear_conv_kernel_dim, linear_key_head_dim=model.linear_key_head_dim,
                 linear_value_head_dim=model.linear_value_head_dim, linear_num_key_heads=model.linear_num_key_heads,
                 linear_num_value_heads=model.linear_num_value_heads, attention_output_gate=True,
-                deterministic_mode=kernels() == "torch")
+                deterministic_mode=kernels() == "torch", hetereogenous_dist_checkpoint=True)
 
 
 @functools.lru_cache(maxsize=None)
