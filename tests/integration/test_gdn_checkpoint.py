@@ -66,6 +66,7 @@ def _check(report: dict) -> None:
         assert r["differ_after"] == [], (preset, r["differ_after"])
 
 
+@pytest.mark.compat  # ~40 s (three tiny hybrids saved and loaded): the compatibility leg, beside its TP2 case
 def test_gdn_hybrid_checkpoint_round_trips_bitwise_at_one_rank(tmp_path):
     from tests.integration.mp_launch import run_single_worker
 
