@@ -77,30 +77,28 @@ def layer_part_bytes(model: ModelShape, *, dtype_bytes: int, quantization: str =
             "shared_expert": linears_bytes(swiglu_linears(model.hidden, model.shared_expert_ffn), **q)}
 
 
+def mixer_bytes(model: ModelShape, *, layers: int, dtype_bytes: int, quantization: str = "none") -> int:
+    """Bytes of `layers` decoder layers' token mixers with the layers' norms. A Gated DeltaNet hybrid's span holds
+    its GDN and gated full-attention layers in the model's proportion (exact for a span of whole periods, e.g.
+    Qwen3-Next's 4 layers): a GDN mixer's FP8 projections (`gdn_linears`: out_proj) and the rest of it (in_proj_*,
+    conv, A_log, dt_bias, norm) in `dtype_bytes`; a full-attention layer's q/k norms."""
+    attention = linears_bytes(attention_linears(model), dtype_bytes=dtype_bytes, quantization=quantization)
+    if not model.gdn:
+        return layers * (attention + model.norm_params_per_layer() * dtype_bytes)
+    gdn_layers, mixer, _ = model.gdn
+    gdn = layers * gdn_layers // model.layers
+    linears = linears_bytes(model.gdn_linears, dtype_bytes=dtype_bytes, quantization=quantization)
+    unquantized = mixer - sum(r * c for r, c in model.gdn_linears)
+    qk_norm = 2 * model.head_dim if model.qk_norm else 0
+    return (layers - gdn) * (attention + (2 * model.hidden + qk_norm) * dtype_bytes) + \
+        gdn * (linears + (unquantized + 2 * model.hidden) * dtype_bytes)
+
+
 def model_bytes(model: ModelShape, *, dtype_bytes: int, quantization: str = "none",
                 fused_experts: bool | None = None) -> int:
     """Bytes of the whole model: every layer's parts, its norms and routers, the embedding, final norm and head."""
     part = layer_part_bytes(model, dtype_bytes=dtype_bytes, quantization=quantization, fused_experts=fused_experts)
-    if model.gdn:
-        return _hybrid_bytes(model, part, dtype_bytes=dtype_bytes, quantization=quantization)
-    total = model.layers * part["attention"] + model.dense_layers * part["dense_mlp"]
-    total += model.moe_layers * (part["experts"] + part["shared_expert"])
-    rest = model.layers * model.norm_params_per_layer() + model.moe_layers * model.router_params()
-    rest += model.embedding_params() + model.head_params() + model.hidden
-    return total + rest * dtype_bytes
-
-
-def _hybrid_bytes(model: ModelShape, part: dict[str, int], *, dtype_bytes: int, quantization: str) -> int:
-    """A Gated DeltaNet hybrid by layer kind: the full-attention layers' gated attention and q/k norms; each GDN
-    mixer's FP8 projections (`gdn_linears`: out_proj) and the rest of it (in_proj_*, conv, A_log, dt_bias, norm)
-    in `dtype_bytes`."""
-    gdn_layers, mixer, _ = model.gdn
-    full = model.layers - gdn_layers
-    linears = linears_bytes(model.gdn_linears, dtype_bytes=dtype_bytes, quantization=quantization)
-    total = full * part["attention"] + gdn_layers * linears + model.dense_layers * part["dense_mlp"]
-    total += model.moe_layers * (part["experts"] + part["shared_expert"])
-    rest = gdn_layers * (mixer - sum(r * c for r, c in model.gdn_linears)) + model.layers * 2 * model.hidden
-    rest += full * (2 * model.head_dim if model.qk_norm else 0)
-    rest += model.moe_layers * (model.router_params() + (model.hidden if model.shared_expert_gate else 0))
-    rest += model.embedding_params() + model.head_params() + model.hidden
+    total = mixer_bytes(model, layers=model.layers, dtype_bytes=dtype_bytes, quantization=quantization)
+    total += model.dense_layers * part["dense_mlp"] + model.moe_layers * (part["experts"] + part["shared_expert"])
+    rest = model.moe_layers * model.router_params() + model.embedding_params() + model.head_params() + model.hidden
     return total + rest * dtype_bytes
