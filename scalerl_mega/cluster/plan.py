@@ -109,7 +109,7 @@ class ModelShape:
     # its recurrent + conv state bytes per sequence over all GDN layers); the other layers gated full attention
     gdn_linears: tuple[tuple[int, int], ...] = ()  # a GDN mixer's projections FP8 weight sync quantizes, [out, in]
     # (out_proj; cluster/weight_bytes.py counts their blocks); its other parameters travel in the model's dtype
-    shared_expert_gate: bool = False  # a sigmoid gate [1, hidden] on the shared expert (Qwen3-Next)
+    shared_expert_gate: bool = False  # a sigmoid gate [1, hidden] on the shared expert (Qwen3-Next; weight sync counts it)
 
     def __post_init__(self) -> None:
         for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "vocab"):
@@ -147,9 +147,8 @@ class ModelShape:
             q = h * ql + ql * n * (d + rope) if ql else h * n * (d + rope)
             return q + h * (kvl + rope) + kvl * n * (d + v) + n * v * h
         attn = h * self.heads * d * (3 if self.gdn else 2) + h * self.kv_heads * d * 2  # q (+ output gate), o + k, v
-        if self.gdn:  # the mean over a hybrid's full-attention and GDN layers (a GDN layer has no q/k norm, which
-            qk_norm = 2 * d if self.qk_norm else 0  # norm_params_per_layer counts in every layer)
-            return ((self.layers - self.gdn[0]) * attn + self.gdn[0] * (self.gdn[1] - qk_norm)) // self.layers
+        if self.gdn:  # the mean over a hybrid's full-attention and GDN layers
+            return ((self.layers - self.gdn[0]) * attn + self.gdn[0] * self.gdn[1]) // self.layers
         return attn
 
     def norm_params_per_layer(self) -> int:
@@ -166,8 +165,7 @@ class ModelShape:
         return 3 * self.hidden * self.shared_expert_ffn
 
     def router_params(self) -> int:  # + DeepSeek-V3's (MLA models') e_score_correction_bias, one per expert
-        gate = self.hidden if self.shared_expert_gate else 0  # Qwen3-Next's shared-expert gate [1, hidden]
-        return self.hidden * self.num_experts + (self.num_experts if self.mla else 0) + gate
+        return self.hidden * self.num_experts + (self.num_experts if self.mla else 0)
 
     def embedding_params(self) -> int:
         return self.vocab * self.hidden

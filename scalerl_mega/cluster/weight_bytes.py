@@ -77,6 +77,11 @@ def layer_part_bytes(model: ModelShape, *, dtype_bytes: int, quantization: str =
             "shared_expert": linears_bytes(swiglu_linears(model.hidden, model.shared_expert_ffn), **q)}
 
 
+def router_params(model: ModelShape) -> int:
+    """One MoE layer's router parameters with Qwen3-Next's shared-expert gate `[1, hidden]`, which travels too."""
+    return model.router_params() + (model.hidden if model.shared_expert_gate else 0)
+
+
 def mixer_bytes(model: ModelShape, *, layers: int, dtype_bytes: int, quantization: str = "none") -> int:
     """Bytes of `layers` decoder layers' token mixers with the layers' norms. A Gated DeltaNet hybrid's span holds
     its GDN and gated full-attention layers in the model's proportion (exact for a span of whole periods, e.g.
@@ -100,5 +105,5 @@ def model_bytes(model: ModelShape, *, dtype_bytes: int, quantization: str = "non
     part = layer_part_bytes(model, dtype_bytes=dtype_bytes, quantization=quantization, fused_experts=fused_experts)
     total = mixer_bytes(model, layers=model.layers, dtype_bytes=dtype_bytes, quantization=quantization)
     total += model.dense_layers * part["dense_mlp"] + model.moe_layers * (part["experts"] + part["shared_expert"])
-    rest = model.moe_layers * model.router_params() + model.embedding_params() + model.head_params() + model.hidden
+    rest = model.moe_layers * router_params(model) + model.embedding_params() + model.head_params() + model.hidden
     return total + rest * dtype_bytes
