@@ -235,7 +235,8 @@ def model_shape(model):
                       shared_expert_ffn=model.shared_expert_ffn, moe_every=model.moe_layer_freq,
                       moe_dense=tuple(model.moe_dense_layers), qk_norm=model.qk_layernorm,
                       mla=(model.q_lora_rank or 0, model.kv_lora_rank, model.qk_rope_head_dim, model.v_head_dim)
-                      if model.is_mla else (), gdn=_gdn_shape(model))
+                      if model.is_mla else (), gdn=_gdn_shape(model), gdn_linears=_gdn_linears(model),
+                      shared_expert_gate=bool(model.is_moe and model.moe_shared_expert_gate))
 
 
 def _gdn_shape(model) -> tuple[int, ...]:
@@ -245,6 +246,16 @@ def _gdn_shape(model) -> tuple[int, ...]:
 
     n = len(linear_layers(model))
     return (n, gdn_params(model), recurrent_state_bytes_per_sequence(model)) if n else ()
+
+
+def _gdn_linears(model) -> tuple[tuple[int, int], ...]:
+    """`ModelShape.gdn_linears`: one GDN mixer's HF projections that FP8 weight sync quantizes (quant/fp8.py's
+    `*_proj.weight`): out_proj [hidden, value heads x dim]. The in_proj_* tensors do not match that rule."""
+    from scalerl_mega.model.hybrid import linear_layers
+
+    if not linear_layers(model):
+        return ()
+    return ((model.hidden_size, model.linear_num_value_heads * model.linear_value_head_dim),)
 
 
 def sequence_shape(cfg) -> tuple[int, int]:

@@ -100,6 +100,12 @@ LAYOUTS: dict[str, ScriptLayout] = {
     # weight sync: per stage, for the same reason (no gather in series on rank 0; tools/plan.py --sync-table)
     "train_deepseek_v3": ScriptLayout(model="moonlight_16b_a3b", gpu_type="h100_80gb", gpus_per_node=8,
                                       trainer_nodes=1, gen_tp=1, tp=2, ep=8, recompute="full", sync_senders="per_stage"),
+    # Qwen3-Next-80B-A3B (Gated DeltaNet hybrid): the fewest nodes the planner fits are H200's: the trainer on two
+    # 8xH200 nodes, TP 2 x EP 16 x DP 8, full recompute (98.2 GiB; selective needs 24 GPUs); H100 needs three nodes
+    # (slurm/train_qwen3_next.sh's header); 8 SGLang servers of TP 2 on 2 more nodes
+    # weight sync: per stage (no gather in series on rank 0; tools/plan.py --sync-table)
+    "train_qwen3_next": ScriptLayout(model="qwen3_next_80b_a3b", gpu_type="h200", gpus_per_node=8, trainer_nodes=2,
+                                     gen_tp=2, tp=2, ep=16, recompute="full", sync_senders="per_stage"),
 }
 
 

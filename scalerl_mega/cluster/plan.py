@@ -107,6 +107,9 @@ class ModelShape:
     mla: tuple[int, int, int, int] = ()  # DeepSeek-V3 MLA (q_lora_rank or 0, kv_lora_rank, rope dim, v dim)
     gdn: tuple[int, int, int] = ()  # Gated DeltaNet hybrid (model/hybrid.py): (GDN layers, params of one GDN mixer,
     # its recurrent + conv state bytes per sequence over all GDN layers); the other layers gated full attention
+    gdn_linears: tuple[tuple[int, int], ...] = ()  # a GDN mixer's projections FP8 weight sync quantizes, [out, in]
+    # (out_proj; cluster/weight_bytes.py counts their blocks); its other parameters travel in the model's dtype
+    shared_expert_gate: bool = False  # a sigmoid gate [1, hidden] on the shared expert (Qwen3-Next; weight sync counts it)
 
     def __post_init__(self) -> None:
         for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "vocab"):
@@ -212,8 +215,16 @@ MOONLIGHT_16B_A3B = ModelShape(name="moonlight_16b_a3b", hidden=2048, layers=27,
 DEEPSEEK_V3_671B = ModelShape(name="deepseek_v3_671b", hidden=7168, layers=61, heads=128, kv_heads=128, head_dim=128,
                               ffn=18432, vocab=129280, num_experts=256, top_k=8, expert_ffn=2048,
                               shared_expert_ffn=2048, moe_dense=(0, 1, 2), mla=(1536, 512, 64, 128))
+# Qwen3-Next-80B-A3B (conf/model/qwen3_next_80b_a3b.yaml): a Gated DeltaNet hybrid, 36 GDN layers (one GDN mixer
+# 33,718,464 parameters; 77,266,944 bytes of FP32 recurrent + bf16 conv state per sequence) and 12 gated full-attention
+# layers of 16 query / 2 KV heads of 256; every layer MoE, top-10 of 512 experts plus a gated shared expert
+# (dry_run.model_shape of the preset gives the same shape: tests/unit/test_plan_gdn.py)
+QWEN3_NEXT_80B_A3B = ModelShape(name="qwen3_next_80b_a3b", hidden=2048, layers=48, heads=16, kv_heads=2, head_dim=256,
+                                ffn=5120, vocab=151936, num_experts=512, top_k=10, expert_ffn=512,
+                                shared_expert_ffn=512, qk_norm=True, gdn=(36, 33_718_464, 77_266_944),
+                                gdn_linears=((2048, 4096),), shared_expert_gate=True)
 MODELS = {m.name: m for m in (LLAMA3_8B, SCOUT_17B16E, QWEN3_8B, QWEN3_30B_A3B, QWEN3_235B_A22B, MOONLIGHT_16B_A3B,
-                              DEEPSEEK_V3_671B)}
+                              DEEPSEEK_V3_671B, QWEN3_NEXT_80B_A3B)}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scalerl_mega.cluster.plan import ModelShape, TrainLayout
-from scalerl_mega.cluster.weight_bytes import FUSED_EXPERTS, layer_part_bytes
+from scalerl_mega.cluster.weight_bytes import FUSED_EXPERTS, layer_part_bytes, mixer_bytes, router_params
 from scalerl_mega.weight_sync import DEFAULT_BUCKET_BYTES
 from scalerl_mega.weight_sync.plan import DEFAULT_MAX_GROUPS, expert_senders_per_stage
 
@@ -101,8 +101,8 @@ def stage_bytes(model: ModelShape, *, pp: int, stage: int, bytes_per_param: int,
     part = layer_part_bytes(model, dtype_bytes=bytes_per_param, quantization=quantization)
     lps = model.layers // pp
     moe = model.stage_moe_layers(pp, stage)
-    dense = lps * (part["attention"] + model.norm_params_per_layer() * bytes_per_param)
-    dense += (lps - moe) * part["dense_mlp"] + moe * (part["shared_expert"] + model.router_params() * bytes_per_param)
+    dense = mixer_bytes(model, layers=lps, dtype_bytes=bytes_per_param, quantization=quantization)
+    dense += (lps - moe) * part["dense_mlp"] + moe * (part["shared_expert"] + router_params(model) * bytes_per_param)
     if stage == 0:
         dense += model.embedding_params() * bytes_per_param
     if stage == pp - 1:

@@ -9,7 +9,9 @@ pays for its partial blocks; norms, routers, embeddings, the LM head and fused 3
 * attention: q, k, v, o (`[heads*d, h]`, `[kv*d, h]` twice, `[h, heads*d]`); MLA (DeepSeek-V3): q_a `[q_lora, h]`
   and q_b `[heads*(d+rope), q_lora]` (or one q `[heads*(d+rope), h]`), kv_a_proj_with_mqa `[kv_lora+rope, h]`,
   kv_b `[heads*(d+v), kv_lora]`, o `[h, heads*v]`;
-* SwiGLU MLPs (dense, each routed expert, the shared expert): gate and up `[ffn, h]`, down `[h, ffn]`.
+* SwiGLU MLPs (dense, each routed expert, the shared expert): gate and up `[ffn, h]`, down `[h, ffn]`;
+* Gated DeltaNet hybrids: the full-attention layers' q_proj holds the output gate too (`[2*heads*d, h]`); a GDN
+  mixer's out_proj `[h, value heads*dim]` is its one FP8 projection (its in_proj_* names are not `*_proj.weight`).
 
 Pure arithmetic on `cluster.plan.ModelShape`: tests/unit/test_sync_fp8_bytes.py checks it against the tensors the
 exporter sends (convert/tables.py names and shapes through `quant.fp8.quantized_shapes`) for every model preset.
@@ -38,7 +40,8 @@ def attention_linears(model: ModelShape) -> list[Shape]:
         ql, kvl, rope, v = model.mla
         q = [(ql, h), (n * (d + rope), ql)] if ql else [(n * (d + rope), h)]
         return q + [(kvl + rope, h), (n * (d + v), kvl), (h, n * v)]
-    return [(n * d, h), (model.kv_heads * d, h), (model.kv_heads * d, h), (h, n * d)]
+    q = n * d * (2 if model.gdn else 1)  # a hybrid's full attention: q_proj holds the query and its output gate
+    return [(q, h), (model.kv_heads * d, h), (model.kv_heads * d, h), (h, n * d)]
 
 
 def swiglu_linears(hidden: int, ffn: int) -> list[Shape]:
@@ -74,12 +77,33 @@ def layer_part_bytes(model: ModelShape, *, dtype_bytes: int, quantization: str =
             "shared_expert": linears_bytes(swiglu_linears(model.hidden, model.shared_expert_ffn), **q)}
 
 
+def router_params(model: ModelShape) -> int:
+    """One MoE layer's router parameters with Qwen3-Next's shared-expert gate `[1, hidden]`, which travels too."""
+    return model.router_params() + (model.hidden if model.shared_expert_gate else 0)
+
+
+def mixer_bytes(model: ModelShape, *, layers: int, dtype_bytes: int, quantization: str = "none") -> int:
+    """Bytes of `layers` decoder layers' token mixers with the layers' norms. A Gated DeltaNet hybrid's span holds
+    its GDN and gated full-attention layers in the model's proportion (exact for a span of whole periods, e.g.
+    Qwen3-Next's 4 layers): a GDN mixer's FP8 projections (`gdn_linears`: out_proj) and the rest of it (in_proj_*,
+    conv, A_log, dt_bias, norm) in `dtype_bytes`; a full-attention layer's q/k norms."""
+    attention = linears_bytes(attention_linears(model), dtype_bytes=dtype_bytes, quantization=quantization)
+    if not model.gdn:
+        return layers * (attention + model.norm_params_per_layer() * dtype_bytes)
+    gdn_layers, mixer, _ = model.gdn
+    gdn = layers * gdn_layers // model.layers
+    linears = linears_bytes(model.gdn_linears, dtype_bytes=dtype_bytes, quantization=quantization)
+    unquantized = mixer - sum(r * c for r, c in model.gdn_linears)
+    qk_norm = 2 * model.head_dim if model.qk_norm else 0
+    return (layers - gdn) * (attention + (2 * model.hidden + qk_norm) * dtype_bytes) + \
+        gdn * (linears + (unquantized + 2 * model.hidden) * dtype_bytes)
+
+
 def model_bytes(model: ModelShape, *, dtype_bytes: int, quantization: str = "none",
                 fused_experts: bool | None = None) -> int:
     """Bytes of the whole model: every layer's parts, its norms and routers, the embedding, final norm and head."""
     part = layer_part_bytes(model, dtype_bytes=dtype_bytes, quantization=quantization, fused_experts=fused_experts)
-    total = model.layers * part["attention"] + model.dense_layers * part["dense_mlp"]
-    total += model.moe_layers * (part["experts"] + part["shared_expert"])
-    rest = model.layers * model.norm_params_per_layer() + model.moe_layers * model.router_params()
-    rest += model.embedding_params() + model.head_params() + model.hidden
+    total = mixer_bytes(model, layers=model.layers, dtype_bytes=dtype_bytes, quantization=quantization)
+    total += model.dense_layers * part["dense_mlp"] + model.moe_layers * (part["experts"] + part["shared_expert"])
+    rest = model.moe_layers * router_params(model) + model.embedding_params() + model.head_params() + model.hidden
     return total + rest * dtype_bytes

@@ -102,7 +102,7 @@ def test_cli_layout_that_cannot_initialise_exits_2_naming_keys(tmp_path):
 
 # ----------------------------------------------------------------------------- startup net
 SCRIPTS = ("train_dense.sh", "train_scout.sh", "train_qwen3_moe.sh")
-LAYOUT_SCRIPTS = (*SCRIPTS, "train_deepseek_v3.sh")  # scripts whose header documents a layout per GPU type
+LAYOUT_SCRIPTS = (*SCRIPTS, "train_deepseek_v3.sh", "train_qwen3_next.sh")  # scripts whose header documents a layout per GPU type
 
 
 def slurm_layout(script: str) -> dict:

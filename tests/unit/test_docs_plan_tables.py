@@ -213,5 +213,5 @@ def test_script_recompute_per_model():
     got = {m: script_recompute(m)[0] for m in P.MODELS}
     assert got == {"llama3_8b": "selective", "qwen3_8b": "selective", "scout_17b16e": "full",
                    "qwen3_30b_a3b": "full", "qwen3_235b_a22b": "full", "moonlight_16b_a3b": "full",
-                   "deepseek_v3_671b": "full"}
+                   "deepseek_v3_671b": "full", "qwen3_next_80b_a3b": "full"}
     assert script_recompute("not_shipped") == ("selective", [])

@@ -42,3 +42,9 @@ def test_plan_tool_plans_a_preset(capsys):
     out = capsys.readouterr().out
     assert "GDN state bytes/sequence/GPU=19,316,736" in out and "KV bytes/token/GPU=12,288" in out
     assert tool.main(["--preset", "no_such_preset"]) == 1
+
+
+def test_planner_model_table_entry_is_the_presets_shape():
+    """`plan.MODELS["qwen3_next_80b_a3b"]` (the `--model` choice, the docs table row, the Slurm script's layout) is the
+    shape the planner derives from the preset: the same parameters, GDN layers and recurrent state."""
+    assert P.MODELS["qwen3_next_80b_a3b"] == model_shape(load_model_preset("qwen3_next_80b_a3b"))

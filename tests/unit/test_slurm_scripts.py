@@ -286,7 +286,7 @@ def test_tiny_refuses_a_multi_node_allocation():
             "another node; SLURM_JOB_NODELIST=node[1-2] has 2 nodes") in r.stderr
 
 
-@pytest.mark.parametrize("script", ["train_scout", "train_dense"])
+@pytest.mark.parametrize("script", ["train_scout", "train_dense", "train_qwen3_next"])
 def test_scripts_launch_the_layout_the_planner_plans(script):
     """One source for the GPU scripts' default layouts (cluster/layouts.py). The trainer step of the dry
     run carries exactly that layout, `tools/plan.py --layout` plans it, and it fits its GPU type."""
@@ -446,3 +446,28 @@ def test_fp8_rollout_starts_the_servers_with_quantization_fp8():
     assert gens and all(g[g.index("--quantization") + 1] == "fp8" for g in gens)
     plain = _steps(_dry("train_dense.sh", "gb[001-002]", TRAINER_NODES="1", TRAIN_FILES="/data/p.jsonl"))
     assert not any("--quantization" in v[1] for k, v in plain.items() if k.startswith("gen"))
+
+
+def test_qwen3_next_dry_run_trainer_on_two_h200_nodes():
+    """Qwen3-Next-80B-A3B: 2 generator nodes of 4 SGLang servers (TP 2) and the trainer on two 8-GPU nodes (TP 2,
+    EP 16, DP 8, full recompute; 98.2 of 124.8 GiB on H200); its H100 header line (TP 2 PP 3 EP 8 on three nodes,
+    GEN_TP 4) launches that layout against 80 GB GPUs."""
+    steps = _steps(_dry("train_qwen3_next.sh", "h[001-004]", MODEL_PATH="/ckpt/q80", TRAIN_FILES="/data/p.jsonl",
+                        GPU_MEM_BYTES=str(141 * 10**9)))
+    gens = {k: v for k, v in steps.items() if k.startswith("gen")}
+    assert len(gens) == 8 and {n for n, _ in gens.values()} == {"h001", "h002"}
+    assert all("--gres=gpu:2" in a and a[a.index("--tp-size") + 1] == "2" for _, a in gens.values())
+    tnode, targv = steps["trainer"]
+    assert tnode == "h003,h004" and targv[targv.index("--nnodes") + 1] == "2"
+    for ov in ("model=qwen3_next_80b_a3b", "parallel.tp=2", "parallel.pp=1", "parallel.ep=16",
+               "cluster.trainer_devices=16", "parallel.sequence_parallel=true", "train.recompute=full",
+               "rollout.num_engines=8", "rollout.weight_sync_senders=per_stage", "init_from_hf=/ckpt/q80"):
+        assert ov in targv, ov
+    steps = _steps(_dry("train_qwen3_next.sh", "h[001-005]", TRAINER_NODES="3", TP="2", PP="3", EP="8", GEN_TP="4",
+                        TRAIN_FILES="/data/p.jsonl", GPU_MEM_BYTES=str(81559 * 2**20)))
+    gens = {k: v for k, v in steps.items() if k.startswith("gen")}
+    assert len(gens) == 4 and all("--gres=gpu:4" in a for _, a in gens.values())
+    targv = steps["trainer"][1]
+    assert targv[targv.index("--nnodes") + 1] == "3"
+    for ov in ("parallel.tp=2", "parallel.pp=3", "parallel.ep=8", "cluster.trainer_devices=24"):
+        assert ov in targv, ov
