@@ -84,7 +84,7 @@ COMPAT_TESTS  := tests/unit/test_megatron_cpu_compat.py tests/unit/test_mcore_co
 	tests/integration/test_weight_push_dtypes.py tests/integration/test_init_from_hf.py \
 	tests/integration/test_multirank_deepseek_v3.py tests/integration/test_multirank_qwen3.py tests/faults/test_checkpoint_faults.py \
 	tests/integration/test_gdn_rl.py tests/integration/test_megatron_ep_resume.py \
-	tests/integration/test_convert_gdn.py tests/integration/test_gdn_full_size.py \
+	tests/integration/test_gdn_convert_multirank.py tests/integration/test_gdn_full_size.py \
 	tests/integration/test_gdn_checkpoint.py
 COMPAT_INSTALL_TEST := tests/integration/test_install_keeps_torch.py
 # compat-marked cases that exercise code paths differing between megatron-core releases (MLA with and without

@@ -494,12 +494,8 @@ def trainer_memory(model: ModelShape, layout: TrainLayout, device: Device) -> Me
     reports = []
     for stage in sorted({0, layout.pp - 1}):
         static = stage_static_bytes(model, layout, stage)
-        components = {
-            "weights_bf16": static["weights"],
-            "grads_fp32": static["grads"],
-            "optimizer_fp32": static["optimizer"],
-            "activations": stage_activation_bytes(model, layout, stage),
-        }
+        components = {"weights_bf16": static["weights"], "grads_fp32": static["grads"],
+                      "optimizer_fp32": static["optimizer"], "activations": stage_activation_bytes(model, layout, stage)}
         components.update(runtime_bytes(model, layout, stage, activations=components["activations"]))
         sp = stage_params(model, layout, stage)
         notes = [f"pipeline stage {stage}: params/GPU non-expert={sp['body'] + sp['head']:,} "
@@ -541,11 +537,10 @@ def generator_memory(model: ModelShape, layout: GenLayout, device: Device) -> Me
     need_kv = layout.min_seqs * (layout.seq_len * per_tok + state)
     static = int(layout.mem_fraction_static * device.capacity_bytes)
     pool = max(0, static - weights)
-    notes = [
-        f"KV bytes/token/GPU={per_tok:,}" + (f", GDN state bytes/sequence/GPU={state:,}" if state else ""),
-        f"KV pool at mem_fraction_static={layout.mem_fraction_static}: {pool / GiB:.1f} GiB = "
-        f"{pool // per_tok:,} tokens = {pool // (per_tok * layout.seq_len + state)} full sequences of {layout.seq_len}",
-    ]
+    seqs = pool // (per_tok * layout.seq_len + state)
+    notes = [f"KV bytes/token/GPU={per_tok:,}" + (f", GDN state bytes/sequence/GPU={state:,}" if state else ""),
+             f"KV pool at mem_fraction_static={layout.mem_fraction_static}: {pool / GiB:.1f} GiB = "
+             f"{pool // per_tok:,} tokens = {seqs} full sequences of {layout.seq_len}"]
     return MemoryReport(
         role="generator", components={"weights_bf16" if layout.quantization == "none" else "weights_fp8_bf16": weights,
                                       "kv_cache_min": need_kv}, budget_bytes=static, notes=notes

@@ -49,6 +49,7 @@ RULES: list[tuple[str, str, str]] = [  # (regex on the command, mode, reason for
     (r"tools/make_tiny_checkpoint\.py", "run", ""),
     (r"tools/convert_(hf_to_megatron|megatron_to_hf)\.py", "run", ""),
     (r"scalerl-train -m .*cluster=slurm", "skip", "a Slurm sweep (tests/integration/test_slurm_local.py)"),
+    (r"\bmy_pkg\.", "skip", "names the user's own package (an agent or environment they write)"),
     (r"scalerl-train --validate\b", "run", ""),
     (r"scalerl-train|torchrun .*-m scalerl_mega\.train", "validate", ""),
     (r"tools/cluster_sim\.py --calibration", "help", "needs the demo's metrics (make demo)"),
