@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from demo_multiturn_runs import load_average, revision  # tools/ is the script's own directory
+from demo_multiturn_runs import load_average, revision, save_figure  # tools/ is the script's own directory
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = (0, 1, 2)
@@ -111,10 +111,7 @@ def plot(runs: list[dict], path: Path) -> None:
         steps, rates = zip(*((p["step"], p["pass_rate"]) for p in r["validations"]))
         ax.plot(steps, rates, marker="o", label=f"seed {r['seed']}: {r['first']:.2f} -> {r['last']:.2f}")
     ax.set(xlabel="RL step", ylabel="validation pass rate", title="experiment=demo_lora (rank-8 LoRA), 3 seeds")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, title="adapter-only sync")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    save_figure(fig, [ax], path, legend_title="adapter-only sync")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -113,11 +113,11 @@ def plot(runs: list[dict], path: Path) -> None:
     save_figure(fig, axes, path)
 
 
-def save_figure(fig, axes, path: Path) -> None:
+def save_figure(fig, axes, path: Path, *, legend_title: str | None = None) -> None:
     """Grid and legend on every axis, then the PNG the docs show."""
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, title=legend_title)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 
