@@ -52,7 +52,7 @@ def test_fp8_server_takes_fp8_pushes_and_matches_the_emulation(tmp_path):
     from scalerl_mega.convert.fp8_io import quantize_hf_dir
     from scalerl_mega.rollout.local import LocalModelSpec
     from scalerl_mega.types import Prompt, SamplingParams
-    from tests.sglang_support.oracle import collect, full_logprobs
+    from tests.sglang_support.oracle import abs_dlogp, collect
     from tests.sglang_support.tiny_model import train_tokenizer
 
     path = tmp_path / "qwen3_fp8"
@@ -70,11 +70,7 @@ def test_fp8_server_takes_fp8_pushes_and_matches_the_emulation(tmp_path):
         prompt = [1, 44, 45, 46, 47, 48, 49, 50]
         engine.submit(Prompt(prompt_id="fp8", text="", task="synthetic", gold="0", token_ids=prompt),
                       SamplingParams(max_new_tokens=24, temperature=1.0, seed=3), n=4, version=1)
-        emu, plain = [], []
-        for c in collect(engine, 4):
-            assert c.weight_versions == [1] * 24
-            emu += [abs(a - b) for a, b in zip(c.gen_logprobs, full_logprobs(emulated, prompt, c.output_ids))]
-            plain += [abs(a - b) for a, b in zip(c.gen_logprobs, full_logprobs(new, prompt, c.output_ids))]
+        emu, plain = abs_dlogp(collect(engine, 4), prompt, emulated, new, tokens=24, version=1)
         mean_emu, mean_plain = sum(emu) / len(emu), sum(plain) / len(plain)
         print(f"FP8 SGLang vs W8A16 emulation: mean |dlogp| {mean_emu:.3g}, max {max(emu):.3g}; "
               f"vs unquantized weights: mean {mean_plain:.3g}")

@@ -46,7 +46,7 @@ def test_sglang_serves_a_pushed_qwen3_5_like_the_trainer(tmp_path):
     require_gpu_sglang()
     from scalerl_mega.rollout.local import LocalModelSpec
     from scalerl_mega.types import Prompt, SamplingParams
-    from tests.sglang_support.oracle import collect, full_logprobs
+    from tests.sglang_support.oracle import abs_dlogp, collect
     from tests.sglang_support.tiny_model import train_tokenizer
 
     path = tmp_path / "qwen3_5"
@@ -61,11 +61,7 @@ def test_sglang_serves_a_pushed_qwen3_5_like_the_trainer(tmp_path):
         prompt = [1, 44, 45, 46, 47, 48, 49, 50]
         engine.submit(Prompt(prompt_id="gdn", text="", task="synthetic", gold="0", token_ids=prompt),
                       SamplingParams(max_new_tokens=32, temperature=1.0, seed=5), n=4, version=1)
-        pushed, initial = [], []
-        for c in collect(engine, 4):
-            assert c.weight_versions == [1] * 32
-            pushed += [abs(a - b) for a, b in zip(c.gen_logprobs, full_logprobs(new, prompt, c.output_ids))]
-            initial += [abs(a - b) for a, b in zip(c.gen_logprobs, full_logprobs(first, prompt, c.output_ids))]
+        pushed, initial = abs_dlogp(collect(engine, 4), prompt, new, first, tokens=32, version=1)
         mean_pushed, mean_initial = sum(pushed) / len(pushed), sum(initial) / len(initial)
         print(f"GDN SGLang (bf16) vs the FP32 trainer forward of the pushed weights: mean |dlogp| {mean_pushed:.3g}, "
               f"max {max(pushed):.3g}; vs the initial weights: mean {mean_initial:.3g}")

@@ -50,6 +50,17 @@ def max_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b))
 
 
+def abs_dlogp(completions, prompt: list[int], *models, tokens: int, version: int) -> list[list[float]]:
+    """Per model of `models`: |engine log-prob - the model's full forward| of every generated token of
+    `completions` (each must hold `tokens` tokens, all of weight `version`)."""
+    out: list[list[float]] = [[] for _ in models]
+    for c in completions:
+        assert c.weight_versions == [version] * tokens
+        for diffs, model in zip(out, models):
+            diffs += [abs(a - b) for a, b in zip(c.gen_logprobs, full_logprobs(model, prompt, c.output_ids))]
+    return out
+
+
 def collect(engine, n: int, *, timeout_s: float = 300.0):
     out, deadline = [], time.monotonic() + timeout_s
     while len(out) < n and time.monotonic() < deadline:
