@@ -164,8 +164,8 @@ class ModelShape:
     def shared_expert_params(self) -> int:
         return 3 * self.hidden * self.shared_expert_ffn
 
-    def router_params(self) -> int:  # + DeepSeek-V3's (MLA models') e_score_correction_bias, one per expert
-        return self.hidden * self.num_experts + (self.num_experts if self.mla else 0)
+    def router_params(self) -> int:  # the trainer's router weight (megatron keeps DeepSeek-V3's bias as a buffer)
+        return self.hidden * self.num_experts
 
     def embedding_params(self) -> int:
         return self.vocab * self.hidden

@@ -78,8 +78,11 @@ def layer_part_bytes(model: ModelShape, *, dtype_bytes: int, quantization: str =
 
 
 def router_params(model: ModelShape) -> int:
-    """One MoE layer's router parameters with Qwen3-Next's shared-expert gate `[1, hidden]`, which travels too."""
-    return model.router_params() + (model.hidden if model.shared_expert_gate else 0)
+    """One MoE layer's router tensors as weight sync sends them: the router weight, DeepSeek-V3's (an MLA model's)
+    e_score_correction_bias (one per expert; a buffer in the trainer, a tensor the engine loads) and Qwen3-Next's
+    shared-expert gate `[1, hidden]`."""
+    bias = model.num_experts if model.mla else 0
+    return model.router_params() + bias + (model.hidden if model.shared_expert_gate else 0)
 
 
 def mixer_bytes(model: ModelShape, *, layers: int, dtype_bytes: int, quantization: str = "none") -> int:
