@@ -7,7 +7,8 @@
     .venv/bin/python tools/make_tiny_checkpoint.py --list                         # every architecture
 
 OUT gets config.json + model.safetensors (FP32, random init of `--seed`), the synthetic task's 47-token
-tokenizer (scalerl_mega/data/tasks/tokenizer.py) and scalerl_run.json, what the checkpoint is for: the overrides
+tokenizer (scalerl_mega/data/tasks/tokenizer.py; `--vocab-size 48` pads the embedding for tensor parallelism at 2)
+and scalerl_run.json, what the checkpoint is for: the overrides
 that train it on the embedded task on CPU with an SFT warm start (scalerl_mega/model/tiny_run.py), which `scalerl-train`
 adds when `init_from_hf=OUT` (`scalerl-train experiment=qwen3 init_from_hf=OUT train.steps=3`, nothing else). It
 converts too (tools/convert_hf_to_megatron.py).
@@ -35,8 +36,10 @@ TINY = {  # model.arch -> the tiny preset (conf/model/<preset>.yaml) whose shape
 }
 
 
-def make_tiny_checkpoint(arch: str, out: Path, *, seed: int = 0) -> Path:
-    """The tiny random `arch` checkpoint + the synthetic task's tokenizer in `out` (created; must be empty)."""
+def make_tiny_checkpoint(arch: str, out: Path, *, seed: int = 0, vocab_size: int | None = None) -> Path:
+    """The tiny random `arch` checkpoint + the synthetic task's tokenizer in `out` (created; must be empty).
+    `vocab_size` pads the embedding and head past the tokenizer's 47 tokens (rows no token maps to, as released
+    checkpoints pad theirs), e.g. to 48 so that tensor parallelism at 2 splits the vocabulary evenly."""
     import torch
     import transformers
 
@@ -51,7 +54,9 @@ def make_tiny_checkpoint(arch: str, out: Path, *, seed: int = 0) -> Path:
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty (choose a new directory)")
     tok = build_arith_tokenizer()
-    model_cfg = load_model_preset(TINY[arch], overrides={"vocab_size": len(tok)})
+    if vocab_size is not None and vocab_size < len(tok):
+        raise ValueError(f"--vocab-size {vocab_size} is below the tokenizer's {len(tok)} tokens")
+    model_cfg = load_model_preset(TINY[arch], overrides={"vocab_size": vocab_size or len(tok)})
     arch_name, kwargs = hf_config_from_model(model_cfg)
     kwargs.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     record = arch_of(arch_name)
@@ -71,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("arch", nargs="?", choices=sorted(TINY), help="model.arch of the checkpoint")
     ap.add_argument("out", nargs="?", type=Path, help="output directory (created; must be new or empty)")
     ap.add_argument("--seed", type=int, default=0, help="random init seed (default 0)")
+    ap.add_argument("--vocab-size", type=int, default=None,
+                    help="embedding rows (default the tokenizer's 47; pad, e.g. 48, for parallel.tp=2)")
     ap.add_argument("--list", action="store_true", help="print each architecture and its tiny preset, then exit")
     args = ap.parse_args(argv)
     if args.list:
@@ -80,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.arch is None or args.out is None:
         ap.error("give ARCH and OUT (or --list)")
     try:
-        out = make_tiny_checkpoint(args.arch, args.out, seed=args.seed)
+        out = make_tiny_checkpoint(args.arch, args.out, seed=args.seed, vocab_size=args.vocab_size)
     except ModuleNotFoundError as exc:
         print(f"error: {exc.name} is not installed in {sys.executable}; run the project's environment: "
               f".venv/bin/python tools/make_tiny_checkpoint.py", file=sys.stderr)
