@@ -60,6 +60,22 @@ def test_tool_refusals_name_the_problem(tmp_path, capsys):
     (tmp_path / "full" / "x").write_text("")
     assert t.main(["qwen3", str(tmp_path / "full")]) == 2
     assert "is not empty" in capsys.readouterr().err
+    assert t.main(["qwen3", str(tmp_path / "small"), "--vocab-size", "46"]) == 2
+    assert "below the tokenizer's 47 tokens" in capsys.readouterr().err
+
+
+def test_vocab_size_pads_the_embedding_past_the_tokenizer(tmp_path):
+    """48 rows for a 47-token tokenizer (what parallel.tp=2 needs): config, embedding and head all have 48 rows."""
+    from safetensors import safe_open
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "padded"
+    assert tool().main(["qwen3_moe", str(out), "--vocab-size", "48"]) == 0
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 48
+    assert len(AutoTokenizer.from_pretrained(out)) == 47
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        rows = {k: f.get_slice(k).get_shape()[0] for k in f.keys() if k.endswith(("embed_tokens.weight", "lm_head.weight"))}
+    assert rows == {"model.embed_tokens.weight": 48, "lm_head.weight": 48}
 
 
 def _experiments() -> list[str]:
