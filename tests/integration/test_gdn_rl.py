@@ -3,13 +3,15 @@
 CPU overrides apply under the command line's): the Megatron trainer (torch GDN path) pushes its weights after every
 step, the local engine (transformers' Qwen3_5MoeForCausalLM: chunked prefill, recurrent decode over per-slot GDN
 state) generates the next step's samples with them, and the trainer's log-probs of those samples equal the engine's
-(on-policy |log-ratio| <= 1e-4 on every step, the guard in assert mode). No warm start: rewards are all equal, so
+(on-policy |log-ratio| <= 1e-4 on every step, the guard in assert mode). No warm start: rewards are nearly all equal, so
 `filter=none` keeps the samples and a large learning rate makes the MoE load-balancing loss move every weight; the
 engine's weight digest then differs after every push, so the agreement is checked on three different models.
 
 The same under torchrun on 2 gloo ranks at TP2 (with sequence parallelism: in_proj / conv / A_log / dt_bias split
 by head over the ranks, out_proj row-parallel) and at EP2 (two experts a rank): each push gathers the shards into
-the engine's HF tensors, so the guard holding on steps 2 and 3 means the gathered GDN weights are the trainer's.
+the engine's HF tensors (the loop's first push too, before step 1), so the guard holding on every step means the
+gathered GDN weights are the trainer's (the TP2 shards of in_proj / conv merged in the wrong rank order: 0.12 at
+step 1).
 The guard cannot see a trainer that trains the wrong weights consistently (a GDN gradient summed twice over TP),
 so each layout also trains the same samples to the same loss and grad norm as the one-rank run."""
 
@@ -22,7 +24,7 @@ import pytest
 
 from multirank_util import COMMON, REPO, assert_same_run, records, run_job
 
-pytestmark = pytest.mark.compat  # ~20 s (1 rank), ~35 s (EP2), ~60 s (TP2) on 2 loaded cores: the compatibility
+pytestmark = pytest.mark.compat  # 25-60 s a case on 2 loaded cores (1 rank, TP2, EP2): the compatibility
 # leg of .ci/run runs them (make test-compat, and the default pin through COMPAT_ON_DEFAULT_PIN), not make test
 
 ON_POLICY = 1e-4
