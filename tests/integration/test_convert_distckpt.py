@@ -32,7 +32,8 @@ def _run_worker(nproc: int, args: list[str], *, logdir: Path, timeout: float = 6
     mp_launch.wait(procs, logdir=logdir, log_name="worker", what=str(args), timeout=timeout)
 
 
-@pytest.fixture(scope="module", params=["moe_ep2", pytest.param("dense_tp2", marks=pytest.mark.slow),
+@pytest.fixture(scope="module", params=[pytest.param("moe_ep2", marks=pytest.mark.compat),  # make test-compat only
+                                        pytest.param("dense_tp2", marks=pytest.mark.slow),
                                         pytest.param("moe_pp2", marks=pytest.mark.slow)])
 def converted(request, tmp_path_factory):
     """(case, output dir, tool stdout) after training, saving and converting one case."""

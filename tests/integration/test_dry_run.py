@@ -51,6 +51,7 @@ def run_worker(tmp_path: Path, cases: dict[str, list[str]]) -> dict:
     return json.loads((tmp_path / "out.json").read_text())
 
 
+@pytest.mark.compat  # runs in the compatibility leg of .ci/run (make test-compat), not in make test: the default suite's 20-min budget
 def test_cli_llama8b_dense_layout_by_hand(tmp_path):
     """Default config = slurm/train_dense.sh's: Llama-3.1-8B, 16 trainer GPUs, DP 16, bf16 body with the
     FP32 head, distributed optimizer on (DP > 1)."""
@@ -75,6 +76,7 @@ def test_cli_llama8b_dense_layout_by_hand(tmp_path):
     assert "rank" in table and re.search(r"^\s+0 pp only\s+8,030,261,248", table, re.M), table
 
 
+@pytest.mark.compat  # runs in the compatibility leg of .ci/run (make test-compat), not in make test: the default suite's 20-min budget
 def test_cli_layout_that_does_not_fit_exits_2(tmp_path):
     """The default layout (8B, DP 16: tools/plan.py plans 131.8 GiB) fits GB200 only: `dry_run_gpu=h100_80gb`
     exits 2 with the planner's figure (the table and dry_run.json are still written); gb200 exits 0."""
@@ -173,6 +175,7 @@ def planner_layouts() -> dict[str, tuple[str, P.TrainLayout]]:
     return out
 
 
+@pytest.mark.compat  # runs in the compatibility leg of .ci/run (make test-compat), not in make test: the default suite's 20-min budget
 def test_planner_matches_the_dry_run_within_5_percent(tmp_path):
     layouts = planner_layouts()
     cases = {name: [f"model={m}", "cluster=slurm", f"cluster.trainer_devices={lay.world}", f"parallel.tp={lay.tp}",

@@ -39,6 +39,7 @@ def run_train(out: Path, *overrides: str, timeout: float = 600) -> subprocess.Co
     return proc
 
 
+@pytest.mark.compat  # runs in the compatibility leg of .ci/run (make test-compat), not in make test: the default suite's 20-min budget
 def test_pipeline_rl_2_megatron_trainer_and_engine_process(tmp_path):
     out = tmp_path / "run"
     # in-flight updates forced, not hoped for: requests that cannot be trained before the next update
@@ -80,6 +81,7 @@ def test_pipeline_rl_2_megatron_trainer_and_engine_process(tmp_path):
     assert (out / "report.md").exists() and "validation pass rate" in proc.stdout
 
 
+@pytest.mark.compat  # runs in the compatibility leg of .ci/run (make test-compat), not in make test: the default suite's 20-min budget
 def test_ppo_off_policy_2_megatron(tmp_path):
     """PPO-off-policy-2: 2 x B prompts generated on fixed weights, two optimizer steps, then a sync."""
     out = tmp_path / "ppo"

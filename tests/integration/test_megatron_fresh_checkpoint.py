@@ -50,6 +50,7 @@ def _run(tmp_path, name: str, ckpt: str, roundtrip: bool = True) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.compat  # runs in the compatibility leg of .ci/run (make test-compat), not in make test: the default suite's 20-min budget
 @pytest.mark.timeout(600)
 def test_checkpoint_before_first_step_loads_and_training_continues(tmp_path):
     res = _run(tmp_path, "a", str(tmp_path / "ckpt"))

@@ -27,8 +27,8 @@ def dense_single(tmp_path_factory, dense_init):
 
 
 @pytest.mark.parametrize("layout", [
-    ["parallel.tp=2", "parallel.sequence_parallel=true"],
-    pytest.param(["parallel.pp=2"], marks=pytest.mark.compat),  # pp2 and dp2: make test-compat only (20-min budget)
+    pytest.param(["parallel.tp=2", "parallel.sequence_parallel=true"], marks=pytest.mark.compat),  # all three: make
+    pytest.param(["parallel.pp=2"], marks=pytest.mark.compat),  # test-compat only (the default suite's 20-min budget)
     pytest.param([], marks=pytest.mark.compat),  # two ranks, tp = pp = 1: DP2
 ], ids=["tp2_sp", "pp2", "dp2"])
 def test_two_ranks_match_one(tmp_path, dense_init, dense_single, layout):
