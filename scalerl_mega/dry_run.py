@@ -242,16 +242,15 @@ def model_shape(model):
 def _gdn_shape(model):
     """`ModelShape.gdn` of a Gated DeltaNet hybrid (None otherwise): its GDN layers, one GDN mixer's parameters
     (the gated norm's weight [linear_value_head_dim] replicated over TP), the recurrent + conv state of one sequence
-    (FP32 state, bf16 conv cache) and the mixer's projections FP8 weight sync quantizes (quant/fp8.py's
-    `*_proj.weight`: out_proj [hidden, value heads x dim]; the in_proj_* tensors do not match that rule)."""
+    (FP32 state, bf16 conv cache) and the mixer's projections FP8 weight sync quantizes (model/hybrid.py
+    `gdn_fp8_linears`)."""
     from scalerl_mega.cluster.gdn_shape import GDNShape
-    from scalerl_mega.model.hybrid import gdn_params, linear_layers, recurrent_state_bytes_per_sequence
+    from scalerl_mega.model.hybrid import gdn_fp8_linears, gdn_params, linear_layers, recurrent_state_bytes_per_sequence
 
     if not linear_layers(model):
         return None
     return GDNShape(layers=linear_layers(model), mixer=gdn_params(model), replicated=model.linear_value_head_dim,
-                    state_bytes=recurrent_state_bytes_per_sequence(model),
-                    fp8_linears=((model.hidden_size, model.linear_num_value_heads * model.linear_value_head_dim),))
+                    state_bytes=recurrent_state_bytes_per_sequence(model), fp8_linears=gdn_fp8_linears(model))
 
 
 def sequence_shape(cfg) -> tuple[int, int]:

@@ -45,7 +45,8 @@ class GDNShape:
 # Qwen3-Next-80B-A3B (conf/model/qwen3_next_80b_a3b.yaml): every 4th of 48 layers full attention, the other 36 GDN of
 # 16 key heads and 32 value heads of 128, conv kernel 4, hidden 2048. One mixer: in_proj 2048 * (2*2048 + 2*4096 +
 # 2*32) + conv 8192 * 4 + A_log, dt_bias 2 * 32 + norm 128 + out_proj 4096 * 2048 = 33,718,464 parameters. State per
-# sequence: 36 * (32 * 128 * 128 FP32 + 8192 * 3 bf16 conv inputs) = 77,266,944 bytes. FP8 sync quantizes out_proj
-# [2048, 4096] (dry_run.model_shape gives the same shape: tests/unit/test_plan_gdn.py).
+# sequence: 36 * (32 * 128 * 128 FP32 + 8192 * 3 bf16 conv inputs) = 77,266,944 bytes. FP8 sync quantizes in_proj_qkvz
+# [12288, 2048] and out_proj [2048, 4096]; in_proj_ba [64, 2048] stays bf16 (quant/fp8.py). dry_run.model_shape of the
+# preset gives the same shape (tests/unit/test_plan_gdn.py).
 QWEN3_NEXT_GDN = GDNShape(layers=tuple(i for i in range(48) if (i + 1) % 4), mixer=33_718_464, replicated=128,
-                          state_bytes=77_266_944, fp8_linears=((2048, 4096),))
+                          state_bytes=77_266_944, fp8_linears=((12288, 2048), (2048, 4096)))

@@ -11,7 +11,9 @@ pays for its partial blocks; norms, routers, embeddings, the LM head and fused 3
   kv_b `[heads*(d+v), kv_lora]`, o `[h, heads*v]`;
 * SwiGLU MLPs (dense, each routed expert, the shared expert): gate and up `[ffn, h]`, down `[h, ffn]`;
 * Gated DeltaNet hybrids: the full-attention layers' q_proj holds the output gate too (`[2*heads*d, h]`); a GDN
-  mixer's FP8 projections are `ModelShape.gdn.fp8_linears` (out_proj `[h, value heads*dim]`).
+  mixer's FP8 projections are `ModelShape.gdn.fp8_linears` (in_proj_qkvz `[2*(key dims + value dims), h]`, or
+  Qwen3.5's in_proj_qkv and in_proj_z, and out_proj `[h, value dims]`); in_proj_ba / in_proj_b / in_proj_a, conv1d,
+  A_log, dt_bias and the gated norm keep `dtype_bytes`.
 
 Pure arithmetic on `cluster.plan.ModelShape`: tests/unit/test_sync_fp8_bytes.py checks it against the tensors the
 exporter sends (convert/tables.py names and shapes through `quant.fp8.quantized_shapes`) for every model preset.
@@ -88,7 +90,7 @@ def router_params(model: ModelShape) -> int:
 def mixer_bytes(model: ModelShape, *, layers: range, dtype_bytes: int, quantization: str = "none") -> int:
     """Bytes of the token mixers of decoder layers `layers` (0-based) with the layers' norms: attention, and in a
     Gated DeltaNet hybrid's GDN layers (cluster/gdn_shape.py) a GDN mixer's FP8 projections (`gdn.fp8_linears`) and
-    the rest of it (conv, A_log, dt_bias, norm, in_proj_* not quantized) in `dtype_bytes`."""
+    the rest of it (conv, A_log, dt_bias, norm, the b/a projections) in `dtype_bytes`."""
     attention = linears_bytes(attention_linears(model), dtype_bytes=dtype_bytes, quantization=quantization)
     gdn = model.gdn.count(layers) if model.gdn else 0
     full = (len(layers) - gdn) * (attention + model.norm_params_per_layer() * dtype_bytes)
