@@ -235,27 +235,22 @@ def model_shape(model):
                       shared_expert_ffn=model.shared_expert_ffn, moe_every=model.moe_layer_freq,
                       moe_dense=tuple(model.moe_dense_layers), qk_norm=model.qk_layernorm,
                       mla=(model.q_lora_rank or 0, model.kv_lora_rank, model.qk_rope_head_dim, model.v_head_dim)
-                      if model.is_mla else (), gdn=_gdn_shape(model), gdn_linears=_gdn_linears(model),
+                      if model.is_mla else (), gdn=_gdn_shape(model),
                       shared_expert_gate=bool(model.is_moe and model.moe_shared_expert_gate))
 
 
-def _gdn_shape(model) -> tuple[int, ...]:
-    """`ModelShape.gdn` of a Gated DeltaNet hybrid (() otherwise): its GDN layers, one GDN mixer's parameters, and
-    the recurrent + conv state of one sequence (FP32 state, bf16 conv cache)."""
-    from scalerl_mega.model.hybrid import gdn_params, linear_layers, recurrent_state_bytes_per_sequence
-
-    n = len(linear_layers(model))
-    return (n, gdn_params(model), recurrent_state_bytes_per_sequence(model)) if n else ()
-
-
-def _gdn_linears(model) -> tuple[tuple[int, int], ...]:
-    """`ModelShape.gdn_linears`: one GDN mixer's HF projections that FP8 weight sync quantizes (quant/fp8.py's
-    `*_proj.weight`): out_proj [hidden, value heads x dim]. The in_proj_* tensors do not match that rule."""
-    from scalerl_mega.model.hybrid import linear_layers
+def _gdn_shape(model):
+    """`ModelShape.gdn` of a Gated DeltaNet hybrid (None otherwise): its GDN layers, one GDN mixer's parameters
+    (the gated norm's weight [linear_value_head_dim] replicated over TP), the recurrent + conv state of one sequence
+    (FP32 state, bf16 conv cache) and the mixer's projections FP8 weight sync quantizes (model/hybrid.py
+    `gdn_fp8_linears`)."""
+    from scalerl_mega.cluster.gdn_shape import GDNShape
+    from scalerl_mega.model.hybrid import gdn_fp8_linears, gdn_params, linear_layers, recurrent_state_bytes_per_sequence
 
     if not linear_layers(model):
-        return ()
-    return ((model.hidden_size, model.linear_num_value_heads * model.linear_value_head_dim),)
+        return None
+    return GDNShape(layers=linear_layers(model), mixer=gdn_params(model), replicated=model.linear_value_head_dim,
+                    state_bytes=recurrent_state_bytes_per_sequence(model), fp8_linears=gdn_fp8_linears(model))
 
 
 def sequence_shape(cfg) -> tuple[int, int]:
@@ -316,7 +311,7 @@ def generator_estimate(cfg) -> dict[str, Any]:
     lay = GenLayout(tp=int(cfg.rollout.sglang_tp_size), seq_len=seq, kv_bytes=2 * scale,
                     min_seqs=int(cfg.train.generations_per_prompt), quantization=str(cfg.rollout.quantization))
     lay.validate(shape)
-    per_tok, state = kv_bytes_per_token(shape, lay), (shape.gdn[2] // lay.tp if shape.gdn else 0)
+    per_tok, state = kv_bytes_per_token(shape, lay), shape.gdn_state_bytes(lay.tp)
     return {"tp": lay.tp, "weights_bytes": generator_weight_bytes(shape, lay) * scale,
             "kv_bytes_per_token": per_tok, "kv_cache_bytes": (per_tok * seq + state) * lay.min_seqs,
             "kv_sequences": lay.min_seqs, "seq_len": seq}

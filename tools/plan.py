@@ -86,7 +86,7 @@ def table(*, seq_len: int, micro_batch: int, trainer_gpus: int) -> str:
             else:
                 grep_ = generator_memory(model, gen, dev)
                 pool = grep_.budget_bytes - generator_weight_bytes(model, gen)
-                state = model.gdn[2] // gen.tp if model.gdn else 0  # a GDN hybrid's recurrent + conv state
+                state = model.gdn_state_bytes(gen.tp)  # a GDN hybrid's recurrent + conv state
                 seqs = pool // (kv_bytes_per_token(model, gen) * seq_len + state)
                 cells += [str(gen.tp), f"{grep_.budget_bytes / GiB:.1f}", str(seqs)]
             rows.append("| " + " | ".join(cells) + " |")

@@ -74,6 +74,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from scalerl_mega.cluster.gdn_shape import QWEN3_NEXT_GDN, GDNShape
 from scalerl_mega.config.run import TrainLoopConfig
 
 GiB = 1024**3
@@ -105,11 +106,8 @@ class ModelShape:
     moe_dense: tuple[int, ...] = ()  # layers kept dense although moe_every selects them (Qwen3-MoE mlp_only_layers)
     qk_norm: bool = False  # per-head RMSNorm weights on q and k (Qwen3): 2 * head_dim per layer
     mla: tuple[int, int, int, int] = ()  # DeepSeek-V3 MLA (q_lora_rank or 0, kv_lora_rank, rope dim, v dim)
-    gdn: tuple[int, int, int] = ()  # Gated DeltaNet hybrid (model/hybrid.py): (GDN layers, params of one GDN mixer,
-    # its recurrent + conv state bytes per sequence over all GDN layers); the other layers gated full attention
-    gdn_linears: tuple[tuple[int, int], ...] = ()  # a GDN mixer's projections FP8 weight sync quantizes, [out, in]
-    # (out_proj; cluster/weight_bytes.py counts their blocks); its other parameters travel in the model's dtype
-    shared_expert_gate: bool = False  # a sigmoid gate [1, hidden] on the shared expert (Qwen3-Next; weight sync counts it)
+    gdn: GDNShape | None = None  # Gated DeltaNet hybrid (cluster/gdn_shape.py); the other layers gated full attention
+    shared_expert_gate: bool = False  # a sigmoid gate [1, hidden] on the shared expert (Qwen3-Next), replicated over TP
 
     def __post_init__(self) -> None:
         for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "vocab"):
@@ -146,10 +144,18 @@ class ModelShape:
             n = self.heads
             q = h * ql + ql * n * (d + rope) if ql else h * n * (d + rope)
             return q + h * (kvl + rope) + kvl * n * (d + v) + n * v * h
-        attn = h * self.heads * d * (3 if self.gdn else 2) + h * self.kv_heads * d * 2  # q (+ output gate), o + k, v
-        if self.gdn:  # the mean over a hybrid's full-attention and GDN layers
-            return ((self.layers - self.gdn[0]) * attn + self.gdn[0] * self.gdn[1]) // self.layers
-        return attn
+        return h * self.heads * d * (3 if self.gdn else 2) + h * self.kv_heads * d * 2  # q (+ output gate), o + k, v
+
+    def mixer_params(self, layers: range) -> tuple[int, int]:
+        """(split over TP, replicated) parameters of the token mixers and norms of `layers` (0-based): attention,
+        a hybrid's GDN mixers in its GDN layers (cluster/gdn_shape.py)."""
+        g_split, g_repl = self.gdn.mixer_params(layers, hidden=self.hidden) if self.gdn else (0, 0)
+        attn = len(layers) - (self.gdn.count(layers) if self.gdn else 0)
+        return attn * self.attention_params() + g_split, attn * self.norm_params_per_layer() + g_repl
+
+    def gdn_state_bytes(self, tp: int) -> int:
+        """A generator GPU's recurrent + conv state of one sequence (value heads split over TP; 0 without GDN)."""
+        return self.gdn.state_bytes // tp if self.gdn else 0
 
     def norm_params_per_layer(self) -> int:
         latent = self.mla[0] + self.mla[1] if self.mla else 0  # MLA's q / kv latent RMSNorms (replicated over TP)
@@ -167,6 +173,9 @@ class ModelShape:
     def router_params(self) -> int:  # the trainer's router weight (megatron keeps DeepSeek-V3's bias as a buffer)
         return self.hidden * self.num_experts
 
+    def shared_expert_gate_params(self) -> int:
+        return self.hidden if self.shared_expert_gate else 0
+
     def embedding_params(self) -> int:
         return self.vocab * self.hidden
 
@@ -174,9 +183,9 @@ class ModelShape:
         return 0 if self.tied_embeddings else self.vocab * self.hidden
 
     def total_params(self) -> int:
-        per_layer = self.attention_params() + self.norm_params_per_layer()
-        total = self.layers * per_layer + self.dense_layers * self.dense_mlp_params()
-        total += self.moe_layers * (self.expert_params_per_layer() + self.shared_expert_params() + self.router_params())
+        total = sum(self.mixer_params(range(self.layers))) + self.dense_layers * self.dense_mlp_params()
+        total += self.moe_layers * (self.expert_params_per_layer() + self.shared_expert_params() + self.router_params()
+                                    + self.shared_expert_gate_params())
         return total + self.embedding_params() + self.head_params() + self.hidden
 
     def active_params(self) -> int:
@@ -215,14 +224,12 @@ MOONLIGHT_16B_A3B = ModelShape(name="moonlight_16b_a3b", hidden=2048, layers=27,
 DEEPSEEK_V3_671B = ModelShape(name="deepseek_v3_671b", hidden=7168, layers=61, heads=128, kv_heads=128, head_dim=128,
                               ffn=18432, vocab=129280, num_experts=256, top_k=8, expert_ffn=2048,
                               shared_expert_ffn=2048, moe_dense=(0, 1, 2), mla=(1536, 512, 64, 128))
-# Qwen3-Next-80B-A3B (conf/model/qwen3_next_80b_a3b.yaml): a Gated DeltaNet hybrid, 36 GDN layers (one GDN mixer
-# 33,718,464 parameters; 77,266,944 bytes of FP32 recurrent + bf16 conv state per sequence) and 12 gated full-attention
-# layers of 16 query / 2 KV heads of 256; every layer MoE, top-10 of 512 experts plus a gated shared expert
-# (dry_run.model_shape of the preset gives the same shape: tests/unit/test_plan_gdn.py)
+# Qwen3-Next-80B-A3B (conf/model/qwen3_next_80b_a3b.yaml): a Gated DeltaNet hybrid, 36 GDN layers (cluster/gdn_shape.py)
+# and 12 gated full-attention layers of 16 query / 2 KV heads of 256; every layer MoE, top-10 of 512 experts plus a
+# gated shared expert (dry_run.model_shape of the preset gives the same shape: tests/unit/test_plan_gdn.py)
 QWEN3_NEXT_80B_A3B = ModelShape(name="qwen3_next_80b_a3b", hidden=2048, layers=48, heads=16, kv_heads=2, head_dim=256,
                                 ffn=5120, vocab=151936, num_experts=512, top_k=10, expert_ffn=512,
-                                shared_expert_ffn=512, qk_norm=True, gdn=(36, 33_718_464, 77_266_944),
-                                gdn_linears=((2048, 4096),), shared_expert_gate=True)
+                                shared_expert_ffn=512, qk_norm=True, gdn=QWEN3_NEXT_GDN, shared_expert_gate=True)
 MODELS = {m.name: m for m in (LLAMA3_8B, SCOUT_17B16E, QWEN3_8B, QWEN3_30B_A3B, QWEN3_235B_A22B, MOONLIGHT_16B_A3B,
                               DEEPSEEK_V3_671B, QWEN3_NEXT_80B_A3B)}
 
@@ -361,9 +368,9 @@ def stage_params(model: ModelShape, layout: TrainLayout, stage: int) -> dict[str
     moe_per_stage = model.stage_moe_layers(p, stage)
     dense_per_stage = lps - moe_per_stage
     vpad = padded_vocab(model.vocab, tp=t, divisible_by=layout.vocab_divisible_by)
-    sharded = lps * model.attention_params() + dense_per_stage * model.dense_mlp_params()
-    sharded += moe_per_stage * model.shared_expert_params()
-    replicated = lps * model.norm_params_per_layer() + moe_per_stage * model.router_params()
+    sharded, replicated = model.mixer_params(range(stage * lps, (stage + 1) * lps))
+    sharded += dense_per_stage * model.dense_mlp_params() + moe_per_stage * model.shared_expert_params()
+    replicated += moe_per_stage * (model.router_params() + model.shared_expert_gate_params())
     body = sharded // t + replicated
     head = 0
     first, last = stage == 0, stage == p - 1
@@ -425,10 +432,6 @@ def layer_activation_bytes(model: ModelShape, layout: TrainLayout, *, moe: bool)
     return seq_region + (attn + mlp) // t
 
 
-def _full_layer_bytes(model: ModelShape, layout: TrainLayout, *, moe: bool) -> int:
-    return layer_activation_bytes(model, replace(layout, recompute="selective"), moe=moe)
-
-
 def stage_activation_bytes(model: ModelShape, layout: TrainLayout, stage: int) -> int:
     """Activation bytes of one GPU of pipeline stage ``stage`` under 1F1B: ``min(pp - stage, m)``
     micro-batches in flight (Korthikanti Sec. 4.2.3), plus the head's on the last stage."""
@@ -438,8 +441,8 @@ def stage_activation_bytes(model: ModelShape, layout: TrainLayout, stage: int) -
     per_mb = moe_per_stage * layer_activation_bytes(model, layout, moe=True)
     per_mb += dense_per_stage * layer_activation_bytes(model, layout, moe=False)
     working = 0
-    if layout.recompute == "full":
-        working = _full_layer_bytes(model, layout, moe=bool(moe_per_stage))
+    if layout.recompute == "full":  # one layer's activations as the recompute working set
+        working = layer_activation_bytes(model, replace(layout, recompute="selective"), moe=bool(moe_per_stage))
     n = layout.seq_len * layout.micro_batch
     t = layout.tp
     vpad = padded_vocab(model.vocab, tp=t, divisible_by=layout.vocab_divisible_by)
@@ -483,11 +486,6 @@ def runtime_bytes(model: ModelShape, layout: TrainLayout, stage: int, *, activat
             "fragmentation": int(FRAGMENTATION * (activations + head + routes))}
 
 
-def trainer_activation_bytes(model: ModelShape, layout: TrainLayout) -> tuple[int, int]:
-    """(first-stage bytes, last-stage bytes) of activations under the 1F1B schedule."""
-    return stage_activation_bytes(model, layout, 0), stage_activation_bytes(model, layout, layout.pp - 1)
-
-
 def trainer_memory(model: ModelShape, layout: TrainLayout, device: Device) -> MemoryReport:
     """Per-GPU trainer memory of the most loaded pipeline stage (module doc gives every byte count)."""
     layout.validate(model)
@@ -513,12 +511,13 @@ def kv_bytes_per_token(model: ModelShape, layout: GenLayout) -> int:
     caches K and V in its full-attention layers only (its GDN layers keep a per-sequence state: `generator_memory`)."""
     if model.mla:
         return model.layers * (model.mla[1] + model.mla[2]) * layout.kv_bytes
-    kv_layers = model.layers - (model.gdn[0] if model.gdn else 0)
+    kv_layers = model.layers - (len(model.gdn.layers) if model.gdn else 0)
     return 2 * kv_layers * max(1, model.kv_heads // layout.tp) * model.head_dim * layout.kv_bytes
 
 
 def generator_weight_bytes(model: ModelShape, layout: GenLayout) -> int:
-    replicated = model.layers * model.norm_params_per_layer() + model.hidden + model.moe_layers * model.router_params()
+    replicated = model.mixer_params(range(model.layers))[1] + model.hidden
+    replicated += model.moe_layers * (model.router_params() + model.shared_expert_gate_params())
     sharded = model.total_params() - replicated
     if layout.quantization == "none":
         return 2 * (sharded // layout.tp + replicated)
@@ -533,7 +532,7 @@ def generator_memory(model: ModelShape, layout: GenLayout, device: Device) -> Me
     capacity`` (what SGLang reserves for weights + KV)."""
     layout.validate(model)
     weights = generator_weight_bytes(model, layout)
-    per_tok, state = kv_bytes_per_token(model, layout), (model.gdn[2] // layout.tp if model.gdn else 0)
+    per_tok, state = kv_bytes_per_token(model, layout), model.gdn_state_bytes(layout.tp)
     need_kv = layout.min_seqs * (layout.seq_len * per_tok + state)
     static = int(layout.mem_fraction_static * device.capacity_bytes)
     pool = max(0, static - weights)

@@ -11,7 +11,9 @@ pays for its partial blocks; norms, routers, embeddings, the LM head and fused 3
   kv_b `[heads*(d+v), kv_lora]`, o `[h, heads*v]`;
 * SwiGLU MLPs (dense, each routed expert, the shared expert): gate and up `[ffn, h]`, down `[h, ffn]`;
 * Gated DeltaNet hybrids: the full-attention layers' q_proj holds the output gate too (`[2*heads*d, h]`); a GDN
-  mixer's out_proj `[h, value heads*dim]` is its one FP8 projection (its in_proj_* names are not `*_proj.weight`).
+  mixer's FP8 projections are `ModelShape.gdn.fp8_linears` (in_proj_qkvz `[2*(key dims + value dims), h]`, or
+  Qwen3.5's in_proj_qkv and in_proj_z, and out_proj `[h, value dims]`); in_proj_ba / in_proj_b / in_proj_a, conv1d,
+  A_log, dt_bias and the gated norm keep `dtype_bytes`.
 
 Pure arithmetic on `cluster.plan.ModelShape`: tests/unit/test_sync_fp8_bytes.py checks it against the tensors the
 exporter sends (convert/tables.py names and shapes through `quant.fp8.quantized_shapes`) for every model preset.
@@ -82,31 +84,28 @@ def router_params(model: ModelShape) -> int:
     e_score_correction_bias (one per expert; a buffer in the trainer, a tensor the engine loads) and Qwen3-Next's
     shared-expert gate `[1, hidden]`."""
     bias = model.num_experts if model.mla else 0
-    return model.router_params() + bias + (model.hidden if model.shared_expert_gate else 0)
+    return model.router_params() + bias + model.shared_expert_gate_params()
 
 
-def mixer_bytes(model: ModelShape, *, layers: int, dtype_bytes: int, quantization: str = "none") -> int:
-    """Bytes of `layers` decoder layers' token mixers with the layers' norms. A Gated DeltaNet hybrid's span holds
-    its GDN and gated full-attention layers in the model's proportion (exact for a span of whole periods, e.g.
-    Qwen3-Next's 4 layers): a GDN mixer's FP8 projections (`gdn_linears`: out_proj) and the rest of it (in_proj_*,
-    conv, A_log, dt_bias, norm) in `dtype_bytes`; a full-attention layer's q/k norms."""
+def mixer_bytes(model: ModelShape, *, layers: range, dtype_bytes: int, quantization: str = "none") -> int:
+    """Bytes of the token mixers of decoder layers `layers` (0-based) with the layers' norms: attention, and in a
+    Gated DeltaNet hybrid's GDN layers (cluster/gdn_shape.py) a GDN mixer's FP8 projections (`gdn.fp8_linears`) and
+    the rest of it (conv, A_log, dt_bias, norm, the b/a projections) in `dtype_bytes`."""
     attention = linears_bytes(attention_linears(model), dtype_bytes=dtype_bytes, quantization=quantization)
-    if not model.gdn:
-        return layers * (attention + model.norm_params_per_layer() * dtype_bytes)
-    gdn_layers, mixer, _ = model.gdn
-    gdn = layers * gdn_layers // model.layers
-    linears = linears_bytes(model.gdn_linears, dtype_bytes=dtype_bytes, quantization=quantization)
-    unquantized = mixer - sum(r * c for r, c in model.gdn_linears)
-    qk_norm = 2 * model.head_dim if model.qk_norm else 0
-    return (layers - gdn) * (attention + (2 * model.hidden + qk_norm) * dtype_bytes) + \
-        gdn * (linears + (unquantized + 2 * model.hidden) * dtype_bytes)
+    gdn = model.gdn.count(layers) if model.gdn else 0
+    full = (len(layers) - gdn) * (attention + model.norm_params_per_layer() * dtype_bytes)
+    if not gdn:
+        return full
+    linears = linears_bytes(model.gdn.fp8_linears, dtype_bytes=dtype_bytes, quantization=quantization)
+    unquantized = model.gdn.mixer - sum(r * c for r, c in model.gdn.fp8_linears)
+    return full + gdn * (linears + (unquantized + 2 * model.hidden) * dtype_bytes)
 
 
 def model_bytes(model: ModelShape, *, dtype_bytes: int, quantization: str = "none",
                 fused_experts: bool | None = None) -> int:
     """Bytes of the whole model: every layer's parts, its norms and routers, the embedding, final norm and head."""
     part = layer_part_bytes(model, dtype_bytes=dtype_bytes, quantization=quantization, fused_experts=fused_experts)
-    total = mixer_bytes(model, layers=model.layers, dtype_bytes=dtype_bytes, quantization=quantization)
+    total = mixer_bytes(model, layers=range(model.layers), dtype_bytes=dtype_bytes, quantization=quantization)
     total += model.dense_layers * part["dense_mlp"] + model.moe_layers * (part["experts"] + part["shared_expert"])
     rest = model.moe_layers * router_params(model) + model.embedding_params() + model.head_params() + model.hidden
     return total + rest * dtype_bytes

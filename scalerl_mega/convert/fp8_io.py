@@ -9,8 +9,9 @@ sees an unquantized checkpoint. Any other `quantization_config` is refused, nami
 (`quant.checkpoint.checkpoint_fp8_block`).
 
 `quantize_hf_dir(directory)` rewrites an unquantized HF directory in place as a blockwise FP8 checkpoint (the
-linear projections in FP8 with their scales, `quantization_config` in config.json): what an SGLang server started
-with `--quantization fp8` loads, and how the tests make FP8 checkpoints from the tiny ones.
+linear projections in FP8 with their scales, `quantization_config` in config.json, listing the linear modules left
+unquantized that SGLang would otherwise build in FP8: quant/fp8.py): what an SGLang server started with
+`--quantization fp8` loads, and how the tests make FP8 checkpoints from the tiny ones.
 """
 
 from __future__ import annotations
@@ -114,10 +115,12 @@ def quantize_hf_dir(directory: str, *, block: tuple[int, int] = fp8.BLOCK) -> in
     files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
     count, total = 0, 0
     index: dict[str, str] = {}
+    kept: list[str] = []
     for file in files:
         path = os.path.join(directory, file)
         tensors = dict(fp8.quantize_named(load_file(path).items(), block=block))
         count += sum(t.dtype == fp8.FP8_DTYPE for t in tensors.values())
+        kept += fp8.modules_to_not_convert(tensors)
         total += sum(t.numel() * t.element_size() for t in tensors.values())
         save_file({n: t.contiguous() for n, t in tensors.items()}, path, metadata={"format": "pt"})
         index.update({n: file for n in tensors})
@@ -129,7 +132,7 @@ def quantize_hf_dir(directory: str, *, block: tuple[int, int] = fp8.BLOCK) -> in
         meta.setdefault("metadata", {})["total_size"] = total
         with open(index_path, "w") as f:
             json.dump(meta, f, indent=2)
-    config["quantization_config"] = fp8_quantization_config(block)
+    config["quantization_config"] = fp8_quantization_config(block, not_convert=sorted(kept))
     with open(cfg_path, "w") as f:
         json.dump(config, f, indent=2)
     return count

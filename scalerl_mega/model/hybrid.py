@@ -104,6 +104,16 @@ def gdn_params(m) -> int:
     return in_proj + conv + 2 * nv + m.linear_value_head_dim + v * m.hidden_size
 
 
+def gdn_fp8_linears(m) -> tuple[tuple[int, int], ...]:
+    """`[out, in]` of one GDN mixer's HF projections that FP8 weight sync quantizes (quant/fp8.py, as SGLang serves
+    the published FP8 checkpoints): Qwen3-Next's fused `in_proj_qkvz` or Qwen3.5's `in_proj_qkv` and `in_proj_z`, and
+    `out_proj`; `in_proj_ba` (`in_proj_b`, `in_proj_a`) stays unquantized."""
+    h, qk = m.hidden_size, m.linear_num_key_heads * m.linear_key_head_dim
+    v = m.linear_num_value_heads * m.linear_value_head_dim
+    inputs = ((2 * qk + 2 * v, h),) if m.arch == "qwen3_next" else ((2 * qk + v, h), (v, h))
+    return (*inputs, (h, v))
+
+
 def gated_attention_extra_params(m) -> int:
     """What the output gate adds to a plain GQA block: a second query-sized projection."""
     return m.hidden_size * m.num_attention_heads * m.kv_channels if m.attention_output_gate else 0

@@ -9,10 +9,16 @@ from scalerl_mega.jsonvalue import JSON
 from scalerl_mega.quant.fp8 import BLOCK
 
 
-def fp8_quantization_config(block: tuple[int, int] = BLOCK) -> dict[str, JSON]:
-    """`quantization_config` of a blockwise FP8 checkpoint (weights e4m3, dynamic activation scales)."""
-    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-            "weight_block_size": [int(block[0]), int(block[1])]}
+def fp8_quantization_config(block: tuple[int, int] = BLOCK, *, not_convert: list[str] | None = None
+                            ) -> dict[str, JSON]:
+    """`quantization_config` of a blockwise FP8 checkpoint (weights e4m3, dynamic activation scales); with
+    `not_convert` its `modules_to_not_convert` (quant.fp8.modules_to_not_convert: linear modules left unquantized
+    that SGLang's `Fp8Config` would otherwise expect in FP8)."""
+    out: dict[str, JSON] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                            "weight_block_size": [int(block[0]), int(block[1])]}
+    if not_convert:
+        out["modules_to_not_convert"] = list(not_convert)
+    return out
 
 
 def checkpoint_fp8_block(config: Mapping[str, JSON], *, where: str) -> tuple[int, int] | None:

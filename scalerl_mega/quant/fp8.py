@@ -11,7 +11,14 @@ checkpoint and syncs it unchanged sends exactly that checkpoint. An all-zero blo
 
 Which tensors: the 2-D linear projections inside the decoder layers (`model.layers.N...._proj.weight`, MLA's
 `kv_a_proj_with_mqa`); norms, routers (`mlp.gate`, `feed_forward.router`), embeddings, the LM head and fused 3-D
-expert tensors keep their precision, as in the published checkpoints and the field's FP8 senders.
+expert tensors keep their precision, as in the published checkpoints and the field's FP8 senders. A Gated DeltaNet
+layer's projections are those SGLang 0.5.23 serves in FP8 from the published Qwen3-Next-80B-A3B-Instruct-FP8 and
+Qwen3.5-*-FP8 checkpoints: `in_proj_qkvz` (Qwen3-Next; Qwen3.5's `in_proj_qkv` and `in_proj_z`, which SGLang merges
+into it) and `out_proj`. Its `in_proj_ba` (Qwen3.5: `in_proj_b`, `in_proj_a`), the per-value-head beta and decay
+gates, stays in the model's dtype: SGLang builds it with the quant config too, but those checkpoints list it in
+`quantization_config.modules_to_not_convert` (its 2 x value-heads rows are no whole 128-row block, none at all once
+split over TP), so an FP8 checkpoint written here lists it as well (`modules_to_not_convert`); the depthwise conv1d
+SGLang builds unquantized (`quant_config=None`).
 
 Pure torch, device-agnostic (tensors stay where they are).
 """
@@ -34,13 +41,20 @@ SCALE_SUFFIX = "_scale_inv"
 QUANTIZATIONS = ("none", "fp8")
 """`rollout.quantization` values: the generator's weight format."""
 
-_LINEAR = re.compile(r"(^|\.)layers\.\d+\..*_proj(_with_mqa)?\.weight$")
+_LINEAR = re.compile(r"(^|\.)layers\.\d+\.(.*_proj(_with_mqa)?|linear_attn\.in_proj_(qkvz|qkv|z))\.weight$")
+_KEPT_LINEAR = re.compile(r"(^|\.)layers\.\d+\.linear_attn\.in_proj_(ba|b|a)\.weight$")
 
 
 def is_fp8_weight(name: str, shape: Iterable[int]) -> bool:
     """Whether the HF tensor `name` of `shape` travels (and is stored) in FP8: a 2-D linear projection of a
     decoder layer (module doc)."""
     return len(tuple(shape)) == 2 and bool(_LINEAR.search(name))
+
+
+def modules_to_not_convert(names: Iterable[str]) -> list[str]:
+    """The modules among the HF tensor `names` that an FP8 checkpoint declares unquantized although SGLang builds
+    them with its FP8 config: a Gated DeltaNet layer's b/a projections (module doc), without `.weight`."""
+    return [n[: -len(".weight")] for n in names if _KEPT_LINEAR.search(n)]
 
 
 def scale_name(name: str) -> str:

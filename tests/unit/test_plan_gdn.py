@@ -17,20 +17,33 @@ REPO = Path(__file__).resolve().parents[2]
 def test_generator_kv_and_state_of_qwen3_next_80b_by_hand():
     m = load_model_preset("qwen3_next_80b_a3b")
     shape = model_shape(m)
-    assert shape.gdn[0] == 36 and shape.gdn[2] == 77_266_944  # 36 GDN layers; state: test_convert_gdn.py
+    assert len(shape.gdn.layers) == 36 and shape.gdn.state_bytes == 77_266_944  # state: test_convert_gdn.py
     lay = P.GenLayout(tp=4, seq_len=16384, min_seqs=16)
     # 12 full-attention layers x K and V x one of the 2 KV heads per GPU (2 // 4 -> 1) x 256 dims x 2 bytes
     assert P.kv_bytes_per_token(shape, lay) == 12 * 2 * 1 * 256 * 2 == 12_288
     rep = P.generator_memory(shape, lay, P.DEVICES["h200"])
     assert rep.components["kv_cache_min"] == 16 * (16384 * 12_288 + 77_266_944 // 4)
     # every layer counted as attention would cache 4x the K/V and no state
-    assert P.kv_bytes_per_token(P.ModelShape(**{**shape.__dict__, "gdn": ()}), lay) == 4 * 12_288
+    assert P.kv_bytes_per_token(P.ModelShape(**{**shape.__dict__, "gdn": None}), lay) == 4 * 12_288
 
 
 def test_planner_parameters_are_the_models():
     for name in ("qwen3_next_80b_a3b", "qwen3_5_35b_a3b", "tiny_qwen3_next"):
         m = load_model_preset(name)
-        assert abs(model_shape(m).total_params() - m.num_params()["total"]) / m.num_params()["total"] < 1e-4, name
+        assert model_shape(m).total_params() == m.num_params()["total"], name
+
+
+def test_stage_params_are_the_tensors_megatron_builds_on_a_stage_of_mixed_layers():
+    """Qwen3.5-35B-A3B at TP 2 x PP 4 x EP 4: stage 1 holds layers 10-19, three gated full-attention layers (11, 15,
+    19) and seven GDN layers, not the model's 1:3 mean. The tensors of one of its GPUs as the full-size dry run builds
+    them (tests/integration/test_gdn_full_size.py checks every stage against it), summed by hand."""
+    shape = model_shape(load_model_preset("qwen3_5_35b_a3b"))
+    gdn = 6176 * 2048 + 4096 * 4 + 16 + 16 + 128 + 2048 * 2048  # in_proj, conv1d, A_log, dt_bias (/2); out_norm whole
+    full = 4608 * 2048 + 2048 * 2048 + 256 + 256  # linear_qkv (q + gate, k, v) / 2, linear_proj / 2, q and k norms
+    per_layer = 2 * 2048 + 256 * 2048 + 2048 + 512 * 2048 + 2048 * 256  # norms, router, shared gate and expert (/2)
+    experts = 10 * 64 * (1024 * 2048 + 2048 * 512)  # 256 / EP 4 routed experts per layer, fc1 (gate, up) and fc2
+    got = P.stage_params(shape, P.TrainLayout(tp=2, pp=4, dp=2, ep=4), 1)
+    assert got == {"body": 7 * gdn + 3 * full + 10 * per_layer, "head": 0, "expert": experts}
 
 
 def test_plan_tool_plans_a_preset(capsys):

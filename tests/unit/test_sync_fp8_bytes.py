@@ -41,7 +41,7 @@ def _preset_shape(name: str) -> tuple[ModelShape, bool]:
 
 
 @pytest.mark.parametrize("name", [*MODELS, "tiny_qwen3_moe", "tiny_deepseek_v3", "tiny_qwen3", "demo_moe",
-                                  "qwen3_5_35b_a3b", "tiny_qwen3_next"])
+                                  "qwen3_5_35b_a3b", "tiny_qwen3_next", "tiny_qwen3_5", "tiny_qwen3_5_moe"])
 def test_bytes_equal_the_exporters_tensors(name):
     """The exporter's plan (convert/tables.py names and shapes; FP8: `quant.fp8.quantized_shapes`) sums to the
     counted bytes, bf16 and FP8, for every planner model and the tiny ones (DeepSeek-V3's router bias, MLA's
