@@ -495,7 +495,7 @@ def build_sglang_engine(cfg: TrainConfig, task: Task, trainer: PolicyTrainer):
             startup_timeout_s=cfg.rollout.startup_timeout_s, return_routed_experts=routes is not None,
             dtype="float32" if cfg.precision.params_dtype == "float32" else "bfloat16",
             quantization=None if cfg.rollout.quantization == "none" else str(cfg.rollout.quantization),
-            lora=sglang_lora_serving(cfg))
+            kv_cache_dtype=str(cfg.rollout.kv_cache_dtype), lora=sglang_lora_serving(cfg))
         servers.append(SGLangServer.launch(scfg))
     return SGLangRolloutEngine(servers, config=SGLangEngineConfig(
         pause_mode=pause, seed=int(cfg.seed), routes=routes, model=served,

@@ -302,17 +302,21 @@ def trainer_plan(cfg, *, world_size: int, device):
 def generator_estimate(cfg) -> dict[str, Any]:
     """Per-GPU generator bytes (SGLang TP `rollout.sglang_tp_size`, body dtype `precision.params_dtype`):
     weights and the KV cache of `train.generations_per_prompt` full-length sequences (with a GDN hybrid's
-    per-sequence recurrent + conv state)."""
+    per-sequence recurrent + conv state), each cached K or V element in `rollout.kv_cache_dtype` (the servers'
+    `--kv-cache-dtype`: auto is the body dtype, FP8 one byte)."""
     from scalerl_mega.cluster.plan import GenLayout, generator_weight_bytes, kv_bytes_per_token
+    from scalerl_mega.config.rollout import kv_cache_element_bytes
 
     shape = model_shape(cfg.model)
     scale = 2 if cfg.precision.params_dtype == "float32" else 1
     seq, _ = sequence_shape(cfg)
-    lay = GenLayout(tp=int(cfg.rollout.sglang_tp_size), seq_len=seq, kv_bytes=2 * scale,
-                    min_seqs=int(cfg.train.generations_per_prompt), quantization=str(cfg.rollout.quantization))
+    kv_dtype = str(cfg.rollout.kv_cache_dtype)
+    lay = GenLayout(tp=int(cfg.rollout.sglang_tp_size), seq_len=seq, min_seqs=int(cfg.train.generations_per_prompt),
+                    kv_bytes=kv_cache_element_bytes(kv_dtype, model_bytes=2 * scale),
+                    quantization=str(cfg.rollout.quantization))
     lay.validate(shape)
     per_tok, state = kv_bytes_per_token(shape, lay), shape.gdn_state_bytes(lay.tp)
-    return {"tp": lay.tp, "weights_bytes": generator_weight_bytes(shape, lay) * scale,
+    return {"tp": lay.tp, "weights_bytes": generator_weight_bytes(shape, lay) * scale, "kv_cache_dtype": kv_dtype,
             "kv_bytes_per_token": per_tok, "kv_cache_bytes": (per_tok * seq + state) * lay.min_seqs,
             "kv_sequences": lay.min_seqs, "seq_len": seq}
 
@@ -426,7 +430,8 @@ def format_table(result: dict[str, Any]) -> str:
                  + ", ".join(f"{name} {'yes' if d['fits'] else 'NO'}" for name, d in result["devices"].items()))
     g = result["generator"]
     lines.append(f"generator (tp={g['tp']}): weights {g['weights_bytes'] / GiB:.2f} GiB + KV "
-                 f"{g['kv_cache_bytes'] / GiB:.2f} GiB ({g['kv_sequences']} x {g['seq_len']} tokens) per GPU")
+                 f"{g['kv_cache_bytes'] / GiB:.2f} GiB ({g['kv_sequences']} x {g['seq_len']} tokens, kv_cache_dtype "
+                 f"{g['kv_cache_dtype']}) per GPU")
     return "\n".join(lines)
 
 

@@ -24,6 +24,8 @@
 #   SEQUENCE_PARALLEL   1: parallel.sequence_parallel=true when TP > 1
 #   SYNC_SENDERS        rollout.weight_sync_senders (single | per_stage; empty: the config's); each GPU script's
 #                       default is the mode the weight-sync model predicts faster for it (cluster/layouts.py)
+#   KV_CACHE_DTYPE      rollout.kv_cache_dtype (auto | fp8_e4m3 | fp8_e5m2; empty: the config's): the servers'
+#                       SGLang --kv-cache-dtype, taken from the composed config like rollout.quantization's flag
 #   SCALERL_LAYOUT      the defaults of the variables above (scalerl_mega/cluster/layouts.py; the GPU scripts set it)
 #   GPU_TYPE            h100_80gb | h200 | gb200: the GPU memory the layout is checked against when NVML gives no
 #                       reading (a login node, DRY_RUN); GPU_MEM_BYTES overrides both
@@ -86,6 +88,7 @@ EP=${EP:-1}
 RECOMPUTE=${RECOMPUTE:-}
 SEQUENCE_PARALLEL=${SEQUENCE_PARALLEL:-0}
 SYNC_SENDERS=${SYNC_SENDERS:-}
+KV_CACHE_DTYPE=${KV_CACHE_DTYPE:-}
 GPU_TYPE=${GPU_TYPE:-}
 EXPERIMENT=${EXPERIMENT:-scalerl}
 MODEL=${MODEL:-llama3_8b}
@@ -139,6 +142,7 @@ CFG_PAUSE_MODE=in_place
 CFG_SIGTERM_GRACE_S=120
 CFG_SEQUENCE_PARALLEL=0
 CFG_QUANTIZATION=none
+CFG_KV_CACHE_DTYPE=auto
 
 scalerl_log() { printf '[scalerl %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 scalerl_die() { printf '[scalerl] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -203,6 +207,8 @@ scalerl_generator_cmd() {
   if [[ $CFG_PAUSE_MODE == in_place ]]; then CMD+=(--disable-radix-cache --disable-overlap-schedule); fi
   # rollout.quantization=fp8: FP8 generators fed FP8 weight pushes (MODEL_PATH: a blockwise FP8 checkpoint)
   if [[ $CFG_QUANTIZATION == fp8 ]]; then CMD+=(--quantization fp8); fi
+  # rollout.kv_cache_dtype: an FP8 KV cache (one byte per cached K or V element); auto is the model dtype
+  if [[ $CFG_KV_CACHE_DTYPE != auto ]]; then CMD+=(--kv-cache-dtype "$CFG_KV_CACHE_DTYPE"); fi
   : "$node" "$gpu_base"
 }
 
@@ -223,6 +229,7 @@ scalerl_overrides() {
   if [[ $SEQUENCE_PARALLEL == 1 ]] && ((TP > 1)); then OVERRIDES+=("parallel.sequence_parallel=true"); fi
   if [[ -n $RECOMPUTE ]]; then OVERRIDES+=("train.recompute=$RECOMPUTE"); fi
   if [[ -n $SYNC_SENDERS ]]; then OVERRIDES+=("rollout.weight_sync_senders=$SYNC_SENDERS"); fi
+  if [[ -n $KV_CACHE_DTYPE ]]; then OVERRIDES+=("rollout.kv_cache_dtype=$KV_CACHE_DTYPE"); fi
   if [[ -n $MODEL_PATH ]]; then OVERRIDES+=("init_from_hf=$MODEL_PATH"); fi
   if [[ -n $DATA ]]; then OVERRIDES+=("data=$DATA"); fi
   if [[ -n $TRAIN_FILES ]]; then OVERRIDES+=("data.train_files=$(scalerl_list "$TRAIN_FILES")"); fi
@@ -264,6 +271,7 @@ scalerl_validate_config() {
       SIGTERM_GRACE_S) CFG_SIGTERM_GRACE_S=$value ;;
       SEQUENCE_PARALLEL) CFG_SEQUENCE_PARALLEL=$value ;;
       QUANTIZATION) CFG_QUANTIZATION=$value ;;
+      KV_CACHE_DTYPE) CFG_KV_CACHE_DTYPE=$value ;;
     esac
   done <<<"$out"
   line="precision=$CFG_PRECISION params_dtype=$CFG_PARAMS_DTYPE seed=$CFG_SEED"

@@ -39,6 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scalerl_mega.config.peft import DEFAULT_TARGETS  # noqa: E402
+from scalerl_mega.config.rollout import KV_CACHE_DTYPES, kv_cache_element_bytes  # noqa: E402
 from scalerl_mega.cluster.plan import (  # noqa: E402
     DEVICES,
     MODELS,
@@ -152,8 +153,9 @@ def sync_table(links) -> str:
     return "\n".join(rows) + "\n\n" + "\n".join(fp8)
 
 
-KV_CACHE_BYTES = {"auto": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
-"""Bytes per cached K or V element under SGLang's `--kv-cache-dtype` (auto: the model dtype, bf16)."""
+KV_CACHE_BYTES = {d: kv_cache_element_bytes(d, model_bytes=2) for d in KV_CACHE_DTYPES}
+"""Bytes per cached K or V element under SGLang's `--kv-cache-dtype` (`rollout.kv_cache_dtype`; auto: the model
+dtype, bf16)."""
 HEADER_KEYS = ("MODEL", "GPU_TYPE", "GPUS_PER_NODE", "TRAINER_NODES", "GEN_TP", "TP", "PP", "EP", "RECOMPUTE")
 """The variables of a script header's `layout[...]` line (`ScriptLayout.with_env` applies them)."""
 
@@ -248,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-quantization", choices=("none", "fp8"), default="none",
                     help="generator weights: none (bf16) | fp8 (blockwise FP8 projections, rollout.quantization=fp8)")
     ap.add_argument("--kv-cache-dtype", choices=KV_CACHE_BYTES, default="auto",
-                    help="generator KV cache, SGLang's --kv-cache-dtype: auto (the model's bf16, 2 bytes) | fp8_e4m3 | "
-                         "fp8_e5m2 (1 byte)")
+                    help="generator KV cache, rollout.kv_cache_dtype (SGLang's --kv-cache-dtype): auto (the model's "
+                         "bf16, 2 bytes) | fp8_e4m3 | fp8_e5m2 (1 byte)")
     ap.add_argument("--table", action="store_true", help="print the table of docs/cluster_and_gpu.md and exit")
     ap.add_argument("--trainer-gpus", type=int, default=16, help="for --table: paper App. A.3 uses 16 trainers")
     ap.add_argument("--json", action="store_true")

@@ -16,6 +16,8 @@ steps must agree on as shell-sourceable `KEY=value` lines:
                                 CUDA_DEVICE_MAX_CONNECTIONS=1, which Megatron needs for SP/TP overlap)
     QUANTIZATION=none          (rollout.quantization: fp8 -> SGLang --quantization fp8; MODEL_PATH must then be a
                                 blockwise FP8 checkpoint, which the trainer's init_from_hf dequantizes)
+    KV_CACHE_DTYPE=auto        (rollout.kv_cache_dtype: fp8_e4m3 | fp8_e5m2 -> SGLang --kv-cache-dtype, the KV cache
+                                the dry run's generator estimate counts)
 
 A config error prints one line naming the key (`config error: <key>=<value> ...`) and exits 2, so a
 bad sweep point or typo fails in seconds instead of after the servers loaded their weights.
@@ -79,7 +81,7 @@ def settings(cfg) -> dict[str, str]:
             "PAUSE_MODE": pause_mode(cfg.off_policy),
             "SIGTERM_GRACE_S": str(math.ceil(cfg.train.sigterm_grace_s)),
             "SEQUENCE_PARALLEL": "1" if cfg.parallel.sequence_parallel_on(cfg.model) else "0",
-            "QUANTIZATION": str(cfg.rollout.quantization)}
+            "QUANTIZATION": str(cfg.rollout.quantization), "KV_CACHE_DTYPE": str(cfg.rollout.kv_cache_dtype)}
 
 
 def gpu_memory_bytes() -> int | None:

@@ -9,6 +9,16 @@ from scalerl_mega.config.checks import one_of, positive
 ROLLOUT_NAMES = ("local", "sglang")
 SYNC_SENDERS = ("single", "per_stage")
 QUANTIZATIONS = ("none", "fp8")  # quant/fp8.py QUANTIZATIONS (kept here: the config layer imports no torch)
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
+"""`rollout.kv_cache_dtype`: the values of SGLang 0.5.23's `--kv-cache-dtype` the project launches with (SGLang also
+takes bf16, mxfp8 and FP4 recipes; auto is the model dtype, which bf16 already is here)."""
+
+
+def kv_cache_element_bytes(kv_cache_dtype: str, *, model_bytes: int) -> int:
+    """Bytes per cached K or V element: one under an FP8 KV cache, else the model dtype's `model_bytes` (auto).
+    The one rule of the planner (`tools/plan.py --kv-cache-dtype`) and the dry run (`rollout.kv_cache_dtype`)."""
+    one_of("rollout.kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)
+    return model_bytes if kv_cache_dtype == "auto" else 1
 
 
 @dataclass
@@ -63,6 +73,11 @@ class RolloutConfig:
     `weight_scale_inv`, about half the bytes of bf16; norms, routers, embeddings and the head keep their dtype.
     SGLang servers start on an FP8 copy of the initial checkpoint with `--quantization fp8`; the local engine
     holds the dequantized FP8 weights, so a CPU run sees the generator's real FP8 mismatch (quant/fp8.py)."""
+    kv_cache_dtype: str = "auto"
+    """The generators' KV cache: auto (the model dtype) | fp8_e4m3 | fp8_e5m2 (one byte per cached K or V element,
+    SGLang's `--kv-cache-dtype`: about twice the sequences in the same KV pool, at the cost of rounding every cached
+    key and value). SGLang-only: the local engine keeps its cache in the model dtype, so rollout=local refuses it.
+    SGLang 0.5.23 on a CPU refuses both (fp8_e4m3 needs Intel AMX, fp8_e5m2 is GPU-only)."""
     inflight_hold_tokens: int = 0
     """Rehearsal/test knob (local engine, PipelineRL only): a request that cannot be trained before
     the next weight update pauses after this many tokens until that update arrives, so in-flight
@@ -97,3 +112,8 @@ def validate_rollout(rollout: RolloutConfig) -> None:
                          "takes the weights by copy, no sender groups); use rollout.weight_sync_senders=single")
     positive("rollout.inflight_hold_tokens", rollout.inflight_hold_tokens, allow_zero=True)
     one_of("rollout.quantization", rollout.quantization, QUANTIZATIONS)
+    one_of("rollout.kv_cache_dtype", rollout.kv_cache_dtype, KV_CACHE_DTYPES)
+    if rollout.kv_cache_dtype != "auto" and rollout.name != "sglang":
+        raise ValueError(f"rollout.kv_cache_dtype={rollout.kv_cache_dtype!r} is SGLang-only (the servers' "
+                         f"--kv-cache-dtype): rollout={rollout.name} keeps its KV cache in the model dtype; use "
+                         "rollout=sglang, or rollout.kv_cache_dtype=auto")

@@ -445,7 +445,19 @@ def test_fp8_rollout_starts_the_servers_with_quantization_fp8():
     gens = [v[1] for k, v in steps.items() if k.startswith("gen")]
     assert gens and all(g[g.index("--quantization") + 1] == "fp8" for g in gens)
     plain = _steps(_dry("train_dense.sh", "gb[001-002]", TRAINER_NODES="1", TRAIN_FILES="/data/p.jsonl"))
-    assert not any("--quantization" in v[1] for k, v in plain.items() if k.startswith("gen"))
+    plain_gens = [v[1] for k, v in plain.items() if k.startswith("gen")]
+    assert plain_gens and not any("--quantization" in g or "--kv-cache-dtype" in g for g in plain_gens)
+
+
+@pytest.mark.parametrize("env, kv", [({"KV_CACHE_DTYPE": "fp8_e4m3"}, "fp8_e4m3"),
+                                     ({"EXTRA_OVERRIDES": "rollout.kv_cache_dtype=fp8_e5m2"}, "fp8_e5m2")])
+def test_kv_cache_dtype_starts_the_servers_with_it(env, kv):
+    """KV_CACHE_DTYPE (-> rollout.kv_cache_dtype) or the override itself: the composed config's value is every
+    server's SGLang --kv-cache-dtype, and the trainer's config says the same."""
+    steps = _steps(_dry("train_dense.sh", "gb[001-002]", TRAINER_NODES="1", TRAIN_FILES="/data/p.jsonl", **env))
+    gens = [v[1] for k, v in steps.items() if k.startswith("gen")]
+    assert gens and all(g[g.index("--kv-cache-dtype") + 1] == kv for g in gens)
+    assert f"rollout.kv_cache_dtype={kv}" in steps["trainer"][1]
 
 
 def test_qwen3_next_dry_run_trainer_on_two_h200_nodes():

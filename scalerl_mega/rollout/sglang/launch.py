@@ -14,6 +14,10 @@ from scalerl_mega.rollout.sglang.client import PAUSE_MODES, SGLangClient, SGLang
 LORA_BACKENDS = ("triton", "csgmv", "ascend", "torch_native", "triton_v2")
 """SGLang 0.5.23's `--lora-backend` choices (`srt/arg_groups/fields/lora.py`); only torch_native runs on a CPU."""
 
+KV_CACHE_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
+"""SGLang 0.5.23's `--kv-cache-dtype` choices (`srt/arg_groups/fields/model.py`); `rollout.kv_cache_dtype` offers
+auto and the two FP8 ones."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class LoraServing:
@@ -60,6 +64,9 @@ class SGLangServerConfig:
     quantization: str | None = None
     """Pass --quantization (e.g. "fp8": the model path must then be a blockwise FP8 checkpoint, whose
     `quantization_config` gives the 128x128 blocks that FP8 weight pushes fill; `rollout.quantization`)."""
+    kv_cache_dtype: str = "auto"
+    """Pass --kv-cache-dtype unless auto (the model dtype): e.g. fp8_e4m3, one byte per cached K or V element
+    (`rollout.kv_cache_dtype`)."""
     lora: LoraServing | None = None
     """Serve LoRA adapters (`peft=lora`); None: the base model only."""
     extra_args: list[str] = field(default_factory=list)
@@ -76,6 +83,9 @@ class SGLangServerConfig:
             raise ValueError(f"SGLangServerConfig.dtype={self.dtype!r} is not an SGLang --dtype choice")
         if self.pause_mode not in PAUSE_MODES:
             raise ValueError(f"SGLangServerConfig.pause_mode={self.pause_mode!r} must be one of {PAUSE_MODES}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"SGLangServerConfig.kv_cache_dtype={self.kv_cache_dtype!r} is not an SGLang "
+                             f"--kv-cache-dtype choice {KV_CACHE_DTYPES}")
 
     @property
     def url(self) -> str:
@@ -119,6 +129,8 @@ def launch_command(cfg: SGLangServerConfig) -> list[str]:
         cmd += list(IN_PLACE_FLAGS)
     if cfg.quantization:
         cmd += ["--quantization", cfg.quantization]
+    if cfg.kv_cache_dtype != "auto":
+        cmd += ["--kv-cache-dtype", cfg.kv_cache_dtype]
     if cfg.lora is not None:
         cmd += cfg.lora.args()
     return cmd + list(cfg.extra_args)
