@@ -85,7 +85,7 @@ COMPAT_TESTS  := tests/unit/test_megatron_cpu_compat.py tests/unit/test_mcore_co
 	tests/integration/test_multirank_deepseek_v3.py tests/integration/test_multirank_qwen3.py tests/faults/test_checkpoint_faults.py \
 	tests/integration/test_gdn_rl.py tests/integration/test_megatron_ep_resume.py \
 	tests/integration/test_gdn_convert_multirank.py tests/integration/test_gdn_full_size.py \
-	tests/integration/test_gdn_checkpoint.py
+	tests/integration/test_gdn_checkpoint.py tests/integration/test_lora_ep_reshard.py
 COMPAT_INSTALL_TEST := tests/integration/test_install_keeps_torch.py
 # compat-marked cases that exercise code paths differing between megatron-core releases (MLA with and without
 # q-LoRA, DeepSeek-V3 routing, Gated DeltaNet, the distributed optimizer's Adam step on load): test-compat also runs
