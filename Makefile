@@ -85,14 +85,16 @@ COMPAT_TESTS  := tests/unit/test_megatron_cpu_compat.py tests/unit/test_mcore_co
 	tests/integration/test_multirank_deepseek_v3.py tests/integration/test_multirank_qwen3.py tests/faults/test_checkpoint_faults.py \
 	tests/integration/test_gdn_rl.py tests/integration/test_megatron_ep_resume.py \
 	tests/integration/test_gdn_convert_multirank.py tests/integration/test_gdn_full_size.py \
-	tests/integration/test_gdn_checkpoint.py
+	tests/integration/test_gdn_checkpoint.py tests/integration/test_lora_ep_reshard.py
 COMPAT_INSTALL_TEST := tests/integration/test_install_keeps_torch.py
 # compat-marked cases that exercise code paths differing between megatron-core releases (MLA with and without
-# q-LoRA, DeepSeek-V3 routing, Gated DeltaNet, the distributed optimizer's Adam step on load): test-compat also runs
+# q-LoRA, DeepSeek-V3 routing, Gated DeltaNet, the distributed optimizer's Adam step on load, its model-space
+# LoRA state resharded across EP): test-compat also runs
 # them on the default pin (.venv, megatron-core 0.16.1)
 COMPAT_ON_DEFAULT_PIN := tests/integration/test_multirank_deepseek_v3.py::test_deepseek_v3_one_rank_engine_agrees_with_trainer \
 	tests/integration/test_convert_megatron.py::test_deepseek_v3_without_q_lora_logits_tp1_tp2 \
-	tests/integration/test_gdn_rl.py tests/integration/test_megatron_ep_resume.py
+	tests/integration/test_gdn_rl.py tests/integration/test_megatron_ep_resume.py \
+	tests/integration/test_lora_ep_reshard.py
 
 $(COMPAT_STAMP): pyproject.toml
 	@py="$(COMPAT_PYTHON)"; $$py -c "" 2>/dev/null || py="env PYENV_VERSION=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12' | tail -1) python3.12"; \

@@ -57,10 +57,13 @@ def convert_lora_checkpoint(*, ckpt: str, peft_out: str | None = None, merged_ou
             raise ValueError(f"output {out!r} already exists")
     model_cfg = checkpoint.read_model_config(step_dir)
     peft, base = PeftConfig(**state["config"]), dict(state["base"])
-    saved_ep = int((checkpoint._load_common(step_dir).get("layout") or {}).get("ep", 1))
-    if not base.get("path") and not base_dir and model_cfg.is_moe and saved_ep > 1:
-        raise ValueError(f"checkpoint {step_dir}: a random base trained with expert parallelism {saved_ep} (experts "
-                         "are drawn per expert-parallel rank) cannot be drawn again here; pass --base DIR")
+    layout = checkpoint._load_common(step_dir).get("layout") or {}
+    drawn = {k: int(layout[k]) for k in ("pp", "ep")
+             if int(layout.get(k, 1)) > 1 and (k == "pp" or model_cfg.is_moe)}
+    if not base.get("path") and not base_dir and drawn:
+        raise ValueError(f"checkpoint {step_dir}: a random base trained under {drawn} (each pipeline stage's layers and "
+                         "each expert-parallel rank's experts are drawn from one seeded stream: "
+                         "lora_ckpt.random_base_reference) cannot be drawn again here; pass --base DIR")
     hf_config = hf_config_dict(model_cfg) if merged_out else None
     par = ParallelConfig(tp=1, pp=1, ep=1, backend="gloo")
     parallel.init_parallel(par, model=model_cfg, seed=int(base.get("seed", 1234)))

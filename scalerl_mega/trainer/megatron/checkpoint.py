@@ -40,7 +40,9 @@ each data-parallel rank 0 (gloo) into model space: per parameter, FP32 main weig
 shaped and sharded like the parameter itself, so it loads under any TP/PP/EP/DP layout (dist-
 checkpointing reshards it with the model); the cost is that gather at save time, and each rank
 reading its whole TP/PP shard of the state (not only its DP slice) at load time. Non-distributed
-optimizers keep their state in model space in either format. megatron-core 0.16.1 cannot load
+optimizers keep their state in model space in either format, but not the distributed optimizer's: state
+written by one kind is refused by the other, naming `optim.use_distributed_optimizer` (its default follows the
+data-parallel size, so a resume from DP 2 onto one rank changes the kind). megatron-core 0.16.1 cannot load
 `fully_reshardable` with torch Adam (KeyError 'step'); `optimizer_state.adam_step_kept` is the scoped fix.
 
 Note: Megatron's save starts a spawn-based multiprocessing Manager, so entry scripts need an
@@ -184,7 +186,9 @@ def save_checkpoint(root: str | os.PathLike, *, step: int, chunks: list, optimiz
     fresh = optimizer is not None and optimizer_state.optimizer_is_fresh(optimizer)
     state: dict[str, Any] = {"model": model_sd, "extra_state": dict(extra_state or {}),
                              "has_optimizer": optimizer is not None and not fresh, "optimizer_fresh": fresh,
-                             "optimizer_format": optimizer_format, "layout": _layout()}
+                             "optimizer_format": optimizer_format, "layout": _layout(),
+                             "optimizer_distributed": bool(optimizer is not None
+                                                           and optimizer_state.is_distributed(optimizer))}
     if state["has_optimizer"]:
         state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=False,
                                                           metadata=optim_metadata(optimizer_format))
@@ -485,6 +489,22 @@ def _load_common(ckpt: Path) -> dict[str, Any]:
         raise ValueError(f"common state unreadable ({type(exc).__name__}: {str(exc)[:200]})") from exc
 
 
+def _check_optimizer_kind(ckpt: Path, saved_distributed: Optional[bool], optimizer) -> None:
+    """Refuse optimizer state written by the other kind of optimizer (None: a checkpoint that predates the
+    record). The distributed optimizer's state holds FP32 main weights and its own param-group keys, torch
+    Adam's does not, so neither loads into the other (Megatron fails on a missing key); with
+    `optim.use_distributed_optimizer` null the kind follows the data-parallel size (on when > 1), so a resume
+    under another layout (EP 2 over 2 ranks -> 1 rank) can change it."""
+    if saved_distributed is None or bool(saved_distributed) == optimizer_state.is_distributed(optimizer):
+        return
+    kinds = ("Megatron's distributed optimizer", "a non-distributed optimizer")
+    saved, now = kinds if saved_distributed else kinds[::-1]
+    raise ValueError(f"checkpoint {ckpt}: its optimizer state was written by {saved}, this run has {now} "
+                     f"(optim.use_distributed_optimizer: null turns it on at data-parallel size > 1 only); "
+                     f"resume with optim.use_distributed_optimizer={str(bool(saved_distributed)).lower()}, "
+                     "or load the model without the optimizer state")
+
+
 def _load_verified(ckpt: Path, common: dict[str, Any], *, chunks: list, optimizer, load_optimizer: bool
                    ) -> dict[str, Any]:
     import torch
@@ -496,6 +516,7 @@ def _load_verified(ckpt: Path, common: dict[str, Any], *, chunks: list, optimize
     if with_opt:
         if not common.get("has_optimizer", False):
             raise ValueError(f"checkpoint {ckpt}: has no optimizer state (saved with optimizer=None)")
+        _check_optimizer_kind(ckpt, common.get("optimizer_distributed"), optimizer)
         fmt = common.get("optimizer_format", "dp_reshardable")
         saved, now = common.get("layout") or {}, _layout()
         if fmt == "dp_reshardable" and saved and saved != now and optimizer_state.is_distributed(optimizer):

@@ -1,6 +1,7 @@
 """Adapter-only checkpoints (`peft=lora`): the dist-checkpoint of a LoRA run holds the adapters and their optimizer
 state, not the frozen base model, which the checkpoint references instead (`base_reference`: its path and a
-fingerprint, checked on resume).
+fingerprint, checked on resume; a random base by its seed and the layout it was drawn under,
+`random_base_reference`).
 
 Each adapter tensor is a Megatron `ShardedTensor` under its base weight's global name (global layer and expert
 index, `adapters.<name>.lora_A|lora_B`), split as the live tensor is (lora.py): the column-parallel B on its rows
@@ -113,10 +114,25 @@ def base_reference(path: str, *, seed: int, model_name: str) -> dict[str, object
     return {"path": str(root.resolve()), "sha256": h.hexdigest()}
 
 
+def random_base_reference(*, seed: int, model_name: str, pp: int, ep: int, moe: bool) -> dict[str, object]:
+    """What a randomly initialised base is: the seed and model it is drawn from and, where they are not 1, the
+    pipeline-parallel size and (MoE) expert-parallel size it was drawn under. Megatron's CPU initialisation draws
+    each rank's own layers and local experts from one seeded stream, so a pipeline stage's first layer, the experts
+    of expert-parallel rank 1 and every weight drawn after them differ with those sizes (not with TP, whose full
+    weights are drawn on every rank and then split): adapters resumed under another pp / ep would meet another
+    base."""
+    ref: dict[str, object] = {"path": "", "seed": int(seed), "model": str(model_name)}
+    drawn = {k: int(v) for k, v in (("pp", pp), ("ep", ep if moe else 1)) if int(v) > 1}
+    if drawn:
+        ref["drawn_under"] = drawn
+    return ref
+
+
 def check_base(saved: dict[str, object] | None, current: dict[str, object], *, where: str) -> None:
     """Refuse to resume adapters onto another base than they were trained on (naming both)."""
     if not saved:
         raise ValueError(f"{where}: an adapter checkpoint without its base reference (peft_base)")
     if saved.get("sha256", saved) != current.get("sha256", current):
         raise ValueError(f"{where}: its adapters were trained on the base {saved}, this run's base is {current} "
-                         "(init_from_hf / seed / model): resume with the same base model")
+                         "(init_from_hf / seed / model / the pp and ep a random base is drawn under): resume "
+                         "with the same base model")

@@ -55,9 +55,14 @@ class MegatronPolicyTrainer:
             from scalerl_mega.trainer.megatron import lora
 
             lora.inject_lora(model, self.peft, num_experts=cfg.model.num_experts, seed=cfg.optim.seed)
-        self.peft_base: dict[str, object] = {"path": "", "seed": int(cfg.optim.seed), "model": cfg.model.name}
-        """The frozen base an adapter checkpoint references (`lora_ckpt.base_reference`): a random base's seed and
-        model until `build.init_trainer_from_hf` sets the HF checkpoint's path and fingerprint."""
+        from scalerl_mega.trainer.megatron.lora_ckpt import random_base_reference
+
+        self.peft_base: dict[str, object] = random_base_reference(
+            seed=cfg.optim.seed, model_name=cfg.model.name, pp=cfg.parallel.pp, ep=cfg.parallel.ep,
+            moe=cfg.model.is_moe)
+        """The frozen base an adapter checkpoint references (`lora_ckpt.base_reference`): a random base's seed, model
+        and the pp / ep it is drawn under (`lora_ckpt.random_base_reference`) until `build.init_trainer_from_hf`
+        sets the HF checkpoint's path and fingerprint."""
         self.chunks = [wrap.wrap_model(model, self.tcfg, cfg)]
         step.configure_schedule(self.tcfg, self.chunks)
         self.optimizer = wrap.build_optimizer(self.chunks, cfg)
