@@ -27,9 +27,9 @@ def dense_single(tmp_path_factory, dense_init):
 
 
 @pytest.mark.parametrize("layout", [
-    pytest.param(["parallel.tp=2", "parallel.sequence_parallel=true"], marks=pytest.mark.compat),  # all three: make
-    pytest.param(["parallel.pp=2"], marks=pytest.mark.compat),  # test-compat only (the default suite's 20-min budget)
-    pytest.param([], marks=pytest.mark.compat),  # two ranks, tp = pp = 1: DP2
+    pytest.param(["parallel.tp=2", "parallel.sequence_parallel=true"], marks=pytest.mark.compat),  # make test-compat
+    pytest.param(["parallel.pp=2"], marks=pytest.mark.slow),  # PP2 and DP2: make test-slow (CI's time; the trainer's
+    pytest.param([], marks=pytest.mark.slow),  # own PP2 / DP2 equality is test_megatron_parallel.py's, on both pins)
 ], ids=["tp2_sp", "pp2", "dp2"])
 def test_two_ranks_match_one(tmp_path, dense_init, dense_single, layout):
     out = tmp_path / "run"
