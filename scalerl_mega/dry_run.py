@@ -247,9 +247,10 @@ def _gdn_shape(model):
     from scalerl_mega.cluster.gdn_shape import GDNShape
     from scalerl_mega.model.hybrid import gdn_fp8_linears, gdn_params, linear_layers, recurrent_state_bytes_per_sequence
 
-    if not linear_layers(model):
+    layers = linear_layers(model)
+    if not layers:
         return None
-    return GDNShape(layers=linear_layers(model), mixer=gdn_params(model), replicated=model.linear_value_head_dim,
+    return GDNShape(layers=layers, mixer=gdn_params(model), replicated=model.linear_value_head_dim,
                     state_bytes=recurrent_state_bytes_per_sequence(model), fp8_linears=gdn_fp8_linears(model))
 
 

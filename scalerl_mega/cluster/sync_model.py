@@ -101,7 +101,8 @@ def stage_bytes(model: ModelShape, *, pp: int, stage: int, bytes_per_param: int,
     part = layer_part_bytes(model, dtype_bytes=bytes_per_param, quantization=quantization)
     lps = model.layers // pp
     moe = model.stage_moe_layers(pp, stage)
-    dense = mixer_bytes(model, layers=range(stage * lps, (stage + 1) * lps), dtype_bytes=bytes_per_param, quantization=quantization)
+    dense = mixer_bytes(model, layers=range(stage * lps, (stage + 1) * lps), dtype_bytes=bytes_per_param,
+                        quantization=quantization)
     dense += (lps - moe) * part["dense_mlp"] + moe * (part["shared_expert"] + router_params(model) * bytes_per_param)
     if stage == 0:
         dense += model.embedding_params() * bytes_per_param

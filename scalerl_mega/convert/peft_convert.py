@@ -46,6 +46,7 @@ def convert_lora_checkpoint(*, ckpt: str, peft_out: str | None = None, merged_ou
     from scalerl_mega.model.config import ParallelConfig
     from scalerl_mega.model.peft_files import write_peft_adapter
     from scalerl_mega.trainer.megatron import checkpoint, export, lora, lora_export, models, parallel
+    from scalerl_mega.trainer.megatron.lora_ckpt import drawn_under
 
     step_dir = checkpoint.resolve(ckpt)
     state = peft_state(step_dir)
@@ -58,8 +59,7 @@ def convert_lora_checkpoint(*, ckpt: str, peft_out: str | None = None, merged_ou
     model_cfg = checkpoint.read_model_config(step_dir)
     peft, base = PeftConfig(**state["config"]), dict(state["base"])
     layout = checkpoint._load_common(step_dir).get("layout") or {}
-    drawn = {k: int(layout[k]) for k in ("pp", "ep")
-             if int(layout.get(k, 1)) > 1 and (k == "pp" or model_cfg.is_moe)}
+    drawn = drawn_under(pp=int(layout.get("pp", 1)), ep=int(layout.get("ep", 1)), moe=model_cfg.is_moe)
     if not base.get("path") and not base_dir and drawn:
         raise ValueError(f"checkpoint {step_dir}: a random base trained under {drawn} (each pipeline stage's layers and "
                          "each expert-parallel rank's experts are drawn from one seeded stream: "

@@ -122,10 +122,15 @@ def random_base_reference(*, seed: int, model_name: str, pp: int, ep: int, moe: 
     weights are drawn on every rank and then split): adapters resumed under another pp / ep would meet another
     base."""
     ref: dict[str, object] = {"path": "", "seed": int(seed), "model": str(model_name)}
-    drawn = {k: int(v) for k, v in (("pp", pp), ("ep", ep if moe else 1)) if int(v) > 1}
+    drawn = drawn_under(pp=pp, ep=ep, moe=moe)
     if drawn:
         ref["drawn_under"] = drawn
     return ref
+
+
+def drawn_under(*, pp: int, ep: int, moe: bool) -> dict[str, int]:
+    """The layout sizes a random base's draw depends on (`random_base_reference`): pp and, for MoE, ep, where > 1."""
+    return {k: int(v) for k, v in (("pp", pp), ("ep", ep if moe else 1)) if int(v) > 1}
 
 
 def check_base(saved: dict[str, object] | None, current: dict[str, object], *, where: str) -> None:
